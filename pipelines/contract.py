@@ -1,0 +1,236 @@
+"""The stage-trace contract (DESIGN §3): one LLM call of an agent workflow, read and written as JSONL or Parquet.
+
+Everything in Maestro reads and writes this. A malformed line is reported with its file, line
+number and reason; it never stops the rest of the file from being read.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Prompt = str | list[dict[str, Any]]
+
+
+class StageTrace(BaseModel):
+    """One stage: required identity + prompt, labels once finished, optional structure and timings."""
+
+    model_config = ConfigDict(extra="allow")
+
+    workflow_id: str = Field(min_length=1)
+    stage_id: str = Field(min_length=1)
+    role: str = Field(min_length=1)
+    prompt: Prompt
+    output_tokens: int | None = Field(default=None, ge=0)
+    is_tool_call: bool | None = None
+    app: str | None = None
+    model: str | None = None
+    parent_ids: list[str] | None = None
+    call_index: int | None = Field(default=None, ge=0)
+    depth: int | None = Field(default=None, ge=0)
+    n_tools: int | None = Field(default=None, ge=0)
+    tool_names: list[str] | None = None
+    interactive: bool | None = None
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    output_text: str | None = None
+    finish_reason: str | None = None
+    arrival_s: float | None = None
+    queue_s: float | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tool_exec_s: float | None = None
+    node: str | None = None
+    kv_blocks_peak: int | None = None
+    # Derived by derive_structure(); not part of what a producer must write.
+    in_degree: int | None = None
+    out_degree: int | None = None
+
+    @field_validator("stage_id", "workflow_id", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("parent_ids", mode="before")
+    @classmethod
+    def _parent_ids_as_text(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) else v for v in value]
+        return value
+
+    @property
+    def is_labelled(self) -> bool:
+        return self.output_tokens is not None
+
+    def prompt_text(self) -> str:
+        return prompt_text(self.prompt)
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """Flatten a prompt (plain text or OpenAI-style messages) into the text the model saw."""
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for message in prompt:
+        content = message.get("content") or ""
+        if isinstance(content, list):  # multi-part content: keep the text parts
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(f"{message.get('role', 'user')}: {content}")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class LineError:
+    """A line that could not be read, and why."""
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class TraceFile:
+    """What reading a trace file gave: the valid stages and the lines that were not."""
+
+    stages: list[StageTrace] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+
+    def report(self, limit: int = 20) -> str:
+        head = f"{len(self.stages)} stages read, {len(self.errors)} malformed lines"
+        shown = [f"  {e}" for e in self.errors[:limit]]
+        more = [f"  ... and {len(self.errors) - limit} more"] if len(self.errors) > limit else []
+        return "\n".join([head, *shown, *more])
+
+
+def _validation_reason(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "line"
+    return f"field '{where}': {first['msg']} (fix or remove this line; other lines are unaffected)"
+
+
+def parse_record(record: Any) -> StageTrace:
+    """Validate one decoded record; raises ValueError naming the field at fault."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    try:
+        return StageTrace.model_validate(record)
+    except ValidationError as error:
+        raise ValueError(_validation_reason(error)) from None
+
+
+def _records_jsonl(path: Path) -> Iterator[tuple[int, Any | Exception]]:
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                yield number, ValueError(f"not valid JSON ({error.msg} at column {error.colno})")
+
+
+def _records_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        yield number, {k: v for k, v in row.items() if v is not None}
+
+
+def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
+    """Read a JSONL or Parquet trace file; malformed lines are collected in `errors`, not raised."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"trace file {path} does not exist")
+    records = _records_parquet(path) if path.suffix == ".parquet" else _records_jsonl(path)
+    result = TraceFile()
+    seen: set[tuple[str, str]] = set()
+    for number, record in records:
+        try:
+            if isinstance(record, Exception):
+                raise record
+            stage = parse_record(record)
+            key = (stage.workflow_id, stage.stage_id)
+            if key in seen:
+                raise ValueError(f"duplicate stage_id '{stage.stage_id}' in workflow '{stage.workflow_id}'")
+            seen.add(key)
+            result.stages.append(stage)
+        except ValueError as error:
+            result.errors.append(LineError(str(path), number, str(error)))
+    if derive:
+        derive_structure(result.stages)
+    return result
+
+
+def derive_structure(stages: list[StageTrace]) -> list[StageTrace]:
+    """Fill call_index, depth and in/out degree where a producer left them out (in place)."""
+    by_workflow: dict[str, list[StageTrace]] = {}
+    for stage in stages:
+        by_workflow.setdefault(stage.workflow_id, []).append(stage)
+    for members in by_workflow.values():
+        _derive_workflow(members)
+    return stages
+
+
+def _derive_workflow(members: list[StageTrace]) -> None:
+    ids = {s.stage_id: s for s in members}
+    children: dict[str, int] = {}
+    for index, stage in enumerate(members):
+        if stage.call_index is None:
+            stage.call_index = index
+        parents = [p for p in (stage.parent_ids or []) if p in ids]
+        stage.in_degree = len(stage.parent_ids or [])
+        for parent in parents:
+            children[parent] = children.get(parent, 0) + 1
+    for stage in members:
+        stage.out_degree = children.get(stage.stage_id, 0)
+        if stage.depth is None:
+            stage.depth = _depth(stage, ids, {})
+
+
+def _depth(stage: StageTrace, ids: dict[str, StageTrace], memo: dict[str, int]) -> int:
+    # Iterative longest-path depth; a cycle in bad data is cut rather than recursed forever.
+    if stage.stage_id in memo:
+        return memo[stage.stage_id]
+    memo[stage.stage_id] = 0
+    parents = [ids[p] for p in (stage.parent_ids or []) if p in ids]
+    depth = 0
+    for parent in parents:
+        parent_depth = parent.depth if parent.depth is not None else _depth(parent, ids, memo)
+        depth = max(depth, parent_depth + 1)
+    memo[stage.stage_id] = depth
+    return depth
+
+
+_RUN_SUFFIX = re.compile(r"(#.*$)|(_?\d{6,})")
+
+
+def task_id(stage: StageTrace) -> str:
+    """The task a workflow ran, for grouped splits: runs of one task must not straddle train/test.
+
+    Uses an explicit `task_id` field when present, else the workflow id with run stamps removed
+    (ChatDev's `chatdev/2048_THUNLP_20230822144615/...` → `chatdev/2048_THUNLP`).
+    """
+    explicit = (stage.model_extra or {}).get("task_id")
+    if explicit:
+        return str(explicit)
+    head = "/".join(stage.workflow_id.split("/")[:2])
+    return _RUN_SUFFIX.sub("", head) or stage.workflow_id
+
+
+def write_jsonl(stages: Iterable[StageTrace | dict], path: str | Path) -> int:
+    """Write stages as contract JSONL; returns how many lines were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for stage in stages:
+            row = stage.model_dump(exclude_none=True) if isinstance(stage, StageTrace) else stage
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
