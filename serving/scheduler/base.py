@@ -1,0 +1,149 @@
+"""The scheduler contract: policies by name behind one interface, O(log n) per decision.
+
+A policy orders ready stages; it never touches KV pages or nodes (admission and the allocator do).
+All policies here are heaps with lazy deletion: `remove` marks a request, `pop`/`peek` skip it.
+Aging is folded into static keys (key − α·wait = key + α·ready_s − α·now, and the −α·now term
+is common to everyone), so aging never needs a re-heapify.
+"""
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from serving.request import StageRequest
+
+
+class Policy(enum.Enum):
+    FCFS = "fcfs"
+    EDF = "edf"
+    SRTF = "srtf"  # least attained service: no prediction
+    MAESTRO = "maestro"
+    MARS = "mars"
+    CONTINUUM = "continuum"
+
+
+@dataclass
+class SchedulerConfig:
+    """Knobs of the policies; each policy reads only its own."""
+
+    policy: str = "fcfs"
+    aging_per_s: float = 0.05  # Maestro: seconds of predicted work forgiven per second waited
+    batch_max_wait_s: float = 60.0  # Maestro: a batch head waiting this long beats interactive work
+    workflow_weight: float = 0.5  # Maestro: weight of the workflow's remaining work vs this stage
+    mars_level_bounds_tokens: tuple[int, ...] = (2048, 8192, 32768)  # MARS prefill levels
+    mars_boost_s: float = 30.0  # MARS: one level up per this many seconds unscheduled
+
+    def __post_init__(self):
+        if self.policy not in {p.value for p in Policy}:
+            raise ValueError(f"unknown scheduling policy '{self.policy}'; known policies: "
+                             f"{', '.join(p.value for p in Policy)}")
+        if self.aging_per_s < 0 or self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0:
+            raise ValueError("aging_per_s must be >= 0; batch_max_wait_s and mars_boost_s must be > 0")
+
+
+class Scheduler(ABC):
+    """Orders ready stages. `pop(now)` returns the next to run, or None when empty."""
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+
+    @abstractmethod
+    def add(self, request: StageRequest, now: float) -> None: ...
+
+    @abstractmethod
+    def peek(self, now: float) -> StageRequest | None: ...
+
+    @abstractmethod
+    def pop(self, now: float) -> StageRequest | None: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def remove(self, request: StageRequest) -> None:
+        """Withdraw a queued request (lazy: it is skipped when it reaches the top)."""
+
+
+# Sequence numbers are unique across heaps, so a stale entry in one heap never matches a live one in another.
+_SEQ = itertools.count()
+
+
+class LazyHeap:
+    """A min-heap of (key, seq, request); an entry is live only while request.queue_seq == seq."""
+
+    def __init__(self):
+        self._heap: list = []
+        self.num_live = 0
+
+    def push(self, key, request: StageRequest) -> None:
+        if request.queue_seq >= 0:
+            raise RuntimeError(f"stage {request.workflow_id}/{request.stage_id} queued twice")
+        request.queue_seq = seq = next(_SEQ)
+        heapq.heappush(self._heap, (key, seq, request))
+        self.num_live += 1
+
+    def top(self) -> tuple | None:
+        heap = self._heap
+        while heap and heap[0][2].queue_seq != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def pop(self) -> StageRequest | None:
+        entry = self.top()
+        if entry is None:
+            return None
+        heapq.heappop(self._heap)
+        self.num_live -= 1
+        entry[2].queue_seq = -1
+        return entry[2]
+
+    def discard(self, request: StageRequest) -> None:
+        if request.queue_seq < 0:
+            raise RuntimeError(f"stage {request.workflow_id}/{request.stage_id} is not queued")
+        request.queue_seq = -1
+        self.num_live -= 1
+
+    def __len__(self) -> int:
+        return self.num_live
+
+
+class KeyedScheduler(Scheduler):
+    """One heap ordered by a static per-request key: FCFS, EDF, SRTF, Continuum."""
+
+    def __init__(self, config: SchedulerConfig):
+        super().__init__(config)
+        self._heap = LazyHeap()
+
+    @abstractmethod
+    def key(self, request: StageRequest):
+        """Smaller runs first; must not depend on the current time."""
+
+    def add(self, request: StageRequest, now: float) -> None:
+        self._heap.push(self.key(request), request)
+
+    def peek(self, now: float) -> StageRequest | None:
+        entry = self._heap.top()
+        return entry[2] if entry else None
+
+    def pop(self, now: float) -> StageRequest | None:
+        return self._heap.pop()
+
+    def remove(self, request: StageRequest) -> None:
+        self._heap.discard(request)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def create_scheduler(config: SchedulerConfig | str) -> Scheduler:
+    """Build the scheduler for a policy name; ValueError names the known policies."""
+    from serving.scheduler import policies
+
+    config = SchedulerConfig(policy=config) if isinstance(config, str) else config
+    classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
+               Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: policies.MaestroScheduler,
+               Policy.MARS: policies.MARSScheduler, Policy.CONTINUUM: policies.ContinuumScheduler}
+    return classes[Policy(config.policy)](config)
