@@ -1,0 +1,129 @@
+"""Model residency on one node: Running → Sleeping → CPU → Disk → Remote, hierarchical LRU.
+
+Each tier has a byte budget; when a model is activated, the least recently used models of a
+full tier drop one tier down (cascading), never a model with stages in flight. Transition costs
+come from bandwidths (PCIe, NVMe, network) plus the CUDA-graph/JIT warm-up that Sleeping keeps
+(the seed: ~0.5 GB stays on the GPU and waking saves 5–8 s over a cold CPU load).
+"""
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+GiB = 1024 ** 3
+
+
+class ModelState(enum.IntEnum):
+    RUNNING = 0
+    SLEEPING = 1
+    CPU = 2
+    DISK = 3
+    REMOTE = 4
+
+
+@dataclass
+class ResidencyConfig:
+    gpu_weight_budget_bytes: int = 40 * GiB
+    cpu_budget_bytes: int = 256 * GiB
+    disk_budget_bytes: int = 1024 * GiB
+    sleeping_gpu_bytes: int = GiB // 2  # CUDA graphs + JIT caches kept on the GPU while sleeping
+    pcie_bytes_per_s: float = 25e9  # PCIe 4.0 x16, effective
+    nvme_bytes_per_s: float = 3.5e9
+    network_bytes_per_s: float = 1.25e9  # 10 Gbit/s to the model store
+    warmup_s: float = 6.5  # graph capture + JIT on a cold start (seed: 5–8 s)
+
+    def __post_init__(self):
+        if min(self.gpu_weight_budget_bytes, self.cpu_budget_bytes, self.disk_budget_bytes) <= 0:
+            raise ValueError("every tier budget must be > 0 bytes")
+        if min(self.pcie_bytes_per_s, self.nvme_bytes_per_s, self.network_bytes_per_s) <= 0:
+            raise ValueError("bandwidths must be > 0")
+
+
+class NodeResidency:
+    def __init__(self, config: ResidencyConfig, weight_bytes: dict[str, int]):
+        self.config = config
+        self.weight_bytes = dict(weight_bytes)
+        self.state = {model: ModelState.REMOTE for model in weight_bytes}
+        self._lru = {s: OrderedDict() for s in ModelState}  # most recent last
+        for model in weight_bytes:
+            self._lru[ModelState.REMOTE][model] = None
+
+    def ready_cost_s(self, model: str) -> float:
+        """Seconds until `model` can run here, from its current state."""
+        c, size = self.config, self.weight_bytes[model]
+        state = self.state[model]
+        cost = 0.0
+        if state >= ModelState.REMOTE:
+            cost += size / c.network_bytes_per_s
+        if state >= ModelState.DISK:
+            cost += size / c.nvme_bytes_per_s
+        if state >= ModelState.SLEEPING:
+            cost += size / c.pcie_bytes_per_s
+        if state >= ModelState.CPU:
+            cost += c.warmup_s
+        return cost
+
+    def touch(self, model: str) -> None:
+        self._lru[self.state[model]].move_to_end(model)
+
+    def activate(self, model: str, busy_models: set[str] = frozenset()) -> float | None:
+        """Make `model` Running; returns the transition cost, or None if busy models leave no room."""
+        if self.state[model] is ModelState.RUNNING:
+            self.touch(model)
+            return 0.0
+        if self.weight_bytes[model] > self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models):
+            return None
+        cost = self.ready_cost_s(model)
+        self._move(model, ModelState.RUNNING)
+        self._rebalance(busy_models | {model})
+        return cost
+
+    def place(self, model: str, state: ModelState) -> None:
+        """Put a model in a state without cost (initial placement)."""
+        self._move(model, state)
+
+    def _pinned_gpu_bytes(self, busy_models: set[str]) -> int:
+        return sum(self.weight_bytes[m] for m in busy_models if self.state[m] is ModelState.RUNNING)
+
+    def _move(self, model: str, state: ModelState) -> None:
+        del self._lru[self.state[model]][model]
+        self.state[model] = state
+        self._lru[state][model] = None
+
+    def tier_bytes(self, tier: ModelState) -> int:
+        """Bytes a tier holds: GPU = Running weights + Sleeping stubs; CPU = Sleeping + CPU weights."""
+        c, w = self.config, self.weight_bytes
+        if tier is ModelState.RUNNING:
+            return (sum(w[m] for m in self._lru[ModelState.RUNNING])
+                    + c.sleeping_gpu_bytes * len(self._lru[ModelState.SLEEPING]))
+        if tier is ModelState.CPU:
+            return sum(w[m] for s in (ModelState.SLEEPING, ModelState.CPU) for m in self._lru[s])
+        return sum(w[m] for m in self._lru[tier])
+
+    def _rebalance(self, pinned: set[str]) -> None:
+        c = self.config
+        for tier, budget, down in ((ModelState.RUNNING, c.gpu_weight_budget_bytes, ModelState.SLEEPING),
+                                   (ModelState.CPU, c.cpu_budget_bytes, ModelState.DISK),
+                                   (ModelState.DISK, c.disk_budget_bytes, ModelState.REMOTE)):
+            self._spill(tier, budget, down, pinned)
+
+    def _spill(self, tier: ModelState, budget: int, down: ModelState, pinned: set[str]) -> None:
+        sources = (ModelState.SLEEPING, ModelState.RUNNING) if tier is ModelState.RUNNING else (
+            (ModelState.CPU, ModelState.SLEEPING) if tier is ModelState.CPU else (tier,))
+        while self.tier_bytes(tier) > budget:
+            victim = self._lru_victim(sources, pinned)
+            if victim is None:
+                raise RuntimeError(f"tier {tier.name} over budget with only pinned models left")
+            state = self.state[victim]
+            next_state = ModelState.CPU if state is ModelState.SLEEPING and tier is ModelState.RUNNING else down
+            if tier is ModelState.CPU and state is ModelState.SLEEPING:
+                next_state = ModelState.DISK
+            self._move(victim, next_state)
+
+    def _lru_victim(self, sources: tuple[ModelState, ...], pinned: set[str]) -> str | None:
+        for state in sources:
+            for model in self._lru[state]:
+                if model not in pinned:
+                    return model
+        return None

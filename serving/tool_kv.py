@@ -1,0 +1,139 @@
+"""What to do with a session's KV while its tool runs: keep it, evict it, or pin it for a TTL.
+
+Every policy answers `ttl_s(...)`: 0 evicts at once, math.inf keeps until the tool returns,
+anything between pins for that long and then evicts. Definitions follow PAPERS.md.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+class ToolKVPolicy(enum.Enum):
+    MARS = "mars"  # keep iff re-prefill time > predicted tool time (Maestro uses it too)
+    KEEP_ALWAYS = "keep-always"
+    EVICT_ALWAYS = "evict-always"
+    CONTINUUM = "continuum"  # public code: fixed TTL unless the tool's moving average exceeds it
+    CONTINUUM_DY = "continuum-dy"  # paper: TTL from the empirical CDF of tool durations
+    INFERCEPT = "infercept"
+
+
+@dataclass
+class ToolKVConfig:
+    policy: str = "mars"
+    fixed_ttl_s: float = 2.0  # Continuum's pin
+    ema_alpha: float = 0.2  # moving average of tool durations (Continuum's "tool moving average")
+    cold_start_samples: int = 100  # Continuum-Dy: exponential prior (mean 1 s, η = 1) until then
+    max_samples: int = 2000  # Continuum-Dy: CDF window per tool
+
+    def __post_init__(self):
+        if self.policy not in {p.value for p in ToolKVPolicy}:
+            raise ValueError(f"unknown tool-KV policy '{self.policy}'; known: "
+                             f"{', '.join(p.value for p in ToolKVPolicy)}")
+        if self.fixed_ttl_s < 0 or not 0 < self.ema_alpha <= 1:
+            raise ValueError("fixed_ttl_s must be >= 0 and ema_alpha in (0, 1]")
+
+
+@dataclass(frozen=True)
+class ToolCallContext:
+    """What is known when a stage ends in a tool call."""
+
+    tool: str
+    context_tokens: int
+    reprefill_s: float  # time to prefill the context again if evicted
+    predicted_tool_s: float
+    other_context_tokens: int = 0  # KV of the other running sequences (InferCept)
+    mean_evicted_wait_s: float = 0.0  # Continuum-Dy's T
+
+
+class ToolKV(ABC):
+    def __init__(self, config: ToolKVConfig):
+        self.config = config
+
+    @abstractmethod
+    def ttl_s(self, call: ToolCallContext) -> float: ...
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        """Learn from a finished tool call (most policies ignore it)."""
+
+
+class MarsToolKV(ToolKV):
+    def ttl_s(self, call: ToolCallContext) -> float:
+        return math.inf if call.reprefill_s > call.predicted_tool_s else 0.0
+
+
+class KeepAlways(ToolKV):
+    def ttl_s(self, call: ToolCallContext) -> float:
+        return math.inf
+
+
+class EvictAlways(ToolKV):
+    def ttl_s(self, call: ToolCallContext) -> float:
+        return 0.0
+
+
+class ContinuumToolKV(ToolKV):
+    """Pin `fixed_ttl_s` unless this tool's moving-average duration exceeds it (then do not pin)."""
+
+    def __init__(self, config: ToolKVConfig):
+        super().__init__(config)
+        self.ema_s: dict[str, float] = {}
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        a, old = self.config.ema_alpha, self.ema_s.get(tool)
+        self.ema_s[tool] = duration_s if old is None else a * duration_s + (1 - a) * old
+
+    def ttl_s(self, call: ToolCallContext) -> float:
+        return 0.0 if self.ema_s.get(call.tool, 0.0) > self.config.fixed_ttl_s else self.config.fixed_ttl_s
+
+
+class ContinuumDyToolKV(ToolKV):
+    """τ* = argmax over τ ∈ {0} ∪ observed durations of P(τ)·(T·η + reload) − τ (PAPERS.md).
+
+    η = −corr(turns done, turns left) is taken as 1 (its cold-start value): a session's turn count
+    is not known to the serving layer. Cold start uses the exponential prior: τ = ln(B) if B > 1 s.
+    """
+
+    def __init__(self, config: ToolKVConfig):
+        super().__init__(config)
+        self.samples: dict[str, list[float]] = defaultdict(list)
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        samples = self.samples[tool]
+        bisect.insort(samples, duration_s)
+        if len(samples) > self.config.max_samples:
+            del samples[len(samples) // 2]  # thin the middle, keep the tails
+
+    def ttl_s(self, call: ToolCallContext) -> float:
+        benefit = call.mean_evicted_wait_s + call.reprefill_s
+        samples = self.samples.get(call.tool, [])
+        if len(samples) <= self.config.cold_start_samples:
+            return math.log(benefit) if benefit > 1.0 else 0.0
+        best_tau, best_value, n = 0.0, 0.0, len(samples)
+        step = max(1, n // 200)  # candidate τs: a thinned set of observed durations
+        for index in range(0, n, step):
+            tau = samples[index]
+            value = (index + 1) / n * benefit - tau
+            if value > best_value:
+                best_tau, best_value = tau, value
+        return best_tau
+
+
+class InferCeptToolKV(ToolKV):
+    """Keep for Tfwd(C)·(C + C_other)/(2C): the time after which holding costs more than recomputing."""
+
+    def ttl_s(self, call: ToolCallContext) -> float:
+        c = max(1, call.context_tokens)
+        return call.reprefill_s * (c + call.other_context_tokens) / (2 * c)
+
+
+def create_tool_kv(config: ToolKVConfig | str) -> ToolKV:
+    config = ToolKVConfig(policy=config) if isinstance(config, str) else config
+    classes = {ToolKVPolicy.MARS: MarsToolKV, ToolKVPolicy.KEEP_ALWAYS: KeepAlways,
+               ToolKVPolicy.EVICT_ALWAYS: EvictAlways, ToolKVPolicy.CONTINUUM: ContinuumToolKV,
+               ToolKVPolicy.CONTINUUM_DY: ContinuumDyToolKV, ToolKVPolicy.INFERCEPT: InferCeptToolKV}
+    return classes[ToolKVPolicy(config.policy)](config)
