@@ -214,13 +214,13 @@ def task_id(stage: StageTrace) -> str:
     """The task a workflow ran, for grouped splits: runs of one task must not straddle train/test.
 
     Uses an explicit `task_id` field when present, else the workflow id with run stamps removed
-    (ChatDev's `chatdev/2048_THUNLP_20230822144615/...` → `chatdev/2048_THUNLP`).
+    (ChatDev's `chatdev/2048_THUNLP_20230822144615/2023….log` → `chatdev/2048_THUNLP/.log`,
+    a notebook's `…/agentchat_x.ipynb#cell13` → `…/agentchat_x.ipynb`).
     """
     explicit = (stage.model_extra or {}).get("task_id")
     if explicit:
         return str(explicit)
-    head = "/".join(stage.workflow_id.split("/")[:2])
-    return _RUN_SUFFIX.sub("", head) or stage.workflow_id
+    return _RUN_SUFFIX.sub("", stage.workflow_id) or stage.workflow_id
 
 
 def write_jsonl(stages: Iterable[StageTrace | dict], path: str | Path) -> int:

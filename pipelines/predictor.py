@@ -1,9 +1,20 @@
 """The stage-length predictor as used at run time: one loader, shared by CLI, service, simulator and tests."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import joblib
+import numpy as np
+
+from pipelines.contract import StageTrace, task_id
+from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.model import ModelConfig, TwoStageModel
 
 FALLBACK_LEVELS = ("role", "global", "prior")
+MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
+MAX_TOKENS_DEFAULT = 4096
 
 
 @dataclass(frozen=True)
@@ -24,3 +35,117 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Empirical answer for a role (or for everything): median length, tool rate, (1−α) quantile."""
+
+    p_tool: float
+    tokens_median: float
+    tokens_upper: float
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> "Prior":
+        return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
+
+
+def fit_priors(stages: list[StageTrace], alpha: float, min_count: int = 5) -> dict[str, Prior]:
+    """Per-role priors where a role has `min_count` stages, plus the global one under key ''."""
+    tokens = np.array([s.output_tokens for s in stages], float)
+    tools = np.array([bool(s.is_tool_call) for s in stages], float)
+    roles = np.array([s.role for s in stages])
+    priors = {"": Prior.of(tokens, tools, alpha)} if len(stages) else {"": Prior(0.0, 256.0, MAX_TOKENS_DEFAULT)}
+    for role in set(roles):
+        member = roles == role
+        if member.sum() >= min_count:
+            priors[role] = Prior.of(tokens[member], tools[member], alpha)
+    return priors
+
+
+class Predictor:
+    """Featurizer + two-stage model + priors; predicts for any contract stages, labelled or not."""
+
+    def __init__(self, featurizer: Featurizer | None, model: TwoStageModel | None, priors: dict[str, Prior],
+                 meta: dict | None = None):
+        self.featurizer, self.model, self.priors = featurizer, model, priors
+        self.meta = meta or {}
+
+    @classmethod
+    def train(cls, stages: list[StageTrace], featurizer_config: FeaturizerConfig | None = None,
+              model_config: ModelConfig | None = None, featurizer: Featurizer | None = None,
+              progress: bool = False) -> "Predictor":
+        """Fit on labelled stages; a featurizer already fitted (the DVC featurize stage) may be passed in."""
+        labelled = [s for s in stages if s.is_labelled]
+        if not labelled:
+            raise ValueError("no labelled stages: training needs output_tokens and is_tool_call on each stage")
+        model_config = model_config or ModelConfig()
+        priors = fit_priors(labelled, model_config.alpha)
+        if len(labelled) < MIN_STAGES_FOR_MODEL:
+            return cls(None, None, priors, {"num_train_stages": len(labelled), "model": "priors-only"})
+        featurizer = featurizer or Featurizer(featurizer_config).fit(labelled, progress=progress)
+        X = featurizer.transform(labelled, progress=progress)
+        model = TwoStageModel(model_config).fit(
+            X, np.array([s.output_tokens for s in labelled]), np.array([bool(s.is_tool_call) for s in labelled]),
+            np.array([task_id(s) for s in labelled]))
+        return cls(featurizer, model, priors, {"num_train_stages": len(labelled), "model": "two-stage"})
+
+    def predict(self, stages: list[StageTrace]) -> list[Prediction]:
+        if not stages:
+            return []
+        if self.model is None:
+            return [self.prior(s) for s in stages]
+        out = self.model.predict(self.featurizer.transform(stages))
+        return [self._answer(s, out, i) for i, s in enumerate(stages)]
+
+    def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:
+        level = "role" if self.featurizer.known_role(stage.role) else "global"
+        return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
+                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level)
+
+    def prior(self, stage: StageTrace) -> Prediction:
+        """The answer without a model: the role's empirical quantiles, else the global ones."""
+        prior = self.priors.get(stage.role, self.priors[""])
+        return Prediction(stage.workflow_id, stage.stage_id, round(prior.p_tool, 4), int(round(prior.tokens_median)),
+                          int(np.ceil(prior.tokens_upper)), "prior")
+
+    # ---- persistence ------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = None
+        if self.featurizer is not None:
+            state = {"config": self.featurizer.config, "categories": self.featurizer.categories_,
+                     "pca": getattr(self.featurizer, "pca_", None)}
+        joblib.dump({"featurizer": state, "model": self.model}, directory / "predictor.joblib")
+        (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
+        (directory / "meta.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        return directory
+
+    @classmethod
+    def load(cls, location: str | Path) -> "Predictor":
+        """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion."""
+        directory = _resolve(str(location))
+        state = joblib.load(directory / "predictor.joblib")
+        featurizer = None
+        if state["featurizer"] is not None:
+            featurizer = Featurizer(state["featurizer"]["config"])
+            featurizer.categories_ = state["featurizer"]["categories"]
+            if state["featurizer"]["pca"] is not None:
+                featurizer.pca_ = state["featurizer"]["pca"]
+        priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}
+        meta = json.loads((directory / "meta.json").read_text())
+        return cls(featurizer, state["model"], priors, meta)
+
+
+def _resolve(location: str) -> Path:
+    if location.startswith(("models:/", "runs:/")):
+        import mlflow
+
+        local = Path(mlflow.artifacts.download_artifacts(location))
+        return local / "artifacts" / "predictor" if (local / "artifacts" / "predictor").exists() else local
+    path = Path(location)
+    if not (path / "predictor.joblib").exists():
+        raise FileNotFoundError(f"{path} is not a predictor directory (no predictor.joblib): train one with "
+                                "`maestro train --traces FILE --out DIR` or `dvc repro`")
+    return path

@@ -1,0 +1,155 @@
+"""Stage features: structure of the workflow, cheap signals of the prompt text, MiniLM → PCA.
+
+Everything here is known before the stage runs. Parent outputs count as known: a stage is
+submitted only after its parents finished, so their `output_tokens` / `is_tool_call` are
+facts by then (taken from parent stages in the same batch, or from an explicit
+`parent_output_tokens` field a live caller sends).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from sklearn.decomposition import PCA
+
+from pipelines.contract import StageTrace, derive_structure
+from pipelines.embedding import Embedder, EmbedderConfig
+
+CATEGORICAL = ("role", "app", "model", "last_message_role")
+UNKNOWN = "unknown"
+_INT = re.compile(r"\b\d{1,3}\b")
+_JSON = re.compile(r"\bjson\b", re.I)
+_TOOL_RESULT = re.compile(r"(tool|function)[ _](result|response|output)|response from calling tool|\"role\": \"tool\"", re.I)
+_DONE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
+_BREVITY = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
+_DETAIL = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
+
+
+def _messages(stage: StageTrace) -> list[dict]:
+    return stage.prompt if isinstance(stage.prompt, list) else []
+
+
+def _text_features(stage: StageTrace, text: str) -> dict:
+    messages = _messages(stage)
+    last = messages[-1] if messages else {}
+    last_content = str(last.get("content") or "") if messages else text
+    tail = text[-500:]
+    numbers = [int(n) for n in _INT.findall(tail) if int(n) <= 100]
+    return {
+        "prompt_chars": len(text),
+        "prompt_tokens_est": stage.prompt_tokens if stage.prompt_tokens is not None else len(text) // 4,
+        "num_messages": len(messages),
+        "num_tool_messages": sum(1 for m in messages if m.get("role") == "tool"),
+        "last_message_role": str(last.get("role", "text")) if messages else "text",
+        "last_message_chars": len(last_content),
+        "tail_max_int": max(numbers) if numbers else -1,
+        "tail_num_ints": len(numbers),
+        "tail_mentions_json": int(bool(_JSON.search(tail))),
+        "tail_tool_result": int(bool(_TOOL_RESULT.search(tail))),
+        "tail_done_marker": int(bool(_DONE.search(tail))),
+        "tail_brevity_words": len(_BREVITY.findall(tail)),
+        "tail_detail_words": len(_DETAIL.findall(tail)),
+        "num_code_fences": text.count("```"),
+        "num_lines": text.count("\n"),
+    }
+
+
+def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> dict:
+    parents = [ids.get((stage.workflow_id, p)) for p in (stage.parent_ids or [])]
+    tokens = [p.output_tokens for p in parents if p is not None and p.output_tokens is not None]
+    explicit = (stage.model_extra or {}).get("parent_output_tokens")
+    if explicit is not None and not tokens:
+        tokens = list(explicit) if isinstance(explicit, list) else [explicit]
+    tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
+    same_role = _same_role_ancestor_tokens(stage, ids)
+    return {
+        "parent_tokens_max": max(tokens) if tokens else np.nan,
+        "parent_tokens_sum": sum(tokens) if tokens else np.nan,
+        "parent_was_tool": float(any(tools)) if tools else np.nan,
+        "same_role_ancestor_tokens": same_role if same_role is not None else np.nan,
+    }
+
+
+def _same_role_ancestor_tokens(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> int | None:
+    """Output length of the nearest ancestor played by the same role (its last turn), if any."""
+    frontier, seen = list(stage.parent_ids or []), set()
+    while frontier:
+        parent = ids.get((stage.workflow_id, frontier.pop(0)))
+        if parent is None or parent.stage_id in seen:
+            continue
+        seen.add(parent.stage_id)
+        if parent.role == stage.role and parent.output_tokens is not None:
+            return parent.output_tokens
+        frontier.extend(parent.parent_ids or [])
+        if len(seen) > 64:  # deep loops: the nearest same-role turn is close, don't walk the whole chain
+            break
+    return None
+
+
+def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
+    """One row per stage of structure + prompt-text features (categoricals as plain strings)."""
+    derive_structure(stages)
+    ids = {(s.workflow_id, s.stage_id): s for s in stages}
+    rows = []
+    for stage in stages:
+        text = stage.prompt_text()
+        rows.append({
+            "role": stage.role, "app": stage.app or UNKNOWN, "model": stage.model or UNKNOWN,
+            "depth": stage.depth, "in_degree": stage.in_degree, "call_index": stage.call_index,
+            "n_tools": stage.n_tools if stage.n_tools is not None else len(stage.tool_names or []),
+            "interactive": np.nan if stage.interactive is None else float(stage.interactive),
+            **_text_features(stage, text), **_parent_features(stage, ids)})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class FeaturizerConfig:
+    pca_dims: int = 32
+    min_category_count: int = 5  # rarer roles/apps become "unknown": the model learns a fallback for them
+    embedder: EmbedderConfig = EmbedderConfig()
+    use_embedding: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pca_dims < 1 or self.pca_dims > 384:
+            raise ValueError(f"pca_dims must be in [1, 384], got {self.pca_dims}")
+
+
+class Featurizer:
+    """Turns stages into the model's feature frame; `fit` learns categories and the PCA (train only)."""
+
+    def __init__(self, config: FeaturizerConfig | None = None, embedder: Embedder | None = None):
+        self.config = config or FeaturizerConfig()
+        self.embedder = embedder or Embedder(self.config.embedder)
+
+    def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
+        frame = structural_frame(stages)
+        self.categories_ = {c: self._frequent(frame[c]) for c in CATEGORICAL}
+        if self.config.use_embedding:
+            vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
+            dims = min(self.config.pca_dims, len(stages), vectors.shape[1])
+            self.pca_ = PCA(n_components=dims, random_state=0).fit(vectors)
+        return self
+
+    def _frequent(self, column: pd.Series) -> list[str]:
+        counts = column.value_counts()
+        frequent = {str(v) for v in counts[counts >= self.config.min_category_count].index} - {UNKNOWN}
+        return sorted(frequent) + [UNKNOWN]
+
+    def transform(self, stages: list[StageTrace], progress: bool = False) -> pd.DataFrame:
+        if not hasattr(self, "categories_"):
+            raise RuntimeError("Featurizer is not fitted: call fit() on training stages first")
+        frame = structural_frame(stages)
+        for column, known in self.categories_.items():
+            values = frame[column].where(frame[column].isin(known), UNKNOWN)
+            frame[column] = pd.Categorical(values, categories=known)
+        if self.config.use_embedding:
+            vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
+            reduced = self.pca_.transform(vectors) if len(stages) else np.zeros((0, self.pca_.n_components_))
+            for i in range(reduced.shape[1]):
+                frame[f"emb_{i}"] = reduced[:, i].astype(np.float32)
+        return frame
+
+    def known_role(self, role: str) -> bool:
+        return role in self.categories_["role"] and role != UNKNOWN

@@ -1,0 +1,187 @@
+"""The two-stage length model: calibrated tool-call classifier → asymmetric-loss regressor → calibrated reserve.
+
+Stage 1, LightGBM classifier for P(tool call), calibrated by isotonic regression on out-of-fold
+scores (folds grouped by workflow/task). Stage 2, LightGBM on log(1+tokens) with an asymmetric
+squared loss (under-estimation weighs `under_weight` times more: an expectile regression) and the
+calibrated p_tool as a feature. Reserve: conformalised quantile regression (a LightGBM (1−α)-quantile
+model whose out-of-fold misses are calibrated per (role, mode) group), so that at most `alpha` of
+stages exceed their reserve; every quantity used for calibration is out-of-fold.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.isotonic import IsotonicRegression
+from sklearn.model_selection import GroupKFold
+
+from pipelines.features import UNKNOWN
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    under_weight: float = 1.5
+    alpha: float = 0.05  # target share of stages above their reserve
+    rho: float = 0.2  # the fixed-margin reserve, kept for comparison: pred × (1 + rho)
+    reserve_method: str = "conformal"  # conformal | rho
+    folds: int = 5
+    min_group_calibration: int = 40
+    role_dropout: float = 0.1  # rows trained with role="unknown" so unseen roles have a learnt fallback
+    seed: int = 0
+    classifier: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=31,
+                                                          min_child_samples=10, subsample=0.8, subsample_freq=1,
+                                                          colsample_bytree=0.8))
+    regressor: dict = field(default_factory=lambda: dict(n_estimators=500, learning_rate=0.05, num_leaves=31,
+                                                         min_child_samples=10, subsample=0.8, subsample_freq=1,
+                                                         colsample_bytree=0.8))
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}")
+        if self.under_weight <= 0:
+            raise ValueError(f"under_weight must be > 0, got {self.under_weight}")
+        if self.reserve_method not in ("conformal", "rho"):
+            raise ValueError(f"reserve_method must be 'conformal' or 'rho', got {self.reserve_method!r}")
+        if self.folds < 2:
+            raise ValueError(f"folds must be ≥ 2, got {self.folds}")
+
+
+def asymmetric_l2(under_weight: float):
+    """LightGBM objective: squared error, `under_weight`× heavier where the prediction is below the label."""
+
+    def objective(preds: np.ndarray, data: lgb.Dataset) -> tuple[np.ndarray, np.ndarray]:
+        residual = preds - data.get_label()
+        weight = np.where(residual < 0, under_weight, 1.0)
+        return 2.0 * weight * residual, 2.0 * weight
+
+    return objective
+
+
+def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
+    """Split-conformal level: the ⌈(n+1)(1−α)⌉-th smallest score (inf when n is too small)."""
+    n = len(scores)
+    rank = int(np.ceil((n + 1) * (1 - alpha)))
+    return float(np.sort(scores)[rank - 1]) if 0 < rank <= n else float("inf")
+
+
+def _lgb_params(params: dict, seed: int, **extra) -> dict:
+    out = {k: v for k, v in params.items() if k != "n_estimators"}
+    return {"verbosity": -1, "seed": seed, "num_threads": 2, **out, **extra}
+
+
+class TwoStageModel:
+    """fit(X, tokens, is_tool, groups) → predict(X) giving p_tool, tokens_pred, tokens_reserve."""
+
+    def __init__(self, config: ModelConfig | None = None):
+        self.config = config or ModelConfig()
+
+    # ---- fitting ------------------------------------------------------------------------
+    def fit(self, X: pd.DataFrame, tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray) -> "TwoStageModel":
+        cfg = self.config
+        X = self._drop_roles(X, np.random.default_rng(cfg.seed))
+        y_log, y_tool = np.log1p(np.asarray(tokens, float)), np.asarray(is_tool, int)
+        folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
+        raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X.iloc[tr], y_tool[tr]),
+                            lambda m, te: self._raw_score(m, X.iloc[te]))
+        self.calibrator_ = IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1).fit(raw_oof, y_tool)
+        self.classifier_ = self._fit_classifier(X, y_tool)
+        X2 = X.assign(p_tool=self.calibrator_.predict(raw_oof))
+        pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
+                             lambda m, te: m.predict(X2.iloc[te]))
+        self.regressor_ = self._fit_regressor(X2, y_log)
+        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log})
+        self._fit_reserve(X2, y_log, folds)
+        return self
+
+    @staticmethod
+    def _oof(folds, fit, predict) -> np.ndarray:
+        out = np.zeros(sum(len(te) for _, te in folds))
+        for train_idx, test_idx in folds:
+            out[test_idx] = predict(fit(train_idx), test_idx)
+        return out
+
+    def _drop_roles(self, X: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
+        if self.config.role_dropout <= 0 or "role" not in X:
+            return X
+        mask = rng.random(len(X)) < self.config.role_dropout
+        X = X.copy()
+        X.loc[mask, "role"] = UNKNOWN
+        return X
+
+    def _fit_classifier(self, X: pd.DataFrame, y: np.ndarray):
+        if len(set(y)) < 2:  # one class only (e.g. traces without any tool call): a constant
+            return float(y.mean()) if len(y) else 0.0
+        params = _lgb_params(self.config.classifier, self.config.seed, objective="binary")
+        return lgb.train(params, lgb.Dataset(X, y), num_boost_round=self.config.classifier["n_estimators"])
+
+    @staticmethod
+    def _raw_score(model, X: pd.DataFrame) -> np.ndarray:
+        return np.full(len(X), model) if isinstance(model, float) else model.predict(X)
+
+    def _fit_regressor(self, X: pd.DataFrame, y_log: np.ndarray) -> "_Regressor":
+        cfg = self.config
+        base = float(np.mean(y_log))
+        params = _lgb_params(cfg.regressor, cfg.seed, objective=asymmetric_l2(cfg.under_weight))
+        data = lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base))
+        return _Regressor(lgb.train(params, data, num_boost_round=cfg.regressor["n_estimators"]), base)
+
+    def _fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds) -> None:
+        """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
+        misses calibrated per group, so that each group's share above its reserve is ≤ α."""
+        cfg = self.config
+        params = _lgb_params(dict(learning_rate=0.05, num_leaves=15, min_child_samples=20, subsample=0.8,
+                                  subsample_freq=1, colsample_bytree=0.8), cfg.seed, objective="quantile",
+                             alpha=1 - cfg.alpha)
+        fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]), num_boost_round=300)
+        upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
+        self.upper_ = fit(np.arange(len(X2)))
+        scores = y_log - upper_oof
+        self.global_q_ = conformal_quantile(scores, cfg.alpha)
+        self.group_q_ = {}
+        for level_keys in self._group_keys(X2):
+            for key in set(level_keys):
+                member = scores[level_keys == key]
+                if len(member) >= cfg.min_group_calibration:
+                    self.group_q_[key] = conformal_quantile(member, cfg.alpha)
+
+    @staticmethod
+    def _group_keys(X: pd.DataFrame) -> list[np.ndarray]:
+        """Calibration groups from most to least specific: (role, mode) → role → mode."""
+        role = X["role"].astype(str).to_numpy()
+        mode = np.where(X["p_tool"].to_numpy() >= 0.5, "tool", "text")
+        return [np.char.add(np.char.add(role.astype(str), "|"), mode), np.char.add("role:", role.astype(str)),
+                np.char.add("mode:", mode)]
+
+    # ---- prediction -----------------------------------------------------------------------
+    def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
+        if not hasattr(self, "regressor_"):
+            raise RuntimeError("TwoStageModel is not fitted: call fit() first")
+        p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, X))
+        X2 = X.assign(p_tool=p_tool)
+        log_pred = self.regressor_.predict(X2)
+        tokens_pred = np.expm1(log_pred)
+        if self.config.reserve_method == "rho":
+            reserve = tokens_pred * (1 + self.config.rho)
+        else:
+            reserve = np.expm1(self.upper_.predict(X2) + self._quantiles(X2))
+        return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred)}
+
+    def _quantiles(self, X2: pd.DataFrame) -> np.ndarray:
+        out = np.full(len(X2), self.global_q_)
+        found = np.zeros(len(X2), bool)
+        for level_keys in self._group_keys(X2):
+            q = np.array([self.group_q_.get(k, np.nan) for k in level_keys])
+            take = ~found & ~np.isnan(q)
+            out[take], found = q[take], found | take
+        return out
+
+
+@dataclass
+class _Regressor:
+    booster: lgb.Booster
+    base: float
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        return self.booster.predict(X) + self.base
