@@ -1,0 +1,106 @@
+"""GPU cost model: prefill is compute-bound, a decode step is memory-bound (weights + KV read).
+
+prefill_s = (2·N_active·P + 4·L·d·(P·c + P²/2)) / (peak_flops · mfu)   for P new tokens after c cached
+step_s    = overhead + Σ_models weight_bytes / (hbm_bw · mbu) + Σ_seqs kv_bytes(ctx) / (hbm_bw · mbu)
+Every running sequence gains one token per step (continuous batching). GPU figures are the public
+datasheet numbers (dense BF16); model shapes are from the models' configs. See serving/README.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    name: str
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    peak_flops: float  # dense BF16
+
+
+GPU_PROFILES = {
+    "a100-80gb": GPUProfile("a100-80gb", 80 * GB, 2.039e12, 312e12),  # A100 SXM4 80GB datasheet
+    "h200": GPUProfile("h200", 141 * GB, 4.8e12, 989e12),  # H200 SXM datasheet
+}
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    params: float
+    active_params: float
+    num_layers: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+    weight_bytes_per_param: float = 2.0  # bf16; 1.0 = fp8, 0.5 = int4
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.params * self.weight_bytes_per_param)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2  # K and V, bf16
+
+
+MODEL_PROFILES = {m.name: m for m in [
+    ModelProfile("llama-3-8b", 8.0e9, 8.0e9, 32, 4096, 8, 128),
+    ModelProfile("qwen2-7b", 7.6e9, 7.6e9, 28, 3584, 4, 128),
+    ModelProfile("mistral-7b", 7.2e9, 7.2e9, 32, 4096, 8, 128),
+    ModelProfile("qwen2.5-coder-32b", 32.8e9, 32.8e9, 64, 5120, 8, 128, 1.0),  # fp8 weights to fit one A100
+    ModelProfile("qwen2-72b", 72.7e9, 72.7e9, 80, 8192, 8, 128, 0.5),  # AWQ int4 to fit one A100
+    ModelProfile("qwen3-coder-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128),  # MoE, 3.3B active
+]}
+
+
+@dataclass
+class CostModelConfig:
+    gpu: str = "a100-80gb"
+    prefill_mfu: float = 0.5
+    decode_mbu: float = 0.7
+    step_overhead_s: float = 0.003  # engine scheduling + kernel launch per step
+    models: dict[str, ModelProfile] = field(default_factory=lambda: dict(MODEL_PROFILES))
+
+    def __post_init__(self):
+        if self.gpu not in GPU_PROFILES:
+            raise ValueError(f"unknown GPU profile '{self.gpu}'; known: {', '.join(GPU_PROFILES)}")
+        if not (0 < self.prefill_mfu <= 1 and 0 < self.decode_mbu <= 1) or self.step_overhead_s < 0:
+            raise ValueError("prefill_mfu and decode_mbu must be in (0, 1]; step_overhead_s >= 0")
+
+
+class CostModel:
+    def __init__(self, config: CostModelConfig):
+        self.config = config
+        self.gpu = GPU_PROFILES[config.gpu]
+        self._flops = self.gpu.peak_flops * config.prefill_mfu
+        self._bw = self.gpu.hbm_bytes_per_s * config.decode_mbu
+
+    def model(self, name: str) -> ModelProfile:
+        try:
+            return self.config.models[name]
+        except KeyError:
+            raise ValueError(f"no cost profile for model '{name}'; known: {', '.join(self.config.models)}") from None
+
+    def prefill_s(self, model: ModelProfile, new_tokens: int, cached_tokens: int = 0) -> float:
+        p = max(0, new_tokens)
+        linear = 2.0 * model.active_params * p
+        attention = 4.0 * model.num_layers * model.hidden_size * (p * cached_tokens + 0.5 * p * p)
+        return (linear + attention) / self._flops
+
+    def weight_read_s(self, model: ModelProfile) -> float:
+        # MoE: a batch touches most experts, so a step reads (nearly) all weights.
+        return model.weight_bytes / self._bw
+
+    def kv_read_s(self, kv_bytes: float) -> float:
+        return kv_bytes / self._bw
+
+    def step_s(self, weight_read_s: float, kv_bytes: float) -> float:
+        return self.config.step_overhead_s + weight_read_s + self.kv_read_s(kv_bytes)
+
+    def decode_s(self, model: ModelProfile, tokens: int, context_tokens: int) -> float:
+        """A lone sequence's decode time: what the predictor's tokens turn into for SRTF keys."""
+        kv = (context_tokens + tokens / 2) * model.kv_bytes_per_token
+        return tokens * self.step_s(self.weight_read_s(model), kv)

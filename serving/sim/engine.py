@@ -1,0 +1,228 @@
+"""The discrete-event simulator: one clock driving the serving objects (scheduler, allocator,
+admission, tool-KV policy, residency, routing) over N simulated nodes.
+
+Events: a workflow arrives; a node reaches its next step-clock event (a stage finishes or must
+grow its KV); a tool finishes on a node's host CPU; a pinned KV's TTL expires; the AIMD control
+loop ticks. Everything else happens synchronously inside those handlers.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from serving.admission import AIMDConfig
+from serving.kv import KVAllocatorConfig
+from serving.request import StageRequest
+from serving.residency import ResidencyConfig
+from serving.routing import FitnessConfig
+from serving.sim.costmodel import CostModel, CostModelConfig
+from serving.sim.dispatch import Dispatcher
+from serving.sim.metrics import Recorder
+from serving.sim.node import FINISH, SimNode
+from serving.sim.systems import SystemConfig
+from serving.sim.workload import SimStage, SimWorkflow
+from serving.tool_kv import ToolKVConfig, create_tool_kv
+
+ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 4
+    cost: CostModelConfig = field(default_factory=CostModelConfig)
+    kv_pool_bytes: int = 32 * 1024 ** 3
+    page_bytes: int = 2 * 1024 ** 2
+    overcommit: float = 3.0
+    residency: ResidencyConfig = field(default_factory=ResidencyConfig)
+    placement: list[tuple[str, ...]] = field(default_factory=lambda: [("llama-3-8b",)])  # cycled over nodes
+    max_batch_seqs: int = 256
+    num_tool_workers: int = 8
+    grow_chunk_tokens: int = 256
+    abandon_after_slo_x: float | None = None  # drop a workflow whose age exceeds this × its SLO
+    aimd: AIMDConfig = field(default_factory=AIMDConfig)
+    fitness: FitnessConfig = field(default_factory=FitnessConfig)
+    show_progress: bool = True
+
+    def __post_init__(self):
+        if self.num_nodes < 1 or self.max_batch_seqs < 1 or self.num_tool_workers < 1:
+            raise ValueError("num_nodes, max_batch_seqs and num_tool_workers must be >= 1")
+        if self.grow_chunk_tokens < 1 or not self.placement:
+            raise ValueError("grow_chunk_tokens must be >= 1 and placement non-empty")
+        if self.abandon_after_slo_x is not None and self.abandon_after_slo_x <= 0:
+            raise ValueError("abandon_after_slo_x must be > 0 or None")
+
+
+class Simulator:
+    def __init__(self, cluster: ClusterConfig, system: SystemConfig, workflows: list[SimWorkflow]):
+        self.cluster, self.system, self.workflows = cluster, system, workflows
+        self.cost = CostModel(cluster.cost)
+        self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
+        kv = KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit)
+        self.nodes = [SimNode(i, self.cost, kv, cluster.residency, system.scheduler, cluster.num_tool_workers,
+                              cluster.aimd if system.use_aimd else None) for i in range(cluster.num_nodes)]
+        self.recorder = Recorder()
+        self.dispatch = Dispatcher(self)
+        self.now = 0.0
+        self.num_events = 0
+        self._events: list = []
+        self._tie = itertools.count()
+        self.tool_ema_s: dict[str, float] = {}
+        self.stage_ema_s = 1.0
+        self.evicted_wait_ema_s = 0.0
+        self.num_open = len(workflows)
+        self.dispatch.place_models()
+
+    def push(self, time_s: float, kind: int, obj, tag: int = 0) -> None:
+        heapq.heappush(self._events, (time_s, next(self._tie), kind, obj, tag))
+
+    def run(self) -> Recorder:
+        for workflow in self.workflows:
+            self.push(workflow.arrival_s, ARRIVAL, workflow)
+        bar = tqdm(total=len(self.workflows), desc=f"simulating {self.system.name}", unit="wf",
+                   disable=not self.cluster.show_progress, mininterval=1.0)
+        handlers = (self._on_arrival, self._on_node, self._on_tool_done, self._on_ttl, self._on_control)
+        events = self._events
+        while events:
+            time_s, _, kind, obj, tag = heapq.heappop(events)
+            self.now = time_s
+            self.num_events += 1
+            done_before = self.num_open
+            handlers[kind](obj, tag)
+            if self.num_open != done_before:
+                bar.update(done_before - self.num_open)
+        bar.close()
+        self.recorder.finish(self)
+        return self.recorder
+
+    # --- handlers --------------------------------------------------------------------------------
+    def _on_arrival(self, workflow: SimWorkflow, _tag: int) -> None:
+        for stage in workflow.stages:
+            stage.num_parents_left = len(stage.parents)
+        for stage in workflow.stages:
+            if not stage.parents:
+                self.make_ready(stage)
+
+    def _on_node(self, node: SimNode, version: int) -> None:
+        if version != node.version:
+            return
+        node.advance(self.now)
+        for kind, stage, epoch in node.pop_due():
+            if stage.epoch != epoch:  # preempted by an earlier event of this batch
+                continue
+            if kind == FINISH:
+                self.dispatch.finish(node, stage)
+            else:
+                self.dispatch.grow(node, stage)
+        self.dispatch.fill(node)
+        self.reschedule(node)
+
+    def _on_tool_done(self, stage: SimStage, _tag: int) -> None:
+        node = stage.node
+        node.num_tools_busy -= 1
+        self.observe_tool(stage.tool_name, stage.tool_exec_s)
+        if node.tool_queue:
+            self.start_tool(node, node.tool_queue.popleft())
+        self.children_ready(stage)
+
+    def _on_ttl(self, stage: SimStage, epoch: int) -> None:
+        node = stage.node
+        if stage in node.pinned and stage.epoch == epoch:
+            node.alloc.release(node.pinned.pop(stage))
+            self.dispatch.fill(node)
+            self.reschedule(node)
+
+    def _on_control(self, node: SimNode, _tag: int) -> None:
+        node.window.update(node.alloc.usage, node.num_tool_jobs())
+        self.dispatch.fill(node)
+        self.reschedule(node)
+        if self.num_open > 0:
+            self.push(self.now + self.cluster.aimd.control_period_s, CONTROL, node)
+        else:
+            node.is_control_armed = False
+
+    # --- shared steps ----------------------------------------------------------------------------
+    def reschedule(self, node: SimNode) -> None:
+        node.version += 1
+        when = node.next_event_s()
+        if when is not None:
+            self.push(max(when, self.now), NODE, node, node.version)
+        if node.window is not None and not node.is_control_armed:
+            node.is_control_armed = True
+            self.push(self.now + self.cluster.aimd.control_period_s, CONTROL, node)
+
+    def make_ready(self, stage: SimStage) -> None:
+        workflow = stage.workflow
+        if workflow.is_dropped:
+            return
+        stage.ready_s = self.now
+        node = self.dispatch.route(stage)
+        request = stage.request or self._request(stage)
+        request.ready_s = self.now
+        request.attained_service_s = workflow.attained_service_s
+        request.workflow_remaining_s = self._workflow_remaining_s(stage)
+        node.sched.add(request, self.now)
+        node.queued_work_s += request.pred_service_s
+        stage.node = node
+        self.dispatch.fill(node)
+        self.reschedule(node)
+
+    def _request(self, stage: SimStage) -> StageRequest:
+        w, model = stage.workflow, self.cost.model(stage.model)
+        pred_s = self.cost.prefill_s(model, stage.prompt_tokens) + self.cost.decode_s(
+            model, stage.tokens_pred, stage.prompt_tokens)
+        stage.request = StageRequest(
+            w.workflow_id, stage.stage_id, stage.model, w.interactive, w.arrival_s, self.now, w.arrival_s + w.slo_s,
+            stage.prompt_tokens, stage.tokens_pred, stage.tokens_reserve, stage.max_tokens, pred_s, payload=stage)
+        return stage.request
+
+    def _workflow_remaining_s(self, stage: SimStage) -> float:
+        # What is known before running: how many stages the app's plan has after this one.
+        remaining = sum(1 for s in stage.workflow.stages if s.ready_s < 0)
+        return remaining * self.stage_ema_s
+
+    def children_ready(self, stage: SimStage) -> None:
+        workflow = stage.workflow
+        workflow.num_stages_left -= 1
+        for child_index in stage.children:
+            child = workflow.stages[child_index]
+            child.num_parents_left -= 1
+            if child.num_parents_left == 0:
+                self.make_ready(child)
+        if workflow.num_stages_left == 0 and not workflow.is_dropped:
+            workflow.done_s = self.now
+            self.close(workflow)
+
+    def close(self, workflow: SimWorkflow) -> None:
+        for node in workflow.session_nodes:
+            node.sessions.discard(workflow.workflow_id)
+        self.num_open -= 1
+
+    def drop(self, workflow: SimWorkflow) -> None:
+        if not workflow.is_dropped and workflow.done_s < 0:
+            workflow.is_dropped = True
+            self.close(workflow)
+
+    def start_tool(self, node: SimNode, stage: SimStage) -> None:
+        node.num_tools_busy += 1
+        if node.window is not None:
+            node.window.observe_tool_wait(self.now - stage.tool_submit_s)
+        self.push(self.now + stage.tool_exec_s, TOOL_DONE, stage)
+
+    def observe_tool(self, tool: str, duration_s: float) -> None:
+        self.tool_kv.observe(tool, duration_s)
+        old = self.tool_ema_s.get(tool)
+        self.tool_ema_s[tool] = duration_s if old is None else 0.2 * duration_s + 0.8 * old
+
+    def predicted_tool_s(self, tool: str) -> float:
+        from pipelines.catalog import TOOLS
+
+        prior = TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
+        return self.tool_ema_s.get(tool, prior)
+
+    def arm_ttl(self, stage: SimStage, ttl_s: float) -> None:
+        if math.isfinite(ttl_s):
+            self.push(self.now + ttl_s, TTL, stage, stage.epoch)

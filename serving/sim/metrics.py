@@ -1,0 +1,57 @@
+"""What a simulation run measured, per policy, in the shape `maestro simulate` writes to JSON."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _stats(values: list[float], quantiles: tuple[int, ...]) -> dict:
+    if not values:
+        return {"mean": None, **{f"p{q}": None for q in quantiles}}
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), **{f"p{q}": float(np.percentile(array, q)) for q in quantiles}}
+
+
+class Recorder:
+    def __init__(self):
+        self.interactive_waits_s: list[float] = []
+        self.num_stages = 0
+        self.num_oom_stages = 0
+        self.peak_pages = 0
+        self.maxlen_pages = 0
+        self.preemptions = 0
+        self.abandoned = 0
+        self.never_fit = 0
+        self.summary: dict = {}
+
+    def stage_done(self, stage) -> None:
+        self.num_stages += 1
+        self.num_oom_stages += stage.is_oom
+        self.peak_pages += stage.peak_pages
+        self.maxlen_pages += stage.maxlen_pages
+        if stage.workflow.interactive:
+            self.interactive_waits_s.append(stage.queue_wait_s)
+
+    def finish(self, sim) -> None:
+        workflows = sim.workflows
+        done = [w for w in workflows if w.done_s >= 0 and not w.is_dropped]
+        e2e = [w.done_s - w.arrival_s for w in done]
+        good = sum(1 for w in done if w.done_s - w.arrival_s <= w.slo_s)
+        first = min(w.arrival_s for w in workflows)
+        last = max([w.done_s for w in done] + [w.arrival_s for w in workflows])
+        n = max(1, len(workflows))
+        self.summary = {
+            "slo_attainment": good / n,
+            "interactive_queue_delay_s": _stats(self.interactive_waits_s, (95,)),
+            "e2e_s": _stats(e2e, (90, 95)),
+            "kv_reserved_frac_vs_maxlen": self.peak_pages / max(1, self.maxlen_pages),
+            "oom_rate": self.num_oom_stages / max(1, self.num_stages),
+            "rejected_rate": sum(w.is_dropped for w in workflows) / n,
+            "goodput_rps": good / max(1e-9, last - first),
+            "num_workflows": len(workflows),
+            "num_stages_completed": self.num_stages,
+            "num_preemptions": self.preemptions,
+            "num_abandoned": self.abandoned,
+            "num_never_fit": self.never_fit,
+            "num_events": sim.num_events,
+            "makespan_s": last - first,
+        }

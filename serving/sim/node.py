@@ -1,0 +1,116 @@
+"""One simulated GPU node: a continuous-batching clock, its KV allocator, queue, residency and tool CPUs.
+
+The node keeps a *virtual step clock* V: every running sequence gains one token per engine step,
+and a step lasts `step_s` (cost model, from the current batch). A stage that needs n more tokens
+finishes when V has advanced by n, so one heap keyed by V gives every node's next event, and a
+batch change only changes how fast V runs. Prefills stall decoding (their GPU time is serial).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter, OrderedDict, deque
+
+from serving.admission import AIMDConfig, AIMDWindow
+from serving.kv import KVAllocator, KVAllocatorConfig
+from serving.residency import NodeResidency, ResidencyConfig
+from serving.scheduler import SchedulerConfig, create_scheduler
+from serving.sim.costmodel import CostModel
+
+FINISH, GROW = 0, 1
+_TIE = itertools.count()
+
+
+class SimNode:
+    def __init__(self, index: int, cost: CostModel, kv_config: KVAllocatorConfig, residency: ResidencyConfig,
+                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None):
+        self.index = index
+        self.cost = cost
+        self.alloc = KVAllocator(kv_config)
+        self.sched = create_scheduler(SchedulerConfig(policy=scheduler))
+        self.residency = NodeResidency(residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
+        self.window = AIMDWindow(aimd, num_tool_workers) if aimd else None
+        self.num_tool_workers = num_tool_workers
+        self.running: dict = {}  # stage -> None, in start order (the preemption order)
+        self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
+        self.sessions: set[str] = set()
+        self.tool_queue: deque = deque()
+        self.num_tools_busy = 0
+        self.queued_work_s = 0.0
+        self.version = 0
+        self.is_control_armed = False
+        self._vheap: list = []
+        self.v = 0.0
+        self.last_s = 0.0
+        self.stall_end_s = 0.0
+        self._weight_s = 0.0
+        self._kv_bytes = 0.0
+        self._models = Counter()
+
+    # --- the step clock -------------------------------------------------------------------
+    def step_s(self) -> float:
+        return self.cost.step_s(self._weight_s, self._kv_bytes)
+
+    def advance(self, now: float) -> None:
+        if now > self.last_s:
+            if self.running:
+                active = now - max(self.last_s, self.stall_end_s)
+                if active > 0:
+                    self.v += active / self.step_s()
+            self.last_s = now
+
+    def stall(self, now: float, seconds: float) -> float:
+        """Serialise `seconds` of GPU work (a prefill, a model load); returns when it ends."""
+        self.stall_end_s = max(now, self.stall_end_s) + seconds
+        return self.stall_end_s
+
+    def next_event_s(self) -> float | None:
+        heap = self._vheap
+        while heap and heap[0][3].epoch != heap[0][4]:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        return max(self.last_s, self.stall_end_s) + max(0.0, heap[0][0] - self.v) * self.step_s()
+
+    def pop_due(self) -> list[tuple[int, object, int]]:
+        due, heap = [], self._vheap
+        while heap and (heap[0][3].epoch != heap[0][4] or heap[0][0] <= self.v + 1e-6):
+            _, _, kind, stage, epoch = heapq.heappop(heap)
+            if stage.epoch == epoch:
+                due.append((kind, stage, epoch))
+        return due
+
+    def at_tokens(self, stage, num_tokens: float, kind: int) -> None:
+        heapq.heappush(self._vheap, (stage.v_start + num_tokens, next(_TIE), kind, stage, stage.epoch))
+
+    # --- the batch --------------------------------------------------------------------------
+    def add_running(self, stage, context_tokens: int) -> None:
+        model = self.cost.model(stage.model)
+        if self._models[stage.model] == 0:
+            self._weight_s += self.cost.weight_read_s(model)
+        self._models[stage.model] += 1
+        self._kv_bytes += context_tokens * model.kv_bytes_per_token
+        stage.v_start = self.v
+        self.running[stage] = context_tokens
+
+    def remove_running(self, stage) -> None:
+        model = self.cost.model(stage.model)
+        context_tokens = self.running.pop(stage)
+        self._kv_bytes = max(0.0, self._kv_bytes - context_tokens * model.kv_bytes_per_token)
+        self._models[stage.model] -= 1
+        if self._models[stage.model] == 0:
+            self._weight_s -= self.cost.weight_read_s(model)
+        stage.epoch += 1  # invalidates its pending V-events
+
+    def busy_models(self) -> set[str]:
+        return {m for m, n in self._models.items() if n > 0}
+
+    def other_context_tokens(self) -> int:
+        return int(sum(self.running.values()))
+
+    # --- host CPU for tools -----------------------------------------------------------------
+    def tool_slot_free(self) -> bool:
+        return self.num_tools_busy < self.num_tool_workers
+
+    def num_tool_jobs(self) -> int:
+        return self.num_tools_busy + len(self.tool_queue)

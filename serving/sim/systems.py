@@ -1,0 +1,56 @@
+"""What each policy name means as a whole serving system: ordering, KV reservation, tool-KV, routing.
+
+Baselines of the Maestro paper (FCFS, EDF, SRTF) reserve KV for max_tokens, the traditional
+static reservation the −67.2% is read against; the agent baselines of MARS (Continuum,
+Continuum-Dy, InferCept, keep/evict-always) run on vLLM's paged, on-demand allocation.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Reservation(enum.Enum):
+    MAX_LEN = "max-len"  # map prompt + max_tokens up front
+    PREDICTED = "predicted"  # map prompt + predicted reserve, grow during decode
+    ON_DEMAND = "on-demand"  # map prompt + one chunk, grow during decode (vLLM paging)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    name: str
+    scheduler: str
+    reservation: str
+    tool_kv: str
+    router: str = "least-loaded"  # or "fitness"
+    use_aimd: bool = False
+    admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
+
+    def __post_init__(self):
+        Reservation(self.reservation)
+        if self.router not in ("least-loaded", "fitness"):
+            raise ValueError(f"unknown router '{self.router}'; known: least-loaded, fitness")
+        if not 0 <= self.admission_headroom_frac < 1:
+            raise ValueError("admission_headroom_frac must be in [0, 1)")
+
+
+SYSTEMS = {s.name: s for s in [
+    SystemConfig("fcfs", "fcfs", "max-len", "evict-always"),
+    SystemConfig("edf", "edf", "max-len", "evict-always"),
+    SystemConfig("srtf", "srtf", "max-len", "evict-always"),
+    SystemConfig("maestro", "maestro", "predicted", "mars", "fitness", admission_headroom_frac=0.05),
+    SystemConfig("mars", "mars", "on-demand", "mars", use_aimd=True),
+    SystemConfig("continuum", "continuum", "on-demand", "continuum"),
+    SystemConfig("continuum-dy", "continuum", "on-demand", "continuum-dy"),
+    SystemConfig("infercept", "fcfs", "on-demand", "infercept"),
+    SystemConfig("keep-always", "fcfs", "on-demand", "keep-always"),
+    SystemConfig("evict-always", "fcfs", "on-demand", "evict-always"),
+    SystemConfig("vllm", "fcfs", "on-demand", "evict-always"),
+]}
+
+
+def get_system(name: str) -> SystemConfig:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown policy '{name}'; known policies: {', '.join(SYSTEMS)}") from None
