@@ -8,6 +8,7 @@ import sys
 # Each module exposes register(subparsers); a subcommand's parser sets `func` to run it.
 COMMAND_MODULES = (
     "pipelines.commands",
+    "serving.commands",
 )
 
 
