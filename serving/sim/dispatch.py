@@ -179,6 +179,9 @@ class Dispatcher:
         final = stage.prompt_tokens + stage.output_tokens
         target = min(final, capacity + self.sim.cluster.grow_chunk_tokens)
         while not node.alloc.grow(stage.reservation, target):
+            if node.pinned:  # idle KV of a tool call goes before any running stage
+                node.alloc.release(node.pinned.popitem(last=False)[1])
+                continue
             stage.is_oom = True
             victim = next(reversed(node.running))  # the latest started goes first, as vLLM does
             self.preempt(node, victim)

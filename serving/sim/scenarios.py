@@ -41,7 +41,7 @@ def maestro_paper(num_nodes: int, gpu: str = "a100-80gb") -> Scenario:
     cluster = ClusterConfig(num_nodes=num_nodes, cost=CostModelConfig(gpu=gpu), kv_pool_bytes=30 * GiB,
                             residency=ResidencyConfig(gpu_weight_budget_bytes=40 * GiB), placement=placement,
                             num_tool_workers=8, abandon_after_slo_x=3.0)
-    return Scenario("maestro-paper", cluster, None, workflows_per_node=260, rate_per_node_s=0.35)
+    return Scenario("maestro-paper", cluster, None, workflows_per_node=300, rate_per_node_s=1.5)
 
 
 def mars_swe(num_nodes: int, gpu: str = "h200") -> Scenario:
