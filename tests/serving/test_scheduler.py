@@ -1,0 +1,89 @@
+"""Each policy's ordering, lazy removal, aging and the factory."""
+import pytest
+
+from serving.request import StageRequest
+from serving.scheduler import SchedulerConfig, create_scheduler
+
+
+def req(name, **fields) -> StageRequest:
+    return StageRequest(name, "0", **fields)
+
+
+def drain(scheduler, now=0.0):
+    order = []
+    while (r := scheduler.pop(now)) is not None:
+        order.append(r.workflow_id)
+    return order
+
+
+def fill(policy, requests, **config):
+    scheduler = create_scheduler(SchedulerConfig(policy=policy, **config))
+    for r in requests:
+        scheduler.add(r, 0.0)
+    return scheduler
+
+
+def test_fcfs_orders_by_ready_time():
+    assert drain(fill("fcfs", [req("b", ready_s=2), req("a", ready_s=1), req("c", ready_s=3)])) == ["a", "b", "c"]
+
+
+def test_edf_orders_by_deadline():
+    s = fill("edf", [req("late", deadline_s=50), req("soon", deadline_s=10, ready_s=5), req("mid", deadline_s=20)])
+    assert drain(s) == ["soon", "mid", "late"]
+
+
+def test_srtf_orders_by_attained_service_not_prediction():
+    s = fill("srtf", [req("old", attained_service_s=30, pred_service_s=0.1),
+                      req("new", attained_service_s=0, pred_service_s=100)])
+    assert drain(s) == ["new", "old"]
+
+
+def test_maestro_shortest_predicted_first_and_interactive_before_batch():
+    s = fill("maestro", [req("batch-short", pred_service_s=0.1), req("long", interactive=True, pred_service_s=9),
+                         req("short", interactive=True, pred_service_s=1)])
+    assert drain(s) == ["short", "long", "batch-short"]
+
+
+def test_maestro_workflow_remaining_counts():
+    s = fill("maestro", [req("more-to-come", pred_service_s=1, workflow_remaining_s=20),
+                         req("last-stage", pred_service_s=2, workflow_remaining_s=0)])
+    assert drain(s) == ["last-stage", "more-to-come"]
+
+
+def test_maestro_aging_and_batch_starvation_guard():
+    s = fill("maestro", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5, ready_s=0)],
+             aging_per_s=0.1)
+    assert drain(s, now=100) == ["old-long", "young-short"]  # 5 + 0 < 1 + 10
+    s = fill("maestro", [req("batch", ready_s=0), req("interactive", interactive=True, ready_s=50)], batch_max_wait_s=60)
+    assert s.peek(10).workflow_id == "interactive"
+    assert s.peek(61).workflow_id == "batch"
+
+
+def test_mars_low_initial_kv_then_high_service_then_boost():
+    s = fill("mars", [req("long-prompt", prompt_tokens=50000), req("short-fresh", prompt_tokens=100),
+                      req("short-served", prompt_tokens=100, attained_service_s=40)])
+    assert drain(s) == ["short-served", "short-fresh", "long-prompt"]
+    s = fill("mars", [req("long-waiting", prompt_tokens=50000, ready_s=0), req("short", prompt_tokens=100, ready_s=95)])
+    assert s.peek(100).workflow_id == "long-waiting"  # boosted 3 levels after 90 s
+
+
+def test_continuum_preempted_then_pinned_then_program_arrival():
+    s = fill("continuum", [req("plain-early", workflow_arrival_s=0), req("pinned", workflow_arrival_s=5, is_kv_pinned=True),
+                           req("preempted", workflow_arrival_s=9, is_preempted=True)])
+    assert drain(s) == ["preempted", "pinned", "plain-early"]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "mars", "continuum"])
+def test_remove_is_lazy_and_len_is_exact(policy):
+    requests = [req(f"w{i}", ready_s=i, deadline_s=i, pred_service_s=i, interactive=i % 2 == 0) for i in range(6)]
+    s = fill(policy, requests)
+    s.remove(requests[3])
+    assert len(s) == 5
+    assert "w3" not in drain(s)
+    s.add(requests[3], 0.0)  # a removed request may come back
+    assert drain(s) == ["w3"]
+
+
+def test_unknown_policy_names_the_known_ones():
+    with pytest.raises(ValueError, match="known policies"):
+        create_scheduler("lottery")
