@@ -1,0 +1,85 @@
+"""The simulator end to end at small scale: every policy runs, work is conserved, outputs are written."""
+import json
+
+import pytest
+
+from serving.sim.costmodel import CostModel, CostModelConfig, MODEL_PROFILES
+from serving.sim.engine import Simulator
+from serving.sim.predictions import PredictionConfig
+from serving.sim.runner import RunConfig, build_workload, run_scenario, write_outputs
+from serving.sim.scenarios import get_scenario
+from serving.sim.systems import SYSTEMS, get_system
+from serving.sim.workload import reset
+
+
+def small(name, nodes=2):
+    scenario = get_scenario(name, nodes)
+    scenario.cluster.show_progress = False
+    return scenario
+
+
+def test_cost_model_orders_of_magnitude():
+    cost = CostModel(CostModelConfig(gpu="a100-80gb"))
+    llama = MODEL_PROFILES["llama-3-8b"]
+    assert 0.005 < cost.step_s(cost.weight_read_s(llama), 0) < 0.03  # ~10-20 ms/token for 8B on A100
+    assert 0.05 < cost.prefill_s(llama, 2000) < 0.5
+    h200 = CostModel(CostModelConfig(gpu="h200"))
+    assert h200.prefill_s(llama, 2000) < cost.prefill_s(llama, 2000)
+    with pytest.raises(ValueError, match="known"):
+        CostModelConfig(gpu="tpu-v5")
+
+
+@pytest.mark.parametrize("policy", sorted(SYSTEMS))
+def test_every_policy_completes_a_small_workload(policy):
+    scenario = small("maestro-paper")
+    workflows = build_workload(scenario, RunConfig(policies=(policy,), num_workflows=60, rate_per_s=2.0),
+                               scenario.regimes[0])
+    summary = Simulator(scenario.cluster, get_system(policy), workflows).run().summary
+    finished = sum(w.done_s >= 0 for w in workflows) + sum(w.is_dropped for w in workflows)
+    assert finished == len(workflows)
+    assert 0.0 <= summary["slo_attainment"] <= 1.0 and 0.0 < summary["kv_reserved_frac_vs_maxlen"] <= 1.0
+    for node in Simulator(scenario.cluster, get_system(policy), []).nodes:
+        assert node.alloc.num_free_pages == node.alloc.num_physical_pages
+
+
+def test_pages_all_return_after_a_run():
+    scenario = small("mars-swe", nodes=1)
+    workflows = build_workload(scenario, RunConfig(policies=("mars",), num_workflows=20), scenario.regimes[-1])
+    sim = Simulator(scenario.cluster, get_system("keep-always"), workflows)
+    sim.run()
+    assert all(n.alloc.backend.num_mapped_pages == 0 and not n.running for n in sim.nodes)
+
+
+def test_maestro_reserves_less_than_max_len_and_oracle_predictions_work():
+    scenario = small("maestro-paper")
+    run = RunConfig(policies=("edf", "maestro"), num_workflows=80, rate_per_s=3.0,
+                    predictions=PredictionConfig(source="oracle"))
+    results = run_scenario(scenario, run)["results"]["default"]
+    assert results["edf"]["kv_reserved_frac_vs_maxlen"] == pytest.approx(1.0)
+    assert results["maestro"]["kv_reserved_frac_vs_maxlen"] < 0.5
+
+
+def test_replay_is_deterministic_and_reset_replays_identically():
+    scenario = small("maestro-paper")
+    workflows = build_workload(scenario, RunConfig(policies=("fcfs",), num_workflows=40), scenario.regimes[0])
+    first = Simulator(scenario.cluster, get_system("maestro"), workflows).run().summary
+    reset(workflows)
+    second = Simulator(scenario.cluster, get_system("maestro"), workflows).run().summary
+    assert first == second
+
+
+def test_write_outputs_json_and_plots(tmp_path):
+    scenario = small("mars-swe", nodes=1)
+    report = run_scenario(scenario, RunConfig(policies=("continuum", "mars"), num_workflows=10, regimes=("short",)))
+    paths = write_outputs(report, tmp_path / "out.json")
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert set(data["results"]["short"]) == {"continuum", "mars"}
+    assert "mars_vs_best_continuum" in data["comparisons"]["short"]
+    assert all(p.exists() for p in paths) and any(p.suffix == ".png" for p in paths)
+
+
+def test_unknown_names_fail_with_the_known_ones():
+    with pytest.raises(ValueError, match="known policies"):
+        get_system("round-robin")
+    with pytest.raises(ValueError, match="known scenarios"):
+        get_scenario("nope", 1)
