@@ -48,6 +48,7 @@ class Recorder:
             "rejected_rate": sum(w.is_dropped for w in workflows) / n,
             "goodput_rps": good / max(1e-9, last - first),
             "num_workflows": len(workflows),
+            "num_stages_total": sum(len(w.stages) for w in workflows),
             "num_stages_completed": self.num_stages,
             "num_preemptions": self.preemptions,
             "num_abandoned": self.abandoned,
