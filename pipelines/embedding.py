@@ -21,8 +21,8 @@ EMBEDDING_DIM = 384
 
 @dataclass(frozen=True)
 class EmbedderConfig:
-    tail_chars: int = 400  # 0 = whole prompt (the straightforward recipe)
-    max_seq_length: int = 96
+    tail_chars: int = 256  # 0 = whole prompt (the straightforward recipe)
+    max_seq_length: int = 64
     batch_size: int = 64
     cache_size: int = 200_000
 

@@ -151,5 +151,17 @@ class Featurizer:
                 frame[f"emb_{i}"] = reduced[:, i].astype(np.float32)
         return frame
 
+    def state(self) -> dict:
+        """What fit() learnt, picklable without the embedding model."""
+        return {"config": self.config, "categories": self.categories_, "pca": getattr(self, "pca_", None)}
+
+    @classmethod
+    def from_state(cls, state: dict, embedder: Embedder | None = None) -> "Featurizer":
+        featurizer = cls(state["config"], embedder)
+        featurizer.categories_ = state["categories"]
+        if state["pca"] is not None:
+            featurizer.pca_ = state["pca"]
+        return featurizer
+
     def known_role(self, role: str) -> bool:
         return role in self.categories_["role"] and role != UNKNOWN

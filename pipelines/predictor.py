@@ -7,9 +7,10 @@ from pathlib import Path
 
 import joblib
 import numpy as np
+import pandas as pd
 
 from pipelines.contract import StageTrace, task_id
-from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig
 from pipelines.model import ModelConfig, TwoStageModel
 
 FALLBACK_LEVELS = ("role", "global", "prior")
@@ -50,16 +51,23 @@ class Prior:
         return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
 
 
-def fit_priors(stages: list[StageTrace], alpha: float, min_count: int = 5) -> dict[str, Prior]:
+def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
+    """Identity, grouping and labels of labelled stages, aligned with their feature rows."""
+    return pd.DataFrame({
+        "workflow_id": [s.workflow_id for s in stages], "stage_id": [s.stage_id for s in stages],
+        "role": [s.role for s in stages], "app": [s.app or UNKNOWN for s in stages],
+        "group": [task_id(s) for s in stages], "tokens": [s.output_tokens for s in stages],
+        "is_tool": [bool(s.is_tool_call) for s in stages]})
+
+
+def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[str, Prior]:
     """Per-role priors where a role has `min_count` stages, plus the global one under key ''."""
-    tokens = np.array([s.output_tokens for s in stages], float)
-    tools = np.array([bool(s.is_tool_call) for s in stages], float)
-    roles = np.array([s.role for s in stages])
-    priors = {"": Prior.of(tokens, tools, alpha)} if len(stages) else {"": Prior(0.0, 256.0, MAX_TOKENS_DEFAULT)}
-    for role in set(roles):
-        member = roles == role
-        if member.sum() >= min_count:
-            priors[role] = Prior.of(tokens[member], tools[member], alpha)
+    if labels.empty:
+        return {"": Prior(0.0, 256.0, MAX_TOKENS_DEFAULT)}
+    priors = {"": Prior.of(labels["tokens"].to_numpy(float), labels["is_tool"].to_numpy(float), alpha)}
+    for role, group in labels.groupby("role"):
+        if len(group) >= min_count:
+            priors[str(role)] = Prior.of(group["tokens"].to_numpy(float), group["is_tool"].to_numpy(float), alpha)
     return priors
 
 
@@ -73,22 +81,29 @@ class Predictor:
 
     @classmethod
     def train(cls, stages: list[StageTrace], featurizer_config: FeaturizerConfig | None = None,
-              model_config: ModelConfig | None = None, featurizer: Featurizer | None = None,
-              progress: bool = False) -> "Predictor":
-        """Fit on labelled stages; a featurizer already fitted (the DVC featurize stage) may be passed in."""
-        labelled = [s for s in stages if s.is_labelled]
+              model_config: ModelConfig | None = None, progress: bool = False) -> "Predictor":
+        """Fit featurizer, model and priors on the labelled stages among `stages`."""
+        labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
         if not labelled:
             raise ValueError("no labelled stages: training needs output_tokens and is_tool_call on each stage")
-        model_config = model_config or ModelConfig()
-        priors = fit_priors(labelled, model_config.alpha)
+        labels = label_frame(labelled)
         if len(labelled) < MIN_STAGES_FOR_MODEL:
-            return cls(None, None, priors, {"num_train_stages": len(labelled), "model": "priors-only"})
-        featurizer = featurizer or Featurizer(featurizer_config).fit(labelled, progress=progress)
-        X = featurizer.transform(labelled, progress=progress)
-        model = TwoStageModel(model_config).fit(
-            X, np.array([s.output_tokens for s in labelled]), np.array([bool(s.is_tool_call) for s in labelled]),
-            np.array([task_id(s) for s in labelled]))
-        return cls(featurizer, model, priors, {"num_train_stages": len(labelled), "model": "two-stage"})
+            return cls.fit(None, None, labels, model_config)
+        featurizer = Featurizer(featurizer_config).fit(labelled, progress=progress)
+        return cls.fit(featurizer, featurizer.transform(labelled, progress=progress), labels, model_config)
+
+    @classmethod
+    def fit(cls, featurizer: Featurizer | None, X: pd.DataFrame | None, labels: pd.DataFrame,
+            model_config: ModelConfig | None = None) -> "Predictor":
+        """Fit model and priors on a feature frame (the DVC train stage starts here)."""
+        model_config = model_config or ModelConfig()
+        priors = fit_priors(labels, model_config.alpha)
+        meta = {"num_train_stages": len(labels), "alpha": model_config.alpha}
+        if featurizer is None or len(labels) < MIN_STAGES_FOR_MODEL:
+            return cls(None, None, priors, {**meta, "model": "priors-only"})
+        model = TwoStageModel(model_config).fit(X, labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(),
+                                                labels["group"].to_numpy())
+        return cls(featurizer, model, priors, {**meta, "model": "two-stage"})
 
     def predict(self, stages: list[StageTrace]) -> list[Prediction]:
         if not stages:
@@ -113,10 +128,7 @@ class Predictor:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = None
-        if self.featurizer is not None:
-            state = {"config": self.featurizer.config, "categories": self.featurizer.categories_,
-                     "pca": getattr(self.featurizer, "pca_", None)}
+        state = self.featurizer.state() if self.featurizer is not None else None
         joblib.dump({"featurizer": state, "model": self.model}, directory / "predictor.joblib")
         (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
         (directory / "meta.json").write_text(json.dumps(self.meta, indent=1, default=str))
@@ -127,12 +139,7 @@ class Predictor:
         """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion."""
         directory = _resolve(str(location))
         state = joblib.load(directory / "predictor.joblib")
-        featurizer = None
-        if state["featurizer"] is not None:
-            featurizer = Featurizer(state["featurizer"]["config"])
-            featurizer.categories_ = state["featurizer"]["categories"]
-            if state["featurizer"]["pca"] is not None:
-                featurizer.pca_ = state["featurizer"]["pca"]
+        featurizer = Featurizer.from_state(state["featurizer"]) if state["featurizer"] is not None else None
         priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}
         meta = json.loads((directory / "meta.json").read_text())
         return cls(featurizer, state["model"], priors, meta)

@@ -1,0 +1,77 @@
+"""DVC stage `featurize`: grouped train/test split, then structure + MiniLM → PCA features.
+
+The split keeps every workflow (and every run of the same task) on one side. The PCA is fitted on
+the training side only. Embeddings are cached by text hash in `embeddings.npz` so a re-run embeds
+only prompts it has not seen.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.model_selection import GroupShuffleSplit
+
+from pipelines.contract import StageTrace, read_traces, task_id
+from pipelines.embedding import Embedder, EmbedderConfig
+from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.params import load_params
+from pipelines.predictor import label_frame
+
+
+def featurizer_config(params: dict) -> FeaturizerConfig:
+    embedder = EmbedderConfig(tail_chars=params["tail_chars"], max_seq_length=params["max_seq_length"])
+    return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
+                            embedder=embedder, use_embedding=params.get("use_embedding", True))
+
+
+def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of train and test stages; no task has stages on both sides."""
+    groups = np.array([task_id(s) for s in stages])
+    if len(set(groups)) < 2:
+        raise ValueError("need at least two workflows/tasks to split train from test")
+    splitter = GroupShuffleSplit(n_splits=1, test_size=test_fraction, random_state=seed)
+    train, test = next(splitter.split(np.zeros(len(stages)), groups=groups))
+    return sorted(train), sorted(test)
+
+
+def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None):
+    train_idx, test_idx = grouped_split(stages, params["test_fraction"], params["seed"])
+    config = featurizer_config(params)
+    embedder = Embedder(config.embedder)
+    if cache is not None:
+        embedder.load_cache(cache)
+    train = [stages[i] for i in train_idx]
+    test = [stages[i] for i in test_idx]
+    featurizer = Featurizer(config, embedder).fit(train, progress=True)
+    frames = {name: (featurizer.transform(part, progress=True), label_frame(part))
+              for name, part in (("train", train), ("test", test))}
+    if cache is not None:
+        embedder.save_cache(cache)
+    return featurizer, frames
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--traces", default="data/traces/collected.jsonl")
+    parser.add_argument("--out", default="data/features")
+    args = parser.parse_args()
+    params = load_params("featurize")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = read_traces(args.traces).stages
+    featurizer, frames = featurize(stages, params, cache=out / "embeddings.npz")
+    for name, (X, labels) in frames.items():
+        X.to_parquet(out / f"{name}_X.parquet")
+        labels.to_parquet(out / f"{name}_labels.parquet")
+    joblib.dump(featurizer.state(), out / "featurizer.joblib")
+    summary = {name: {"stages": len(labels), "tasks": int(labels["group"].nunique())}
+               for name, (_, labels) in frames.items()}
+    (out / "split.json").write_text(json.dumps(summary, indent=1))
+    print(f"features written to {out}: {summary}")
+
+
+if __name__ == "__main__":
+    main()

