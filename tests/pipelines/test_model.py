@@ -1,0 +1,70 @@
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.metrics import expected_calibration_error
+from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, conformal_quantile
+
+
+def test_asymmetric_loss_penalises_under_estimation_more():
+    data = lgb.Dataset(np.zeros((4, 1)), label=np.array([5.0, 5.0, 5.0, 5.0])).construct()
+    grad, hess = asymmetric_l2(3.0)(np.array([4.0, 6.0, 5.0, 3.0]), data)
+    assert grad[0] == pytest.approx(-6.0) and grad[1] == pytest.approx(2.0)  # under: 3× the pull
+    assert grad[2] == 0.0 and hess[0] == 6.0 and hess[1] == 2.0
+
+
+def test_asymmetric_regressor_sits_above_the_plain_one():
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame({"x": rng.random(2000)})
+    y = X["x"].to_numpy() + rng.normal(0, 0.3, 2000)
+    fit = lambda w: lgb.train({"verbosity": -1, "objective": asymmetric_l2(w)},
+                              lgb.Dataset(X, y, init_score=np.full(2000, y.mean())), 100)
+    up = fit(4.0).predict(X) + y.mean()
+    even = fit(1.0).predict(X) + y.mean()
+    assert np.mean(y > up) < 0.35 < np.mean(y > even)
+
+
+def test_conformal_quantile_covers_at_the_promised_rate():
+    rng = np.random.default_rng(1)
+    misses = []
+    for _ in range(200):
+        calibration, fresh = rng.normal(size=200), rng.normal(size=200)
+        misses.append(np.mean(fresh > conformal_quantile(calibration, 0.1)))
+    assert 0.07 < np.mean(misses) <= 0.105
+    assert conformal_quantile(np.arange(5.0), 0.05) == float("inf")  # too few points to promise 95%
+
+
+def synthetic_frame(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    role = rng.choice(["caller", "writer", "mixed"], n)
+    items = rng.integers(1, 10, n)
+    p = np.select([role == "caller", role == "writer"], [0.9, 0.05], 0.5)
+    is_tool = rng.random(n) < p
+    tokens = np.where(is_tool, rng.lognormal(np.log(30), 0.2, n), rng.lognormal(np.log(80 * items), 0.3, n))
+    X = pd.DataFrame({"role": pd.Categorical(role, categories=["caller", "mixed", "writer", "unknown"]),
+                      "items": items, "noise": rng.random(n)})
+    return X, tokens.astype(int), is_tool, np.arange(n) // 4
+
+
+def test_two_stage_model_is_calibrated_and_keeps_the_reserve_promise():
+    config = ModelConfig(alpha=0.1, classifier=dict(n_estimators=60, learning_rate=0.1),
+                         regressor=dict(n_estimators=150, learning_rate=0.1))
+    X, tokens, is_tool, groups = synthetic_frame(3000)
+    model = TwoStageModel(config).fit(X, tokens, is_tool, groups)
+    Xt, tt, it, _ = synthetic_frame(3000, seed=1)
+    out = model.predict(Xt)
+    assert expected_calibration_error(it.astype(int), out["p_tool"]) < 0.05
+    assert np.mean(tt > out["tokens_reserve"]) <= 0.13
+    assert np.all(out["tokens_reserve"] >= out["tokens_pred"])
+    by_items = pd.Series(out["tokens_pred"]).groupby(Xt["items"].to_numpy()).median()
+    assert by_items.is_monotonic_increasing or by_items.iloc[-1] > 3 * by_items.iloc[0]
+
+
+def test_unfitted_model_and_bad_config_fail_clearly():
+    with pytest.raises(RuntimeError, match="not fitted"):
+        TwoStageModel().predict(pd.DataFrame({"x": [1]}))
+    with pytest.raises(ValueError, match="alpha"):
+        ModelConfig(alpha=0.7)
+    with pytest.raises(ValueError, match="reserve_method"):
+        ModelConfig(reserve_method="magic")

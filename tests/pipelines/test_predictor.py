@@ -1,0 +1,85 @@
+import json
+
+import numpy as np
+import pytest
+
+from maestro.cli import main as maestro
+from pipelines.contract import StageTrace, read_traces, write_jsonl
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor
+from pipelines.synth import generate
+
+FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
+                         regressor=dict(n_estimators=80, learning_rate=0.1))
+NO_EMBEDDING = FeaturizerConfig(use_embedding=False)
+
+
+@pytest.fixture(scope="module")
+def sample_stages():
+    return [StageTrace.model_validate(s) for s in generate(1500, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def predictor(sample_stages):
+    return Predictor.train(sample_stages, NO_EMBEDDING, FAST_MODEL)
+
+
+def test_known_role_answers_from_the_model(predictor, sample_stages):
+    predictions = predictor.predict(sample_stages[:50])
+    assert {p.fallback_level for p in predictions} == {"role"}
+    assert all(0 <= p.p_tool <= 1 and p.tokens_reserve >= p.tokens_pred >= 0 for p in predictions)
+    assert [p.stage_id for p in predictions] == [s.stage_id for s in sample_stages[:50]]
+
+
+def test_unseen_role_falls_back_to_the_global_model(predictor, sample_stages):
+    stranger = sample_stages[0].model_copy(update={"role": "a role nobody has seen", "workflow_id": "new"})
+    (prediction,) = predictor.predict([stranger])
+    assert prediction.fallback_level == "global" and prediction.tokens_reserve > 0
+
+
+def test_too_little_data_answers_from_priors(sample_stages):
+    tiny = Predictor.train(sample_stages[: MIN_STAGES_FOR_MODEL - 1], NO_EMBEDDING, FAST_MODEL)
+    assert tiny.model is None
+    (known, unknown) = tiny.predict([sample_stages[0], sample_stages[0].model_copy(update={"role": "zzz"})])
+    assert known.fallback_level == unknown.fallback_level == "prior"
+    assert known.tokens_pred == int(round(tiny.priors[sample_stages[0].role].tokens_median))
+    assert unknown.tokens_pred == int(round(tiny.priors[""].tokens_median))
+
+
+def test_unlabelled_training_data_is_refused(sample_stages):
+    bare = [s.model_copy(update={"output_tokens": None}) for s in sample_stages[:10]]
+    with pytest.raises(ValueError, match="no labelled stages"):
+        Predictor.train(bare)
+
+
+def test_save_load_round_trip_gives_the_same_answers(predictor, sample_stages, tmp_path):
+    predictor.save(tmp_path / "p")
+    loaded = Predictor.load(tmp_path / "p")
+    assert loaded.predict(sample_stages[:20]) == predictor.predict(sample_stages[:20])
+    with pytest.raises(FileNotFoundError, match="maestro train"):
+        Predictor.load(tmp_path)
+
+
+def test_reserve_keeps_its_promise_on_fresh_workflows(predictor):
+    fresh = [StageTrace.model_validate(s) for s in generate(1500, seed=99)]
+    predictions = predictor.predict(fresh)
+    actual = np.array([s.output_tokens for s in fresh])
+    reserve = np.array([p.tokens_reserve for p in predictions])
+    assert np.mean(actual > reserve) < 0.09  # alpha = 0.05, with slack for a 1.5k-stage calibration
+
+
+@pytest.mark.slow
+def test_cli_train_then_predict_on_a_small_file(tmp_path):
+    traces = tmp_path / "small.jsonl"
+    write_jsonl(generate(400, seed=2), traces)
+    with traces.open("a") as handle:
+        handle.write("{broken\n")
+    assert maestro(["train", "--traces", str(traces), "--out", str(tmp_path / "model")]) == 0
+    out = tmp_path / "pred.jsonl"
+    assert maestro(["predict", "--model", str(tmp_path / "model"), "--traces", str(traces), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    stages = read_traces(traces).stages
+    assert len(rows) == len(stages)
+    assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level"}
+    assert [(r["workflow_id"], r["stage_id"]) for r in rows] == [(s.workflow_id, s.stage_id) for s in stages]
