@@ -104,14 +104,21 @@ def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# The seed recipe's structural features; "full" adds prompt-text and parent signals on top.
+BASIC_COLUMNS = ("role", "app", "model", "depth", "in_degree", "call_index", "n_tools", "interactive", "prompt_chars")
+
+
 @dataclass(frozen=True)
 class FeaturizerConfig:
+    feature_set: str = "full"  # full | basic
     pca_dims: int = 32
     min_category_count: int = 5  # rarer roles/apps become "unknown": the model learns a fallback for them
     embedder: EmbedderConfig = EmbedderConfig()
     use_embedding: bool = True
 
     def __post_init__(self) -> None:
+        if self.feature_set not in ("full", "basic"):
+            raise ValueError(f"feature_set must be 'full' or 'basic', got {self.feature_set!r}")
         if self.pca_dims < 1 or self.pca_dims > 384:
             raise ValueError(f"pca_dims must be in [1, 384], got {self.pca_dims}")
 
@@ -141,7 +148,11 @@ class Featurizer:
         if not hasattr(self, "categories_"):
             raise RuntimeError("Featurizer is not fitted: call fit() on training stages first")
         frame = structural_frame(stages)
+        if self.config.feature_set == "basic":
+            frame = frame[list(BASIC_COLUMNS)].copy()
         for column, known in self.categories_.items():
+            if column not in frame:
+                continue
             values = frame[column].where(frame[column].isin(known), UNKNOWN)
             frame[column] = pd.Categorical(values, categories=known)
         if self.config.use_embedding:

@@ -1,0 +1,126 @@
+"""Predictor benchmark: Maestro's recipe against the straightforward one, measured in the same run.
+
+Straightforward recipe (the seed paper, as first implemented): MiniLM on the whole prompt
+(max_seq_length 256) → PCA 32 + the basic structural features → calibrated LightGBM classifier →
+asymmetric LightGBM regressor, reserve = prediction × (1+ρ). Maestro's recipe: params.yaml.
+
+Measures training time, single-stage predict latency (p50/p99, cold and with warm caches),
+batched throughput, and quality on held-out workflows of the real dev traces (grouped splits,
+several seeds) beside the per-role median / p90 baselines. Writes JSON.
+
+    python benchmarks/predictor.py [--traces FILE] [--splits 3] [--out benchmarks/results/predictor.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.contract import StageTrace, read_traces
+from pipelines.embedding import EmbedderConfig
+from pipelines.featurize import featurizer_config, grouped_split
+from pipelines.metrics import quality
+from pipelines.params import load_params
+from pipelines.predictor import Predictor, label_frame
+from pipelines.train import model_config
+
+REPO = Path(__file__).resolve().parent.parent
+DEV_TRACES = REPO.parent / "shared" / "data" / "dev-traces" / "dev_traces.jsonl"
+
+
+def recipes() -> dict:
+    params = REPO / "params.yaml"
+    ours = (featurizer_config(load_params("featurize", params)), model_config(load_params("train", params)))
+    plain_features = replace(ours[0], feature_set="basic", embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
+    return {"maestro": ours, "straightforward": (plain_features, replace(ours[1], reserve_method="rho"))}
+
+
+def predictions_frame(predictor: Predictor, test: list[StageTrace]) -> pd.DataFrame:
+    answers = predictor.predict(test)
+    return label_frame(test).assign(**{k: [getattr(a, k) for a in answers]
+                                       for k in ("p_tool", "tokens_pred", "tokens_reserve")})
+
+
+def baselines(train: list[StageTrace], test: list[StageTrace], rho: float) -> dict[str, pd.DataFrame]:
+    tr, te = label_frame(train), label_frame(test)
+    stat = lambda fn, col="tokens": te["role"].map(tr.groupby("role")[col].agg(fn)).fillna(fn(tr[col])).to_numpy(float)
+    median, p90, p_tool = stat(np.median), stat(lambda s: np.quantile(s, 0.9)), stat(np.mean, "is_tool")
+    return {"role_median": te.assign(p_tool=p_tool, tokens_pred=median, tokens_reserve=median * (1 + rho)),
+            "role_p90": te.assign(p_tool=p_tool, tokens_pred=median, tokens_reserve=p90)}
+
+
+def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
+    def run() -> np.ndarray:
+        times = []
+        for stage in stages:
+            start = time.perf_counter()
+            predictor.predict([stage])
+            times.append((time.perf_counter() - start) * 1000)
+        return np.array(times)
+
+    cold, warm = run(), run()  # second pass: every prompt's embedding is cached
+    pct = lambda a: {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2)}
+    return {"cold": pct(cold), "warm": pct(warm)}
+
+
+def one_split(stages: list[StageTrace], seed: int, measure_speed: bool) -> dict:
+    train_idx, test_idx = grouped_split(stages, 0.25, seed)
+    train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
+    out = {"quality": {}, "train_s": {}, "throughput_stages_per_s": {}, "latency_ms": {}}
+    for name, (feat, model) in recipes().items():
+        started = time.perf_counter()
+        predictor = Predictor.train(train, feat, model)
+        out["train_s"][name] = round(time.perf_counter() - started, 2)
+        predictor.featurizer.embedder._cache.clear()  # throughput from a cold cache
+        started = time.perf_counter()
+        frame = predictions_frame(predictor, test)
+        out["throughput_stages_per_s"][name] = round(len(test) / (time.perf_counter() - started), 1)
+        out["quality"][name] = quality(frame)
+        if measure_speed:
+            predictor.featurizer.embedder._cache.clear()
+            out["latency_ms"][name] = latency_ms(predictor, test[:200])
+    for name, frame in baselines(train, test, recipes()["maestro"][1].rho).items():
+        out["quality"][name] = quality(frame)
+    return out
+
+
+def summarise(splits: list[dict]) -> dict:
+    mean = lambda key, name, metric: float(np.mean([s[key][name][metric] for s in splits
+                                                    if s[key][name][metric] is not None]))
+    table = {name: {m: round(mean("quality", name, m), 4) for m in ("auc", "ece", "mae", "kendall_tau",
+                                                                  "under_rate", "over_reservation", "r2_log")}
+             for name in splits[0]["quality"]}
+    ours, median, p90, plain = (table[k] for k in ("maestro", "role_median", "role_p90", "straightforward"))
+    return {"quality_mean_over_splits": table, "ratios": {
+        "mae_vs_role_median": round(ours["mae"] / median["mae"], 3),
+        "mae_vs_straightforward": round(ours["mae"] / plain["mae"], 3),
+        "over_reservation_vs_role_p90": round(ours["over_reservation"] / p90["over_reservation"], 3),
+        "throughput_vs_straightforward": round(float(np.mean([s["throughput_stages_per_s"]["maestro"] /
+                                                              s["throughput_stages_per_s"]["straightforward"]
+                                                              for s in splits])), 2),
+        "train_time_vs_straightforward": round(float(np.mean([s["train_s"]["maestro"] / s["train_s"]["straightforward"]
+                                                              for s in splits])), 2)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", default=str(DEV_TRACES))
+    parser.add_argument("--splits", type=int, default=3)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
+    args = parser.parse_args()
+    stages = read_traces(args.traces).stages
+    splits = [one_split(stages, seed, measure_speed=seed == 0) for seed in range(args.splits)]
+    result = {"traces": args.traces, "stages": len(stages), **summarise(splits), "splits": splits}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("quality_mean_over_splits", "ratios")}, indent=1))
+    print(json.dumps(splits[0]["latency_ms"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

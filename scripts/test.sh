@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up, then run the test suite (unit, model-behaviour, pipeline and server tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+pytest "$@"
