@@ -9,6 +9,7 @@ import sys
 COMMAND_MODULES = (
     "pipelines.commands",
     "serving.commands",
+    "serving.gateway.commands",
 )
 
 

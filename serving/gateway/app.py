@@ -1,0 +1,52 @@
+"""The ASGI app: OpenAI-compatible routes in front of the vLLM nodes, plus /health and /maestro/status."""
+from __future__ import annotations
+
+import contextlib
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
+from serving.gateway.proxy import error_response, handle
+
+
+def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlette:
+    gateway = gateway or Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    async def chat(request: Request):
+        return await handle(gateway, request, "/v1/chat/completions")
+
+    async def completions(request: Request):
+        return await handle(gateway, request, "/v1/completions")
+
+    async def models(request: Request):
+        for node in gateway.nodes:
+            if node.is_healthy:
+                response = await node.client.get(f"{node.url}/v1/models")
+                return JSONResponse(response.json(), response.status_code)
+        return error_response(503, "no healthy vLLM node to list models from", "upstream_error", 1)
+
+    async def health(request: Request):
+        ok = any(n.is_healthy for n in gateway.nodes)
+        return JSONResponse({"healthy": ok}, 200 if ok else 503)
+
+    async def status(request: Request):
+        return JSONResponse(gateway.status())
+
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/models", models), Route("/health", health), Route("/maestro/status", status)]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app

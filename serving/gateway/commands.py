@@ -1,0 +1,31 @@
+"""`maestro gateway` (serve the OpenAI-compatible gateway) and `maestro drive` (the load driver)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    gateway = subparsers.add_parser("gateway", help="serve the OpenAI-compatible gateway in front of vLLM nodes",
+                                    description="Serve the gateway; see serving/gateway/README.md.")
+    gateway.add_argument("--config", required=True, help="gateway config file (YAML or JSON)")
+    gateway.add_argument("--host", default=None, help="override the config's host")
+    gateway.add_argument("--port", type=int, default=None, help="override the config's port")
+    gateway.add_argument("--log-level", default="warning")
+    gateway.set_defaults(func=run_gateway)
+    from serving.driver.commands import register_drive
+
+    register_drive(subparsers)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from serving.gateway.app import create_app
+    from serving.gateway.config import GatewayConfig
+
+    config = GatewayConfig.from_file(args.config)
+    config.host = args.host or config.host
+    config.port = args.port or config.port
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
+                access_log=False, timeout_graceful_shutdown=5)
+    return 0

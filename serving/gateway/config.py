@@ -1,0 +1,75 @@
+"""The gateway's one config dataclass, read from a YAML/JSON file and validated once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class NodeConfig:
+    """One vLLM node: a name for traces and its base URL (without /v1)."""
+
+    name: str
+    url: str
+
+    def __post_init__(self):
+        if not self.name or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"node needs a name and an http(s) url, got name={self.name!r} url={self.url!r}")
+        self.url = self.url.rstrip("/")
+
+
+@dataclass
+class GatewayConfig:
+    """Everything the gateway needs; see serving/gateway/README.md for a sample file."""
+
+    nodes: list[NodeConfig]
+    model: str = ""  # served model name; empty = whatever the nodes report
+    host: str = "127.0.0.1"
+    port: int = 8000
+    policy: str = "maestro"  # serving.scheduler policy name
+    max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
+    retry_after_s: int = 1
+    max_attempts: int = 2  # dispatches per stage (node failures) before it fails back with 502
+    rho: float = 0.2  # reserve = prediction upper bound × (1 + rho), capped at the request's max_tokens
+    chars_per_token: float = 3.0  # prompt-token estimate before vLLM reports usage (conservative)
+    default_max_tokens: int = 1024
+    metrics_period_s: float = 0.25
+    node_timeout_s: float = 600.0  # read timeout of one forwarded request
+    connect_timeout_s: float = 2.0
+    trace_dir: str = "data/traces/gateway"
+    trace_rotate_lines: int = 10000
+    predictor: str = "local"  # local (in-process priors/model) | http://host:port (predictor_service)
+    predictor_model: str = ""  # local: a predictor directory; empty = built-in priors
+    predictor_timeout_s: float = 0.05
+    completed_cache: int = 4096  # completed stage ids remembered for idempotent replays
+
+    def __post_init__(self):
+        self.nodes = [n if isinstance(n, NodeConfig) else NodeConfig(**n) for n in self.nodes]
+        if not self.nodes:
+            raise ValueError("gateway config: 'nodes' is empty; list at least one vLLM node {name, url}")
+        if len({n.name for n in self.nodes}) != len(self.nodes):
+            raise ValueError("gateway config: node names must be unique")
+        if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
+            raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
+        if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
+            raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
+        from serving.scheduler import SchedulerConfig
+
+        SchedulerConfig(policy=self.policy)  # raises with the known names
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "GatewayConfig":
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"gateway config {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: {error}") from None

@@ -1,0 +1,155 @@
+"""The Gateway object: nodes, dispatcher, predictor and trace writer, plus the /metrics poller.
+
+`prepare(kind, body, headers)` turns a call into a `Job` (predict → reserve size → StageRequest);
+`proxy.py` forwards it; `record(job, result)` writes its one trace line and observes the outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+
+import httpx
+
+from pipelines.contract import StageTrace, prompt_text
+from serving.gateway.config import GatewayConfig
+from serving.gateway.dispatch import Dispatcher, Job
+from serving.gateway.metadata import StageMeta
+from serving.gateway.nodes import Node
+from serving.gateway.outcome import CallResult
+from serving.gateway.predict import Outcome, StagePredictor, create_predictor
+from serving.gateway.traces import TraceWriter
+from serving.request import StageRequest
+from serving.scheduler import create_scheduler
+
+log = logging.getLogger(__name__)
+DECODE_S_PER_TOKEN = 0.02  # rough per-token decode time: only orders stages, never promised to anyone
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.config = config
+        timeout = httpx.Timeout(config.node_timeout_s, connect=config.connect_timeout_s)
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self.nodes = [Node(n, self.client) for n in config.nodes]
+        self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued)
+        self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
+                                                       config.predictor_timeout_s)
+        self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
+        self.inflight: set[str] = set()
+        self.completed: OrderedDict[str, dict | None] = OrderedDict()
+        self.workflow_start_s: OrderedDict[str, float] = OrderedDict()
+        self.counters = {"requests": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
+                         "failed": 0, "cancelled": 0, "replayed": 0}
+        self._poller: asyncio.Task | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.poll_once()
+        self._poller = asyncio.create_task(self._poll_loop())
+
+    async def stop(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+        await self.client.aclose()
+        self.traces.close()
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(n.poll(self.config.connect_timeout_s) for n in self.nodes))
+        if not any(n.is_healthy for n in self.nodes):
+            self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
+        self.dispatcher.pump()
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.metrics_period_s)
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 — the poller must outlive any one bad answer
+                log.exception("metrics poll failed")
+
+    def mark_failed(self, node: Node) -> None:
+        """A forward to this node failed at the transport level: stop sending there until /metrics answers."""
+        node.is_healthy = False
+        if not any(n.is_healthy for n in self.nodes):
+            self.dispatcher.fail_all_queued(f"no healthy vLLM node (last failure: {node.name})")
+
+    # ---- one call ---------------------------------------------------------------------------
+    async def prepare(self, meta: StageMeta, body: dict) -> Job:
+        """Predict the stage and size its KV reserve; the Job is ready for `dispatcher.submit`."""
+        prompt = body.get("messages") if "messages" in body else str(body.get("prompt", ""))
+        stage = StageTrace(workflow_id=meta.workflow_id, stage_id=meta.stage_id, role=meta.role, prompt=prompt,
+                           app=meta.app, parent_ids=list(meta.parent_ids), interactive=meta.interactive)
+        prediction = (await self.predictor.predict([stage]))[0]
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
+        prompt_tokens = self.estimate_prompt_tokens(prompt)
+        reserve = min(max_tokens, math.ceil(prediction.tokens_reserve * (1 + self.config.rho)))
+        now = time.monotonic()
+        request = StageRequest(
+            workflow_id=meta.workflow_id, stage_id=meta.stage_id, interactive=meta.interactive,
+            workflow_arrival_s=self._workflow_start(meta.workflow_id, now), ready_s=now,
+            prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
+            max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
+        job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction)
+        request.payload = job
+        return job
+
+    def estimate_prompt_tokens(self, prompt) -> int:
+        text = prompt_text(prompt)
+        num_messages = len(prompt) if isinstance(prompt, list) else 0
+        return math.ceil(len(text) / self.config.chars_per_token) + 8 * num_messages + 8
+
+    def vllm_priority(self, job: Job) -> int:
+        """vLLM's `priority` (lower first): interactive before batch, then predicted work."""
+        return (0 if job.meta.interactive else 10000) + min(9999, job.request.tokens_pred)
+
+    def _workflow_start(self, workflow_id: str, now: float) -> float:
+        start = self.workflow_start_s.setdefault(workflow_id, now)
+        while len(self.workflow_start_s) > 100000:
+            self.workflow_start_s.popitem(last=False)
+        return start
+
+    def remember(self, key: str, response: dict | None) -> None:
+        self.completed[key] = response
+        while len(self.completed) > self.config.completed_cache:
+            self.completed.popitem(last=False)
+
+    def record(self, job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> None:
+        """Write the stage's one trace line and report the outcome to the predictor."""
+        self.traces.write(trace_record(job, body, result, node_name, kv_usage))
+        if result.error is None and result.output_tokens is not None:
+            outcome = Outcome(job.meta.workflow_id, job.meta.stage_id, job.meta.role, result.output_tokens,
+                              result.is_tool_call, job.request.tokens_pred)
+            task = asyncio.get_running_loop().create_task(self.predictor.observe(outcome))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def status(self) -> dict:
+        return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
+                "inflight": len(self.inflight), "trace_lines": self.traces.num_lines, **self.counters}
+
+
+def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:
+    """The contract line (DESIGN §3) for one call, plus gateway-side extras."""
+    meta, prediction, end = job.meta, job.prediction, time.monotonic()
+    record = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "app": meta.app,
+              "model": body.get("model"), "parent_ids": list(meta.parent_ids), "interactive": meta.interactive,
+              "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
+              "n_tools": len(body.get("tools") or []) or None,
+              "tool_names": [t.get("function", {}).get("name") for t in body.get("tools") or []] or None,
+              "arrival_s": round(job.arrival_unix_s, 6),
+              "queue_s": round(job.queue_s, 6), "node": node_name, "kv_usage_seen": kv_usage,
+              "tokens_pred": prediction.tokens_pred, "tokens_reserve": prediction.tokens_reserve,
+              "p_tool": prediction.p_tool, "fallback_level": prediction.fallback_level,
+              "kv_tokens_reserved": job.reserve_tokens, "attempts": job.num_attempts}
+    if result.error is None and result.output_tokens is not None:
+        record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,
+                      is_tool_call=result.is_tool_call, output_text=result.output_text,
+                      finish_reason=result.finish_reason, e2e_s=round(end - result.started_s, 6),
+                      ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None)
+    else:
+        record["error"] = result.error or "no usage in vLLM's response"
+    return {k: v for k, v in record.items() if v is not None}

@@ -1,0 +1,141 @@
+"""Gateway → scheduler → admission/allocator: queue stages, admit what fits, pick a node by fitness.
+
+A `Job` is one stage's call. `submit` queues it in the policy's scheduler (bounded); `pump` hands
+the head of the queue a node whose free KV blocks cover its reserve (`PageAdmission`) — the node
+chosen by `select_node` (availability − ready time − degradation) — and wakes its handler.
+Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from serving.admission import PageAdmission
+from serving.gateway.metadata import StageMeta
+from serving.gateway.nodes import Node
+from serving.kv import Reservation
+from serving.request import StageRequest
+from serving.routing import FitnessConfig, select_node
+from serving.scheduler import Scheduler
+
+
+class Full(Exception):
+    """The gateway queue is at its bound: answer 429 with Retry-After."""
+
+
+class NoNode(Exception):
+    """No healthy node can take this stage: answer 503 (or 413 when it can never fit)."""
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(eq=False)
+class Job:
+    """One stage's call on its way through the gateway."""
+
+    meta: StageMeta
+    request: StageRequest
+    reserve_tokens: int
+    prediction: object = None  # pipelines.predictor.Prediction
+    future: asyncio.Future | None = None
+    arrival_unix_s: float = field(default_factory=time.time)
+    enqueued_s: float = field(default_factory=time.monotonic)
+    node: Node | None = None
+    reservation: Reservation | None = None
+    excluded: set[str] = field(default_factory=set)  # nodes that failed this stage
+    num_attempts: int = 0
+    queue_s: float = 0.0
+
+
+class Dispatcher:
+    def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None):
+        self.scheduler, self.nodes, self.max_queued = scheduler, nodes, max_queued
+        self.fitness = fitness or FitnessConfig()
+        self.num_dispatched = 0
+
+    def submit(self, job: Job, front: bool = False) -> None:
+        """Queue a job (a retry keeps its original ready time, so it goes ahead of later work)."""
+        if not front and len(self.scheduler) >= self.max_queued:
+            raise Full(f"gateway queue full ({self.max_queued} stages waiting)")
+        self._check_placeable(job)
+        job.enqueued_s = time.monotonic()
+        self.scheduler.add(job.request, job.enqueued_s)
+        self.pump()
+
+    def withdraw(self, job: Job) -> None:
+        """A queued job whose client went away."""
+        if job.request.queue_seq >= 0:
+            self.scheduler.remove(job.request)
+
+    def finish(self, job: Job) -> None:
+        """Give back the job's KV reservation and let waiting work in."""
+        if job.node is not None:
+            job.node.release(job.reservation)
+            job.node.num_inflight -= 1
+            job.node, job.reservation = None, None
+        self.pump()
+
+    def pump(self) -> None:
+        """Dispatch from the head of the queue while the head fits somewhere (head-of-line, policy order)."""
+        now = time.monotonic()
+        while (job := self._peek_job(now)) is not None:
+            node = self.choose_node(job)
+            if node is None:
+                self._fail_if_unplaceable(job)
+                return
+            self.scheduler.pop(now)
+            self._assign(job, node, now)
+
+    def fail_all_queued(self, reason: str) -> None:
+        while (job := self._peek_job(time.monotonic())) is not None:
+            self.scheduler.pop(time.monotonic())
+            job.future.set_exception(NoNode(reason))
+
+    def _peek_job(self, now: float) -> Job | None:
+        while (request := self.scheduler.peek(now)) is not None:
+            job = request.payload
+            if not job.future.done():
+                return job
+            self.scheduler.pop(now)  # cancelled while queued
+        return None
+
+    def choose_node(self, job: Job) -> Node | None:
+        candidates = [n for n in self.nodes if n.name not in job.excluded and n.can_fit(job.reserve_tokens)]
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        availability = [n.num_free_blocks / max(1, n.num_blocks) for n in candidates]
+        ready = [n.num_inflight + n.num_waiting for n in candidates]
+        degradation = [n.num_waiting for n in candidates]
+        return candidates[select_node(availability, ready, degradation, self.fitness)]
+
+    def _assign(self, job: Job, node: Node, now: float) -> None:
+        job.reservation = node.reserve(job.reserve_tokens)
+        job.node = node
+        job.num_attempts += 1
+        job.queue_s += now - job.enqueued_s
+        node.num_inflight += 1
+        self.num_dispatched += 1
+        job.future.set_result(node)
+
+    def _healthy(self, job: Job) -> list[Node]:
+        return [n for n in self.nodes if n.is_healthy and n.name not in job.excluded]
+
+    def _check_placeable(self, job: Job) -> None:
+        healthy = self._healthy(job)
+        if not healthy:
+            raise NoNode("no healthy vLLM node for this stage" + (f" (failed on {sorted(job.excluded)})"
+                                                                   if job.excluded else ""))
+        if not any(n.allocator is None or n.can_ever_fit(job.reserve_tokens) for n in healthy):
+            raise NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
+                         "lower max_tokens or shorten the prompt", status=413)
+
+    def _fail_if_unplaceable(self, job: Job) -> None:
+        try:
+            self._check_placeable(job)
+        except NoNode as error:
+            self.scheduler.pop(time.monotonic())
+            job.future.set_exception(error)
+            self.pump()

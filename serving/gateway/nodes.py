@@ -1,0 +1,116 @@
+"""One vLLM node as the gateway sees it: its HTTP client, its KV budget and what `/metrics` last said.
+
+The KV budget is counted in vLLM blocks: a host-backend `KVAllocator` whose page is one block
+(`block_size` tokens, one "byte" per token) holds the gateway's reservations; `/metrics` gives
+vLLM's own view (`vllm:kv_cache_usage_perc`, `num_gpu_blocks` from `vllm:cache_config_info`).
+Free blocks = total − max(reserved by the gateway, used according to vLLM), so traffic that
+bypasses the gateway still counts.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import httpx
+
+from serving.gateway.config import NodeConfig
+from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def parse_metrics(text: str) -> dict[str, tuple[dict, float]]:
+    """Prometheus text → {name: (labels, value)} for the vllm:* samples (the last sample of a name wins)."""
+    out: dict[str, tuple[dict, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        match = _SAMPLE.match(line)
+        if match:
+            labels = dict(_LABEL.findall(match["labels"] or ""))
+            out[match["name"]] = (labels, float(match["value"]))
+    return out
+
+
+class Node:
+    """A vLLM engine behind the gateway."""
+
+    def __init__(self, config: NodeConfig, client: httpx.AsyncClient):
+        self.name, self.url, self.client = config.name, config.url, client
+        self.is_healthy = False
+        self.allocator: KVAllocator | None = None
+        self.block_size = 16
+        self.kv_usage = 0.0
+        self.num_running = 0
+        self.num_waiting = 0
+        self.num_preemptions = 0
+        self.num_inflight = 0  # dispatched by the gateway, not yet finished
+        self.models: list[str] = []
+
+    # ---- KV budget ------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_physical_pages if self.allocator else 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        if self.allocator is None:
+            return 0
+        used_by_vllm = math.ceil(self.kv_usage * self.num_blocks)
+        return self.num_blocks - max(self.allocator.backend.num_mapped_pages, used_by_vllm)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_fit(self, num_tokens: int) -> bool:
+        return self.is_healthy and self.allocator is not None and self.blocks_for(num_tokens) <= self.num_free_blocks
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks
+
+    def reserve(self, num_tokens: int) -> Reservation | None:
+        if not self.can_fit(num_tokens):
+            return None
+        return self.allocator.reserve(num_tokens, num_tokens, 1)
+
+    def release(self, reservation: Reservation | None) -> None:
+        if reservation is not None and self.allocator is not None and reservation.virtual_pages >= 0:
+            self.allocator.release(reservation)
+
+    # ---- synchronisation with vLLM ----------------------------------------------------------
+    def apply_metrics(self, samples: dict[str, tuple[dict, float]]) -> None:
+        value = lambda name, default=0.0: samples.get(name, ({}, default))[1]  # noqa: E731
+        self.kv_usage = value("vllm:kv_cache_usage_perc", value("vllm:gpu_cache_usage_perc"))
+        self.num_running = int(value("vllm:num_requests_running"))
+        self.num_waiting = int(value("vllm:num_requests_waiting"))
+        self.num_preemptions = int(value("vllm:num_preemptions_total", value("vllm:num_preemptions")))
+        info = samples.get("vllm:cache_config_info", ({}, 0))[0]
+        if info.get("num_gpu_blocks") not in (None, "", "None"):
+            self._size_pool(int(info["num_gpu_blocks"]), int(info.get("block_size", self.block_size)))
+
+    def _size_pool(self, num_blocks: int, block_size: int) -> None:
+        if self.allocator is not None and self.num_blocks == num_blocks and self.block_size == block_size:
+            return
+        if self.allocator is not None and self.allocator.backend.num_mapped_pages:
+            return  # keep the live pool while reservations exist; a restart shows up with none
+        self.block_size = block_size
+        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_blocks * block_size, page_bytes=block_size,
+                                                       overcommit=1.0))
+
+    async def poll(self, timeout_s: float) -> bool:
+        """Fetch /metrics; healthy iff it answered. Returns the new health."""
+        try:
+            response = await self.client.get(f"{self.url}/metrics", timeout=timeout_s)
+            response.raise_for_status()
+            self.apply_metrics(parse_metrics(response.text))
+            self.is_healthy = True
+        except (httpx.HTTPError, ValueError):
+            self.is_healthy = False
+        return self.is_healthy
+
+    def snapshot(self) -> dict:
+        return {"name": self.name, "url": self.url, "healthy": self.is_healthy, "num_blocks": self.num_blocks,
+                "num_free_blocks": self.num_free_blocks, "kv_usage": round(self.kv_usage, 4),
+                "running": self.num_running, "waiting": self.num_waiting, "inflight": self.num_inflight,
+                "preemptions": self.num_preemptions}

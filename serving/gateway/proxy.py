@@ -1,0 +1,228 @@
+"""Forward one call: queue → node → vLLM (JSON or SSE stream) → trace; retries on node failure.
+
+A stage is retried on another node only while nothing has reached the client yet (always for
+JSON answers, before the first byte for streams); after that a failure ends the stream with an
+error event. A client that disconnects cancels its queued job or closes the upstream request,
+which makes vLLM abort it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serving.gateway.core import Gateway
+from serving.gateway.dispatch import Full, Job, NoNode
+from serving.gateway.metadata import parse_metadata
+from serving.gateway.nodes import Node
+from serving.gateway.outcome import CallResult
+
+
+class NodeFailed(Exception):
+    """The node did not answer (connection, timeout, 5xx): the stage may run elsewhere."""
+
+
+def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+async def handle(gateway: Gateway, request: Request, path: str) -> Response:
+    """Entry point of /v1/chat/completions and /v1/completions."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "request body is not valid JSON", "invalid_request_error")
+    if not isinstance(body, dict) or ("messages" not in body and "prompt" not in body):
+        return error_response(400, "body needs 'messages' (chat) or 'prompt' (completions)", "invalid_request_error")
+    meta = parse_metadata(request.headers, body)
+    gateway.counters["requests"] += 1
+    if meta.key in gateway.inflight:
+        return error_response(409, f"stage {meta.key} is already running; stage ids are idempotency keys",
+                              "conflict")
+    if meta.key in gateway.completed and gateway.completed[meta.key] is not None and not body.get("stream"):
+        gateway.counters["replayed"] += 1
+        return JSONResponse(gateway.completed[meta.key], headers={"X-Maestro-Replay": "1"})
+    gateway.inflight.add(meta.key)
+    is_streaming = False
+    try:
+        job = await gateway.prepare(meta, body)
+        response = await run_job(gateway, request, job, path, forward_body(gateway, body), body)
+        is_streaming = isinstance(response, StreamingResponse)  # its relay releases the key when done
+        return response
+    finally:
+        if not is_streaming:
+            gateway.inflight.discard(meta.key)
+
+
+def forward_body(gateway: Gateway, body: dict) -> dict:
+    upstream = {k: v for k, v in body.items() if k != "metadata"}
+    if not upstream.get("model") and gateway.config.model:
+        upstream["model"] = gateway.config.model
+    if upstream.get("stream"):
+        upstream["stream_options"] = {**(upstream.get("stream_options") or {}), "include_usage": True}
+    return upstream
+
+
+async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstream: dict, body: dict) -> Response:
+    """Queue, dispatch and forward, retrying on node failure up to max_attempts."""
+    last_error = ""
+    while job.num_attempts < gateway.config.max_attempts:
+        node = await wait_for_node(gateway, request, job, body)
+        if isinstance(node, Response):
+            gateway.inflight.discard(job.meta.key)
+            return node
+        upstream["priority"] = gateway.vllm_priority(job)
+        try:
+            if upstream.get("stream"):
+                return await open_stream(gateway, request, job, node, path, upstream, body)
+            return await forward_json(gateway, request, job, node, path, upstream, body)
+        except NodeFailed as error:
+            last_error = f"{node.name}: {error}"
+            job.excluded.add(node.name)
+            gateway.dispatcher.finish(job)
+            gateway.counters["retries"] += 1
+    return fail(gateway, job, body, 502, f"stage {job.meta.key} failed on every node tried ({last_error}); "
+                                         "retry later or check the vLLM nodes")
+
+
+def fail(gateway: Gateway, job: Job, body: dict, status: int, message: str, retry_after_s: int | None = None) -> Response:
+    gateway.counters["failed"] += 1
+    gateway.record(job, body, CallResult(error=message), None, None)
+    gateway.inflight.discard(job.meta.key)
+    return error_response(status, message, "upstream_error" if status >= 500 else "rejected", retry_after_s)
+
+
+async def wait_for_node(gateway: Gateway, request: Request, job: Job, body: dict) -> Node | Response:
+    """Submit to the scheduler and wait for a node, or answer 429/503/413 or the client's disconnect."""
+    job.future = asyncio.get_running_loop().create_future()
+    retry_after = gateway.config.retry_after_s
+    try:
+        gateway.dispatcher.submit(job, front=job.num_attempts > 0)
+    except Full as error:
+        gateway.counters["rejected_full"] += 1
+        return error_response(429, f"{error}; retry after {retry_after} s", "rate_limited", retry_after)
+    except NoNode as error:
+        gateway.counters["rejected_no_node"] += 1
+        return fail(gateway, job, body, error.status, str(error), retry_after if error.status == 503 else None)
+    if job.future.done():
+        return await _node_or_error(gateway, job, body, retry_after)
+    disconnect = asyncio.ensure_future(wait_disconnect(request))
+    await asyncio.wait({job.future, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    disconnect.cancel()
+    if not job.future.done():  # the client left while queued
+        job.future.cancel()
+        gateway.dispatcher.withdraw(job)
+        gateway.counters["cancelled"] += 1
+        return error_response(499, "client disconnected while queued", "cancelled")
+    return await _node_or_error(gateway, job, body, retry_after)
+
+
+async def _node_or_error(gateway: Gateway, job: Job, body: dict, retry_after: int) -> Node | Response:
+    try:
+        return job.future.result()
+    except NoNode as error:
+        return fail(gateway, job, body, error.status, str(error), retry_after if error.status == 503 else None)
+
+
+async def wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def forward_json(gateway, request, job, node, path, upstream, body) -> Response:
+    result, kv_usage = CallResult(), node.kv_usage
+    send = asyncio.ensure_future(post(node, path, upstream, job))
+    disconnect = asyncio.ensure_future(wait_disconnect(request))
+    await asyncio.wait({send, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    if not send.done():  # client left: closing the connection makes vLLM abort the request
+        send.cancel()
+        gateway.dispatcher.finish(job)
+        gateway.counters["cancelled"] += 1
+        result.error = "client disconnected"
+        gateway.record(job, body, result, node.name, kv_usage)
+        return error_response(499, "client disconnected", "cancelled")
+    disconnect.cancel()
+    response = send.result()  # NodeFailed propagates to the retry loop
+    gateway.dispatcher.finish(job)
+    if response.status_code != 200:
+        result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
+        gateway.record(job, body, result, node.name, kv_usage)
+        return Response(response.content, response.status_code, media_type="application/json")
+    payload = response.json()
+    result.read_response(payload)
+    gateway.record(job, body, result, node.name, kv_usage)
+    gateway.remember(job.meta.key, payload)
+    return JSONResponse(payload, headers={"X-Maestro-Node": node.name})
+
+
+async def post(node: Node, path: str, upstream: dict, job: Job) -> httpx.Response:
+    try:
+        response = await node.client.post(f"{node.url}{path}", json=upstream, headers=_headers(job))
+    except httpx.HTTPError as error:
+        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+    if response.status_code >= 500:
+        raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+    return response
+
+
+def _headers(job: Job) -> dict:
+    return {"X-Request-Id": f"{job.meta.key}#{job.num_attempts}"}
+
+
+async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
+    """Open the upstream stream (a failure here is retryable), then relay it."""
+    req = node.client.build_request("POST", f"{node.url}{path}", json=upstream, headers=_headers(job))
+    try:
+        response = await node.client.send(req, stream=True)
+    except httpx.HTTPError as error:
+        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+    if response.status_code >= 500:
+        await response.aclose()
+        raise NodeFailed(f"HTTP {response.status_code}")
+    if response.status_code != 200:
+        content = await response.aread()
+        await response.aclose()
+        gateway.dispatcher.finish(job)
+        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status_code}"), node.name, node.kv_usage)
+        gateway.inflight.discard(job.meta.key)
+        return Response(content, response.status_code, media_type="application/json")
+    relay = relay_stream(gateway, job, node, response, body)
+    return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
+
+
+async def relay_stream(gateway: Gateway, job: Job, node: Node, response: httpx.Response, body: dict):
+    result, kv_usage, buffer = CallResult(), node.kv_usage, ""
+    try:
+        async for chunk in response.aiter_text():
+            buffer += chunk
+            *lines, buffer = buffer.split("\n")
+            for line in lines:
+                result.read_sse_line(line)
+            yield chunk
+    except httpx.HTTPError as error:
+        result.error = f"{node.name} failed mid-stream: {type(error).__name__}"
+        yield f'data: {{"error": {{"message": "{result.error}", "type": "upstream_error"}}}}\n\ndata: [DONE]\n\n'
+    except BaseException:
+        result.error = "client disconnected"
+        gateway.counters["cancelled"] += 1
+        raise
+    finally:
+        if buffer:
+            result.read_sse_line(buffer)
+        gateway.dispatcher.finish(job)
+        gateway.inflight.discard(job.meta.key)
+        gateway.record(job, body, result, node.name, kv_usage)
+        await _close_quietly(response)
+
+
+async def _close_quietly(response: httpx.Response) -> None:
+    try:
+        await asyncio.shield(response.aclose())
+    except BaseException:  # noqa: BLE001 — closing during cancellation may itself be cancelled
+        pass
