@@ -1,0 +1,216 @@
+"""Run catalog workflows end to end against a target (the gateway or a vLLM server) and report latencies.
+
+Each workflow comes from `pipelines.synth.WorkflowGenerator` (the documented generative model):
+its stages, DAG, prompts and output lengths. A stage becomes one chat call whose length is forced
+(`max_tokens` = the model's length × token_scale, `ignore_eos`); after a tool-call stage the
+tool runs for real (`tools.py`) and its output replaces the synthetic tool message of the next
+stage. Every stage ends completed or failed with a reason; `num_stages_lost` must be 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from pipelines.catalog import APPS, get_app
+from pipelines.synth import WorkflowGenerator
+from serving.driver.tools import ToolBox
+
+
+@dataclass
+class DriveConfig:
+    target: str
+    app: str = "all"
+    num_workflows: int = 10
+    concurrency: int = 4
+    model: str = "tiny"
+    seed: int = 0
+    token_scale: float = 1.0
+    max_tokens_cap: int = 4096
+    max_prompt_chars: int = 6000
+    stream: bool = False
+    timeout_s: float = 600.0
+    scratch: str | None = None
+    run_tools: bool = True
+    max_busy_retries: int = 120  # 429/503 answers followed (Retry-After) before a stage fails
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
+
+    def __post_init__(self):
+        if self.app != "all":
+            get_app(self.app)  # raises with the known names
+        if self.num_workflows < 1 or self.concurrency < 1 or self.token_scale <= 0 or self.max_tokens_cap < 1:
+            raise ValueError("workflows, concurrency, max-tokens-cap must be >= 1 and token-scale > 0")
+        self.target = self.target.rstrip("/")
+
+
+def plan_workflows(config: DriveConfig) -> list[list[dict]]:
+    """Draw the workflows (stages with prompts, parents and forced lengths) from the workload model."""
+    rng = np.random.default_rng(config.seed)
+    names = sorted(APPS) if config.app == "all" else [config.app]
+    workflows = []
+    for index in range(config.num_workflows):
+        generator = WorkflowGenerator(APPS[str(rng.choice(names))], rng, index)
+        generator.wid = f"drive/{generator.app.name}/{config.run_id}-s{config.seed}-{index:05d}"
+        stages = generator.run()
+        for stage in stages:
+            stage["max_tokens"] = max(1, min(config.max_tokens_cap, round(stage["output_tokens"] * config.token_scale)))
+        workflows.append(stages)
+    return workflows
+
+
+def _truncate(messages: list[dict], max_chars: int) -> list[dict]:
+    """Shorten the longest messages until the prompt fits the engine's context."""
+    messages = [dict(m) for m in messages]
+    while sum(len(m["content"]) for m in messages) > max_chars:
+        longest = max(messages, key=lambda m: len(m["content"]))
+        longest["content"] = longest["content"][: max(16, len(longest["content"]) * 2 // 3)]
+    return messages
+
+
+class Driver:
+    def __init__(self, config: DriveConfig, tools: ToolBox):
+        self.config, self.tools = config, tools
+        self.client = httpx.AsyncClient(timeout=config.timeout_s,
+                                        limits=httpx.Limits(max_connections=config.concurrency * 8))
+        self.stage_rows: list[dict] = []
+
+    async def run_workflow(self, stages: list[dict]) -> dict:
+        started = time.monotonic()
+        done = {s["stage_id"]: asyncio.Event() for s in stages}
+        tool_outputs: dict[str, str] = {}
+        results = await asyncio.gather(*(self._stage(s, stages, done, tool_outputs) for s in stages))
+        failed = [r for r in results if r["status"] != "ok"]
+        return {"workflow_id": stages[0]["workflow_id"], "app": stages[0]["app"], "num_stages": len(stages),
+                "status": "ok" if not failed else "failed", "e2e_s": round(time.monotonic() - started, 4),
+                "reasons": sorted({r["error"] for r in failed})}
+
+    async def _stage(self, stage: dict, stages: list[dict], done: dict, tool_outputs: dict) -> dict:
+        for parent in stage["parent_ids"]:
+            await done[parent].wait()
+        parent_rows = [r for r in self.stage_rows if r["workflow_id"] == stage["workflow_id"]
+                       and r["stage_id"] in stage["parent_ids"]]
+        if any(r["status"] != "ok" for r in parent_rows):
+            row = self._row(stage, "failed", error="a parent stage failed")
+        else:
+            row = await self._call(stage, self._messages(stage, tool_outputs))
+            if row["status"] == "ok" and stage["is_tool_call"] and self.config.run_tools:
+                await self._run_tool(stage, row, tool_outputs)
+        self.stage_rows.append(row)
+        done[stage["stage_id"]].set()
+        return row
+
+    def _messages(self, stage: dict, tool_outputs: dict) -> list[dict]:
+        messages = [dict(m) for m in stage["prompt"]]
+        real = [tool_outputs[p] for p in stage["parent_ids"] if p in tool_outputs]
+        if real and messages[-1]["role"] == "tool":
+            messages[-1]["content"] = real[-1][:1200]
+        return _truncate(messages, self.config.max_prompt_chars)
+
+    async def _run_tool(self, stage: dict, row: dict, tool_outputs: dict) -> None:
+        name = json.loads(stage["output_text"])["name"]
+        try:
+            output, seconds = await self.tools.run(name)
+        except Exception as error:  # noqa: BLE001 — a broken tool is reported, the workflow goes on
+            output, seconds = f"tool {name} failed: {error}", 0.0
+        tool_outputs[stage["stage_id"]] = output
+        row.update(tool=name, tool_exec_s=round(seconds, 4))
+
+    def _headers(self, stage: dict) -> dict:
+        return {"X-Maestro-Workflow": stage["workflow_id"], "X-Maestro-Stage": stage["stage_id"],
+                "X-Maestro-Role": stage["role"], "X-Maestro-App": stage["app"],
+                "X-Maestro-Parents": ",".join(stage["parent_ids"]),
+                "X-Maestro-Interactive": "true" if stage["interactive"] else "false"}
+
+    async def _call(self, stage: dict, messages: list[dict]) -> dict:
+        body = {"model": self.config.model, "messages": messages, "max_tokens": stage["max_tokens"],
+                "ignore_eos": True, "stream": self.config.stream}
+        started = time.monotonic()
+        for _ in range(self.config.max_busy_retries):
+            try:
+                row = await self._send(stage, body, started)
+            except httpx.HTTPError as error:
+                return self._row(stage, "failed", started, error=f"transport: {type(error).__name__}: {error}")
+            if row is not None:
+                return row
+        return self._row(stage, "failed", started, error="target stayed busy (429/503) past the retry budget")
+
+    async def _send(self, stage: dict, body: dict, started: float) -> dict | None:
+        """One attempt; None when the target said busy (after waiting its Retry-After)."""
+        if self.config.stream:
+            return await self._send_stream(stage, body, started)
+        response = await self.client.post(f"{self.config.target}/v1/chat/completions", json=body,
+                                          headers=self._headers(stage))
+        if response.status_code in (429, 503) and "retry-after" in response.headers:
+            await asyncio.sleep(float(response.headers["retry-after"]))
+            return None
+        if response.status_code != 200:
+            return self._row(stage, "failed", started, error=f"HTTP {response.status_code}: {response.text[:200]}")
+        usage = response.json().get("usage") or {}
+        return self._row(stage, "ok", started, usage=usage, node=response.headers.get("x-maestro-node"))
+
+    async def _send_stream(self, stage: dict, body: dict, started: float) -> dict | None:
+        body = {**body, "stream_options": {"include_usage": True}}
+        url, usage, ttft = f"{self.config.target}/v1/chat/completions", {}, None
+        async with self.client.stream("POST", url, json=body, headers=self._headers(stage)) as response:
+            if response.status_code in (429, 503) and "retry-after" in response.headers:
+                await asyncio.sleep(float(response.headers["retry-after"]))
+                return None
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                return self._row(stage, "failed", started, error=f"HTTP {response.status_code}: {text[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if "error" in chunk:
+                    return self._row(stage, "failed", started, error=f"stream error: {chunk['error']}")
+                ttft = ttft or (time.monotonic() - started if chunk.get("choices") else None)
+                usage = chunk.get("usage") or usage
+        return self._row(stage, "ok", started, usage=usage, ttft_s=ttft, node=response.headers.get("x-maestro-node"))
+
+    def _row(self, stage: dict, status: str, started: float | None = None, error: str | None = None,
+             usage: dict | None = None, **extra) -> dict:
+        row = {"workflow_id": stage["workflow_id"], "stage_id": stage["stage_id"], "role": stage["role"],
+               "app": stage["app"], "status": status, "max_tokens": stage["max_tokens"],
+               "is_tool_call_planned": stage["is_tool_call"]}
+        if started is not None:
+            row["latency_s"] = round(time.monotonic() - started, 5)
+        if usage:
+            row.update(output_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"))
+        if error:
+            row["error"] = error
+        return {**row, **{k: v for k, v in extra.items() if v is not None}}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def drive(config: DriveConfig, json_out: str | Path | None = None) -> dict:
+    """Run the workflows (at most `concurrency` at once) and return (and write) the report."""
+    from serving.driver.report import build_report
+
+    workflows = plan_workflows(config)
+    with tempfile.TemporaryDirectory(prefix="maestro-drive-") as tmp:
+        driver = Driver(config, ToolBox(config.scratch or tmp).setup())
+        gate = asyncio.Semaphore(config.concurrency)
+
+        async def one(stages):
+            async with gate:
+                return await driver.run_workflow(stages)
+
+        started = time.monotonic()
+        try:
+            workflow_rows = await asyncio.gather(*(one(w) for w in workflows))
+        finally:
+            await driver.close()
+    report = build_report(config, workflows, workflow_rows, driver.stage_rows, time.monotonic() - started)
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1))
+    return report
