@@ -1,0 +1,57 @@
+"""The predictor service's one config, read from the environment when the service starts (never at import)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from predictor_service.online import CorrectionConfig
+from predictor_service.tracelog import TraceLogConfig
+
+DEFAULT_MODEL = "models:/stage-length@champion"
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"  # the project's store (pipelines/registry.py)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    model: str = DEFAULT_MODEL
+    tracking_uri: str = DEFAULT_TRACKING_URI
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    trace: TraceLogConfig | None = field(default_factory=TraceLogConfig)  # None: observed stages are not kept
+    remember_predictions: int = 100_000  # recent answers kept so /observe compares against what was served
+    warmup: bool = True  # predict one stage at load so the first request does not pay for lazy loading
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must name a predictor: models:/stage-length@champion, models:/stage-length/N "
+                             "or a directory (MAESTRO_MODEL)")
+        if self.remember_predictions < 0:
+            raise ValueError(f"remember_predictions must be ≥ 0, got {self.remember_predictions}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
+        """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
+        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS}."""
+        env = os.environ if env is None else env
+        trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
+        trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
+            directory=trace_dir, max_bytes=_number(env, "MAESTRO_TRACE_MAX_BYTES", TraceLogConfig.max_bytes, int))
+        base = CorrectionConfig()
+        correction = CorrectionConfig(
+            weight=_number(env, "MAESTRO_CORRECTION_WEIGHT", base.weight, float),
+            bound=_number(env, "MAESTRO_CORRECTION_BOUND", base.bound, float),
+            half_life_s=_number(env, "MAESTRO_CORRECTION_HALF_LIFE_S", base.half_life_s, float),
+            min_observations=_number(env, "MAESTRO_CORRECTION_MIN_OBSERVATIONS", base.min_observations, int))
+        return cls(model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
+                   tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
+                   correction=correction, trace=trace)
+
+
+def _number(env: Mapping[str, str], name: str, default, kind):
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a {kind.__name__}") from None

@@ -1,0 +1,185 @@
+"""What the service does, without HTTP: predict with the active model, learn from observations, swap models.
+
+The active model, its source and its online correction are one immutable `ActiveModel`; a reload
+builds a new one off the request path and replaces the reference in one assignment, so a request
+runs start to finish on the model it began with and never sees half a swap.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from pipelines.contract import StageTrace
+from pipelines.predictor import Prediction, Predictor
+from predictor_service import loading
+from predictor_service.config import ServiceConfig
+from predictor_service.online import OnlineCorrection
+from predictor_service.schemas import (ObserveResponse, PredictionOut, ReloadResponse, RoleCorrection,
+                                       StatsResponse, limits)
+from predictor_service.tracelog import TraceLog
+
+logger = logging.getLogger(__name__)
+WARMUP_STAGE = StageTrace(workflow_id="warmup", stage_id="0", role="warmup", prompt="warm up")
+
+
+@dataclass(frozen=True)
+class ActiveModel:
+    predictor: Predictor
+    source: loading.ModelSource
+    loaded_at: float
+    corrections: OnlineCorrection
+
+
+def safe_predict(predictor: Predictor, stages: list[StageTrace]) -> list[tuple[Prediction, str]]:
+    """Model answers, or for a stage the model chokes on, its prior (source 'error-fallback')."""
+    try:
+        return [(p, "model") for p in predictor.predict(stages)]
+    except Exception:  # a stage the model cannot handle must not fail the batch it rides in
+        if len(stages) == 1:
+            logger.exception("prediction failed for stage %s/%s; answered with the prior",
+                             stages[0].workflow_id, stages[0].stage_id)
+            return [(predictor.prior(stages[0]), "error-fallback")]
+        return [answer for stage in stages for answer in safe_predict(predictor, [stage])]
+
+
+def oof_bias(predictor: Predictor) -> float:
+    """Mean log residual the model had out-of-fold in training: its intended margin, not drift."""
+    oof = getattr(predictor.model, "oof_", None)
+    if oof is None or len(oof) == 0:
+        return 0.0
+    return float((oof["log_true"] - oof["log_pred"]).mean())
+
+
+class RecentPredictions:
+    """The uncorrected token predictions served lately, by (workflow_id, stage_id), bounded."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, items: list[tuple[tuple[str, str], int]]) -> None:
+        with self._lock:
+            self._items.update(items)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def pop(self, key: tuple[str, str]) -> int | None:
+        with self._lock:
+            return self._items.pop(key, None)
+
+
+class Counters:
+    """Call, fallback and reload counts for /stats."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.num_predict_calls = self.num_stages_predicted = self.num_observed = self.num_reloads = 0
+        self.fallback_counts: Counter[str] = Counter()
+        self.source_counts: Counter[str] = Counter()
+
+    def count_predictions(self, answers: list[PredictionOut]) -> None:
+        with self.lock:
+            self.num_predict_calls += 1
+            self.num_stages_predicted += len(answers)
+            self.fallback_counts.update(a.fallback_level for a in answers)
+            self.source_counts.update(a.source for a in answers)
+
+
+class PredictorEngine:
+    """The served predictor: predict, observe, reload, stats."""
+
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        self.counters = Counters()
+        self.trace_log = TraceLog(config.trace) if config.trace else None
+        self.started_at = time.time()
+        self._recent = RecentPredictions(config.remember_predictions)
+        self._reload_lock = threading.Lock()
+        self.active = self._prepare(config.model, None)
+
+    def _prepare(self, location: str, previous: ActiveModel | None) -> ActiveModel:
+        source = loading.resolve(location, self.config.tracking_uri)
+        predictor = loading.load(source, self.config.tracking_uri)
+        loading.share_embedder(predictor, previous.predictor if previous else None)
+        if self.config.warmup:
+            safe_predict(predictor, [WARMUP_STAGE])
+        corrections = OnlineCorrection(self.config.correction, baseline=oof_bias(predictor))
+        return ActiveModel(predictor, source, time.time(), corrections)
+
+    # ---- predict ------------------------------------------------------------------------
+    def predict(self, stages: list[StageTrace]) -> list[PredictionOut]:
+        active = self.active  # one read: the whole batch is answered by one model
+        raw = safe_predict(active.predictor, stages)
+        self._recent.put([((s.workflow_id, s.stage_id), p.tokens_pred) for s, (p, _) in zip(stages, raw)])
+        answers = [self._out(p, source, stage, active) for (p, source), stage in zip(raw, stages)]
+        self.counters.count_predictions(answers)
+        return answers
+
+    @staticmethod
+    def _out(p: Prediction, source: str, stage: StageTrace, active: ActiveModel) -> PredictionOut:
+        factor = active.corrections.factor(stage.role)
+        return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool,
+                             tokens_pred=int(round(p.tokens_pred * factor)),
+                             tokens_reserve=int(math.ceil(p.tokens_reserve * factor)),
+                             fallback_level=p.fallback_level, model_version=active.source.version,
+                             correction=round(factor, 4), source=source)
+
+    # ---- observe ------------------------------------------------------------------------
+    def observe(self, stages: list[StageTrace]) -> ObserveResponse:
+        active = self.active
+        served = self._served_predictions(stages, active)
+        for stage, predicted in zip(stages, served):
+            active.corrections.update(stage.role, predicted, stage.output_tokens)
+        if self.trace_log is not None:
+            extra = [{"served_tokens_pred": p, "served_model_version": active.source.version} for p in served]
+            self.trace_log.append(stages, extra)
+        with self.counters.lock:
+            self.counters.num_observed += len(stages)
+        touched = {s.role for s in stages}
+        corrections = {r: RoleCorrection(**c) for r, c in active.corrections.snapshot().items() if r in touched}
+        return ObserveResponse(num_accepted=len(stages), trace_file=self.trace_log.path if self.trace_log else None,
+                               corrections=corrections)
+
+    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[int]:
+        """The uncorrected prediction each stage got; re-predicted when it was not served here lately."""
+        served = [self._recent.pop((s.workflow_id, s.stage_id)) for s in stages]
+        missing = [i for i, p in enumerate(served) if p is None]
+        if missing:
+            unlabelled = [stages[i].model_copy(update={"output_tokens": None, "is_tool_call": None}) for i in missing]
+            for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled)):
+                served[i] = p.tokens_pred
+        return served
+
+    # ---- reload -------------------------------------------------------------------------
+    def reload(self, location: str) -> ReloadResponse:
+        """Load `location` beside the active model, then swap; requests in flight finish on the old one."""
+        with self._reload_lock:
+            previous = self.active
+            started = time.perf_counter()
+            candidate = self._prepare(location, previous)
+            self.active = candidate  # the atomic swap
+            with self.counters.lock:
+                self.counters.num_reloads += 1
+        logger.info("reloaded predictor %s -> %s (%s)", previous.source.version, candidate.source.version,
+                    candidate.source.uri)
+        return ReloadResponse(model_version=candidate.source.version, previous_version=previous.source.version,
+                              model_uri=candidate.source.uri, load_s=round(time.perf_counter() - started, 3))
+
+    # ---- stats --------------------------------------------------------------------------
+    def stats(self) -> StatsResponse:
+        active, c = self.active, self.counters
+        with c.lock:
+            return StatsResponse(
+                model_version=active.source.version, model_uri=active.source.uri,
+                model_loaded_at=active.loaded_at, uptime_s=round(time.time() - self.started_at, 3),
+                num_predict_calls=c.num_predict_calls, num_stages_predicted=c.num_stages_predicted,
+                fallback_counts=dict(c.fallback_counts), source_counts=dict(c.source_counts),
+                num_observed=c.num_observed, num_reloads=c.num_reloads,
+                corrections={r: RoleCorrection(**v) for r, v in active.corrections.snapshot().items()},
+                trace_file=self.trace_log.path if self.trace_log else None, limits=limits())
+

@@ -1,0 +1,97 @@
+"""The BentoML service: `bentoml serve predictor_service.service:PredictorService`.
+
+POST /predict (adaptive batching across requests), POST /predict_unbatched (same answers, one
+request at a time), POST /observe, GET /stats, POST /admin/reload; BentoML adds /livez, /readyz
+and /metrics. Configuration comes from the environment when the service starts (ServiceConfig.from_env).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import anyio
+import bentoml
+from bentoml.exceptions import NotFound, UnprocessableEntity
+from fastapi import FastAPI
+
+from predictor_service.config import ServiceConfig
+from predictor_service.engine import PredictorEngine
+from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
+                                       PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn,
+                                       StatsResponse)
+
+logger = logging.getLogger(__name__)
+http_app = FastAPI(title="maestro predictor: read-only views")
+
+
+@functools.cache
+def service_metrics() -> dict:
+    """Prometheus counters, created once per process after BentoML has set up multiprocess metrics."""
+    from prometheus_client import Counter
+
+    return {
+        "stages": Counter("maestro_predictor_stages", "Stages predicted, by fallback level and answer source",
+                          ["fallback_level", "source"]),
+        "observed": Counter("maestro_predictor_observed_stages", "Finished stages observed"),
+        "reloads": Counter("maestro_predictor_reloads", "Model reloads, by outcome", ["outcome"]),
+    }
+
+
+@bentoml.asgi_app(http_app, path="/")
+@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30})
+class PredictorService:
+    """Stage-length predictions for the scheduler, online correction from observed stages, hot model reload."""
+
+    def __init__(self) -> None:
+        self.engine = PredictorEngine(ServiceConfig.from_env())
+        self.metrics = service_metrics()
+        logger.info("serving predictor version %s from %s", self.engine.active.source.version,
+                    self.engine.active.source.uri)
+
+    @bentoml.api(route="/predict", input_spec=PredictRequest, batchable=True,
+                 max_batch_size=MAX_STAGES_PER_REQUEST, max_latency_ms=5_000)
+    def predict(self, stages: list[StageIn]) -> list[PredictionOut]:
+        """Predict tool-call probability and output tokens; batches of concurrent requests run together."""
+        return self._predict(stages)
+
+    @bentoml.api(route="/predict_unbatched", input_spec=PredictRequest)
+    def predict_unbatched(self, stages: list[StageIn]) -> list[PredictionOut]:
+        """The same answers as /predict, without waiting for other requests to batch with."""
+        return self._predict(stages)
+
+    def _predict(self, stages: list[StageIn]) -> list[PredictionOut]:
+        answers = self.engine.predict(stages)
+        for answer in answers:
+            self.metrics["stages"].labels(answer.fallback_level, answer.source).inc()
+        return answers
+
+    @bentoml.api(route="/observe", input_spec=ObserveRequest)
+    async def observe(self, stages: list[ObservedStage]) -> ObserveResponse:
+        """Record finished stages: update the per-role correction and append them to the trace file."""
+        response = await anyio.to_thread.run_sync(self.engine.observe, stages)
+        self.metrics["observed"].inc(len(stages))
+        return response
+
+    @bentoml.api(route="/admin/reload", input_spec=ReloadRequest)
+    async def reload(self, model: str) -> ReloadResponse:
+        """Load another predictor off the request path and swap it in; in-flight requests are unaffected."""
+        try:
+            response = await anyio.to_thread.run_sync(self.engine.reload, model)
+        except Exception as error:
+            self.metrics["reloads"].labels("failed").inc()
+            raise _reload_error(model, error, self.engine.active.source.version) from None
+        self.metrics["reloads"].labels("ok").inc()
+        return response
+
+    @http_app.get("/stats", response_model=StatsResponse)
+    def stats(self) -> StatsResponse:
+        """Model version, call and fallback counts, online corrections."""
+        return self.engine.stats()
+
+
+def _reload_error(model: str, error: Exception, serving: str) -> Exception:
+    message = (f"could not load model {model!r}: {type(error).__name__}: {error}. "
+               f"Still serving version {serving}; check the URI and that this node reaches the MLflow store")
+    logger.warning(message)
+    missing = isinstance(error, FileNotFoundError) or "not found" in str(error).lower() or "RESOURCE_DOES_NOT_EXIST" in str(error)
+    return NotFound(message) if missing else UnprocessableEntity(message)
