@@ -10,6 +10,7 @@ COMMAND_MODULES = (
     "pipelines.commands",
     "serving.commands",
     "serving.gateway.commands",
+    "predictor_service.commands",
 )
 
 

@@ -1,0 +1,208 @@
+"""Clients the scheduler calls: sync and async, strict deadline, and a local answer when the service can't give one.
+
+Scheduling never waits on the predictor: a call returns within `timeout_s` (plus a little thread
+hand-off), and when the service is slow, down or refuses the request, each stage gets the prior
+(per-role from a local Predictor's priors, else a static global one) flagged `source="local-fallback"`,
+`fallback_level="prior"`. After a failure the client answers locally for `cooldown_s` without
+touching the network, so a dead node costs nothing per call.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import httpx
+from pydantic import TypeAdapter
+
+from pipelines.contract import StageTrace
+from pipelines.predictor import MAX_TOKENS_DEFAULT, Prior
+from predictor_service.schemas import LABEL_FIELDS, MAX_STAGES_PER_REQUEST, PredictionOut
+
+logger = logging.getLogger(__name__)
+STATIC_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=float(MAX_TOKENS_DEFAULT))
+_ANSWERS = TypeAdapter(list[PredictionOut])
+_WIRE_EXCLUDE = {*LABEL_FIELDS, "in_degree", "out_degree"}
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    url: str
+    timeout_s: float = 0.1  # the whole call, all batches together
+    max_batch: int = MAX_STAGES_PER_REQUEST
+    route: str = "/predict"
+    cooldown_s: float = 1.0  # after a failure, answer locally this long before trying the service again
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"predictor url must start with http:// or https://, got {self.url!r}")
+        if self.timeout_s <= 0 or self.cooldown_s < 0:
+            raise ValueError(f"timeout_s must be > 0 and cooldown_s ≥ 0, got {self.timeout_s}, {self.cooldown_s}")
+        if not 1 <= self.max_batch <= MAX_STAGES_PER_REQUEST:
+            raise ValueError(f"max_batch must be in [1, {MAX_STAGES_PER_REQUEST}], got {self.max_batch}")
+
+
+class LocalFallback:
+    """The prior answer for a stage, computed in-process: per role where known, else global."""
+
+    def __init__(self, priors: dict[str, Prior] | None = None):
+        self.priors = dict(priors or {})
+        self.priors.setdefault("", STATIC_PRIOR)
+
+    def answer(self, stage: dict) -> PredictionOut:
+        prior = self.priors.get(str(stage.get("role")), self.priors[""])
+        return PredictionOut(workflow_id=str(stage.get("workflow_id")), stage_id=str(stage.get("stage_id")),
+                             p_tool=round(prior.p_tool, 4), tokens_pred=int(round(prior.tokens_median)),
+                             tokens_reserve=int(math.ceil(prior.tokens_upper)), fallback_level="prior",
+                             model_version="local", source="local-fallback")
+
+
+def to_wire(stage: StageTrace | dict) -> dict:
+    """A stage as /predict takes it: contract fields, labels and derived fields left out."""
+    if isinstance(stage, StageTrace):
+        return stage.model_dump(mode="json", exclude_none=True, exclude=_WIRE_EXCLUDE)
+    return {k: v for k, v in stage.items() if k not in _WIRE_EXCLUDE and v is not None}
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+class _Breaker:
+    """Remembers the last failure so calls inside the cooldown skip the network."""
+
+    def __init__(self, cooldown_s: float):
+        self.cooldown_s, self.open_until, self.last_error = cooldown_s, 0.0, ""
+
+    def is_open(self) -> bool:
+        return time.monotonic() < self.open_until
+
+    def trip(self, error: BaseException | str) -> None:
+        self.open_until, self.last_error = time.monotonic() + self.cooldown_s, _describe(error)
+
+
+def _describe(error: BaseException | str) -> str:
+    if isinstance(error, httpx.HTTPStatusError):
+        return f"HTTP {error.response.status_code}: {error.response.text[:500]}"
+    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
+
+def _parse(response: httpx.Response, sent: list[dict]) -> list[PredictionOut]:
+    response.raise_for_status()
+    answers = _ANSWERS.validate_json(response.content)
+    if len(answers) != len(sent):
+        raise ValueError(f"service answered {len(answers)} predictions for {len(sent)} stages")
+    return answers
+
+
+class PredictorClient:
+    """Blocking client; `predict` returns within the deadline whatever the service does."""
+
+    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None):
+        self.config, self.fallback = config, fallback or LocalFallback()
+        self.breaker = _Breaker(config.cooldown_s)
+        self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="predictor-client")
+        self._lock = threading.Lock()
+
+    def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
+        wire = [to_wire(s) for s in stages]
+        if not wire:
+            return []
+        if self.breaker.is_open():
+            return [self.fallback.answer(s) for s in wire]
+        future = self._pool.submit(self._predict_remote, wire)
+        try:
+            return future.result(timeout=self.config.timeout_s)
+        except Exception as error:  # timeout, connection, HTTP or parse error: the prior answers
+            future.cancel()
+            self._failed(error)
+            return [self.fallback.answer(s) for s in wire]
+
+    def _predict_remote(self, wire: list[dict]) -> list[PredictionOut]:
+        answers: list[PredictionOut] = []
+        for batch in chunks(wire, self.config.max_batch):
+            answers.extend(_parse(self._http.post(self.config.route, json={"stages": batch}), batch))
+        return answers
+
+    def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
+        """Report finished stages (with labels and timings); False when the service did not take them."""
+        rows = [s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
+                if isinstance(s, StageTrace) else s for s in stages]
+        try:
+            for batch in chunks(rows, self.config.max_batch):
+                self._http.post("/observe", json={"stages": batch}).raise_for_status()
+            return True
+        except Exception as error:
+            self._failed(error)
+            return False
+
+    def _failed(self, error: BaseException) -> None:
+        with self._lock:
+            self.breaker.trip(error if not isinstance(error, concurrent.futures.TimeoutError)
+                              else f"no answer within {self.config.timeout_s} s")
+        logger.warning("predictor %s: %s; answering from the local prior", self.config.url, self.breaker.last_error)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    def __enter__(self) -> "PredictorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncPredictorClient:
+    """asyncio client; batches go out concurrently and the whole call is bounded by `timeout_s`."""
+
+    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None):
+        self.config, self.fallback = config, fallback or LocalFallback()
+        self.breaker = _Breaker(config.cooldown_s)
+        self._http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s)
+
+    async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
+        wire = [to_wire(s) for s in stages]
+        if not wire:
+            return []
+        if self.breaker.is_open():
+            return [self.fallback.answer(s) for s in wire]
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                parts = await asyncio.gather(*(self._post(b) for b in chunks(wire, self.config.max_batch)))
+            return [answer for part in parts for answer in part]
+        except Exception as error:  # TimeoutError included
+            self.breaker.trip(error if not isinstance(error, TimeoutError)
+                              else f"no answer within {self.config.timeout_s} s")
+            logger.warning("predictor %s: %s; answering from the local prior", self.config.url,
+                           self.breaker.last_error)
+            return [self.fallback.answer(s) for s in wire]
+
+    async def _post(self, batch: list[dict]) -> list[PredictionOut]:
+        return _parse(await self._http.post(self.config.route, json={"stages": batch}), batch)
+
+    async def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
+        rows = [s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
+                if isinstance(s, StageTrace) else s for s in stages]
+        try:
+            for batch in chunks(rows, self.config.max_batch):
+                (await self._http.post("/observe", json={"stages": batch})).raise_for_status()
+            return True
+        except Exception as error:
+            self.breaker.trip(error)
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncPredictorClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()

@@ -1,0 +1,39 @@
+"""`maestro deploy`: move the predictor alias in the MLflow registry and hot-reload serving nodes."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("deploy", help="deploy a registered predictor version to running service nodes",
+                                   description=__doc__)
+    parser.add_argument("--nodes", required=True, help="comma-separated service URLs, e.g. http://10.0.0.5:3000")
+    parser.add_argument("--alias", default="champion", help="registry alias to move (default: champion)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model-version", default=None, help="version to point the alias at (default: keep it)")
+    which.add_argument("--rollback", action="store_true", help="point the alias back at its previous version")
+    parser.add_argument("--model-name", default="stage-length")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per-node reload timeout")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from predictor_service.config import DEFAULT_TRACKING_URI
+    from predictor_service.deploy import DeployConfig, deploy
+
+    config = DeployConfig(nodes=tuple(n.strip().rstrip("/") for n in args.nodes.split(",") if n.strip()),
+                          alias=args.alias, model_name=args.model_name, model_version=args.model_version,
+                          rollback=args.rollback, timeout_s=args.timeout_s,
+                          tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
+    result = deploy(config)
+    print(json.dumps({"alias": result.alias, "previous_version": result.previous_version, "version": result.version,
+                      "nodes": result.nodes}, indent=1))
+    if not result.is_ok:
+        print(f"deploy stopped: not every node serves version {result.version}; nodes after the failed one were "
+              "not touched. Fix the node and rerun, or `maestro deploy --rollback --nodes ...`")
+    return 0 if result.is_ok else 1
