@@ -193,21 +193,21 @@ def main() -> None:
     if "overhead" in phases or "drive" in phases:
         engines = start_engines(model, logs, 64 * 1024 * 1024, 2)
         trace_dir = workdir / "traces"
-        gateway, url = start_gateway(engines, trace_dir, workdir)
         try:
             if "overhead" in phases:
+                gateway, url = start_gateway(engines, workdir / "traces-overhead", workdir)
                 result["overhead"] = phase_overhead(engines[0], url, args.overhead_requests)
-                for p in trace_dir.glob("*.jsonl"):  # overhead calls are one-stage workflows; keep the drive's traces apart
-                    p.rename(workdir / f"overhead-{p.name}")
+                stop(gateway)
             if "drive" in phases:
+                gateway, url = start_gateway(engines, trace_dir, workdir)
                 kill_log: dict = {}
-                kill_when(engines[1], trace_dir, args.workflows * 6 // 4, kill_log)
+                kill_when(engines[1], trace_dir, args.workflows * 5 // 4, kill_log)
                 report = asyncio.run(drive(drive_config(url, args), workdir / "drive.json"))
                 result["drive"] = {"summary": report["summary"], "failover": kill_log,
                                    "gateway_status": httpx.get(f"{url}/maestro/status").json(),
                                    "traces": check_traces(report, trace_dir)}
+                stop(gateway)
         finally:
-            stop(gateway)
             for e in engines:
                 e.stop()
         if "drive" in phases:

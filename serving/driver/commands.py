@@ -16,7 +16,7 @@ def register_drive(subparsers) -> None:
     drive.add_argument("--seed", type=int, default=0)
     drive.add_argument("--token-scale", type=float, default=1.0, help="scale the workload model's output lengths")
     drive.add_argument("--max-tokens-cap", type=int, default=4096, help="cap each stage's forced output length")
-    drive.add_argument("--max-prompt-chars", type=int, default=6000, help="truncate prompts to fit max-model-len")
+    drive.add_argument("--max-prompt-chars", type=int, default=4000, help="truncate prompts to fit max-model-len")
     drive.add_argument("--stream", action="store_true", help="stream responses (TTFT measured by the driver)")
     drive.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
     drive.add_argument("--scratch", default=None, help="scratch dir for tools (default: a temp dir)")

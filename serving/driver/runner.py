@@ -33,7 +33,7 @@ class DriveConfig:
     seed: int = 0
     token_scale: float = 1.0
     max_tokens_cap: int = 4096
-    max_prompt_chars: int = 6000
+    max_prompt_chars: int = 4000
     stream: bool = False
     timeout_s: float = 600.0
     scratch: str | None = None

