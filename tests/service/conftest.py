@@ -1,0 +1,55 @@
+"""Fixtures for the predictor service: small fast predictors, a service app on them, a tmp MLflow store."""
+from pathlib import Path
+
+import pytest
+
+from pipelines.contract import StageTrace
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor
+from pipelines.synth import generate
+
+FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
+                         regressor=dict(n_estimators=80, learning_rate=0.1))
+NO_EMBEDDING = FeaturizerConfig(use_embedding=False)
+
+
+@pytest.fixture(scope="session")
+def sample_records() -> list[dict]:
+    return generate(300, seed=11)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, sample_records) -> Path:
+    """A two-stage predictor (no embedding, few trees): trains in seconds."""
+    stages = [StageTrace.model_validate(r) for r in sample_records]
+    return Predictor.train(stages, NO_EMBEDDING, FAST_MODEL).save(tmp_path_factory.mktemp("model") / "predictor")
+
+
+@pytest.fixture(scope="session")
+def priors_dir(tmp_path_factory, sample_records) -> Path:
+    """A priors-only predictor (too little data for a model): a visibly different second version."""
+    stages = [StageTrace.model_validate(r) for r in sample_records[: MIN_STAGES_FOR_MODEL - 1]]
+    return Predictor.train(stages, NO_EMBEDDING, FAST_MODEL).save(tmp_path_factory.mktemp("priors") / "predictor")
+
+
+@pytest.fixture(scope="session")
+def service_env(model_dir, tmp_path_factory) -> Path:
+    """Environment the service reads at start: the fast model, traces under a tmp dir (returned)."""
+    root = tmp_path_factory.mktemp("service")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MAESTRO_MODEL", str(model_dir))
+        patch.setenv("MAESTRO_TRACE_DIR", str(root / "observed"))
+        patch.setenv("MAESTRO_CORRECTION_MIN_OBSERVATIONS", "3")
+        yield root
+
+
+@pytest.fixture(scope="session")
+def api(service_env):
+    """The service's ASGI app under a test client; one per session (BentoML registers its metrics globally)."""
+    from starlette.testclient import TestClient
+
+    from predictor_service.service import PredictorService
+
+    with TestClient(PredictorService.to_asgi()) as client:
+        yield client

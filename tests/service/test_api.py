@@ -1,0 +1,111 @@
+"""The service's HTTP API through BentoML's ASGI app (no server process)."""
+import pytest
+from pipelines.collect import collect
+from predictor_service.schemas import MAX_PROMPT_CHARS, MAX_STAGES_PER_REQUEST, PredictionOut
+from predictor_service.client import to_wire as unlabelled
+
+
+def first_error(response) -> dict:
+    assert 400 <= response.status_code < 500, response.text
+    return response.json()["detail"][0]
+
+
+def test_predict_answers_every_stage_with_the_model_version(api, sample_records):
+    stages = [unlabelled(r) for r in sample_records[:5]]
+    response = api.post("/predict", json={"stages": stages})
+    assert response.status_code == 200, response.text
+    answers = [PredictionOut.model_validate(a) for a in response.json()]
+    assert [(a.workflow_id, a.stage_id) for a in answers] == [(s["workflow_id"], s["stage_id"]) for s in stages]
+    assert all(a.fallback_level == "role" and a.source == "model" and a.model_version.startswith("dir-")
+               for a in answers)
+    assert all(0 <= a.p_tool <= 1 and a.tokens_reserve >= a.tokens_pred >= 0 for a in answers)
+    unbatched = api.post("/predict_unbatched", json={"stages": stages}).json()
+    assert unbatched == response.json()
+
+
+def test_unseen_role_answers_through_the_fallback_chain(api, sample_records):
+    stranger = dict(unlabelled(sample_records[0]), role="a-role-nobody-trained-on")
+    (answer,) = api.post("/predict", json={"stages": [stranger]}).json()
+    assert answer["fallback_level"] == "global"
+    assert api.get("/stats").json()["fallback_counts"]["global"] >= 1
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda s: s.pop("role"), ["stages", 0, "role"]),
+    (lambda s: s.update(prompt=42), ["stages", 0, "prompt"]),
+    (lambda s: s.update(call_index=-1), ["stages", 0, "call_index"]),
+])
+def test_malformed_stage_gets_400_naming_the_field(api, sample_records, mutate, field):
+    stage = unlabelled(sample_records[0])
+    mutate(stage)
+    error = first_error(api.post("/predict", json={"stages": [stage]}))
+    assert error["loc"][:len(field)] == field
+
+
+def test_labels_in_predict_are_refused_with_where_to_send_them(api, sample_records):
+    error = first_error(api.post("/predict", json={"stages": [sample_records[0]]}))
+    assert "/observe" in error["msg"] and error["loc"] == ["stages", 0]
+
+
+def test_oversized_requests_are_refused_with_the_limit(api, sample_records):
+    stage = unlabelled(sample_records[0])
+    too_many = first_error(api.post("/predict", json={"stages": [stage] * (MAX_STAGES_PER_REQUEST + 1)}))
+    assert too_many["loc"] == ["stages"] and str(MAX_STAGES_PER_REQUEST) in too_many["msg"]
+    huge = dict(stage, prompt="x" * (MAX_PROMPT_CHARS + 1))
+    too_long = first_error(api.post("/predict", json={"stages": [huge]}))
+    assert too_long["loc"] == ["stages", 0, "prompt"] and str(MAX_PROMPT_CHARS) in too_long["msg"]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"stages": []}', b'{"stages": "x"}', b"\xff\xfe"])
+def test_garbage_bodies_get_4xx_and_the_worker_keeps_serving(api, sample_records, body):
+    response = api.post("/predict", content=body, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500
+    assert api.post("/predict", json={"stages": [unlabelled(sample_records[0])]}).status_code == 200
+
+
+def test_observe_updates_the_role_correction_and_writes_a_collectable_trace(api, sample_records, service_env):
+    finished = [dict(r, workflow_id=f"observed/{r['workflow_id']}", output_tokens=r["output_tokens"] * 3 + 50)
+                for r in sample_records[:40]]
+    api.post("/predict", json={"stages": [unlabelled(r) for r in finished[:20]]})  # half served, half not
+    response = api.post("/observe", json={"stages": finished})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["num_accepted"] == 40
+    stats = api.get("/stats").json()
+    assert stats["num_observed"] == 40
+    active = {role: c for role, c in stats["corrections"].items() if c["is_active"]}
+    assert active and all(1.0 < c["factor"] <= 2.0 for c in active.values())
+    role = next(iter(active))
+    stage = next(unlabelled(r) for r in sample_records if r["role"] == role)
+    (answer,) = api.post("/predict", json={"stages": [stage]}).json()
+    assert answer["correction"] == pytest.approx(active[role]["factor"], rel=1e-3)
+    stages, errors = collect(service_env / "observed")
+    stages = [s for s in stages if s.workflow_id.startswith("observed/")]
+    assert len(stages) == 40 and not errors
+    assert all(s.is_labelled and s.model_extra.get("served_model_version") for s in stages)
+
+
+def test_observe_requires_labels(api, sample_records):
+    error = first_error(api.post("/observe", json={"stages": [unlabelled(sample_records[0])]}))
+    assert error["loc"][:2] == ["stages", 0]
+
+
+def test_stats_and_probes(api):
+    assert api.get("/livez").status_code == 200 and api.get("/readyz").status_code == 200
+    stats = api.get("/stats").json()
+    assert stats["model_version"].startswith("dir-") and stats["limits"]["max_stages_per_request"] == MAX_STAGES_PER_REQUEST
+
+
+def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, priors_dir, model_dir, sample_records):
+    before = api.get("/stats").json()["model_version"]
+    missing = api.post("/admin/reload", json={"model": str(priors_dir.parent / "nowhere")})
+    assert missing.status_code == 404 and "still serving" in missing.text.lower()
+    assert api.get("/stats").json()["model_version"] == before
+    response = api.post("/admin/reload", json={"model": str(priors_dir)})
+    assert response.status_code == 200, response.text
+    assert response.json()["previous_version"] == before
+    try:
+        (answer,) = api.post("/predict", json={"stages": [unlabelled(sample_records[0])]}).json()
+        assert answer["fallback_level"] == "prior" and answer["model_version"] == response.json()["model_version"]
+    finally:
+        assert api.post("/admin/reload", json={"model": str(model_dir)}).json()["model_version"] == before
