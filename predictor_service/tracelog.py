@@ -40,9 +40,10 @@ class TraceLog:
     def _new_file(self) -> Path:
         directory = Path(self.config.directory)
         directory.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        # pid keeps two workers of one service apart; the nanosecond suffix two rotations in a second
-        return directory / f"{self.config.prefix}-{stamp}-{time.time_ns() % 10**9:09d}-{os.getpid()}.jsonl"
+        now_ns = time.time_ns()  # one reading: names must sort in the order the files were started
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 10**9))
+        # the nanoseconds keep two rotations within a second in order; the pid keeps workers apart
+        return directory / f"{self.config.prefix}-{stamp}-{now_ns % 10**9:09d}-{os.getpid()}.jsonl"
 
     def append(self, stages: list[StageTrace], extra: list[dict] | None = None) -> int:
         """Write the stages (each merged with its `extra` fields); returns how many lines were written."""

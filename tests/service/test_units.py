@@ -1,0 +1,164 @@
+"""Online correction, trace log, config and client fallback: no model, no server."""
+import http.server
+import math
+import threading
+import time
+
+import pytest
+
+from pipelines.collect import collect
+from pipelines.contract import StageTrace
+from pipelines.predictor import Prior
+from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, chunks,
+                                      to_wire)
+from predictor_service.config import ServiceConfig
+from predictor_service.online import CorrectionConfig, OnlineCorrection
+from predictor_service.tracelog import TraceLog, TraceLogConfig
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_correction_waits_for_enough_observations_then_is_bounded():
+    clock = FakeClock()
+    correction = OnlineCorrection(CorrectionConfig(weight=0.5, bound=math.log(2), min_observations=3), clock=clock)
+    for _ in range(2):
+        correction.update("writer", predicted_tokens=100, actual_tokens=10_000)
+    assert correction.factor("writer") == 1.0  # not enough evidence yet
+    for _ in range(20):
+        correction.update("writer", predicted_tokens=100, actual_tokens=10_000)
+    assert correction.factor("writer") == pytest.approx(2.0)  # capped at the bound
+    assert correction.factor("someone-else") == 1.0
+
+
+def test_correction_decays_when_a_role_goes_quiet_and_ignores_the_trained_margin():
+    clock = FakeClock()
+    config = CorrectionConfig(weight=1.0, half_life_s=60, min_observations=1)
+    correction = OnlineCorrection(config, baseline=math.log(0.5), clock=clock)
+    correction.update("coder", predicted_tokens=199, actual_tokens=99)  # exactly the trained over-prediction
+    assert correction.factor("coder") == pytest.approx(1.0)
+    correction.update("coder", predicted_tokens=99, actual_tokens=99)  # now under-predicting vs the margin
+    assert correction.factor("coder") == pytest.approx(2.0)
+    clock.now = 60.0
+    assert correction.factor("coder") == pytest.approx(2 ** 0.5)
+    assert correction.snapshot()["coder"]["num_observations"] == 2
+
+
+def test_correction_forgets_the_quietest_role_past_max_roles():
+    clock = FakeClock()
+    correction = OnlineCorrection(CorrectionConfig(max_roles=2, min_observations=1), clock=clock)
+    for i, role in enumerate(["a", "b", "c"]):
+        clock.now = float(i)
+        correction.update(role, 10, 20)
+    assert set(correction.snapshot()) == {"b", "c"}
+
+
+def test_trace_log_rotates_and_collect_reads_every_file(tmp_path):
+    log = TraceLog(TraceLogConfig(directory=str(tmp_path), max_bytes=2048))
+    stages = [StageTrace(workflow_id=f"w{i}", stage_id="0", role="r", prompt="p" * 300, output_tokens=i,
+                         is_tool_call=False) for i in range(20)]
+    for stage in stages:
+        log.append([stage], [{"served_tokens_pred": 5}])
+    assert len(list(tmp_path.glob("*.jsonl"))) > 1
+    read, errors = collect(tmp_path)
+    assert [s.workflow_id for s in read] == [s.workflow_id for s in stages] and not errors
+
+
+def test_config_from_env_validates_and_names_the_variable():
+    config = ServiceConfig.from_env({"MAESTRO_MODEL": "/m", "MAESTRO_TRACE_DIR": "off",
+                                     "MAESTRO_CORRECTION_WEIGHT": "0.2"})
+    assert config.model == "/m" and config.trace is None and config.correction.weight == 0.2
+    with pytest.raises(ValueError, match="MAESTRO_CORRECTION_MIN_OBSERVATIONS"):
+        ServiceConfig.from_env({"MAESTRO_CORRECTION_MIN_OBSERVATIONS": "many"})
+    with pytest.raises(ValueError, match="weight"):
+        CorrectionConfig(weight=0)
+
+
+def test_wire_form_drops_labels_and_batches_split():
+    stage = StageTrace(workflow_id="w", stage_id="s", role="r", prompt="p", output_tokens=3, is_tool_call=True)
+    assert to_wire(stage) == {"workflow_id": "w", "stage_id": "s", "role": "r", "prompt": "p"}
+    assert [len(c) for c in chunks(list(range(10)), 4)] == [4, 4, 2]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STAGES = [{"workflow_id": "w", "stage_id": str(i), "role": "writer" if i else "new-role", "prompt": "hi"}
+          for i in range(3)]
+FALLBACK = LocalFallback({"writer": Prior(p_tool=0.1, tokens_median=300, tokens_upper=900.4)})
+
+
+def check_fallback(answers):
+    assert all(a.source == "local-fallback" and a.fallback_level == "prior" for a in answers)
+    assert (answers[1].tokens_pred, answers[1].tokens_reserve) == (300, 901)  # the role's prior
+    assert answers[0].tokens_pred == 256  # unknown role: the static global prior
+
+
+def test_sync_client_answers_locally_when_the_service_is_down():
+    config = ClientConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=0.2, cooldown_s=5)
+    with PredictorClient(config, FALLBACK) as client:
+        started = time.perf_counter()
+        check_fallback(client.predict(STAGES))
+        assert time.perf_counter() - started < 0.2 + 0.1
+        assert client.breaker.is_open() and "Connect" in client.breaker.last_error
+        started = time.perf_counter()
+        client.predict(STAGES)  # inside the cooldown: no network at all
+        assert time.perf_counter() - started < 0.02
+
+
+@pytest.fixture
+def hanging_server():
+    """An HTTP server that accepts and then never answers in time."""
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            time.sleep(2)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_sync_client_keeps_its_deadline_against_a_hanging_service(hanging_server):
+    with PredictorClient(ClientConfig(url=hanging_server, timeout_s=0.15), FALLBACK) as client:
+        started = time.perf_counter()
+        check_fallback(client.predict(STAGES))
+        assert time.perf_counter() - started < 0.15 + 0.1
+        assert "no answer within" in client.breaker.last_error
+
+
+def test_async_client_keeps_its_deadline_against_a_hanging_service(hanging_server):
+    import asyncio
+
+    async def call():
+        async with AsyncPredictorClient(ClientConfig(url=hanging_server, timeout_s=0.15), FALLBACK) as client:
+            started = time.perf_counter()
+            answers = await client.predict(STAGES)
+            return answers, time.perf_counter() - started
+
+    answers, elapsed = asyncio.run(call())
+    check_fallback(answers)
+    assert elapsed < 0.15 + 0.1
+
+
+def test_client_config_refuses_nonsense():
+    with pytest.raises(ValueError, match="http"):
+        ClientConfig(url="localhost:3000")
+    with pytest.raises(ValueError, match="max_batch"):
+        ClientConfig(url="http://x", max_batch=10_000)
