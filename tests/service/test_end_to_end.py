@@ -1,0 +1,114 @@
+"""A real `bentoml serve` on 127.0.0.1: predict, observe, deploy a second registered version under load, roll back."""
+import threading
+import time
+
+import httpx
+import pytest
+
+from maestro.cli import main as maestro
+from predictor_service.client import ClientConfig, PredictorClient, to_wire
+from predictor_service.local_server import LocalServer, ServerConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, model_dir, priors_dir):
+    """A tmp MLflow store: version 1 = the two-stage model (champion), version 2 = priors only."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipelines.registry import MODEL_NAME, StageLengthPyfunc, use_store
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root}/mlflow.db"
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    use_store(uri, str(root / "artifacts"))
+    try:
+        for directory in (model_dir, priors_dir):
+            with mlflow.start_run():
+                mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
+                                        artifacts={"predictor": str(directory)}, registered_model_name=MODEL_NAME,
+                                        pip_requirements=["lightgbm"])
+        MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "1")
+    finally:
+        mlflow.set_tracking_uri(previous[0])
+        mlflow.set_registry_uri(previous[1])
+    return uri
+
+
+@pytest.fixture(scope="module")
+def server(store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    env = {"MAESTRO_MODEL": "models:/stage-length@champion", "MLFLOW_TRACKING_URI": store,
+           "MAESTRO_TRACE_DIR": str(root / "observed")}
+    with LocalServer(ServerConfig(env=env, log_path=str(root / "server.log"))) as running:
+        running.trace_dir = root / "observed"
+        yield running
+
+
+class Load:
+    """Clients posting /predict back to back on threads; records every status and model version seen."""
+
+    def __init__(self, url: str, stages: list[dict], num_threads: int = 4):
+        self.url, self.stages, self.stop = url, stages, threading.Event()
+        self.statuses: list[int] = []
+        self.versions: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(num_threads)]
+
+    def _run(self, offset: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            i = offset
+            while not self.stop.is_set():
+                try:
+                    response = http.post("/predict", json={"stages": [self.stages[i % len(self.stages)]]})
+                    self.statuses.append(response.status_code)
+                    if response.status_code == 200:
+                        self.versions.append(response.json()[0]["model_version"])
+                except httpx.HTTPError:
+                    self.statuses.append(-1)
+                i += 1
+
+    def __enter__(self) -> "Load":
+        for thread in self.threads:
+            thread.start()
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(1.0)
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def deploy(server, store, *flags) -> int:
+    return maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", store, *flags])
+
+
+def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(server, store, sample_records):
+    stages = [to_wire(r) for r in sample_records[:50]]
+    with PredictorClient(ClientConfig(url=server.url, timeout_s=10)) as client:
+        answers = client.predict(stages[:5] + [dict(stages[0], role="never-seen-role")])
+        assert [a.model_version for a in answers] == ["1"] * 6 and answers[-1].fallback_level == "global"
+        assert client.observe(sample_records[:10])
+    assert any(server.trace_dir.glob("*.jsonl"))
+    assert "maestro_predictor_stages" in httpx.get(f"{server.url}/metrics").text
+
+    with Load(server.url, stages) as load:
+        assert deploy(server, store, "--model-version", "2") == 0
+    assert httpx.get(f"{server.url}/stats").json()["model_version"] == "2"
+    assert set(load.statuses) == {200}, f"failed requests during deploy: {sorted(set(load.statuses))}"
+    assert load.versions[0] == "1" and load.versions[-1] == "2"
+
+    with Load(server.url, stages) as load:
+        assert deploy(server, store, "--rollback") == 0
+    assert httpx.get(f"{server.url}/stats").json()["model_version"] == "1"
+    assert set(load.statuses) == {200} and load.versions[-1] == "1"
+
+
+def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, store):
+    before = httpx.get(f"{server.url}/stats").json()["model_version"]
+    with pytest.raises(Exception, match="99"):
+        deploy(server, store, "--model-version", "99")
+    assert httpx.get(f"{server.url}/stats").json()["model_version"] == before
