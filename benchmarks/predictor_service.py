@@ -1,0 +1,154 @@
+"""Predictor service benchmark against a real `bentoml serve` on 127.0.0.1.
+
+    .venv/bin/python -m benchmarks.predictor_service --out benchmarks/results/predictor_service.json
+
+Latency p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every
+prompt was predicted once before timing, so its embedding is cached); throughput of one-stage
+requests with adaptive batching (/predict) and without (/predict_unbatched), and of client-side
+batches; the client's fallback latency when the service is down or hangs. The load generator
+shares the machine's cores with the server, as a scheduler on the same node would.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+if __name__ == "__main__" and not __package__:
+    # Run as a file, this script's own directory comes first on sys.path and its name would shadow
+    # the predictor_service package; drop that entry (as `python -m benchmarks.predictor_service` does).
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from predictor_service.client import ClientConfig, LocalFallback, PredictorClient, to_wire
+from predictor_service.local_server import LocalServer, ServerConfig, free_port
+
+
+def percentiles(latencies_s: list[float]) -> dict:
+    ms = np.asarray(latencies_s) * 1000
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2),
+            "max_ms": round(float(ms.max()), 2), "num_requests": len(ms)}
+
+
+async def closed_loop(url: str, route: str, payloads: list[dict], concurrency: int, duration_s: float) -> dict:
+    """`concurrency` clients, each sending its next request as soon as the last one answered."""
+    latencies, errors, stages = [], 0, 0
+    deadline = time.perf_counter() + duration_s
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def worker(http: httpx.AsyncClient, offset: int) -> None:
+        nonlocal errors, stages
+        i = offset
+        while time.perf_counter() < deadline:
+            body = payloads[i % len(payloads)]
+            started = time.perf_counter()
+            response = await http.post(route, json=body)
+            latencies.append(time.perf_counter() - started)
+            errors += response.status_code != 200
+            stages += len(body["stages"])
+            i += concurrency
+
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(http, k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {**percentiles(latencies), "concurrency": concurrency, "errors": errors,
+            "requests_per_s": round(len(latencies) / elapsed, 1), "stages_per_s": round(stages / elapsed, 1)}
+
+
+def warm(url: str, stages: list[dict]) -> None:
+    with httpx.Client(base_url=url, timeout=120) as http:
+        for start in range(0, len(stages), 64):
+            http.post("/predict_unbatched", json={"stages": stages[start:start + 64]}).raise_for_status()
+
+
+def service_benchmarks(url: str, stages: list[dict], duration_s: float) -> dict:
+    singles = [{"stages": [s]} for s in stages]
+    batches = [{"stages": stages[i:i + 32]} for i in range(0, len(stages) - 31, 32)]
+    run = lambda route, payloads, c: asyncio.run(closed_loop(url, route, payloads, c, duration_s))
+    out = {"latency_one_stage": {f"c{c}": run("/predict", singles, c) for c in (1, 8, 32)}}
+    out["latency_one_stage_unbatched"] = {f"c{c}": run("/predict_unbatched", singles, c) for c in (1, 8, 32)}
+    out["throughput"] = {
+        "adaptive_batching_c32_one_stage": out["latency_one_stage"]["c32"]["stages_per_s"],
+        "no_batching_c32_one_stage": out["latency_one_stage_unbatched"]["c32"]["stages_per_s"],
+        "client_batches_of_32_c4": run("/predict_unbatched", batches, 4)["stages_per_s"],
+    }
+    return out
+
+
+class _Hanging(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        time.sleep(5)
+
+    def log_message(self, *args):
+        pass
+
+
+def fallback_benchmarks(stages: list[dict], timeout_s: float, n: int = 200) -> dict:
+    """Client answers when nothing listens (connection refused) and when the service hangs."""
+    def timed(client: PredictorClient, count: int) -> list[float]:
+        out = []
+        for i in range(count):
+            started = time.perf_counter()
+            answers = client.predict([stages[i % len(stages)]])
+            out.append(time.perf_counter() - started)
+            assert answers[0].source == "local-fallback"
+        return out
+
+    down = ClientConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=timeout_s, cooldown_s=0)
+    with PredictorClient(down, LocalFallback()) as client:
+        refused = timed(client, n)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hanging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hanging = ClientConfig(url=f"http://127.0.0.1:{server.server_address[1]}", timeout_s=timeout_s, cooldown_s=0)
+    with PredictorClient(hanging, LocalFallback()) as client:
+        hung = timed(client, 10)
+    server.shutdown()
+    server.server_close()
+    cooled = ClientConfig(url=down.url, timeout_s=timeout_s, cooldown_s=60)
+    with PredictorClient(cooled, LocalFallback()) as client:
+        client.predict([stages[0]])
+        cooldown = timed(client, n)
+    return {"timeout_s": timeout_s, "connection_refused": percentiles(refused),
+            "hanging_service": percentiles(hung), "within_cooldown": percentiles(cooldown)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="models/predictor", help="predictor directory or models:/ URI to serve")
+    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--stages", type=int, default=256, help="distinct stages cycled through")
+    parser.add_argument("--duration-s", type=float, default=8.0, help="per measurement")
+    parser.add_argument("--client-timeout-s", type=float, default=0.05)
+    parser.add_argument("--out", default="benchmarks/results/predictor_service.json")
+    args = parser.parse_args()
+    from pipelines.synth import generate
+
+    stages = [to_wire(r) for r in generate(args.stages, seed=123)][: args.stages]
+    env = {"MAESTRO_MODEL": args.model, "MAESTRO_TRACE_DIR": "off",
+           **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {})}
+    with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server:
+        warm(server.url, stages)
+        stats = httpx.get(f"{server.url}/stats").json()
+        results = service_benchmarks(server.url, stages, args.duration_s)
+    results["client_fallback"] = fallback_benchmarks(stages, args.client_timeout_s)
+    results["setup"] = {"model": args.model, "model_version": stats["model_version"], "distinct_stages": len(stages),
+                        "duration_s_per_point": args.duration_s, "cpus": os.cpu_count(),
+                        "load_avg_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
+                        "server": "bentoml serve, 1 worker, OMP_NUM_THREADS=1"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
