@@ -142,7 +142,7 @@ def drive_config(target: str, args, **kw) -> DriveConfig:
 def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
     out = {"kv_cache_bytes": args.pressure_kv_bytes}
     for mode in ("direct", "gateway"):
-        [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1)
+        [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
         gateway = None
         try:
             target = engine.url
@@ -151,7 +151,8 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
             before = preemptions(engine.url)
             config = drive_config(target, args, num_workflows=args.pressure_workflows,
                                   concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
-                                  max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1)
+                                  max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1,
+                                  max_prompt_chars=3000)
             report = asyncio.run(drive(config, workdir / f"drive-pressure-{mode}.json"))
             s = report["summary"]
             out[mode] = {"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
@@ -190,6 +191,9 @@ def main() -> None:
     model = build_tiny_model(workdir / "tiny-model")
     result = {"workdir": str(workdir), "args": vars(args), "cpu_count": os.cpu_count()}
     phases = args.phases.split(",")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save = lambda: out.write_text(json.dumps(result, indent=1))  # noqa: E731 — after each phase: a crash keeps the rest
     if "overhead" in phases or "drive" in phases:
         engines = start_engines(model, logs, 64 * 1024 * 1024, 2)
         trace_dir = workdir / "traces"
@@ -197,6 +201,7 @@ def main() -> None:
             if "overhead" in phases:
                 gateway, url = start_gateway(engines, workdir / "traces-overhead", workdir)
                 result["overhead"] = phase_overhead(engines[0], url, args.overhead_requests)
+                save()
                 stop(gateway)
             if "drive" in phases:
                 gateway, url = start_gateway(engines, trace_dir, workdir)
@@ -212,10 +217,10 @@ def main() -> None:
                 e.stop()
         if "drive" in phases:
             result["drive"]["train"] = train_on(trace_dir, workdir)
+            save()
     if "pressure" in phases:
         result["pressure"] = phase_pressure(model, logs, workdir, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    save()
     print(json.dumps({k: v for k, v in result.items() if k != "args"}, indent=1)[:6000])
 
 
