@@ -158,8 +158,10 @@ class Featurizer:
         if self.config.use_embedding:
             vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
             reduced = self.pca_.transform(vectors) if len(stages) else np.zeros((0, self.pca_.n_components_))
-            for i in range(reduced.shape[1]):
-                frame[f"emb_{i}"] = reduced[:, i].astype(np.float32)
+            names = [f"emb_{i}" for i in range(reduced.shape[1])]
+            # one concat, not a column insert per dimension: inserts dominate a live one-stage predict
+            frame = pd.concat([frame, pd.DataFrame(reduced.astype(np.float32), columns=names, index=frame.index)],
+                              axis=1)
         return frame
 
     def state(self) -> dict:

@@ -158,14 +158,18 @@ class TwoStageModel:
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
         if not hasattr(self, "regressor_"):
             raise RuntimeError("TwoStageModel is not fitted: call fit() first")
-        p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, X))
+        # One float matrix for the three boosters: LightGBM's own pandas conversion, per call, costs more
+        # than the trees themselves on the small batches a live service predicts.
+        matrix = _as_matrix(X, self.regressor_.booster.pandas_categorical)
+        p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, matrix))
         X2 = X.assign(p_tool=p_tool)
-        log_pred = self.regressor_.predict(X2)
+        matrix2 = np.column_stack([matrix, p_tool])
+        log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
-            reserve = np.expm1(self.upper_.predict(X2) + self._quantiles(X2))
+            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(X2))
         return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred)}
 
     def _quantiles(self, X2: pd.DataFrame) -> np.ndarray:
@@ -178,10 +182,29 @@ class TwoStageModel:
         return out
 
 
+def _as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
+    """The matrix LightGBM builds from a frame: categoricals as codes of their training categories
+    (`categories`, in column order), unknown or missing values as NaN, everything as float64."""
+    remaining = iter(categories or [])
+    columns = []
+    for name in X.columns:
+        column = X[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            known = next(remaining)
+            if list(column.cat.categories) != list(known):
+                column = column.cat.set_categories(known)
+            codes = column.cat.codes.to_numpy().astype(np.float64)
+            codes[codes < 0] = np.nan
+            columns.append(codes)
+        else:
+            columns.append(column.to_numpy(dtype=np.float64, na_value=np.nan))
+    return np.column_stack(columns) if columns else np.zeros((len(X), 0))
+
+
 @dataclass
 class _Regressor:
     booster: lgb.Booster
     base: float
 
-    def predict(self, X: pd.DataFrame) -> np.ndarray:
+    def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
         return self.booster.predict(X) + self.base
