@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,14 @@ def resolve(location: str, tracking_uri: str | None = None) -> ModelSource:
         return ModelSource(location, location, pinned["version"])
     if location.startswith(("models:/", "runs:/")):
         raise ValueError(f"model {location!r}: use models:/NAME/VERSION, models:/NAME@ALIAS or a directory")
-    return ModelSource(location, location, f"dir-{_directory_digest(Path(location))}")
+    return ModelSource(location, location, _directory_version(Path(location)))
+
+
+def _directory_version(directory: Path) -> str:
+    """The registry version an exported directory came from, else `dir-` + a hash of its files."""
+    meta = directory / "meta.json"
+    exported = json.loads(meta.read_text()).get("registry_version") if meta.exists() else None
+    return str(exported) if exported else f"dir-{_directory_digest(directory)}"
 
 
 def _directory_digest(directory: Path) -> str:

@@ -1,0 +1,25 @@
+"""The service's hot path: TwoStageModel.predict feeds LightGBM one float matrix instead of pandas frames.
+
+It must give exactly what LightGBM's own pandas conversion gives, unseen categories included.
+"""
+import numpy as np
+
+from pipelines.contract import StageTrace
+from pipelines.model import _as_matrix
+from pipelines.predictor import Predictor
+
+
+def test_matrix_path_equals_lightgbm_pandas_path(model_dir, sample_records):
+    predictor = Predictor.load(model_dir)
+    stages = [StageTrace.model_validate(r) for r in sample_records[:100]]
+    stages += [stages[0].model_copy(update={"role": "unseen", "app": "new-app", "model": "other"})]
+    X = predictor.featurizer.transform(stages)
+    booster = predictor.model.regressor_.booster
+    matrix = _as_matrix(X, booster.pandas_categorical)
+    classifier = predictor.model.classifier_
+    np.testing.assert_array_equal(classifier.predict(matrix), classifier.predict(X))
+    X2 = X.assign(p_tool=0.5)
+    np.testing.assert_array_equal(booster.predict(np.column_stack([matrix, np.full(len(X), 0.5)])),
+                                  booster.predict(X2))
+    shuffled = X.assign(role=X["role"].cat.reorder_categories(list(reversed(X["role"].cat.categories))))
+    np.testing.assert_array_equal(_as_matrix(shuffled, booster.pandas_categorical), matrix)
