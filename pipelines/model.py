@@ -185,20 +185,18 @@ class TwoStageModel:
 def _as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
     """The matrix LightGBM builds from a frame: categoricals as codes of their training categories
     (`categories`, in column order), unknown or missing values as NaN, everything as float64."""
-    remaining = iter(categories or [])
-    columns = []
-    for name in X.columns:
-        column = X[name]
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            known = next(remaining)
-            if list(column.cat.categories) != list(known):
-                column = column.cat.set_categories(known)
-            codes = column.cat.codes.to_numpy().astype(np.float64)
-            codes[codes < 0] = np.nan
-            columns.append(codes)
-        else:
-            columns.append(column.to_numpy(dtype=np.float64, na_value=np.nan))
-    return np.column_stack(columns) if columns else np.zeros((len(X), 0))
+    is_categorical = np.array([isinstance(dtype, pd.CategoricalDtype) for dtype in X.dtypes], bool)
+    matrix = np.empty(X.shape, np.float64)
+    numeric = np.flatnonzero(~is_categorical)
+    if len(numeric):
+        matrix[:, numeric] = X.iloc[:, numeric].to_numpy(dtype=np.float64, na_value=np.nan)
+    for j, known in zip(np.flatnonzero(is_categorical), categories or []):
+        column = X.iloc[:, j]
+        if list(column.cat.categories) != list(known):
+            column = column.cat.set_categories(known)
+        codes = column.cat.codes.to_numpy()
+        matrix[:, j] = np.where(codes < 0, np.nan, codes)
+    return matrix
 
 
 @dataclass
