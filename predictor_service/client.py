@@ -83,7 +83,11 @@ class _Breaker:
         return time.monotonic() < self.open_until
 
     def trip(self, error: BaseException | str) -> None:
-        self.open_until, self.last_error = time.monotonic() + self.cooldown_s, _describe(error)
+        """Record the failure; open (skip the network) unless the service is fine and only refused this request."""
+        self.last_error = _describe(error)
+        refused = isinstance(error, httpx.HTTPStatusError) and 400 <= error.response.status_code < 500
+        if not refused:
+            self.open_until = time.monotonic() + self.cooldown_s
 
 
 def _describe(error: BaseException | str) -> str:

@@ -38,7 +38,7 @@ def service_metrics() -> dict:
 
 
 @bentoml.asgi_app(http_app, path="/")
-@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30})
+@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30}, logging={"access": {"enabled": False}})
 class PredictorService:
     """Stage-length predictions for the scheduler, online correction from observed stages, hot model reload."""
 

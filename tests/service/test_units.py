@@ -9,7 +9,7 @@ import pytest
 from pipelines.collect import collect
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prior
-from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, chunks,
+from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, _Breaker, chunks,
                                       to_wire)
 from predictor_service.config import ServiceConfig
 from predictor_service.online import CorrectionConfig, OnlineCorrection
@@ -162,3 +162,14 @@ def test_client_config_refuses_nonsense():
         ClientConfig(url="localhost:3000")
     with pytest.raises(ValueError, match="max_batch"):
         ClientConfig(url="http://x", max_batch=10_000)
+
+
+def test_a_refused_request_does_not_cut_the_client_off_the_service():
+    import httpx
+
+    breaker = _Breaker(cooldown_s=60)
+    request = httpx.Request("POST", "http://x/predict")
+    breaker.trip(httpx.HTTPStatusError("bad", request=request, response=httpx.Response(400, request=request)))
+    assert not breaker.is_open() and "HTTP 400" in breaker.last_error
+    breaker.trip(httpx.HTTPStatusError("down", request=request, response=httpx.Response(503, request=request)))
+    assert breaker.is_open()
