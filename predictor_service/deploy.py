@@ -97,7 +97,8 @@ class Registry:
         return current, target
 
     def _version_below(self, current: str) -> str:
-        versions = sorted(int(v.version) for v in self.client.search_model_versions(f"name='{self.config.model_name}'"))
+        found = self.client.search_model_versions(f"name='{self.config.model_name}'")
+        versions = sorted(int(v.version) for v in found)
         lower = [v for v in versions if v < int(current)]
         if not lower:
             raise ValueError(f"no deploy history for alias {self.config.alias!r} and no version below {current}: "

@@ -37,8 +37,12 @@ def service_metrics() -> dict:
     }
 
 
+# GET /stats lives on a mounted FastAPI app: BentoML's own endpoints are POST only.
 @bentoml.asgi_app(http_app, path="/")
-@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30}, logging={"access": {"enabled": False}})
+# One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side.
+# No access log: at thousands of calls a second it costs more than it tells (/metrics counts requests).
+@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30},
+                 logging={"access": {"enabled": False}})
 class PredictorService:
     """Stage-length predictions for the scheduler, online correction from observed stages, hot model reload."""
 
@@ -93,5 +97,6 @@ def _reload_error(model: str, error: Exception, serving: str) -> Exception:
     message = (f"could not load model {model!r}: {type(error).__name__}: {error}. "
                f"Still serving version {serving}; check the URI and that this node reaches the MLflow store")
     logger.warning(message)
-    missing = isinstance(error, FileNotFoundError) or "not found" in str(error).lower() or "RESOURCE_DOES_NOT_EXIST" in str(error)
+    text = str(error)
+    missing = isinstance(error, FileNotFoundError) or "not found" in text.lower() or "RESOURCE_DOES_NOT_EXIST" in text
     return NotFound(message) if missing else UnprocessableEntity(message)

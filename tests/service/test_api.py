@@ -93,7 +93,8 @@ def test_observe_requires_labels(api, sample_records):
 def test_stats_and_probes(api):
     assert api.get("/livez").status_code == 200 and api.get("/readyz").status_code == 200
     stats = api.get("/stats").json()
-    assert stats["model_version"].startswith("dir-") and stats["limits"]["max_stages_per_request"] == MAX_STAGES_PER_REQUEST
+    assert stats["model_version"].startswith("dir-")
+    assert stats["limits"]["max_stages_per_request"] == MAX_STAGES_PER_REQUEST
 
 
 def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, priors_dir, model_dir, sample_records):

@@ -9,8 +9,8 @@ import pytest
 from pipelines.collect import collect
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prior
-from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, _Breaker, chunks,
-                                      to_wire)
+from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, _Breaker,
+                                      chunks, to_wire)
 from predictor_service.config import ServiceConfig
 from predictor_service.online import CorrectionConfig, OnlineCorrection
 from predictor_service.tracelog import TraceLog, TraceLogConfig
