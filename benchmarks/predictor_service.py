@@ -1,6 +1,6 @@
 """Predictor service benchmark against a real `bentoml serve` on 127.0.0.1.
 
-    .venv/bin/python -m benchmarks.predictor_service --out benchmarks/results/predictor_service.json
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.predictor_service --out benchmarks/results/predictor_service.json
 
 Latency p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every
 prompt was predicted once before timing, so its embedding is cached); throughput of one-stage
@@ -85,6 +85,22 @@ def service_benchmarks(url: str, stages: list[dict], duration_s: float) -> dict:
     return out
 
 
+def in_process_benchmark(model: str, stages: list[dict], n: int = 300) -> dict:
+    """Predictor.predict on one warm stage, no HTTP: the floor under the service's latency."""
+    from pipelines.contract import StageTrace
+    from predictor_service import loading
+
+    predictor = loading.load(loading.resolve(model))
+    parsed = [StageTrace.model_validate(s) for s in stages]
+    predictor.predict(parsed)  # warm: every prompt's embedding is cached
+    latencies, cpu_started = [], time.process_time()
+    for i in range(n):
+        started = time.perf_counter()
+        predictor.predict([parsed[i % len(parsed)]])
+        latencies.append(time.perf_counter() - started)
+    return {**percentiles(latencies), "cpu_ms_per_call": round((time.process_time() - cpu_started) / n * 1000, 2)}
+
+
 class _Hanging(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         time.sleep(5)
@@ -136,15 +152,18 @@ def main() -> None:
     stages = [to_wire(r) for r in generate(args.stages, seed=123)][: args.stages]
     env = {"MAESTRO_MODEL": args.model, "MAESTRO_TRACE_DIR": "off",
            **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {})}
+    in_process = in_process_benchmark(args.model, stages)
     with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server:
         warm(server.url, stages)
         stats = httpx.get(f"{server.url}/stats").json()
         results = service_benchmarks(server.url, stages, args.duration_s)
+    results["in_process_predict_one_stage"] = in_process
     results["client_fallback"] = fallback_benchmarks(stages, args.client_timeout_s)
     results["setup"] = {"model": args.model, "model_version": stats["model_version"], "distinct_stages": len(stages),
                         "duration_s_per_point": args.duration_s, "cpus": os.cpu_count(),
                         "load_avg_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
-                        "server": "bentoml serve, 1 worker, OMP_NUM_THREADS=1"}
+                        "server": "bentoml serve, 1 worker, OMP_NUM_THREADS=1",
+                        "in_process_omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
