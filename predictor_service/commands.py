@@ -17,6 +17,8 @@ def register(subparsers) -> None:
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per-node reload timeout")
+    parser.add_argument("--admin-token", default=None,
+                        help="the nodes' admin token (default: $MAESTRO_ADMIN_TOKEN; none if unset)")
     parser.set_defaults(func=run)
 
 
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     config = DeployConfig(nodes=tuple(n.strip().rstrip("/") for n in args.nodes.split(",") if n.strip()),
                           alias=args.alias, model_name=args.model_name, model_version=args.model_version,
                           rollback=args.rollback, timeout_s=args.timeout_s,
+                          admin_token=args.admin_token or os.environ.get("MAESTRO_ADMIN_TOKEN") or None,
                           tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
     result = deploy(config)
     print(json.dumps({"alias": result.alias, "previous_version": result.previous_version, "version": result.version,

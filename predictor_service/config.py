@@ -20,6 +20,7 @@ class ServiceConfig:
     trace: TraceLogConfig | None = field(default_factory=TraceLogConfig)  # None: observed stages are not kept
     remember_predictions: int = 100_000  # recent answers kept so /observe compares against what was served
     warmup: bool = True  # predict one stage at load so the first request does not pay for lazy loading
+    admin_token: str | None = None  # when set, /admin/reload needs `Authorization: Bearer <token>`
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -31,7 +32,7 @@ class ServiceConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
         """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
-        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS}."""
+        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS}, MAESTRO_ADMIN_TOKEN."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
@@ -44,7 +45,7 @@ class ServiceConfig:
             min_observations=_number(env, "MAESTRO_CORRECTION_MIN_OBSERVATIONS", base.min_observations, int))
         return cls(model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
                    tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
-                   correction=correction, trace=trace)
+                   correction=correction, trace=trace, admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None)
 
 
 def _number(env: Mapping[str, str], name: str, default, kind):

@@ -25,6 +25,7 @@ class DeployConfig:
     rollback: bool = False
     tracking_uri: str = DEFAULT_TRACKING_URI
     timeout_s: float = 120.0  # per node: loading a model from the registry takes seconds
+    admin_token: str | None = None  # the nodes' MAESTRO_ADMIN_TOKEN, if they have one
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -106,10 +107,11 @@ class Registry:
         return str(lower[-1])
 
 
-def reload_node(url: str, model_uri: str, version: str, timeout_s: float) -> str:
+def reload_node(url: str, model_uri: str, version: str, timeout_s: float, admin_token: str | None = None) -> str:
     """Ask one node to load `model_uri`, then check /stats reports `version`; 'ok' or what failed."""
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
     try:
-        with httpx.Client(base_url=url, timeout=timeout_s) as http:
+        with httpx.Client(base_url=url, timeout=timeout_s, headers=headers) as http:
             response = http.post("/admin/reload", json={"model": model_uri})
             if response.status_code != 200:
                 return f"reload refused: HTTP {response.status_code} {response.text[:300]}"
@@ -134,7 +136,7 @@ def deploy(config: DeployConfig, registry: Registry | None = None) -> DeployResu
     result = DeployResult(config.alias, previous, version)
     uri = f"models:/{config.model_name}/{version}"
     for node in config.nodes:
-        result.nodes[node] = reload_node(node, uri, version, config.timeout_s)
+        result.nodes[node] = reload_node(node, uri, version, config.timeout_s, config.admin_token)
         if result.nodes[node] != "ok":
             break  # a rollout stops at the first node that did not take the new version
     return result

@@ -7,12 +7,14 @@ and /metrics. Configuration comes from the environment when the service starts (
 from __future__ import annotations
 
 import functools
+import hmac
 import logging
 import sys
+from http import HTTPStatus
 
 import anyio
 import bentoml
-from bentoml.exceptions import NotFound, UnprocessableEntity
+from bentoml.exceptions import BentoMLException, NotFound, UnprocessableEntity
 from fastapi import FastAPI
 
 from predictor_service.config import ServiceConfig
@@ -81,8 +83,9 @@ class PredictorService:
         return response
 
     @bentoml.api(route="/admin/reload", input_spec=ReloadRequest)
-    async def reload(self, model: str) -> ReloadResponse:
+    async def reload(self, model: str, ctx: bentoml.Context) -> ReloadResponse:
         """Load another predictor off the request path and swap it in; in-flight requests are unaffected."""
+        _check_admin(self.engine.config.admin_token, ctx.request.headers.get("authorization", ""))
         try:
             response = await anyio.to_thread.run_sync(self.engine.reload, model)
         except Exception as error:
@@ -95,6 +98,12 @@ class PredictorService:
     def stats(self) -> StatsResponse:
         """Model version, call and fallback counts, online corrections."""
         return self.engine.stats()
+
+
+def _check_admin(token: str | None, authorization: str) -> None:
+    # Reload unpickles whatever the location holds: with a token configured, only its holder may ask.
+    if token and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+        raise BentoMLException("admin token missing or wrong", error_code=HTTPStatus.FORBIDDEN)
 
 
 def _reload_error(model: str, error: Exception, serving: str) -> Exception:

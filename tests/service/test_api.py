@@ -110,3 +110,13 @@ def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, priors_dir,
         assert answer["fallback_level"] == "prior" and answer["model_version"] == response.json()["model_version"]
     finally:
         assert api.post("/admin/reload", json={"model": str(model_dir)}).json()["model_version"] == before
+
+
+def test_admin_token_guards_reload_when_configured():
+    from predictor_service.service import _check_admin
+
+    _check_admin(None, "")  # no token configured: open (bind to a private network)
+    _check_admin("s3cret", "Bearer s3cret")
+    for wrong in ("", "Bearer nope", "s3cret"):
+        with pytest.raises(Exception, match="admin token"):
+            _check_admin("s3cret", wrong)

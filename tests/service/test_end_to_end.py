@@ -10,6 +10,7 @@ from predictor_service.client import ClientConfig, PredictorClient, to_wire
 from predictor_service.local_server import LocalServer, ServerConfig
 
 pytestmark = pytest.mark.slow
+ADMIN_TOKEN = "test-admin-token"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def store(tmp_path_factory, model_dir, priors_dir):
 def server(store, tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
     env = {"MAESTRO_MODEL": "models:/stage-length@champion", "MLFLOW_TRACKING_URI": store,
-           "MAESTRO_TRACE_DIR": str(root / "observed")}
+           "MAESTRO_TRACE_DIR": str(root / "observed"), "MAESTRO_ADMIN_TOKEN": ADMIN_TOKEN}
     with LocalServer(ServerConfig(env=env, log_path=str(root / "server.log"))) as running:
         running.trace_dir = root / "observed"
         yield running
@@ -83,7 +84,8 @@ class Load:
 
 
 def deploy(server, store, *flags) -> int:
-    return maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", store, *flags])
+    return maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", store,
+                    "--admin-token", ADMIN_TOKEN, *flags])
 
 
 def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(server, store, sample_records):
@@ -109,6 +111,8 @@ def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(serv
 
 def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, store):
     before = httpx.get(f"{server.url}/stats").json()["model_version"]
+    anonymous = httpx.post(f"{server.url}/admin/reload", json={"model": "models:/stage-length/2"})
+    assert anonymous.status_code == 403
     with pytest.raises(Exception, match="99"):
         deploy(server, store, "--model-version", "99")
     assert httpx.get(f"{server.url}/stats").json()["model_version"] == before
