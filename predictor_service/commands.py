@@ -33,7 +33,12 @@ def run(args: argparse.Namespace) -> int:
                           rollback=args.rollback, timeout_s=args.timeout_s,
                           admin_token=args.admin_token or os.environ.get("MAESTRO_ADMIN_TOKEN") or None,
                           tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
-    result = deploy(config)
+    try:
+        result = deploy(config)
+    except Exception as error:  # registry or argument trouble: say what, before any node was touched
+        print(f"deploy failed before reloading any node: {type(error).__name__}: {error}\n"
+              "check that --model-version exists in the registry at --tracking-uri")
+        return 2
     print(json.dumps({"alias": result.alias, "previous_version": result.previous_version, "version": result.version,
                       "nodes": result.nodes}, indent=1))
     if not result.is_ok:

@@ -109,10 +109,20 @@ def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(serv
     assert set(load.statuses) == {200} and load.versions[-1] == "1"
 
 
-def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, store):
+def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, store, capsys):
     before = httpx.get(f"{server.url}/stats").json()["model_version"]
     anonymous = httpx.post(f"{server.url}/admin/reload", json={"model": "models:/stage-length/2"})
     assert anonymous.status_code == 403
-    with pytest.raises(Exception, match="99"):
-        deploy(server, store, "--model-version", "99")
+    assert deploy(server, store, "--model-version", "99") == 2
+    assert "deploy failed" in capsys.readouterr().out
     assert httpx.get(f"{server.url}/stats").json()["model_version"] == before
+
+
+def test_rollout_stops_at_a_node_that_does_not_answer(server, store, capsys):
+    from predictor_service.local_server import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = maestro(["deploy", "--alias", "champion", "--nodes", f"{server.url},{dead}", "--tracking-uri", store,
+                    "--admin-token", ADMIN_TOKEN, "--timeout-s", "5"])
+    out = capsys.readouterr().out
+    assert code == 1 and "unreachable" in out and '"ok"' in out
