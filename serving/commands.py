@@ -23,6 +23,11 @@ def register(subparsers) -> None:
     parser.add_argument("--workflows", type=int, default=None, help="number of workflows (default: per-node × nodes)")
     parser.add_argument("--gpu", default=None, help="GPU profile: a100-80gb or h200")
     parser.add_argument("--regimes", default=None, help="mars-swe: comma-separated regimes (short,medium,long)")
+    parser.add_argument("--slo", default="scaled", choices=["scaled", "catalog"],
+                        help="SLO per workflow: slo-scale × its unloaded critical path (default), or the catalog's slo_s")
+    parser.add_argument("--slo-scale", type=float, default=5.0, help="multiple of the unloaded latency (default 5)")
+    parser.add_argument("--host-cpu", default=None, choices=["workers", "time-sliced", "shared"],
+                        help="tool execution on the host CPU (default: the scenario's; see serving/README.md)")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=run)
 
@@ -31,16 +36,20 @@ def run(args: argparse.Namespace) -> int:
     from serving.sim.predictions import PredictionConfig
     from serving.sim.runner import RunConfig, run_scenario, write_outputs
     from serving.sim.scenarios import get_scenario
+    from serving.sim.slo import SLOConfig
 
     nodes = args.nodes or (64 if args.scenario == "maestro-paper" else 1)
     scenario = get_scenario(args.scenario, nodes, args.gpu)
     scenario.cluster.show_progress = not args.no_progress
+    if args.host_cpu:
+        scenario.cluster.host_cpu = args.host_cpu
     source = args.predictions or ("model" if args.model else "noise")
     predictions = PredictionConfig(source=source, sigma=args.noise_sigma, model_dir=args.model, seed=args.seed)
     policies = tuple(args.policies.split(",")) if args.policies else scenario.default_policies
     run_config = RunConfig(policies=policies, seed=args.seed, arrivals=args.arrivals, num_workflows=args.workflows,
                            rate_per_s=args.rate, traces=args.traces, predictions=predictions,
-                           regimes=tuple(args.regimes.split(",")) if args.regimes else None)
+                           regimes=tuple(args.regimes.split(",")) if args.regimes else None,
+                           slo=SLOConfig(mode=args.slo, slo_scale=args.slo_scale))
     report = run_scenario(scenario, run_config)
     paths = write_outputs(report, args.json_out)
     print(json.dumps(report["comparisons"], indent=2))

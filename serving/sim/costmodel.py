@@ -97,8 +97,10 @@ class CostModel:
     def kv_read_s(self, kv_bytes: float) -> float:
         return kv_bytes / self._bw
 
-    def step_s(self, weight_read_s: float, kv_bytes: float) -> float:
-        return self.config.step_overhead_s + weight_read_s + self.kv_read_s(kv_bytes)
+    def step_s(self, weight_read_s: float, kv_bytes: float, host_slowdown: float = 1.0) -> float:
+        # The per-step overhead is host-side work (scheduling, input prep, sampling, launches), so it
+        # is what stretches when tools take the engine's CPU (serving/sim/hostcpu.py, `shared`).
+        return self.config.step_overhead_s * host_slowdown + weight_read_s + self.kv_read_s(kv_bytes)
 
     def decode_s(self, model: ModelProfile, tokens: int, context_tokens: int) -> float:
         """A lone sequence's decode time: what the predictor's tokens turn into for SRTF keys."""

@@ -216,10 +216,7 @@ class Dispatcher:
         if stage.is_tool_call:
             self._keep_or_evict(node, stage)
             stage.tool_submit_s = sim.now
-            if node.tool_slot_free():
-                sim.start_tool(node, stage)
-            else:
-                node.tool_queue.append(stage)
+            sim.submit_tool(node, stage)
         else:
             node.alloc.release(stage.reservation)
             sim.children_ready(stage)

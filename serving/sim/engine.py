@@ -21,6 +21,7 @@ from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.dispatch import Dispatcher
+from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
 from serving.sim.systems import SystemConfig
@@ -40,7 +41,8 @@ class ClusterConfig:
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     placement: list[tuple[str, ...]] = field(default_factory=lambda: [("llama-3-8b",)])  # cycled over nodes
     max_batch_seqs: int = 256
-    num_tool_workers: int = 8
+    num_tool_workers: int = 8  # host cores tools may use (MARS pins tools to 8 cores)
+    host_cpu: str = "workers"  # workers | time-sliced | shared (serving/sim/hostcpu.py)
     grow_chunk_tokens: int = 256
     abandon_after_slo_x: float | None = None  # drop a workflow whose age exceeds this × its SLO
     aimd: AIMDConfig = field(default_factory=AIMDConfig)
@@ -54,6 +56,7 @@ class ClusterConfig:
             raise ValueError("grow_chunk_tokens must be >= 1 and placement non-empty")
         if self.abandon_after_slo_x is not None and self.abandon_after_slo_x <= 0:
             raise ValueError("abandon_after_slo_x must be > 0 or None")
+        HostCPUMode(self.host_cpu)
 
 
 class Simulator:
@@ -63,7 +66,8 @@ class Simulator:
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         kv = KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit)
         self.nodes = [SimNode(i, self.cost, kv, cluster.residency, system.scheduler, cluster.num_tool_workers,
-                              cluster.aimd if system.use_aimd else None) for i in range(cluster.num_nodes)]
+                              cluster.aimd if system.use_aimd else None, cluster.host_cpu)
+                      for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
         self.dispatch = Dispatcher(self)
         self.now = 0.0
@@ -120,13 +124,17 @@ class Simulator:
         self.dispatch.fill(node)
         self.reschedule(node)
 
-    def _on_tool_done(self, stage: SimStage, _tag: int) -> None:
-        node = stage.node
-        node.num_tools_busy -= 1
-        self.observe_tool(stage.tool_name, stage.tool_exec_s)
-        if node.tool_queue:
-            self.start_tool(node, node.tool_queue.popleft())
-        self.children_ready(stage)
+    def _on_tool_done(self, node: SimNode, version: int) -> None:
+        if version != node.host.version:
+            return
+        node.advance(self.now)  # the engine's step rate may change with the number of tool calls
+        done, started = node.host.pop_done(self.now)
+        self._tools_started(node, started)
+        self._reschedule_host(node)
+        self.reschedule(node)
+        for stage in done:
+            self.observe_tool(stage.tool_name, stage.tool_exec_s)
+            self.children_ready(stage)
 
     def _on_ttl(self, stage: SimStage, epoch: int) -> None:
         node = stage.node
@@ -206,11 +214,21 @@ class Simulator:
             workflow.is_dropped = True
             self.close(workflow)
 
-    def start_tool(self, node: SimNode, stage: SimStage) -> None:
-        node.num_tools_busy += 1
+    def submit_tool(self, node: SimNode, stage: SimStage) -> None:
+        """Run a stage's tool on its node's host CPU (the caller reschedules the node)."""
+        node.advance(self.now)
+        self._tools_started(node, node.host.submit(stage, stage.tool_exec_s, self.now))
+        self._reschedule_host(node)
+
+    def _tools_started(self, node: SimNode, started: list) -> None:
         if node.window is not None:
-            node.window.observe_tool_wait(self.now - stage.tool_submit_s)
-        self.push(self.now + stage.tool_exec_s, TOOL_DONE, stage)
+            for _stage, wait_s in started:
+                node.window.observe_tool_wait(wait_s)
+
+    def _reschedule_host(self, node: SimNode) -> None:
+        when = node.host.next_done_s()
+        if when is not None:
+            self.push(max(when, self.now), TOOL_DONE, node, node.host.version)
 
     def observe_tool(self, tool: str, duration_s: float) -> None:
         self.tool_kv.observe(tool, duration_s)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 
 from serving.admission import AIMDConfig, AIMDWindow
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.residency import NodeResidency, ResidencyConfig
 from serving.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
+from serving.sim.hostcpu import HostCPU
 
 FINISH, GROW = 0, 1
 _TIE = itertools.count()
@@ -23,7 +24,7 @@ _TIE = itertools.count()
 
 class SimNode:
     def __init__(self, index: int, cost: CostModel, kv_config: KVAllocatorConfig, residency: ResidencyConfig,
-                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None):
+                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None, host_cpu: str = "workers"):
         self.index = index
         self.cost = cost
         self.alloc = KVAllocator(kv_config)
@@ -31,11 +32,10 @@ class SimNode:
         self.residency = NodeResidency(residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
         self.window = AIMDWindow(aimd, num_tool_workers) if aimd else None
         self.num_tool_workers = num_tool_workers
+        self.host = HostCPU(host_cpu, num_tool_workers)
         self.running: dict = {}  # stage -> None, in start order (the preemption order)
         self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
         self.sessions: set[str] = set()
-        self.tool_queue: deque = deque()
-        self.num_tools_busy = 0
         self.queued_work_s = 0.0
         self.version = 0
         self.is_control_armed = False
@@ -49,7 +49,7 @@ class SimNode:
 
     # --- the step clock -------------------------------------------------------------------
     def step_s(self) -> float:
-        return self.cost.step_s(self._weight_s, self._kv_bytes)
+        return self.cost.step_s(self._weight_s, self._kv_bytes, self.host.engine_slowdown())
 
     def advance(self, now: float) -> None:
         if now > self.last_s:
@@ -108,9 +108,5 @@ class SimNode:
     def other_context_tokens(self) -> int:
         return int(sum(self.running.values()))
 
-    # --- host CPU for tools -----------------------------------------------------------------
-    def tool_slot_free(self) -> bool:
-        return self.num_tools_busy < self.num_tool_workers
-
     def num_tool_jobs(self) -> int:
-        return self.num_tools_busy + len(self.tool_queue)
+        return self.host.num_jobs()

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.sim.arrivals import arrival_times
+from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.scenarios import Regime, Scenario
+from serving.sim.slo import SLOConfig, apply_slo
 from serving.sim.systems import get_system
 from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, reset, trace_workflows
 
@@ -24,11 +26,13 @@ class RunConfig:
     traces: str | None = None
     predictions: PredictionConfig = None
     regimes: tuple[str, ...] | None = None
+    slo: SLOConfig = None  # default: 5 × each workflow's unloaded critical path (serving/sim/slo.py)
 
     def __post_init__(self):
         for name in self.policies:
             get_system(name)
         self.predictions = self.predictions or PredictionConfig(seed=self.seed)
+        self.slo = self.slo or SLOConfig()
 
 
 def build_workload(scenario: Scenario, run: RunConfig, regime: Regime) -> list[SimWorkflow]:
@@ -43,6 +47,7 @@ def build_workload(scenario: Scenario, run: RunConfig, regime: Regime) -> list[S
         workflows = catalog_workflows(num, run.seed, scenario.apps, scenario.model_override)
     if regime.context_tokens or regime.tool_result_tokens:
         add_context(workflows, regime.context_tokens, regime.tool_result_tokens, run.seed)
+    apply_slo(workflows, CostModel(scenario.cluster.cost), run.slo)  # after add_context: prompts set latency
     rate = run.rate_per_s or scenario.rate_per_node_s * nodes
     for workflow, at in zip(workflows, arrival_times(run.arrivals, len(workflows), rate, run.seed)):
         workflow.arrival_s = float(at)
@@ -64,7 +69,8 @@ def run_scenario(scenario: Scenario, run: RunConfig) -> dict:
         results[regime.name] = per_policy
     return {"scenario": scenario.name, "nodes": scenario.cluster.num_nodes, "gpu": scenario.cluster.cost.gpu,
             "seed": run.seed, "arrivals": run.arrivals, "predictions": run.predictions.source,
-            "traces": run.traces, "results": results, "comparisons": compare(results)}
+            "traces": run.traces, "slo": {"mode": run.slo.mode, "slo_scale": run.slo.slo_scale},
+            "host_cpu": scenario.cluster.host_cpu, "results": results, "comparisons": compare(results)}
 
 
 def _ratio(a, b):

@@ -83,3 +83,24 @@ def test_unknown_names_fail_with_the_known_ones():
         get_system("round-robin")
     with pytest.raises(ValueError, match="known scenarios"):
         get_scenario("nope", 1)
+
+
+@pytest.mark.parametrize("mode", ["workers", "time-sliced", "shared"])
+def test_every_host_cpu_mode_completes_and_returns_pages(mode):
+    scenario = small("mars-swe", nodes=1)
+    scenario.cluster.host_cpu = mode
+    workflows = build_workload(scenario, RunConfig(policies=("mars",), num_workflows=20), scenario.regimes[1])
+    sim = Simulator(scenario.cluster, get_system("mars"), workflows)
+    summary = sim.run().summary
+    assert summary["num_stages_completed"] == summary["num_stages_total"]
+    assert all(n.alloc.backend.num_mapped_pages == 0 and n.host.num_jobs() == 0 for n in sim.nodes)
+
+
+def test_scaled_slo_is_a_multiple_of_unloaded_latency():
+    from serving.sim.slo import SLOConfig, unloaded_latency_s
+
+    scenario = small("maestro-paper")
+    run = RunConfig(policies=("edf",), num_workflows=30, slo=SLOConfig(slo_scale=3.0))
+    workflows = build_workload(scenario, run, scenario.regimes[0])
+    cost = CostModel(scenario.cluster.cost)
+    assert all(w.slo_s == pytest.approx(3.0 * unloaded_latency_s(w, cost)) for w in workflows)

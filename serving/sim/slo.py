@@ -1,0 +1,74 @@
+"""Per-workflow latency SLOs: a multiple of the workflow's unloaded latency, or the catalog's fixed SLO.
+
+The Maestro paper does not say how its SLOs are defined (PAPERS.md). The usual practice in serving
+papers is an *SLO scale*: the objective is a multiple of the latency the request would see alone on
+the same hardware (AlpaServe, OSDI'23, "SLO scale × single-device latency"; DistServe, OSDI'24,
+scales its SLOs the same way). For a workflow that is its critical path with no queueing:
+
+    unloaded_s = longest path through the DAG of (prefill + lone decode [+ the tool it calls])
+
+with the cost model of the hardware it runs on. A stage that continues its own tool loop prefills
+only the new tokens (on an idle GPU nothing would have evicted the parent's KV); a decode step
+reads only that stage's model (nothing else runs); tools run at full speed; models are resident.
+So unloaded_s is a lower bound any schedule can reach only on an empty cluster.
+
+`catalog` keeps the catalog's fixed per-app `slo_s` (10–900 s), the first pass's definition.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from serving.sim.costmodel import CostModel
+from serving.sim.workload import SimStage, SimWorkflow
+
+
+class SLOMode(enum.Enum):
+    SCALED = "scaled"  # slo_scale × isolated critical-path latency
+    CATALOG = "catalog"  # the app's fixed slo_s
+
+
+@dataclass
+class SLOConfig:
+    mode: str = "scaled"
+    slo_scale: float = 5.0  # a common middle setting of the SLO-scale sweeps in AlpaServe / DistServe
+
+    def __post_init__(self):
+        if self.mode not in {m.value for m in SLOMode}:
+            raise ValueError(f"unknown SLO mode '{self.mode}'; known: {', '.join(m.value for m in SLOMode)}")
+        if self.slo_scale <= 0:
+            raise ValueError(f"slo_scale must be > 0, got {self.slo_scale}")
+
+
+def stage_unloaded_s(stage: SimStage, cost: CostModel) -> float:
+    """The stage alone on its GPU: prefill of what is not cached, lone decode, then its tool if any."""
+    model = cost.model(stage.model)
+    cached = 0
+    if stage.session_parent >= 0:
+        parent = stage.workflow.stages[stage.session_parent]
+        cached = min(stage.prompt_tokens, parent.prompt_tokens + parent.output_tokens)
+    seconds = cost.prefill_s(model, stage.prompt_tokens - cached, cached)
+    seconds += cost.decode_s(model, stage.output_tokens, stage.prompt_tokens)
+    return seconds + (stage.tool_exec_s if stage.is_tool_call else 0.0)
+
+
+def unloaded_latency_s(workflow: SimWorkflow, cost: CostModel) -> float:
+    """The workflow's critical path with no queueing (longest path through its stage DAG)."""
+    finish: dict[int, float] = {}
+
+    def finish_s(index: int) -> float:
+        if index not in finish:
+            stage = workflow.stages[index]
+            start = max((finish_s(p) for p in stage.parents), default=0.0)
+            finish[index] = start + stage_unloaded_s(stage, cost)
+        return finish[index]
+
+    return max((finish_s(s.index) for s in workflow.stages), default=0.0)
+
+
+def apply_slo(workflows: list[SimWorkflow], cost: CostModel, config: SLOConfig) -> None:
+    """Set each workflow's slo_s (what EDF's deadline, abandonment and SLO attainment all read)."""
+    if SLOMode(config.mode) is SLOMode.CATALOG:
+        return
+    for workflow in workflows:
+        workflow.slo_s = config.slo_scale * unloaded_latency_s(workflow, cost)
