@@ -15,16 +15,26 @@ from http import HTTPStatus
 import anyio
 import bentoml
 from bentoml.exceptions import BentoMLException, NotFound, UnprocessableEntity
-from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from predictor_service.config import ServiceConfig
 from predictor_service.engine import PredictorEngine
 from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
-                                       PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn,
-                                       StatsResponse)
+                                       PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn)
 
 logger = logging.getLogger(__name__)
-http_app = FastAPI(title="maestro predictor: read-only views")
+
+
+async def _stats(_: Request) -> JSONResponse:
+    """GET /stats: model version, call and fallback counts, online corrections (StatsResponse)."""
+    return JSONResponse(bentoml.get_current_service().engine.stats().model_dump())
+
+
+# GET /stats lives on a mounted Starlette app: BentoML's own endpoints are POST only.
+http_app = Starlette(routes=[Route("/stats", _stats, methods=["GET"])])
 
 
 @functools.cache
@@ -40,7 +50,6 @@ def service_metrics() -> dict:
     }
 
 
-# GET /stats lives on a mounted FastAPI app: BentoML's own endpoints are POST only.
 @bentoml.asgi_app(http_app, path="/")
 # One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side.
 # No access log: at thousands of calls a second it costs more than it tells (/metrics counts requests).
@@ -93,11 +102,6 @@ class PredictorService:
             raise _reload_error(model, error, self.engine.active.source.version) from None
         self.metrics["reloads"].labels("ok").inc()
         return response
-
-    @http_app.get("/stats", response_model=StatsResponse)
-    def stats(self) -> StatsResponse:
-        """Model version, call and fallback counts, online corrections."""
-        return self.engine.stats()
 
 
 for _route in ("predict", "predict_unbatched"):

@@ -109,7 +109,7 @@ def test_sync_client_answers_locally_when_the_service_is_down():
     with PredictorClient(config, FALLBACK) as client:
         started = time.perf_counter()
         check_fallback(client.predict(STAGES))
-        assert time.perf_counter() - started < 0.2 + 0.1
+        assert time.perf_counter() - started < 0.2 + 0.3
         assert client.breaker.is_open() and "Connect" in client.breaker.last_error
         started = time.perf_counter()
         client.predict(STAGES)  # inside the cooldown: no network at all
@@ -122,7 +122,7 @@ def hanging_server():
 
     class Slow(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            time.sleep(2)
+            time.sleep(5)
 
         def log_message(self, *args):
             pass
@@ -135,11 +135,13 @@ def hanging_server():
     server.server_close()
 
 
+# Margins: the deadline holds up to the OS waking the caller, which on a loaded shared box can take
+# a few hundred ms; what must never happen is waiting for the service (5 s here).
 def test_sync_client_keeps_its_deadline_against_a_hanging_service(hanging_server):
     with PredictorClient(ClientConfig(url=hanging_server, timeout_s=0.15), FALLBACK) as client:
         started = time.perf_counter()
         check_fallback(client.predict(STAGES))
-        assert time.perf_counter() - started < 0.15 + 0.1
+        assert time.perf_counter() - started < 0.15 + 0.3
         assert "no answer within" in client.breaker.last_error
 
 
@@ -154,7 +156,7 @@ def test_async_client_keeps_its_deadline_against_a_hanging_service(hanging_serve
 
     answers, elapsed = asyncio.run(call())
     check_fallback(answers)
-    assert elapsed < 0.15 + 0.1
+    assert elapsed < 0.15 + 0.3
 
 
 def test_client_config_refuses_nonsense():
