@@ -13,13 +13,13 @@ from collections import OrderedDict
 
 import httpx
 
-from pipelines.contract import StageTrace, prompt_text
+from pipelines.contract import prompt_text
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
-from serving.gateway.predict import Outcome, StagePredictor, create_predictor
+from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
@@ -55,6 +55,7 @@ class Gateway:
     async def stop(self) -> None:
         if self._poller:
             self._poller.cancel()
+        await self.predictor.aclose()
         await self.client.aclose()
         self.traces.close()
 
@@ -82,8 +83,8 @@ class Gateway:
     async def prepare(self, meta: StageMeta, body: dict) -> Job:
         """Predict the stage and size its KV reserve; the Job is ready for `dispatcher.submit`."""
         prompt = body.get("messages") if "messages" in body else str(body.get("prompt", ""))
-        stage = StageTrace(workflow_id=meta.workflow_id, stage_id=meta.stage_id, role=meta.role, prompt=prompt,
-                           app=meta.app, parent_ids=list(meta.parent_ids), interactive=meta.interactive)
+        stage = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "prompt": prompt,
+                 "app": meta.app, "parent_ids": list(meta.parent_ids), "interactive": meta.interactive}
         prediction = (await self.predictor.predict([stage]))[0]
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
         prompt_tokens = self.estimate_prompt_tokens(prompt)
@@ -120,12 +121,10 @@ class Gateway:
 
     def record(self, job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> None:
         """Write the stage's one trace line and report the outcome to the predictor."""
-        self.traces.write(trace_record(job, body, result, node_name, kv_usage))
-        if result.error is None and result.output_tokens is not None:
-            outcome = Outcome(job.meta.workflow_id, job.meta.stage_id, job.meta.role, result.output_tokens,
-                              result.is_tool_call, job.request.tokens_pred)
-            task = asyncio.get_running_loop().create_task(self.predictor.observe(outcome))
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        record = trace_record(job, body, result, node_name, kv_usage)
+        self.traces.write(record)
+        if "output_tokens" in record:
+            self.predictor.observe(record)
 
     def status(self) -> dict:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),

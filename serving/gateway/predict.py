@@ -1,40 +1,45 @@
-"""The predictor as the gateway sees it: predict(stages) → predictions, observe(outcome); never blocks long.
+"""The predictor as the gateway sees it: predict(stages) → predictions, observe(finished stages); never blocks long.
 
-`LocalPredictor` answers in-process (a trained `pipelines.predictor.Predictor`, or its priors);
-`HttpPredictor` calls predictor_service/ through its client when that is installed. Either way a
-slow or failing predictor costs at most `timeout_s` and falls back to the priors.
+Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the hot
+path builds no pydantic object. `LocalPredictor` answers in-process (a trained
+`pipelines.predictor.Predictor`, or its priors); `HttpPredictor` calls predictor_service/ through its
+`AsyncPredictorClient`, which bounds every call by `timeout_s` and answers from the local prior
+when the service is slow, down or refuses. Observed stages are batched: one /observe per
+`observe_period_s`, never one per call.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Protocol
 
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prediction, Predictor, Prior
+from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
+from predictor_service.schemas import PredictionOut
 
 log = logging.getLogger(__name__)
 # Without a trained model: a generic answer (median 256 tokens, 95th percentile 1024), refined by observe().
 DEFAULT_PRIOR = Prior(p_tool=0.3, tokens_median=256.0, tokens_upper=1024.0)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What actually happened to a stage, reported back after it finished."""
-
-    workflow_id: str
-    stage_id: str
-    role: str
-    output_tokens: int
-    is_tool_call: bool
-    tokens_pred: int
+# What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
+OBSERVED_FIELDS = frozenset(StageTrace.model_fields) - {"in_degree", "out_degree"}
 
 
 class StagePredictor(Protocol):
-    async def predict(self, stages: list[StageTrace]) -> list[Prediction]: ...
+    async def predict(self, stages: list[dict]) -> list[Prediction | PredictionOut]: ...
 
-    async def observe(self, outcome: Outcome) -> None: ...
+    def observe(self, stage: dict) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def observed_row(trace: dict) -> dict:
+    """A finished stage as /observe takes it: the contract fields of its trace line."""
+    return {k: v for k, v in trace.items() if k in OBSERVED_FIELDS}
+
+
+def _priors(model: str) -> dict[str, Prior]:
+    return Predictor.load(model).priors if model else {"": DEFAULT_PRIOR}
 
 
 class LocalPredictor:
@@ -42,6 +47,7 @@ class LocalPredictor:
 
     def __init__(self, predictor: Predictor | None = None, use_model: bool = False, timeout_s: float = 0.05):
         self.predictor = predictor or Predictor(None, None, {"": DEFAULT_PRIOR})
+        self.fallback = LocalFallback(self.predictor.priors)
         self.use_model = use_model and self.predictor.model is not None
         self.timeout_s = timeout_s
         self.num_observed = 0
@@ -53,38 +59,79 @@ class LocalPredictor:
             return cls(timeout_s=timeout_s)
         return cls(Predictor.load(location), use_model=True, timeout_s=timeout_s)
 
-    async def predict(self, stages: list[StageTrace]) -> list[Prediction]:
+    async def predict(self, stages: list[dict]) -> list[Prediction | PredictionOut]:
         if not self.use_model:
-            return [self.predictor.prior(s) for s in stages]
+            return [self.fallback.answer(s) for s in stages]
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.predictor.predict, stages), self.timeout_s)
+            return await asyncio.wait_for(asyncio.to_thread(self._predict_model, stages), self.timeout_s)
         except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
             self.num_fallbacks += 1
             log.debug("predictor fell back to priors: %r", error)
-            return [self.predictor.prior(s) for s in stages]
+            return [self.fallback.answer(s) for s in stages]
 
-    async def observe(self, outcome: Outcome) -> None:
+    def _predict_model(self, stages: list[dict]) -> list[Prediction]:
+        return self.predictor.predict([StageTrace.model_validate(s) for s in stages])
+
+    def observe(self, stage: dict) -> None:
         self.num_observed += 1
+
+    async def aclose(self) -> None:
+        pass
 
 
 class HttpPredictor:
-    """predictor_service/ over HTTP through its own client (strict timeout, local fallback answer)."""
+    """predictor_service/ over HTTP through its AsyncPredictorClient; observed stages go out in batches."""
 
-    def __init__(self, url: str, timeout_s: float):
-        from predictor_service.client import PredictorClient  # lands with issue 3
+    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.5, max_pending: int = 10_000):
+        self.client = client
+        self.observe_period_s = observe_period_s
+        self.max_pending = max_pending
+        self.pending: list[dict] = []
+        self.num_observed = 0
+        self.num_observe_dropped = 0
+        self._flusher: asyncio.Task | None = None
 
-        self.client = PredictorClient(url, timeout_s=timeout_s)
+    @classmethod
+    def from_url(cls, url: str, model: str, timeout_s: float) -> "HttpPredictor":
+        """The client with the gateway's deadline; its local fallback uses `model`'s priors when given."""
+        return cls(AsyncPredictorClient(ClientConfig(url=url, timeout_s=timeout_s), LocalFallback(_priors(model))))
 
-    async def predict(self, stages: list[StageTrace]) -> list[Prediction]:
-        return await self.client.apredict(stages)
+    async def predict(self, stages: list[dict]) -> list[PredictionOut]:
+        return await self.client.predict(stages)
 
-    async def observe(self, outcome: Outcome) -> None:
-        await self.client.aobserve(outcome)
+    def observe(self, stage: dict) -> None:
+        if len(self.pending) >= self.max_pending:  # the service has been away a long time: keep the newest
+            self.pending.pop(0)
+            self.num_observe_dropped += 1
+        self.pending.append(observed_row(stage))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.observe_period_s)
+        await self.flush()
+
+    async def flush(self) -> bool:
+        """Send what is pending (the client splits into ≤ 256-stage requests); kept for the next try on failure."""
+        batch, self.pending = self.pending, []
+        if not batch:
+            return True
+        if await self.client.observe(batch):
+            self.num_observed += len(batch)
+            return True
+        self.pending = (batch + self.pending)[-self.max_pending:]
+        return False
+
+    async def aclose(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.flush()
+        await self.client.aclose()
 
 
 def create_predictor(kind: str, model: str, timeout_s: float) -> StagePredictor:
     if kind == "local":
         return LocalPredictor.from_location(model, timeout_s)
     if kind.startswith(("http://", "https://")):
-        return HttpPredictor(kind, timeout_s)
+        return HttpPredictor.from_url(kind, model, timeout_s)
     raise ValueError(f"gateway config 'predictor': expected 'local' or an http(s) URL, got {kind!r}")

@@ -6,23 +6,20 @@ the real-engine tests are in test_gateway_vllm.py.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
 
 from pipelines.collect import collect
 from serving.gateway.config import GatewayConfig
-from serving.gateway.core import Gateway
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
 from serving.gateway.traces import TraceWriter
-from serving.gateway.app import create_app
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 from serving.gateway.config import NodeConfig
-from .conftest import metrics_text
+from .conftest import metrics_text, run_app, vllm_like
 
 
 def make_node(name: str, blocks: int = 16, usage: float = 0.0) -> Node:
@@ -120,45 +117,6 @@ def test_config_file_errors_name_the_field(tmp_path):
 
 
 # ---- the ASGI app with vLLM-like upstreams -------------------------------------------------------
-def vllm_like(name: str, fail: bool = False):
-    def handler(request: httpx.Request) -> httpx.Response:
-        if fail:
-            raise httpx.ConnectError(f"{name} is down")
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=metrics_text(16))
-        body = json.loads(request.content)
-        n = body["max_tokens"]
-        if body.get("stream"):
-            chunks = [{"choices": [{"delta": {"content": "x "}, "finish_reason": None}]} for _ in range(n)]
-            chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"choices": [{"message": {"content": "x " * n}, "finish_reason": "length"}],
-                                         "usage": {"prompt_tokens": 5, "completion_tokens": n}})
-    return handler
-
-
-class Routed(httpx.AsyncBaseTransport):
-    def __init__(self, handlers: dict):
-        self.handlers = {k: httpx.MockTransport(v) for k, v in handlers.items()}
-
-    async def handle_async_request(self, request):
-        return await self.handlers[request.url.host].handle_async_request(request)
-
-
-async def _run_app(tmp_path, handlers: dict, calls):
-    config = GatewayConfig(nodes=[{"name": n, "url": f"http://{n}"} for n in handlers], trace_dir=str(tmp_path),
-                           model="tiny", metrics_period_s=60)
-    gateway = Gateway(config, transport=Routed(handlers))
-    app = create_app(config, gateway)
-    await gateway.start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
-            return await calls(client, gateway)
-    finally:
-        await gateway.stop()
-
-
 def test_app_json_stream_and_one_trace_per_stage(tmp_path):
     async def calls(client, gateway):
         headers = {"X-Maestro-Workflow": "w", "X-Maestro-Stage": "1", "X-Maestro-Role": "planner"}
@@ -169,7 +127,7 @@ def test_app_json_stream_and_one_trace_per_stage(tmp_path):
                                      headers={**headers, "X-Maestro-Stage": "2"})
         return plain, replay, streamed
 
-    plain, replay, streamed = asyncio.run(_run_app(tmp_path, {"a": vllm_like("a")}, calls))
+    plain, replay, streamed = asyncio.run(run_app(tmp_path, {"a": vllm_like("a")}, calls))
     assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 7
     assert replay.headers.get("x-maestro-replay") == "1"
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
@@ -184,7 +142,7 @@ def test_dead_node_is_retried_elsewhere(tmp_path):
         return [await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3}) for _ in range(3)]
 
     handlers = {"dead": vllm_like("dead", fail=True), "live": vllm_like("live")}
-    responses = asyncio.run(_run_app(tmp_path, handlers, calls))
+    responses = asyncio.run(run_app(tmp_path, handlers, calls))
     assert all(r.status_code == 200 and r.headers["x-maestro-node"] == "live" for r in responses)
     assert len(collect(tmp_path)[0]) == 3
 
@@ -193,6 +151,6 @@ def test_all_nodes_dead_fails_back_with_reason(tmp_path):
     async def calls(client, gateway):
         return await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3})
 
-    response = asyncio.run(_run_app(tmp_path, {"dead": vllm_like("dead", fail=True)}, calls))
+    response = asyncio.run(run_app(tmp_path, {"dead": vllm_like("dead", fail=True)}, calls))
     assert response.status_code == 503 and "Retry-After" in response.headers
     assert "no healthy vLLM node" in response.json()["error"]["message"]

@@ -1,0 +1,105 @@
+"""The gateway with the real predictor service: in process through to_asgi(), and behind `bentoml serve` (slow).
+
+vLLM is faked here (conftest's vLLM-like handlers); what is real is the predictor side: the
+service, its AsyncPredictorClient, /predict answers from a trained model and /observe taking
+the gateway's finished stages.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from pipelines.collect import collect
+from pipelines.contract import StageTrace
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import Predictor
+from pipelines.synth import generate
+from predictor_service.client import AsyncPredictorClient, ClientConfig
+from predictor_service.local_server import LocalServer, ServerConfig
+from serving.gateway.predict import HttpPredictor
+
+from .conftest import run_app, vllm_like
+
+FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
+                         regressor=dict(n_estimators=80, learning_rate=0.1))
+ROLES = ("planner", "coder", "planner")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A small two-stage predictor without embeddings (trains in seconds)."""
+    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
+    model = Predictor.train(stages, FeaturizerConfig(use_embedding=False), FAST_MODEL)
+    return model.save(tmp_path_factory.mktemp("model") / "predictor")
+
+
+def service_env(model_dir, root) -> dict:
+    return {"MAESTRO_MODEL": str(model_dir), "MAESTRO_TRACE_DIR": str(root / "observed")}
+
+
+async def three_stages(client, gateway) -> list[httpx.Response]:
+    responses = []
+    for i, role in enumerate(ROLES):
+        headers = {"X-Maestro-Workflow": "w", "X-Maestro-Stage": str(i), "X-Maestro-Role": role,
+                   "X-Maestro-Parents": str(i - 1) if i else "", "X-Maestro-App": "coding_agent"}
+        body = {"messages": [{"role": "user", "content": f"step {i}: write the parser"}], "max_tokens": 5}
+        responses.append(await client.post("/v1/chat/completions", json=body, headers=headers))
+    return responses
+
+
+def assert_model_answered_and_observed(responses, trace_dir, num_observed: int) -> None:
+    assert [r.status_code for r in responses] == [200] * len(ROLES)
+    stages = collect(trace_dir)[0]
+    assert len(stages) == len(ROLES)
+    assert {s.model_extra["fallback_level"] for s in stages} <= {"role", "global"}  # the model, not the prior
+    assert num_observed == len(ROLES)
+
+
+def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir, tmp_path, monkeypatch):
+    from predictor_service.service import PredictorService
+
+    for key, value in service_env(model_dir, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    service = PredictorService.to_asgi()
+
+    async def scenario():
+        async with service.router.lifespan_context(service):
+            client = AsyncPredictorClient(ClientConfig(url="http://predictor", timeout_s=5.0))
+            # The client owns its httpx client; in process it talks to the ASGI app instead of a socket.
+            client._http = httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://predictor",
+                                             timeout=5.0)
+            responses = await run_app(tmp_path / "traces", {"a": vllm_like("a")}, three_stages,
+                                      HttpPredictor(client, observe_period_s=0.01))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://p") as probe:
+                stats = (await probe.get("/stats")).json()
+            return responses, stats
+
+    responses, stats = asyncio.run(scenario())
+    assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])
+    assert stats["num_stages_predicted"] == len(ROLES)
+
+
+def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_path):
+    from .engines import free_port
+
+    client = AsyncPredictorClient(ClientConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=0.05))
+    predictor = HttpPredictor(client, observe_period_s=0.01)
+    responses = asyncio.run(run_app(tmp_path, {"a": vllm_like("a")}, three_stages, predictor))
+    assert [r.status_code for r in responses] == [200] * len(ROLES)
+    assert {s.model_extra["fallback_level"] for s in collect(tmp_path)[0]} == {"prior"}
+    assert client.breaker.last_error and predictor.num_observed == 0 and len(predictor.pending) == len(ROLES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gateway_with_a_real_bentoml_serve(model_dir, tmp_path):
+    config = ServerConfig(env=service_env(model_dir, tmp_path), log_path=str(tmp_path / "server.log"))
+    with LocalServer(config) as server:
+        predictor = HttpPredictor.from_url(server.url, str(model_dir), timeout_s=5.0)
+        predictor.observe_period_s = 0.01
+        responses = asyncio.run(run_app(tmp_path / "traces", {"a": vllm_like("a")}, three_stages, predictor))
+        stats = httpx.get(f"{server.url}/stats", timeout=5).json()
+    assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])
