@@ -91,33 +91,28 @@ def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
     assert any(r["kind"] == "step" and "kv_usage" in r for r in records)
 
 
-def running(engine) -> float:
+def metric_sum(engine, name: str) -> float:
     text = httpx.get(f"{engine.url}/metrics").text
-    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("vllm:num_requests_running"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-@pytest.mark.xfail(reason="not yet seen: vLLM's abort after the gateway closes the upstream stream (issue 4, open)",
-                   strict=False)
 def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
-    stats_dir = Path(vllm_engine.config.env["MAESTRO_VLLM_STATS_DIR"])
+    # vLLM's stat loggers never see an aborted request (no FinishedRequestStats for aborts in 0.32), so
+    # the abort is read from /metrics: nothing left running and far fewer tokens than asked for.
+    generated_before = metric_sum(vllm_engine, "vllm:generation_tokens_total")
     with gateway_for([vllm_engine], tmp_path) as gw:
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
                           json={"messages": [{"role": "user", "content": "go"}], "max_tokens": 1900,
                                 "ignore_eos": True, "stream": True}) as response:
             next(response.iter_lines())
-        deadline = time.monotonic() + 8  # 1,900 tokens take ~15 s; an abort ends the request at once
-        while not (done := finished(stats_dir, 1900)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        deadline = time.monotonic() + 5  # 1,900 tokens take ~15 s; an abort ends the request at once
+        while metric_sum(vllm_engine, "vllm:num_requests_running") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert metric_sum(vllm_engine, "vllm:num_requests_running") == 0
+    generated = metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before
+    assert generated < 500, f"vLLM generated {generated} tokens after the client left"
     [stage] = collect(tmp_path)[0]
     assert stage.model_extra["error"] == "client disconnected"
-    if not list(stats_dir.glob("*.jsonl")):
-        pytest.skip("maestro-vllm-stats not installed in .venv-vllm: cannot see the abort from inside vLLM")
-    assert done and done[0]["generation_tokens"] < 1900 and "abort" in done[0]["finish_reason"].lower()
-
-
-def finished(stats_dir: Path, max_tokens: int) -> list[dict]:
-    records = [json.loads(line) for p in stats_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
-    return [r for r in records if r["kind"] == "request" and r["max_tokens"] == max_tokens]
 
 
 def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second_engine, tmp_path):
