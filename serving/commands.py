@@ -23,8 +23,9 @@ def register(subparsers) -> None:
     parser.add_argument("--workflows", type=int, default=None, help="number of workflows (default: per-node × nodes)")
     parser.add_argument("--gpu", default=None, help="GPU profile: a100-80gb or h200")
     parser.add_argument("--regimes", default=None, help="mars-swe: comma-separated regimes (short,medium,long)")
-    parser.add_argument("--slo", default="scaled", choices=["scaled", "catalog"],
-                        help="SLO per workflow: slo-scale × its unloaded critical path (default), or the catalog's slo_s")
+    parser.add_argument("--slo", default="scaled", choices=["scaled", "scaled-app", "catalog"],
+                        help="SLO: slo-scale × the workflow's unloaded critical path (default), × its app's median "
+                             "unloaded latency, or the catalog's fixed slo_s")
     parser.add_argument("--slo-scale", type=float, default=5.0, help="multiple of the unloaded latency (default 5)")
     parser.add_argument("--host-cpu", default=None, choices=["workers", "time-sliced", "shared"],
                         help="tool execution on the host CPU (default: the scenario's; see serving/README.md)")

@@ -46,6 +46,11 @@ def test_apply_slo_scaled_and_catalog():
     assert w.slo_s == 30.0
     apply_slo([w], cost, SLOConfig(mode="scaled", slo_scale=4.0))
     assert w.slo_s == pytest.approx(4.0 * unloaded_latency_s(w, cost))
+    twin = diamond()
+    twin.stages[2].output_tokens = 10  # a shorter workflow of the same app
+    apply_slo([w, twin], cost, SLOConfig(mode="scaled-app", slo_scale=4.0))
+    median = (unloaded_latency_s(w, cost) + unloaded_latency_s(twin, cost)) / 2
+    assert w.slo_s == twin.slo_s == pytest.approx(4.0 * median)
     with pytest.raises(ValueError, match="known"):
         SLOConfig(mode="p99")
     with pytest.raises(ValueError, match="slo_scale"):
