@@ -124,6 +124,7 @@ def fallback_benchmarks(stages: list[dict], timeout_s: float, n: int = 200) -> d
     with PredictorClient(down, LocalFallback()) as client:
         refused = timed(client, n)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hanging)
+    server.daemon_threads = True  # closing must not wait for the handlers still sleeping
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hanging = ClientConfig(url=f"http://127.0.0.1:{server.server_address[1]}", timeout_s=timeout_s, cooldown_s=0)
     with PredictorClient(hanging, LocalFallback()) as client:

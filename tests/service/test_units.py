@@ -128,6 +128,7 @@ def hanging_server():
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True  # closing must not wait for the handlers still sleeping
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
