@@ -1,6 +1,7 @@
 """GPU cost model: prefill is compute-bound, a decode step is memory-bound (weights + KV read).
 
-prefill_s = (2·N_active·P + 4·L·d·(P·c + P²/2)) / (peak_flops · mfu)   for P new tokens after c cached
+prefill_s = (2·N_active·P + 4·L·d_attn·(P·c + P²/2)) / (peak_flops · mfu)   for P new tokens after c cached
+(d_attn = query heads × head_dim: QKᵀ and AV each cost 2·d_attn FLOPs per token pair per layer)
 step_s    = overhead + Σ_models weight_bytes / (hbm_bw · mbu) + Σ_seqs kv_bytes(ctx) / (hbm_bw · mbu)
 Every running sequence gains one token per step (continuous batching). GPU figures are the public
 datasheet numbers (dense BF16); model shapes are from the models' configs. See serving/README.md.
@@ -36,6 +37,11 @@ class ModelProfile:
     num_kv_heads: int
     head_dim: int
     weight_bytes_per_param: float = 2.0  # bf16; 1.0 = fp8, 0.5 = int4
+    num_q_heads: int = 0  # attention width = num_q_heads × head_dim; 0 means hidden_size (true for the dense ones)
+
+    @property
+    def attention_dim(self) -> int:
+        return self.num_q_heads * self.head_dim if self.num_q_heads else self.hidden_size
 
     @property
     def weight_bytes(self) -> int:
@@ -52,7 +58,8 @@ MODEL_PROFILES = {m.name: m for m in [
     ModelProfile("mistral-7b", 7.2e9, 7.2e9, 32, 4096, 8, 128),
     ModelProfile("qwen2.5-coder-32b", 32.8e9, 32.8e9, 64, 5120, 8, 128, 1.0),  # fp8 weights to fit one A100
     ModelProfile("qwen2-72b", 72.7e9, 72.7e9, 80, 8192, 8, 128, 0.5),  # AWQ int4 to fit one A100
-    ModelProfile("qwen3-coder-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128),  # MoE, 3.3B active
+    # MoE, 3.3B active; config.json: hidden 2048 but 32 query heads × 128, so attention is 4096 wide
+    ModelProfile("qwen3-coder-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128, num_q_heads=32),
 ]}
 
 
@@ -87,7 +94,7 @@ class CostModel:
     def prefill_s(self, model: ModelProfile, new_tokens: int, cached_tokens: int = 0) -> float:
         p = max(0, new_tokens)
         linear = 2.0 * model.active_params * p
-        attention = 4.0 * model.num_layers * model.hidden_size * (p * cached_tokens + 0.5 * p * p)
+        attention = 4.0 * model.num_layers * model.attention_dim * (p * cached_tokens + 0.5 * p * p)
         return (linear + attention) / self._flops
 
     def weight_read_s(self, model: ModelProfile) -> float:

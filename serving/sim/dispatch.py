@@ -138,12 +138,27 @@ class Dispatcher:
             victim = next((s for s in node.pinned if s is not parent), None)
             if victim is None:
                 return None, 0
-            alloc.release(node.pinned.pop(victim))  # idle KV of a tool call is reclaimable
+            node.release(victim, node.pinned.pop(victim))  # idle KV of a tool call is reclaimable
         if kept is not None:
             node.pinned.pop(parent)
             alloc.grow(kept, tokens)
+            node.cache.trim(alloc.num_free_pages)
             return kept, parent.prompt_tokens + parent.output_tokens
-        return alloc.reserve(tokens, stage.prompt_tokens + stage.max_tokens, bpt), 0
+        reservation = alloc.reserve(tokens, stage.prompt_tokens + stage.max_tokens, bpt)
+        if reservation is None:
+            return None, 0
+        cached = self._prefix_hit(node, stage, parent)
+        node.cache.trim(alloc.num_free_pages)
+        return reservation, cached
+
+    @staticmethod
+    def _prefix_hit(node: SimNode, stage: SimStage, parent: SimStage | None) -> int:
+        """Tokens whose released KV is still in vLLM's prefix cache: the parent's context, or its own."""
+        if parent is not None and node.cache.take(parent):
+            return parent.prompt_tokens + parent.output_tokens
+        if stage.generated_tokens and node.cache.take(stage):  # restarted after a preemption
+            return stage.prompt_tokens + stage.generated_tokens
+        return 0
 
     def _start(self, node: SimNode, stage: SimStage, reservation, cached_tokens: int) -> None:
         sim, model = self.sim, self.sim.cost.model(stage.model)
@@ -180,13 +195,14 @@ class Dispatcher:
         target = min(final, capacity + self.sim.cluster.grow_chunk_tokens)
         while not node.alloc.grow(stage.reservation, target):
             if node.pinned:  # idle KV of a tool call goes before any running stage
-                node.alloc.release(node.pinned.popitem(last=False)[1])
+                node.release(*node.pinned.popitem(last=False))
                 continue
             stage.is_oom = True
             victim = next(reversed(node.running))  # the latest started goes first, as vLLM does
             self.preempt(node, victim)
             if victim is stage:
                 return
+        node.cache.trim(node.alloc.num_free_pages)
         stage.peak_pages = max(stage.peak_pages, stage.reservation.mapped_pages)
         room = stage.reservation.capacity_tokens(node.alloc.page_bytes) - stage.prompt_tokens - stage.generated_tokens
         if room < stage.output_tokens - stage.generated_tokens:
@@ -197,7 +213,7 @@ class Dispatcher:
         stage.generated_tokens += int(node.v - stage.v_start)
         stage.generated_tokens = min(stage.generated_tokens, stage.output_tokens - 1)
         node.remove_running(stage)
-        node.alloc.release(stage.reservation)
+        node.release(stage, stage.reservation)
         stage.reservation = None
         sim.recorder.preemptions += 1
         stage.request.is_preempted = True
@@ -218,7 +234,7 @@ class Dispatcher:
             stage.tool_submit_s = sim.now
             sim.submit_tool(node, stage)
         else:
-            node.alloc.release(stage.reservation)
+            node.release(stage, stage.reservation)
             sim.children_ready(stage)
         stage.reservation = None
 
@@ -232,7 +248,7 @@ class Dispatcher:
                 stage.tool_name, context, sim.cost.prefill_s(model, context), sim.predicted_tool_s(stage.tool_name),
                 node.other_context_tokens(), sim.evicted_wait_ema_s))
         if ttl <= 0:
-            node.alloc.release(stage.reservation)
+            node.release(stage, stage.reservation)
             return
         node.alloc.shrink(stage.reservation, context)
         node.pinned[stage] = stage.reservation

@@ -43,6 +43,7 @@ class ClusterConfig:
     max_batch_seqs: int = 256
     num_tool_workers: int = 8  # host cores tools may use (MARS pins tools to 8 cores)
     host_cpu: str = "workers"  # workers | time-sliced | shared (serving/sim/hostcpu.py)
+    prefix_caching: bool = True  # vLLM V1's default: released KV stays reusable until overwritten
     grow_chunk_tokens: int = 256
     abandon_after_slo_x: float | None = None  # drop a workflow whose age exceeds this × its SLO
     aimd: AIMDConfig = field(default_factory=AIMDConfig)
@@ -66,7 +67,7 @@ class Simulator:
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         kv = KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit)
         self.nodes = [SimNode(i, self.cost, kv, cluster.residency, system.scheduler, cluster.num_tool_workers,
-                              cluster.aimd if system.use_aimd else None, cluster.host_cpu)
+                              cluster.aimd if system.use_aimd else None, cluster.host_cpu, cluster.prefix_caching)
                       for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
         self.dispatch = Dispatcher(self)
@@ -139,7 +140,7 @@ class Simulator:
     def _on_ttl(self, stage: SimStage, epoch: int) -> None:
         node = stage.node
         if stage in node.pinned and stage.epoch == epoch:
-            node.alloc.release(node.pinned.pop(stage))
+            node.release(stage, node.pinned.pop(stage))
             self.dispatch.fill(node)
             self.reschedule(node)
 

@@ -17,6 +17,7 @@ from serving.residency import NodeResidency, ResidencyConfig
 from serving.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
 from serving.sim.hostcpu import HostCPU
+from serving.sim.prefixcache import PrefixCache
 
 FINISH, GROW = 0, 1
 _TIE = itertools.count()
@@ -24,7 +25,8 @@ _TIE = itertools.count()
 
 class SimNode:
     def __init__(self, index: int, cost: CostModel, kv_config: KVAllocatorConfig, residency: ResidencyConfig,
-                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None, host_cpu: str = "workers"):
+                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None, host_cpu: str = "workers",
+                 prefix_caching: bool = True):
         self.index = index
         self.cost = cost
         self.alloc = KVAllocator(kv_config)
@@ -33,6 +35,7 @@ class SimNode:
         self.window = AIMDWindow(aimd, num_tool_workers) if aimd else None
         self.num_tool_workers = num_tool_workers
         self.host = HostCPU(host_cpu, num_tool_workers)
+        self.cache = PrefixCache(prefix_caching)
         self.running: dict = {}  # stage -> None, in start order (the preemption order)
         self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
         self.sessions: set[str] = set()
@@ -107,6 +110,12 @@ class SimNode:
 
     def other_context_tokens(self) -> int:
         return int(sum(self.running.values()))
+
+    def release(self, stage, reservation) -> None:
+        """Free a stage's KV; its pages stay in the prefix cache, keyed by the stage, until overwritten."""
+        num_pages = reservation.mapped_pages
+        self.alloc.release(reservation)
+        self.cache.put(stage, num_pages)
 
     def num_tool_jobs(self) -> int:
         return self.host.num_jobs()

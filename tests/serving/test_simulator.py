@@ -104,3 +104,15 @@ def test_scaled_slo_is_a_multiple_of_unloaded_latency():
     workflows = build_workload(scenario, run, scenario.regimes[0])
     cost = CostModel(scenario.cluster.cost)
     assert all(w.slo_s == pytest.approx(3.0 * unloaded_latency_s(w, cost)) for w in workflows)
+
+
+def test_prefix_caching_spares_re_prefill_when_memory_is_free():
+    scenario = small("mars-swe", nodes=1)
+    workflows = build_workload(scenario, RunConfig(policies=("evict-always",), num_workflows=10, rate_per_s=0.05),
+                               scenario.regimes[1])
+    e2e = {}
+    for caching in (False, True):
+        scenario.cluster.prefix_caching = caching
+        reset(workflows)
+        e2e[caching] = Simulator(scenario.cluster, get_system("evict-always"), workflows).run().summary["e2e_s"]["mean"]
+    assert e2e[True] < e2e[False]

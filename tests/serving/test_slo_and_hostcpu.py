@@ -110,3 +110,25 @@ def test_unknown_host_mode_fails():
         HostCPU("numa", 4)
     with pytest.raises(ValueError, match="num_cores"):
         HostCPU("workers", 0)
+
+
+def test_prefix_cache_is_lru_and_trimmed_by_live_allocations():
+    from serving.sim.prefixcache import PrefixCache
+
+    cache = PrefixCache()
+    cache.put("a", 10)
+    cache.put("b", 5)
+    cache.trim(num_free_pages=20)
+    assert len(cache) == 2
+    cache.trim(num_free_pages=12)  # live allocations took 8 of the 20 free pages: the oldest goes
+    assert not cache.take("a") and cache.take("b") and cache.num_pages == 0
+    off = PrefixCache(is_enabled=False)
+    off.put("a", 10)
+    assert not off.take("a")
+
+
+def test_moe_attention_width_follows_query_heads():
+    from serving.sim.costmodel import MODEL_PROFILES
+
+    assert MODEL_PROFILES["qwen3-coder-30b-a3b"].attention_dim == 4096
+    assert MODEL_PROFILES["llama-3-8b"].attention_dim == 4096
