@@ -173,6 +173,9 @@ class Simulator:
         request.ready_s = self.now
         request.attained_service_s = workflow.attained_service_s
         request.workflow_remaining_s = self._workflow_remaining_s(stage)
+        # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue
+        parent = workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
+        request.is_kv_pinned = parent is not None and parent in node.pinned
         node.sched.add(request, self.now)
         node.queued_work_s += request.pred_service_s
         stage.node = node

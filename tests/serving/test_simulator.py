@@ -116,3 +116,11 @@ def test_prefix_caching_spares_re_prefill_when_memory_is_free():
         reset(workflows)
         e2e[caching] = Simulator(scenario.cluster, get_system("evict-always"), workflows).run().summary["e2e_s"]["mean"]
     assert e2e[True] < e2e[False]
+
+
+def test_continuum_sees_which_programs_have_pinned_kv():
+    scenario = small("mars-swe", nodes=1)
+    workflows = build_workload(scenario, RunConfig(policies=("continuum",), num_workflows=10), scenario.regimes[0])
+    Simulator(scenario.cluster, get_system("continuum"), workflows).run()
+    flags = [s.request.is_kv_pinned for w in workflows for s in w.stages if s.session_parent >= 0]
+    assert any(flags) and not all(flags)  # pinned within the 2 s TTL for fast tools, not for slow ones
