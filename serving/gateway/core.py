@@ -41,7 +41,7 @@ class Gateway:
                                                        config.predictor_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
         self.inflight: set[str] = set()
-        self.completed: OrderedDict[str, dict | None] = OrderedDict()
+        self.completed: OrderedDict[str, bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflow_start_s: OrderedDict[str, float] = OrderedDict()
         self.counters = {"requests": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
                          "failed": 0, "cancelled": 0, "replayed": 0}
@@ -114,7 +114,7 @@ class Gateway:
             self.workflow_start_s.popitem(last=False)
         return start
 
-    def remember(self, key: str, response: dict | None) -> None:
+    def remember(self, key: str, response: bytes | None) -> None:
         self.completed[key] = response
         while len(self.completed) > self.config.completed_cache:
             self.completed.popitem(last=False)

@@ -20,14 +20,20 @@ _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def parse_metrics(text: str) -> dict[str, tuple[dict, float]]:
-    """Prometheus text → {name: (labels, value)} for the vllm:* samples (the last sample of a name wins)."""
+# The samples the gateway reads; vLLM's /metrics is ~55 KB of mostly histogram buckets it does not need.
+WANTED = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
+          "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:num_preemptions",
+          "vllm:cache_config_info")
+
+
+def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple[dict, float]]:
+    """Prometheus text → {name: (labels, value)} for the named samples (the last sample of a name wins)."""
     out: dict[str, tuple[dict, float]] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(names):
             continue
         match = _SAMPLE.match(line)
-        if match:
+        if match and match["name"] in names:
             labels = dict(_LABEL.findall(match["labels"] or ""))
             out[match["name"]] = (labels, float(match["value"]))
     return out

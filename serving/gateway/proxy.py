@@ -8,7 +8,7 @@ which makes vLLM abort it.
 from __future__ import annotations
 
 import asyncio
-import time
+import json
 
 import httpx
 from starlette.requests import Request
@@ -45,7 +45,7 @@ async def handle(gateway: Gateway, request: Request, path: str) -> Response:
                               "conflict")
     if meta.key in gateway.completed and gateway.completed[meta.key] is not None and not body.get("stream"):
         gateway.counters["replayed"] += 1
-        return JSONResponse(gateway.completed[meta.key], headers={"X-Maestro-Replay": "1"})
+        return Response(gateway.completed[meta.key], media_type="application/json", headers={"X-Maestro-Replay": "1"})
     gateway.inflight.add(meta.key)
     is_streaming = False
     try:
@@ -154,11 +154,11 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
         result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
         gateway.record(job, body, result, node.name, kv_usage)
         return Response(response.content, response.status_code, media_type="application/json")
-    payload = response.json()
-    result.read_response(payload)
+    result.read_response(json.loads(response.content))
     gateway.record(job, body, result, node.name, kv_usage)
-    gateway.remember(job.meta.key, payload)
-    return JSONResponse(payload, headers={"X-Maestro-Node": node.name})
+    gateway.remember(job.meta.key, response.content)
+    # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
+    return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
 
 
 async def post(node: Node, path: str, upstream: dict, job: Job) -> httpx.Response:
