@@ -20,6 +20,7 @@ from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
+from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
@@ -35,11 +36,12 @@ class Gateway:
         timeout = httpx.Timeout(config.node_timeout_s, connect=config.connect_timeout_s)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-        self.nodes = [Node(n, self.client) for n in config.nodes]
+        self.nodes = [Node(n, self.client, config.kv_overcommit) for n in config.nodes]
         self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
+        self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
         self.inflight: set[str] = set()
         self.completed: OrderedDict[str, bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflow_start_s: OrderedDict[str, float] = OrderedDict()
@@ -87,7 +89,8 @@ class Gateway:
                  "app": meta.app, "parent_ids": list(meta.parent_ids), "interactive": meta.interactive}
         prediction = (await self.predictor.predict([stage]))[0]
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
-        prompt_tokens = self.estimate_prompt_tokens(prompt)
+        num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
+        prompt_tokens = self.sizer.estimate(num_chars, num_messages)
         reserve = min(max_tokens, math.ceil(prediction.tokens_reserve * (1 + self.config.rho)))
         now = time.monotonic()
         request = StageRequest(
@@ -95,14 +98,10 @@ class Gateway:
             workflow_arrival_s=self._workflow_start(meta.workflow_id, now), ready_s=now,
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
             max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
-        job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction)
+        job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
+                  prompt_chars=num_chars, num_messages=num_messages)
         request.payload = job
         return job
-
-    def estimate_prompt_tokens(self, prompt) -> int:
-        text = prompt_text(prompt)
-        num_messages = len(prompt) if isinstance(prompt, list) else 0
-        return math.ceil(len(text) / self.config.chars_per_token) + 8 * num_messages + 8
 
     def vllm_priority(self, job: Job) -> int:
         """vLLM's `priority` (lower first): interactive before batch, then predicted work."""
@@ -125,10 +124,12 @@ class Gateway:
         self.traces.write(record)
         if "output_tokens" in record:
             self.predictor.observe(record)
+            self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
 
     def status(self) -> dict:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
-                "inflight": len(self.inflight), "trace_lines": self.traces.num_lines, **self.counters}
+                "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
+                "chars_per_token": round(self.sizer.chars_per_token, 3), **self.counters}
 
 
 def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:

@@ -48,6 +48,8 @@ class Job:
     excluded: set[str] = field(default_factory=set)  # nodes that failed this stage
     num_attempts: int = 0
     queue_s: float = 0.0
+    prompt_chars: int = 0  # what the prompt-token estimate was made from, to calibrate it on vLLM's count
+    num_messages: int = 0
 
 
 class Dispatcher:

@@ -42,8 +42,9 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 class Node:
     """A vLLM engine behind the gateway."""
 
-    def __init__(self, config: NodeConfig, client: httpx.AsyncClient):
+    def __init__(self, config: NodeConfig, client: httpx.AsyncClient, kv_overcommit: float = 1.0):
         self.name, self.url, self.client = config.name, config.url, client
+        self.kv_overcommit = kv_overcommit
         self.is_healthy = False
         self.allocator: KVAllocator | None = None
         self.block_size = 16
@@ -53,18 +54,21 @@ class Node:
         self.num_preemptions = 0
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
         self.models: list[str] = []
+        self.num_vllm_blocks = 0
 
     # ---- KV budget ------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
-        return self.allocator.num_physical_pages if self.allocator else 0
+        return self.num_vllm_blocks if self.allocator else 0
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks a new stage may reserve: room in the (overcommitted) reservation budget and in vLLM right now."""
         if self.allocator is None:
             return 0
-        used_by_vllm = math.ceil(self.kv_usage * self.num_blocks)
-        return self.num_blocks - max(self.allocator.backend.num_mapped_pages, used_by_vllm)
+        unreserved = self.allocator.num_physical_pages - self.allocator.backend.num_mapped_pages
+        unused_by_vllm = self.num_blocks - math.ceil(self.kv_usage * self.num_blocks)
+        return min(unreserved, unused_by_vllm)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -100,9 +104,12 @@ class Node:
             return
         if self.allocator is not None and self.allocator.backend.num_mapped_pages:
             return  # keep the live pool while reservations exist; a restart shows up with none
-        self.block_size = block_size
-        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_blocks * block_size, page_bytes=block_size,
-                                                       overcommit=1.0))
+        # Reservations are for a stage's peak (prompt + whole output), which vLLM reaches only at its last token:
+        # a budget of kv_overcommit × blocks lets more stages run while vLLM's measured use still caps admission.
+        self.block_size, self.num_vllm_blocks = block_size, num_blocks
+        num_budget_blocks = int(num_blocks * self.kv_overcommit)
+        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size,
+                                                       page_bytes=block_size, overcommit=1.0))
 
     async def poll(self, timeout_s: float) -> bool:
         """Fetch /metrics; healthy iff it answered. Returns the new health."""

@@ -15,6 +15,7 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
+from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
@@ -154,3 +155,23 @@ def test_all_nodes_dead_fails_back_with_reason(tmp_path):
     response = asyncio.run(run_app(tmp_path, {"dead": vllm_like("dead", fail=True)}, calls))
     assert response.status_code == 503 and "Retry-After" in response.headers
     assert "no healthy vLLM node" in response.json()["error"]["message"]
+
+
+def test_prompt_sizer_starts_conservative_then_uses_vllms_counts():
+    sizer = PromptSizer(chars_per_token=3.0, min_observations=4, margin=0.0)
+    assert sizer.estimate(3000, 2) == 1000 + sizer.template_tokens(2)
+    for _ in range(4):  # vLLM counted 4 chars per token (plus the template)
+        sizer.observe(4000, 2, 1000 + sizer.template_tokens(2))
+    assert sizer.chars_per_token == 4.0 and sizer.estimate(3000, 2) == 750 + sizer.template_tokens(2)
+    assert PromptSizer(3.0, is_calibrated=False, min_observations=0).chars_per_token == 3.0
+
+
+def test_overcommit_lets_reservations_exceed_blocks_but_not_vllms_measured_use():
+    node = Node(NodeConfig("a", "http://a"), client=None, kv_overcommit=1.5)
+    node.apply_metrics(parse_metrics(metrics_text(blocks=8)))
+    node.is_healthy = True
+    assert node.num_blocks == 8 and node.reserve(128 * 8) is not None
+    assert node.num_free_blocks == 4 and node.reserve(128 * 4) is not None  # 12 of 1.5 × 8 reserved
+    assert not node.can_fit(1)
+    node.apply_metrics(parse_metrics(metrics_text(blocks=8, usage=0.75)))
+    assert node.num_free_blocks == 0
