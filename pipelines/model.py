@@ -33,6 +33,9 @@ class ModelConfig:
     classifier: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=31,
                                                           min_child_samples=10, subsample=0.8, subsample_freq=1,
                                                           colsample_bytree=0.8))
+    quantile: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
+                                                        min_child_samples=20, subsample=0.8, subsample_freq=1,
+                                                        colsample_bytree=0.8))
     regressor: dict = field(default_factory=lambda: dict(n_estimators=500, learning_rate=0.05, num_leaves=31,
                                                          min_child_samples=10, subsample=0.8, subsample_freq=1,
                                                          colsample_bytree=0.8))
@@ -131,10 +134,9 @@ class TwoStageModel:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α."""
         cfg = self.config
-        params = _lgb_params(dict(learning_rate=0.05, num_leaves=15, min_child_samples=20, subsample=0.8,
-                                  subsample_freq=1, colsample_bytree=0.8), cfg.seed, objective="quantile",
-                             alpha=1 - cfg.alpha)
-        fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]), num_boost_round=300)
+        params = _lgb_params(cfg.quantile, cfg.seed, objective="quantile", alpha=1 - cfg.alpha)
+        fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
+                                    num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
         self.upper_ = fit(np.arange(len(X2)))
         scores = y_log - upper_oof
