@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,22 +76,28 @@ def preemptions(url: str) -> int:
     return int(parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text).get("vllm:num_preemptions_total", ({}, 0))[1])
 
 
-def phase_overhead(engine: Engine, gateway_url: str, num: int) -> dict:
+def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Summarise the flight options."}],
             "max_tokens": 4, "ignore_eos": True}
     times = {"direct": [], "gateway": []}
+    gateway_cpu = psutil.Process(gateway_pid)
     with httpx.Client(timeout=30) as client:
         for i in range(num + 10):
+            if i == 10:
+                cpu_before = sum(gateway_cpu.cpu_times()[:2])
             for name, url in (("direct", engine.url), ("gateway", gateway_url))[:: 1 if i % 2 else -1]:
                 started = time.perf_counter()
                 client.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
                 if i >= 10:  # warm-up excluded
                     times[name].append(time.perf_counter() - started)
+    cpu_ms = (sum(gateway_cpu.cpu_times()[:2]) - cpu_before) * 1e3
     p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     return {"num_requests_each": num, "direct_p50_ms": round(p50["direct"], 3), "gateway_p50_ms": round(p50["gateway"], 3),
             "added_p50_ms": round(p50["gateway"] - p50["direct"], 3),
             "direct_p90_ms": round(float(np.percentile(times["direct"], 90)) * 1e3, 3),
-            "gateway_p90_ms": round(float(np.percentile(times["gateway"], 90)) * 1e3, 3)}
+            "gateway_p90_ms": round(float(np.percentile(times["gateway"], 90)) * 1e3, 3),
+            "gateway_cpu_ms_per_request": round(cpu_ms / num, 3),  # incl. its /metrics polls meanwhile
+            "load_average_1m": round(os.getloadavg()[0], 2)}
 
 
 def kill_when(engine: Engine, trace_dir: Path, num_lines: int, log: dict) -> threading.Thread:
@@ -147,7 +154,8 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
         try:
             target = engine.url
             if mode == "gateway":
-                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir)
+                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir,
+                                                **json.loads(args.pressure_gateway))
             before = preemptions(engine.url)
             config = drive_config(target, args, num_workflows=args.pressure_workflows,
                                   concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
@@ -155,6 +163,8 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
                                   max_prompt_chars=3000)
             report = asyncio.run(drive(config, workdir / f"drive-pressure-{mode}.json"))
             s = report["summary"]
+            if gateway:
+                out["gateway_status"] = httpx.get(f"{target}/maestro/status", timeout=5).json()
             out[mode] = {"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
                          "workflow_e2e_s": s["workflow_e2e_s"], "num_workflows_ok": s["num_workflows_ok"],
                          "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"]}
@@ -181,6 +191,8 @@ def main() -> None:
     parser.add_argument("--pressure-concurrency", type=int, default=16)
     parser.add_argument("--pressure-token-scale", type=float, default=1.0)
     parser.add_argument("--pressure-max-tokens", type=int, default=300)
+    parser.add_argument("--pressure-gateway", default="{}",
+                        help='gateway config fields for the pressure phase, as JSON (e.g. {"kv_overcommit": 1.25})')
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -200,7 +212,7 @@ def main() -> None:
         try:
             if "overhead" in phases:
                 gateway, url = start_gateway(engines, workdir / "traces-overhead", workdir)
-                result["overhead"] = phase_overhead(engines[0], url, args.overhead_requests)
+                result["overhead"] = phase_overhead(engines[0], url, args.overhead_requests, gateway.pid)
                 save()
                 stop(gateway)
             if "drive" in phases:

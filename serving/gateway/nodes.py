@@ -85,8 +85,13 @@ class Node:
         return self.allocator.reserve(num_tokens, num_tokens, 1)
 
     def release(self, reservation: Reservation | None) -> None:
-        if reservation is not None and self.allocator is not None and reservation.virtual_pages >= 0:
-            self.allocator.release(reservation)
+        if reservation is None or self.allocator is None or reservation.virtual_pages < 0:
+            return
+        num_blocks = reservation.mapped_pages
+        self.allocator.release(reservation)
+        # vLLM frees a finished request's blocks at once; its last /metrics (up to metrics_period_s old) still
+        # counts them, and would hold the next stage back until the next poll. Take them off until then.
+        self.kv_usage = max(0.0, self.kv_usage - num_blocks / max(1, self.num_blocks))
 
     # ---- synchronisation with vLLM ----------------------------------------------------------
     def apply_metrics(self, samples: dict[str, tuple[dict, float]]) -> None:

@@ -46,7 +46,9 @@ def test_metrics_size_the_pool_in_vllm_blocks():
     assert node.num_free_blocks == 12  # vLLM's own usage counts even without gateway reservations
     reservation = node.reserve(128 * 6)
     assert reservation is not None and node.num_free_blocks == 10  # max(reserved 6, used 4)
-    node.release(reservation)
+    node.release(reservation)  # vLLM freed them too: its stale usage drops until the next /metrics
+    assert node.num_free_blocks == 16 and node.kv_usage == 0.0
+    node.apply_metrics(parse_metrics(metrics_text(16, 0.25)))
     assert node.num_free_blocks == 12
 
 
