@@ -35,6 +35,7 @@ class GatewayConfig:
     rho: float = 0.2  # reserve = prediction upper bound × (1 + rho), capped at the request's max_tokens
     chars_per_token: float = 3.0  # prompt-token estimate until calibrated on vLLM's usage (conservative)
     calibrate_prompt_tokens: bool = True  # learn chars/token from vLLM's prompt_tokens (sizing.PromptSizer)
+    kv_admission: str = "peak"  # peak: reserve prompt + output from the start | projected: KV as it grows (projection.py)
     kv_overcommit: float = 1.0  # gateway reservations may reach this × a node's blocks (vLLM's measured use stays ≤ 1×)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
@@ -57,6 +58,8 @@ class GatewayConfig:
             raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
+        if self.kv_admission not in ("peak", "projected"):
+            raise ValueError(f"gateway config: kv_admission must be 'peak' or 'projected', got {self.kv_admission!r}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         from serving.scheduler import SchedulerConfig

@@ -36,7 +36,7 @@ class Gateway:
         timeout = httpx.Timeout(config.node_timeout_s, connect=config.connect_timeout_s)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-        self.nodes = [Node(n, self.client, config.kv_overcommit) for n in config.nodes]
+        self.nodes = [Node(n, self.client, config.kv_overcommit, config.kv_admission) for n in config.nodes]
         self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
@@ -125,6 +125,9 @@ class Gateway:
         if "output_tokens" in record:
             self.predictor.observe(record)
             self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
+            node = next((n for n in self.nodes if n.name == node_name), None)
+            if node is not None:
+                node.observe_decode(result.output_tokens, record["e2e_s"])
 
     def status(self) -> dict:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),

@@ -105,7 +105,8 @@ class Dispatcher:
         return None
 
     def choose_node(self, job: Job) -> Node | None:
-        candidates = [n for n in self.nodes if n.name not in job.excluded and n.can_fit(job.reserve_tokens)]
+        prompt, output = job.request.prompt_tokens, job.reserve_tokens - job.request.prompt_tokens
+        candidates = [n for n in self.nodes if n.name not in job.excluded and n.can_fit(prompt, output)]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
         availability = [n.num_free_blocks / max(1, n.num_blocks) for n in candidates]
@@ -114,7 +115,7 @@ class Dispatcher:
         return candidates[select_node(availability, ready, degradation, self.fitness)]
 
     def _assign(self, job: Job, node: Node, now: float) -> None:
-        job.reservation = node.reserve(job.reserve_tokens)
+        job.reservation = node.reserve(job.request.prompt_tokens, job.reserve_tokens - job.request.prompt_tokens)
         job.node = node
         job.num_attempts += 1
         job.queue_s += now - job.enqueued_s

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 import httpx
 
 from serving.gateway.config import NodeConfig
+from serving.gateway.projection import GrowingStage, peak_blocks
 from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
 
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
@@ -39,12 +41,20 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
     return out
 
 
+INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
+DECODE_RATE_WEIGHT = 0.1  # EWMA weight of each finished stage's pace
+DECODE_RATE_MARGIN = 0.8  # project 20 % slower than measured: a slower stage than projected risks preemption
+
+
 class Node:
     """A vLLM engine behind the gateway."""
 
-    def __init__(self, config: NodeConfig, client: httpx.AsyncClient, kv_overcommit: float = 1.0):
+    def __init__(self, config: NodeConfig, client: httpx.AsyncClient, kv_overcommit: float = 1.0,
+                 kv_admission: str = "peak"):
         self.name, self.url, self.client = config.name, config.url, client
-        self.kv_overcommit = kv_overcommit
+        self.kv_overcommit, self.kv_admission = kv_overcommit, kv_admission
+        self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
+        self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # per stage, learned from finished stages
         self.is_healthy = False
         self.allocator: KVAllocator | None = None
         self.block_size = 16
@@ -64,30 +74,57 @@ class Node:
     @property
     def num_free_blocks(self) -> int:
         """Blocks a new stage may reserve: room in the (overcommitted) reservation budget and in vLLM right now."""
-        if self.allocator is None:
-            return 0
-        unreserved = self.allocator.num_physical_pages - self.allocator.backend.num_mapped_pages
-        unused_by_vllm = self.num_blocks - math.ceil(self.kv_usage * self.num_blocks)
-        return min(unreserved, unused_by_vllm)
+        return min(self.num_unreserved_blocks, self.num_unused_blocks) if self.allocator else 0
+
+    @property
+    def num_unreserved_blocks(self) -> int:
+        return self.allocator.num_physical_pages - self.allocator.backend.num_mapped_pages if self.allocator else 0
+
+    @property
+    def num_unused_blocks(self) -> int:
+        """Free according to vLLM's last /metrics (less what finished since)."""
+        return self.num_blocks - math.ceil(self.kv_usage * self.num_blocks)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_fit(self, num_tokens: int) -> bool:
-        return self.is_healthy and self.allocator is not None and self.blocks_for(num_tokens) <= self.num_free_blocks
+    def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """Whether a stage may start here now (`kv_admission`: peak reserved at once, or projected over time)."""
+        if not self.is_healthy or self.allocator is None:
+            return False
+        num_blocks = self.blocks_for(prompt_tokens + output_tokens)
+        if num_blocks > self.num_unreserved_blocks:
+            return False
+        if self.kv_admission == "peak":
+            return num_blocks <= self.num_unused_blocks
+        now = time.monotonic()
+        candidate = GrowingStage(prompt_tokens, output_tokens, now)
+        peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size)
+        return self.blocks_for(prompt_tokens) <= self.num_unused_blocks and peak <= self.num_blocks
+
+    def observe_decode(self, output_tokens: int, seconds: float) -> None:
+        """A finished stage's pace (tokens over its whole call, so queueing and prefill slow it: conservative)."""
+        if output_tokens >= 8 and seconds > 0:
+            pace = output_tokens / seconds * DECODE_RATE_MARGIN
+            self.decode_tokens_per_s += DECODE_RATE_WEIGHT * (pace - self.decode_tokens_per_s)
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks
 
-    def reserve(self, num_tokens: int) -> Reservation | None:
-        if not self.can_fit(num_tokens):
+    def reserve(self, prompt_tokens: int, output_tokens: int) -> Reservation | None:
+        if not self.can_fit(prompt_tokens, output_tokens):
             return None
-        return self.allocator.reserve(num_tokens, num_tokens, 1)
+        num_tokens = prompt_tokens + output_tokens
+        reservation = self.allocator.reserve(num_tokens, num_tokens, 1)
+        if reservation is not None:
+            self.active[reservation.handle] = GrowingStage(prompt_tokens, output_tokens, time.monotonic())
+        return reservation
 
     def release(self, reservation: Reservation | None) -> None:
         if reservation is None or self.allocator is None or reservation.virtual_pages < 0:
             return
         num_blocks = reservation.mapped_pages
+        self.active.pop(reservation.handle, None)
         self.allocator.release(reservation)
         # vLLM frees a finished request's blocks at once; its last /metrics (up to metrics_period_s old) still
         # counts them, and would hold the next stage back until the next poll. Take them off until then.

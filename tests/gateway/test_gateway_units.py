@@ -15,6 +15,7 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
+from serving.gateway.projection import GrowingStage, peak_blocks
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
@@ -44,7 +45,7 @@ def test_metrics_size_the_pool_in_vllm_blocks():
     node = make_node("a", blocks=16, usage=0.25)
     assert (node.num_blocks, node.block_size) == (16, 128)
     assert node.num_free_blocks == 12  # vLLM's own usage counts even without gateway reservations
-    reservation = node.reserve(128 * 6)
+    reservation = node.reserve(128 * 2, 128 * 4)
     assert reservation is not None and node.num_free_blocks == 10  # max(reserved 6, used 4)
     node.release(reservation)  # vLLM freed them too: its stale usage drops until the next /metrics
     assert node.num_free_blocks == 16 and node.kv_usage == 0.0
@@ -172,8 +173,31 @@ def test_overcommit_lets_reservations_exceed_blocks_but_not_vllms_measured_use()
     node = Node(NodeConfig("a", "http://a"), client=None, kv_overcommit=1.5)
     node.apply_metrics(parse_metrics(metrics_text(blocks=8)))
     node.is_healthy = True
-    assert node.num_blocks == 8 and node.reserve(128 * 8) is not None
-    assert node.num_free_blocks == 4 and node.reserve(128 * 4) is not None  # 12 of 1.5 × 8 reserved
-    assert not node.can_fit(1)
+    assert node.num_blocks == 8 and node.reserve(128 * 8, 0) is not None
+    assert node.num_free_blocks == 4 and node.reserve(128, 128 * 3) is not None  # 12 of 1.5 × 8 reserved
+    assert not node.can_fit(1, 0)
     node.apply_metrics(parse_metrics(metrics_text(blocks=8, usage=0.75)))
     assert node.num_free_blocks == 0
+
+
+def test_projection_admits_a_stage_that_needs_the_blocks_only_after_others_end():
+    # 100 tokens/s, block 128: A (256 + 256) started 2 s ago ends at 0.56 s; B (128 + 128) ends at 1.28 s.
+    running = [GrowingStage(256, 256, start_s=-2.0), GrowingStage(128, 128, start_s=0.0)]
+    late_peaker = GrowingStage(128, 512, start_s=0.0)  # 5 blocks at its end (5.12 s), long after A and B
+    assert peak_blocks(running, late_peaker, 0.0, 100.0, 128) == 4 + 2 + 2  # just before A ends
+    overran = [GrowingStage(256, 256, start_s=-100.0), running[1]]  # should have ended: held at its peak
+    assert peak_blocks(overran, late_peaker, 0.0, 100.0, 128) == 4 + 5  # A's peak to the end, with the candidate's
+
+
+def test_projected_admission_lets_more_stages_in_than_peak_reservations():
+    def node(admission: str, overcommit: float) -> Node:
+        n = Node(NodeConfig("a", "http://a"), client=None, kv_overcommit=overcommit, kv_admission=admission)
+        n.apply_metrics(parse_metrics(metrics_text(blocks=8)))
+        n.is_healthy, n.decode_tokens_per_s = True, 100.0
+        return n
+
+    peak, projected = node("peak", 1.0), node("projected", 2.0)
+    for n in (peak, projected):
+        assert n.reserve(128, 128 * 5) is not None  # 6 blocks at its end, in 5 s
+    assert not peak.can_fit(128, 128 * 2)  # 6 + 3 > 8: peak reservations overlap
+    assert projected.can_fit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
