@@ -35,8 +35,10 @@ class GatewayConfig:
     rho: float = 0.2  # reserve = prediction upper bound × (1 + rho), capped at the request's max_tokens
     chars_per_token: float = 3.0  # prompt-token estimate until calibrated on vLLM's usage (conservative)
     calibrate_prompt_tokens: bool = True  # learn chars/token from vLLM's prompt_tokens (sizing.PromptSizer)
-    kv_admission: str = "peak"  # peak: reserve prompt + output from the start | projected: KV as it grows (projection.py)
-    kv_overcommit: float = 1.0  # gateway reservations may reach this × a node's blocks (vLLM's measured use stays ≤ 1×)
+    # projected: admit while KV, growing a token per step, never overfills the node (projection.py); peak: reserve
+    # prompt + whole output from the start (no preemption at all, fewer stages at once: slower under pressure).
+    kv_admission: str = "projected"
+    kv_overcommit: float = 2.0  # cap on reserved peaks, × a node's blocks (with peak admission, 1.0 = never preempt)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request
