@@ -11,7 +11,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 DEV_TRACES = SHARED_DATA / "dev-traces" / "dev_traces.jsonl"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def dev_traces() -> Path:
     if not DEV_TRACES.exists():
         pytest.skip(f"{DEV_TRACES} not present (../shared is beside the repo in CI)")

@@ -47,9 +47,12 @@ def test_tool_calls_are_recognised_and_predicted_short(held_out):
 
 
 def test_one_line_instructions_are_predicted_shorter_than_coding_phases(held_out):
+    """ChatDev phases that may end with a one-line `<INFO>` answer vs phases that write whole files."""
     test, frame, _ = held_out
     tails = [s.prompt_text()[-400:] for s in test]
     one_line = np.array(["only one line" in t for t in tails])
     coding = np.array(["CODE\n```" in t for t in tails])
     assert one_line.any() and coding.any()
-    assert frame["tokens_pred"][one_line].median() < 0.3 * frame["tokens_pred"][coding].median()
+    actual = frame["tokens"][one_line].median() / frame["tokens"][coding].median()
+    predicted = frame["tokens_pred"][one_line].median() / frame["tokens_pred"][coding].median()
+    assert actual < 0.6 and predicted < 0.6
