@@ -5,7 +5,7 @@ import contextlib
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.gateway.config import GatewayConfig
@@ -33,8 +33,8 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
     async def models(request: Request):
         for node in gateway.nodes:
             if node.is_healthy:
-                response = await node.client.get(f"{node.url}/v1/models")
-                return JSONResponse(response.json(), response.status_code)
+                response = await gateway.upstream.get(f"{node.url}/v1/models")
+                return Response(response.content, response.status_code, media_type="application/json")
         return error_response(503, "no healthy vLLM node to list models from", "upstream_error", 1)
 
     async def health(request: Request):

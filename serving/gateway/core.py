@@ -11,8 +11,6 @@ import math
 import time
 from collections import OrderedDict
 
-import httpx
-
 from pipelines.contract import prompt_text
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
@@ -22,6 +20,7 @@ from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
+from serving.gateway.upstream import Upstream
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 
@@ -30,13 +29,10 @@ DECODE_S_PER_TOKEN = 0.02  # rough per-token decode time: only orders stages, ne
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config = config
-        timeout = httpx.Timeout(config.node_timeout_s, connect=config.connect_timeout_s)
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-        self.nodes = [Node(n, self.client, config.kv_overcommit, config.kv_admission) for n in config.nodes]
+        self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
+        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission) for n in config.nodes]
         self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
@@ -51,6 +47,7 @@ class Gateway:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
+        await self.upstream.start()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_loop())
 
@@ -58,7 +55,7 @@ class Gateway:
         if self._poller:
             self._poller.cancel()
         await self.predictor.aclose()
-        await self.client.aclose()
+        await self.upstream.close()
         self.traces.close()
 
     async def poll_once(self) -> None:

@@ -1,4 +1,4 @@
-"""One vLLM node as the gateway sees it: its HTTP client, its KV budget and what `/metrics` last said.
+"""One vLLM node as the gateway sees it: the upstream it is reached through, its KV budget and what `/metrics` last said.
 
 The KV budget is counted in vLLM blocks: a host-backend `KVAllocator` whose page is one block
 (`block_size` tokens, one "byte" per token) holds the gateway's reservations; `/metrics` gives
@@ -12,9 +12,8 @@ import math
 import re
 import time
 
-import httpx
-
 from serving.gateway.config import NodeConfig
+from serving.gateway.upstream import Upstream, UpstreamError
 from serving.gateway.projection import GrowingStage, peak_blocks
 from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
 
@@ -49,9 +48,9 @@ DECODE_RATE_MARGIN = 0.8  # project 20 % slower than measured: a slower stage th
 class Node:
     """A vLLM engine behind the gateway."""
 
-    def __init__(self, config: NodeConfig, client: httpx.AsyncClient, kv_overcommit: float = 1.0,
+    def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
                  kv_admission: str = "peak"):
-        self.name, self.url, self.client = config.name, config.url, client
+        self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission = kv_overcommit, kv_admission
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # per stage, learned from finished stages
@@ -156,11 +155,12 @@ class Node:
     async def poll(self, timeout_s: float) -> bool:
         """Fetch /metrics; healthy iff it answered. Returns the new health."""
         try:
-            response = await self.client.get(f"{self.url}/metrics", timeout=timeout_s)
-            response.raise_for_status()
+            response = await self.upstream.get(f"{self.url}/metrics", timeout_s)
+            if response.status_code != 200:
+                raise ValueError(f"/metrics answered {response.status_code}")
             self.apply_metrics(parse_metrics(response.text))
             self.is_healthy = True
-        except (httpx.HTTPError, ValueError):
+        except (*UpstreamError, ValueError):
             self.is_healthy = False
         return self.is_healthy
 

@@ -8,9 +8,10 @@ which makes vLLM abort it.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 
-import httpx
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -19,6 +20,7 @@ from serving.gateway.dispatch import Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
+from serving.gateway.upstream import Answer, UpstreamError
 
 
 class NodeFailed(Exception):
@@ -161,10 +163,10 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
     return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
 
 
-async def post(node: Node, path: str, upstream: dict, job: Job) -> httpx.Response:
+async def post(node: Node, path: str, upstream: dict, job: Job) -> Answer:
     try:
-        response = await node.client.post(f"{node.url}{path}", json=upstream, headers=_headers(job))
-    except httpx.HTTPError as error:
+        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(job))
+    except UpstreamError as error:
         raise NodeFailed(f"{type(error).__name__}: {error}") from None
     if response.status_code >= 500:
         raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -177,35 +179,38 @@ def _headers(job: Job) -> dict:
 
 async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
     """Open the upstream stream (a failure here is retryable), then relay it."""
-    req = node.client.build_request("POST", f"{node.url}{path}", json=upstream, headers=_headers(job))
     try:
-        response = await node.client.send(req, stream=True)
-    except httpx.HTTPError as error:
+        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(job))
+    except UpstreamError as error:
         raise NodeFailed(f"{type(error).__name__}: {error}") from None
-    if response.status_code >= 500:
-        await response.aclose()
-        raise NodeFailed(f"HTTP {response.status_code}")
-    if response.status_code != 200:
-        content = await response.aread()
-        await response.aclose()
+    if response.status >= 500:
+        response.close()
+        raise NodeFailed(f"HTTP {response.status}")
+    if response.status != 200:
+        content = await response.read()
+        response.release()
         gateway.dispatcher.finish(job)
-        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status_code}"), node.name, node.kv_usage)
+        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status}"), node.name, node.kv_usage)
         gateway.inflight.discard(job.meta.key)
-        return Response(content, response.status_code, media_type="application/json")
+        return Response(content, response.status, media_type="application/json")
     relay = relay_stream(gateway, job, node, response, body)
     return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
 
 
-async def relay_stream(gateway: Gateway, job: Job, node: Node, response: httpx.Response, body: dict):
+async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict):
     result, kv_usage, buffer = CallResult(), node.kv_usage, ""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+    is_complete = False
     try:
-        async for chunk in response.aiter_text():
+        async for raw in response.content.iter_any():
+            chunk = decoder.decode(raw)
             buffer += chunk
             *lines, buffer = buffer.split("\n")
             for line in lines:
                 result.read_sse_line(line)
             yield chunk
-    except httpx.HTTPError as error:
+        is_complete = True
+    except UpstreamError as error:
         result.error = f"{node.name} failed mid-stream: {type(error).__name__}"
         yield f'data: {{"error": {{"message": "{result.error}", "type": "upstream_error"}}}}\n\ndata: [DONE]\n\n'
     except BaseException:
@@ -218,11 +223,8 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: httpx.R
         gateway.dispatcher.finish(job)
         gateway.inflight.discard(job.meta.key)
         gateway.record(job, body, result, node.name, kv_usage)
-        await _close_quietly(response)
-
-
-async def _close_quietly(response: httpx.Response) -> None:
-    try:
-        await asyncio.shield(response.aclose())
-    except BaseException:  # noqa: BLE001 — closing during cancellation may itself be cancelled
-        pass
+        # A stream read to its end goes back to the pool; any other end closes the connection: vLLM aborts.
+        if is_complete:
+            response.release()
+        else:
+            response.close()

@@ -1,16 +1,18 @@
 """Fixtures for gateway tests: a gateway config/app wired to in-process upstreams, and real vLLM engines."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import httpx
 import pytest
+from aiohttp import web
 
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 
-from .engines import Engine, EngineConfig, has_vllm
+from .engines import Engine, EngineConfig, free_port, has_vllm
 from .tiny_model import build_tiny_model
 
 METRICS = """# TYPE vllm:kv_cache_usage_perc gauge
@@ -26,44 +28,65 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     return METRICS % {"blocks": blocks, "usage": usage}
 
 
-def vllm_like(name: str, fail: bool = False):
-    def handler(request: httpx.Request) -> httpx.Response:
-        if fail:
-            raise httpx.ConnectError(f"{name} is down")
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=metrics_text(16))
-        body = json.loads(request.content)
+def vllm_like() -> web.Application:
+    """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage."""
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=metrics_text(16))
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
         n = body["max_tokens"]
-        if body.get("stream"):
-            chunks = [{"choices": [{"delta": {"content": "x "}, "finish_reason": None}]} for _ in range(n)]
-            chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"choices": [{"message": {"content": "x " * n}, "finish_reason": "length"}],
-                                         "usage": {"prompt_tokens": 5, "completion_tokens": n}})
-    return handler
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"message": {"content": "x " * n}, "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunks = [{"choices": [{"delta": {"content": "x "}, "finish_reason": None}]} for _ in range(n)]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/v1/completions", complete)
+    return app
 
 
-class Routed(httpx.AsyncBaseTransport):
-    def __init__(self, handlers: dict):
-        self.handlers = {k: httpx.MockTransport(v) for k, v in handlers.items()}
-
-    async def handle_async_request(self, request):
-        return await self.handlers[request.url.host].handle_async_request(request)
-
-
-async def run_app(tmp_path, handlers: dict, calls, predictor=None):
-    """The gateway app in process over vLLM-like `handlers` ({host: handler}); `calls(client, gateway)` drives it."""
-    config = GatewayConfig(nodes=[{"name": n, "url": f"http://{n}"} for n in handlers], trace_dir=str(tmp_path),
-                           model="tiny", metrics_period_s=60)
-    gateway = Gateway(config, predictor=predictor, transport=Routed(handlers))
-    app = create_app(config, gateway)
-    await gateway.start()
+@contextlib.asynccontextmanager
+async def fake_nodes(alive: dict[str, bool]):
+    """{name: url}: a vLLM-like server on 127.0.0.1 per live node; a dead one is a port nobody listens on."""
+    runners, urls = [], {}
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
-            return await calls(client, gateway)
+        for name, is_alive in alive.items():
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            if is_alive:
+                runner = web.AppRunner(vllm_like())
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", port).start()
+                runners.append(runner)
+        yield urls
     finally:
-        await gateway.stop()
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None):
+    """The gateway app in process over vLLM-like nodes (`alive`: name → up?); `calls(client, gateway)` drives it."""
+    async with fake_nodes(alive) as urls:
+        config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], trace_dir=str(tmp_path),
+                               model="tiny", metrics_period_s=60)
+        gateway = Gateway(config, predictor=predictor)
+        app = create_app(config, gateway)
+        await gateway.start()
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+                return await calls(client, gateway)
+        finally:
+            await gateway.stop()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from predictor_service.client import AsyncPredictorClient, ClientConfig
 from predictor_service.local_server import LocalServer, ServerConfig
 from serving.gateway.predict import HttpPredictor
 
-from .conftest import run_app, vllm_like
+from .conftest import run_app
 
 FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
                          regressor=dict(n_estimators=80, learning_rate=0.1))
@@ -71,7 +71,7 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
             # The client owns its httpx client; in process it talks to the ASGI app instead of a socket.
             client._http = httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://predictor",
                                              timeout=5.0)
-            responses = await run_app(tmp_path / "traces", {"a": vllm_like("a")}, three_stages,
+            responses = await run_app(tmp_path / "traces", {"a": True}, three_stages,
                                       HttpPredictor(client, observe_period_s=0.01))
             async with httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://p") as probe:
                 stats = (await probe.get("/stats")).json()
@@ -87,7 +87,7 @@ def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_p
 
     client = AsyncPredictorClient(ClientConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=0.05))
     predictor = HttpPredictor(client, observe_period_s=0.01)
-    responses = asyncio.run(run_app(tmp_path, {"a": vllm_like("a")}, three_stages, predictor))
+    responses = asyncio.run(run_app(tmp_path, {"a": True}, three_stages, predictor))
     assert [r.status_code for r in responses] == [200] * len(ROLES)
     assert {s.model_extra["fallback_level"] for s in collect(tmp_path)[0]} == {"prior"}
     assert client.breaker.last_error and predictor.num_observed == 0 and len(predictor.pending) == len(ROLES)
@@ -100,6 +100,6 @@ def test_gateway_with_a_real_bentoml_serve(model_dir, tmp_path):
     with LocalServer(config) as server:
         predictor = HttpPredictor.from_url(server.url, str(model_dir), timeout_s=5.0)
         predictor.observe_period_s = 0.01
-        responses = asyncio.run(run_app(tmp_path / "traces", {"a": vllm_like("a")}, three_stages, predictor))
+        responses = asyncio.run(run_app(tmp_path / "traces", {"a": True}, three_stages, predictor))
         stats = httpx.get(f"{server.url}/stats", timeout=5).json()
     assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])

@@ -21,11 +21,11 @@ from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 from serving.gateway.config import NodeConfig
-from .conftest import metrics_text, run_app, vllm_like
+from .conftest import metrics_text, run_app
 
 
 def make_node(name: str, blocks: int = 16, usage: float = 0.0) -> Node:
-    node = Node(NodeConfig(name, f"http://{name}"), client=None)
+    node = Node(NodeConfig(name, f"http://{name}"), upstream=None)
     node.apply_metrics(parse_metrics(metrics_text(blocks, usage)))
     node.is_healthy = True
     return node
@@ -131,7 +131,7 @@ def test_app_json_stream_and_one_trace_per_stage(tmp_path):
                                      headers={**headers, "X-Maestro-Stage": "2"})
         return plain, replay, streamed
 
-    plain, replay, streamed = asyncio.run(run_app(tmp_path, {"a": vllm_like("a")}, calls))
+    plain, replay, streamed = asyncio.run(run_app(tmp_path, {"a": True}, calls))
     assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 7
     assert replay.headers.get("x-maestro-replay") == "1"
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
@@ -145,8 +145,7 @@ def test_dead_node_is_retried_elsewhere(tmp_path):
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         return [await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3}) for _ in range(3)]
 
-    handlers = {"dead": vllm_like("dead", fail=True), "live": vllm_like("live")}
-    responses = asyncio.run(run_app(tmp_path, handlers, calls))
+    responses = asyncio.run(run_app(tmp_path, {"dead": False, "live": True}, calls))
     assert all(r.status_code == 200 and r.headers["x-maestro-node"] == "live" for r in responses)
     assert len(collect(tmp_path)[0]) == 3
 
@@ -155,7 +154,7 @@ def test_all_nodes_dead_fails_back_with_reason(tmp_path):
     async def calls(client, gateway):
         return await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3})
 
-    response = asyncio.run(run_app(tmp_path, {"dead": vllm_like("dead", fail=True)}, calls))
+    response = asyncio.run(run_app(tmp_path, {"dead": False}, calls))
     assert response.status_code == 503 and "Retry-After" in response.headers
     assert "no healthy vLLM node" in response.json()["error"]["message"]
 
@@ -170,7 +169,7 @@ def test_prompt_sizer_starts_conservative_then_uses_vllms_counts():
 
 
 def test_overcommit_lets_reservations_exceed_blocks_but_not_vllms_measured_use():
-    node = Node(NodeConfig("a", "http://a"), client=None, kv_overcommit=1.5)
+    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=1.5)
     node.apply_metrics(parse_metrics(metrics_text(blocks=8)))
     node.is_healthy = True
     assert node.num_blocks == 8 and node.reserve(128 * 8, 0) is not None
@@ -191,7 +190,7 @@ def test_projection_admits_a_stage_that_needs_the_blocks_only_after_others_end()
 
 def test_projected_admission_lets_more_stages_in_than_peak_reservations():
     def node(admission: str, overcommit: float) -> Node:
-        n = Node(NodeConfig("a", "http://a"), client=None, kv_overcommit=overcommit, kv_admission=admission)
+        n = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=overcommit, kv_admission=admission)
         n.apply_metrics(parse_metrics(metrics_text(blocks=8)))
         n.is_healthy, n.decode_tokens_per_s = True, 100.0
         return n

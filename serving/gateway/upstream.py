@@ -1,0 +1,65 @@
+"""The gateway's HTTP client towards its vLLM nodes, on aiohttp.
+
+Profiled on the real path, httpx's async client cost ≈ 1 ms of CPU per forwarded call and aiohttp
+≈ 0.4 ms; on two shared cores that difference is most of what the gateway adds to a call.
+Closing a response before its end closes the connection, which is what makes vLLM abort.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import aiohttp
+
+# What a node failing at the transport level raises: connection refused/reset, timeouts, bad answers.
+UpstreamError = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole (non-streamed) answer: status and body bytes, relayed as they came."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+
+class Upstream:
+    """One connection pool for all nodes; `start()` inside the event loop, `close()` at the end."""
+
+    def __init__(self, node_timeout_s: float, connect_timeout_s: float, max_connections: int = 1024):
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_read=node_timeout_s, sock_connect=connect_timeout_s)
+        self.max_connections = max_connections
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def get(self, url: str, timeout_s: float | None = None) -> Answer:
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        async with self.session.get(url, timeout=timeout) as response:
+            return Answer(response.status, await response.read())
+
+    async def post_json(self, url: str, body: dict, headers: dict) -> Answer:
+        async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers)) as response:
+            return Answer(response.status, await response.read())
+
+    async def open_stream(self, url: str, body: dict, headers: dict) -> aiohttp.ClientResponse:
+        """The response once its headers are in; the caller reads `.content` and must `release()` or `close()` it."""
+        return await self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers))
+
+
+def _json(headers: dict) -> dict:
+    return {"Content-Type": "application/json", **headers}
