@@ -16,3 +16,20 @@ def dev_traces() -> Path:
     if not DEV_TRACES.exists():
         pytest.skip(f"{DEV_TRACES} not present (../shared is beside the repo in CI)")
     return DEV_TRACES
+
+
+@pytest.fixture(scope="session")
+def bentoml_asgi():
+    """Build a BentoML service's ASGI app in a process that may already have built one.
+
+    BentoML registers its request metrics in prometheus' global registry when an app is built, so
+    a second app (another test module) would collide: its collectors are removed first."""
+    from prometheus_client import REGISTRY
+
+    def build(service_class):
+        for collector, names in list(REGISTRY._collector_to_names.items()):
+            if any(name.startswith("bentoml_") for name in names):
+                REGISTRY.unregister(collector)
+        return service_class.to_asgi()
+
+    return build

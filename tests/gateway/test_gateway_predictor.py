@@ -58,12 +58,13 @@ def assert_model_answered_and_observed(responses, trace_dir, num_observed: int) 
     assert num_observed == len(ROLES)
 
 
-def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir, tmp_path, monkeypatch):
+def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir, tmp_path, monkeypatch,
+                                                                     bentoml_asgi):
     from predictor_service.service import PredictorService
 
     for key, value in service_env(model_dir, tmp_path).items():
         monkeypatch.setenv(key, value)
-    service = PredictorService.to_asgi()
+    service = bentoml_asgi(PredictorService)
 
     async def scenario():
         async with service.router.lifespan_context(service):

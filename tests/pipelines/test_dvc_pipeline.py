@@ -37,7 +37,7 @@ def test_repro_trains_evaluates_and_registers_a_champion(clone):
     assert metrics["model"]["auc"] > 0.8 and metrics["ratios"]["mae_vs_role_median"] < 1.0
     assert set(metrics["baselines"]) == {"model_rho_reserve", "global_median", "role_median", "role_p90", "single_stage"}
     registration = json.loads((clone / "data/eval/registration.json").read_text())
-    assert registration["version"] == "1" and registration["promoted"]
+    assert str(registration["version"]) == "1" and registration["promoted"]
     for plot in ("calibration.png", "pred_vs_actual.png", "error_by_role.png", "calibration.csv"):
         assert (clone / "data/eval" / plot).stat().st_size > 0
     assert "model.mae" in run(["dvc", "metrics", "show"], clone)
@@ -47,7 +47,7 @@ def test_exp_run_changes_a_parameter_and_re_scores_the_champion(clone):
     run(["dvc", "exp", "run", "-S", "train.alpha=0.2"], clone)
     assert yaml.safe_load((clone / "params.yaml").read_text())["train"]["alpha"] == 0.2
     registration = json.loads((clone / "data/eval/registration.json").read_text())
-    assert registration["version"] == "2"
+    assert str(registration["version"]) == "2"
     assert registration["champion_metrics_on_this_test"]["n"] > 0  # champion re-scored on this test split
     shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], clone)
     assert "0.2" in shown

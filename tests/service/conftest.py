@@ -45,11 +45,11 @@ def service_env(model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def api(service_env):
+def api(service_env, bentoml_asgi):
     """The service's ASGI app under a test client; one per session (BentoML registers its metrics globally)."""
     from starlette.testclient import TestClient
 
     from predictor_service.service import PredictorService
 
-    with TestClient(PredictorService.to_asgi()) as client:
+    with TestClient(bentoml_asgi(PredictorService)) as client:
         yield client
