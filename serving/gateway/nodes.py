@@ -41,7 +41,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 
 
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
-DECODE_RATE_WEIGHT = 0.1  # EWMA weight of each finished stage's pace
+DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
 DECODE_RATE_MARGIN = 0.8  # project 20 % slower than measured: a slower stage than projected risks preemption
 
 
@@ -54,6 +54,7 @@ class Node:
         self.kv_overcommit, self.kv_admission = kv_overcommit, kv_admission
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # per stage, learned from finished stages
+        self.num_paces_observed = 0
         self.is_healthy = False
         self.allocator: KVAllocator | None = None
         self.block_size = 16
@@ -105,7 +106,9 @@ class Node:
         """A finished stage's pace (tokens over its whole call, so queueing and prefill slow it: conservative)."""
         if output_tokens >= 8 and seconds > 0:
             pace = output_tokens / seconds * DECODE_RATE_MARGIN
-            self.decode_tokens_per_s += DECODE_RATE_WEIGHT * (pace - self.decode_tokens_per_s)
+            weight = DECODE_RATE_WEIGHT if self.num_paces_observed else 1.0
+            self.decode_tokens_per_s += weight * (pace - self.decode_tokens_per_s)
+            self.num_paces_observed += 1
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks

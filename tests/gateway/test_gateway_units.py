@@ -1,6 +1,6 @@
 """Fast tests of the gateway: real scheduler/allocator/routing objects, the ASGI app in process.
 
-Upstream vLLM nodes are httpx MockTransport handlers that answer like vLLM (usage, SSE, /metrics);
+Upstream vLLM nodes are small aiohttp servers on 127.0.0.1 that answer like vLLM (usage, SSE, /metrics);
 the real-engine tests are in test_gateway_vllm.py.
 """
 from __future__ import annotations
@@ -200,3 +200,12 @@ def test_projected_admission_lets_more_stages_in_than_peak_reservations():
         assert n.reserve(128, 128 * 5) is not None  # 6 blocks at its end, in 5 s
     assert not peak.can_fit(128, 128 * 2)  # 6 + 3 > 8: peak reservations overlap
     assert projected.can_fit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
+
+
+def test_decode_pace_starts_slow_takes_the_first_measure_then_averages():
+    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected")
+    assert node.decode_tokens_per_s == 10.0  # unmeasured: projections assume long overlaps
+    node.observe_decode(100, 1.0)
+    assert node.decode_tokens_per_s == 80.0  # 100 tokens/s, projected 20 % slower
+    node.observe_decode(200, 1.0)
+    assert node.decode_tokens_per_s == 96.0
