@@ -76,13 +76,13 @@ def one_split(stages: list[StageTrace], seed: int, measure_speed: bool) -> dict:
         started = time.perf_counter()
         predictor = Predictor.train(train, feat, model)
         out["train_s"][name] = round(time.perf_counter() - started, 2)
-        predictor.featurizer.embedder._cache.clear()  # throughput from a cold cache
+        predictor.featurizer.embedder.clear_cache()  # throughput from a cold cache
         started = time.perf_counter()
         frame = predictions_frame(predictor, test)
         out["throughput_stages_per_s"][name] = round(len(test) / (time.perf_counter() - started), 1)
         out["quality"][name] = quality(frame)
         if measure_speed:
-            predictor.featurizer.embedder._cache.clear()
+            predictor.featurizer.embedder.clear_cache()
             out["latency_ms"][name] = latency_ms(predictor, test[:200])
     for name, frame in baselines(train, test, recipes()["maestro"][1].rho).items():
         out["quality"][name] = quality(frame)

@@ -87,6 +87,9 @@ class Embedder:
         if len(self._cache) > self.config.cache_size:
             self._cache.popitem(last=False)
 
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
     def save_cache(self, path: str | Path) -> None:
         keys = list(self._cache)
         vectors = np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)
