@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """bentoml serve could not bind its port."""
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)  # MAESTRO_MODEL, MLFLOW_TRACKING_URI, ...
     port: int = 0  # 0: pick a free one
     ready_timeout_s: float = 180.0
-    log_path: str | None = None  # server stdout/stderr; None: discarded
+    log_path: str | None = None  # server stdout/stderr; None: a temporary file
 
     def __post_init__(self) -> None:
         if self.ready_timeout_s <= 0:
@@ -41,6 +46,7 @@ class LocalServer:
         self.config = config
         self.port = config.port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = config.log_path or tempfile.mkstemp(prefix="bentoml-serve-", suffix=".log")[1]
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
@@ -49,8 +55,21 @@ class LocalServer:
                 "--working-dir", str(REPO)]
 
     def __enter__(self) -> "LocalServer":
+        # A port picked free can be taken before bentoml binds it: with a picked port, try another.
+        attempts = 1 if self.config.port else 3
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except PortTaken:
+                if attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def _start(self) -> "LocalServer":
         env = {**os.environ, "OMP_NUM_THREADS": "1", "BENTOML_DO_NOT_TRACK": "True", **self.config.env}
-        log = open(self.config.log_path, "ab") if self.config.log_path else subprocess.DEVNULL
+        log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         try:
@@ -60,12 +79,17 @@ class LocalServer:
             raise
         return self
 
+    def _log_tail(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")[-2000:]
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "Address already in use" in self._log_tail():
+                    raise PortTaken(f"port {self.port} was taken before bentoml serve could bind it")
                 raise RuntimeError(f"bentoml serve exited with {self.process.returncode} before it was ready "
-                                   f"(log: {self.config.log_path or 'not kept; pass log_path'})")
+                                   f"(log: {self.log_path})")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
