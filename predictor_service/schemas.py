@@ -12,12 +12,12 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from pipelines.contract import StageTrace, derive_structure, prompt_text
+from pipelines.predictor import FALLBACK_LEVELS
 
 MAX_STAGES_PER_REQUEST = 256
 MAX_PROMPT_CHARS = 100_000
 MAX_PROMPT_MESSAGES = 2_048
 LABEL_FIELDS = ("output_tokens", "is_tool_call")
-FALLBACK_LEVELS = ("role", "global", "prior")
 SOURCES = ("model", "error-fallback", "local-fallback")
 
 
