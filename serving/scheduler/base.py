@@ -2,6 +2,7 @@
 
 A policy orders ready stages; it never touches KV pages or nodes (admission and the allocator do).
 All policies here are heaps with lazy deletion: `remove` marks a request, `pop`/`peek` skip it.
+`peek_n(now, k)` lists the next k in the order `pop` would give them (the gateway's backfill).
 Aging is folded into static keys (key − α·wait = key + α·ready_s − α·now, and the −α·now term
 is common to everyone), so aging never needs a re-heapify.
 """
@@ -11,6 +12,7 @@ import enum
 import heapq
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from serving.request import StageRequest
@@ -60,6 +62,14 @@ class Scheduler(ABC):
     def pop(self, now: float) -> StageRequest | None: ...
 
     @abstractmethod
+    def in_order(self, now: float) -> Iterator[StageRequest]:
+        """Queued requests in the order successive `pop(now)` calls would return them, without removing any."""
+
+    def peek_n(self, now: float, k: int) -> list[StageRequest]:
+        """The next `k` requests in policy order (O(k log k) beyond skipping removed entries)."""
+        return list(itertools.islice(self.in_order(now), k))
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
     @abstractmethod
@@ -100,6 +110,21 @@ class LazyHeap:
         entry[2].queue_seq = -1
         return entry[2]
 
+    def in_order(self) -> Iterator[tuple]:
+        """Live entries smallest first, heap untouched: a best-first walk of the heap's tree (O(log k) per entry).
+
+        Do not push or pop while iterating; `discard` is safe (it only marks).
+        """
+        heap = self._heap
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier:
+            entry, index = heapq.heappop(frontier)
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+            if entry[2].queue_seq == entry[1]:
+                yield entry
+
     def discard(self, request: StageRequest) -> None:
         if request.queue_seq < 0:
             raise RuntimeError(f"stage {request.workflow_id}/{request.stage_id} is not queued")
@@ -130,6 +155,9 @@ class KeyedScheduler(Scheduler):
 
     def pop(self, now: float) -> StageRequest | None:
         return self._heap.pop()
+
+    def in_order(self, now: float) -> Iterator[StageRequest]:
+        return (entry[2] for entry in self._heap.in_order())
 
     def remove(self, request: StageRequest) -> None:
         self._heap.discard(request)

@@ -1,6 +1,8 @@
 """The scheduling policies. Each is a few lines: what its key is, and (for two) how queues combine."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from serving.request import StageRequest
 from serving.scheduler.base import KeyedScheduler, LazyHeap, Scheduler, SchedulerConfig
 
@@ -56,13 +58,27 @@ class MaestroScheduler(Scheduler):
     def add(self, request: StageRequest, now: float) -> None:
         (self._interactive if request.interactive else self._batch).push(self.key(request), request)
 
+    def _is_batch_first(self, head_i: tuple | None, head_b: tuple | None, now: float) -> bool:
+        if head_b is None:
+            return False
+        return head_i is None or now - head_b[2].ready_s >= self.config.batch_max_wait_s
+
     def _queue(self, now: float) -> LazyHeap | None:
         head_i, head_b = self._interactive.top(), self._batch.top()
-        if head_b is None:
-            return self._interactive if head_i else None
-        if head_i is None or now - head_b[2].ready_s >= self.config.batch_max_wait_s:
-            return self._batch
-        return self._interactive
+        if head_i is None and head_b is None:
+            return None
+        return self._batch if self._is_batch_first(head_i, head_b, now) else self._interactive
+
+    def in_order(self, now: float) -> Iterator[StageRequest]:
+        interactive, batch = self._interactive.in_order(), self._batch.in_order()
+        head_i, head_b = next(interactive, None), next(batch, None)
+        while head_i is not None or head_b is not None:
+            if self._is_batch_first(head_i, head_b, now):
+                yield head_b[2]
+                head_b = next(batch, None)
+            else:
+                yield head_i[2]
+                head_i = next(interactive, None)
 
     def peek(self, now: float) -> StageRequest | None:
         queue = self._queue(now)
@@ -100,17 +116,28 @@ class MARSScheduler(Scheduler):
     def add(self, request: StageRequest, now: float) -> None:
         self._levels[self.level(request)].push((-request.attained_service_s, request.ready_s), request)
 
-    def _best(self, now: float) -> LazyHeap | None:
+    def _best_level(self, heads: list[tuple | None], now: float) -> int | None:
+        """The level whose head (boosted for its wait) goes next."""
         best, best_key = None, None
-        for level, heap in enumerate(self._levels):
-            entry = heap.top()
+        for level, entry in enumerate(heads):
             if entry is None:
                 continue
             boosted = max(0, level - int((now - entry[2].ready_s) // self.config.mars_boost_s))
             key = (boosted, entry[0])
             if best_key is None or key < best_key:
-                best, best_key = heap, key
+                best, best_key = level, key
         return best
+
+    def _best(self, now: float) -> LazyHeap | None:
+        level = self._best_level([heap.top() for heap in self._levels], now)
+        return None if level is None else self._levels[level]
+
+    def in_order(self, now: float) -> Iterator[StageRequest]:
+        walks = [heap.in_order() for heap in self._levels]
+        heads = [next(walk, None) for walk in walks]
+        while (level := self._best_level(heads, now)) is not None:
+            yield heads[level][2]
+            heads[level] = next(walks[level], None)
 
     def peek(self, now: float) -> StageRequest | None:
         heap = self._best(now)

@@ -1,4 +1,6 @@
 """Each policy's ordering, lazy removal, aging and the factory."""
+import random
+
 import pytest
 
 from serving.request import StageRequest
@@ -82,6 +84,22 @@ def test_remove_is_lazy_and_len_is_exact(policy):
     assert "w3" not in drain(s)
     s.add(requests[3], 0.0)  # a removed request may come back
     assert drain(s) == ["w3"]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "mars", "continuum"])
+@pytest.mark.parametrize("now", [0.0, 120.0, 200.0])  # Maestro's batch guard for none, some, all; MARS boosts
+def test_peek_n_lists_what_pop_would_give_without_removing(policy, now):
+    rng = random.Random(7)
+    requests = [req(f"w{i}", ready_s=rng.uniform(0, 100), deadline_s=rng.uniform(0, 100),
+                    pred_service_s=rng.uniform(0, 10), attained_service_s=rng.choice([0, 1, 2]),
+                    interactive=rng.random() < 0.5, prompt_tokens=rng.choice([100, 4000, 20000, 50000]))
+                for i in range(40)]
+    s = fill(policy, requests)
+    for r in requests[::5]:
+        s.remove(r)
+    listed = [r.workflow_id for r in s.peek_n(now, 12)]
+    assert len(s) == 32 and len(listed) == 12
+    assert listed == drain(s, now)[:12]
 
 
 def test_unknown_policy_names_the_known_ones():
