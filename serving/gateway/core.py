@@ -33,7 +33,9 @@ class Gateway:
         self.config = config
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
         self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission) for n in config.nodes]
-        self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued)
+        self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued,
+                                     backfill_depth=config.backfill_depth,
+                                     backfill_max_overtaken=config.backfill_max_overtaken)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
@@ -129,7 +131,8 @@ class Gateway:
     def status(self) -> dict:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
                 "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
-                "chars_per_token": round(self.sizer.chars_per_token, 3), **self.counters}
+                "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
+                "backfilled": self.dispatcher.num_backfilled, **self.counters}
 
 
 def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:

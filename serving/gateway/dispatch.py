@@ -3,6 +3,10 @@
 A `Job` is one stage's call. `submit` queues it in the policy's scheduler (bounded); `pump` hands
 the head of the queue a node whose free KV blocks cover its reserve (`PageAdmission`) — the node
 chosen by `select_node` (availability − ready time − degradation) — and wakes its handler.
+When the head fits nowhere, `pump` backfills: of the next `backfill_depth` queued stages (policy
+order), those that fit now go ahead of it, but no queued stage is overtaken this way more than
+`backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the
+queue is strict head-of-line again until it goes. The policy still decides who goes first.
 Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit).
 """
 from __future__ import annotations
@@ -48,15 +52,19 @@ class Job:
     excluded: set[str] = field(default_factory=set)  # nodes that failed this stage
     num_attempts: int = 0
     queue_s: float = 0.0
+    num_overtaken: int = 0  # times backfill dispatched a stage queued behind this one
     prompt_chars: int = 0  # what the prompt-token estimate was made from, to calibrate it on vLLM's count
     num_messages: int = 0
 
 
 class Dispatcher:
-    def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None):
+    def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
+                 backfill_depth: int = 8, backfill_max_overtaken: int = 4):
         self.scheduler, self.nodes, self.max_queued = scheduler, nodes, max_queued
         self.fitness = fitness or FitnessConfig()
+        self.backfill_depth, self.backfill_max_overtaken = backfill_depth, backfill_max_overtaken
         self.num_dispatched = 0
+        self.num_backfilled = 0
 
     def submit(self, job: Job, front: bool = False) -> None:
         """Queue a job (a retry keeps its original ready time, so it goes ahead of later work)."""
@@ -81,15 +89,37 @@ class Dispatcher:
         self.pump()
 
     def pump(self) -> None:
-        """Dispatch from the head of the queue while the head fits somewhere (head-of-line, policy order)."""
+        """Dispatch from the head of the queue while the head fits somewhere (policy order), then backfill."""
         now = time.monotonic()
         while (job := self._peek_job(now)) is not None:
             node = self.choose_node(job)
-            if node is None:
-                self._fail_if_unplaceable(job)
+            if node is not None:
+                self.scheduler.pop(now)
+                self._assign(job, node, now)
+            elif not self._fail_if_unplaceable(job):
+                self._backfill(now)
                 return
-            self.scheduler.pop(now)
+
+    def _backfill(self, now: float) -> None:
+        """Dispatch queued stages behind a head that fits nowhere, while everything they pass may be overtaken."""
+        if self.backfill_depth <= 0:
+            return
+        passed: list[Job] = []  # live stages ahead of the candidate in policy order
+        for request in self.scheduler.peek_n(now, self.backfill_depth + 1):
+            job = request.payload
+            if job.future.done():
+                continue  # cancelled while queued: `_peek_job` drops it when it reaches the head
+            node = self.choose_node(job) if passed else None  # the head was just found not to fit
+            if node is None:
+                if job.num_overtaken >= self.backfill_max_overtaken:
+                    return  # nothing further back may pass this one
+                passed.append(job)
+                continue
+            self.scheduler.remove(request)
             self._assign(job, node, now)
+            self.num_backfilled += 1
+            for ahead in passed:
+                ahead.num_overtaken += 1
 
     def fail_all_queued(self, reason: str) -> None:
         while (job := self._peek_job(time.monotonic())) is not None:
@@ -135,10 +165,12 @@ class Dispatcher:
             raise NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
                          "lower max_tokens or shorten the prompt", status=413)
 
-    def _fail_if_unplaceable(self, job: Job) -> None:
+    def _fail_if_unplaceable(self, job: Job) -> bool:
+        """Fail the head if no healthy node could ever take it (it left the queue); False if it may wait."""
         try:
             self._check_placeable(job)
         except NoNode as error:
             self.scheduler.pop(time.monotonic())
             job.future.set_exception(error)
-            self.pump()
+            return True
+        return False

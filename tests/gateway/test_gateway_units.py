@@ -68,6 +68,55 @@ def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
     assert small.future.result() is node
 
 
+def test_backfill_lets_a_stage_that_fits_pass_a_head_that_does_not():
+    loop = asyncio.new_event_loop()
+    for depth in (0, 8):
+        node = make_node("a", blocks=4)
+        dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, backfill_depth=depth)
+        running, big, small = (make_job(name, 128 * n, loop=loop) for name, n in (("run", 3), ("big", 3), ("small", 1)))
+        for job in (running, big, small):
+            dispatcher.submit(job)
+        assert running.future.done() and not big.future.done()  # 1 block left: the head needs 3
+        assert small.future.done() == (depth > 0)  # strict head-of-line keeps the 1-block stage waiting too
+        dispatcher.finish(running)  # 3 blocks free: the head goes (and then, without backfill, the small one)
+        assert big.future.result() is node and small.future.result() is node
+
+
+def test_backfill_overtakes_a_stage_a_bounded_number_of_times():
+    loop = asyncio.new_event_loop()
+    node = make_node("a", blocks=8)
+    dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, backfill_depth=8, backfill_max_overtaken=2)
+    running, big = make_job("run", 128 * 6, loop=loop), make_job("big", 128 * 4, loop=loop)
+    smalls = [make_job(f"s{i}", 128, loop=loop) for i in range(3)]
+    for job in (running, big, *smalls):
+        dispatcher.submit(job)
+    assert [s.future.done() for s in smalls] == [True, True, False]  # 2 free blocks: two pass the head
+    assert big.num_overtaken == 2 and dispatcher.num_backfilled == 2
+    dispatcher.finish(smalls[0])  # a block is free, but the head has been passed its 2 times
+    dispatcher.finish(smalls[1])
+    assert not smalls[2].future.done() and not big.future.done()
+    dispatcher.finish(running)  # room for the head: it goes first, then the last small one
+    assert big.future.result() is node and smalls[2].future.result() is node
+    assert smalls[2].num_overtaken == 0
+
+
+def test_backfill_respects_policy_order_and_skips_cancelled_stages():
+    loop = asyncio.new_event_loop()
+    node = make_node("a", blocks=4)
+    dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, backfill_depth=8, backfill_max_overtaken=1)
+    running, big = make_job("run", 128 * 3, loop=loop), make_job("big", 128 * 2, loop=loop)
+    big.num_overtaken = 1  # already passed its one time: strict head-of-line while the others queue
+    cancelled, later, earlier = (make_job(name, 128, loop=loop) for name in ("cancelled", "later", "earlier"))
+    cancelled.request.ready_s, later.request.ready_s, earlier.request.ready_s = 0.5, 2.0, 1.0
+    for job in (running, big, cancelled, later, earlier):
+        dispatcher.submit(job)
+    assert not any(j.future.done() for j in (big, cancelled, later, earlier))
+    cancelled.future.cancel()
+    big.num_overtaken = 0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
+    dispatcher.pump()
+    assert earlier.future.done() and not later.future.done()
+
+
 def test_never_fitting_stage_is_413_and_dead_cluster_is_503():
     loop = asyncio.new_event_loop()
     node = make_node("a", blocks=2)
