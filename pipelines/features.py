@@ -150,11 +150,9 @@ class Featurizer:
         frame = structural_frame(stages)
         if self.config.feature_set == "basic":
             frame = frame[list(BASIC_COLUMNS)].copy()
-        for column, known in self.categories_.items():
-            if column not in frame:
-                continue
-            values = frame[column].where(frame[column].isin(known), UNKNOWN)
-            frame[column] = pd.Categorical(values, categories=known)
+        for column in self.categories_:
+            if column in frame:
+                frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
         if self.config.use_embedding:
             vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
             reduced = self.pca_.transform(vectors) if len(stages) else np.zeros((0, self.pca_.n_components_))
@@ -163,6 +161,17 @@ class Featurizer:
             frame = pd.concat([frame, pd.DataFrame(reduced.astype(np.float32), columns=names, index=frame.index)],
                               axis=1)
         return frame
+
+    def _categorical(self, column: str, values: np.ndarray) -> pd.Categorical:
+        """Values outside the training categories become UNKNOWN. Codes are looked up in a dict and the
+        dtype is built once: pandas' own isin/where/Categorical cost ~0.5 ms a column on a live one-stage call."""
+        if not hasattr(self, "_codes"):
+            self._codes = {c: ({v: i for i, v in enumerate(known)}, pd.CategoricalDtype(known))
+                           for c, known in self.categories_.items()}
+        index, dtype = self._codes[column]
+        unknown = index[UNKNOWN]
+        codes = np.fromiter((index.get(v, unknown) for v in values), np.int32, len(values))
+        return pd.Categorical.from_codes(codes, dtype=dtype)
 
     def state(self) -> dict:
         """What fit() learnt, picklable without the embedding model."""

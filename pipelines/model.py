@@ -142,19 +142,20 @@ class TwoStageModel:
         scores = y_log - upper_oof
         self.global_q_ = conformal_quantile(scores, cfg.alpha)
         self.group_q_ = {}
-        for level_keys in self._group_keys(X2):
+        for level_keys in self._group_keys(X2, X2["p_tool"].to_numpy()):
             for key in set(level_keys):
                 member = scores[level_keys == key]
                 if len(member) >= cfg.min_group_calibration:
                     self.group_q_[key] = conformal_quantile(member, cfg.alpha)
 
     @staticmethod
-    def _group_keys(X: pd.DataFrame) -> list[np.ndarray]:
+    def _group_keys(X: pd.DataFrame, p_tool: np.ndarray) -> list[np.ndarray]:
         """Calibration groups from most to least specific: (role, mode) → role → mode."""
-        role = X["role"].astype(str).to_numpy()
-        mode = np.where(X["p_tool"].to_numpy() >= 0.5, "tool", "text")
-        return [np.char.add(np.char.add(role.astype(str), "|"), mode), np.char.add("role:", role.astype(str)),
-                np.char.add("mode:", mode)]
+        roles = [str(r) for r in X["role"].to_numpy(dtype=object)]
+        modes = ["tool" if p >= 0.5 else "text" for p in p_tool]
+        as_array = lambda keys: np.array(keys, dtype=object)
+        return [as_array([f"{r}|{m}" for r, m in zip(roles, modes)]), as_array([f"role:{r}" for r in roles]),
+                as_array([f"mode:{m}" for m in modes])]
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -164,20 +165,19 @@ class TwoStageModel:
         # than the trees themselves on the small batches a live service predicts.
         matrix = _as_matrix(X, self.regressor_.booster.pandas_categorical)
         p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, matrix))
-        X2 = X.assign(p_tool=p_tool)
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
-            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(X2))
+            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(X, p_tool))
         return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred)}
 
-    def _quantiles(self, X2: pd.DataFrame) -> np.ndarray:
-        out = np.full(len(X2), self.global_q_)
-        found = np.zeros(len(X2), bool)
-        for level_keys in self._group_keys(X2):
+    def _quantiles(self, X: pd.DataFrame, p_tool: np.ndarray) -> np.ndarray:
+        out = np.full(len(X), self.global_q_)
+        found = np.zeros(len(X), bool)
+        for level_keys in self._group_keys(X, p_tool):
             q = np.array([self.group_q_.get(k, np.nan) for k in level_keys])
             take = ~found & ~np.isnan(q)
             out[take], found = q[take], found | take

@@ -54,7 +54,8 @@ def service_metrics() -> dict:
 # One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side.
 # No access log: at thousands of calls a second it costs more than it tells (/metrics counts requests).
 @bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30},
-                 logging={"access": {"enabled": False}})
+                 logging={"access": {"enabled": False}},
+                 tracing={"excluded_urls": "/predict,/predict_unbatched"})
 class PredictorService:
     """Stage-length predictions for the scheduler, online correction from observed stages, hot model reload."""
 
