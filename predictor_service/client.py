@@ -107,10 +107,12 @@ def _parse(response: httpx.Response, sent: list[dict]) -> list[PredictionOut]:
 class PredictorClient:
     """Blocking client; `predict` returns within the deadline whatever the service does."""
 
-    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None):
+    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        """`transport`: httpx's, e.g. `httpx.WSGITransport` or a mock; default: the network."""
         self.config, self.fallback = config, fallback or LocalFallback()
         self.breaker = _Breaker(config.cooldown_s)
-        self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s)
+        self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s, transport=transport)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="predictor-client")
         self._lock = threading.Lock()
 
@@ -166,10 +168,12 @@ class PredictorClient:
 class AsyncPredictorClient:
     """asyncio client; batches go out concurrently and the whole call is bounded by `timeout_s`."""
 
-    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None):
+    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        """`transport`: httpx's, e.g. `httpx.ASGITransport(app)` to talk to a service in process."""
         self.config, self.fallback = config, fallback or LocalFallback()
         self.breaker = _Breaker(config.cooldown_s)
-        self._http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s)
+        self._http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s, transport=transport)
 
     async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
         wire = [to_wire(s) for s in stages]

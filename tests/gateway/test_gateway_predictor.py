@@ -68,10 +68,9 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
 
     async def scenario():
         async with service.router.lifespan_context(service):
-            client = AsyncPredictorClient(ClientConfig(url="http://predictor", timeout_s=5.0))
-            # The client owns its httpx client; in process it talks to the ASGI app instead of a socket.
-            client._http = httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://predictor",
-                                             timeout=5.0)
+            # In process, the client talks to the ASGI app instead of a socket.
+            client = AsyncPredictorClient(ClientConfig(url="http://predictor", timeout_s=5.0),
+                                          transport=httpx.ASGITransport(service))
             responses = await run_app(tmp_path / "traces", {"a": True}, three_stages,
                                       HttpPredictor(client, observe_period_s=0.01))
             async with httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://p") as probe:
