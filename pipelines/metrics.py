@@ -68,7 +68,7 @@ def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.Da
     p90 = lambda s: np.quantile(s, 0.9)
     glob = np.full(len(test), float(np.median(train["tokens"])))
     role_median = _per_role(train, test, median)
-    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 2, "learning_rate": 0.05,
+    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 1, "learning_rate": 0.05,
               "num_leaves": 31, "min_child_samples": 10}
     booster = lgb.train(params, lgb.Dataset(X_train, np.log1p(train["tokens"].to_numpy(float))), num_boost_round=500)
     single = np.expm1(booster.predict(X_test))

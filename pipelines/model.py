@@ -30,6 +30,9 @@ class ModelConfig:
     min_group_calibration: int = 40
     role_dropout: float = 0.1  # rows trained with role="unknown" so unseen roles have a learnt fallback
     seed: int = 0
+    # LightGBM threads. One by default: on a shared 2-core machine, two OpenMP threads spin-waiting on
+    # each other made one training 13× slower (154 s vs 12 s) while other work ran; alone they save little.
+    num_threads: int = 1
     classifier: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=31,
                                                           min_child_samples=10, subsample=0.8, subsample_freq=1,
                                                           colsample_bytree=0.8))
@@ -49,6 +52,8 @@ class ModelConfig:
             raise ValueError(f"reserve_method must be 'conformal' or 'rho', got {self.reserve_method!r}")
         if self.folds < 2:
             raise ValueError(f"folds must be ≥ 2, got {self.folds}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
 
 
 def asymmetric_l2(under_weight: float):
@@ -69,9 +74,9 @@ def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
     return float(np.sort(scores)[rank - 1]) if 0 < rank <= n else float("inf")
 
 
-def _lgb_params(params: dict, seed: int, **extra) -> dict:
+def _lgb_params(params: dict, config: ModelConfig, **extra) -> dict:
     out = {k: v for k, v in params.items() if k != "n_estimators"}
-    return {"verbosity": -1, "seed": seed, "num_threads": 2, **out, **extra}
+    return {"verbosity": -1, "seed": config.seed, "num_threads": config.num_threads, **out, **extra}
 
 
 class TwoStageModel:
@@ -116,7 +121,7 @@ class TwoStageModel:
     def _fit_classifier(self, X: pd.DataFrame, y: np.ndarray):
         if len(set(y)) < 2:  # one class only (e.g. traces without any tool call): a constant
             return float(y.mean()) if len(y) else 0.0
-        params = _lgb_params(self.config.classifier, self.config.seed, objective="binary")
+        params = _lgb_params(self.config.classifier, self.config, objective="binary")
         return lgb.train(params, lgb.Dataset(X, y), num_boost_round=self.config.classifier["n_estimators"])
 
     @staticmethod
@@ -126,7 +131,7 @@ class TwoStageModel:
     def _fit_regressor(self, X: pd.DataFrame, y_log: np.ndarray) -> "_Regressor":
         cfg = self.config
         base = float(np.mean(y_log))
-        params = _lgb_params(cfg.regressor, cfg.seed, objective=asymmetric_l2(cfg.under_weight))
+        params = _lgb_params(cfg.regressor, cfg, objective=asymmetric_l2(cfg.under_weight))
         data = lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base))
         return _Regressor(lgb.train(params, data, num_boost_round=cfg.regressor["n_estimators"]), base)
 
@@ -134,7 +139,7 @@ class TwoStageModel:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α."""
         cfg = self.config
-        params = _lgb_params(cfg.quantile, cfg.seed, objective="quantile", alpha=1 - cfg.alpha)
+        params = _lgb_params(cfg.quantile, cfg, objective="quantile", alpha=1 - cfg.alpha)
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
                                     num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
