@@ -39,11 +39,13 @@ class GatewayConfig:
     # prompt + whole output from the start (no preemption at all, fewer stages at once: slower under pressure).
     kv_admission: str = "projected"
     kv_overcommit: float = 2.0  # cap on reserved peaks, × a node's blocks (with peak admission, 1.0 = never preempt)
+    decode_rate_margin: float = 0.8  # projected: calls are taken to last 1 / margin × their fitted time (< 1: safer)
     # Backfill: when the head of the queue fits on no node, of the next `backfill_depth` queued stages (policy order)
     # those that fit go ahead of it; no stage is overtaken so more than `backfill_max_overtaken` times (then the queue
     # is strict head-of-line until it goes). backfill_depth 0 = always strict head-of-line.
     backfill_depth: int = 8
     backfill_max_overtaken: int = 4
+    admission_recheck_s: float = 0.02  # while the head waits, admission is re-checked this often (0 = on events only)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request
@@ -63,12 +65,14 @@ class GatewayConfig:
             raise ValueError("gateway config: node names must be unique")
         if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
             raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
-        if self.backfill_depth < 0 or self.backfill_max_overtaken < 0:
-            raise ValueError("gateway config: backfill_depth and backfill_max_overtaken must be >= 0")
+        if self.backfill_depth < 0 or self.backfill_max_overtaken < 0 or self.admission_recheck_s < 0:
+            raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s must be >= 0")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):
             raise ValueError(f"gateway config: kv_admission must be 'peak' or 'projected', got {self.kv_admission!r}")
+        if not 0.2 <= self.decode_rate_margin <= 1.5:
+            raise ValueError(f"gateway config: decode_rate_margin must be in [0.2, 1.5], got {self.decode_rate_margin}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         from serving.scheduler import SchedulerConfig

@@ -32,10 +32,12 @@ class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config = config
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
-        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission) for n in config.nodes]
+        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin)
+                      for n in config.nodes]
         self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
-                                     backfill_max_overtaken=config.backfill_max_overtaken)
+                                     backfill_max_overtaken=config.backfill_max_overtaken,
+                                     recheck_s=config.admission_recheck_s)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)

@@ -59,10 +59,12 @@ class Job:
 
 class Dispatcher:
     def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
-                 backfill_depth: int = 8, backfill_max_overtaken: int = 4):
+                 backfill_depth: int = 8, backfill_max_overtaken: int = 4, recheck_s: float = 0.02):
         self.scheduler, self.nodes, self.max_queued = scheduler, nodes, max_queued
         self.fitness = fitness or FitnessConfig()
         self.backfill_depth, self.backfill_max_overtaken = backfill_depth, backfill_max_overtaken
+        self.recheck_s = recheck_s
+        self._recheck: asyncio.TimerHandle | None = None
         self.num_dispatched = 0
         self.num_backfilled = 0
 
@@ -98,7 +100,23 @@ class Dispatcher:
                 self._assign(job, node, now)
             elif not self._fail_if_unplaceable(job):
                 self._backfill(now)
+                self._schedule_recheck()
                 return
+
+    def _schedule_recheck(self) -> None:
+        """Pump again soon: projected admission changes with time alone (stages are projected to end), not only
+        when a stage finishes or /metrics is polled — waiting for those left the node idle for up to a poll period."""
+        if self.recheck_s <= 0 or self._recheck is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (unit tests driving the dispatcher by hand): events and polls pump
+        self._recheck = loop.call_later(self.recheck_s, self._on_recheck)
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        self.pump()
 
     def _backfill(self, now: float) -> None:
         """Dispatch queued stages behind a head that fits nowhere, while everything they pass may be overtaken."""

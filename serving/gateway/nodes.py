@@ -14,7 +14,7 @@ import time
 
 from serving.gateway.config import NodeConfig
 from serving.gateway.upstream import Upstream, UpstreamError
-from serving.gateway.projection import GrowingStage, peak_blocks
+from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
 
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
@@ -42,19 +42,24 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
-DECODE_RATE_MARGIN = 0.8  # project 20 % slower than measured: a slower stage than projected risks preemption
+DECODE_RATE_MARGIN = 0.8  # default: project 20 % slower than measured (a slower stage than projected risks preemption)
+# (the pace is used until `CallTimeFit` can split a call's time into overhead + output / rate; then that is)
 
 
 class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak"):
+                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN):
         self.name, self.url, self.upstream = config.name, config.url, upstream
-        self.kv_overcommit, self.kv_admission = kv_overcommit, kv_admission
+        self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
-        self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # per stage, learned from finished stages
+        self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # projected, per stage, learned from finished stages
+        self.call_overhead_s = 0.0  # projected fixed time of a call besides its decoding
+        self.mean_pace = 0.0  # output tokens / call time, EWMA
         self.num_paces_observed = 0
+        self.call_fit = CallTimeFit()
+        self.num_refused = {"budget": 0, "vllm_free": 0, "projected": 0}  # why `can_fit` said no
         self.is_healthy = False
         self.allocator: KVAllocator | None = None
         self.block_size = 16
@@ -63,6 +68,7 @@ class Node:
         self.num_waiting = 0
         self.num_preemptions = 0
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
+        self.metrics_asked_s = float("-inf")  # when the /metrics now in use was asked for (monotonic)
         self.models: list[str] = []
         self.num_vllm_blocks = 0
 
@@ -94,21 +100,33 @@ class Node:
             return False
         num_blocks = self.blocks_for(prompt_tokens + output_tokens)
         if num_blocks > self.num_unreserved_blocks:
-            return False
+            return self._refuse("budget")
         if self.kv_admission == "peak":
-            return num_blocks <= self.num_unused_blocks
+            return num_blocks <= self.num_unused_blocks or self._refuse("vllm_free")
+        if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
+            return self._refuse("vllm_free")
         now = time.monotonic()
         candidate = GrowingStage(prompt_tokens, output_tokens, now)
-        peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size)
-        return self.blocks_for(prompt_tokens) <= self.num_unused_blocks and peak <= self.num_blocks
+        measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
+        peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
+                           self.call_overhead_s, measured)
+        return peak <= self.num_blocks or self._refuse("projected")
+
+    def _refuse(self, reason: str) -> bool:
+        self.num_refused[reason] += 1
+        return False
 
     def observe_decode(self, output_tokens: int, seconds: float) -> None:
-        """A finished stage's pace (tokens over its whole call, so queueing and prefill slow it: conservative)."""
-        if output_tokens >= 8 and seconds > 0:
-            pace = output_tokens / seconds * DECODE_RATE_MARGIN
-            weight = DECODE_RATE_WEIGHT if self.num_paces_observed else 1.0
-            self.decode_tokens_per_s += weight * (pace - self.decode_tokens_per_s)
-            self.num_paces_observed += 1
+        """A finished stage's call time: the fitted overhead + rate once there is a fit, else the mean pace."""
+        if output_tokens < 8 or seconds <= 0:
+            return
+        weight = DECODE_RATE_WEIGHT if self.num_paces_observed else 1.0
+        self.mean_pace += weight * (output_tokens / seconds - self.mean_pace)
+        self.num_paces_observed += 1
+        self.call_fit.observe(output_tokens, seconds)
+        overhead_s, tokens_per_s = self.call_fit.solve() or (0.0, self.mean_pace)
+        self.call_overhead_s = overhead_s / self.decode_rate_margin
+        self.decode_tokens_per_s = tokens_per_s * self.decode_rate_margin
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks
@@ -133,8 +151,10 @@ class Node:
         self.kv_usage = max(0.0, self.kv_usage - num_blocks / max(1, self.num_blocks))
 
     # ---- synchronisation with vLLM ----------------------------------------------------------
-    def apply_metrics(self, samples: dict[str, tuple[dict, float]]) -> None:
+    def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
+        """Take a /metrics answer; `asked_s`: when it was asked for (monotonic; default now)."""
         value = lambda name, default=0.0: samples.get(name, ({}, default))[1]  # noqa: E731
+        self.metrics_asked_s = time.monotonic() if asked_s is None else asked_s
         self.kv_usage = value("vllm:kv_cache_usage_perc", value("vllm:gpu_cache_usage_perc"))
         self.num_running = int(value("vllm:num_requests_running"))
         self.num_waiting = int(value("vllm:num_requests_waiting"))
@@ -158,10 +178,11 @@ class Node:
     async def poll(self, timeout_s: float) -> bool:
         """Fetch /metrics; healthy iff it answered. Returns the new health."""
         try:
+            asked_s = time.monotonic()
             response = await self.upstream.get(f"{self.url}/metrics", timeout_s)
             if response.status_code != 200:
                 raise ValueError(f"/metrics answered {response.status_code}")
-            self.apply_metrics(parse_metrics(response.text))
+            self.apply_metrics(parse_metrics(response.text), asked_s)
             self.is_healthy = True
         except (*UpstreamError, ValueError):
             self.is_healthy = False
@@ -171,4 +192,5 @@ class Node:
         return {"name": self.name, "url": self.url, "healthy": self.is_healthy, "num_blocks": self.num_blocks,
                 "num_free_blocks": self.num_free_blocks, "kv_usage": round(self.kv_usage, 4),
                 "running": self.num_running, "waiting": self.num_waiting, "inflight": self.num_inflight,
-                "preemptions": self.num_preemptions}
+                "preemptions": self.num_preemptions, "refused": dict(self.num_refused),
+                "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1)}

@@ -6,6 +6,7 @@ the real-engine tests are in test_gateway_vllm.py.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
-from serving.gateway.projection import GrowingStage, peak_blocks
+from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
@@ -115,6 +116,34 @@ def test_backfill_respects_policy_order_and_skips_cancelled_stages():
     big.num_overtaken = 0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
     dispatcher.pump()
     assert earlier.future.done() and not later.future.done()
+
+
+class NodeReadyAt:
+    """A node that can take any stage from a given moment on (what projected admission does as stages end)."""
+
+    name, num_blocks, num_free_blocks, num_inflight, num_waiting, is_healthy, allocator = "t", 1, 1, 0, 0, True, None
+
+    def __init__(self, ready_s: float):
+        self.ready_s = ready_s
+
+    def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
+        return time.monotonic() >= self.ready_s
+
+    def reserve(self, prompt_tokens: int, output_tokens: int):
+        return None
+
+
+def test_a_waiting_head_is_rechecked_as_time_passes_without_events():
+    async def run(recheck_s: float) -> bool:
+        node = NodeReadyAt(time.monotonic() + 0.05)
+        dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, recheck_s=recheck_s)
+        job = make_job("s", 128, loop=asyncio.get_running_loop())
+        dispatcher.submit(job)
+        assert not job.future.done()
+        await asyncio.sleep(0.2)  # no finish, no poll
+        return job.future.done()
+
+    assert asyncio.run(run(0.01)) and not asyncio.run(run(0.0))
 
 
 def test_never_fitting_stage_is_413_and_dead_cluster_is_503():
@@ -251,10 +280,36 @@ def test_projected_admission_lets_more_stages_in_than_peak_reservations():
     assert projected.can_fit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
 
 
-def test_decode_pace_starts_slow_takes_the_first_measure_then_averages():
+def test_decode_pace_starts_slow_takes_the_first_measure_then_averages_then_fits():
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected")
     assert node.decode_tokens_per_s == 10.0  # unmeasured: projections assume long overlaps
     node.observe_decode(100, 1.0)
     assert node.decode_tokens_per_s == 80.0  # 100 tokens/s, projected 20 % slower
     node.observe_decode(200, 1.0)
-    assert node.decode_tokens_per_s == 96.0
+    assert node.decode_tokens_per_s == 96.0 and node.call_overhead_s == 0.0
+    for tokens in (50, 300, 100, 250, 40, 280):  # 0.2 s per call + 500 tokens/s: the fit takes over
+        node.observe_decode(tokens, 0.2 + tokens / 500)
+    # the two first calls (1 s each) still weigh in: close to, not exactly, 0.2 s and 500 tokens/s
+    assert 0.1 < node.call_overhead_s * 0.8 < 0.4 and 300 < node.decode_tokens_per_s / 0.8 < 700
+
+
+def test_call_time_fit_splits_the_overhead_from_the_rate():
+    fit = CallTimeFit()
+    for tokens in (40, 300, 120, 60, 250, 200, 90):
+        fit.observe(tokens, 0.15 + tokens / 400)
+    assert fit.solve() is None  # 7 calls: not yet
+    fit.observe(180, 0.15 + 180 / 400)
+    overhead_s, tokens_per_s = fit.solve()
+    assert abs(overhead_s - 0.15) < 1e-6 and abs(tokens_per_s - 400) < 1e-3
+    same = CallTimeFit()
+    for _ in range(10):
+        same.observe(100, 0.4)
+    assert same.solve() is None  # all one length: overhead and rate cannot be told apart
+
+
+def test_an_overran_stage_is_held_at_its_peak_unless_vllm_said_later_it_holds_less():
+    # 100 tokens/s, block 128: A (256 + 256) should have ended at 2.56 s; it is 3.0 s. The candidate needs 2 blocks.
+    overran, candidate = GrowingStage(256, 256, start_s=0.0), GrowingStage(128, 128, start_s=3.0)
+    assert peak_blocks([overran], candidate, 3.0, 100.0, 128) == 4 + 2
+    assert peak_blocks([overran], candidate, 3.0, 100.0, 128, measured=(0, 2.9)) == 0 + 1 + 2  # + a block of slack
+    assert peak_blocks([overran], candidate, 3.0, 100.0, 128, measured=(0, 2.0)) == 4 + 2  # asked before its end
