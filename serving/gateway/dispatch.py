@@ -108,6 +108,8 @@ class Dispatcher:
         when a stage finishes or /metrics is polled — waiting for those left the node idle for up to a poll period."""
         if self.recheck_s <= 0 or self._recheck is not None:
             return
+        if not any(n.kv_admission == "projected" for n in self.nodes):
+            return  # peak admission changes only on those events
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

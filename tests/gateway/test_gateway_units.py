@@ -122,6 +122,7 @@ class NodeReadyAt:
     """A node that can take any stage from a given moment on (what projected admission does as stages end)."""
 
     name, num_blocks, num_free_blocks, num_inflight, num_waiting, is_healthy, allocator = "t", 1, 1, 0, 0, True, None
+    kv_admission = "projected"
 
     def __init__(self, ready_s: float):
         self.ready_s = ready_s
