@@ -7,6 +7,7 @@ the gateway's finished stages.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -93,13 +94,50 @@ def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_p
     assert client.breaker.last_error and predictor.num_observed == 0 and len(predictor.pending) == len(ROLES)
 
 
+def test_closing_waits_for_the_batch_on_the_wire_and_sends_the_rest():
+    """The race behind a flaky 'observed 1 of 3': the gateway stopped while a batch was being sent."""
+    class SlowClient:
+        def __init__(self):
+            self.received: list[str] = []
+
+        async def observe(self, rows) -> bool:
+            await asyncio.sleep(0.2)  # a slow /observe (a loaded box)
+            self.received.extend(r["stage_id"] for r in rows)
+            return True
+
+        async def aclose(self) -> None:
+            pass
+
+    async def scenario() -> SlowClient:
+        client = SlowClient()
+        predictor = HttpPredictor(client, observe_period_s=0.01)
+        predictor.observe({"workflow_id": "w", "stage_id": "0"})
+        await asyncio.sleep(0.05)  # its batch is on the wire now
+        predictor.observe({"workflow_id": "w", "stage_id": "1"})
+        predictor.observe({"workflow_id": "w", "stage_id": "2"})
+        await predictor.aclose()
+        assert predictor.num_observed == 3 and not predictor.pending
+        return client
+
+    assert sorted(asyncio.run(scenario()).received) == ["0", "1", "2"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gateway_with_a_real_bentoml_serve(model_dir, tmp_path):
     config = ServerConfig(env=service_env(model_dir, tmp_path), log_path=str(tmp_path / "server.log"))
     with LocalServer(config) as server:
-        predictor = HttpPredictor.from_url(server.url, str(model_dir), timeout_s=5.0)
+        # Generous deadlines: on a loaded 2-core box a first /predict or /observe can take seconds.
+        predictor = HttpPredictor.from_url(server.url, str(model_dir), timeout_s=30.0)
         predictor.observe_period_s = 0.01
         responses = asyncio.run(run_app(tmp_path / "traces", {"a": True}, three_stages, predictor))
-        stats = httpx.get(f"{server.url}/stats", timeout=5).json()
+        # The gateway's stop flushed what it had; wait on the service's own count, not a fixed time.
+        deadline, stats = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:
+            stats = httpx.get(f"{server.url}/stats", timeout=30).json()
+            if stats["num_observed"] >= len(ROLES):
+                break
+            time.sleep(0.2)
+    assert predictor.num_observed == len(ROLES) and not predictor.pending, (predictor.num_observed,
+                                                                            predictor.client.breaker.last_error)
     assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])
