@@ -46,7 +46,7 @@ def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[
     return [e.wait_ready() for e in engines]
 
 
-def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, **extra) -> tuple[subprocess.Popen, str]:
+def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: int = 0, **extra) -> tuple[subprocess.Popen, str]:
     port = free_port()
     config = {"nodes": [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)], "model": "tiny",
               "port": port, "trace_dir": str(trace_dir), **extra}
@@ -54,6 +54,8 @@ def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, **extra
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen([str(REPO / ".venv/bin/maestro"), "gateway", "--config", str(path)],
                                stdout=open(workdir / f"gateway-{port}.log", "w"), stderr=subprocess.STDOUT)
+    if nice:  # an operator option (a negative value needs root / CAP_SYS_NICE): the gateway ahead of vLLM's busy loop
+        psutil.Process(process.pid).nice(nice)
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -74,6 +76,13 @@ def stop(process: subprocess.Popen) -> None:
 
 def preemptions(url: str) -> int:
     return int(parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text).get("vllm:num_preemptions_total", ({}, 0))[1])
+
+
+def running_while_busy(stats_dir: Path, pid: int) -> float | None:
+    """vLLM's mean sequences running over its steps with any running (maestro-vllm-stats step records)."""
+    values = [r["running"] for p in stats_dir.glob(f"vllm-*-{pid}-e*.jsonl") for line in p.read_text().splitlines()
+              if (r := json.loads(line)).get("kind") == "step" and r["running"] > 0]
+    return round(float(np.mean(values)), 3) if values else None
 
 
 def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:
@@ -147,14 +156,15 @@ def drive_config(target: str, args, **kw) -> DriveConfig:
 
 
 def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
-    out = {"kv_cache_bytes": args.pressure_kv_bytes}
+    out = {"kv_cache_bytes": args.pressure_kv_bytes, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+           "gateway_config": json.loads(args.pressure_gateway), "gateway_nice": args.gateway_nice}
     for mode in ("direct", "gateway"):
         [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
         gateway = None
         try:
             target = engine.url
             if mode == "gateway":
-                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir,
+                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir, nice=args.gateway_nice,
                                                 **json.loads(args.pressure_gateway))
             before = preemptions(engine.url)
             config = drive_config(target, args, num_workflows=args.pressure_workflows,
@@ -171,7 +181,10 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
         finally:
             if gateway:
                 stop(gateway)
+                gateway = None
             engine.stop()
+            if mode in out:
+                out[mode]["running_while_busy"] = running_while_busy(logs / "vllm-stats", engine.process.pid)
     d, g = out["direct"]["preemptions"], out["gateway"]["preemptions"]
     out["preemption_ratio_direct_over_gateway"] = round(d / max(g, 1), 2) if d else None
     return out
@@ -193,6 +206,8 @@ def main() -> None:
     parser.add_argument("--pressure-max-tokens", type=int, default=300)
     parser.add_argument("--pressure-gateway", default="{}",
                         help='gateway config fields for the pressure phase, as JSON (e.g. {"kv_overcommit": 1.25})')
+    parser.add_argument("--gateway-nice", type=int, default=0,
+                        help="pressure phase: the gateway process's nice value (negative needs root)")
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
