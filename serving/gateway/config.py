@@ -46,6 +46,9 @@ class GatewayConfig:
     backfill_depth: int = 8
     backfill_max_overtaken: int = 4
     admission_recheck_s: float = 0.02  # while the head waits, admission is re-checked this often (0 = on events only)
+    # Non-streaming clients' calls go to vLLM streamed (usage included) and are answered from the assembled chunks,
+    # so a stage's KV reservation goes back at vLLM's last chunk, not once its whole answer is in (outcome.py).
+    stream_upstream: bool = True
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request

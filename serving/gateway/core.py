@@ -154,7 +154,8 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
         record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,
                       is_tool_call=result.is_tool_call, output_text=result.output_text,
                       finish_reason=result.finish_reason, e2e_s=round(end - result.started_s, 6),
-                      ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None)
+                      ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
+                      kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None)
     else:
         record["error"] = result.error or "no usage in vLLM's response"
     return {k: v for k, v in record.items() if v is not None}

@@ -18,6 +18,7 @@ class CallResult:
     num_tool_calls: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    released_s: float | None = None  # when the KV reservation went back (streamed from vLLM: its last chunk)
 
     @property
     def output_text(self) -> str:
@@ -73,3 +74,104 @@ class CallResult:
         for choice in chunk.get("choices") or []:
             self.read_choice(choice)
         self.read_usage(chunk.get("usage"))
+
+
+# Request fields whose non-streamed answer carries what the assembler does not rebuild: those go to vLLM unstreamed.
+NOT_ASSEMBLED = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "best_of", "return_tokens_as_token_ids")
+
+
+def can_assemble(body: dict) -> bool:
+    """Whether a non-streaming client's call may go to vLLM streamed and be answered from the assembled chunks."""
+    return not any(body.get(k) for k in NOT_ASSEMBLED)
+
+
+class StreamAssembler:
+    """A vLLM SSE stream (`stream: true`, usage included) → the non-streamed OpenAI answer it stands for.
+
+    Content, reasoning and tool-call deltas are joined per choice (tool calls by their `index`, arguments
+    concatenated); finish/stop reasons and usage are taken as they come. `is_finished` is true once every
+    expected choice has its finish_reason or the usage chunk (vLLM's last) arrived: vLLM has freed the request.
+    """
+
+    def __init__(self, is_chat: bool, num_choices: int = 1):
+        self.is_chat, self.num_choices = is_chat, max(1, num_choices)
+        self.head: dict = {}
+        self.choices: dict[int, dict] = {}
+        self.usage: dict | None = None
+        self.error: object = None
+
+    @property
+    def is_finished(self) -> bool:
+        finished = sum(c["finish_reason"] is not None for c in self.choices.values())
+        return self.usage is not None or finished >= self.num_choices
+
+    def feed_line(self, line: str) -> dict | None:
+        """One SSE line; returns its chunk (None for other lines, [DONE] or bad JSON)."""
+        if not line.startswith("data:"):
+            return None
+        payload = line[5:].strip()
+        if not payload or payload == "[DONE]":
+            return None
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            return None
+        self.feed(chunk)
+        return chunk
+
+    def feed(self, chunk: dict) -> None:
+        if "error" in chunk and not chunk.get("choices"):
+            self.error = chunk["error"]
+            return
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if chunk.get(k) is not None}
+        for part in chunk.get("choices") or []:
+            choice = self.choices.setdefault(part.get("index", 0), {"text": [], "reasoning": [], "tools": {},
+                                                                   "finish_reason": None, "stop_reason": None})
+            delta = part.get("delta") if self.is_chat else None
+            text = (delta or {}).get("content") if self.is_chat else part.get("text")
+            if text:
+                choice["text"].append(text)
+            reasoning = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")
+            if reasoning:
+                choice["reasoning"].append(reasoning)
+            for call in (delta or {}).get("tool_calls") or []:
+                tool = choice["tools"].setdefault(call.get("index", len(choice["tools"])),
+                                                  {"id": None, "type": "function", "name": [], "arguments": []})
+                tool["id"] = call.get("id") or tool["id"]
+                tool["type"] = call.get("type") or tool["type"]
+                function = call.get("function") or {}
+                if function.get("name"):
+                    tool["name"].append(function["name"])
+                if function.get("arguments"):
+                    tool["arguments"].append(function["arguments"])
+            if part.get("finish_reason") is not None:
+                choice["finish_reason"] = part["finish_reason"]
+            if part.get("stop_reason") is not None:
+                choice["stop_reason"] = part["stop_reason"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+
+    def response(self) -> dict:
+        """The assembled answer, shaped like vLLM's non-streamed one."""
+        choices = []
+        for index, c in sorted(self.choices.items()):
+            out: dict = {"index": index}
+            if self.is_chat:
+                message: dict = {"role": "assistant", "content": "".join(c["text"]) or None}
+                if c["reasoning"]:
+                    message["reasoning_content"] = "".join(c["reasoning"])
+                message["tool_calls"] = [{"id": t["id"], "type": t["type"],
+                                          "function": {"name": "".join(t["name"]), "arguments": "".join(t["arguments"])}}
+                                         for _, t in sorted(c["tools"].items())]
+                out["message"] = message
+            else:
+                out["text"] = "".join(c["text"])
+            out.update(logprobs=None, finish_reason=c["finish_reason"], stop_reason=c["stop_reason"])
+            choices.append(out)
+        body = {"id": self.head.get("id"), "object": "chat.completion" if self.is_chat else "text_completion",
+                "created": self.head.get("created"), "model": self.head.get("model"), "choices": choices,
+                "usage": self.usage}
+        if "system_fingerprint" in self.head:
+            body["system_fingerprint"] = self.head["system_fingerprint"]
+        return body

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import time
 
 import aiohttp
 from starlette.requests import Request
@@ -19,7 +20,7 @@ from serving.gateway.core import Gateway
 from serving.gateway.dispatch import Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node
-from serving.gateway.outcome import CallResult
+from serving.gateway.outcome import CallResult, StreamAssembler, can_assemble
 from serving.gateway.upstream import Answer, UpstreamError
 
 
@@ -139,7 +140,10 @@ async def wait_disconnect(request: Request) -> None:
 
 async def forward_json(gateway, request, job, node, path, upstream, body) -> Response:
     result, kv_usage = CallResult(), node.kv_usage
-    send = asyncio.ensure_future(post(node, path, upstream, job))
+    if gateway.config.stream_upstream and can_assemble(body):
+        send = asyncio.ensure_future(post_streamed(gateway, node, path, upstream, job, result))
+    else:
+        send = asyncio.ensure_future(post(node, path, upstream, job))
     disconnect = asyncio.ensure_future(wait_disconnect(request))
     await asyncio.wait({send, disconnect}, return_when=asyncio.FIRST_COMPLETED)
     if not send.done():  # client left: closing the connection makes vLLM abort the request
@@ -150,27 +154,75 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
         gateway.record(job, body, result, node.name, kv_usage)
         return error_response(499, "client disconnected", "cancelled")
     disconnect.cancel()
-    response = send.result()  # NodeFailed propagates to the retry loop
-    gateway.dispatcher.finish(job)
+    response, parsed = send.result()  # NodeFailed propagates to the retry loop
+    gateway.dispatcher.finish(job)  # (a streamed call released its KV at its last chunk already)
     if response.status_code != 200:
         result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
         gateway.record(job, body, result, node.name, kv_usage)
         return Response(response.content, response.status_code, media_type="application/json")
-    result.read_response(json.loads(response.content))
+    result.read_response(parsed if parsed is not None else json.loads(response.content))
     gateway.record(job, body, result, node.name, kv_usage)
     gateway.remember(job.meta.key, response.content)
     # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
     return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
 
 
-async def post(node: Node, path: str, upstream: dict, job: Job) -> Answer:
+async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job,
+                        result: CallResult) -> tuple[Answer, dict | None]:
+    """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
+    (vLLM has freed the request), before the answer is assembled and written; the client gets the
+    assembled non-streamed JSON."""
+    body = {**upstream, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job))
+    except UpstreamError as error:
+        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+    is_complete = False
+    try:
+        if response.status >= 500:
+            raise NodeFailed(f"HTTP {response.status}: {(await response.read())[:200]!r}")
+        if response.status != 200:
+            answer = Answer(response.status, await response.read())
+            is_complete = True
+            return answer, None
+        assembler = StreamAssembler(is_chat="chat" in path, num_choices=int(upstream.get("n") or 1))
+        decoder, buffer = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
+        async for raw in response.content.iter_any():
+            buffer += decoder.decode(raw)
+            *lines, buffer = buffer.split("\n")
+            for line in lines:
+                if assembler.feed_line(line) is not None and result.first_token_s is None and assembler.choices:
+                    result.mark_token()
+            if job.node is not None and assembler.is_finished:
+                gateway.dispatcher.finish(job)
+                result.released_s = time.monotonic()
+        is_complete = True
+        assembler.feed_line(buffer)
+        if assembler.error is not None:
+            raise NodeFailed(f"vLLM stream error: {str(assembler.error)[:200]}")
+        if not assembler.is_finished:
+            raise NodeFailed("vLLM's stream ended before its last chunk")
+        parsed = assembler.response()
+        return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
+    except UpstreamError as error:
+        raise NodeFailed(f"{node.name} failed mid-stream: {type(error).__name__}") from None
+    finally:
+        # A stream read to its end goes back to the pool; any other end (cancel: the client left) closes the
+        # connection, which makes vLLM abort the request.
+        if is_complete:
+            response.release()
+        else:
+            response.close()
+
+
+async def post(node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
     try:
         response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(job))
     except UpstreamError as error:
         raise NodeFailed(f"{type(error).__name__}: {error}") from None
     if response.status_code >= 500:
         raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
-    return response
+    return response, None
 
 
 def _headers(job: Job) -> dict:
@@ -208,6 +260,9 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp
             *lines, buffer = buffer.split("\n")
             for line in lines:
                 result.read_sse_line(line)
+            if job.node is not None and result.output_tokens is not None:  # usage: vLLM's last chunk
+                gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
+                result.released_s = time.monotonic()
             yield chunk
         is_complete = True
     except UpstreamError as error:

@@ -1,6 +1,7 @@
 """Fixtures for gateway tests: a gateway config/app wired to in-process upstreams, and real vLLM engines."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 
@@ -28,23 +29,36 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     return METRICS % {"blocks": blocks, "usage": usage}
 
 
-def vllm_like() -> web.Application:
-    """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage."""
+def vllm_like(tail_delay_s: float = 0.0, received: list | None = None) -> web.Application:
+    """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage.
+
+    `tail_delay_s`: a JSON answer comes that long after its last token, a stream's `[DONE]` that long after
+    its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies.
+    """
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=metrics_text(16))
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if received is not None:
+            received.append(body)
         n = body["max_tokens"]
+        is_chat = "messages" in body
         if not body.get("stream"):
-            return web.json_response({"choices": [{"message": {"content": "x " * n}, "finish_reason": "length"}],
+            await asyncio.sleep(tail_delay_s)
+            choice = {"message": {"role": "assistant", "content": "x " * n}} if is_chat else {"text": "x " * n}
+            return web.json_response({"choices": [{"index": 0, **choice, "finish_reason": "length"}],
                                       "usage": {"prompt_tokens": 5, "completion_tokens": n}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        chunks = [{"choices": [{"delta": {"content": "x "}, "finish_reason": None}]} for _ in range(n)]
-        chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        part = (lambda: {"delta": {"content": "x "}}) if is_chat else (lambda: {"text": "x "})
+        chunks = [{"id": "c1", "model": "tiny", "choices": [{"index": 0, **part(), "finish_reason": None}]}
+                  for _ in range(n)]
+        chunks[-1]["choices"][0]["finish_reason"] = "length"
+        chunks.append({"id": "c1", "model": "tiny", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
         for chunk in chunks:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await asyncio.sleep(tail_delay_s)
         await response.write(b"data: [DONE]\n\n")
         return response
 
@@ -56,7 +70,7 @@ def vllm_like() -> web.Application:
 
 
 @contextlib.asynccontextmanager
-async def fake_nodes(alive: dict[str, bool]):
+async def fake_nodes(alive: dict[str, bool], **node_kw):
     """{name: url}: a vLLM-like server on 127.0.0.1 per live node; a dead one is a port nobody listens on."""
     runners, urls = [], {}
     try:
@@ -64,7 +78,7 @@ async def fake_nodes(alive: dict[str, bool]):
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}"
             if is_alive:
-                runner = web.AppRunner(vllm_like())
+                runner = web.AppRunner(vllm_like(**node_kw))
                 await runner.setup()
                 await web.TCPSite(runner, "127.0.0.1", port).start()
                 runners.append(runner)
@@ -74,11 +88,11 @@ async def fake_nodes(alive: dict[str, bool]):
             await runner.cleanup()
 
 
-async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None):
+async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None, node_kw: dict | None = None, **config_kw):
     """The gateway app in process over vLLM-like nodes (`alive`: name → up?); `calls(client, gateway)` drives it."""
-    async with fake_nodes(alive) as urls:
+    async with fake_nodes(alive, **(node_kw or {})) as urls:
         config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], trace_dir=str(tmp_path),
-                               model="tiny", metrics_period_s=60)
+                               model="tiny", metrics_period_s=60, **config_kw)
         gateway = Gateway(config, predictor=predictor)
         app = create_app(config, gateway)
         await gateway.start()

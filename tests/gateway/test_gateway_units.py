@@ -6,6 +6,7 @@ the real-engine tests are in test_gateway_vllm.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -16,6 +17,7 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
+from serving.gateway.outcome import CallResult
 from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
@@ -314,3 +316,99 @@ def test_an_overran_stage_is_held_at_its_peak_unless_vllm_said_later_it_holds_le
     assert peak_blocks([overran], candidate, 3.0, 100.0, 128) == 4 + 2
     assert peak_blocks([overran], candidate, 3.0, 100.0, 128, measured=(0, 2.9)) == 0 + 1 + 2  # + a block of slack
     assert peak_blocks([overran], candidate, 3.0, 100.0, 128, measured=(0, 2.0)) == 4 + 2  # asked before its end
+
+
+def test_stream_assembler_rebuilds_the_non_streamed_answer():
+    from serving.gateway.outcome import StreamAssembler
+
+    chunks = [
+        {"id": "c1", "created": 7, "model": "tiny", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Let me "}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"content": "look."}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "t0", "type": "function", "function": {"name": "search", "arguments": ""}}]}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"q": '}}]}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 1, "id": "t1", "type": "function", "function": {"name": "open", "arguments": "{}"}}]}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"oslo"}'}}]},
+                                 "finish_reason": "tool_calls"}]},
+    ]
+    assembler = StreamAssembler(is_chat=True)
+    for chunk in chunks:
+        assembler.feed_line(f"data: {json.dumps(chunk)}")
+    assert assembler.is_finished  # the finish_reason of the one choice: vLLM is done with it
+    assembler.feed_line('data: {"id": "c1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 21}}')
+    assembler.feed_line("data: [DONE]")
+    body = assembler.response()
+    [choice] = body["choices"]
+    assert body["id"] == "c1" and body["model"] == "tiny" and body["object"] == "chat.completion"
+    assert choice["message"]["content"] == "Let me look." and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"] == [
+        {"id": "t0", "type": "function", "function": {"name": "search", "arguments": '{"q": "oslo"}'}},
+        {"id": "t1", "type": "function", "function": {"name": "open", "arguments": "{}"}}]
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 21}
+    result = CallResult()
+    result.read_response(body)  # what the trace line is made from: as from vLLM's own non-streamed answer
+    assert result.is_tool_call and result.output_tokens == 21 and result.num_tool_calls == 2
+
+    completion = StreamAssembler(is_chat=False, num_choices=2)
+    for index, text in ((0, "a"), (1, "b"), (0, "c")):
+        completion.feed({"id": "x", "choices": [{"index": index, "text": text, "finish_reason": None}]})
+    completion.feed({"id": "x", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+    assert not completion.is_finished  # choice 1 still decoding
+    completion.feed({"id": "x", "choices": [{"index": 1, "text": "", "finish_reason": "length"}]})
+    assert completion.is_finished
+    assert [c["text"] for c in completion.response()["choices"]] == ["ac", "b"]
+
+
+def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_answer_is_in(tmp_path):
+    """vLLM's whole answer (or its stream's end) comes 0.6 s after its last token: the reservation must not wait."""
+    received: list[dict] = []
+
+    async def calls(client, gateway):
+        node = gateway.nodes[0]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        call = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+        held = []
+        for _ in range(10):  # sample the node while the client waits for its answer
+            await asyncio.sleep(0.05)
+            held.append(node.num_inflight)
+        response = await call
+        return response, held
+
+    for stream_upstream in (True, False):
+        received.clear()
+        response, held = asyncio.run(run_app(tmp_path / str(stream_upstream), {"a": True}, calls,
+                                             node_kw={"tail_delay_s": 0.6, "received": received},
+                                             stream_upstream=stream_upstream))
+        assert response.status_code == 200
+        answer = response.json()
+        assert answer["choices"][0]["message"]["content"] == "x " * 5 and answer["usage"]["completion_tokens"] == 5
+        [stage] = collect(tmp_path / str(stream_upstream))[0]
+        assert stage.output_tokens == 5 and stage.is_tool_call is False and stage.output_text == "x " * 5
+        if stream_upstream:
+            assert received[0]["stream"] is True and received[0]["stream_options"] == {"include_usage": True}
+            assert held[-1] == 0 and held.count(0) >= 8, held  # released within a sample of the last token
+            assert stage.model_extra["kv_released_s"] < 0.3 < stage.e2e_s
+        else:
+            assert "stream" not in received[0] and held[-1] == 1  # held until the whole answer is in
+
+
+def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_unstreamed(tmp_path):
+    received: list[dict] = []
+
+    async def calls(client, gateway):
+        node = gateway.nodes[0]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        call = asyncio.ensure_future(client.post("/v1/chat/completions", json={**body, "stream": True}))
+        await asyncio.sleep(0.3)  # the usage chunk is in; the stream's [DONE] is 0.6 s away
+        held = node.num_inflight
+        streamed = await call
+        plain = await client.post("/v1/chat/completions", json={**body, "logprobs": True},
+                                  headers={"X-Maestro-Stage": "lp"})
+        return held, streamed, plain
+
+    held, streamed, plain = asyncio.run(run_app(tmp_path, {"a": True}, calls,
+                                                node_kw={"tail_delay_s": 0.6, "received": received}))
+    assert held == 0 and streamed.status_code == 200 and streamed.text.rstrip().endswith("[DONE]")
+    assert plain.status_code == 200 and "stream" not in received[-1]  # logprobs: not rebuilt from chunks

@@ -78,6 +78,30 @@ def test_json_and_stream_match_vllm_usage_and_trace_once(vllm_engine, tmp_path):
     assert stages["b"].ttft_s is not None and stages["b"].node == "node0"
 
 
+def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vllm_engine, tmp_path):
+    """The gateway sends non-streaming clients' calls to vLLM streamed (to free KV at the last chunk)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 12,
+            "temperature": 0.0, "ignore_eos": True}
+    own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
+    with gateway_for([vllm_engine], tmp_path) as gw:
+        assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
+        completion = httpx.post(f"{gw.url}/v1/completions", timeout=60,
+                                json={"prompt": "Oslo is", "max_tokens": 6, "temperature": 0.0, "ignore_eos": True})
+        status = httpx.get(f"{gw.url}/maestro/status").json()
+    assert status["nodes"][0]["inflight"] == 0
+    mine, theirs = assembled["choices"][0], own["choices"][0]
+    assert mine["message"]["content"] == theirs["message"]["content"]
+    assert (mine["finish_reason"], mine["message"]["role"]) == (theirs["finish_reason"], theirs["message"]["role"])
+    counts = lambda usage: {k: v for k, v in usage.items() if k.endswith("tokens")}  # noqa: E731
+    assert counts(assembled["usage"]) == counts(own["usage"]) and assembled["object"] == own["object"] == "chat.completion"
+    extras = set(own) - set(assembled) - {"system_fingerprint"}  # (vLLM's stream chunks do not carry it)
+    assert not [k for k in extras if own[k]], extras  # vLLM's extra fields, empty here
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 6
+    assert completion.json()["object"] == "text_completion" and completion.json()["choices"][0]["text"]
+    traced = {s.prompt_tokens: s for s in collect(tmp_path)[0]}
+    assert traced[own["usage"]["prompt_tokens"]].output_tokens == 12
+
+
 def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
     with gateway_for([vllm_engine], tmp_path) as gw:
         chat(gw.url, "plugin", 5).raise_for_status()
