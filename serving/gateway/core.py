@@ -32,8 +32,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config = config
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
-        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin)
-                      for n in config.nodes]
+        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin,
+                           config.project_from_progress) for n in config.nodes]
         self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
                                      backfill_max_overtaken=config.backfill_max_overtaken,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import replace
 
 from serving.gateway.config import NodeConfig
 from serving.gateway.upstream import Upstream, UpstreamError
@@ -42,6 +43,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
+MIN_PROGRESS_TOKENS = 8  # a stage's own pace is used once it streamed this many tokens (else the node's)
 DECODE_RATE_MARGIN = 0.8  # default: project 20 % slower than measured (a slower stage than projected risks preemption)
 # (the pace is used until `CallTimeFit` can split a call's time into overhead + output / rate; then that is)
 
@@ -50,10 +52,11 @@ class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN):
+                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = True):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
+        self.use_progress = use_progress  # project running stages from their streamed progress
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # projected, per stage, learned from finished stages
         self.call_overhead_s = 0.0  # projected fixed time of a call besides its decoding
         self.mean_pace = 0.0  # output tokens / call time, EWMA
@@ -127,6 +130,21 @@ class Node:
         overhead_s, tokens_per_s = self.call_fit.solve() or (0.0, self.mean_pace)
         self.call_overhead_s = overhead_s / self.decode_rate_margin
         self.decode_tokens_per_s = tokens_per_s * self.decode_rate_margin
+
+    def observe_progress(self, reservation: Reservation | None, tokens_done: int, first_token_s: float | None,
+                         max_tokens: int, now: float | None = None) -> None:
+        """A running stage's streamed progress (vLLM's completion_tokens so far): projected from it from now on."""
+        stage = self.active.get(reservation.handle) if reservation is not None else None
+        if stage is None or not self.use_progress:
+            return
+        now = time.monotonic() if now is None else now
+        rate = None
+        if first_token_s is not None and tokens_done >= MIN_PROGRESS_TOKENS and now > first_token_s:
+            rate = (tokens_done - 1) / (now - first_token_s) * self.decode_rate_margin
+        # Past its reserve (the prediction was short), it may go on to max_tokens: project that.
+        output = stage.output_tokens if tokens_done < stage.output_tokens else max(tokens_done, max_tokens)
+        self.active[reservation.handle] = replace(stage, output_tokens=output, tokens_done=tokens_done,
+                                                  progress_s=now, tokens_per_s=rate)
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks

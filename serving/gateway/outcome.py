@@ -90,20 +90,21 @@ class StreamAssembler:
 
     Content, reasoning and tool-call deltas are joined per choice (tool calls by their `index`, arguments
     concatenated); finish/stop reasons and usage are taken as they come. `is_finished` is true once every
-    expected choice has its finish_reason or the usage chunk (vLLM's last) arrived: vLLM has freed the request.
+    expected choice has its finish_reason or the usage-only chunk (vLLM's last) arrived: vLLM has freed the request.
     """
 
     def __init__(self, is_chat: bool, num_choices: int = 1):
         self.is_chat, self.num_choices = is_chat, max(1, num_choices)
         self.head: dict = {}
         self.choices: dict[int, dict] = {}
-        self.usage: dict | None = None
+        self.usage: dict | None = None  # the latest (with continuous usage stats, every chunk has one)
+        self.has_final_usage = False  # the usage-only chunk that ends a vLLM stream
         self.error: object = None
 
     @property
     def is_finished(self) -> bool:
         finished = sum(c["finish_reason"] is not None for c in self.choices.values())
-        return self.usage is not None or finished >= self.num_choices
+        return self.has_final_usage or finished >= self.num_choices
 
     def feed_line(self, line: str) -> dict | None:
         """One SSE line; returns its chunk (None for other lines, [DONE] or bad JSON)."""
@@ -151,6 +152,7 @@ class StreamAssembler:
                 choice["stop_reason"] = part["stop_reason"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+            self.has_final_usage = self.has_final_usage or not chunk.get("choices")
 
     def response(self) -> dict:
         """The assembled answer, shaped like vLLM's non-streamed one."""

@@ -172,7 +172,8 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
     (vLLM has freed the request), before the answer is assembled and written; the client gets the
     assembled non-streamed JSON."""
-    body = {**upstream, "stream": True, "stream_options": {"include_usage": True}}
+    track = gateway.config.project_from_progress
+    body = {**upstream, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": track}}
     try:
         response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job))
     except UpstreamError as error:
@@ -193,9 +194,14 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
             for line in lines:
                 if assembler.feed_line(line) is not None and result.first_token_s is None and assembler.choices:
                     result.mark_token()
-            if job.node is not None and assembler.is_finished:
+            if job.node is None:
+                continue
+            if assembler.is_finished:
                 gateway.dispatcher.finish(job)
                 result.released_s = time.monotonic()
+            elif track and assembler.usage:
+                job.node.observe_progress(job.reservation, int(assembler.usage.get("completion_tokens") or 0),
+                                          result.first_token_s, job.request.max_tokens)
         is_complete = True
         assembler.feed_line(buffer)
         if assembler.error is not None:

@@ -29,11 +29,12 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     return METRICS % {"blocks": blocks, "usage": usage}
 
 
-def vllm_like(tail_delay_s: float = 0.0, received: list | None = None) -> web.Application:
+def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0) -> web.Application:
     """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage.
 
     `tail_delay_s`: a JSON answer comes that long after its last token, a stream's `[DONE]` that long after
-    its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies.
+    its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies;
+    `token_delay_s`: time between stream chunks.
     """
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=metrics_text(16))
@@ -55,9 +56,14 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None) -> web.Ap
         chunks = [{"id": "c1", "model": "tiny", "choices": [{"index": 0, **part(), "finish_reason": None}]}
                   for _ in range(n)]
         chunks[-1]["choices"][0]["finish_reason"] = "length"
+        if (body.get("stream_options") or {}).get("continuous_usage_stats"):
+            for i, chunk in enumerate(chunks):
+                chunk["usage"] = {"prompt_tokens": 5, "completion_tokens": i + 1}
         chunks.append({"id": "c1", "model": "tiny", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
         for chunk in chunks:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if token_delay_s:
+                await asyncio.sleep(token_delay_s)
         await asyncio.sleep(tail_delay_s)
         await response.write(b"data: [DONE]\n\n")
         return response

@@ -387,7 +387,7 @@ def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_
         [stage] = collect(tmp_path / str(stream_upstream))[0]
         assert stage.output_tokens == 5 and stage.is_tool_call is False and stage.output_text == "x " * 5
         if stream_upstream:
-            assert received[0]["stream"] is True and received[0]["stream_options"] == {"include_usage": True}
+            assert received[0]["stream"] is True and received[0]["stream_options"]["include_usage"] is True
             assert held[-1] == 0 and held.count(0) >= 8, held  # released within a sample of the last token
             assert stage.model_extra["kv_released_s"] < 0.3 < stage.e2e_s
         else:
@@ -412,3 +412,41 @@ def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_un
                                                 node_kw={"tail_delay_s": 0.6, "received": received}))
     assert held == 0 and streamed.status_code == 200 and streamed.text.rstrip().endswith("[DONE]")
     assert plain.status_code == 200 and "stream" not in received[-1]  # logprobs: not rebuilt from chunks
+
+
+def test_a_running_stage_is_projected_from_its_streamed_progress():
+    from dataclasses import replace
+
+    # Dispatched at 0, projected at the node's 100 tokens/s plus 0.5 s overhead: it would hold its 12-block
+    # peak until 10.74 s, when the candidate (2 → 10 blocks) has grown to 10 blocks: 22 > 16, refused.
+    running, candidate = GrowingStage(512, 1024, start_s=0.0), GrowingStage(256, 1024, start_s=1.0)
+    assert peak_blocks([running], candidate, 1.0, 100.0, 128, overhead_s=0.5) > 16
+    # Its stream says 300 tokens done at 1.0 s, at 300 tokens/s: it ends at 3.41 s, the candidate fits.
+    live = replace(running, tokens_done=300, progress_s=1.0, tokens_per_s=300.0)
+    assert live.end_s(100.0, 0.5) == pytest.approx(1.0 + 724 / 300)
+    assert peak_blocks([live], candidate, 1.0, 100.0, 128, overhead_s=0.5) <= 16
+
+    node = make_node("a", blocks=16)
+    reservation = node.reserve(512, 1024)
+    now = time.monotonic()
+    node.observe_progress(reservation, 301, first_token_s=now - 1.0, max_tokens=1500, now=now)
+    stage = node.active[reservation.handle]
+    assert (stage.tokens_done, stage.progress_s) == (301, now)
+    assert stage.tokens_per_s == pytest.approx(300 * node.decode_rate_margin)  # its own pace, with the margin
+    node.observe_progress(reservation, 1100, first_token_s=now - 1.0, max_tokens=1500, now=now + 2)
+    assert node.active[reservation.handle].output_tokens == 1500  # past its reserve: projected to max_tokens
+
+
+def test_streamed_progress_reaches_the_node_during_a_call(tmp_path):
+    async def calls(client, gateway):
+        node, seen = gateway.nodes[0], []
+        call = asyncio.ensure_future(client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}))
+        while not call.done():
+            seen.extend(s.tokens_done for s in node.active.values())
+            await asyncio.sleep(0)
+        return (await call), seen
+
+    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005}))
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 40
+    assert max(seen) >= 20  # vLLM's running count, read from the chunks while it decoded
