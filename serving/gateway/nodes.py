@@ -44,6 +44,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
 MIN_PROGRESS_TOKENS = 8  # a stage's own pace is used once it streamed this many tokens (else the node's)
+MIN_STREAMS = 8  # streamed calls measured before new stages are projected from those measures
 DECODE_RATE_MARGIN = 0.8  # default: project 20 % slower than measured (a slower stage than projected risks preemption)
 # (the pace is used until `CallTimeFit` can split a call's time into overhead + output / rate; then that is)
 
@@ -57,6 +58,9 @@ class Node:
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.use_progress = use_progress  # project running stages from their streamed progress
+        self.first_token_delay_s = 0.0  # dispatch → first streamed token, EWMA
+        self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, EWMA
+        self.num_streams_observed = 0
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # projected, per stage, learned from finished stages
         self.call_overhead_s = 0.0  # projected fixed time of a call besides its decoding
         self.mean_pace = 0.0  # output tokens / call time, EWMA
@@ -109,7 +113,7 @@ class Node:
         if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
             return self._refuse("vllm_free")
         now = time.monotonic()
-        candidate = GrowingStage(prompt_tokens, output_tokens, now)
+        candidate = self.new_stage(prompt_tokens, output_tokens, now)
         measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
         peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
                            self.call_overhead_s, measured)
@@ -130,6 +134,25 @@ class Node:
         overhead_s, tokens_per_s = self.call_fit.solve() or (0.0, self.mean_pace)
         self.call_overhead_s = overhead_s / self.decode_rate_margin
         self.decode_tokens_per_s = tokens_per_s * self.decode_rate_margin
+
+    def new_stage(self, prompt_tokens: int, output_tokens: int, now: float) -> GrowingStage:
+        """A stage starting now. Once streamed calls measured it: its first token after the node's measured delay
+        (× margin: early) at the measured per-stage pace (× margin: slow), as if that progress had been streamed;
+        before: the fitted call time (the overhead as if after decoding, the rate from whole calls)."""
+        if not self.use_progress or self.num_streams_observed < MIN_STREAMS:
+            return GrowingStage(prompt_tokens, output_tokens, now)
+        return GrowingStage(prompt_tokens, output_tokens, now, tokens_done=0,
+                            progress_s=now + self.first_token_delay_s * self.decode_rate_margin,
+                            tokens_per_s=self.stage_tokens_per_s * self.decode_rate_margin)
+
+    def observe_stream(self, first_token_delay_s: float, output_tokens: int, decode_s: float) -> None:
+        """A finished streamed call: dispatch → first token, and its own pace after (EWMA, the first taken as is)."""
+        if output_tokens < MIN_PROGRESS_TOKENS or decode_s <= 0 or first_token_delay_s < 0:
+            return
+        weight = DECODE_RATE_WEIGHT if self.num_streams_observed else 1.0
+        self.first_token_delay_s += weight * (first_token_delay_s - self.first_token_delay_s)
+        self.stage_tokens_per_s += weight * ((output_tokens - 1) / decode_s - self.stage_tokens_per_s)
+        self.num_streams_observed += 1
 
     def observe_progress(self, reservation: Reservation | None, tokens_done: int, first_token_s: float | None,
                          max_tokens: int, now: float | None = None) -> None:
@@ -155,7 +178,7 @@ class Node:
         num_tokens = prompt_tokens + output_tokens
         reservation = self.allocator.reserve(num_tokens, num_tokens, 1)
         if reservation is not None:
-            self.active[reservation.handle] = GrowingStage(prompt_tokens, output_tokens, time.monotonic())
+            self.active[reservation.handle] = self.new_stage(prompt_tokens, output_tokens, time.monotonic())
         return reservation
 
     def release(self, reservation: Reservation | None) -> None:
@@ -211,4 +234,6 @@ class Node:
                 "num_free_blocks": self.num_free_blocks, "kv_usage": round(self.kv_usage, 4),
                 "running": self.num_running, "waiting": self.num_waiting, "inflight": self.num_inflight,
                 "preemptions": self.num_preemptions, "refused": dict(self.num_refused),
-                "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1)}
+                "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
+                "first_token_delay_s": round(self.first_token_delay_s, 3),
+                "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed}

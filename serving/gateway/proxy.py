@@ -197,6 +197,9 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
             if job.node is None:
                 continue
             if assembler.is_finished:
+                node.observe_stream((result.first_token_s or result.started_s) - result.started_s,
+                                    int((assembler.usage or {}).get("completion_tokens") or 0),
+                                    time.monotonic() - (result.first_token_s or result.started_s))
                 gateway.dispatcher.finish(job)
                 result.released_s = time.monotonic()
             elif track and assembler.usage:

@@ -29,12 +29,13 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     return METRICS % {"blocks": blocks, "usage": usage}
 
 
-def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0) -> web.Application:
+def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0,
+              tails: list | None = None) -> web.Application:
     """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage.
 
     `tail_delay_s`: a JSON answer comes that long after its last token, a stream's `[DONE]` that long after
     its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies;
-    `token_delay_s`: time between stream chunks.
+    `token_delay_s`: time between stream chunks; `tails` gets a True each time a tail delay starts.
     """
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=metrics_text(16))
@@ -46,6 +47,8 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
         n = body["max_tokens"]
         is_chat = "messages" in body
         if not body.get("stream"):
+            if tails is not None:
+                tails.append(True)
             await asyncio.sleep(tail_delay_s)
             choice = {"message": {"role": "assistant", "content": "x " * n}} if is_chat else {"text": "x " * n}
             return web.json_response({"choices": [{"index": 0, **choice, "finish_reason": "length"}],
@@ -64,6 +67,8 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if token_delay_s:
                 await asyncio.sleep(token_delay_s)
+        if tails is not None:
+            tails.append(True)
         await asyncio.sleep(tail_delay_s)
         await response.write(b"data: [DONE]\n\n")
         return response
