@@ -78,6 +78,31 @@ def preemptions(url: str) -> int:
     return int(parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text).get("vllm:num_preemptions_total", ({}, 0))[1])
 
 
+def schedstat(pids: list[int]) -> dict[str, float]:
+    """CPU time, run-queue wait and time slices of these processes' threads so far (/proc/<pid>/task/*/schedstat)."""
+    cpu = wait = slices = 0
+    for pid in pids:
+        for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                c, w, n = (int(v) for v in path.read_text().split())
+            except (OSError, ValueError):
+                continue  # a thread that ended meanwhile
+            cpu, wait, slices = cpu + c, wait + w, slices + n
+    return {"cpu_s": cpu / 1e9, "runqueue_wait_s": wait / 1e9, "slices": slices}
+
+
+def sched_delta(before: dict, after: dict) -> dict:
+    """How starved a process tree was: run-queue wait per time slice (a wake-up waiting for a core)."""
+    d = {k: after[k] - before[k] for k in before}
+    return {"cpu_s": round(d["cpu_s"], 2), "runqueue_wait_s": round(d["runqueue_wait_s"], 2),
+            "wait_ms_per_slice": round(1e3 * d["runqueue_wait_s"] / max(1, d["slices"]), 3)}
+
+
+def tree(pid: int) -> list[int]:
+    process = psutil.Process(pid)
+    return [process.pid, *(c.pid for c in process.children(recursive=True))]
+
+
 def running_while_busy(stats_dir: Path, pid: int) -> float | None:
     """vLLM's mean sequences running over its steps with any running (maestro-vllm-stats step records)."""
     values = [r["running"] for p in stats_dir.glob(f"vllm-*-{pid}-e*.jsonl") for line in p.read_text().splitlines()
@@ -171,13 +196,17 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
                                   concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
                                   max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1,
                                   max_prompt_chars=3000)
+            watched = {"vllm": tree(engine.process.pid), **({"gateway": tree(gateway.pid)} if gateway else {})}
+            sched_before = {k: schedstat(v) for k, v in watched.items()}
             report = asyncio.run(drive(config, workdir / f"drive-pressure-{mode}.json"))
+            sched = {k: sched_delta(sched_before[k], schedstat(v)) for k, v in watched.items()}
             s = report["summary"]
             if gateway:
                 out["gateway_status"] = httpx.get(f"{target}/maestro/status", timeout=5).json()
             out[mode] = {"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
                          "workflow_e2e_s": s["workflow_e2e_s"], "num_workflows_ok": s["num_workflows_ok"],
-                         "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"]}
+                         "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"], "sched": sched,
+                         "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
         finally:
             if gateway:
                 stop(gateway)
