@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from pipelines.metrics import expected_calibration_error
-from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, conformal_quantile
+from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, conformal_quantile, regression_objective
 
 
 def test_asymmetric_loss_penalises_under_estimation_more():
@@ -23,6 +23,19 @@ def test_asymmetric_regressor_sits_above_the_plain_one():
     up = fit(4.0).predict(X) + y.mean()
     even = fit(1.0).predict(X) + y.mean()
     assert np.mean(y > up) < 0.35 < np.mean(y > even)
+
+
+def test_pinball_regressor_sits_at_the_weighted_quantile():
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame({"x": rng.random(4000)})
+    y = X["x"].to_numpy() + rng.exponential(0.5, 4000)  # skewed noise: quantiles far from the mean
+    fit = lambda w: lgb.train({"verbosity": -1, **regression_objective("pinball", w)},
+                              lgb.Dataset(X, y, init_score=np.full(4000, y.mean())), 200)
+    for weight, level in ((1.5, 0.6), (4.0, 0.8)):
+        below = np.mean(y <= fit(weight).predict(X) + y.mean())
+        assert abs(below - level) < 0.04, (weight, below)
+    with pytest.raises(ValueError, match="loss"):
+        ModelConfig(loss="hinge")
 
 
 def test_conformal_quantile_covers_at_the_promised_rate():
