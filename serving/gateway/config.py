@@ -49,9 +49,10 @@ class GatewayConfig:
     # Non-streaming clients' calls go to vLLM streamed (usage included) and are answered from the assembled chunks,
     # so a stage's KV reservation goes back at vLLM's last chunk, not once its whole answer is in (outcome.py).
     stream_upstream: bool = True
-    # ... with vLLM's token count in every chunk: a running stage is projected from its progress and own pace
-    # (projection.GrowingStage), not from its dispatch time plus the node's fitted overhead.
-    project_from_progress: bool = True
+    # ... with vLLM's token count in every chunk: a running stage is projected from its progress and own pace, a new
+    # one from measured streams (projection.GrowingStage), not from dispatch time + the fitted overhead. Off: measured
+    # no faster under KV pressure and let more preemptions through (serving/gateway/README.md).
+    project_from_progress: bool = False
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
+from collections import deque
 from dataclasses import replace
 
 from serving.gateway.config import NodeConfig
@@ -44,6 +46,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
 MIN_PROGRESS_TOKENS = 8  # a stage's own pace is used once it streamed this many tokens (else the node's)
+MIN_PROGRESS_S = 0.05  # a pace is taken from a stream only over at least this long (chunks read in one go: none)
 MIN_STREAMS = 8  # streamed calls measured before new stages are projected from those measures
 DECODE_RATE_MARGIN = 0.8  # default: project 20 % slower than measured (a slower stage than projected risks preemption)
 # (the pace is used until `CallTimeFit` can split a call's time into overhead + output / rate; then that is)
@@ -53,13 +56,14 @@ class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = True):
+                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.use_progress = use_progress  # project running stages from their streamed progress
-        self.first_token_delay_s = 0.0  # dispatch → first streamed token, EWMA
-        self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, EWMA
+        self.recent_streams: deque[tuple[float, float]] = deque(maxlen=32)  # (first token delay, pace) of streams
+        self.first_token_delay_s = 0.0  # dispatch → first streamed token, median of recent streams
+        self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, median of recent streams
         self.num_streams_observed = 0
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # projected, per stage, learned from finished stages
         self.call_overhead_s = 0.0  # projected fixed time of a call besides its decoding
@@ -146,12 +150,13 @@ class Node:
                             tokens_per_s=self.stage_tokens_per_s * self.decode_rate_margin)
 
     def observe_stream(self, first_token_delay_s: float, output_tokens: int, decode_s: float) -> None:
-        """A finished streamed call: dispatch → first token, and its own pace after (EWMA, the first taken as is)."""
-        if output_tokens < MIN_PROGRESS_TOKENS or decode_s <= 0 or first_token_delay_s < 0:
-            return
-        weight = DECODE_RATE_WEIGHT if self.num_streams_observed else 1.0
-        self.first_token_delay_s += weight * (first_token_delay_s - self.first_token_delay_s)
-        self.stage_tokens_per_s += weight * ((output_tokens - 1) / decode_s - self.stage_tokens_per_s)
+        """A finished streamed call: dispatch → first token, and its own pace after (medians of the last 32: under CPU
+        starvation a stream is sometimes read in one go, and one such pace — 10⁵ tokens/s — wrecked an average)."""
+        if output_tokens < MIN_PROGRESS_TOKENS or decode_s < MIN_PROGRESS_S or first_token_delay_s < 0:
+            return  # a stream read in one go (the gateway or vLLM's frontend starved): no pace in it
+        self.recent_streams.append((first_token_delay_s, (output_tokens - 1) / decode_s))
+        self.first_token_delay_s = statistics.median(d for d, _ in self.recent_streams)
+        self.stage_tokens_per_s = statistics.median(r for _, r in self.recent_streams)
         self.num_streams_observed += 1
 
     def observe_progress(self, reservation: Reservation | None, tokens_done: int, first_token_s: float | None,
@@ -162,7 +167,7 @@ class Node:
             return
         now = time.monotonic() if now is None else now
         rate = None
-        if first_token_s is not None and tokens_done >= MIN_PROGRESS_TOKENS and now > first_token_s:
+        if first_token_s is not None and tokens_done >= MIN_PROGRESS_TOKENS and now - first_token_s >= MIN_PROGRESS_S:
             rate = (tokens_done - 1) / (now - first_token_s) * self.decode_rate_margin
         # Past its reserve (the prediction was short), it may go on to max_tokens: project that.
         output = stage.output_tokens if tokens_done < stage.output_tokens else max(tokens_done, max_tokens)

@@ -430,6 +430,7 @@ def test_a_running_stage_is_projected_from_its_streamed_progress():
     assert peak_blocks([live], candidate, 1.0, 100.0, 128, overhead_s=0.5) <= 16
 
     node = make_node("a", blocks=16)
+    node.use_progress = True
     reservation = node.reserve(512, 1024)
     now = time.monotonic()
     node.observe_progress(reservation, 301, first_token_s=now - 1.0, max_tokens=1500, now=now)
@@ -438,6 +439,8 @@ def test_a_running_stage_is_projected_from_its_streamed_progress():
     assert stage.tokens_per_s == pytest.approx(300 * node.decode_rate_margin)  # its own pace, with the margin
     node.observe_progress(reservation, 1100, first_token_s=now - 1.0, max_tokens=1500, now=now + 2)
     assert node.active[reservation.handle].output_tokens == 1500  # past its reserve: projected to max_tokens
+    node.observe_progress(reservation, 1200, first_token_s=now + 1.99, max_tokens=1500, now=now + 2)
+    assert node.active[reservation.handle].tokens_per_s is None  # read in one go: no pace of its own (the node's)
 
 
 def test_streamed_progress_reaches_the_node_during_a_call(tmp_path):
@@ -450,7 +453,8 @@ def test_streamed_progress_reaches_the_node_during_a_call(tmp_path):
             await asyncio.sleep(0)
         return (await call), seen
 
-    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005}))
+    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005},
+                                         project_from_progress=True))
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 40
     assert max(seen) >= 20  # vLLM's running count, read from the chunks while it decoded
 
@@ -459,11 +463,15 @@ def test_new_stages_are_projected_from_measured_streams_once_there_are_enough():
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected")
     node.apply_metrics(parse_metrics(metrics_text(16, 0.0)))
     node.is_healthy, node.decode_tokens_per_s, node.call_overhead_s = True, 750.0, 0.6
+    node.use_progress = True
     # Fitted from whole calls under contention: fast growth from dispatch, then the peak held for the overhead.
     running = node.reserve(512, 512)
     assert not node.can_fit(768, 384)  # 8 + 9 blocks at its end
     for _ in range(8):
         node.observe_stream(first_token_delay_s=0.2, output_tokens=101, decode_s=0.5)
+    node.observe_stream(first_token_delay_s=0.2, output_tokens=300, decode_s=0.001)  # read in one go: ignored
+    node.observe_stream(first_token_delay_s=0.9, output_tokens=300, decode_s=0.06)  # an outlier: the median holds
+    assert node.num_streams_observed == 9
     stage = node.new_stage(768, 384, now=10.0)
     assert stage.progress_s == pytest.approx(10.0 + 0.2 * node.decode_rate_margin)  # first token early ...
     assert stage.tokens_per_s == pytest.approx(200 * node.decode_rate_margin)  # ... and a slow pace: late end
