@@ -8,7 +8,7 @@ Measures training time, single-stage predict latency (p50/p99, cold and with war
 batched throughput, and quality on held-out workflows of the real dev traces (grouped splits,
 several seeds) beside the per-role median / p90 baselines. Writes JSON.
 
-    python benchmarks/predictor.py [--traces FILE] [--splits 3] [--out benchmarks/results/predictor.json]
+    python benchmarks/predictor.py [--traces FILE] [--splits 5] [--out benchmarks/results/predictor.json]
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def summarise(splits: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", default=str(DEV_TRACES))
-    parser.add_argument("--splits", type=int, default=3)
+    parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
     args = parser.parse_args()
     stages = read_traces(args.traces).stages
