@@ -19,6 +19,7 @@ class CallResult:
     finish_reason: str | None = None
     error: str | None = None
     released_s: float | None = None  # when the KV reservation went back (streamed from vLLM: its last chunk)
+    has_final_usage: bool = False  # a stream's usage-only chunk (vLLM's last) was read
 
     @property
     def output_text(self) -> str:
@@ -74,6 +75,8 @@ class CallResult:
         for choice in chunk.get("choices") or []:
             self.read_choice(choice)
         self.read_usage(chunk.get("usage"))
+        # (a client may ask for usage in every chunk: only the usage-only one ends the stream)
+        self.has_final_usage = self.has_final_usage or bool(chunk.get("usage") and not chunk.get("choices"))
 
 
 # Request fields whose non-streamed answer carries what the assembler does not rebuild: those go to vLLM unstreamed.

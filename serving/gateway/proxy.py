@@ -269,7 +269,7 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp
             *lines, buffer = buffer.split("\n")
             for line in lines:
                 result.read_sse_line(line)
-            if job.node is not None and result.output_tokens is not None:  # usage: vLLM's last chunk
+            if job.node is not None and result.has_final_usage:  # vLLM's last chunk
                 gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
                 result.released_s = time.monotonic()
             yield chunk

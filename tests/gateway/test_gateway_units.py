@@ -482,3 +482,23 @@ def test_new_stages_are_projected_from_measured_streams_once_there_are_enough():
     node.release(running)
     node.reserve(512, 512)
     assert not node.can_fit(768, 384)
+
+
+def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_the_last(tmp_path):
+    async def calls(client, gateway):
+        node = gateway.nodes[0]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        call = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)  # 40 chunks 20 ms apart: mid-stream, every chunk so far carried usage
+        held = node.num_inflight
+        return held, await call
+
+    received: list[dict] = []
+    held, streamed = asyncio.run(run_app(tmp_path, {"a": True}, calls,
+                                         node_kw={"token_delay_s": 0.02, "received": received}))
+    assert held == 1 and streamed.status_code == 200
+    assert collect(tmp_path)[0][0].output_tokens == 40
