@@ -106,6 +106,7 @@ class PredictorService:
             self.metrics["reloads"].labels("failed").inc()
             raise _reload_error(model, error, self.engine.active.source.version) from None
         self.metrics["reloads"].labels("ok").inc()
+        gc.freeze()  # the new model's objects too (see __init__)
         return response
 
 
