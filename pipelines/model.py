@@ -5,9 +5,10 @@ scores (folds grouped by workflow/task). Stage 2, LightGBM on log(1+tokens) with
 loss in which under-estimation weighs `under_weight` times more, and the calibrated p_tool as a
 feature. The loss is absolute (`pinball`: the w/(1+w) quantile) or squared (`squared`: an expectile,
 the seed recipe); on the real dev traces pinball ranks better (Kendall τ 0.55 vs 0.53) and has a
-lower MAE (0.73× vs 0.76× the per-role median), as heavy-tailed lengths would suggest. Reserve: conformalised quantile regression (a LightGBM (1−α)-quantile
-model whose out-of-fold misses are calibrated per (role, mode) group), so that at most `alpha` of
-stages exceed their reserve; every quantity used for calibration is out-of-fold.
+lower MAE (0.73× vs 0.76× the per-role median), as heavy-tailed lengths would suggest.
+Reserve: conformalised quantile regression (a LightGBM (1−α)-quantile model whose out-of-fold
+misses are calibrated per (role, mode) group), so that at most `alpha` of stages exceed their
+reserve; every quantity used for calibration is out-of-fold.
 """
 from __future__ import annotations
 
