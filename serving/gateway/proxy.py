@@ -216,12 +216,7 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     except UpstreamError as error:
         raise NodeFailed(f"{node.name} failed mid-stream: {type(error).__name__}") from None
     finally:
-        # A stream read to its end goes back to the pool; any other end (cancel: the client left) closes the
-        # connection, which makes vLLM abort the request.
-        if is_complete:
-            response.release()
-        else:
-            response.close()
+        _end_stream(response, is_complete)
 
 
 async def post(node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
@@ -287,8 +282,13 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp
         gateway.dispatcher.finish(job)
         gateway.inflight.discard(job.meta.key)
         gateway.record(job, body, result, node.name, kv_usage)
-        # A stream read to its end goes back to the pool; any other end closes the connection: vLLM aborts.
-        if is_complete:
-            response.release()
-        else:
-            response.close()
+        _end_stream(response, is_complete)
+
+
+def _end_stream(response: aiohttp.ClientResponse, is_complete: bool) -> None:
+    """A stream read to its end goes back to the pool; any other end (e.g. the client left) closes the
+    connection, which makes vLLM abort the request."""
+    if is_complete:
+        response.release()
+    else:
+        response.close()
