@@ -89,8 +89,8 @@ def _same_role_ancestor_tokens(stage: StageTrace, ids: dict[tuple[str, str], Sta
     return None
 
 
-def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
-    """One row per stage of structure + prompt-text features (categoricals as plain strings)."""
+def structural_rows(stages: list[StageTrace]) -> list[dict]:
+    """One dict per stage of structure + prompt-text features (categoricals as plain strings)."""
     derive_structure(stages)
     ids = {(s.workflow_id, s.stage_id): s for s in stages}
     rows = []
@@ -102,7 +102,12 @@ def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
             "n_tools": stage.n_tools if stage.n_tools is not None else len(stage.tool_names or []),
             "interactive": np.nan if stage.interactive is None else float(stage.interactive),
             **_text_features(stage, text), **_parent_features(stage, ids)})
-    return pd.DataFrame(rows)
+    return rows
+
+
+def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
+    """structural_rows as a frame: what training and evaluation read."""
+    return pd.DataFrame(structural_rows(stages))
 
 
 # The seed recipe's structural features; "full" adds prompt-text and parent signals on top.
@@ -156,13 +161,44 @@ class Featurizer:
             if column in frame:
                 frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
         if self.config.use_embedding:
-            vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
-            reduced = self.pca_.transform(vectors) if len(stages) else np.zeros((0, self.pca_.n_components_))
+            reduced = self._embedding(stages, progress)
             names = [f"emb_{i}" for i in range(reduced.shape[1])]
-            # one concat, not a column insert per dimension: inserts dominate a live one-stage predict
-            frame = pd.concat([frame, pd.DataFrame(reduced.astype(np.float32), columns=names, index=frame.index)],
-                              axis=1)
+            frame = pd.concat([frame, pd.DataFrame(reduced, columns=names, index=frame.index)], axis=1)
         return frame
+
+    def matrix(self, stages: list[StageTrace], columns: list[str]) -> tuple[np.ndarray, list[str]]:
+        """The live path: the float matrix a model reads, in its `columns` order, and each row's role
+        category. The same values as transform() gives, categoricals as codes of the fitted categories,
+        built without pandas: on a one-stage call pandas' frame machinery costs more than the trees."""
+        rows = structural_rows(stages)
+        roles = []
+        for row in rows:
+            for column, (index, _) in self._category_codes.items():
+                row[column] = index.get(row[column], index[UNKNOWN])
+            roles.append(self.categories_["role"][row["role"]])
+        if self.config.use_embedding:
+            for row, vector in zip(rows, self._embedding(stages, progress=False)):
+                row.update(zip(self._embedding_names, vector.tolist()))
+        missing = [c for c in columns if c not in rows[0]] if rows else []
+        if missing:
+            raise ValueError(f"the model reads features {missing} that this featurizer does not make: "
+                             "model and featurizer come from different trainings; retrain or reload both")
+        return np.array([[row[c] for c in columns] for row in rows], np.float64).reshape(len(rows), len(columns)), roles
+
+    def _embedding(self, stages: list[StageTrace], progress: bool) -> np.ndarray:
+        """MiniLM vectors projected by the fitted PCA, as float32 (what the model was trained on)."""
+        if not stages:
+            return np.zeros((0, self.pca_.n_components_), np.float32)
+        vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
+        # PCA.transform's own arithmetic, without its input validation (~0.4 ms a call on the live path)
+        projection = self.pca_.components_.T
+        reduced = vectors @ projection
+        reduced -= self.pca_.mean_.reshape(1, -1) @ projection
+        return reduced.astype(np.float32)
+
+    @functools.cached_property
+    def _embedding_names(self) -> list[str]:
+        return [f"emb_{i}" for i in range(self.pca_.n_components_)]
 
     @functools.cached_property
     def _category_codes(self) -> dict[str, tuple[dict, pd.CategoricalDtype]]:

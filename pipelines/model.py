@@ -161,16 +161,15 @@ class TwoStageModel:
         scores = y_log - upper_oof
         self.global_q_ = conformal_quantile(scores, cfg.alpha)
         self.group_q_ = {}
-        for level_keys in self._group_keys(X2, X2["p_tool"].to_numpy()):
+        for level_keys in self._group_keys(_roles(X2), X2["p_tool"].to_numpy()):
             for key in set(level_keys):
                 member = scores[level_keys == key]
                 if len(member) >= cfg.min_group_calibration:
                     self.group_q_[key] = conformal_quantile(member, cfg.alpha)
 
     @staticmethod
-    def _group_keys(X: pd.DataFrame, p_tool: np.ndarray) -> list[np.ndarray]:
+    def _group_keys(roles: list[str], p_tool: np.ndarray) -> list[np.ndarray]:
         """Calibration groups from most to least specific: (role, mode) → role → mode."""
-        roles = [str(r) for r in X["role"].to_numpy(dtype=object)]
         modes = ["tool" if p >= 0.5 else "text" for p in p_tool]
         as_array = lambda keys: np.array(keys, dtype=object)
         return [as_array([f"{r}|{m}" for r, m in zip(roles, modes)]), as_array([f"role:{r}" for r in roles]),
@@ -178,11 +177,20 @@ class TwoStageModel:
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Predict for a feature frame (Featurizer.transform)."""
         if not hasattr(self, "regressor_"):
             raise RuntimeError("TwoStageModel is not fitted: call fit() first")
-        # One float matrix for the three boosters: LightGBM's own pandas conversion, per call, costs more
-        # than the trees themselves on the small batches a live service predicts.
-        matrix = _as_matrix(X, self.regressor_.booster.pandas_categorical)
+        return self.predict_matrix(_as_matrix(X, self.regressor_.booster.pandas_categorical), _roles(X))
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The columns predict_matrix reads, in order (the regressor reads p_tool after them)."""
+        return self.regressor_.booster.feature_name()[:-1]
+
+    def predict_matrix(self, matrix: np.ndarray, roles: list[str]) -> dict[str, np.ndarray]:
+        """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
+        and each row's role category. One matrix for the three boosters: LightGBM's own pandas
+        conversion, per call, costs more than the trees themselves on a live service's small batches."""
         p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, matrix))
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
@@ -190,17 +198,21 @@ class TwoStageModel:
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
-            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(X, p_tool))
+            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(roles, p_tool))
         return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred)}
 
-    def _quantiles(self, X: pd.DataFrame, p_tool: np.ndarray) -> np.ndarray:
-        out = np.full(len(X), self.global_q_)
-        found = np.zeros(len(X), bool)
-        for level_keys in self._group_keys(X, p_tool):
+    def _quantiles(self, roles: list[str], p_tool: np.ndarray) -> np.ndarray:
+        out = np.full(len(roles), self.global_q_)
+        found = np.zeros(len(roles), bool)
+        for level_keys in self._group_keys(roles, p_tool):
             q = np.array([self.group_q_.get(k, np.nan) for k in level_keys])
             take = ~found & ~np.isnan(q)
             out[take], found = q[take], found | take
         return out
+
+
+def _roles(X: pd.DataFrame) -> list[str]:
+    return [str(r) for r in X["role"].to_numpy(dtype=object)]
 
 
 def _as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:

@@ -110,7 +110,7 @@ class Predictor:
             return []
         if self.model is None:
             return [self.prior(s) for s in stages]
-        out = self.model.predict(self.featurizer.transform(stages))
+        out = self.model.predict_matrix(*self.featurizer.matrix(stages, self.model.feature_names))
         return [self._answer(s, out, i) for i, s in enumerate(stages)]
 
     def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:

@@ -3,6 +3,7 @@
 It must give exactly what LightGBM's own pandas conversion gives, unseen categories included.
 """
 import numpy as np
+import pytest
 
 from pipelines.contract import StageTrace
 from pipelines.model import _as_matrix
@@ -23,3 +24,27 @@ def test_matrix_path_equals_lightgbm_pandas_path(model_dir, sample_records):
                                   booster.predict(X2))
     shuffled = X.assign(role=X["role"].cat.reorder_categories(list(reversed(X["role"].cat.categories))))
     np.testing.assert_array_equal(_as_matrix(shuffled, booster.pandas_categorical), matrix)
+
+
+def test_featurizer_matrix_equals_the_frame_path(model_dir, sample_records):
+    """Predictor.predict builds its matrix without pandas; it must match transform() → _as_matrix,
+    unseen categories and a stage with missing structure included, and give the same answers."""
+    predictor = Predictor.load(model_dir)
+    stages = [StageTrace.model_validate(r) for r in sample_records[:100]]
+    stages += [stages[0].model_copy(update={"role": "unseen", "app": None, "model": "other", "interactive": None,
+                                            "stage_id": "extra"})]
+    model = predictor.model
+    X = predictor.featurizer.transform(stages)
+    matrix, roles = predictor.featurizer.matrix(stages, model.feature_names)
+    np.testing.assert_array_equal(matrix, _as_matrix(X, model.regressor_.booster.pandas_categorical))
+    assert roles == [str(r) for r in X["role"]] and roles[-1] == "unknown"
+    by_frame, by_matrix = model.predict(X), model.predict_matrix(matrix, roles)
+    for key in by_frame:
+        np.testing.assert_array_equal(by_matrix[key], by_frame[key])
+
+
+def test_matrix_refuses_a_model_from_another_featurizer(model_dir, sample_records):
+    predictor = Predictor.load(model_dir)
+    stage = StageTrace.model_validate(sample_records[0])
+    with pytest.raises(ValueError, match="no_such_feature"):
+        predictor.featurizer.matrix([stage], [*predictor.model.feature_names, "no_such_feature"])
