@@ -191,7 +191,9 @@ class TwoStageModel:
         """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
         and each row's role category. One matrix for the three boosters: LightGBM's own pandas
         conversion, per call, costs more than the trees themselves on a live service's small batches."""
-        p_tool = self.calibrator_.predict(self._raw_score(self.classifier_, matrix))
+        raw, iso = self._raw_score(self.classifier_, matrix), self.calibrator_
+        # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
+        p_tool = np.interp(np.clip(raw, iso.X_min_, iso.X_max_), iso.X_thresholds_, iso.y_thresholds_)
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)

@@ -41,6 +41,8 @@ def test_featurizer_matrix_equals_the_frame_path(model_dir, sample_records):
     by_frame, by_matrix = model.predict(X), model.predict_matrix(matrix, roles)
     for key in by_frame:
         np.testing.assert_array_equal(by_matrix[key], by_frame[key])
+    raw = model._raw_score(model.classifier_, matrix)  # the isotonic step without sklearn's checks: the same
+    np.testing.assert_array_equal(by_matrix["p_tool"], model.calibrator_.predict(raw))
 
 
 def test_matrix_refuses_a_model_from_another_featurizer(model_dir, sample_records):
