@@ -29,6 +29,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     policy: str = "maestro"  # serving.scheduler policy name
+    policy_options: dict = field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
     max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
     retry_after_s: int = 1
     max_attempts: int = 2  # dispatches per stage (node failures) before it fails back with 502
@@ -82,9 +83,16 @@ class GatewayConfig:
             raise ValueError(f"gateway config: decode_rate_margin must be in [0.2, 1.5], got {self.decode_rate_margin}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
+        self.scheduler_config()  # raises with the known names / fields
+
+    def scheduler_config(self):
         from serving.scheduler import SchedulerConfig
 
-        SchedulerConfig(policy=self.policy)  # raises with the known names
+        known = {f.name for f in fields(SchedulerConfig)} - {"policy"}
+        unknown = sorted(set(self.policy_options) - known)
+        if unknown:
+            raise ValueError(f"gateway config: unknown policy_options {unknown}; known: {sorted(known)}")
+        return SchedulerConfig(policy=self.policy, **self.policy_options)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "GatewayConfig":

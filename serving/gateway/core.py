@@ -2,6 +2,8 @@
 
 `prepare(kind, body, headers)` turns a call into a `Job` (predict → reserve size → StageRequest);
 `proxy.py` forwards it; `record(job, result)` writes its one trace line and observes the outcome.
+Per workflow (bounded, least recently seen dropped first) it keeps when its first stage came, its place in
+arrival order and the service its finished stages received, so the policy can order workflows, not only stages.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
 from serving.gateway.config import GatewayConfig
@@ -26,6 +29,21 @@ from serving.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
 DECODE_S_PER_TOKEN = 0.02  # rough per-token decode time: only orders stages, never promised to anyone
+BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first
+MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recently seen is forgotten first
+
+
+@dataclass(slots=True)
+class WorkflowState:
+    """What the gateway knows of a workflow: its first stage's arrival, its arrival rank, the service it got.
+
+    `attained_s` is in the unit of `StageRequest.pred_service_s`: finished stages' output tokens × DECODE_S_PER_TOKEN
+    (not their measured time, which queueing and CPU contention inflate).
+    """
+
+    start_s: float
+    seq: int
+    attained_s: float = 0.0
 
 
 class Gateway:
@@ -34,7 +52,8 @@ class Gateway:
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
         self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin,
                            config.project_from_progress) for n in config.nodes]
-        self.dispatcher = Dispatcher(create_scheduler(config.policy), self.nodes, config.max_queued,
+        self.scheduler_config = config.scheduler_config()
+        self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
                                      backfill_max_overtaken=config.backfill_max_overtaken,
                                      recheck_s=config.admission_recheck_s)
@@ -44,7 +63,8 @@ class Gateway:
         self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
         self.inflight: set[str] = set()
         self.completed: OrderedDict[str, bytes | None] = OrderedDict()  # JSON answers, for replays
-        self.workflow_start_s: OrderedDict[str, float] = OrderedDict()
+        self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
+        self._num_workflows_seen = 0
         self.counters = {"requests": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
                          "failed": 0, "cancelled": 0, "replayed": 0}
         self._poller: asyncio.Task | None = None
@@ -94,9 +114,10 @@ class Gateway:
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
         reserve = min(max_tokens, math.ceil(prediction.tokens_reserve * (1 + self.config.rho)))
         now = time.monotonic()
+        workflow = self.workflow(meta.workflow_id, now)
         request = StageRequest(
             workflow_id=meta.workflow_id, stage_id=meta.stage_id, interactive=meta.interactive,
-            workflow_arrival_s=self._workflow_start(meta.workflow_id, now), ready_s=now,
+            workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
             max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
         job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
@@ -105,14 +126,29 @@ class Gateway:
         return job
 
     def vllm_priority(self, job: Job) -> int:
-        """vLLM's `priority` (lower first): interactive before batch, then predicted work."""
-        return (0 if job.meta.interactive else 10000) + min(9999, job.request.tokens_pred)
+        """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
 
-    def _workflow_start(self, workflow_id: str, now: float) -> float:
-        start = self.workflow_start_s.setdefault(workflow_id, now)
-        while len(self.workflow_start_s) > 100000:
-            self.workflow_start_s.popitem(last=False)
-        return start
+        Interactive before batch; then, under a policy that puts workflows further along first (continuum,
+        mars, maestro with attained_weight), the workflow's arrival rank (older first), else predicted tokens.
+        """
+        if self.scheduler_config.is_workflow_order:
+            state = self.workflows.get(job.meta.workflow_id)
+            rank = state.seq if state is not None else self._num_workflows_seen
+        else:
+            rank = min(9999, job.request.tokens_pred)
+        return (0 if job.meta.interactive else BATCH_PRIORITY) + rank
+
+    def workflow(self, workflow_id: str, now: float) -> WorkflowState:
+        """The workflow's state, made at its first stage; the least recently seen are forgotten beyond MAX_WORKFLOWS."""
+        state = self.workflows.get(workflow_id)
+        if state is None:
+            state = self.workflows[workflow_id] = WorkflowState(now, self._num_workflows_seen)
+            self._num_workflows_seen += 1
+            while len(self.workflows) > MAX_WORKFLOWS:
+                self.workflows.popitem(last=False)
+        else:
+            self.workflows.move_to_end(workflow_id)
+        return state
 
     def remember(self, key: str, response: bytes | None) -> None:
         self.completed[key] = response
@@ -124,6 +160,8 @@ class Gateway:
         record = trace_record(job, body, result, node_name, kv_usage)
         self.traces.write(record)
         if "output_tokens" in record:
+            if (workflow := self.workflows.get(job.meta.workflow_id)) is not None:
+                workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
             self.predictor.observe(record)
             self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
             node = next((n for n in self.nodes if n.name == node_name), None)

@@ -35,6 +35,9 @@ class SchedulerConfig:
     aging_per_s: float = 0.05  # Maestro: seconds of predicted work forgiven per second waited
     batch_max_wait_s: float = 60.0  # Maestro: a batch head waiting this long beats interactive work
     workflow_weight: float = 0.5  # Maestro: weight of the workflow's remaining work vs this stage
+    # Maestro: seconds of key taken off per second of service the workflow already received. 0 in the simulator, which
+    # knows a workflow's remaining stages; the gateway does not, and finishes workflows in progress first with it.
+    attained_weight: float = 0.0
     mars_level_bounds_tokens: tuple[int, ...] = (2048, 8192, 32768)  # MARS prefill levels
     mars_boost_s: float = 30.0  # MARS: one level up per this many seconds unscheduled
 
@@ -42,8 +45,14 @@ class SchedulerConfig:
         if self.policy not in {p.value for p in Policy}:
             raise ValueError(f"unknown scheduling policy '{self.policy}'; known policies: "
                              f"{', '.join(p.value for p in Policy)}")
-        if self.aging_per_s < 0 or self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0:
-            raise ValueError("aging_per_s must be >= 0; batch_max_wait_s and mars_boost_s must be > 0")
+        if self.aging_per_s < 0 or self.attained_weight < 0 or self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0:
+            raise ValueError("aging_per_s and attained_weight must be >= 0; batch_max_wait_s and mars_boost_s must be > 0")
+
+    @property
+    def is_workflow_order(self) -> bool:
+        """Whether the policy puts workflows further along (earlier, more served) first, rather than ordering stages."""
+        return self.policy in (Policy.CONTINUUM.value, Policy.MARS.value) or (
+            self.policy == Policy.MAESTRO.value and self.attained_weight > 0)
 
 
 class Scheduler(ABC):

@@ -39,7 +39,9 @@ class ContinuumScheduler(KeyedScheduler):
 class MaestroScheduler(Scheduler):
     """Workflow-aware SRTF on *predicted* remaining time, interactive before batch, with aging.
 
-    Key = this stage's predicted time + w · the workflow's predicted remaining time − α · wait.
+    Key = this stage's predicted time + w · the workflow's predicted remaining time − v · the service the
+    workflow already received − α · wait (v = `attained_weight`, 0 unless set: the gateway cannot predict
+    what remains of a workflow, and with v > 0 it finishes workflows in progress before starting new ones).
     Interactive work goes first unless the batch head has waited `batch_max_wait_s`, so batch
     work cannot starve. Preemption happens only at stage boundaries: a popped stage runs to its
     end, and the workflow's next stage queues afresh.
@@ -53,7 +55,7 @@ class MaestroScheduler(Scheduler):
     def key(self, request: StageRequest) -> float:
         c = self.config
         remaining = request.pred_service_s + c.workflow_weight * request.workflow_remaining_s
-        return remaining + c.aging_per_s * request.ready_s
+        return remaining - c.attained_weight * request.attained_service_s + c.aging_per_s * request.ready_s
 
     def add(self, request: StageRequest, now: float) -> None:
         (self._interactive if request.interactive else self._batch).push(self.key(request), request)

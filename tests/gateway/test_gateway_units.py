@@ -502,3 +502,50 @@ def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_t
                                          node_kw={"token_delay_s": 0.02, "received": received}))
     assert held == 1 and streamed.status_code == 200
     assert collect(tmp_path)[0][0].output_tokens == 40
+
+
+def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_policy_order(tmp_path, monkeypatch):
+    from serving.gateway import core
+    from serving.gateway.metadata import StageMeta
+
+    async def calls(client, gateway):
+        async def call(workflow: str, stage: str, tokens: int) -> None:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+            response = await client.post("/v1/chat/completions", json=body, headers={
+                "X-Maestro-Workflow": workflow, "X-Maestro-Stage": stage, "X-Maestro-Interactive": "false"})
+            assert response.status_code == 200
+
+        await call("old", "s1", 10)
+        await call("new", "s1", 4)
+        body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 50}
+        second = [await gateway.prepare(StageMeta(w, "s2", interactive=False), body) for w in ("new", "old")]
+        return gateway, second
+
+    received: list[dict] = []
+    gateway, (new2, old2) = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
+                                                policy="maestro", policy_options={"attained_weight": 1.0}))
+    assert old2.request.attained_service_s == pytest.approx(10 * core.DECODE_S_PER_TOKEN)
+    assert new2.request.attained_service_s == pytest.approx(4 * core.DECODE_S_PER_TOKEN)
+    assert old2.request.workflow_arrival_s < new2.request.workflow_arrival_s
+    scheduler = create_scheduler(gateway.scheduler_config)
+    for job in (new2, old2):
+        scheduler.add(job.request, 0.0)
+    order = [scheduler.pop(0.0).payload for _ in range(2)]
+    assert order == [old2, new2]  # the workflow further along first, and vLLM agrees:
+    assert [gateway.vllm_priority(j) for j in order] == [core.BATCH_PRIORITY, core.BATCH_PRIORITY + 1]
+    assert received[0]["priority"] < received[1]["priority"]  # sent as "old" then "new"
+
+    per_stage = core.Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy="maestro"))
+    assert per_stage.vllm_priority(old2) == core.BATCH_PRIORITY + old2.request.tokens_pred  # stage order: tokens
+
+    monkeypatch.setattr(core, "MAX_WORKFLOWS", 2)
+    for i, workflow in enumerate(("a", "b", "a", "c")):  # "a" seen again: "b" is the least recently seen
+        per_stage.workflow(workflow, float(i))
+    assert list(per_stage.workflows) == ["a", "c"] and per_stage.workflows["c"].seq == 2
+
+
+def test_policy_options_are_checked():
+    with pytest.raises(ValueError, match="unknown policy_options"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained": 1})
+    with pytest.raises(ValueError, match="attained_weight"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained_weight": -1})

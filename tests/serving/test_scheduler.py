@@ -105,3 +105,11 @@ def test_peek_n_lists_what_pop_would_give_without_removing(policy, now):
 def test_unknown_policy_names_the_known_ones():
     with pytest.raises(ValueError, match="known policies"):
         create_scheduler("lottery")
+
+
+def test_maestro_attained_weight_finishes_workflows_in_progress_first():
+    requests = [req("fresh-short", pred_service_s=1), req("served", pred_service_s=2, attained_service_s=4)]
+    assert drain(fill("maestro", requests)) == ["fresh-short", "served"]  # per-stage SRTF (the simulator's default)
+    assert drain(fill("maestro", requests, attained_weight=0.5)) == ["served", "fresh-short"]  # 2 − 2 < 1
+    assert SchedulerConfig("maestro", attained_weight=0.5).is_workflow_order
+    assert not SchedulerConfig("maestro").is_workflow_order and SchedulerConfig("continuum").is_workflow_order
