@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 STATIC_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=float(MAX_TOKENS_DEFAULT))
 _ANSWERS = TypeAdapter(list[PredictionOut])
 _WIRE_EXCLUDE = {*LABEL_FIELDS, "in_degree", "out_degree"}
+# Idle connections expire after 2 s: the server (uvicorn) closes them after 5 s, httpx's default expiry is
+# also 5 s, and a connection reused in that race failed the call (then the cooldown answered with priors).
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=2.0)
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class PredictorClient:
         """`transport`: httpx's, e.g. `httpx.WSGITransport` or a mock; default: the network."""
         self.config, self.fallback = config, fallback or LocalFallback()
         self.breaker = _Breaker(config.cooldown_s)
-        self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s, transport=transport)
+        self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s, transport=transport, limits=LIMITS)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="predictor-client")
         self._lock = threading.Lock()
 
@@ -173,7 +176,8 @@ class AsyncPredictorClient:
         """`transport`: httpx's, e.g. `httpx.ASGITransport(app)` to talk to a service in process."""
         self.config, self.fallback = config, fallback or LocalFallback()
         self.breaker = _Breaker(config.cooldown_s)
-        self._http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s, transport=transport)
+        self._http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s, transport=transport,
+                                       limits=LIMITS)
 
     async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
         wire = [to_wire(s) for s in stages]

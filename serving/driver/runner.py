@@ -76,8 +76,10 @@ def _truncate(messages: list[dict], max_chars: int) -> list[dict]:
 class Driver:
     def __init__(self, config: DriveConfig, tools: ToolBox):
         self.config, self.tools = config, tools
-        self.client = httpx.AsyncClient(timeout=config.timeout_s,
-                                        limits=httpx.Limits(max_connections=config.concurrency * 8))
+        # Idle connections are dropped after 2 s: uvicorn (gateway, vLLM) closes them after 5 s, and httpx's
+        # default expiry is also 5 s, so a connection reused at that moment failed with a ReadError.
+        self.client = httpx.AsyncClient(timeout=config.timeout_s, limits=httpx.Limits(
+            max_connections=config.concurrency * 8, keepalive_expiry=2.0))
         self.stage_rows: list[dict] = []
 
     async def run_workflow(self, stages: list[dict]) -> dict:
