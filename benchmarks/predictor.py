@@ -37,7 +37,8 @@ def recipes() -> dict:
     params = REPO / "params.yaml"
     ours = (featurizer_config(load_params("featurize", params)), model_config(load_params("train", params)))
     plain_features = replace(ours[0], feature_set="basic", embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
-    return {"maestro": ours, "straightforward": (plain_features, replace(ours[1], reserve_method="rho"))}
+    seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
+    return {"maestro": ours, "straightforward": (plain_features, seed_recipe)}
 
 
 def predictions_frame(predictor: Predictor, test: list[StageTrace]) -> pd.DataFrame:

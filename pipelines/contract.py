@@ -167,22 +167,27 @@ def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
     return result
 
 
-def derive_structure(stages: list[StageTrace]) -> list[StageTrace]:
-    """Fill call_index, depth and in/out degree where a producer left them out (in place)."""
+def derive_structure(stages: list[StageTrace],
+                     known: dict[str, dict[str, StageTrace]] | None = None) -> list[StageTrace]:
+    """Fill call_index, depth and in/out degree where a producer left them out (in place).
+
+    `known`: earlier stages of the same workflows that are not in `stages` (workflow_id → stage_id →
+    stage, with depth and call_index set), e.g. a live workflow's finished stages; they count as
+    parents for depth and come before `stages` in call order."""
     by_workflow: dict[str, list[StageTrace]] = {}
     for stage in stages:
         by_workflow.setdefault(stage.workflow_id, []).append(stage)
-    for members in by_workflow.values():
-        _derive_workflow(members)
+    for workflow_id, members in by_workflow.items():
+        _derive_workflow(members, (known or {}).get(workflow_id, {}))
     return stages
 
 
-def _derive_workflow(members: list[StageTrace]) -> None:
-    ids = {s.stage_id: s for s in members}
+def _derive_workflow(members: list[StageTrace], known: dict[str, StageTrace]) -> None:
+    ids = {**known, **{s.stage_id: s for s in members}}
     children: dict[str, int] = {}
     for index, stage in enumerate(members):
         if stage.call_index is None:
-            stage.call_index = index
+            stage.call_index = len(known) + index
         parents = [p for p in (stage.parent_ids or []) if p in ids]
         stage.in_degree = len(stage.parent_ids or [])
         for parent in parents:

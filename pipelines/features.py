@@ -2,13 +2,15 @@
 
 Everything here is known before the stage runs. Parent outputs count as known: a stage is
 submitted only after its parents finished, so their `output_tokens` / `is_tool_call` are
-facts by then (taken from parent stages in the same batch, or from an explicit
-`parent_output_tokens` field a live caller sends).
+facts by then (taken from ancestor stages in the same batch, from a `StageHistory` of finished
+stages on the live path, or from an explicit `parent_output_tokens` field a live caller sends).
 """
 from __future__ import annotations
 
 import functools
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,11 @@ _TOOL_RESULT = re.compile(r"(tool|function)[ _](result|response|output)|response
 _DONE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
 _BREVITY = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
 _DETAIL = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
+_QUESTION = re.compile(r"\?\s*\S{0,40}$")
+_SUGGESTED_CALL = re.compile(r"suggested (tool|function) call", re.I)
+_TOOL_RESPONSE = re.compile(r"response from calling (tool|function)", re.I)
+_CUT = "[...]"  # where a trace producer cut the middle out of a long prompt
+MAX_ANCESTORS = 256  # deep loops: the history that matters is near, don't walk the whole chain
 
 
 def _messages(stage: StageTrace) -> list[dict]:
@@ -37,6 +44,7 @@ def _text_features(stage: StageTrace, text: str) -> dict:
     last = messages[-1] if messages else {}
     last_content = str(last.get("content") or "") if messages else text
     tail = text[-500:]
+    cut = text.rfind(_CUT)
     numbers = [int(n) for n in _INT.findall(tail) if int(n) <= 100]
     return {
         "prompt_chars": len(text),
@@ -54,6 +62,12 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "tail_detail_words": len(_DETAIL.findall(tail)),
         "num_code_fences": text.count("```"),
         "num_lines": text.count("\n"),
+        "tail_question": int(bool(_QUESTION.search(text[-300:].rstrip()))),
+        "tail_question_marks": text[-300:].count("?"),
+        "tail_suggested_call": int(bool(_SUGGESTED_CALL.search(text[-300:]))),
+        "prompt_is_tool_response": int(bool(_TOOL_RESPONSE.search(text[:200]))),
+        "prompt_truncated": int(cut >= 0),
+        "tail_after_cut_chars": len(text) - cut - len(_CUT) if cut >= 0 else len(text),
     }
 
 
@@ -64,35 +78,102 @@ def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) 
     if explicit is not None and not tokens:
         tokens = list(explicit) if isinstance(explicit, list) else [explicit]
     tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
-    same_role = _same_role_ancestor_tokens(stage, ids)
+    ancestors = _ancestors(stage, ids)
+    history = _history_features(stage, ancestors, parents)
     return {
         "parent_tokens_max": max(tokens) if tokens else np.nan,
         "parent_tokens_sum": sum(tokens) if tokens else np.nan,
         "parent_was_tool": float(any(tools)) if tools else np.nan,
-        "same_role_ancestor_tokens": same_role if same_role is not None else np.nan,
+        "same_role_ancestor_tokens": history.pop("_same_role_last"),
+        **history,
     }
 
 
-def _same_role_ancestor_tokens(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> int | None:
-    """Output length of the nearest ancestor played by the same role (its last turn), if any."""
-    frontier, seen = list(stage.parent_ids or []), set()
-    while frontier:
+def _ancestors(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> list[StageTrace]:
+    """Ancestors in the same workflow, nearest first (breadth-first through parent_ids)."""
+    out, frontier, seen = [], list(stage.parent_ids or []), set()
+    while frontier and len(seen) < MAX_ANCESTORS:
         parent = ids.get((stage.workflow_id, frontier.pop(0)))
         if parent is None or parent.stage_id in seen:
             continue
         seen.add(parent.stage_id)
-        if parent.role == stage.role and parent.output_tokens is not None:
-            return parent.output_tokens
+        out.append(parent)
         frontier.extend(parent.parent_ids or [])
-        if len(seen) > 64:  # deep loops: the nearest same-role turn is close, don't walk the whole chain
-            break
-    return None
+    return out
 
 
-def structural_rows(stages: list[StageTrace]) -> list[dict]:
-    """One dict per stage of structure + prompt-text features (categoricals as plain strings)."""
-    derive_structure(stages)
-    ids = {(s.workflow_id, s.stage_id): s for s in stages}
+def _history_features(stage: StageTrace, ancestors: list[StageTrace], parents: list) -> dict:
+    """What the workflow did before this stage: the role's earlier turns (how long, whether tool calls),
+    the longest output so far, the tool-call history, and how many non-LLM steps (tool runs, user
+    messages) separate the stage from its parent (the depth gap)."""
+    same = [a for a in ancestors if a.role == stage.role]
+    same_tokens = [a.output_tokens for a in same if a.output_tokens is not None]
+    known = [a.output_tokens for a in ancestors if a.output_tokens is not None]
+    tools = [a.is_tool_call for a in ancestors if a.is_tool_call is not None]
+    same_tools = [a.is_tool_call for a in same if a.is_tool_call is not None]
+    parent_depth = [p.depth for p in parents if p is not None and p.depth is not None]
+    return {
+        "_same_role_last": same_tokens[0] if same_tokens else np.nan,
+        "same_role_prev2_tokens": same_tokens[1] if len(same_tokens) > 1 else np.nan,
+        "same_role_tokens_max": max(same_tokens) if same_tokens else np.nan,
+        "same_role_tokens_mean": float(np.mean(same_tokens)) if same_tokens else np.nan,
+        "role_turn": len(same),
+        "num_ancestors": len(ancestors),
+        "ancestor_tokens_max": max(known) if known else np.nan,
+        "ancestor_tool_calls": float(sum(tools)) if tools else np.nan,
+        "ancestor_tool_rate": float(np.mean(tools)) if tools else np.nan,
+        "same_role_prev_was_tool": float(same_tools[0]) if same_tools else np.nan,
+        "depth_gap": float(stage.depth - max(parent_depth)) if parent_depth and stage.depth is not None else np.nan,
+    }
+
+
+class StageHistory:
+    """Finished stages of live workflows, so that a stage predicted on its own gets the features it
+    would get in a trace file beside its ancestors: their outputs, its depth, its place in call order.
+
+    Offline, a stage's parents are in the same file. Live, a stage is predicted alone once its parents
+    have finished; whoever sees the outcomes (the service's /observe, the gateway) adds them here.
+    Bounded: the workflows seen longest ago are forgotten first. Only what features read is kept."""
+
+    def __init__(self, max_workflows: int = 20_000):
+        self.max_workflows = max_workflows
+        self._workflows: OrderedDict[str, dict[str, StageTrace]] = OrderedDict()
+        self._lock = threading.Lock()  # observe and predict run on different threads
+
+    def add(self, stages: list[StageTrace]) -> None:
+        with self._lock:
+            self._add(stages)
+
+    def _add(self, stages: list[StageTrace]) -> None:
+        for stage in stages:
+            workflow = self._workflows.setdefault(stage.workflow_id, {})
+            if stage.output_tokens is None or stage.stage_id in workflow:  # unfinished, or a repeat
+                continue
+            self._workflows.move_to_end(stage.workflow_id)
+            slim = stage.model_copy(update={"prompt": "", "output_text": None})
+            derive_structure([slim], {stage.workflow_id: workflow})
+            workflow[stage.stage_id] = slim
+        while len(self._workflows) > self.max_workflows:
+            self._workflows.popitem(last=False)
+
+    def known(self, stages: list[StageTrace]) -> dict[str, dict[str, StageTrace]]:
+        """The finished stages of the workflows in `stages`, minus those stages themselves."""
+        batch = {(s.workflow_id, s.stage_id) for s in stages}
+        with self._lock:
+            return {w: {i: s for i, s in self._workflows[w].items() if (w, i) not in batch}
+                    for w in {s.workflow_id for s in stages} if w in self._workflows}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(w) for w in self._workflows.values())
+
+
+def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None) -> list[dict]:
+    """One dict per stage of structure + prompt-text features (categoricals as plain strings).
+    `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known)."""
+    derive_structure(stages, known)
+    ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
+    ids.update({(s.workflow_id, s.stage_id): s for s in stages})
     rows = []
     for stage in stages:
         text = stage.prompt_text()
@@ -166,11 +247,13 @@ class Featurizer:
             frame = pd.concat([frame, pd.DataFrame(reduced, columns=names, index=frame.index)], axis=1)
         return frame
 
-    def matrix(self, stages: list[StageTrace], columns: list[str]) -> tuple[np.ndarray, list[str]]:
+    def matrix(self, stages: list[StageTrace], columns: list[str],
+               history: StageHistory | None = None) -> tuple[np.ndarray, list[str]]:
         """The live path: the float matrix a model reads, in its `columns` order, and each row's role
         category. The same values as transform() gives, categoricals as codes of the fitted categories,
-        built without pandas: on a one-stage call pandas' frame machinery costs more than the trees."""
-        rows = structural_rows(stages)
+        built without pandas: on a one-stage call pandas' frame machinery costs more than the trees.
+        `history`: finished stages of the same workflows, standing in for ancestors not in `stages`."""
+        rows = structural_rows(stages, history.known(stages) if history is not None else None)
         roles = []
         for row in rows:
             for column, (index, _) in self._category_codes.items():

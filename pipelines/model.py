@@ -1,7 +1,9 @@
 """The two-stage length model: calibrated tool-call classifier → asymmetric-loss regressor → calibrated reserve.
 
-Stage 1, LightGBM classifier for P(tool call), calibrated by isotonic regression on out-of-fold
-scores (folds grouped by workflow/task). Stage 2, LightGBM on log(1+tokens) with an asymmetric
+Stage 1, LightGBM classifier for P(tool call), calibrated on out-of-fold scores (folds grouped by
+workflow/task) by a sigmoid (Platt) on the raw score's logit: strictly increasing, so it keeps the
+classifier's ranking, where isotonic regression's flat steps tie most scores (on the dev traces AUC
+0.943 isotonic vs 0.969 sigmoid, same classifier). Stage 2, LightGBM on log(1+tokens) with an asymmetric
 loss in which under-estimation weighs `under_weight` times more, and the calibrated p_tool as a
 feature. The loss is absolute (`pinball`: the w/(1+w) quantile) or squared (`squared`: an expectile,
 the seed recipe); on the real dev traces pinball ranks better (Kendall τ 0.55 vs 0.53) and has a
@@ -18,6 +20,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
 from pipelines.features import UNKNOWN
@@ -33,6 +36,7 @@ class ModelConfig:
     folds: int = 5
     min_group_calibration: int = 40
     role_dropout: float = 0.1  # rows trained with role="unknown" so unseen roles have a learnt fallback
+    calibration: str = "sigmoid"  # sigmoid (Platt: keeps the ranking) | isotonic (steps: ties scores)
     seed: int = 0
     # LightGBM threads. One by default: on a shared 2-core machine, two OpenMP threads spin-waiting on
     # each other made one training 13× slower (154 s vs 12 s) while other work ran; alone they save little.
@@ -56,6 +60,8 @@ class ModelConfig:
             raise ValueError(f"loss must be 'pinball' or 'squared', got {self.loss!r}")
         if self.reserve_method not in ("conformal", "rho"):
             raise ValueError(f"reserve_method must be 'conformal' or 'rho', got {self.reserve_method!r}")
+        if self.calibration not in ("sigmoid", "isotonic"):
+            raise ValueError(f"calibration must be 'sigmoid' or 'isotonic', got {self.calibration!r}")
         if self.folds < 2:
             raise ValueError(f"folds must be ≥ 2, got {self.folds}")
         if self.num_threads < 1:
@@ -107,7 +113,8 @@ class TwoStageModel:
         folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
         raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X.iloc[tr], y_tool[tr]),
                             lambda m, te: self._raw_score(m, X.iloc[te]))
-        self.calibrator_ = IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1).fit(raw_oof, y_tool)
+        self.calibrator_ = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
+                            IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)).fit(raw_oof, y_tool)
         self.classifier_ = self._fit_classifier(X, y_tool)
         X2 = X.assign(p_tool=self.calibrator_.predict(raw_oof))
         pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
@@ -191,9 +198,12 @@ class TwoStageModel:
         """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
         and each row's role category. One matrix for the three boosters: LightGBM's own pandas
         conversion, per call, costs more than the trees themselves on a live service's small batches."""
-        raw, iso = self._raw_score(self.classifier_, matrix), self.calibrator_
-        # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
-        p_tool = np.interp(np.clip(raw, iso.X_min_, iso.X_max_), iso.X_thresholds_, iso.y_thresholds_)
+        raw, calibrator = self._raw_score(self.classifier_, matrix), self.calibrator_
+        if isinstance(calibrator, SigmoidCalibrator):
+            p_tool = calibrator.predict(raw)
+        else:  # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
+            p_tool = np.interp(np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_,
+                               calibrator.y_thresholds_)
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)
@@ -211,6 +221,29 @@ class TwoStageModel:
             take = ~found & ~np.isnan(q)
             out[take], found = q[take], found | take
         return out
+
+
+class SigmoidCalibrator:
+    """Platt scaling of a probability score: p = σ(a·logit(raw) + b), fitted by logistic regression on
+    out-of-fold scores. Strictly increasing for a > 0, so the ranking (AUC) of the raw score is kept;
+    a constant (the base rate) when the labels hold one class only."""
+
+    def fit(self, raw: np.ndarray, y: np.ndarray) -> "SigmoidCalibrator":
+        y = np.asarray(y, int)
+        rate = float(np.clip(y.mean(), 1e-6, 1 - 1e-6)) if len(y) else 0.5
+        self.coef_, self.intercept_ = 0.0, float(np.log(rate / (1 - rate)))
+        if len(set(y)) > 1:
+            fit = LogisticRegression(C=1e6).fit(self._logit(raw).reshape(-1, 1), y)
+            self.coef_, self.intercept_ = float(fit.coef_[0, 0]), float(fit.intercept_[0])
+        return self
+
+    @staticmethod
+    def _logit(raw: np.ndarray) -> np.ndarray:
+        p = np.clip(np.asarray(raw, np.float64), 1e-9, 1 - 1e-9)
+        return np.log(p / (1 - p))
+
+    def predict(self, raw: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(self.coef_ * self._logit(raw) + self.intercept_)))
 
 
 def _roles(X: pd.DataFrame) -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.contract import StageTrace, task_id
-from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig
+from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.model import ModelConfig, TwoStageModel
 
 FALLBACK_LEVELS = ("role", "global", "prior")
@@ -105,12 +105,13 @@ class Predictor:
                                                 labels["group"].to_numpy())
         return cls(featurizer, model, priors, {**meta, "model": "two-stage"})
 
-    def predict(self, stages: list[StageTrace]) -> list[Prediction]:
+    def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[Prediction]:
+        """Answers for `stages`; their ancestors' outcomes come from the same list or from `history`."""
         if not stages:
             return []
         if self.model is None:
             return [self.prior(s) for s in stages]
-        out = self.model.predict_matrix(*self.featurizer.matrix(stages, self.model.feature_names))
+        out = self.model.predict_matrix(*self.featurizer.matrix(stages, self.model.feature_names, history))
         return [self._answer(s, out, i) for i, s in enumerate(stages)]
 
     def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:

@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from pipelines.contract import StageTrace
+from pipelines.features import StageHistory
 from pipelines.predictor import Prediction, Predictor
 from predictor_service import loading
 from predictor_service.config import ServiceConfig
@@ -34,16 +35,17 @@ class ActiveModel:
     corrections: OnlineCorrection
 
 
-def safe_predict(predictor: Predictor, stages: list[StageTrace]) -> list[tuple[Prediction, str]]:
+def safe_predict(predictor: Predictor, stages: list[StageTrace],
+                 history: StageHistory | None = None) -> list[tuple[Prediction, str]]:
     """Model answers, or for a stage the model chokes on, its prior (source 'error-fallback')."""
     try:
-        return [(p, "model") for p in predictor.predict(stages)]
+        return [(p, "model") for p in predictor.predict(stages, history)]
     except Exception:  # a stage the model cannot handle must not fail the batch it rides in
         if len(stages) == 1:
             logger.exception("prediction failed for stage %s/%s; answered with the prior",
                              stages[0].workflow_id, stages[0].stage_id)
             return [(predictor.prior(stages[0]), "error-fallback")]
-        return [answer for stage in stages for answer in safe_predict(predictor, [stage])]
+        return [answer for stage in stages for answer in safe_predict(predictor, [stage], history)]
 
 
 def oof_bias(predictor: Predictor) -> float:
@@ -99,6 +101,7 @@ class PredictorEngine:
         self.trace_log = TraceLog(config.trace) if config.trace else None
         self.started_at = time.time()
         self._recent = RecentPredictions(config.remember_predictions)
+        self.history = StageHistory()  # observed stages: the ancestors of the stages predicted next
         self._reload_lock = threading.Lock()
         self.active = self._prepare(config.model, None)
 
@@ -114,7 +117,7 @@ class PredictorEngine:
     # ---- predict ------------------------------------------------------------------------
     def predict(self, stages: list[StageTrace]) -> list[PredictionOut]:
         active = self.active  # one read: the whole batch is answered by one model
-        raw = safe_predict(active.predictor, stages)
+        raw = safe_predict(active.predictor, stages, self.history)
         self._recent.put([((s.workflow_id, s.stage_id), p.tokens_pred) for s, (p, _) in zip(stages, raw)])
         answers = [self._out(p, source, stage, active) for (p, source), stage in zip(raw, stages)]
         self.counters.count_predictions(answers)
@@ -135,6 +138,7 @@ class PredictorEngine:
         served = self._served_predictions(stages, active)
         for stage, predicted in zip(stages, served):
             active.corrections.update(stage.role, predicted, stage.output_tokens)
+        self.history.add(stages)
         if self.trace_log is not None:
             extra = [{"served_tokens_pred": p, "served_model_version": active.source.version} for p in served]
             self.trace_log.append(stages, extra)
@@ -151,7 +155,7 @@ class PredictorEngine:
         missing = [i for i, p in enumerate(served) if p is None]
         if missing:
             unlabelled = [stages[i].model_copy(update={"output_tokens": None, "is_tool_call": None}) for i in missing]
-            for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled)):
+            for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled, self.history)):
                 served[i] = p.tokens_pred
         return served
 

@@ -14,6 +14,7 @@ import logging
 from typing import Protocol
 
 from pipelines.contract import StageTrace
+from pipelines.features import StageHistory
 from pipelines.predictor import Prediction, Predictor, Prior
 from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
 from predictor_service.schemas import PredictionOut
@@ -52,6 +53,7 @@ class LocalPredictor:
         self.timeout_s = timeout_s
         self.num_observed = 0
         self.num_fallbacks = 0
+        self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
 
     @classmethod
     def from_location(cls, location: str, timeout_s: float) -> "LocalPredictor":
@@ -70,10 +72,16 @@ class LocalPredictor:
             return [self.fallback.answer(s) for s in stages]
 
     def _predict_model(self, stages: list[dict]) -> list[Prediction]:
-        return self.predictor.predict([StageTrace.model_validate(s) for s in stages])
+        return self.predictor.predict([StageTrace.model_validate(s) for s in stages], self.history)
 
     def observe(self, stage: dict) -> None:
         self.num_observed += 1
+        if self.use_model:
+            try:
+                self.history.add([StageTrace.model_validate(observed_row(stage))])
+            except ValueError as error:  # a trace line the contract refuses: its successors lose history only
+                log.warning("finished stage %s/%s not kept for history: %s", stage.get("workflow_id"),
+                            stage.get("stage_id"), error)
 
     async def aclose(self) -> None:
         pass

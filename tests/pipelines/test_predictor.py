@@ -5,7 +5,7 @@ import pytest
 
 from maestro.cli import main as maestro
 from pipelines.contract import StageTrace, read_traces, write_jsonl
-from pipelines.features import FeaturizerConfig
+from pipelines.features import FeaturizerConfig, StageHistory
 from pipelines.model import ModelConfig
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor
 from pipelines.synth import generate
@@ -23,6 +23,27 @@ def sample_stages():
 @pytest.fixture(scope="module")
 def predictor(sample_stages):
     return Predictor.train(sample_stages, NO_EMBEDDING, FAST_MODEL)
+
+
+def test_a_stage_predicted_alone_sees_its_finished_ancestors_through_the_history(predictor, sample_stages):
+    """Live, a stage comes alone after its parents finished: with their outcomes in a StageHistory it
+    gets exactly the features (parent outputs, role history, depth, call index) a trace file gives it."""
+    by_workflow = {}
+    for stage in sample_stages:
+        by_workflow.setdefault(stage.workflow_id, []).append(stage)
+    workflow = max(by_workflow.values(), key=len)
+    fresh = lambda s: s.model_copy(update={"depth": None, "call_index": None})
+    unlabelled = lambda s: fresh(s).model_copy(update={"output_tokens": None, "is_tool_call": None})
+    columns = predictor.model.feature_names
+    in_file, _ = predictor.featurizer.matrix([fresh(s) for s in workflow[:-1]] + [unlabelled(workflow[-1])], columns)
+    history = StageHistory()
+    history.add([fresh(s) for s in workflow[:-1]])
+    alone, _ = predictor.featurizer.matrix([unlabelled(workflow[-1])], columns, history)
+    np.testing.assert_array_equal(alone[0], in_file[-1])
+    without, _ = predictor.featurizer.matrix([unlabelled(workflow[-1])], columns)
+    assert not np.array_equal(without[0], in_file[-1], equal_nan=True)
+    batch = predictor.predict([fresh(s) for s in workflow[:-1]] + [unlabelled(workflow[-1])])
+    assert predictor.predict([unlabelled(workflow[-1])], history) == [batch[-1]]
 
 
 def test_known_role_answers_from_the_model(predictor, sample_stages):

@@ -120,3 +120,20 @@ def test_admin_token_guards_reload_when_configured():
     for wrong in ("", "Bearer nope", "s3cret"):
         with pytest.raises(Exception, match="admin token"):
             _check_admin("s3cret", wrong)
+
+
+def test_a_stage_predicted_after_its_parents_were_observed_sees_them(api, sample_records, model_dir):
+    """/observe feeds the service's stage history: a stage sent alone is featurized with its finished
+    ancestors, as it would be beside them in a trace file (here: the same p_tool as the whole workflow
+    predicted in-process; the online correction scales tokens only)."""
+    from pipelines.contract import StageTrace
+    from pipelines.predictor import Predictor
+
+    workflows = {}
+    for record in sample_records[200:]:
+        workflows.setdefault(record["workflow_id"], []).append(dict(record, workflow_id=f"history/{record['workflow_id']}"))
+    workflow = max(workflows.values(), key=len)
+    assert api.post("/observe", json={"stages": workflow[:-1]}).status_code == 200
+    (answer,) = api.post("/predict", json={"stages": [unlabelled(workflow[-1])]}).json()
+    offline = [StageTrace.model_validate(r) for r in workflow[:-1]] + [StageTrace.model_validate(unlabelled(workflow[-1]))]
+    assert answer["p_tool"] == Predictor.load(model_dir).predict(offline)[-1].p_tool
