@@ -136,13 +136,14 @@ def hanging_server():
     server.server_close()
 
 
-# Margins: the deadline holds up to the OS waking the caller, which on a loaded shared box can take
-# a few hundred ms; what must never happen is waiting for the service (5 s here).
+# Margins: the deadline holds up to the OS waking the caller, which on a loaded shared box has taken
+# over 300 ms (load 8-9); what must never happen is waiting for the service (5 s here).
+MARGIN_S = 1.0
 def test_sync_client_keeps_its_deadline_against_a_hanging_service(hanging_server):
     with PredictorClient(ClientConfig(url=hanging_server, timeout_s=0.15), FALLBACK) as client:
         started = time.perf_counter()
         check_fallback(client.predict(STAGES))
-        assert time.perf_counter() - started < 0.15 + 0.3
+        assert time.perf_counter() - started < 0.15 + MARGIN_S
         assert "no answer within" in client.breaker.last_error
 
 
@@ -157,7 +158,7 @@ def test_async_client_keeps_its_deadline_against_a_hanging_service(hanging_serve
 
     answers, elapsed = asyncio.run(call())
     check_fallback(answers)
-    assert elapsed < 0.15 + 0.3
+    assert elapsed < 0.15 + MARGIN_S
 
 
 def test_client_config_refuses_nonsense():
