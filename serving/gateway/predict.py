@@ -90,7 +90,9 @@ class LocalPredictor:
 class HttpPredictor:
     """predictor_service/ over HTTP through its AsyncPredictorClient; observed stages go out in batches."""
 
-    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.5, max_pending: int = 10_000):
+    # 50 ms: the service featurizes a stage with its observed ancestors (StageHistory), and a workflow's next
+    # stage often follows its parent within a tool call's time; at most 20 /observe calls a second.
+    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.05, max_pending: int = 10_000):
         self.client = client
         self.observe_period_s = observe_period_s
         self.max_pending = max_pending
