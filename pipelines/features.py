@@ -146,8 +146,10 @@ class StageHistory:
 
     def _add(self, stages: list[StageTrace]) -> None:
         for stage in stages:
+            if stage.output_tokens is None:  # not finished: nothing to learn from it yet
+                continue
             workflow = self._workflows.setdefault(stage.workflow_id, {})
-            if stage.output_tokens is None or stage.stage_id in workflow:  # unfinished, or a repeat
+            if stage.stage_id in workflow:  # a repeat (a retried observe): the first one stands
                 continue
             self._workflows.move_to_end(stage.workflow_id)
             slim = stage.model_copy(update={"prompt": "", "output_text": None})
@@ -220,7 +222,8 @@ class Featurizer:
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
         frame = structural_frame(stages)
         self.categories_ = {c: self._frequent(frame[c]) for c in CATEGORICAL}
-        self.__dict__.pop("_category_codes", None)  # a refit: rebuild the code table from the new categories
+        for cached in ("_category_codes", "_embedding_names"):  # a refit: rebuild from the new categories / PCA
+            self.__dict__.pop(cached, None)
         if self.config.use_embedding:
             vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
             dims = min(self.config.pca_dims, len(stages), vectors.shape[1])
@@ -243,8 +246,7 @@ class Featurizer:
                 frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
         if self.config.use_embedding:
             reduced = self._embedding(stages, progress)
-            names = [f"emb_{i}" for i in range(reduced.shape[1])]
-            frame = pd.concat([frame, pd.DataFrame(reduced, columns=names, index=frame.index)], axis=1)
+            frame = pd.concat([frame, pd.DataFrame(reduced, columns=self._embedding_names, index=frame.index)], axis=1)
         return frame
 
     def matrix(self, stages: list[StageTrace], columns: list[str],

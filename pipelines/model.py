@@ -198,12 +198,7 @@ class TwoStageModel:
         """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
         and each row's role category. One matrix for the three boosters: LightGBM's own pandas
         conversion, per call, costs more than the trees themselves on a live service's small batches."""
-        raw, calibrator = self._raw_score(self.classifier_, matrix), self.calibrator_
-        if isinstance(calibrator, SigmoidCalibrator):
-            p_tool = calibrator.predict(raw)
-        else:  # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
-            p_tool = np.interp(np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_,
-                               calibrator.y_thresholds_)
+        p_tool = _calibrate(self.calibrator_, self._raw_score(self.classifier_, matrix))
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)
@@ -244,6 +239,14 @@ class SigmoidCalibrator:
 
     def predict(self, raw: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-(self.coef_ * self._logit(raw) + self.intercept_)))
+
+
+def _calibrate(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: np.ndarray) -> np.ndarray:
+    if isinstance(calibrator, SigmoidCalibrator):
+        return calibrator.predict(raw)
+    # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
+    return np.interp(np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_,
+                     calibrator.y_thresholds_)
 
 
 def _roles(X: pd.DataFrame) -> list[str]:
