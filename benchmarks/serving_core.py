@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/serving_core.py --out benchmarks/results/serving_core.json
 
 A "decision" is one pop of the next stage plus one add of a new stage (the queue stays at size n).
-Allocator ops are reserve / grow / release on the host backend.
+Allocator ops are reserve / grow / release on the host backend (benchmarks/kv_vmm.py runs the same mix on a GPU).
 """
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def bench_scheduler(policy: str, queued: int, decisions: int, seed: int = 0) -> 
     return decisions / (time.perf_counter() - started)
 
 
-def bench_allocator(num_ops: int, seed: int = 0) -> float:
+def bench_allocator(num_ops: int, seed: int = 0, backend: str = "host") -> float:
     rng = np.random.default_rng(seed)
-    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024 ** 3))
+    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024 ** 3, backend=backend))
     live, ops = [], 0
     started = time.perf_counter()
     while ops < num_ops:
