@@ -54,6 +54,12 @@ class GatewayConfig:
     # one from measured streams (projection.GrowingStage), not from dispatch time + the fitted overhead. Off: measured
     # no faster under KV pressure and let more preemptions through (serving/gateway/README.md).
     project_from_progress: bool = False
+    # Workflows in progress: batch stages of at most `workflow_cap` workflows (the oldest live ones, wip.py) are
+    # dispatched at a time; 0 = no cap. Adaptive: the cap is where W starts, then it grows while the cap alone keeps
+    # a node idle and shrinks when eligible stages wait for KV or vLLM preempts.
+    workflow_cap: int = 0
+    workflow_cap_adaptive: bool = False
+    workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request
@@ -81,6 +87,9 @@ class GatewayConfig:
             raise ValueError(f"gateway config: kv_admission must be 'peak' or 'projected', got {self.kv_admission!r}")
         if not 0.2 <= self.decode_rate_margin <= 1.5:
             raise ValueError(f"gateway config: decode_rate_margin must be in [0.2, 1.5], got {self.decode_rate_margin}")
+        if self.workflow_cap < 0 or self.workflow_idle_s < 0 or (self.workflow_cap_adaptive and not self.workflow_cap):
+            raise ValueError("gateway config: workflow_cap >= 0 (0 = off; > 0 with workflow_cap_adaptive), "
+                             "workflow_idle_s >= 0")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         self.scheduler_config()  # raises with the known names / fields

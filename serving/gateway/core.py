@@ -24,6 +24,7 @@ from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
+from serving.gateway.wip import WorkflowCap
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 
@@ -53,10 +54,12 @@ class Gateway:
         self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin,
                            config.project_from_progress) for n in config.nodes]
         self.scheduler_config = config.scheduler_config()
+        cap = (WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s)
+               if config.workflow_cap else None)
         self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
                                      backfill_max_overtaken=config.backfill_max_overtaken,
-                                     recheck_s=config.admission_recheck_s)
+                                     recheck_s=config.admission_recheck_s, cap=cap)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
@@ -87,6 +90,7 @@ class Gateway:
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
         self.dispatcher.pump()
+        self.dispatcher.adapt_cap({n.name: n.num_preemptions for n in self.nodes if n.is_healthy})
 
     async def _poll_loop(self) -> None:
         while True:
@@ -129,9 +133,10 @@ class Gateway:
         """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
 
         Interactive before batch; then, under a policy that puts workflows further along first (continuum,
-        mars, maestro with attained_weight), the workflow's arrival rank (older first), else predicted tokens.
+        mars, maestro with attained_weight) or with a workflow cap, the workflow's arrival rank (older first),
+        else predicted tokens.
         """
-        if self.scheduler_config.is_workflow_order:
+        if self.scheduler_config.is_workflow_order or self.dispatcher.cap is not None:
             state = self.workflows.get(job.meta.workflow_id)
             rank = state.seq if state is not None else self._num_workflows_seen
         else:
@@ -172,7 +177,8 @@ class Gateway:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
                 "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
-                "backfilled": self.dispatcher.num_backfilled, **self.counters}
+                "backfilled": self.dispatcher.num_backfilled, **self.counters,
+                **({"workflow_cap": self.dispatcher.cap.snapshot()} if self.dispatcher.cap else {})}
 
 
 def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:

@@ -105,6 +105,13 @@ class Node:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def would_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """`can_fit` without counting a refusal (a what-if, not an admission decision)."""
+        refused = dict(self.num_refused)
+        fits = self.can_fit(prompt_tokens, output_tokens)
+        self.num_refused = refused
+        return fits
+
     def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """Whether a stage may start here now (`kv_admission`: peak reserved at once, or projected over time)."""
         if not self.is_healthy or self.allocator is None:
