@@ -54,12 +54,16 @@ class GatewayConfig:
     # one from measured streams (projection.GrowingStage), not from dispatch time + the fitted overhead. Off: measured
     # no faster under KV pressure and let more preemptions through (serving/gateway/README.md).
     project_from_progress: bool = False
+    # ... only the new stage, from measured streams, and only while a node has fewer than this many stages in flight
+    # (the node under-occupied: admission less conservative there); 0 = never.
+    underoccupied_inflight: int = 0
     # Workflows in progress: batch stages of at most `workflow_cap` workflows (the oldest live ones, wip.py) are
     # dispatched at a time; 0 = no cap. Adaptive: the cap is where W starts, then it grows while the cap alone keeps
     # a node idle and shrinks when eligible stages wait for KV or vLLM preempts.
     workflow_cap: int = 0
     workflow_cap_adaptive: bool = False
     workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
+    workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     node_timeout_s: float = 600.0  # read timeout of one forwarded request
@@ -79,17 +83,18 @@ class GatewayConfig:
             raise ValueError("gateway config: node names must be unique")
         if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
             raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
-        if self.backfill_depth < 0 or self.backfill_max_overtaken < 0 or self.admission_recheck_s < 0:
-            raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s must be >= 0")
+        if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight) < 0:
+            raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "
+                             "underoccupied_inflight must be >= 0")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):
             raise ValueError(f"gateway config: kv_admission must be 'peak' or 'projected', got {self.kv_admission!r}")
         if not 0.2 <= self.decode_rate_margin <= 1.5:
             raise ValueError(f"gateway config: decode_rate_margin must be in [0.2, 1.5], got {self.decode_rate_margin}")
-        if self.workflow_cap < 0 or self.workflow_idle_s < 0 or (self.workflow_cap_adaptive and not self.workflow_cap):
+        if self.workflow_cap < 0 or min(self.workflow_idle_s, self.workflow_cap_shrink_wait_s) < 0 or (self.workflow_cap_adaptive and not self.workflow_cap):
             raise ValueError("gateway config: workflow_cap >= 0 (0 = off; > 0 with workflow_cap_adaptive), "
-                             "workflow_idle_s >= 0")
+                             "workflow_idle_s and workflow_cap_shrink_wait_s >= 0")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         self.scheduler_config()  # raises with the known names / fields

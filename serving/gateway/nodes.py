@@ -56,11 +56,15 @@ class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False):
+                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False,
+                 underoccupied_inflight: int = 0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.use_progress = use_progress  # project running stages from their streamed progress
+        # With fewer than this many stages in flight, a new stage is projected from measured streams (as with
+        # use_progress), not from the fitted call time, which grows it ~3× too fast from dispatch (0 = never).
+        self.underoccupied_inflight = underoccupied_inflight
         self.recent_streams: deque[tuple[float, float]] = deque(maxlen=32)  # (first token delay, pace) of streams
         self.first_token_delay_s = 0.0  # dispatch → first streamed token, median of recent streams
         self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, median of recent streams
@@ -124,7 +128,8 @@ class Node:
         if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
             return self._refuse("vllm_free")
         now = time.monotonic()
-        candidate = self.new_stage(prompt_tokens, output_tokens, now)
+        candidate = self.new_stage(prompt_tokens, output_tokens, now,
+                                   from_streams=self.num_inflight < self.underoccupied_inflight)
         measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
         peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
                            self.call_overhead_s, measured)
@@ -146,11 +151,12 @@ class Node:
         self.call_overhead_s = overhead_s / self.decode_rate_margin
         self.decode_tokens_per_s = tokens_per_s * self.decode_rate_margin
 
-    def new_stage(self, prompt_tokens: int, output_tokens: int, now: float) -> GrowingStage:
-        """A stage starting now. Once streamed calls measured it: its first token after the node's measured delay
-        (× margin: early) at the measured per-stage pace (× margin: slow), as if that progress had been streamed;
-        before: the fitted call time (the overhead as if after decoding, the rate from whole calls)."""
-        if not self.use_progress or self.num_streams_observed < MIN_STREAMS:
+    def new_stage(self, prompt_tokens: int, output_tokens: int, now: float, from_streams: bool = False) -> GrowingStage:
+        """A stage starting now. Once streamed calls measured it (with `use_progress`, or `from_streams`): its first
+        token after the node's measured delay (× margin: early) at the measured per-stage pace (× margin: slow), as
+        if that progress had been streamed; before: the fitted call time (the overhead as if after decoding, the
+        rate from whole calls)."""
+        if not (self.use_progress or from_streams) or self.num_streams_observed < MIN_STREAMS:
             return GrowingStage(prompt_tokens, output_tokens, now)
         return GrowingStage(prompt_tokens, output_tokens, now, tokens_done=0,
                             progress_s=now + self.first_token_delay_s * self.decode_rate_margin,

@@ -10,8 +10,9 @@ stages are never held.
 
 Adaptive W (AIMD-like, `adapt` at each /metrics poll): +1 when the cap alone kept a node idle for two polls
 in a row (a stage of a workflow beyond the W waited, no eligible stage did, and that stage would fit
-now); −1 when an eligible stage has waited for KV over `CAP_WAIT_S` (the node is full with the W: fewer
-will do); × `DECREASE_FACTOR` when vLLM's `num_preemptions_total` went up.
+now); × `DECREASE_FACTOR` when vLLM's `num_preemptions_total` went up; optionally (`shrink_wait_s` > 0)
+−1 when an eligible stage has waited for KV that long (the node is full with the W: fewer will do; at most
+once per `shrink_wait_s`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ DEFAULT_IDLE_S = 0.5  # a workflow keeps its place this long after its last stag
 MIN_LIMIT = 2  # adaptive W never goes below this
 MAX_LIMIT = 4096
 GROW_POLLS = 2  # polls in a row the cap kept a node idle before W grows by one
-CAP_WAIT_S = 1.0  # an eligible stage waiting for KV this long: W shrinks by one (at most once per CAP_WAIT_S)
 DECREASE_FACTOR = 0.5  # W × this (at least −1) when vLLM preempted
 
 
@@ -36,11 +36,11 @@ class LiveWorkflow:
 class WorkflowCap:
     """Which workflows may have stages dispatched now (see the module docstring)."""
 
-    def __init__(self, limit: int, adaptive: bool = False, idle_s: float = DEFAULT_IDLE_S):
+    def __init__(self, limit: int, adaptive: bool = False, idle_s: float = DEFAULT_IDLE_S, shrink_wait_s: float = 0.0):
         if limit < 1:
             raise ValueError(f"workflow cap must be >= 1, got {limit}")
         self.limit = max(MIN_LIMIT, limit) if adaptive else limit
-        self.adaptive, self.idle_s = adaptive, idle_s
+        self.adaptive, self.idle_s, self.shrink_wait_s = adaptive, idle_s, shrink_wait_s
         self.live: dict[str, LiveWorkflow] = {}
         self._eligible: set[str] | None = None  # cached; None = recompute
         self._expires_s = math.inf  # when a live-by-idle workflow stops being live (the cache goes stale)
@@ -107,8 +107,9 @@ class WorkflowCap:
             self.num_halved += 1
             self._num_idle_polls = 0
             return
-        if eligible_waiting_since is not None and now - eligible_waiting_since >= CAP_WAIT_S:
-            if now - self._last_shrink_s >= CAP_WAIT_S:
+        wait_s = self.shrink_wait_s
+        if wait_s > 0 and eligible_waiting_since is not None and now - eligible_waiting_since >= wait_s:
+            if now - self._last_shrink_s >= wait_s:
                 self._last_shrink_s = now
                 self.set_limit(self.limit - 1)
                 self.num_shrunk += 1

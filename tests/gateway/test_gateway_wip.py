@@ -100,7 +100,7 @@ def test_a_cancelled_or_unplaceable_stage_gives_its_place_back():
 
 def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_waits_and_preemptions(monkeypatch):
     loop = asyncio.new_event_loop()
-    cap = WorkflowCap(2, adaptive=True, idle_s=60.0)
+    cap = WorkflowCap(2, adaptive=True, idle_s=60.0, shrink_wait_s=1.0)
     dispatcher, node = capped(cap, blocks=16)
     jobs = [job_of(f"w{i}", float(i), tokens=128 * 2, loop=loop) for i in range(6)]
     for job in jobs:
@@ -112,16 +112,20 @@ def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_wai
     assert cap.limit == 3 and jobs[2].future.done() and cap.num_grown == 1
     dispatcher.adapt_cap({"a": 2})  # vLLM preempted: W halved (not below MIN_LIMIT)
     assert cap.limit == wip.MIN_LIMIT and cap.num_halved == 1
-    # an eligible stage waiting for KV over CAP_WAIT_S: the W are enough to fill the node, W - 1
+    # an eligible stage waiting for KV over shrink_wait_s: the W are enough to fill the node, W - 1
     cap.set_limit(6)
     big = job_of("w0", 0.0, "big", tokens=128 * 16, loop=loop)
     dispatcher.submit(big)
     assert not big.future.done()
-    big.enqueued_s -= wip.CAP_WAIT_S + 0.1
+    big.enqueued_s -= 1.1
     dispatcher.adapt_cap({"a": 2})
     assert cap.limit == 5 and cap.num_shrunk == 1
     dispatcher.adapt_cap({"a": 2})
-    assert cap.limit == 5  # at most once per CAP_WAIT_S
+    assert cap.limit == 5  # at most once per shrink_wait_s
+    cap.shrink_wait_s = 0.0
+    cap._last_shrink_s -= 10
+    dispatcher.adapt_cap({"a": 2})
+    assert cap.limit == 5  # off: no shrink however long it waits
     assert node.num_refused == node.num_refused | {}  # (the what-ifs counted no refusals)
 
 
@@ -147,3 +151,28 @@ def test_cap_config_is_checked_and_the_cap_sends_workflow_rank_as_vllm_priority(
     gateway.workflow("first", 0.0)
     gateway.workflow("w", 1.0)
     assert gateway.vllm_priority(job) == BATCH_PRIORITY + 1  # its arrival rank, not its predicted tokens
+
+
+def test_an_underoccupied_node_projects_the_new_stage_from_measured_streams():
+    from serving.gateway.config import NodeConfig
+    from serving.gateway.nodes import Node, parse_metrics
+    from .conftest import metrics_text
+
+    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected",
+                underoccupied_inflight=2)
+    node.apply_metrics(parse_metrics(metrics_text(16, 0.0)))
+    node.is_healthy, node.decode_tokens_per_s, node.call_overhead_s = True, 750.0, 0.6
+    node.reserve(512, 512)  # 8 blocks at its end, fitted: now + 0.6 + 512 / 750 s
+    node.num_inflight = 1
+    assert not node.can_fit(768, 384)  # too few streams measured yet: fitted, the candidate at 9 blocks by then
+    for _ in range(8):
+        node.observe_stream(first_token_delay_s=0.2, output_tokens=101, decode_s=0.5)  # 200 tokens/s a stage
+    assert node.can_fit(768, 384)  # from streams: ≈ 180 of its tokens by the running stage's end, 8 + 8 blocks
+    node.num_inflight = 2  # not under-occupied: the fitted projection again
+    assert not node.can_fit(768, 384)
+    node.num_inflight, node.underoccupied_inflight = 1, 0  # off
+    assert not node.can_fit(768, 384)
+    with pytest.raises(ValueError, match="underoccupied_inflight"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], underoccupied_inflight=-1)
+    assert Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], underoccupied_inflight=2)
+                   ).nodes[0].underoccupied_inflight == 2
