@@ -63,6 +63,7 @@ class GatewayConfig:
     workflow_cap: int = 0
     workflow_cap_adaptive: bool = False
     workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
+    workflow_cap_backoff: float = 0.5  # adaptive: W × this (at least − 1) when vLLM preempted; 1 = never
     workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
@@ -95,6 +96,8 @@ class GatewayConfig:
         if self.workflow_cap < 0 or min(self.workflow_idle_s, self.workflow_cap_shrink_wait_s) < 0 or (self.workflow_cap_adaptive and not self.workflow_cap):
             raise ValueError("gateway config: workflow_cap >= 0 (0 = off; > 0 with workflow_cap_adaptive), "
                              "workflow_idle_s and workflow_cap_shrink_wait_s >= 0")
+        if not 0 < self.workflow_cap_backoff <= 1:
+            raise ValueError(f"gateway config: workflow_cap_backoff must be in (0, 1], got {self.workflow_cap_backoff}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         self.scheduler_config()  # raises with the known names / fields

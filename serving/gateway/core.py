@@ -55,7 +55,7 @@ class Gateway:
                            config.project_from_progress, config.underoccupied_inflight) for n in config.nodes]
         self.scheduler_config = config.scheduler_config()
         cap = (WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s,
-                           config.workflow_cap_shrink_wait_s)
+                           config.workflow_cap_shrink_wait_s, config.workflow_cap_backoff)
                if config.workflow_cap else None)
         self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,

@@ -10,7 +10,7 @@ stages are never held.
 
 Adaptive W (AIMD-like, `adapt` at each /metrics poll): +1 when the cap alone kept a node idle for two polls
 in a row (a stage of a workflow beyond the W waited, no eligible stage did, and that stage would fit
-now); × `DECREASE_FACTOR` when vLLM's `num_preemptions_total` went up; optionally (`shrink_wait_s` > 0)
+now); × `backoff` (at least −1; 1 = never) when vLLM's `num_preemptions_total` went up; optionally (`shrink_wait_s` > 0)
 −1 when an eligible stage has waited for KV that long (the node is full with the W: fewer will do; at most
 once per `shrink_wait_s`).
 """
@@ -23,7 +23,7 @@ DEFAULT_IDLE_S = 0.5  # a workflow keeps its place this long after its last stag
 MIN_LIMIT = 2  # adaptive W never goes below this
 MAX_LIMIT = 4096
 GROW_POLLS = 2  # polls in a row the cap kept a node idle before W grows by one
-DECREASE_FACTOR = 0.5  # W × this (at least −1) when vLLM preempted
+DEFAULT_BACKOFF = 0.5  # W × this (at least −1) when vLLM preempted
 
 
 @dataclass(slots=True)
@@ -36,11 +36,12 @@ class LiveWorkflow:
 class WorkflowCap:
     """Which workflows may have stages dispatched now (see the module docstring)."""
 
-    def __init__(self, limit: int, adaptive: bool = False, idle_s: float = DEFAULT_IDLE_S, shrink_wait_s: float = 0.0):
+    def __init__(self, limit: int, adaptive: bool = False, idle_s: float = DEFAULT_IDLE_S, shrink_wait_s: float = 0.0,
+                 backoff: float = DEFAULT_BACKOFF):
         if limit < 1:
             raise ValueError(f"workflow cap must be >= 1, got {limit}")
         self.limit = max(MIN_LIMIT, limit) if adaptive else limit
-        self.adaptive, self.idle_s, self.shrink_wait_s = adaptive, idle_s, shrink_wait_s
+        self.adaptive, self.idle_s, self.shrink_wait_s, self.backoff = adaptive, idle_s, shrink_wait_s, backoff
         self.live: dict[str, LiveWorkflow] = {}
         self._eligible: set[str] | None = None  # cached; None = recompute
         self._expires_s = math.inf  # when a live-by-idle workflow stops being live (the cache goes stale)
@@ -102,8 +103,8 @@ class WorkflowCap:
             return
         preempted = any(n in self._preemptions and count > self._preemptions[n] for n, count in preemptions.items())
         self._preemptions.update(preemptions)
-        if preempted:
-            self.set_limit(min(self.limit - 1, math.floor(self.limit * DECREASE_FACTOR)))
+        if preempted and self.backoff < 1:
+            self.set_limit(min(self.limit - 1, math.floor(self.limit * self.backoff)))
             self.num_halved += 1
             self._num_idle_polls = 0
             return

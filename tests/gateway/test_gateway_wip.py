@@ -126,6 +126,9 @@ def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_wai
     cap._last_shrink_s -= 10
     dispatcher.adapt_cap({"a": 2})
     assert cap.limit == 5  # off: no shrink however long it waits
+    cap.backoff = 1.0
+    dispatcher.adapt_cap({"a": 9})
+    assert cap.limit == 5 and cap.num_halved == 1  # backoff 1: preemptions leave W alone
     assert node.num_refused == node.num_refused | {}  # (the what-ifs counted no refusals)
 
 
@@ -141,6 +144,8 @@ def test_cap_config_is_checked_and_the_cap_sends_workflow_rank_as_vllm_priority(
         GatewayConfig(nodes=nodes, workflow_cap=-1)
     with pytest.raises(ValueError, match="workflow_cap"):
         GatewayConfig(nodes=nodes, workflow_cap_adaptive=True)
+    with pytest.raises(ValueError, match="workflow_cap_backoff"):
+        GatewayConfig(nodes=nodes, workflow_cap=2, workflow_cap_backoff=0)
     assert Gateway(GatewayConfig(nodes=nodes)).dispatcher.cap is None
     gateway = Gateway(GatewayConfig(nodes=nodes, workflow_cap=4, workflow_cap_adaptive=True, workflow_idle_s=0.2))
     cap = gateway.dispatcher.cap
