@@ -110,6 +110,16 @@ def running_while_busy(stats_dir: Path, pid: int) -> float | None:
     return round(float(np.mean(values)), 3) if values else None
 
 
+def decode_step_ms(stats_dir: Path, pid: int, running: int = 2) -> float | None:
+    """vLLM's median step time with `running` sequences decoding and no prefill: how fast the box let it run
+    (other tenants move it by ±50 % between the two halves of one pressure run)."""
+    steps = [r for p in stats_dir.glob(f"vllm-*-{pid}-e*.jsonl") for line in p.read_text().splitlines()
+             if (r := json.loads(line)).get("kind") == "step"]
+    gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:])
+            if a["running"] == running and a["prompt_tokens"] == 0 and b["t"] - a["t"] < 0.05]
+    return round(1e3 * float(np.median(gaps)), 3) if gaps else None
+
+
 def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Summarise the flight options."}],
             "max_tokens": 4, "ignore_eos": True}
@@ -214,6 +224,7 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
             engine.stop()
             if mode in out:
                 out[mode]["running_while_busy"] = running_while_busy(logs / "vllm-stats", engine.process.pid)
+                out[mode]["decode_step_ms"] = decode_step_ms(logs / "vllm-stats", engine.process.pid)
     d, g = out["direct"]["preemptions"], out["gateway"]["preemptions"]
     out["preemption_ratio_direct_over_gateway"] = round(d / max(g, 1), 2) if d else None
     return out
