@@ -81,3 +81,23 @@ def test_unfitted_model_and_bad_config_fail_clearly():
         ModelConfig(alpha=0.7)
     with pytest.raises(ValueError, match="reserve_method"):
         ModelConfig(reserve_method="magic")
+
+
+def test_bagged_regressor_averages_its_members_in_log_space():
+    small = dict(n_estimators=40, learning_rate=0.1, num_leaves=7, subsample=0.8, subsample_freq=1,
+                 colsample_bytree=0.8, extra_trees=True)
+    config = ModelConfig(classifier=dict(n_estimators=20), quantile=dict(n_estimators=20), regressor=small,
+                         regressor_bags=3)
+    X, tokens, is_tool, groups = synthetic_frame(800)
+    model = TwoStageModel(config).fit(X, tokens, is_tool, groups)
+    regressor = model.regressor_
+    assert len(regressor.more) == 2  # three members: the seeds differ, so their trees do
+    matrix = np.column_stack([X[["items", "noise"]].to_numpy(float), np.full(len(X), 0.5)])
+    matrix = np.column_stack([X["role"].cat.codes.to_numpy(float), matrix])
+    members = [b.predict(matrix) for b in (regressor.booster, *regressor.more)]
+    assert not np.allclose(members[0], members[1])
+    np.testing.assert_allclose(regressor.predict(matrix), np.mean(members, axis=0) + regressor.base)
+    del regressor.more  # a regressor pickled before bagging existed: its one booster answers
+    np.testing.assert_allclose(regressor.predict(matrix), members[0] + regressor.base)
+    with pytest.raises(ValueError, match="regressor_bags"):
+        ModelConfig(regressor_bags=0)
