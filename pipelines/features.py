@@ -46,6 +46,7 @@ def _text_features(stage: StageTrace, text: str) -> dict:
     tail = text[-500:]
     cut = text.rfind(_CUT)
     numbers = [int(n) for n in _INT.findall(tail) if int(n) <= 100]
+    head, opening = text[:200], text.lstrip()[:12].lower()
     return {
         "prompt_chars": len(text),
         "prompt_tokens_est": stage.prompt_tokens if stage.prompt_tokens is not None else len(text) // 4,
@@ -68,6 +69,12 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "prompt_is_tool_response": int(bool(_TOOL_RESPONSE.search(text[:200]))),
         "prompt_truncated": int(cut >= 0),
         "tail_after_cut_chars": len(text) - cut - len(_CUT) if cut >= 0 else len(text),
+        # What the prompt opens with says which turn of a phase this is: a role's bracketed system
+        # preamble, code handed over (a rewrite follows), a review comment, a done marker.
+        "head_code_fence": int("```" in head),
+        "head_comment_tag": int(opening.startswith("<comment>")),
+        "head_bracket": int(opening.startswith("[")),
+        "head_info_tag": int("<info>" in head.lower()),
     }
 
 

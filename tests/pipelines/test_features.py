@@ -29,6 +29,19 @@ def test_prompt_text_signals():
     assert row["tail_max_int"] == 7 and row["tail_mentions_json"] == 1 and row["tail_brevity_words"] >= 1
 
 
+def test_what_the_prompt_opens_with():
+    prompts = {"[ChatDev is a software company ...] Write the code.": "head_bracket",
+               "main.py\n```python\nimport os\n```\nPlease fix the code above.": "head_code_fence",
+               "<Comment>\nThe code is missing an import.</Comment>": "head_comment_tag",
+               "<INFO> Finished.\nAnything else?": "head_info_tag"}
+    frame = structural_frame([stage(str(i), prompt=p) for i, p in enumerate(prompts)])
+    flags = ["head_bracket", "head_code_fence", "head_comment_tag", "head_info_tag"]
+    for i, expected in enumerate(prompts.values()):
+        assert {f for f in flags if frame.loc[i, f] == 1} == {expected}, (i, frame.loc[i, flags].to_dict())
+    late = structural_frame([stage("x", prompt="Review this.\n" + "x" * 300 + "```python\n```")]).iloc[0]
+    assert late["head_code_fence"] == 0  # code further in is not what the prompt opens with
+
+
 def test_unseen_and_rare_categories_map_to_unknown_without_embedding():
     train = [stage(str(i), role="coder" if i % 2 else "rare" if i == 0 else "writer") for i in range(12)]
     featurizer = Featurizer(FeaturizerConfig(use_embedding=False, min_category_count=3)).fit(train)
