@@ -14,14 +14,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks.serving_core import bench_allocator
+from benchmarks.serving_core import bench_allocator, write_results
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.kv.cuda_vmm import cuda_driver
 
@@ -148,10 +146,7 @@ def main() -> None:
     host_ops = bench_allocator(args.allocator_ops, backend="host")
     results["allocator_ops_per_s"] = {"cuda-vmm": round(vmm_ops), "host": round(host_ops),
                                       "vmm_vs_host": round(vmm_ops / host_ops, 4)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":

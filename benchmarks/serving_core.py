@@ -59,6 +59,14 @@ def bench_allocator(num_ops: int, seed: int = 0, backend: str = "host") -> float
     return num_ops / (time.perf_counter() - started)
 
 
+def write_results(results: dict, out: str) -> None:
+    """The benchmark's JSON, to `out` and to stdout."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/serving_core.json")
@@ -69,10 +77,7 @@ def main() -> None:
     for policy in (p.value for p in Policy):
         results["scheduler_decisions_per_s"][policy] = {
             str(n): round(bench_scheduler(policy, n, args.decisions)) for n in (10_000, 100_000)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":
