@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 
 from serving.admission import PageAdmission
 from serving.gateway.metadata import StageMeta
@@ -211,13 +212,8 @@ class Dispatcher:
         """The head and the next `backfill_depth` stages that may go, in policy order."""
         if self.cap is None:
             return self.scheduler.peek_n(now, self.backfill_depth + 1)
-        out = []
-        for request in self.scheduler.in_order(now):
-            if not request.payload.future.done() and self._may_go(request.payload, now):
-                out.append(request)
-                if len(out) > self.backfill_depth:
-                    break
-        return out
+        live = (r for r in self.scheduler.in_order(now) if not r.payload.future.done() and self._may_go(r.payload, now))
+        return list(islice(live, self.backfill_depth + 1))
 
     def fail_all_queued(self, reason: str) -> None:
         while (job := self._peek_job(time.monotonic())) is not None:

@@ -109,35 +109,36 @@ class Node:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """Whether a stage may start here now; a refusal is counted by its reason (`/maestro/status`)."""
+        reason = self.refusal(prompt_tokens, output_tokens)
+        if reason is not None and reason in self.num_refused:
+            self.num_refused[reason] += 1
+        return reason is None
+
     def would_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """`can_fit` without counting a refusal (a what-if, not an admission decision)."""
-        refused = dict(self.num_refused)
-        fits = self.can_fit(prompt_tokens, output_tokens)
-        self.num_refused = refused
-        return fits
+        return self.refusal(prompt_tokens, output_tokens) is None
 
-    def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
-        """Whether a stage may start here now (`kv_admission`: peak reserved at once, or projected over time)."""
+    def refusal(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        """Why a stage may not start here now (None: it may), counting nothing: `kv_admission` is peak reserved
+        at once, or projected over time."""
         if not self.is_healthy or self.allocator is None:
-            return False
+            return "unavailable"
         num_blocks = self.blocks_for(prompt_tokens + output_tokens)
         if num_blocks > self.num_unreserved_blocks:
-            return self._refuse("budget")
+            return "budget"
         if self.kv_admission == "peak":
-            return num_blocks <= self.num_unused_blocks or self._refuse("vllm_free")
+            return None if num_blocks <= self.num_unused_blocks else "vllm_free"
         if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
-            return self._refuse("vllm_free")
+            return "vllm_free"
         now = time.monotonic()
         candidate = self.new_stage(prompt_tokens, output_tokens, now,
                                    from_streams=self.num_inflight < self.underoccupied_inflight)
         measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
         peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
                            self.call_overhead_s, measured)
-        return peak <= self.num_blocks or self._refuse("projected")
-
-    def _refuse(self, reason: str) -> bool:
-        self.num_refused[reason] += 1
-        return False
+        return None if peak <= self.num_blocks else "projected"
 
     def observe_decode(self, output_tokens: int, seconds: float) -> None:
         """A finished stage's call time: the fitted overhead + rate once there is a fit, else the mean pace."""
