@@ -8,7 +8,8 @@ Needs .venv-vllm (scripts/setup-vllm.sh). Phases, each with its own engines on 1
    SIGKILLed once a quarter of the stages are traced. Checks: no stage lost, one trace line per stage with
    output_tokens equal to vLLM's usage, `collect(dir)` reads the directory, `maestro train` trains on it.
 3. KV pressure — one node with a tiny KV cache; the same workload straight at vLLM vs through the gateway:
-   vLLM's `num_preemptions_total` delta and workflow completion time.
+   vLLM's `num_preemptions_total` delta and workflow completion time. `--pressure-modes direct,gateway,direct`
+   brackets the gateway half with two direct ones and compares it with their mean (the box drifts during a run).
 """
 from __future__ import annotations
 
@@ -190,43 +191,93 @@ def drive_config(target: str, args, **kw) -> DriveConfig:
     return DriveConfig(**{**base, **kw})
 
 
+PRESSURE_MODES = ("direct", "gateway", "gateway2")
+
+
+def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Path, workdir: Path, args, index: int) -> dict:
+    """One half of the pressure phase on a fresh engine: straight at vLLM (`gateway_fields` None) or through a gateway."""
+    [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
+    gateway, half, status = None, {"mode": mode, "load_average_1m_at_start": round(os.getloadavg()[0], 2)}, None
+    try:
+        target = engine.url
+        if gateway_fields is not None:
+            gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
+                                            nice=args.gateway_nice, **gateway_fields)
+        before = preemptions(engine.url)
+        config = drive_config(target, args, num_workflows=args.pressure_workflows,
+                              concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
+                              max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1,
+                              max_prompt_chars=3000)
+        watched = {"vllm": tree(engine.process.pid), **({"gateway": tree(gateway.pid)} if gateway else {})}
+        sched_before = {k: schedstat(v) for k, v in watched.items()}
+        report = asyncio.run(drive(config, workdir / f"drive-pressure-{index}-{mode}.json"))
+        sched = {k: sched_delta(sched_before[k], schedstat(v)) for k, v in watched.items()}
+        s = report["summary"]
+        if gateway:
+            status = httpx.get(f"{target}/maestro/status", timeout=5).json()
+        half.update({"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
+                     "workflow_e2e_s": s["workflow_e2e_s"], "num_workflows_ok": s["num_workflows_ok"],
+                     "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"], "sched": sched,
+                     "load_average_1m_at_end": round(os.getloadavg()[0], 2)})
+    finally:
+        if gateway:
+            stop(gateway)
+        engine.stop()
+        if "wall_s" in half:
+            half["running_while_busy"] = running_while_busy(logs / "vllm-stats", engine.process.pid)
+            half["decode_step_ms"] = decode_step_ms(logs / "vllm-stats", engine.process.pid)
+    return {"half": half, "gateway_status": status}
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(float(np.mean(values)), 3) if values else None
+
+
+def compare_to_directs(halves: list[dict]) -> dict:
+    """Each gateway half against the mean of the direct halves (all of them: with direct → gateway → direct, the
+    two around it, so a box that speeds up or slows down during the run weighs on both sides alike)."""
+    directs = [h for h in halves if h["mode"] == "direct"]
+    direct = {"num_halves": len(directs), "preemptions": _mean([h["preemptions"] for h in directs]),
+              "wall_s": _mean([h["wall_s"] for h in directs]),
+              "workflow_e2e_mean_s": _mean([h["workflow_e2e_s"]["mean"] for h in directs]),
+              "decode_step_ms": _mean([h["decode_step_ms"] for h in directs]),
+              "running_while_busy": _mean([h["running_while_busy"] for h in directs])}
+    out = {"direct_mean": direct}
+    for i, h in enumerate(halves):
+        if h["mode"] == "direct" or not direct["num_halves"]:
+            continue
+        e2e_ratio = h["workflow_e2e_s"]["mean"] / direct["workflow_e2e_mean_s"]
+        preemption_ratio = direct["preemptions"] / max(h["preemptions"], 1) if direct["preemptions"] else None
+        out[f"half{i}_{h['mode']}"] = {
+            "workflow_e2e_vs_direct": round(e2e_ratio - 1, 4), "wall_vs_direct": round(h["wall_s"] / direct["wall_s"] - 1, 4),
+            "preemption_ratio_direct_over_gateway": round(preemption_ratio, 2) if preemption_ratio else None,
+            "both_met": bool(preemption_ratio and preemption_ratio >= 5 and e2e_ratio <= 1)}
+    return out
+
+
 def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
+    """The halves in `--pressure-modes` order, each `--pressure-repeats` times over. `direct`, `gateway` (and
+    `gateway2`, if any) keep the first half of each mode, as the result file had them before halves could repeat;
+    `halves` has every one, `vs_directs` each gateway half against the mean of the direct ones."""
+    configs = {"direct": None, "gateway": json.loads(args.pressure_gateway),
+               "gateway2": json.loads(args.pressure_gateway2) if args.pressure_gateway2 else None}
+    modes = [m.strip() for m in args.pressure_modes.split(",") if m.strip()] * args.pressure_repeats
+    if not set(modes) <= set(PRESSURE_MODES) or (("gateway2" in modes) != (configs["gateway2"] is not None)):
+        raise SystemExit(f"--pressure-modes: {PRESSURE_MODES} (gateway2 with --pressure-gateway2), got {args.pressure_modes!r}")
     out = {"kv_cache_bytes": args.pressure_kv_bytes, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
-           "gateway_config": json.loads(args.pressure_gateway), "gateway_nice": args.gateway_nice}
-    for mode in ("direct", "gateway"):
-        [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
-        gateway = None
-        try:
-            target = engine.url
-            if mode == "gateway":
-                gateway, target = start_gateway([engine], workdir / "traces-pressure", workdir, nice=args.gateway_nice,
-                                                **json.loads(args.pressure_gateway))
-            before = preemptions(engine.url)
-            config = drive_config(target, args, num_workflows=args.pressure_workflows,
-                                  concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
-                                  max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1,
-                                  max_prompt_chars=3000)
-            watched = {"vllm": tree(engine.process.pid), **({"gateway": tree(gateway.pid)} if gateway else {})}
-            sched_before = {k: schedstat(v) for k, v in watched.items()}
-            report = asyncio.run(drive(config, workdir / f"drive-pressure-{mode}.json"))
-            sched = {k: sched_delta(sched_before[k], schedstat(v)) for k, v in watched.items()}
-            s = report["summary"]
-            if gateway:
-                out["gateway_status"] = httpx.get(f"{target}/maestro/status", timeout=5).json()
-            out[mode] = {"preemptions": preemptions(engine.url) - before, "wall_s": s["wall_s"],
-                         "workflow_e2e_s": s["workflow_e2e_s"], "num_workflows_ok": s["num_workflows_ok"],
-                         "num_stages_ok": s["num_stages_ok"], "num_stages_lost": s["num_stages_lost"], "sched": sched,
-                         "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
-        finally:
-            if gateway:
-                stop(gateway)
-                gateway = None
-            engine.stop()
-            if mode in out:
-                out[mode]["running_while_busy"] = running_while_busy(logs / "vllm-stats", engine.process.pid)
-                out[mode]["decode_step_ms"] = decode_step_ms(logs / "vllm-stats", engine.process.pid)
-    d, g = out["direct"]["preemptions"], out["gateway"]["preemptions"]
-    out["preemption_ratio_direct_over_gateway"] = round(d / max(g, 1), 2) if d else None
+           "gateway_config": configs["gateway"], "gateway_nice": args.gateway_nice, "modes": modes,
+           **({"gateway2_config": configs["gateway2"]} if configs["gateway2"] is not None else {}), "halves": []}
+    for index, mode in enumerate(modes):
+        result = pressure_half(mode, configs[mode], model, logs, workdir, args, index)
+        out["halves"].append(result["half"])
+        out.setdefault(mode, result["half"])
+        if result["gateway_status"] is not None:
+            out.setdefault(f"{mode}_status" if mode != "gateway" else "gateway_status", result["gateway_status"])
+    if "direct" in out and "gateway" in out:
+        d, g = out["direct"]["preemptions"], out["gateway"]["preemptions"]
+        out["preemption_ratio_direct_over_gateway"] = round(d / max(g, 1), 2) if d else None
+    out["vs_directs"] = compare_to_directs(out["halves"])
     return out
 
 
@@ -246,6 +297,12 @@ def main() -> None:
     parser.add_argument("--pressure-max-tokens", type=int, default=300)
     parser.add_argument("--pressure-gateway", default="{}",
                         help='gateway config fields for the pressure phase, as JSON (e.g. {"kv_overcommit": 1.25})')
+    parser.add_argument("--pressure-gateway2", default="",
+                        help="a second gateway config (JSON) for the mode `gateway2` in --pressure-modes")
+    parser.add_argument("--pressure-modes", default="direct,gateway",
+                        help="pressure phase: the halves in order, each on a fresh engine, e.g. direct,gateway,direct "
+                             "(each gateway half is compared with the mean of the direct ones); modes: direct, gateway, gateway2")
+    parser.add_argument("--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over")
     parser.add_argument("--gateway-nice", type=int, default=0,
                         help="pressure phase: the gateway process's nice value (negative needs root)")
     parser.add_argument("--phases", default="overhead,drive,pressure")

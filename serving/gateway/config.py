@@ -50,6 +50,10 @@ class GatewayConfig:
     # Non-streaming clients' calls go to vLLM streamed (usage included) and are answered from the assembled chunks,
     # so a stage's KV reservation goes back at vLLM's last chunk, not once its whole answer is in (outcome.py).
     stream_upstream: bool = True
+    # ... with vLLM's per-request `stream_interval` (tokens per chunk; its first and last chunks still go at once):
+    # fewer chunks for vLLM's API server to build and the gateway to read, on the cores the engine needs. 0/1 = every
+    # token. Only on the gateway's own streamed calls; a streaming client's chunks are as it asked.
+    upstream_stream_interval: int = 0
     # ... with vLLM's token count in every chunk: a running stage is projected from its progress and own pace, a new
     # one from measured streams (projection.GrowingStage), not from dispatch time + the fitted overhead. Off: measured
     # no faster under KV pressure and let more preemptions through (serving/gateway/README.md).
@@ -84,9 +88,10 @@ class GatewayConfig:
             raise ValueError("gateway config: node names must be unique")
         if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
             raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
-        if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight) < 0:
+        if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight,
+               self.upstream_stream_interval) < 0:
             raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "
-                             "underoccupied_inflight must be >= 0")
+                             "underoccupied_inflight, upstream_stream_interval must be >= 0")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):

@@ -70,7 +70,7 @@ class Gateway:
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
         self._num_workflows_seen = 0
         self.counters = {"requests": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
-                         "failed": 0, "cancelled": 0, "replayed": 0}
+                         "failed": 0, "cancelled": 0, "replayed": 0, "upstream_chunks": 0}
         self._poller: asyncio.Task | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------

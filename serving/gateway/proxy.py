@@ -174,6 +174,8 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     assembled non-streamed JSON."""
     track = gateway.config.project_from_progress
     body = {**upstream, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": track}}
+    if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
+        body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
     try:
         response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job))
     except UpstreamError as error:
@@ -192,8 +194,10 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
             buffer += decoder.decode(raw)
             *lines, buffer = buffer.split("\n")
             for line in lines:
-                if assembler.feed_line(line) is not None and result.first_token_s is None and assembler.choices:
-                    result.mark_token()
+                if assembler.feed_line(line) is not None:
+                    gateway.counters["upstream_chunks"] += 1
+                    if result.first_token_s is None and assembler.choices:
+                        result.mark_token()
             if job.node is None:
                 continue
             if assembler.is_finished:

@@ -397,6 +397,28 @@ def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_
             assert "stream" not in received[0] and held == 1  # held until the whole answer is in
 
 
+def test_upstream_stream_interval_goes_only_on_the_gateways_own_streamed_calls(tmp_path):
+    received: list[dict] = []
+
+    async def calls(client, gateway):
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        plain = await client.post("/v1/chat/completions", json=body, headers={"X-Maestro-Stage": "p"})
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True}, headers={"X-Maestro-Stage": "s"})
+        return plain, streamed, gateway.counters["upstream_chunks"]
+
+    for interval, expected in ((8, 8), (0, None), (1, None)):
+        received.clear()
+        plain, streamed, chunks = asyncio.run(run_app(tmp_path / str(interval), {"a": True}, calls,
+                                                      node_kw={"received": received}, upstream_stream_interval=interval))
+        assert plain.status_code == streamed.status_code == 200
+        assert plain.json()["choices"][0]["message"]["content"] == "x " * 3
+        assert received[0]["stream"] is True and received[0].get("stream_interval") == expected
+        assert "stream_interval" not in received[1]  # a streaming client's chunks are as it asked
+        assert chunks >= 4  # the gateway's own streamed call: 3 token chunks + usage (the fake ignores the interval)
+    with pytest.raises(ValueError, match="upstream_stream_interval"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], upstream_stream_interval=-1)
+
+
 def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_unstreamed(tmp_path):
     received: list[dict] = []
 
