@@ -121,6 +121,32 @@ def decode_step_ms(stats_dir: Path, pid: int, running: int = 2) -> float | None:
     return round(1e3 * float(np.median(gaps)), 3) if gaps else None
 
 
+def handover(trace_dir: Path, stats_dir: Path, pid: int) -> dict | None:
+    """The two windows in which a stage is in flight at the gateway but not in vLLM, joined by request id:
+    send = the gateway's dispatch → vLLM's arrival, back = vLLM's finish → the gateway's release of its KV;
+    `idle_share` = both over the stages' whole time in flight (dispatch → release)."""
+    finished = {r["request_id"].removeprefix("chatcmpl-").removeprefix("cmpl-"): r
+                for p in stats_dir.glob(f"vllm-*-{pid}-e*.jsonl") for line in p.read_text().splitlines()
+                if (r := json.loads(line)).get("kind") == "request"}
+    send, back, inflight = [], [], []
+    for p in trace_dir.glob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            t = json.loads(line)
+            r = finished.get(f"{t['workflow_id']}::{t['stage_id']}#{t.get('attempts', 1)}")
+            if r is None or t.get("kv_released_s") is None:
+                continue
+            dispatched = t["arrival_s"] + t["queue_s"]
+            send.append(r["t"] - r["e2e_s"] - dispatched)
+            back.append(dispatched + t["kv_released_s"] - r["t"])
+            inflight.append(t["kv_released_s"])
+    if not send:
+        return None
+    stats = lambda v: {"mean": round(float(np.mean(v)), 4), "p50": round(float(np.median(v)), 4),  # noqa: E731
+                       "p90": round(float(np.percentile(v, 90)), 4)}
+    return {"num_stages": len(send), "send_s": stats(send), "back_s": stats(back),
+            "idle_share": round(float((np.clip(send, 0, None).sum() + np.clip(back, 0, None).sum()) / np.sum(inflight)), 3)}
+
+
 def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Summarise the flight options."}],
             "max_tokens": 4, "ignore_eos": True}
@@ -226,6 +252,8 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
         if "wall_s" in half:
             half["running_while_busy"] = running_while_busy(logs / "vllm-stats", engine.process.pid)
             half["decode_step_ms"] = decode_step_ms(logs / "vllm-stats", engine.process.pid)
+            if gateway_fields is not None:
+                half["handover"] = handover(workdir / f"traces-pressure-{index}-{mode}", logs / "vllm-stats", engine.process.pid)
     return {"half": half, "gateway_status": status}
 
 

@@ -61,6 +61,10 @@ class GatewayConfig:
     # ... only the new stage, from measured streams, and only while a node has fewer than this many stages in flight
     # (the node under-occupied: admission less conservative there); 0 = never.
     underoccupied_inflight: int = 0
+    # Hand-over ahead (projected admission): a stage that fits only once the running stage projected to end first has
+    # ended, and whose prompt vLLM cannot hold before then, is sent up to this long before that end, to wait in vLLM's
+    # own queue (vLLM starts it within a step of the end, not after the answer's and the next call's way); 0 = off.
+    handover_lead_s: float = 0.0
     # Workflows in progress: batch stages of at most `workflow_cap` workflows (the oldest live ones, wip.py) are
     # dispatched at a time; 0 = no cap. Adaptive: the cap is where W starts, then it grows while the cap alone keeps
     # a node idle and shrinks when eligible stages wait for KV or vLLM preempts.
@@ -89,9 +93,9 @@ class GatewayConfig:
         if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
             raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
         if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight,
-               self.upstream_stream_interval) < 0:
+               self.upstream_stream_interval, self.handover_lead_s) < 0:
             raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "
-                             "underoccupied_inflight, upstream_stream_interval must be >= 0")
+                             "underoccupied_inflight, upstream_stream_interval, handover_lead_s must be >= 0")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):

@@ -57,7 +57,7 @@ class Node:
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
                  kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False,
-                 underoccupied_inflight: int = 0):
+                 underoccupied_inflight: int = 0, handover_lead_s: float = 0.0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
@@ -65,6 +65,12 @@ class Node:
         # With fewer than this many stages in flight, a new stage is projected from measured streams (as with
         # use_progress), not from the fitted call time, which grows it ~3× too fast from dispatch (0 = never).
         self.underoccupied_inflight = underoccupied_inflight
+        # A stage that fits only once the running stage projected to end first has ended, and whose prompt vLLM has no
+        # room for until then, is sent this long before that end: it waits in vLLM's queue, which starts it within a
+        # step of the end, instead of after vLLM's answer reached the gateway and the next stage reached vLLM (0 = off).
+        self.handover_lead_s = handover_lead_s
+        self._start_s: float | None = None  # when the stage `refusal` last admitted is projected to start
+        self.num_ahead = 0  # stages sent ahead of a running stage's end
         self.recent_streams: deque[tuple[float, float]] = deque(maxlen=32)  # (first token delay, pace) of streams
         self.first_token_delay_s = 0.0  # dispatch → first streamed token, median of recent streams
         self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, median of recent streams
@@ -130,15 +136,42 @@ class Node:
             return "budget"
         if self.kv_admission == "peak":
             return None if num_blocks <= self.num_unused_blocks else "vllm_free"
-        if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
-            return "vllm_free"
         now = time.monotonic()
-        candidate = self.new_stage(prompt_tokens, output_tokens, now,
-                                   from_streams=self.num_inflight < self.underoccupied_inflight)
+        self._start_s = now
         measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
-        peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
-                           self.call_overhead_s, measured)
-        return None if peak <= self.num_blocks else "projected"
+        from_streams = self.num_inflight < self.underoccupied_inflight
+        if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
+            reason = "vllm_free"
+        else:
+            candidate = self.new_stage(prompt_tokens, output_tokens, now, from_streams=from_streams)
+            peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
+                               self.call_overhead_s, measured)
+            if peak <= self.num_blocks:
+                return None
+            reason = "projected"
+        start_s = self.ahead_start(prompt_tokens, output_tokens, now, measured, from_streams)
+        if start_s is None:
+            return reason
+        self._start_s = start_s
+        return None
+
+    def ahead_start(self, prompt_tokens: int, output_tokens: int, now: float, measured: tuple[int, float],
+                    from_streams: bool = False) -> float | None:
+        """When a stage that does not fit now may be sent ahead (`handover_lead_s`): the projected end of the running
+        stage that ends first, if that is within the lead, vLLM has no room for the stage's prompt now (so it cannot
+        start it before a stage ends), and the stage fits from that end on without it; else None."""
+        if self.handover_lead_s <= 0 or not self.active or self.blocks_for(prompt_tokens) <= self.num_unused_blocks:
+            return None
+        ends = {h: s.end_s(self.decode_tokens_per_s, self.call_overhead_s) for h, s in self.active.items()}
+        first = min(ends, key=ends.get)
+        end_s = ends[first]
+        if not now <= end_s <= now + self.handover_lead_s:
+            return None  # (a stage already past its projected end is not known to end soon)
+        others = [s for h, s in self.active.items() if h != first]
+        candidate = self.new_stage(prompt_tokens, output_tokens, end_s, from_streams=from_streams)
+        peak = peak_blocks(others, candidate, end_s, self.decode_tokens_per_s, self.block_size, self.call_overhead_s,
+                           measured)
+        return end_s if peak <= self.num_blocks else None
 
     def observe_decode(self, output_tokens: int, seconds: float) -> None:
         """A finished stage's call time: the fitted overhead + rate once there is a fit, else the mean pace."""
@@ -197,7 +230,10 @@ class Node:
         num_tokens = prompt_tokens + output_tokens
         reservation = self.allocator.reserve(num_tokens, num_tokens, 1)
         if reservation is not None:
-            self.active[reservation.handle] = self.new_stage(prompt_tokens, output_tokens, time.monotonic())
+            now = time.monotonic()
+            start_s = self._start_s if self._start_s is not None and self.kv_admission == "projected" else now
+            self.num_ahead += start_s > now
+            self.active[reservation.handle] = self.new_stage(prompt_tokens, output_tokens, max(now, start_s))
         return reservation
 
     def release(self, reservation: Reservation | None) -> None:
@@ -255,4 +291,5 @@ class Node:
                 "preemptions": self.num_preemptions, "refused": dict(self.num_refused),
                 "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
                 "first_token_delay_s": round(self.first_token_delay_s, 3),
-                "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed}
+                "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed,
+                "sent_ahead": self.num_ahead}

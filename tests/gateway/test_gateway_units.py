@@ -283,6 +283,31 @@ def test_projected_admission_lets_more_stages_in_than_peak_reservations():
     assert projected.can_fit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
 
 
+def test_a_stage_vllm_cannot_start_yet_is_sent_ahead_of_the_first_projected_end():
+    def node(lead_s: float) -> tuple[Node, float]:
+        n = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected",
+                 handover_lead_s=lead_s)
+        n.apply_metrics(parse_metrics(metrics_text(blocks=8)))
+        n.is_healthy, n.decode_tokens_per_s = True, 100.0
+        a, b = n.reserve(384, 128), n.reserve(128, 256)  # A: 3 → 4 blocks; B: 1 → 3 blocks, ends in 2.56 s
+        now = time.monotonic()
+        n.active[a.handle] = GrowingStage(384, 128, start_s=now - 1.2)  # A ends in 0.08 s (1.28 s at 100 tokens/s)
+        n.active[b.handle] = GrowingStage(128, 256, start_s=now)
+        n.kv_usage = 5 / 8  # vLLM has 3 blocks free: no room for a 4-block prompt until A ends
+        return n, now + 0.08
+
+    n, _ = node(0.0)
+    assert n.refusal(512, 128) == "vllm_free"  # off: waits for A's answer at the gateway
+    n, _ = node(0.05)
+    assert n.refusal(512, 128) == "vllm_free"  # A's end is beyond the lead
+    n, a_end = node(0.2)
+    assert n.refusal(256, 768) == "projected"  # vLLM could start this one now (2-block prompt): never ahead
+    reservation = n.reserve(512, 128)  # from A's end: 4 → 5 blocks + B's 2 → 3 ≤ 8
+    assert reservation is not None and n.num_ahead == 1
+    assert n.active[reservation.handle].start_s == pytest.approx(a_end, abs=0.01)  # projected from A's end on
+    assert n.refusal(512, 128) is not None  # a second one does not fit beside it
+
+
 def test_decode_pace_starts_slow_takes_the_first_measure_then_averages_then_fits():
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected")
     assert node.decode_tokens_per_s == 10.0  # unmeasured: projections assume long overlaps
