@@ -133,12 +133,13 @@ def handover(trace_dir: Path, stats_dir: Path, pid: int) -> dict | None:
         for line in p.read_text().splitlines():
             t = json.loads(line)
             r = finished.get(f"{t['workflow_id']}::{t['stage_id']}#{t.get('attempts', 1)}")
-            if r is None or t.get("kv_released_s") is None:
+            released = t.get("kv_released_s") or t.get("e2e_s")  # unstreamed: the KV goes back with the whole answer
+            if r is None or released is None:
                 continue
             dispatched = t["arrival_s"] + t["queue_s"]
             send.append(r["t"] - r["e2e_s"] - dispatched)
-            back.append(dispatched + t["kv_released_s"] - r["t"])
-            inflight.append(t["kv_released_s"])
+            back.append(dispatched + released - r["t"])
+            inflight.append(released)
     if not send:
         return None
     stats = lambda v: {"mean": round(float(np.mean(v)), 4), "p50": round(float(np.median(v)), 4),  # noqa: E731
@@ -234,7 +235,9 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
                               concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
                               max_tokens_cap=args.pressure_max_tokens, app="data_analysis", seed=args.seed + 1,
                               max_prompt_chars=3000)
-        watched = {"vllm": tree(engine.process.pid), **({"gateway": tree(gateway.pid)} if gateway else {})}
+        vllm = tree(engine.process.pid)  # the API server, then its engine core (and helpers)
+        watched = {"vllm": vllm, "vllm_api_server": vllm[:1], "vllm_engine": vllm[1:],
+                   **({"gateway": tree(gateway.pid)} if gateway else {})}
         sched_before = {k: schedstat(v) for k, v in watched.items()}
         report = asyncio.run(drive(config, workdir / f"drive-pressure-{index}-{mode}.json"))
         sched = {k: sched_delta(sched_before[k], schedstat(v)) for k, v in watched.items()}
