@@ -34,7 +34,24 @@ def write_plots(frames: dict[str, pd.DataFrame], out: Path, max_points: int = 30
     sample[["tokens", "tokens_pred", "tokens_reserve"]].rename(columns={"tokens": "actual"}).to_csv(
         out / "pred_vs_actual.csv", index=False)
     by_role.to_csv(out / "error_by_role.csv", index=False)
-    return [_calibration_png(calibration, out), _scatter_png(sample, out), _roles_png(by_role, out)]
+    tradeoff = reserve_tradeoff(frames)
+    tradeoff.to_csv(out / "reserve_tradeoff.csv", index=False)
+    return [_calibration_png(calibration, out), _scatter_png(sample, out), _roles_png(by_role, out),
+            _tradeoff_png(tradeoff, out)]
+
+
+def reserve_tradeoff(frames: dict[str, pd.DataFrame], shifts: np.ndarray = np.linspace(-0.6, 0.6, 25)) -> pd.DataFrame:
+    """What a reserve costs against what it misses: the model's reserve scaled by e^shift (shift 0 is the
+    calibrated one), and each baseline's single point. Over-reservation as in `metrics.quality`."""
+    rows = []
+    for name, frame in frames.items():
+        tokens, reserve = frame["tokens"].to_numpy(float), frame["tokens_reserve"].to_numpy(float)
+        for shift in (shifts if name == "model" else [0.0]):
+            scaled = reserve * np.exp(shift)
+            rows.append({"reserve": name, "log_shift": round(float(shift), 3),
+                         "above_reserve": float(np.mean(tokens > scaled)),
+                         "over_reservation": float(np.maximum(0, scaled - tokens).sum() / max(tokens.sum(), 1))})
+    return pd.DataFrame(rows)
 
 
 def _save(fig, path: Path) -> Path:
@@ -47,7 +64,7 @@ def _save(fig, path: Path) -> Path:
 def _calibration_png(table: pd.DataFrame, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect")
-    ax.plot(table["predicted"], table["observed"], "o-", label="isotonic-calibrated p_tool")
+    ax.plot(table["predicted"], table["observed"], "o-", label="calibrated p_tool")
     ax.set(xlabel="predicted P(tool call)", ylabel="observed tool-call rate", title="Calibration")
     ax.legend()
     return _save(fig, out / "calibration.png")
@@ -74,3 +91,17 @@ def _roles_png(by_role: pd.DataFrame, out: Path) -> Path:
     ax.set(xlabel="MAE (tokens)", title="Error by role")
     ax.legend()
     return _save(fig, out / "error_by_role.png")
+
+
+def _tradeoff_png(table: pd.DataFrame, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 5))
+    curve = table[table["reserve"] == "model"]
+    ax.plot(curve["above_reserve"], curve["over_reservation"], "-", color="C0", label="Maestro reserve × e^shift")
+    at = curve[curve["log_shift"] == 0]
+    ax.plot(at["above_reserve"], at["over_reservation"], "o", color="C0", label="Maestro reserve (calibrated)")
+    for i, row in enumerate(table[table["reserve"] != "model"].itertuples()):
+        ax.plot(row.above_reserve, row.over_reservation, "s", color=f"C{i + 1}", label=row.reserve)
+    ax.set(xlabel="share of stages above their reserve", ylabel="over-reservation (wasted / used tokens)",
+           title="Reserve: misses against waste (test split)")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "reserve_tradeoff.png")

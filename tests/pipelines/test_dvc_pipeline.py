@@ -38,7 +38,7 @@ def test_repro_trains_evaluates_and_registers_a_champion(clone):
     assert set(metrics["baselines"]) == {"model_rho_reserve", "global_median", "role_median", "role_p90", "single_stage"}
     registration = json.loads((clone / "data/eval/registration.json").read_text())
     assert str(registration["version"]) == "1" and registration["promoted"]
-    for plot in ("calibration.png", "pred_vs_actual.png", "error_by_role.png", "calibration.csv"):
+    for plot in ("calibration.png", "pred_vs_actual.png", "error_by_role.png", "reserve_tradeoff.png", "calibration.csv"):
         assert (clone / "data/eval" / plot).stat().st_size > 0
     assert "model.mae" in run(["dvc", "metrics", "show"], clone)
 

@@ -101,3 +101,22 @@ def test_bagged_regressor_averages_its_members_in_log_space():
     np.testing.assert_allclose(regressor.predict(matrix), members[0] + regressor.base)
     with pytest.raises(ValueError, match="regressor_bags"):
         ModelConfig(regressor_bags=0)
+
+
+def test_reserve_tradeoff_walks_from_misses_to_waste_through_the_calibrated_point():
+    from pipelines.metrics import quality
+    from pipelines.plots import reserve_tradeoff
+
+    rng = np.random.default_rng(0)
+    tokens = rng.lognormal(4, 1, 500)
+    reserve = tokens * rng.lognormal(0.3, 0.5, 500)
+    frame = pd.DataFrame({"tokens": tokens, "is_tool": rng.random(500) < 0.3, "p_tool": 0.3, "tokens_pred": tokens,
+                          "tokens_reserve": reserve})
+    table = reserve_tradeoff({"model": frame, "role_p90": frame.assign(tokens_reserve=np.quantile(tokens, 0.9))})
+    curve = table[table["reserve"] == "model"].sort_values("log_shift")
+    at_zero = curve[curve["log_shift"] == 0].iloc[0]
+    assert at_zero["above_reserve"] == pytest.approx(quality(frame)["under_rate"])
+    assert at_zero["over_reservation"] == pytest.approx(quality(frame)["over_reservation"])
+    assert np.all(np.diff(curve["above_reserve"]) <= 0) and np.all(np.diff(curve["over_reservation"]) >= 0)
+    assert curve["above_reserve"].iloc[0] > at_zero["above_reserve"] > curve["above_reserve"].iloc[-1]
+    assert len(table[table["reserve"] == "role_p90"]) == 1
