@@ -47,14 +47,19 @@ def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[
     return [e.wait_ready() for e in engines]
 
 
-def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: int = 0, **extra) -> tuple[subprocess.Popen, str]:
+def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: int = 0, own_session: bool = True,
+                  **extra) -> tuple[subprocess.Popen, str]:
+    """`maestro gateway` in its own session, as a service runs (and as vLLM does here): with the kernel's autogroup
+    scheduling on (Linux's default for sessions), a process in the driver's session shares one CPU share with the
+    driver and its tool subprocesses, and a task's nice value only counts inside its group."""
     port = free_port()
     config = {"nodes": [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)], "model": "tiny",
               "port": port, "trace_dir": str(trace_dir), **extra}
     path = workdir / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen([str(REPO / ".venv/bin/maestro"), "gateway", "--config", str(path)],
-                               stdout=open(workdir / f"gateway-{port}.log", "w"), stderr=subprocess.STDOUT)
+                               stdout=open(workdir / f"gateway-{port}.log", "w"), stderr=subprocess.STDOUT,
+                               start_new_session=own_session)
     if nice:  # an operator option (a negative value needs root / CAP_SYS_NICE): the gateway ahead of vLLM's busy loop
         psutil.Process(process.pid).nice(nice)
     url = f"http://127.0.0.1:{port}"
@@ -228,8 +233,10 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
     try:
         target = engine.url
         if gateway_fields is not None:
+            own = args.gateway_session.split(",")[min(PRESSURE_MODES.index(mode) - 1, args.gateway_session.count(","))]
+            half["gateway_session"] = own
             gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
-                                            nice=args.gateway_nice, **gateway_fields)
+                                            nice=args.gateway_nice, own_session=own == "own", **gateway_fields)
         before = preemptions(engine.url)
         config = drive_config(target, args, num_workflows=args.pressure_workflows,
                               concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
@@ -296,7 +303,9 @@ def phase_pressure(model: Path, logs: Path, workdir: Path, args) -> dict:
     modes = [m.strip() for m in args.pressure_modes.split(",") if m.strip()] * args.pressure_repeats
     if not set(modes) <= set(PRESSURE_MODES) or (("gateway2" in modes) != (configs["gateway2"] is not None)):
         raise SystemExit(f"--pressure-modes: {PRESSURE_MODES} (gateway2 with --pressure-gateway2), got {args.pressure_modes!r}")
+    autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
     out = {"kv_cache_bytes": args.pressure_kv_bytes, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+           "sched_autogroup": autogroup.read_text().strip() == "1" if autogroup.exists() else None,
            "gateway_config": configs["gateway"], "gateway_nice": args.gateway_nice, "modes": modes,
            **({"gateway2_config": configs["gateway2"]} if configs["gateway2"] is not None else {}), "halves": []}
     for index, mode in enumerate(modes):
@@ -334,6 +343,9 @@ def main() -> None:
                         help="pressure phase: the halves in order, each on a fresh engine, e.g. direct,gateway,direct "
                              "(each gateway half is compared with the mean of the direct ones); modes: direct, gateway, gateway2")
     parser.add_argument("--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over")
+    parser.add_argument("--gateway-session", default="own",
+                        help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
+                             "2026-11-30 session 5); one value, or one for gateway and one for gateway2, e.g. own,driver")
     parser.add_argument("--gateway-nice", type=int, default=0,
                         help="pressure phase: the gateway process's nice value (negative needs root)")
     parser.add_argument("--phases", default="overhead,drive,pressure")
