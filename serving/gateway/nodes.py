@@ -43,6 +43,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple
     return out
 
 
+VLLM_NULL_BLOCKS = 1  # vLLM v1's BlockPool takes one block as the null block (vllm/v1/core/block_pool.py)
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
 MIN_PROGRESS_TOKENS = 8  # a stage's own pace is used once it streamed this many tokens (else the node's)
@@ -257,7 +258,11 @@ class Node:
         self.num_preemptions = int(value("vllm:num_preemptions_total", value("vllm:num_preemptions")))
         info = samples.get("vllm:cache_config_info", ({}, 0))[0]
         if info.get("num_gpu_blocks") not in (None, "", "None"):
-            self._size_pool(int(info["num_gpu_blocks"]), int(info.get("block_size", self.block_size)))
+            # vLLM (v1) keeps one of its blocks as the null block: a request can hold num_gpu_blocks - 1, and
+            # kv_cache_usage_perc is a share of those. Counting 16 where vLLM has 15 let the projection fill the
+            # node one block past what it holds (the first burst of the pressure benchmark: 8 stages, 16 blocks).
+            usable = int(info["num_gpu_blocks"]) - VLLM_NULL_BLOCKS
+            self._size_pool(max(1, usable), int(info.get("block_size", self.block_size)))
 
     def _size_pool(self, num_blocks: int, block_size: int) -> None:
         if self.allocator is not None and self.num_blocks == num_blocks and self.block_size == block_size:

@@ -26,7 +26,9 @@ vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="%(blocks)s",e
 
 
 def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
-    return METRICS % {"blocks": blocks, "usage": usage}
+    """/metrics of a vLLM whose requests can hold `blocks` blocks: like vLLM v1, it reports one more (the null
+    block) in num_gpu_blocks, and `usage` is a share of the usable ones."""
+    return METRICS % {"blocks": blocks + 1, "usage": usage}
 
 
 def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0,

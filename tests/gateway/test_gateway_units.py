@@ -56,6 +56,17 @@ def test_metrics_size_the_pool_in_vllm_blocks():
     assert node.num_free_blocks == 12
 
 
+def test_vllms_null_block_is_not_counted_as_room():
+    """vLLM v1 reports num_gpu_blocks including its null block, which no request can hold."""
+    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected")
+    node.apply_metrics(parse_metrics(metrics_text(blocks=15)))
+    node.is_healthy = True
+    assert 'num_gpu_blocks="16"' in metrics_text(blocks=15) and node.num_blocks == 15
+    node.apply_metrics(parse_metrics(metrics_text(blocks=15, usage=14 / 15)))
+    assert node.num_unused_blocks == 1
+    assert node.can_fit(128, 0) and not node.can_fit(129, 0)  # one block free: a 2-block prompt waits
+
+
 def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
     loop = asyncio.new_event_loop()
     node = make_node("a", blocks=4)
