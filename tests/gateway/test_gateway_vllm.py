@@ -19,6 +19,7 @@ from pipelines.collect import collect
 from serving.driver.runner import DriveConfig, drive
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
+from serving.gateway.nodes import parse_metrics
 
 from .engines import free_port
 
@@ -119,6 +120,8 @@ def test_upstream_stream_interval_gives_vllms_own_answer_in_fewer_chunks(vllm_en
     # role, first token, 16-token batches, finish/usage; without an interval vLLM sends a chunk per token, or merges
     # what piled up while its API server was behind (34 chunks for 64 tokens on the 2-core box)
     assert chunks[16] <= 64 // 16 + 4 and chunks[16] < chunks[0], chunks
+    reported = parse_metrics(httpx.get(f"{vllm_engine.url}/metrics").text)["vllm:cache_config_info"][0]
+    assert status["nodes"][0]["num_blocks"] == int(reported["num_gpu_blocks"]) - 1  # vLLM's null block is no room
 
 
 def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
