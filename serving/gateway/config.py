@@ -28,7 +28,9 @@ class GatewayConfig:
     model: str = ""  # served model name; empty = whatever the nodes report
     host: str = "127.0.0.1"
     port: int = 8000
-    policy: str = "maestro"  # serving.scheduler policy name
+    # serving.scheduler policy name; continuum (workflows in arrival order) with underoccupied_inflight 2 and unstreamed
+    # upstream met the KV-pressure target in 7 of 10 runs (serving/gateway/README.md, session 5)
+    policy: str = "continuum"
     policy_options: dict = field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
     max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
     retry_after_s: int = 1
@@ -49,7 +51,9 @@ class GatewayConfig:
     admission_recheck_s: float = 0.02  # while the head waits, admission is re-checked this often (0 = on events only)
     # Non-streaming clients' calls go to vLLM streamed (usage included) and are answered from the assembled chunks,
     # so a stage's KV reservation goes back at vLLM's last chunk, not once its whole answer is in (outcome.py).
-    stream_upstream: bool = True
+    # (on, its release was no earlier than an unstreamed answer's once the gateway had its own CPU share, and every
+    # token's chunk cost vLLM's API server ≈ 2 s of CPU a pressure run: off by default since session 5)
+    stream_upstream: bool = False
     # ... with vLLM's per-request `stream_interval` (tokens per chunk; its first and last chunks still go at once):
     # fewer chunks for vLLM's API server to build and the gateway to read, on the cores the engine needs. 0/1 = every
     # token. Only on the gateway's own streamed calls; a streaming client's chunks are as it asked.
@@ -60,7 +64,7 @@ class GatewayConfig:
     project_from_progress: bool = False
     # ... only the new stage, from measured streams, and only while a node has fewer than this many stages in flight
     # (the node under-occupied: admission less conservative there); 0 = never.
-    underoccupied_inflight: int = 0
+    underoccupied_inflight: int = 2
     # Hand-over ahead (projected admission): a stage that fits only once the running stage projected to end first has
     # ended, and whose prompt vLLM cannot hold before then, is sent up to this long before that end, to wait in vLLM's
     # own queue (vLLM starts it within a step of the end, not after the answer's and the next call's way); 0 = off.

@@ -445,7 +445,8 @@ def test_upstream_stream_interval_goes_only_on_the_gateways_own_streamed_calls(t
     for interval, expected in ((8, 8), (0, None), (1, None)):
         received.clear()
         plain, streamed, chunks = asyncio.run(run_app(tmp_path / str(interval), {"a": True}, calls,
-                                                      node_kw={"received": received}, upstream_stream_interval=interval))
+                                                      node_kw={"received": received}, upstream_stream_interval=interval,
+                                                      stream_upstream=True))
         assert plain.status_code == streamed.status_code == 200
         assert plain.json()["choices"][0]["message"]["content"] == "x " * 3
         assert received[0]["stream"] is True and received[0].get("stream_interval") == expected
@@ -511,7 +512,7 @@ def test_streamed_progress_reaches_the_node_during_a_call(tmp_path):
             await asyncio.sleep(0)
         return (await call), seen
 
-    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005},
+    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005}, stream_upstream=True,
                                          project_from_progress=True))
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 40
     assert max(seen) >= 20  # vLLM's running count, read from the chunks while it decoded

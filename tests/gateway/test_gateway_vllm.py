@@ -84,7 +84,7 @@ def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vll
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 12,
             "temperature": 0.0, "ignore_eos": True}
     own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
-    with gateway_for([vllm_engine], tmp_path) as gw:
+    with gateway_for([vllm_engine], tmp_path, stream_upstream=True) as gw:
         assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
         completion = httpx.post(f"{gw.url}/v1/completions", timeout=60,
                                 json={"prompt": "Oslo is", "max_tokens": 6, "temperature": 0.0, "ignore_eos": True})
@@ -111,7 +111,8 @@ def test_upstream_stream_interval_gives_vllms_own_answer_in_fewer_chunks(vllm_en
     own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
     chunks = {}
     for interval in (0, 16):
-        with gateway_for([vllm_engine], tmp_path / str(interval), upstream_stream_interval=interval) as gw:
+        with gateway_for([vllm_engine], tmp_path / str(interval), upstream_stream_interval=interval,
+                         stream_upstream=True) as gw:
             assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
             status = httpx.get(f"{gw.url}/maestro/status").json()
         assert assembled["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
