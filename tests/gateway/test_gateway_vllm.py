@@ -175,4 +175,6 @@ def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second
     assert summary["num_stages_ok"] + summary["num_stages_failed"] == summary["num_stages"]
     assert summary["num_stages_ok"] == summary["num_stages"], summary["failure_reasons"]
     traced = {(s.workflow_id, s.stage_id): s.output_tokens for s in collect(tmp_path / "traces")[0]}
-    assert all(traced[(r["workflow_id"], r["stage_id"])] == r["output_tokens"] for r in report["stages"])
+    mismatched = [(r["workflow_id"], r["stage_id"], traced.get((r["workflow_id"], r["stage_id"])), r["output_tokens"])
+                  for r in report["stages"] if traced.get((r["workflow_id"], r["stage_id"])) != r["output_tokens"]]
+    assert not mismatched, f"trace vs driver output_tokens: {mismatched}"
