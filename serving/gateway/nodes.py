@@ -70,7 +70,6 @@ class Node:
         # room for until then, is sent this long before that end: it waits in vLLM's queue, which starts it within a
         # step of the end, instead of after vLLM's answer reached the gateway and the next stage reached vLLM (0 = off).
         self.handover_lead_s = handover_lead_s
-        self._start_s: float | None = None  # when the stage `refusal` last admitted is projected to start
         self.num_ahead = 0  # stages sent ahead of a running stage's end
         self.recent_streams: deque[tuple[float, float]] = deque(maxlen=32)  # (first token delay, pace) of streams
         self.first_token_delay_s = 0.0  # dispatch → first streamed token, median of recent streams
@@ -118,27 +117,35 @@ class Node:
 
     def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """Whether a stage may start here now; a refusal is counted by its reason (`/maestro/status`)."""
-        reason = self.refusal(prompt_tokens, output_tokens)
-        if reason is not None and reason in self.num_refused:
-            self.num_refused[reason] += 1
-        return reason is None
+        return self._admit(prompt_tokens, output_tokens) is not None
 
     def would_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """`can_fit` without counting a refusal (a what-if, not an admission decision)."""
         return self.refusal(prompt_tokens, output_tokens) is None
 
+    def _admit(self, prompt_tokens: int, output_tokens: int) -> float | None:
+        """When an admitted stage is projected to start (now, or a running stage's end when sent ahead); None,
+        with the refusal counted by its reason, when it may not start here now."""
+        reason, start_s = self._decide(prompt_tokens, output_tokens)
+        if reason is not None and reason in self.num_refused:
+            self.num_refused[reason] += 1
+        return start_s
+
     def refusal(self, prompt_tokens: int, output_tokens: int) -> str | None:
-        """Why a stage may not start here now (None: it may), counting nothing: `kv_admission` is peak reserved
-        at once, or projected over time."""
+        """Why a stage may not start here now (None: it may), counting nothing."""
+        return self._decide(prompt_tokens, output_tokens)[0]
+
+    def _decide(self, prompt_tokens: int, output_tokens: int) -> tuple[str | None, float | None]:
+        """(refusal reason, None) or (None, projected start): `kv_admission` is peak reserved at once, or
+        projected over time."""
+        now = time.monotonic()
         if not self.is_healthy or self.allocator is None:
-            return "unavailable"
+            return "unavailable", None
         num_blocks = self.blocks_for(prompt_tokens + output_tokens)
         if num_blocks > self.num_unreserved_blocks:
-            return "budget"
+            return "budget", None
         if self.kv_admission == "peak":
-            return None if num_blocks <= self.num_unused_blocks else "vllm_free"
-        now = time.monotonic()
-        self._start_s = now
+            return (None, now) if num_blocks <= self.num_unused_blocks else ("vllm_free", None)
         measured = (self.num_blocks - self.num_unused_blocks, self.metrics_asked_s)
         from_streams = self.num_inflight < self.underoccupied_inflight
         if self.blocks_for(prompt_tokens) > self.num_unused_blocks:
@@ -148,13 +155,10 @@ class Node:
             peak = peak_blocks(list(self.active.values()), candidate, now, self.decode_tokens_per_s, self.block_size,
                                self.call_overhead_s, measured)
             if peak <= self.num_blocks:
-                return None
+                return None, now
             reason = "projected"
         start_s = self.ahead_start(prompt_tokens, output_tokens, now, measured, from_streams)
-        if start_s is None:
-            return reason
-        self._start_s = start_s
-        return None
+        return (reason, None) if start_s is None else (None, start_s)
 
     def ahead_start(self, prompt_tokens: int, output_tokens: int, now: float, measured: tuple[int, float],
                     from_streams: bool = False) -> float | None:
@@ -226,13 +230,13 @@ class Node:
         return self.allocator is not None and self.blocks_for(num_tokens) <= self.num_blocks
 
     def reserve(self, prompt_tokens: int, output_tokens: int) -> Reservation | None:
-        if not self.can_fit(prompt_tokens, output_tokens):
+        start_s = self._admit(prompt_tokens, output_tokens)
+        if start_s is None:
             return None
         num_tokens = prompt_tokens + output_tokens
         reservation = self.allocator.reserve(num_tokens, num_tokens, 1)
         if reservation is not None:
             now = time.monotonic()
-            start_s = self._start_s if self._start_s is not None and self.kv_admission == "projected" else now
             self.num_ahead += start_s > now
             self.active[reservation.handle] = self.new_stage(prompt_tokens, output_tokens, max(now, start_s))
         return reservation
