@@ -145,19 +145,24 @@ def metric_sum(engine, name: str) -> float:
 
 def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
     # vLLM's stat loggers never see an aborted request (no FinishedRequestStats for aborts in 0.32), so
-    # the abort is read from /metrics: nothing left running and far fewer tokens than asked for.
+    # the abort is read from /metrics: nothing left running, and fewer tokens than a request run to its end.
+    # A request that is not aborted generates exactly max_tokens (ignore_eos), ~15 s on a quiet 2-core box.
+    # How many tokens slip out before the abort depends on how fast vLLM's API server sees the closed
+    # connection: 2 on a quiet box, 637 once in CI; hence the wide bound.
+    max_tokens = 1900
     generated_before = metric_sum(vllm_engine, "vllm:generation_tokens_total")
     with gateway_for([vllm_engine], tmp_path) as gw:
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": 1900,
+                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens,
                                 "ignore_eos": True, "stream": True}) as response:
             next(response.iter_lines())
-        deadline = time.monotonic() + 5  # 1,900 tokens take ~15 s; an abort ends the request at once
-        while metric_sum(vllm_engine, "vllm:num_requests_running") and time.monotonic() < deadline:
+        closed = time.monotonic()
+        while metric_sum(vllm_engine, "vllm:num_requests_running") and time.monotonic() < closed + 30:
             time.sleep(0.1)
-        assert metric_sum(vllm_engine, "vllm:num_requests_running") == 0
+        ended_after_s = time.monotonic() - closed
     generated = metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before
-    assert generated < 500, f"vLLM generated {generated} tokens after the client left"
+    assert generated < 0.6 * max_tokens, \
+        f"vLLM generated {generated:.0f} of {max_tokens} tokens; the request ended {ended_after_s:.1f} s after the client left"
     [stage] = collect(tmp_path)[0]
     assert stage.model_extra["error"] == "client disconnected"
 
