@@ -62,6 +62,9 @@ def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: i
                                start_new_session=own_session)
     if nice:  # an operator option (a negative value needs root / CAP_SYS_NICE): the gateway ahead of vLLM's busy loop
         psutil.Process(process.pid).nice(nice)
+        autogroup = Path(f"/proc/{process.pid}/autogroup")
+        if own_session and autogroup.exists():  # in its own session the group's nice is what ranks it against vLLM
+            autogroup.write_text(str(nice))
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -226,6 +229,12 @@ def drive_config(target: str, args, **kw) -> DriveConfig:
 PRESSURE_MODES = ("direct", "gateway", "gateway2")
 
 
+def per_mode(value: str, mode: str) -> str:
+    """An option given once for both gateways, or as "for gateway,for gateway2"."""
+    values = str(value).split(",")
+    return values[min(PRESSURE_MODES.index(mode) - 1, len(values) - 1)]
+
+
 def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Path, workdir: Path, args, index: int) -> dict:
     """One half of the pressure phase on a fresh engine: straight at vLLM (`gateway_fields` None) or through a gateway."""
     [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
@@ -233,10 +242,10 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
     try:
         target = engine.url
         if gateway_fields is not None:
-            own = args.gateway_session.split(",")[min(PRESSURE_MODES.index(mode) - 1, args.gateway_session.count(","))]
-            half["gateway_session"] = own
+            own, nice = (per_mode(value, mode) for value in (args.gateway_session, args.gateway_nice))
+            half["gateway_session"], half["gateway_nice"] = own, int(nice)
             gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
-                                            nice=args.gateway_nice, own_session=own == "own", **gateway_fields)
+                                            nice=int(nice), own_session=own == "own", **gateway_fields)
         before = preemptions(engine.url)
         config = drive_config(target, args, num_workflows=args.pressure_workflows,
                               concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
@@ -346,8 +355,10 @@ def main() -> None:
     parser.add_argument("--gateway-session", default="own",
                         help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
                              "2026-11-30 session 5); one value, or one for gateway and one for gateway2, e.g. own,driver")
-    parser.add_argument("--gateway-nice", type=int, default=0,
-                        help="pressure phase: the gateway process's nice value (negative needs root)")
+    parser.add_argument("--gateway-nice", default="0",
+                        help="pressure phase: the gateway's nice value, and its session's autogroup nice when it runs "
+                             "in its own session (negative needs root); one value, or one for gateway and one for gateway2, "
+                             "e.g. --gateway-nice=-10,0")
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
