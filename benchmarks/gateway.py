@@ -47,7 +47,7 @@ def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[
     return [e.wait_ready() for e in engines]
 
 
-def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: int = 0, own_session: bool = True,
+def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, own_session: bool = True,
                   **extra) -> tuple[subprocess.Popen, str]:
     """`maestro gateway` in its own session, as a service runs (and as vLLM does here): with the kernel's autogroup
     scheduling on (Linux's default for sessions), a process in the driver's session shares one CPU share with the
@@ -60,11 +60,6 @@ def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: i
     process = subprocess.Popen([str(REPO / ".venv/bin/maestro"), "gateway", "--config", str(path)],
                                stdout=open(workdir / f"gateway-{port}.log", "w"), stderr=subprocess.STDOUT,
                                start_new_session=own_session)
-    if nice:  # an operator option (a negative value needs root / CAP_SYS_NICE): the gateway ahead of vLLM's busy loop
-        psutil.Process(process.pid).nice(nice)
-        autogroup = Path(f"/proc/{process.pid}/autogroup")
-        if own_session and autogroup.exists():  # in its own session the group's nice is what ranks it against vLLM
-            autogroup.write_text(str(nice))
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -73,6 +68,24 @@ def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, nice: i
         except httpx.HTTPError:
             time.sleep(0.2)
     raise RuntimeError(f"gateway did not come up; see {workdir}/gateway-{port}.log")
+
+
+def prioritise(pid: int, nice: int, own_session: bool) -> int:
+    """Give the gateway CPU priority, as an operator would a latency-critical proxy beside a busy engine: its nice
+    value and, in its own session, the session's autogroup nice (with autogroup on, a process's nice only ranks it
+    within its group; the group's nice ranks it against vLLM's group). Returns the nice applied: 0 where a negative
+    value is not permitted (not root / no CAP_SYS_NICE)."""
+    if not nice:
+        return 0
+    try:
+        psutil.Process(pid).nice(nice)
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if own_session and autogroup.exists():
+            autogroup.write_text(str(nice))
+    except (PermissionError, psutil.AccessDenied):
+        print(f"gateway nice {nice} not permitted (needs root or CAP_SYS_NICE): the gateway runs at nice 0", flush=True)
+        return 0
+    return nice
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -243,9 +256,9 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
         target = engine.url
         if gateway_fields is not None:
             own, nice = (per_mode(value, mode) for value in (args.gateway_session, args.gateway_nice))
-            half["gateway_session"], half["gateway_nice"] = own, int(nice)
             gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
-                                            nice=int(nice), own_session=own == "own", **gateway_fields)
+                                            own_session=own == "own", **gateway_fields)
+            half["gateway_session"], half["gateway_nice"] = own, prioritise(gateway.pid, int(nice), own == "own")
         before = preemptions(engine.url)
         config = drive_config(target, args, num_workflows=args.pressure_workflows,
                               concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
@@ -355,10 +368,11 @@ def main() -> None:
     parser.add_argument("--gateway-session", default="own",
                         help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
                              "2026-11-30 session 5); one value, or one for gateway and one for gateway2, e.g. own,driver")
-    parser.add_argument("--gateway-nice", default="0",
+    parser.add_argument("--gateway-nice", default="-10",
                         help="pressure phase: the gateway's nice value, and its session's autogroup nice when it runs "
-                             "in its own session (negative needs root); one value, or one for gateway and one for gateway2, "
-                             "e.g. --gateway-nice=-10,0")
+                             "in its own session (negative needs root, else 0 is used and recorded); one value, or one "
+                             "for gateway and one for gateway2, e.g. --gateway-nice=-10,0 (default -10 since session 6; "
+                             "was 0)")
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
