@@ -361,9 +361,10 @@ def main() -> None:
                         help='gateway config fields for the pressure phase, as JSON (e.g. {"kv_overcommit": 1.25})')
     parser.add_argument("--pressure-gateway2", default="",
                         help="a second gateway config (JSON) for the mode `gateway2` in --pressure-modes")
-    parser.add_argument("--pressure-modes", default="direct,gateway",
-                        help="pressure phase: the halves in order, each on a fresh engine, e.g. direct,gateway,direct "
-                             "(each gateway half is compared with the mean of the direct ones); modes: direct, gateway, gateway2")
+    parser.add_argument("--pressure-modes", default="direct,gateway,direct",
+                        help="pressure phase: the halves in order, each on a fresh engine (default: the gateway half "
+                             "bracketed by two direct ones, compared with their mean, since the box drifts during a "
+                             "run); modes: direct, gateway, gateway2")
     parser.add_argument("--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over")
     parser.add_argument("--gateway-session", default="own",
                         help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
