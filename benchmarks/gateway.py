@@ -70,24 +70,6 @@ def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, own_ses
     raise RuntimeError(f"gateway did not come up; see {workdir}/gateway-{port}.log")
 
 
-def prioritise(pid: int, nice: int, own_session: bool) -> int:
-    """Give the gateway CPU priority, as an operator would a latency-critical proxy beside a busy engine: its nice
-    value and, in its own session, the session's autogroup nice (with autogroup on, a process's nice only ranks it
-    within its group; the group's nice ranks it against vLLM's group). Returns the nice applied: 0 where a negative
-    value is not permitted (not root / no CAP_SYS_NICE)."""
-    if not nice:
-        return 0
-    try:
-        psutil.Process(pid).nice(nice)
-        autogroup = Path(f"/proc/{pid}/autogroup")
-        if own_session and autogroup.exists():
-            autogroup.write_text(str(nice))
-    except (PermissionError, psutil.AccessDenied):
-        print(f"gateway nice {nice} not permitted (needs root or CAP_SYS_NICE): the gateway runs at nice 0", flush=True)
-        return 0
-    return nice
-
-
 def stop(process: subprocess.Popen) -> None:
     process.terminate()
     try:
@@ -257,8 +239,8 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
         if gateway_fields is not None:
             own, nice = (per_mode(value, mode) for value in (args.gateway_session, args.gateway_nice))
             gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
-                                            own_session=own == "own", **gateway_fields)
-            half["gateway_session"], half["gateway_nice"] = own, prioritise(gateway.pid, int(nice), own == "own")
+                                            own_session=own == "own", **{"cpu_nice": int(nice), **gateway_fields})
+            half["gateway_session"], half["gateway_cpu"] = own, httpx.get(f"{target}/maestro/status").json()["cpu"]
         before = preemptions(engine.url)
         config = drive_config(target, args, num_workflows=args.pressure_workflows,
                               concurrency=args.pressure_concurrency, token_scale=args.pressure_token_scale,
@@ -370,10 +352,10 @@ def main() -> None:
                         help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
                              "2026-11-30 session 5); one value, or one for gateway and one for gateway2, e.g. own,driver")
     parser.add_argument("--gateway-nice", default="-10",
-                        help="pressure phase: the gateway's nice value, and its session's autogroup nice when it runs "
-                             "in its own session (negative needs root, else 0 is used and recorded); one value, or one "
-                             "for gateway and one for gateway2, e.g. --gateway-nice=-10,0 (default -10 since session 6; "
-                             "was 0)")
+                        help="pressure phase: the gateway's `cpu_nice` (its nice, and its session's autogroup nice "
+                             "when it runs in its own session; negative needs root, the JSON records what it got); one "
+                             "value, or one for gateway and one for gateway2, e.g. --gateway-nice=-10,0 (default -10 "
+                             "since session 6; was 0)")
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> None:
@@ -22,10 +23,13 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     from serving.gateway.app import create_app
     from serving.gateway.config import GatewayConfig
+    from serving.gateway.priority import apply_cpu_nice
 
     config = GatewayConfig.from_file(args.config)
     config.host = args.host or config.host
     config.port = args.port or config.port
+    for warning in apply_cpu_nice(config.cpu_nice):
+        print(f"maestro gateway: {warning}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
                 access_log=False, timeout_graceful_shutdown=5)
     return 0

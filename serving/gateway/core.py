@@ -21,6 +21,7 @@ from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
+from serving.gateway.priority import current_cpu_nice
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
@@ -179,7 +180,7 @@ class Gateway:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
                 "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
-                "backfilled": self.dispatcher.num_backfilled, **self.counters,
+                "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
                 **({"workflow_cap": self.dispatcher.cap.snapshot()} if self.dispatcher.cap else {})}
 
 

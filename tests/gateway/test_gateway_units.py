@@ -608,3 +608,41 @@ def test_policy_options_are_checked():
         GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained": 1})
     with pytest.raises(ValueError, match="attained_weight"):
         GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained_weight": -1})
+
+
+# ---- cpu_nice (priority.py) ------------------------------------------------------------------------------------
+_NICE_PROBE = ("import json, sys; from serving.gateway.priority import apply_cpu_nice, current_cpu_nice; "
+               "w = apply_cpu_nice(int(sys.argv[1])); print(json.dumps({'warnings': w, **current_cpu_nice()}))")
+
+
+def _nice_probe(nice: int, own_session: bool) -> dict:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(nice)], capture_output=True, text=True, timeout=60,
+                          start_new_session=own_session, cwd=Path(__file__).parents[2], check=True)
+    return json.loads(done.stdout)
+
+
+def test_cpu_nice_reaches_the_autogroup_of_a_gateway_in_its_own_session():
+    # a positive nice needs no privilege; with autogroup on, only the group's nice ranks a session against vLLM's
+    probe = _nice_probe(5, own_session=True)
+    assert probe["nice"] == 5 and probe["warnings"] == []
+    if probe["autogroup_nice"] is not None:
+        assert probe["autogroup_nice"] == 5
+
+
+def test_cpu_nice_leaves_a_shared_sessions_autogroup_alone_and_says_so():
+    from serving.gateway.priority import current_cpu_nice
+
+    before = current_cpu_nice()["autogroup_nice"]
+    probe = _nice_probe(5, own_session=False)
+    assert probe["nice"] == 5 and probe["autogroup_nice"] == before
+    if before is not None:
+        assert len(probe["warnings"]) == 1 and "setsid" in probe["warnings"][0]
+
+
+def test_cpu_nice_out_of_range_is_a_config_error():
+    with pytest.raises(ValueError, match="cpu_nice must be in"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://127.0.0.1:1"}], cpu_nice=-30)
