@@ -37,4 +37,3 @@ def test_both_met_needs_five_times_fewer_preemptions_and_no_slower_workflows():
 def test_an_option_given_once_serves_both_gateways_or_one_value_each():
     assert [bench.per_mode("-10", m) for m in ("gateway", "gateway2")] == ["-10", "-10"]
     assert [bench.per_mode("-10,0", m) for m in ("gateway", "gateway2")] == ["-10", "0"]
-

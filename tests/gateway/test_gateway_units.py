@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from pipelines.collect import collect
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
 from serving.gateway.outcome import CallResult
+from serving.gateway.priority import current_cpu_nice
 from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
-from serving.gateway.config import NodeConfig
 from .conftest import metrics_text, run_app
 
 
@@ -616,10 +619,6 @@ _NICE_PROBE = ("import json, sys; from serving.gateway.priority import apply_cpu
 
 
 def _nice_probe(nice: int, own_session: bool) -> dict:
-    import subprocess
-    import sys
-    from pathlib import Path
-
     done = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(nice)], capture_output=True, text=True, timeout=60,
                           start_new_session=own_session, cwd=Path(__file__).parents[2], check=True)
     return json.loads(done.stdout)
@@ -634,8 +633,6 @@ def test_cpu_nice_reaches_the_autogroup_of_a_gateway_in_its_own_session():
 
 
 def test_cpu_nice_leaves_a_shared_sessions_autogroup_alone_and_says_so():
-    from serving.gateway.priority import current_cpu_nice
-
     before = current_cpu_nice()["autogroup_nice"]
     probe = _nice_probe(5, own_session=False)
     assert probe["nice"] == 5 and probe["autogroup_nice"] == before
