@@ -6,7 +6,8 @@ asymmetric LightGBM regressor, reserve = prediction × (1+ρ). Maestro's recipe:
 
 Measures training time, single-stage predict latency (p50/p99, cold and with warm caches),
 batched throughput, and quality on held-out workflows of the real dev traces (grouped splits,
-several seeds) beside the per-role median / p90 baselines. Writes JSON.
+several seeds) beside the per-role baselines: median, p90, and the per-role conformal level that
+promises the same miss rate as the model's reserve. Writes JSON.
 
     python benchmarks/predictor.py [--traces FILE] [--splits 5] [--out benchmarks/results/predictor.json]
 """
@@ -24,7 +25,7 @@ import pandas as pd
 from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
 from pipelines.featurize import featurizer_config, grouped_split
-from pipelines.metrics import quality
+from pipelines.metrics import quality, role_baselines
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
@@ -45,14 +46,6 @@ def predictions_frame(predictor: Predictor, test: list[StageTrace]) -> pd.DataFr
     answers = predictor.predict(test)
     return label_frame(test).assign(**{k: [getattr(a, k) for a in answers]
                                        for k in ("p_tool", "tokens_pred", "tokens_reserve")})
-
-
-def baselines(train: list[StageTrace], test: list[StageTrace], rho: float) -> dict[str, pd.DataFrame]:
-    tr, te = label_frame(train), label_frame(test)
-    stat = lambda fn, col="tokens": te["role"].map(tr.groupby("role")[col].agg(fn)).fillna(fn(tr[col])).to_numpy(float)
-    median, p90, p_tool = stat(np.median), stat(lambda s: np.quantile(s, 0.9)), stat(np.mean, "is_tool")
-    return {"role_median": te.assign(p_tool=p_tool, tokens_pred=median, tokens_reserve=median * (1 + rho)),
-            "role_p90": te.assign(p_tool=p_tool, tokens_pred=median, tokens_reserve=p90)}
 
 
 def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
@@ -85,7 +78,8 @@ def one_split(stages: list[StageTrace], seed: int, measure_speed: bool) -> dict:
         if measure_speed:
             predictor.featurizer.embedder.clear_cache()
             out["latency_ms"][name] = latency_ms(predictor, test[:200])
-    for name, frame in baselines(train, test, recipes()["maestro"][1].rho).items():
+    config = recipes()["maestro"][1]
+    for name, frame in role_baselines(label_frame(train), label_frame(test), config.rho, config.alpha).items():
         out["quality"][name] = quality(frame)
     return out
 
@@ -101,6 +95,7 @@ def summarise(splits: list[dict]) -> dict:
         "mae_vs_role_median": round(ours["mae"] / median["mae"], 3),
         "mae_vs_straightforward": round(ours["mae"] / plain["mae"], 3),
         "over_reservation_vs_role_p90": round(ours["over_reservation"] / p90["over_reservation"], 3),
+        "over_reservation_vs_role_conformal": round(ours["over_reservation"] / table["role_conformal"]["over_reservation"], 3),
         "throughput_vs_straightforward": round(float(np.mean([s["throughput_stages_per_s"]["maestro"] /
                                                               s["throughput_stages_per_s"]["straightforward"]
                                                               for s in splits])), 2),

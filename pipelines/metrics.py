@@ -7,6 +7,8 @@ import pandas as pd
 from scipy.stats import kendalltau
 from sklearn.metrics import r2_score, roc_auc_score
 
+from pipelines.model import conformal_quantile
+
 
 def expected_calibration_error(is_tool: np.ndarray, p_tool: np.ndarray, bins: int = 10) -> float:
     """Mean |observed rate − predicted probability| over equal-width bins, weighted by bin size."""
@@ -50,33 +52,53 @@ def grouped_quality(frame: pd.DataFrame, by: str) -> dict[str, dict]:
     return {str(key): quality(group) for key, group in frame.groupby(by, observed=True)}
 
 
-def _per_role(train: pd.DataFrame, test: pd.DataFrame, stat) -> np.ndarray:
+def _per_role(train: pd.DataFrame, test: pd.DataFrame, stat, last_resort: float = np.nan) -> np.ndarray:
+    """stat of each test row's role in train; where a role is unseen (or stat is NaN) stat of all of train,
+    and where that is NaN too, last_resort."""
     table = train.groupby("role", observed=True)["tokens"].agg(stat)
     fallback = float(stat(train["tokens"]))
+    fallback = last_resort if np.isnan(fallback) else fallback
     return test["role"].astype(str).map(table.rename(index=str)).fillna(fallback).to_numpy(float)
 
 
-def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.DataFrame, X_test: pd.DataFrame,
-                         rho: float, seed: int = 0) -> dict[str, pd.DataFrame]:
-    """The straightforward answers, as prediction frames over `test`.
+def _conformal_level(alpha: float):
+    """Per-group stat: the split-conformal (1−α) level of the tokens; NaN where the group is too small
+    for it (fewer than ~1/α members)."""
+    def stat(tokens: pd.Series) -> float:
+        level = conformal_quantile(tokens.to_numpy(float), alpha)
+        return level if np.isfinite(level) else np.nan
+    return stat
+
+
+def role_baselines(train: pd.DataFrame, test: pd.DataFrame, rho: float, alpha: float) -> dict[str, pd.DataFrame]:
+    """The answers that need no model, as prediction frames over `test` (label frames: tokens, is_tool, role).
 
     global_median / role_median: reserve = point × (1+ρ); role_p90: point = role median, reserve =
-    role p90; single_stage: one LightGBM L2 regressor on log(1+tokens), no classifier, reserve ×(1+ρ).
+    role p90; role_conformal: point = role median, reserve = the role's split-conformal (1−α) level,
+    the per-role constant that promises the model's miss rate (global level for roles too small to).
     """
     p_tool_role = _per_role(train.assign(tokens=train["is_tool"].astype(float)), test, np.mean)
-    median = lambda s: np.median(s)
-    p90 = lambda s: np.quantile(s, 0.9)
     glob = np.full(len(test), float(np.median(train["tokens"])))
-    role_median = _per_role(train, test, median)
-    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 1, "learning_rate": 0.05,
-              "num_leaves": 31, "min_child_samples": 10}
-    booster = lgb.train(params, lgb.Dataset(X_train, np.log1p(train["tokens"].to_numpy(float))), num_boost_round=500)
-    single = np.expm1(booster.predict(X_test))
+    role_median = _per_role(train, test, np.median)
     base = test[["tokens", "is_tool", "role", "app"]]
     make = lambda point, reserve, p: base.assign(tokens_pred=point, tokens_reserve=reserve, p_tool=p)
     return {
         "global_median": make(glob, glob * (1 + rho), np.full(len(test), train["is_tool"].mean())),
         "role_median": make(role_median, role_median * (1 + rho), p_tool_role),
-        "role_p90": make(role_median, _per_role(train, test, p90), p_tool_role),
-        "single_stage": make(single, single * (1 + rho), p_tool_role),
+        "role_p90": make(role_median, _per_role(train, test, lambda s: np.quantile(s, 0.9)), p_tool_role),
+        "role_conformal": make(role_median, _per_role(train, test, _conformal_level(alpha), train["tokens"].max()),
+                               p_tool_role),
     }
+
+
+def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.DataFrame, X_test: pd.DataFrame,
+                         rho: float, alpha: float, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """role_baselines, and single_stage: one LightGBM L2 regressor on log(1+tokens), no classifier,
+    reserve ×(1+ρ)."""
+    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 1, "learning_rate": 0.05,
+              "num_leaves": 31, "min_child_samples": 10}
+    booster = lgb.train(params, lgb.Dataset(X_train, np.log1p(train["tokens"].to_numpy(float))), num_boost_round=500)
+    single = np.expm1(booster.predict(X_test))
+    out = role_baselines(train, test, rho, alpha)
+    out["single_stage"] = out["role_median"].assign(tokens_pred=single, tokens_reserve=single * (1 + rho))
+    return out

@@ -35,7 +35,7 @@ def test_repro_trains_evaluates_and_registers_a_champion(clone):
     run(["dvc", "repro"], clone)
     metrics = json.loads((clone / "metrics.json").read_text())
     assert metrics["model"]["auc"] > 0.8 and metrics["ratios"]["mae_vs_role_median"] < 1.0
-    assert set(metrics["baselines"]) == {"model_rho_reserve", "global_median", "role_median", "role_p90", "single_stage"}
+    assert set(metrics["baselines"]) == {"model_rho_reserve", "global_median", "role_median", "role_p90", "role_conformal", "single_stage"}
     registration = json.loads((clone / "data/eval/registration.json").read_text())
     assert str(registration["version"]) == "1" and registration["promoted"]
     for plot in ("calibration.png", "pred_vs_actual.png", "error_by_role.png", "reserve_tradeoff.png", "calibration.csv"):

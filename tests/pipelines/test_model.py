@@ -120,3 +120,25 @@ def test_reserve_tradeoff_walks_from_misses_to_waste_through_the_calibrated_poin
     assert np.all(np.diff(curve["above_reserve"]) <= 0) and np.all(np.diff(curve["over_reservation"]) >= 0)
     assert curve["above_reserve"].iloc[0] > at_zero["above_reserve"] > curve["above_reserve"].iloc[-1]
     assert len(table[table["reserve"] == "role_p90"]) == 1
+
+
+def test_role_conformal_baseline_keeps_the_miss_rate_per_role_and_falls_back_for_small_roles():
+    from pipelines.metrics import role_baselines
+
+    rng = np.random.default_rng(3)
+    def labels(n_big: int, n_small: int) -> pd.DataFrame:
+        role = ["big"] * n_big + ["small"] * n_small
+        tokens = np.concatenate([rng.lognormal(5, 1, n_big), rng.lognormal(2, 0.1, n_small)])
+        return pd.DataFrame({"tokens": tokens, "is_tool": False, "role": role, "app": "a"})
+
+    train, fresh = labels(400, 10), labels(4000, 10)
+    frames = role_baselines(train, fresh, rho=0.2, alpha=0.05)
+    reserve = frames["role_conformal"]["tokens_reserve"].to_numpy()
+    big = fresh["role"].to_numpy() == "big"
+    assert 0.02 < np.mean(fresh["tokens"].to_numpy()[big] > reserve[big]) <= 0.08
+    # ten stages cannot promise 95 %: the small role gets the level of all training stages
+    assert np.all(reserve[~big] == conformal_quantile(train["tokens"].to_numpy(), 0.05))
+    assert set(frames) == {"global_median", "role_median", "role_p90", "role_conformal"}
+    # a training set too small for any promise: the largest training output, never inf or NaN
+    tiny = role_baselines(train.head(5), fresh, rho=0.2, alpha=0.05)["role_conformal"]["tokens_reserve"]
+    assert np.all(tiny == train.head(5)["tokens"].max())
