@@ -68,7 +68,8 @@ def main() -> None:
     m, r = metrics["model"], metrics["ratios"]
     print(f"AUC {m['auc']}  MAE {m['mae']:.1f} ({r['mae_vs_role_median']}× role median)  τ {m['kendall_tau']:.3f}  "
           f"above reserve {m['under_rate']:.3f}  over-reservation {m['over_reservation']:.3f} "
-          f"({r['over_reservation_vs_role_p90']}× role p90)")
+          f"({r['over_reservation_vs_role_p90']}× role p90, {r['over_reservation_vs_role_conformal']}× the per-role "
+          f"conformal level at the same α)")
 
 
 if __name__ == "__main__":
