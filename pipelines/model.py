@@ -119,6 +119,7 @@ class TwoStageModel:
     # ---- fitting ------------------------------------------------------------------------
     def fit(self, X: pd.DataFrame, tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray) -> "TwoStageModel":
         cfg = self.config
+        roles = _roles(X)  # before dropout: the online correction's per-role margins (oof_)
         X = self._drop_roles(X, np.random.default_rng(cfg.seed))
         y_log, y_tool = np.log1p(np.asarray(tokens, float)), np.asarray(is_tool, int)
         folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
@@ -131,7 +132,7 @@ class TwoStageModel:
         pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
                              lambda m, te: m.predict(X2.iloc[te]))
         self.regressor_ = self._fit_regressor(X2, y_log)
-        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log})
+        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles})
         self._fit_reserve(X2, y_log, folds)
         return self
 

@@ -32,7 +32,7 @@ class ServiceConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
         """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
-        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS}, MAESTRO_ADMIN_TOKEN."""
+        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
@@ -42,7 +42,9 @@ class ServiceConfig:
             weight=_number(env, "MAESTRO_CORRECTION_WEIGHT", base.weight, float),
             bound=_number(env, "MAESTRO_CORRECTION_BOUND", base.bound, float),
             half_life_s=_number(env, "MAESTRO_CORRECTION_HALF_LIFE_S", base.half_life_s, float),
-            min_observations=_number(env, "MAESTRO_CORRECTION_MIN_OBSERVATIONS", base.min_observations, int))
+            min_observations=_number(env, "MAESTRO_CORRECTION_MIN_OBSERVATIONS", base.min_observations, int),
+            significance=_number(env, "MAESTRO_CORRECTION_SIGNIFICANCE", base.significance, float),
+            reserve_step=_number(env, "MAESTRO_CORRECTION_RESERVE_STEP", base.reserve_step, float))
         return cls(model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
                    tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
                    correction=correction, trace=trace, admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None)

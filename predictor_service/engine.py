@@ -48,29 +48,39 @@ def safe_predict(predictor: Predictor, stages: list[StageTrace],
         return [answer for stage in stages for answer in safe_predict(predictor, [stage], history)]
 
 
-def oof_bias(predictor: Predictor) -> float:
-    """Mean log residual the model had out-of-fold in training: its intended margin, not drift."""
+def oof_bias(predictor: Predictor, min_role_rows: int = 20) -> tuple[float, dict[str, float]]:
+    """Mean log residual the model had out-of-fold in training, overall and per role with at least
+    `min_role_rows` rows: its intended margin, not drift. Models saved without roles: overall only."""
     oof = getattr(predictor.model, "oof_", None)
     if oof is None or len(oof) == 0:
-        return 0.0
-    return float((oof["log_true"] - oof["log_pred"]).mean())
+        return 0.0, {}
+    residual = oof["log_true"] - oof["log_pred"]
+    if "role" not in oof:
+        return float(residual.mean()), {}
+    by_role = residual.groupby(oof["role"].astype(str)).agg(["mean", "size"])
+    return float(residual.mean()), by_role.loc[by_role["size"] >= min_role_rows, "mean"].astype(float).to_dict()
+
+
+def promised_miss_rate(predictor: Predictor) -> float:
+    """The share of stages the model's reserve is calibrated to miss (α), 0.05 for a prior-only predictor."""
+    return predictor.model.config.alpha if predictor.model is not None else 0.05
 
 
 class RecentPredictions:
-    """The uncorrected token predictions served lately, by (workflow_id, stage_id), bounded."""
+    """The uncorrected (tokens_pred, tokens_reserve) served lately, by (workflow_id, stage_id), bounded."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, items: list[tuple[tuple[str, str], int]]) -> None:
+    def put(self, items: list[tuple[tuple[str, str], tuple[int, int]]]) -> None:
         with self._lock:
             self._items.update(items)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def pop(self, key: tuple[str, str]) -> int | None:
+    def pop(self, key: tuple[str, str]) -> tuple[int, int] | None:
         with self._lock:
             return self._items.pop(key, None)
 
@@ -111,36 +121,39 @@ class PredictorEngine:
         loading.share_embedder(predictor, previous.predictor if previous else None)
         if self.config.warmup:
             safe_predict(predictor, [WARMUP_STAGE])
-        corrections = OnlineCorrection(self.config.correction, baseline=oof_bias(predictor))
+        baseline, role_baselines = oof_bias(predictor)
+        corrections = OnlineCorrection(self.config.correction, baseline, role_baselines, promised_miss_rate(predictor))
         return ActiveModel(predictor, source, time.time(), corrections)
 
     # ---- predict ------------------------------------------------------------------------
     def predict(self, stages: list[StageTrace]) -> list[PredictionOut]:
         active = self.active  # one read: the whole batch is answered by one model
         raw = safe_predict(active.predictor, stages, self.history)
-        self._recent.put([((s.workflow_id, s.stage_id), p.tokens_pred) for s, (p, _) in zip(stages, raw)])
+        self._recent.put([((s.workflow_id, s.stage_id), (p.tokens_pred, p.tokens_reserve))
+                          for s, (p, _) in zip(stages, raw)])
         answers = [self._out(p, source, stage, active) for (p, source), stage in zip(raw, stages)]
         self.counters.count_predictions(answers)
         return answers
 
     @staticmethod
     def _out(p: Prediction, source: str, stage: StageTrace, active: ActiveModel) -> PredictionOut:
-        factor = active.corrections.factor(stage.role)
-        return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool,
-                             tokens_pred=int(round(p.tokens_pred * factor)),
-                             tokens_reserve=int(math.ceil(p.tokens_reserve * factor)),
+        factor, reserve_factor = active.corrections.factor(stage.role), active.corrections.reserve_factor(stage.role)
+        tokens_pred = int(round(p.tokens_pred * factor))
+        return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool, tokens_pred=tokens_pred,
+                             tokens_reserve=max(tokens_pred, int(math.ceil(p.tokens_reserve * reserve_factor))),
                              fallback_level=p.fallback_level, model_version=active.source.version,
-                             correction=round(factor, 4), source=source)
+                             correction=round(factor, 4), reserve_correction=round(reserve_factor, 4), source=source)
 
     # ---- observe ------------------------------------------------------------------------
     def observe(self, stages: list[StageTrace]) -> ObserveResponse:
         active = self.active
         served = self._served_predictions(stages, active)
-        for stage, predicted in zip(stages, served):
-            active.corrections.update(stage.role, predicted, stage.output_tokens)
+        for stage, (predicted, reserve) in zip(stages, served):
+            active.corrections.update(stage.role, predicted, stage.output_tokens, reserve)
         self.history.add(stages)
         if self.trace_log is not None:
-            extra = [{"served_tokens_pred": p, "served_model_version": active.source.version} for p in served]
+            extra = [{"served_tokens_pred": p, "served_tokens_reserve": r, "served_model_version": active.source.version}
+                 for p, r in served]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)
@@ -149,14 +162,14 @@ class PredictorEngine:
         return ObserveResponse(num_accepted=len(stages), trace_file=self.trace_log.path if self.trace_log else None,
                                corrections=corrections)
 
-    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[int]:
-        """The uncorrected prediction each stage got; re-predicted when it was not served here lately."""
+    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[tuple[int, int]]:
+        """The uncorrected (prediction, reserve) each stage got; re-predicted when it was not served here lately."""
         served = [self._recent.pop((s.workflow_id, s.stage_id)) for s in stages]
         missing = [i for i, p in enumerate(served) if p is None]
         if missing:
             unlabelled = [stages[i].model_copy(update={"output_tokens": None, "is_tool_call": None}) for i in missing]
             for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled, self.history)):
-                served[i] = p.tokens_pred
+                served[i] = (p.tokens_pred, p.tokens_reserve)
         return served
 
     # ---- reload -------------------------------------------------------------------------

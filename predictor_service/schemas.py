@@ -75,7 +75,7 @@ class PredictRequest(BaseModel):
 
 
 class PredictionOut(BaseModel):
-    """One answer of /predict. tokens_* already include the online correction factor shown."""
+    """One answer of /predict. tokens_pred / tokens_reserve already include the online factors shown."""
 
     workflow_id: str
     stage_id: str
@@ -85,6 +85,7 @@ class PredictionOut(BaseModel):
     fallback_level: str  # role | global | prior: which level of the fallback chain answered
     model_version: str
     correction: float = 1.0  # online per-role factor applied to the model's tokens (1.0 = none)
+    reserve_correction: float = 1.0  # online per-role factor applied to the model's reserve (1.0 = none)
     source: str = "model"  # model | error-fallback (model raised; prior) | local-fallback (client-side prior)
 
 
@@ -95,9 +96,11 @@ class ObserveRequest(BaseModel):
 
 
 class RoleCorrection(BaseModel):
-    """The online correction of one role: factor applied to token predictions and what it rests on."""
+    """The online correction of one role: the factors applied to token predictions and reserves, and what
+    they rest on."""
 
     factor: float
+    reserve_factor: float = 1.0
     log_ratio: float
     num_observations: int
     age_s: float

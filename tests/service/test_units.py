@@ -3,7 +3,10 @@ import http.server
 import math
 import threading
 import time
+from types import SimpleNamespace
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from pipelines.collect import collect
@@ -12,6 +15,7 @@ from pipelines.predictor import Prior
 from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, _Breaker,
                                       chunks, to_wire)
 from predictor_service.config import ServiceConfig
+from predictor_service.engine import oof_bias
 from predictor_service.online import CorrectionConfig, OnlineCorrection
 from predictor_service.tracelog import TraceLog, TraceLogConfig
 
@@ -47,6 +51,61 @@ def test_correction_decays_when_a_role_goes_quiet_and_ignores_the_trained_margin
     clock.now = 60.0
     assert correction.factor("coder") == pytest.approx(2 ** 0.5)
     assert correction.snapshot()["coder"]["num_observations"] == 2
+
+
+def test_correction_leaves_noise_alone_and_follows_a_real_shift():
+    correction = OnlineCorrection(CorrectionConfig(min_observations=20), clock=FakeClock())
+    for i in range(200):  # served 100, actual e^±1 times that: no bias, only noise
+        correction.update("writer", predicted_tokens=100, actual_tokens=101 * math.exp(1 if i % 2 else -1) - 1)
+    assert correction.factor("writer") == 1.0
+    for i in range(200):  # now 2× longer, with the same noise
+        correction.update("writer", predicted_tokens=100, actual_tokens=101 * math.exp(math.log(2) + (0.3 if i % 2 else -0.3)) - 1)
+    assert 1.3 < correction.factor("writer") <= 2.0
+
+
+def test_correction_measures_each_role_against_its_own_trained_margin():
+    config = CorrectionConfig(min_observations=5, weight=0.2)
+    correction = OnlineCorrection(config, baseline=0.0, role_baselines={"coder": math.log(0.5)}, clock=FakeClock())
+    for _ in range(50):  # both answer half of the prediction: the coder's trained margin, the writer's drift
+        correction.update("coder", predicted_tokens=199, actual_tokens=99)
+        correction.update("writer", predicted_tokens=199, actual_tokens=99)
+    assert correction.factor("coder") == pytest.approx(1.0)
+    assert correction.factor("writer") == pytest.approx(0.5, rel=0.01)
+
+
+def replay_drift(config: CorrectionConfig) -> tuple[list[bool], OnlineCorrection]:
+    """6,000 stages served 55 tokens with a reserve at the actuals' 95 % quantile; from stage 2,000 on,
+    the actuals run 1.5× longer. Returns whether each stage ran above its served reserve."""
+    rng = np.random.default_rng(0)
+    correction = OnlineCorrection(config, alpha=0.05, clock=FakeClock())
+    reserve = float(np.exp(4 + 1.645 * 0.5))
+    misses = []
+    for i in range(6000):
+        actual = float(rng.lognormal(4 + (0.4 if i >= 2000 else 0), 0.5))
+        misses.append(actual > reserve * correction.reserve_factor("r"))
+        correction.update("r", predicted_tokens=55, actual_tokens=actual, reserve_tokens=reserve)
+    return misses, correction
+
+
+def test_reserve_shift_brings_the_share_above_the_reserve_back_to_alpha():
+    misses, correction = replay_drift(CorrectionConfig(significance=1e9))  # the conformal shift alone
+    assert 0.03 < np.mean(misses[:2000]) < 0.07  # no drift: the shift hovers near 0
+    first = np.mean(misses[2000:2100])
+    assert first > 0.1  # the drift shows at first (12 %) ...
+    assert 0.03 < np.mean(misses[3000:]) < 0.07  # ... and the shift brings the misses back to α
+    assert correction.reserve_factor("r") > 1.3 and correction.factor("r") == 1.0
+    misses, correction = replay_drift(CorrectionConfig())  # with the tokens factor, which sees the shift too
+    assert np.mean(misses[2000:2100]) < first and 0.03 < np.mean(misses[3000:]) < 0.07
+    assert correction.factor("r") > 1.2
+
+
+def test_trained_margins_come_per_role_where_the_model_saw_enough_of_it():
+    oof = pd.DataFrame({"log_true": [1.0] * 30 + [2.0] * 5, "log_pred": [1.5] * 30 + [1.0] * 5,
+                        "role": ["coder"] * 30 + ["rare"] * 5})
+    overall, by_role = oof_bias(SimpleNamespace(model=SimpleNamespace(oof_=oof)))
+    assert overall == pytest.approx((30 * -0.5 + 5 * 1.0) / 35) and by_role == {"coder": pytest.approx(-0.5)}
+    # a model saved before roles were kept: the overall margin only
+    assert oof_bias(SimpleNamespace(model=SimpleNamespace(oof_=oof.drop(columns="role"))))[1] == {}
 
 
 def test_correction_forgets_the_quietest_role_past_max_roles():
