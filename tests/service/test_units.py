@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.online_correction import replay
 from pipelines.collect import collect
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prior
@@ -236,3 +237,15 @@ def test_a_refused_request_does_not_cut_the_client_off_the_service():
     assert not breaker.is_open() and "HTTP 400" in breaker.last_error
     breaker.trip(httpx.HTTPStatusError("down", request=request, response=httpx.Response(503, request=request)))
     assert breaker.is_open()
+
+
+def test_online_benchmark_replays_in_workflow_order_and_scores_after_the_drift():
+    stages = [StageTrace(workflow_id=f"w{i // 3}", stage_id=str(i % 3), role="r", prompt="p", call_index=i % 3,
+                         output_tokens=100, is_tool_call=False) for i in range(300)]
+    answers = [SimpleNamespace(tokens_pred=100, tokens_reserve=120) for _ in stages]
+    assert replay(stages, answers, 1.0, None) == {"above_reserve": 0.0, "over_reservation": pytest.approx(0.2),
+                                                  "mae": 0.0, "kendall_tau": pytest.approx(np.nan, nan_ok=True)}
+    drifted = replay(stages, answers, 1.5, None)  # from the 101st stage on, every answer is 150 tokens
+    assert drifted["above_reserve"] == 1.0 and drifted["mae"] == pytest.approx(50)
+    corrected = replay(stages, answers, 1.5, OnlineCorrection(CorrectionConfig(), alpha=0.05, clock=FakeClock()))
+    assert corrected["above_reserve"] < 0.5 and corrected["mae"] < 50
