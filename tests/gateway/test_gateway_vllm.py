@@ -138,38 +138,60 @@ def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
     assert any(r["kind"] == "step" and "kv_usage" in r for r in records)
 
 
-def metric_sum(engine, name: str) -> float:
-    text = httpx.get(f"{engine.url}/metrics").text
+def metric_sum(engine, name: str, client: httpx.Client | None = None) -> float:
+    text = (client or httpx).get(f"{engine.url}/metrics").text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def disconnect_once(vllm_engine, trace_dir: Path, max_tokens: int) -> dict:
+    """Stream a long answer through a fresh gateway, leave after its first line; what happened next."""
+    generated_before = metric_sum(vllm_engine, "vllm:generation_tokens_total")
+    # One polling client, made before the stream: the gateway runs in a thread of this process, and a new
+    # httpx client per poll (an SSL context each) held the GIL long enough to delay the gateway by seconds.
+    with gateway_for([vllm_engine], trace_dir) as gw, httpx.Client(timeout=10) as poll:
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens,
+                                "ignore_eos": True, "stream": True}) as response:
+            next(response.iter_lines())
+        closed, closed_unix = time.monotonic(), time.time()
+        while poll.get(f"{gw.url}/maestro/status").json()["cancelled"] < 1 and time.monotonic() < closed + 5:
+            time.sleep(0.02)
+        cancelled_after_s = time.monotonic() - closed
+        while metric_sum(vllm_engine, "vllm:num_requests_running", poll) and time.monotonic() < closed + 30:
+            time.sleep(0.1)
+        ended_after_s = time.monotonic() - closed
+    [stage] = collect(trace_dir)[0]
+    relayed_until = stage.arrival_s + stage.queue_s + stage.e2e_s if stage.e2e_s is not None else None
+    return {"cancelled_after_s": cancelled_after_s, "ended_after_s": ended_after_s, "stage": stage,
+            "generated": metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before,
+            "relayed_after_close_s": None if relayed_until is None else relayed_until - closed_unix}
 
 
 def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
     """The gateway's part: it sees the client leave and closes its upstream stream at once (counted as cancelled,
     traced as "client disconnected"); closing is what makes vLLM abort. vLLM's part, how soon its API server sees
-    the closed connection, varies: 2 tokens slipped out on a quiet box, 637 and once all 1,900 (~2 s of decoding on
-    a fast box) in CI, with the gateway's close not timed then. So vLLM is held only to ending the request."""
+    the closed connection, varies (2–55 of 1,900 tokens with both cores busy; 637 once in CI), so vLLM is held only
+    to ending the request.
+
+    One outcome the gateway cannot act on: vLLM's API server, behind its engine on a loaded box, hands over the
+    whole answer at once (1,900 tokens take ~2 s to decode on a fast moment), and the gateway has relayed all of it
+    before the client's first line is even read. Then nothing is left to cancel; such a try is repeated. Relaying
+    for more than 1 s after the client left without cancelling fails."""
     max_tokens = 1900
-    generated_before = metric_sum(vllm_engine, "vllm:generation_tokens_total")
-    with gateway_for([vllm_engine], tmp_path) as gw:
-        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens,
-                                "ignore_eos": True, "stream": True}) as response:
-            next(response.iter_lines())
-        closed = time.monotonic()
-        while httpx.get(f"{gw.url}/maestro/status").json()["cancelled"] < 1 and time.monotonic() < closed + 5:
-            time.sleep(0.01)
-        cancelled_after_s = time.monotonic() - closed
-        while metric_sum(vllm_engine, "vllm:num_requests_running") and time.monotonic() < closed + 30:
-            time.sleep(0.1)
-        ended_after_s = time.monotonic() - closed
-    generated = metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before
-    report = (f"gateway cancelled {cancelled_after_s:.2f} s after the client left; vLLM generated {generated:.0f} of "
-              f"{max_tokens} tokens and ended the request after {ended_after_s:.1f} s")
-    assert cancelled_after_s < 1.0, report
-    assert metric_sum(vllm_engine, "vllm:num_requests_running") == 0, report
-    [stage] = collect(tmp_path)[0]
-    assert stage.model_extra["error"] == "client disconnected"
-    print(report)
+    for attempt in range(3):
+        out = disconnect_once(vllm_engine, tmp_path / f"try{attempt}", max_tokens)
+        report = (f"gateway cancelled {out['cancelled_after_s']:.2f} s after the client left; vLLM generated "
+                  f"{out['generated']:.0f} of {max_tokens} tokens and ended the request after {out['ended_after_s']:.1f} s")
+        print(f"try {attempt}: {report}; traced error {out['stage'].model_extra.get('error')}, "
+              f"relay ended {out['relayed_after_close_s']} s after the client left")
+        assert metric_sum(vllm_engine, "vllm:num_requests_running") == 0, report
+        if out["stage"].model_extra.get("error") == "client disconnected":
+            assert out["cancelled_after_s"] < 1.0, report
+            return
+        assert out["relayed_after_close_s"] is not None and out["relayed_after_close_s"] < 1.0, (
+            f"the gateway relayed the stream to its end without cancelling, {out['relayed_after_close_s']} s after "
+            f"the client left; {report}")
+    pytest.skip("3 tries: vLLM handed over the whole answer before the client left each time; nothing to cancel")
 
 
 def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second_engine, tmp_path):
