@@ -14,14 +14,13 @@ service before session 7) and the default.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import kendalltau
 
-from benchmarks.predictor import DEV_TRACES, REPO, recipes
+from benchmarks.predictor import recipes, split_arguments
 from pipelines.contract import read_traces
 from pipelines.featurize import grouped_split
 from pipelines.predictor import Predictor
@@ -58,11 +57,7 @@ def replay(stages, answers, scale: float, correction: OnlineCorrection | None) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traces", default=str(DEV_TRACES))
-    parser.add_argument("--splits", type=int, default=5)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "online_correction.json"))
-    args = parser.parse_args()
+    args = split_arguments(__doc__, "online_correction.json")
     stages = read_traces(args.traces).stages
     feat, config = recipes()["maestro"]
     runs = []

@@ -103,12 +103,18 @@ def summarise(splits: list[dict]) -> dict:
                                                               for s in splits])), 2)}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def split_arguments(description: str, result_name: str) -> argparse.Namespace:
+    """--traces (the dev traces), --splits (grouped splits, 5) and --out (benchmarks/results/<result_name>),
+    for the benchmarks that train on grouped splits of a trace file."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", default=str(DEV_TRACES))
     parser.add_argument("--splits", type=int, default=5)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / result_name))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = split_arguments(__doc__, "predictor.json")
     stages = read_traces(args.traces).stages
     splits = [one_split(stages, seed, measure_speed=seed == 0) for seed in range(args.splits)]
     result = {"traces": args.traces, "stages": len(stages), **summarise(splits), "splits": splits}
