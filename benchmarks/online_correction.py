@@ -45,11 +45,11 @@ def replay(stages, answers, scale: float, correction: OnlineCorrection | None) -
     pred, reserve = np.empty(len(order)), np.empty(len(order))
     for k, i in enumerate(order):
         role, answer = stages[i].role, answers[i]
-        factor, reserve_factor = (correction.factor(role), correction.reserve_factor(role)) if correction else (1, 1)
-        pred[k] = round(answer.tokens_pred * factor)
-        reserve[k] = max(pred[k], np.ceil(answer.tokens_reserve * reserve_factor))
-        if correction:
-            correction.update(role, answer.tokens_pred, actual[k], answer.tokens_reserve)
+        if correction is None:
+            pred[k], reserve[k] = answer.tokens_pred, answer.tokens_reserve
+            continue
+        pred[k], reserve[k], _, _ = correction.apply(role, answer.tokens_pred, answer.tokens_reserve)
+        correction.update(role, answer.tokens_pred, actual[k], answer.tokens_reserve)
     y, pred, reserve = actual[drift_from:], pred[drift_from:], reserve[drift_from:]
     return {"above_reserve": float(np.mean(y > reserve)),
             "over_reservation": float(np.maximum(0, reserve - y).sum() / y.sum()),

@@ -7,7 +7,6 @@ runs start to finish on the model it began with and never sees half a swap.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -137,11 +136,11 @@ class PredictorEngine:
 
     @staticmethod
     def _out(p: Prediction, source: str, stage: StageTrace, active: ActiveModel) -> PredictionOut:
-        factor, reserve_factor = active.corrections.factor(stage.role), active.corrections.reserve_factor(stage.role)
-        tokens_pred = int(round(p.tokens_pred * factor))
+        tokens_pred, tokens_reserve, factor, reserve_factor = active.corrections.apply(stage.role, p.tokens_pred,
+                                                                                       p.tokens_reserve)
         return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool, tokens_pred=tokens_pred,
-                             tokens_reserve=max(tokens_pred, int(math.ceil(p.tokens_reserve * reserve_factor))),
-                             fallback_level=p.fallback_level, model_version=active.source.version,
+                             tokens_reserve=tokens_reserve, fallback_level=p.fallback_level,
+                             model_version=active.source.version,
                              correction=round(factor, 4), reserve_correction=round(reserve_factor, 4), source=source)
 
     # ---- observe ------------------------------------------------------------------------
@@ -152,8 +151,8 @@ class PredictorEngine:
             active.corrections.update(stage.role, predicted, stage.output_tokens, reserve)
         self.history.add(stages)
         if self.trace_log is not None:
-            extra = [{"served_tokens_pred": p, "served_tokens_reserve": r, "served_model_version": active.source.version}
-                 for p, r in served]
+            extra = [{"served_tokens_pred": p, "served_tokens_reserve": r,
+                      "served_model_version": active.source.version} for p, r in served]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)

@@ -94,13 +94,14 @@ class OnlineCorrection:
             if role not in self._roles and len(self._roles) >= self.config.max_roles:
                 del self._roles[min(self._roles, key=lambda r: self._roles[r].updated_at)]
             state = self._roles.setdefault(role, _RoleState(updated_at=now))
+            decay = self._decay(state, now)
             if reserve_tokens is not None:  # judged against the reserve as served, before this update
                 missed = actual_tokens > reserve_tokens * math.exp(self._reserve_log(state, now))
-                state.reserve_shift = self._clip(state.reserve_shift * self._decay(state, now)
+                state.reserve_shift = self._clip(state.reserve_shift * decay
                                                  + self.config.reserve_step * (float(missed) - self.alpha))
             if state.num_observations == 0:
                 state.variance = residual ** 2  # the first residual sets the noise scale
-            mean = state.mean * self._decay(state, now)
+            mean = state.mean * decay
             delta = residual - mean
             state.mean = mean + w * delta
             state.variance = (1 - w) * (state.variance + w * delta ** 2)
@@ -116,6 +117,13 @@ class OnlineCorrection:
         """The multiplier for this role's reserves now: the tokens factor and the conformal shift."""
         state = self._roles.get(role)
         return 1.0 if state is None else math.exp(self._reserve_log(state, self._clock()))
+
+    def apply(self, role: str, tokens_pred: float, tokens_reserve: float) -> tuple[int, int, float, float]:
+        """The served answer for the model's (tokens_pred, tokens_reserve): both corrected, the reserve never below
+        the prediction; and the two factors used."""
+        factor, reserve_factor = self.factor(role), self.reserve_factor(role)
+        corrected = int(round(tokens_pred * factor))
+        return corrected, max(corrected, int(math.ceil(tokens_reserve * reserve_factor))), factor, reserve_factor
 
     def snapshot(self) -> dict[str, dict]:
         """Every role's correction, for /stats and /observe."""
