@@ -1,4 +1,5 @@
-"""`maestro train` and `maestro predict`: the predictor on any contract trace file, outside DVC."""
+"""`maestro train`, `maestro predict` and `maestro score`: the predictor on any contract trace file,
+outside DVC, and its predictions scored against the issue's targets and the per-role baselines."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
 from pipelines.contract import read_traces
 from pipelines.featurize import featurizer_config
 from pipelines.params import load_params
-from pipelines.predictor import Predictor
+from pipelines.metrics import TARGETS, score_predictions
+from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
 
 DEFAULT_PARAMS = Path(__file__).resolve().parent.parent / "params.yaml"
@@ -49,6 +52,91 @@ def predict_command(args: argparse.Namespace) -> int:
     return 0
 
 
+PREDICTION_FIELDS = ("workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve")
+
+
+def read_predictions(path: str) -> tuple[pd.DataFrame, list[str]]:
+    """`maestro predict` output (or any JSONL with PREDICTION_FIELDS); a bad or repeated line is
+    reported as file:line and skipped, the rest is read."""
+    rows, errors, seen = [], [], set()
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
+                missing = [k for k in PREDICTION_FIELDS if row.get(k) is None]
+                if missing:
+                    raise ValueError(f"missing {', '.join(missing)}")
+                key = (str(row["workflow_id"]), str(row["stage_id"]))
+                if key in seen:
+                    raise ValueError(f"stage {key[0]}/{key[1]} predicted twice: the first line counts")
+                seen.add(key)
+                rows.append({"workflow_id": key[0], "stage_id": key[1],
+                             **{k: float(row[k]) for k in PREDICTION_FIELDS[2:]}})
+            except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+                errors.append(f"{path}:{number}: {exc}")
+    return pd.DataFrame(rows, columns=list(PREDICTION_FIELDS)), errors
+
+
+def _labelled(path: str, what: str) -> pd.DataFrame:
+    stages = _read(path)
+    unlabelled = sum(s.output_tokens is None for s in stages)
+    if unlabelled:
+        print(f"{path}: {unlabelled} {what} stages without output_tokens are left out", file=sys.stderr)
+    frame = label_frame([s for s in stages if s.output_tokens is not None])
+    return frame.astype({"workflow_id": str, "stage_id": str})
+
+
+def _format_scores(scores: dict) -> str:
+    def show(value) -> str:
+        return "—" if value is None else f"{value:.3f}"
+    model, ratios, checks = scores["model"], scores["ratios"], scores["targets"]
+    lines = [f"{'':30s} {'value':>8s}  target"]
+    for metric, op, bound in TARGETS:
+        verdict = {True: "met", False: "MISSED", None: "not measurable here"}[checks[metric]]
+        lines.append(f"{metric:30s} {show(ratios.get(metric, model.get(metric))):>8s}  {op} {bound}  {verdict}")
+    lines.append(f"{'(role p90 above reserve)':30s} {show(scores['baselines']['role_p90']['under_rate']):>8s}")
+    lines.append("per app: stages, AUC, τ, MAE × role median, above reserve, over-reservation × role p90")
+    for app, part in scores["by_app"].items():
+        m, r = part["model"], part["ratios"]
+        lines.append(f"  {app:28s} {m['n']:6d} {show(m['auc']):>7s} {show(m['kendall_tau']):>7s} "
+                     f"{show(r['mae_vs_role_median']):>7s} {show(m['under_rate']):>7s} "
+                     f"{show(r['over_reservation_vs_role_p90']):>7s}")
+    return "\n".join(lines)
+
+
+def score_command(args: argparse.Namespace) -> int:
+    predictions, errors = read_predictions(args.predictions)
+    for error in errors[:20]:
+        print(error, file=sys.stderr)
+    if len(errors) > 20:
+        print(f"... and {len(errors) - 20} more bad prediction lines", file=sys.stderr)
+    test, train = _labelled(args.traces, "test"), _labelled(args.train, "training")
+    keys = ["workflow_id", "stage_id"]
+    unpredicted = test.merge(predictions[keys], on=keys, how="left", indicator=True)["_merge"].eq("left_only").sum()
+    if unpredicted:
+        print(f"{unpredicted} labelled stages of {args.traces} have no prediction in {args.predictions}: "
+              f"scored without them", file=sys.stderr)
+    if train.empty or len(test) == unpredicted:
+        print("nothing to score: need labelled training stages and predictions of labelled test stages",
+              file=sys.stderr)
+        return 2
+    params = load_params("train", args.params)
+    scores = score_predictions(predictions, test, train, rho=float(params.get("rho", 0.2)),
+                               alpha=float(params.get("alpha", 0.05)))
+    scores.update(predictions=str(args.predictions), traces=str(args.traces), train=str(args.train),
+                  unpredicted_stages=int(unpredicted), bad_prediction_lines=len(errors))
+    print(f"scored {scores['model']['n']} stages (baselines fitted on {len(train)} training stages)")
+    print(_format_scores(scores))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(scores, indent=1))
+    return 0
+
+
 def register(subparsers) -> None:
     train = subparsers.add_parser("train", help="train the stage-length predictor on a trace file")
     train.add_argument("--traces", required=True, help="contract JSONL or Parquet file of labelled stages")
@@ -61,3 +149,13 @@ def register(subparsers) -> None:
     predict.add_argument("--out", required=True, help="JSONL: one prediction per input stage")
     predict.add_argument("--batch-size", type=int, default=512)
     predict.set_defaults(func=predict_command)
+    score = subparsers.add_parser("score", help="score predictions of labelled stages against the targets "
+                                                "and the per-role baselines")
+    score.add_argument("--predictions", required=True, help="JSONL written by `maestro predict`")
+    score.add_argument("--traces", required=True, help="the labelled trace file that was predicted")
+    score.add_argument("--train", required=True, help="the trace file the predictor was trained on: "
+                                                      "the per-role baselines are fitted on it")
+    score.add_argument("--params", default=str(DEFAULT_PARAMS), help="params.yaml: train.alpha and train.rho "
+                                                                     "for the baselines")
+    score.add_argument("--out", help="write the scores as JSON here")
+    score.set_defaults(func=score_command)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.metrics import baseline_predictions, grouped_quality, quality
+from pipelines.metrics import baseline_predictions, grouped_quality, quality, ratio, target_ratios
 from pipelines.plots import write_plots
 from pipelines.predictor import Predictor
 
@@ -24,23 +24,14 @@ def model_predictions(predictor: Predictor, X: pd.DataFrame, labels: pd.DataFram
     return {"model": frame, "model_rho_reserve": frame.assign(tokens_reserve=frame["tokens_pred"] * (1 + rho))}
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else round(a / b, 4)
-
-
 def evaluate(predictor: Predictor, X_train, train_labels, X_test, test_labels) -> tuple[dict, dict, dict]:
     rho = predictor.model.config.rho
     frames = model_predictions(predictor, X_test, test_labels, rho)
     frames.update(baseline_predictions(train_labels, test_labels, X_train, X_test, rho, predictor.model.config.alpha))
     scores = {name: quality(frame) for name, frame in frames.items()}
-    model, role_median, role_p90 = scores["model"], scores["role_median"], scores["role_p90"]
-    ratios = {
-        "mae_vs_role_median": _ratio(model["mae"], role_median["mae"]),
-        "mae_vs_single_stage": _ratio(model["mae"], scores["single_stage"]["mae"]),
-        "over_reservation_vs_role_p90": _ratio(model["over_reservation"], role_p90["over_reservation"]),
-        # the per-role constant promising the same miss rate: what the reserve saves at equal risk
-        "over_reservation_vs_role_conformal": _ratio(model["over_reservation"], scores["role_conformal"]["over_reservation"]),
-    }
+    model = scores["model"]
+    ratios = {**target_ratios(model, scores),
+              "mae_vs_single_stage": ratio(model["mae"], scores["single_stage"]["mae"])}
     metrics = {"model": model, "ratios": ratios, "baselines": {k: v for k, v in scores.items() if k != "model"}}
     breakdown = {by: {"model": grouped_quality(frames["model"], by), "role_median": grouped_quality(frames["role_median"], by)}
                  for by in ("app", "role")}

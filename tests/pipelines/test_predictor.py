@@ -104,3 +104,13 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     assert len(rows) == len(stages)
     assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level"}
     assert [(r["workflow_id"], r["stage_id"]) for r in rows] == [(s.workflow_id, s.stage_id) for s in stages]
+    fresh = tmp_path / "fresh.jsonl"
+    write_jsonl(generate(200, seed=3), fresh)
+    fresh_out, scores = tmp_path / "fresh-pred.jsonl", tmp_path / "scores.json"
+    assert maestro(["predict", "--model", str(tmp_path / "model"), "--traces", str(fresh), "--out", str(fresh_out)]) == 0
+    assert maestro(["score", "--predictions", str(fresh_out), "--traces", str(fresh), "--train", str(traces),
+                    "--out", str(scores)]) == 0
+    scored = json.loads(scores.read_text())
+    assert scored["model"]["n"] == len(read_traces(fresh).stages) and scored["unpredicted_stages"] == 0
+    assert set(scored["targets"]) == {"auc", "mae_vs_role_median", "kendall_tau", "under_rate",
+                                      "over_reservation_vs_role_p90"}
