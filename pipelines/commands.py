@@ -14,7 +14,7 @@ from tqdm import tqdm
 from pipelines.contract import read_traces
 from pipelines.featurize import featurizer_config
 from pipelines.params import load_params
-from pipelines.metrics import TARGETS, score_predictions
+from pipelines.metrics import TARGETS, VERDICTS, score_predictions
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
 
@@ -96,7 +96,7 @@ def _format_scores(scores: dict) -> str:
     model, ratios, checks = scores["model"], scores["ratios"], scores["targets"]
     lines = [f"{'':30s} {'value':>8s}  target"]
     for metric, op, bound in TARGETS:
-        verdict = {True: "met", False: "MISSED", None: "not measurable here"}[checks[metric]]
+        verdict = VERDICTS[checks[metric]]
         lines.append(f"{metric:30s} {show(ratios.get(metric, model.get(metric))):>8s}  {op} {bound}  {verdict}")
     lines.append(f"{'(role p90 above reserve)':30s} {show(scores['baselines']['role_p90']['under_rate']):>8s}")
     lines.append("per app: stages, AUC, τ, MAE × role median, above reserve, over-reservation × role p90")

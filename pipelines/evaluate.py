@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.metrics import baseline_predictions, grouped_quality, quality, ratio, target_ratios
+from pipelines.metrics import (VERDICTS, baseline_predictions, grouped_quality, quality, ratio, target_checks,
+                               target_ratios)
 from pipelines.plots import write_plots
 from pipelines.predictor import Predictor
 
@@ -61,6 +62,8 @@ def main() -> None:
           f"above reserve {m['under_rate']:.3f}  over-reservation {m['over_reservation']:.3f} "
           f"({r['over_reservation_vs_role_p90']}× role p90, {r['over_reservation_vs_role_conformal']}× the per-role "
           f"conformal level at the same α)")
+    print("targets on this test split: " + ", ".join(f"{metric} {VERDICTS[ok]}"
+                                                     for metric, ok in target_checks(m, r).items()))
 
 
 if __name__ == "__main__":

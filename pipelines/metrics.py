@@ -125,6 +125,9 @@ def target_ratios(model: dict, baselines: dict[str, dict]) -> dict:
     }
 
 
+VERDICTS = {True: "met", False: "MISSED", None: "not measurable"}  # how a target_checks() value reads
+
+
 def target_checks(model: dict, ratios: dict) -> dict[str, bool | None]:
     """Each target met (True), missed (False) or not measurable here (None: no tool calls for an AUC)."""
     out = {}
