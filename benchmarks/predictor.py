@@ -25,7 +25,7 @@ import pandas as pd
 from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
 from pipelines.featurize import featurizer_config, grouped_split
-from pipelines.metrics import grouped_quality, quality, role_baselines
+from pipelines.metrics import grouped_quality, quality, role_baselines, target_ratios
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
@@ -124,22 +124,19 @@ def by_app(splits: list[dict]) -> dict:
         values = [v for v in values if v is not None]
         return round(float(np.mean(values)), 3) if values else None
 
-    def ratio(q, metric, baseline):
-        ours, base = q["maestro"][metric], q[baseline][metric]
-        return ours / base if ours is not None and base else None
-
     apps = sorted(set.intersection(*(set(s["quality_by_app"]["maestro"]) for s in splits)))
     table = {}
     for app in apps:
         per = [{name: s["quality_by_app"][name][app] for name in s["quality_by_app"]} for s in splits]
+        ratios = [target_ratios(q["maestro"], q) for q in per]
         table[app] = {
             "stages_per_split": mean([q["maestro"]["n"] for q in per]),
             "auc": mean([q["maestro"]["auc"] for q in per]),
             "kendall_tau": mean([q["maestro"]["kendall_tau"] for q in per]),
-            "mae_vs_role_median": mean([ratio(q, "mae", "role_median") for q in per]),
+            "mae_vs_role_median": mean([r["mae_vs_role_median"] for r in ratios]),
             "under_rate": mean([q["maestro"]["under_rate"] for q in per]),
             "role_p90_under_rate": mean([q["role_p90"]["under_rate"] for q in per]),
-            "over_reservation_vs_role_p90": mean([ratio(q, "over_reservation", "role_p90") for q in per]),
+            "over_reservation_vs_role_p90": mean([r["over_reservation_vs_role_p90"] for r in ratios]),
         }
     return table
 

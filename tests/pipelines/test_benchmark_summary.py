@@ -11,6 +11,7 @@ def _split(ours_mae, p90_over):
         "maestro": {"chat": _q(10, ours_mae, 0.04, 1.0), "tools": _q(5, 1.0, 0.02, 0.5, auc=0.97)},
         "role_median": {"chat": _q(10, 10.0, 0.4, 0.3), "tools": _q(5, 2.0, 0.4, 0.3)},
         "role_p90": {"chat": _q(10, 10.0, 0.1, p90_over), "tools": _q(5, 2.0, 0.1, 1.0)},
+        "role_conformal": {"chat": _q(10, 10.0, 0.05, 3.0), "tools": _q(5, 2.0, 0.05, 2.0)},
     }}
 
 
