@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from maestro.cli import main as maestro
 from pipelines.commands import read_predictions
 from pipelines.metrics import score_predictions
 
@@ -66,3 +67,9 @@ def test_bad_prediction_lines_are_reported_by_line_and_the_rest_read(tmp_path):
     assert frame[["workflow_id", "stage_id"]].values.tolist() == [["w", "0"], ["w", "3"]]
     assert [e.split(": ", 1)[0] for e in errors] == [f"{path}:{n}" for n in (2, 3, 4, 5, 7)]
     assert "missing tokens_reserve" in errors[1] and "predicted twice" in errors[2]
+
+
+def test_a_missing_file_is_named_without_a_traceback(tmp_path, capsys):
+    missing = tmp_path / "nowhere.jsonl"
+    assert maestro(["score", "--predictions", str(missing), "--traces", str(missing), "--train", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
