@@ -14,7 +14,8 @@ from tqdm import tqdm
 from pipelines.contract import read_traces
 from pipelines.featurize import featurizer_config
 from pipelines.params import load_params
-from pipelines.metrics import TARGETS, VERDICTS, score_predictions
+from pipelines.metrics import TARGETS, VERDICTS, score_frames, scoring_frames
+from pipelines.plots import write_plots
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
 
@@ -125,8 +126,9 @@ def score_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     params = load_params("train", args.params)
-    scores = score_predictions(predictions, test, train, rho=float(params.get("rho", 0.2)),
-                               alpha=float(params.get("alpha", 0.05)))
+    frames = scoring_frames(predictions, test, train, rho=float(params.get("rho", 0.2)),
+                            alpha=float(params.get("alpha", 0.05)))
+    scores = score_frames(frames)
     scores.update(predictions=str(args.predictions), traces=str(args.traces), train=str(args.train),
                   unpredicted_stages=int(unpredicted), bad_prediction_lines=len(errors))
     print(f"scored {scores['model']['n']} stages (baselines fitted on {len(train)} training stages)")
@@ -134,6 +136,9 @@ def score_command(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(scores, indent=1))
+    if args.plots:  # the evaluate stage's plots: calibration, predicted vs actual, error by role, reserve trade-off
+        Path(args.plots).mkdir(parents=True, exist_ok=True)
+        print(f"plots: {', '.join(str(path) for path in write_plots(frames, Path(args.plots)))}")
     return 0
 
 
@@ -158,4 +163,5 @@ def register(subparsers) -> None:
     score.add_argument("--params", default=str(DEFAULT_PARAMS), help="params.yaml: train.alpha and train.rho "
                                                                      "for the baselines")
     score.add_argument("--out", help="write the scores as JSON here")
+    score.add_argument("--plots", help="write the evaluate stage's plots (PNG + CSV) to this directory")
     score.set_defaults(func=score_command)

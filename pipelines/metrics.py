@@ -137,21 +137,25 @@ def target_checks(model: dict, ratios: dict) -> dict[str, bool | None]:
     return out
 
 
-def score_predictions(predictions: pd.DataFrame, test: pd.DataFrame, train: pd.DataFrame,
-                      rho: float, alpha: float) -> dict:
+def scoring_frames(predictions: pd.DataFrame, test: pd.DataFrame, train: pd.DataFrame,
+                   rho: float, alpha: float) -> dict[str, pd.DataFrame]:
     """Predictions (workflow_id, stage_id, p_tool, tokens_pred, tokens_reserve) of labelled `test` stages
-    scored beside the per-role baselines fitted on `train` (label frames), overall and per app."""
+    as the prediction frame "model", beside the per-role baselines fitted on `train` (label frames) over
+    the same stages."""
     keys = ["workflow_id", "stage_id"]
     frame = test.merge(predictions[keys + ["p_tool", "tokens_pred", "tokens_reserve"]], on=keys, how="inner",
                        validate="one_to_one")
-    frames = {"predictions": frame, **role_baselines(train, frame, rho, alpha)}
+    return {"model": frame, **role_baselines(train, frame, rho, alpha)}
 
+
+def score_frames(frames: dict[str, pd.DataFrame]) -> dict:
+    """scoring_frames() against the targets and the baselines, overall and per app."""
     def table(parts: dict[str, pd.DataFrame]) -> dict:
         scores = {name: quality(f) for name, f in parts.items()}
-        model, baselines = scores.pop("predictions"), scores
+        model, baselines = scores.pop("model"), scores
         ratios = target_ratios(model, baselines)
         return {"model": model, "ratios": ratios, "targets": target_checks(model, ratios), "baselines": baselines}
 
     by_app = {str(app): table({name: f[f["app"] == app] for name, f in frames.items()})
-              for app in sorted(frame["app"].unique())}
+              for app in sorted(frames["model"]["app"].unique())}
     return {**table(frames), "by_app": by_app}

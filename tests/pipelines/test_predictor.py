@@ -109,7 +109,8 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     fresh_out, scores = tmp_path / "fresh-pred.jsonl", tmp_path / "scores.json"
     assert maestro(["predict", "--model", str(tmp_path / "model"), "--traces", str(fresh), "--out", str(fresh_out)]) == 0
     assert maestro(["score", "--predictions", str(fresh_out), "--traces", str(fresh), "--train", str(traces),
-                    "--out", str(scores)]) == 0
+                    "--out", str(scores), "--plots", str(tmp_path / "plots")]) == 0
+    assert {"calibration.png", "pred_vs_actual.png", "reserve_tradeoff.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
     scored = json.loads(scores.read_text())
     assert scored["model"]["n"] == len(read_traces(fresh).stages) and scored["unpredicted_stages"] == 0
     assert set(scored["targets"]) == {"auc", "mae_vs_role_median", "kendall_tau", "under_rate",

@@ -6,7 +6,11 @@ import pandas as pd
 
 from maestro.cli import main as maestro
 from pipelines.commands import read_predictions
-from pipelines.metrics import score_predictions
+from pipelines.metrics import score_frames, scoring_frames
+
+
+def _score(predictions, test, train, rho, alpha):
+    return score_frames(scoring_frames(predictions, test, train, rho, alpha))
 
 
 def _labels(n, seed, tool_share=0.3):
@@ -27,7 +31,7 @@ def _predictions(test, tokens_pred, tokens_reserve, p_tool):
 def test_exact_predictions_meet_every_target_and_beat_the_baselines():
     train, test = _labels(600, 1), _labels(300, 2)
     exact = _predictions(test, test["tokens"], test["tokens"], test["is_tool"].astype(float))
-    scores = score_predictions(exact, test, train, rho=0.2, alpha=0.05)
+    scores = _score(exact, test, train, rho=0.2, alpha=0.05)
     assert scores["model"]["n"] == 300 and scores["model"]["under_rate"] == 0 and scores["model"]["over_reservation"] == 0
     assert scores["ratios"]["mae_vs_role_median"] == 0 and scores["ratios"]["over_reservation_vs_role_p90"] == 0
     assert all(scores["targets"].values())
@@ -38,21 +42,21 @@ def test_exact_predictions_meet_every_target_and_beat_the_baselines():
 def test_a_reserve_below_the_actuals_misses_the_reserve_target():
     train, test = _labels(600, 1), _labels(300, 2)
     low = _predictions(test, test["tokens"], test["tokens"] * 0.5, test["is_tool"].astype(float))
-    scores = score_predictions(low, test, train, rho=0.2, alpha=0.05)
+    scores = _score(low, test, train, rho=0.2, alpha=0.05)
     assert scores["model"]["under_rate"] > 0.9 and scores["targets"]["under_rate"] is False
 
 
 def test_without_tool_calls_auc_is_not_measurable_rather_than_failed():
     train, test = _labels(600, 1, tool_share=0), _labels(300, 2, tool_share=0)
     exact = _predictions(test, test["tokens"], test["tokens"], 0.01)
-    scores = score_predictions(exact, test, train, rho=0.2, alpha=0.05)
+    scores = _score(exact, test, train, rho=0.2, alpha=0.05)
     assert scores["model"]["auc"] is None and scores["targets"]["auc"] is None
 
 
 def test_only_predicted_stages_are_scored_and_baselines_use_the_same_stages():
     train, test = _labels(600, 1), _labels(300, 2)
     half = _predictions(test, test["tokens"], test["tokens"] * 2, 0.5).iloc[:100]
-    scores = score_predictions(half, test, train, rho=0.2, alpha=0.05)
+    scores = _score(half, test, train, rho=0.2, alpha=0.05)
     assert scores["model"]["n"] == 100 and scores["baselines"]["role_p90"]["n"] == 100
 
 
