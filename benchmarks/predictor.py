@@ -95,13 +95,15 @@ def one_split(stages: list[StageTrace], seed: int, measure_speed: bool) -> dict:
     return out
 
 
-def summarise(splits: list[dict]) -> dict:
-    def mean(name: str, metric: str) -> float | None:  # None, not NaN (invalid JSON), where no split has it
-        values = [s["quality"][name][metric] for s in splits if s["quality"][name][metric] is not None]
-        return round(float(np.mean(values)), 4) if values else None
+def _mean(values: list, digits: int) -> float | None:
+    """Mean of the values that are not None; None (not NaN, which is invalid JSON) where none is."""
+    values = [v for v in values if v is not None]
+    return round(float(np.mean(values)), digits) if values else None
 
-    table = {name: {m: mean(name, m) for m in ("auc", "ece", "mae", "kendall_tau", "under_rate",
-                                               "over_reservation", "r2_log")}
+
+def summarise(splits: list[dict]) -> dict:
+    table = {name: {m: _mean([s["quality"][name][m] for s in splits], 4)
+                    for m in ("auc", "ece", "mae", "kendall_tau", "under_rate", "over_reservation", "r2_log")}
              for name in splits[0]["quality"]}
     ours, median, p90, plain = (table[k] for k in ("maestro", "role_median", "role_p90", "straightforward"))
     return {"quality_mean_over_splits": table, "ratios": {
@@ -120,10 +122,7 @@ def summarise(splits: list[dict]) -> dict:
 def by_app(splits: list[dict]) -> dict:
     """The issue's target figures per app (the held-out workflows of one app differ from the whole mix),
     each the mean over the splits of that split's value; AUC is None for an app without tool calls."""
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return round(float(np.mean(values)), 3) if values else None
-
+    mean = lambda values: _mean(values, 3)
     apps = sorted(set.intersection(*(set(s["quality_by_app"]["maestro"]) for s in splits)))
     table = {}
     for app in apps:
