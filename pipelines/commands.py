@@ -87,8 +87,7 @@ def _labelled(path: str, what: str) -> pd.DataFrame:
     unlabelled = sum(s.output_tokens is None for s in stages)
     if unlabelled:
         print(f"{path}: {unlabelled} {what} stages without output_tokens are left out", file=sys.stderr)
-    frame = label_frame([s for s in stages if s.output_tokens is not None])
-    return frame.astype({"workflow_id": str, "stage_id": str})
+    return label_frame([s for s in stages if s.output_tokens is not None])  # contract ids are strings
 
 
 def _format_scores(scores: dict) -> str:
