@@ -70,7 +70,10 @@ class StageTrace(BaseModel):
 
 
 def prompt_text(prompt: Prompt) -> str:
-    """Flatten a prompt (plain text or OpenAI-style messages) into the text the model saw."""
+    """Flatten a prompt (plain text or OpenAI-style messages) into the text the model saw.
+
+    An assistant turn that called tools has no content; its calls are what the model saw
+    (`[tool call] name(arguments)`), and a tool result is labelled with the tool that gave it."""
     if isinstance(prompt, str):
         return prompt
     parts = []
@@ -78,8 +81,20 @@ def prompt_text(prompt: Prompt) -> str:
         content = message.get("content") or ""
         if isinstance(content, list):  # multi-part content: keep the text parts
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(f"{message.get('role', 'user')}: {content}")
+        calls = [c.get("function", c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        if isinstance(message.get("function_call"), dict):  # the legacy single-call field
+            calls.append(message["function_call"])
+        if calls:
+            content = " ".join([*([content] if content else []),
+                                *(f"[tool call] {c.get('name', '')}({c.get('arguments', '')})" for c in calls)])
+        role = message.get("role", "user")
+        if role in TOOL_ROLES and message.get("name"):
+            role = f"{role} ({message['name']})"
+        parts.append(f"{role}: {content}")
     return "\n".join(parts)
+
+
+TOOL_ROLES = ("tool", "function")  # message roles that carry a tool's result
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
-from pipelines.contract import StageTrace, derive_structure
+from pipelines.contract import TOOL_ROLES, StageTrace, derive_structure
 from pipelines.embedding import Embedder, EmbedderConfig
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
@@ -39,6 +39,15 @@ def _messages(stage: StageTrace) -> list[dict]:
     return stage.prompt if isinstance(stage.prompt, list) else []
 
 
+def _tool_results_since_user(messages: list[dict]) -> int:
+    count = 0
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            break
+        count += message.get("role") in TOOL_ROLES
+    return count
+
+
 def _text_features(stage: StageTrace, text: str) -> dict:
     messages = _messages(stage)
     last = messages[-1] if messages else {}
@@ -51,7 +60,11 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "prompt_chars": len(text),
         "prompt_tokens_est": stage.prompt_tokens if stage.prompt_tokens is not None else len(text) // 4,
         "num_messages": len(messages),
-        "num_tool_messages": sum(1 for m in messages if m.get("role") == "tool"),
+        "num_tool_messages": sum(1 for m in messages if m.get("role") in TOOL_ROLES),
+        # The turn: how many tool results the agent has gathered since the user last spoke (an agent
+        # looks things up, then answers), and how many times the user has spoken.
+        "tool_results_since_user": _tool_results_since_user(messages),
+        "num_user_messages": sum(1 for m in messages if m.get("role") == "user"),
         "last_message_role": str(last.get("role", "text")) if messages else "text",
         "last_message_chars": len(last_content),
         "tail_max_int": max(numbers) if numbers else -1,

@@ -68,3 +68,17 @@ def test_task_id_groups_runs_of_one_task():
     assert task_id(make("autogen0.2/notebook/agentchat_x.ipynb#cell13")) == "autogen0.2/notebook/agentchat_x.ipynb"
     assert task_id(make("synthetic/rag_qa/000123")) == "synthetic/rag_qa/000123"
     assert task_id(StageTrace(**{**GOOD, "task_id": "T9"})) == "T9"
+
+
+def test_tool_calls_and_tool_names_are_part_of_the_prompt_text():
+    messages = [{"role": "user", "content": "Book me a flight."},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "search_flight", "arguments": "{\"to\": \"SEA\"}"}}]},
+                {"role": "tool", "name": "search_flight", "tool_call_id": "c1", "content": "[]"},
+                {"role": "assistant", "content": "Let me check.", "function_call": {"name": "think", "arguments": "{}"}}]
+    assert prompt_text(messages).splitlines() == [
+        "user: Book me a flight.",
+        "assistant: [tool call] search_flight({\"to\": \"SEA\"})",
+        "tool (search_flight): []",
+        "assistant: Let me check. [tool call] think({})"]

@@ -29,6 +29,15 @@ def test_prompt_text_signals():
     assert row["tail_max_int"] == 7 and row["tail_mentions_json"] == 1 and row["tail_brevity_words"] >= 1
 
 
+def test_the_turn_counts_tool_results_since_the_user_spoke():
+    messages = [{"role": "user", "content": "Change my flight."}, {"role": "tool", "content": "{}"},
+                {"role": "assistant", "content": "Which date?"}, {"role": "user", "content": "Friday."},
+                {"role": "tool", "content": "{}"}, {"role": "function", "content": "{}"}]
+    frame = structural_frame([stage("0", prompt=messages), stage("1", prompt=messages[:4]), stage("2", prompt="text")])
+    assert frame["tool_results_since_user"].tolist() == [2, 0, 0]
+    assert frame["num_user_messages"].tolist() == [2, 2, 0] and frame.loc[0, "num_tool_messages"] == 3
+
+
 def test_what_the_prompt_opens_with():
     prompts = {"[ChatDev is a software company ...] Write the code.": "head_bracket",
                "main.py\n```python\nimport os\n```\nPlease fix the code above.": "head_code_fence",
