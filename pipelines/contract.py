@@ -69,6 +69,9 @@ class StageTrace(BaseModel):
         return prompt_text(self.prompt)
 
 
+TOOL_ROLES = ("tool", "function")  # message roles that carry a tool's result
+
+
 def prompt_text(prompt: Prompt) -> str:
     """Flatten a prompt (plain text or OpenAI-style messages) into the text the model saw.
 
@@ -81,12 +84,9 @@ def prompt_text(prompt: Prompt) -> str:
         content = message.get("content") or ""
         if isinstance(content, list):  # multi-part content: keep the text parts
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        calls = [c.get("function", c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-        if isinstance(message.get("function_call"), dict):  # the legacy single-call field
-            calls.append(message["function_call"])
+        calls = [f"[tool call] {c.get('name', '')}({c.get('arguments', '')})" for c in _tool_calls(message)]
         if calls:
-            content = " ".join([*([content] if content else []),
-                                *(f"[tool call] {c.get('name', '')}({c.get('arguments', '')})" for c in calls)])
+            content = " ".join([str(content), *calls] if content else calls)
         role = message.get("role", "user")
         if role in TOOL_ROLES and message.get("name"):
             role = f"{role} ({message['name']})"
@@ -94,7 +94,11 @@ def prompt_text(prompt: Prompt) -> str:
     return "\n".join(parts)
 
 
-TOOL_ROLES = ("tool", "function")  # message roles that carry a tool's result
+def _tool_calls(message: dict) -> list[dict]:
+    """The calls of an assistant message: OpenAI `tool_calls` entries, or the legacy `function_call`."""
+    entries = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    calls = [e["function"] if isinstance(e.get("function"), dict) else e for e in entries if isinstance(e, dict)]
+    return calls + ([message["function_call"]] if isinstance(message.get("function_call"), dict) else [])
 
 
 @dataclass(frozen=True)

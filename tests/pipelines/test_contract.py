@@ -82,3 +82,5 @@ def test_tool_calls_and_tool_names_are_part_of_the_prompt_text():
         "assistant: [tool call] search_flight({\"to\": \"SEA\"})",
         "tool (search_flight): []",
         "assistant: Let me check. [tool call] think({})"]
+    malformed = [{"role": "assistant", "content": None, "tool_calls": [{"function": "search"}, "x"]}]
+    assert prompt_text(malformed) == "assistant: [tool call] ()"  # read, not a crash
