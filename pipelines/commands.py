@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from pipelines.contract import read_traces
+from pipelines.contract import line_report, read_traces
 from pipelines.featurize import featurizer_config
 from pipelines.params import load_params
 from pipelines.metrics import TARGETS, VERDICTS, score_frames, scoring_frames
@@ -110,10 +110,7 @@ def _format_scores(scores: dict) -> str:
 
 def score_command(args: argparse.Namespace) -> int:
     predictions, errors = read_predictions(args.predictions)
-    for error in errors[:20]:
-        print(error, file=sys.stderr)
-    if len(errors) > 20:
-        print(f"... and {len(errors) - 20} more bad prediction lines", file=sys.stderr)
+    print(line_report(f"{len(predictions)} predictions read, {len(errors)} bad lines", errors), file=sys.stderr)
     test, train = _labelled(args.traces, "test"), _labelled(args.train, "training")
     keys = ["workflow_id", "stage_id"]
     unpredicted = test.merge(predictions[keys], on=keys, how="left", indicator=True)["_merge"].eq("left_only").sum()

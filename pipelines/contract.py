@@ -121,10 +121,14 @@ class TraceFile:
     errors: list[LineError] = field(default_factory=list)
 
     def report(self, limit: int = 20) -> str:
-        head = f"{len(self.stages)} stages read, {len(self.errors)} malformed lines"
-        shown = [f"  {e}" for e in self.errors[:limit]]
-        more = [f"  ... and {len(self.errors) - limit} more"] if len(self.errors) > limit else []
-        return "\n".join([head, *shown, *more])
+        return line_report(f"{len(self.stages)} stages read, {len(self.errors)} malformed lines", self.errors, limit)
+
+
+def line_report(head: str, errors: list, limit: int = 20) -> str:
+    """A headline, then the first `limit` bad lines (file:line: reason) and how many more there are."""
+    shown = [f"  {e}" for e in errors[:limit]]
+    more = [f"  ... and {len(errors) - limit} more"] if len(errors) > limit else []
+    return "\n".join([head, *shown, *more])
 
 
 def _validation_reason(error: ValidationError) -> str:
