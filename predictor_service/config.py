@@ -32,11 +32,14 @@ class ServiceConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
         """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
+        MAESTRO_TRACE_MAX_FILES, MAESTRO_TRACE_MAX_TOTAL_BYTES (retention; 0 keeps all),
         MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
-            directory=trace_dir, max_bytes=_number(env, "MAESTRO_TRACE_MAX_BYTES", TraceLogConfig.max_bytes, int))
+            directory=trace_dir, max_bytes=_number(env, "MAESTRO_TRACE_MAX_BYTES", TraceLogConfig.max_bytes, int),
+            max_files=_number(env, "MAESTRO_TRACE_MAX_FILES", TraceLogConfig.max_files, int),
+            max_total_bytes=_number(env, "MAESTRO_TRACE_MAX_TOTAL_BYTES", TraceLogConfig.max_total_bytes, int))
         base = CorrectionConfig()
         correction = CorrectionConfig(
             weight=_number(env, "MAESTRO_CORRECTION_WEIGHT", base.weight, float),

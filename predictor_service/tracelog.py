@@ -16,12 +16,21 @@ class TraceLogConfig:
     directory: str = "data/traces/observed"
     prefix: str = "predictor"
     max_bytes: int = 64 << 20  # rotate to a new file past this size
+    # Retention, applied each time a new file is started: the oldest files of this prefix are deleted
+    # until at most max_files are left, holding at most max_total_bytes. 0: no limit.
+    max_files: int = 256
+    max_total_bytes: int = 8 << 30
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1024:
             raise ValueError(f"trace max_bytes must be ≥ 1024, got {self.max_bytes}")
         if not self.prefix or "/" in self.prefix:
             raise ValueError(f"trace prefix must be a plain file-name prefix, got {self.prefix!r}")
+        if self.max_files < 0:
+            raise ValueError(f"trace max_files must be ≥ 1, or 0 to keep every file; got {self.max_files}")
+        if self.max_total_bytes and self.max_total_bytes < self.max_bytes:
+            raise ValueError(f"trace max_total_bytes ({self.max_total_bytes}) must be ≥ max_bytes ({self.max_bytes}) "
+                             "so that one full file fits, or 0 for no limit")
 
 
 class TraceLog:
@@ -52,9 +61,64 @@ class TraceLog:
                                    ensure_ascii=False) + "\n" for s, e in zip(stages, extra))
         data = lines.encode("utf-8")
         with self._lock:
-            if self._path is None or self._bytes + len(data) > self.config.max_bytes:
+            is_new_file = self._path is None or self._bytes + len(data) > self.config.max_bytes
+            if is_new_file:
                 self._path, self._bytes = self._new_file(), 0
             with self._path.open("ab") as handle:
                 handle.write(data)
             self._bytes += len(data)
+            if is_new_file:
+                self.retain()
         return len(stages)
+
+    def retain(self) -> list[Path]:
+        """Delete the oldest files of this prefix past max_files / max_total_bytes; returns those deleted.
+
+        A file that a running writer may still append to (the newest file of a live pid, this
+        process's included) is never deleted, so the limits can be exceeded by those files."""
+        sizes = _sizes(sorted(Path(self.config.directory).glob(f"{self.config.prefix}-*.jsonl")))
+        live = _files_being_written(list(sizes)) | ({self._path} if self._path else set())
+        num_files, num_bytes, deleted = len(sizes), sum(sizes.values()), []
+        for path, size in sizes.items():  # oldest first: names sort in the order files were started
+            if self._is_within_limits(num_files, num_bytes):
+                break
+            if path in live:
+                continue
+            path.unlink(missing_ok=True)
+            num_files, num_bytes = num_files - 1, num_bytes - size
+            deleted.append(path)
+        return deleted
+
+    def _is_within_limits(self, num_files: int, num_bytes: int) -> bool:
+        max_files, max_bytes = self.config.max_files, self.config.max_total_bytes
+        return (not max_files or num_files <= max_files) and (not max_bytes or num_bytes <= max_bytes)
+
+
+def _sizes(paths: list[Path]) -> dict[Path, int]:
+    sizes = {}
+    for path in paths:
+        try:
+            sizes[path] = path.stat().st_size
+        except FileNotFoundError:  # deleted meanwhile by another writer's retention
+            pass
+    return sizes
+
+
+def _files_being_written(paths: list[Path]) -> set[Path]:
+    """The newest file of each writer pid (the name's last part) whose process is still running."""
+    newest: dict[int, Path] = {}
+    for path in paths:  # in name order, so the last one seen per pid is its newest
+        pid = path.stem.rsplit("-", 1)[-1]
+        if pid.isdigit():
+            newest[int(pid)] = path
+    return {path for pid, path in newest.items() if _is_running(pid)}
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
