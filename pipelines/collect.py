@@ -1,8 +1,9 @@
 """DVC stage `collect`: gather stage traces into one validated contract file.
 
 `collect.source` is a trace file (the synthetic sample, or any JSONL/Parquet import) or a directory
-of rotating trace files written by the gateway (`*.jsonl`, read in name order). Malformed lines are
-reported (stdout and collect_report.json) and skipped; they never stop the rest.
+of rotating trace files written by the gateway (`*.jsonl`, read in name order). Malformed lines, and
+files that cannot be read at all (a corrupt Parquet file, an I/O error, a file deleted mid-run by trace
+retention), are reported (stdout and collect_report.json) and skipped; they never stop the rest.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipelines.contract import LineError, StageTrace, read_traces, write_jsonl
+from pipelines.contract import LineError, StageTrace, UnreadableTraceFile, line_report, read_traces, write_jsonl
 from pipelines.params import load_params
 
 
@@ -29,10 +30,21 @@ def source_files(source: str | Path) -> list[Path]:
 
 
 def collect(source: str | Path) -> tuple[list[StageTrace], list[LineError]]:
-    """Read every file of the source; stages of one workflow may span rotated files."""
+    """Read every file of the source; stages of one workflow may span rotated files.
+
+    A file that cannot be read is one error (line None) and the other files are still read; when
+    no file at all could be read there is nothing to collect, and that raises."""
     stages, errors, seen = [], [], set()
-    for path in tqdm(source_files(source), desc="collecting traces", unit="file"):
-        result = read_traces(path, derive=False)
+    files = source_files(source)
+    for path in tqdm(files, desc="collecting traces", unit="file"):
+        try:
+            result = read_traces(path, derive=False)
+        except UnreadableTraceFile as error:
+            errors.append(error.error)
+            continue
+        except FileNotFoundError:
+            errors.append(LineError(str(path), None, "deleted while collecting (trace retention?); rerun collect"))
+            continue
         errors.extend(result.errors)
         for stage in result.stages:
             key = (stage.workflow_id, stage.stage_id)
@@ -41,7 +53,14 @@ def collect(source: str | Path) -> tuple[list[StageTrace], list[LineError]]:
                 continue
             seen.add(key)
             stages.append(stage)
+    unreadable = unreadable_files(errors)
+    if unreadable and len(unreadable) == len(files):
+        raise ValueError("no trace file could be read:\n" + "\n".join(f"  {e}" for e in unreadable))
     return stages, errors
+
+
+def unreadable_files(errors: list[LineError]) -> list[LineError]:
+    return [e for e in errors if e.line is None]
 
 
 def main() -> None:
@@ -52,13 +71,13 @@ def main() -> None:
     stages, errors = collect(load_params("collect")["source"])
     labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
     write_jsonl(labelled, args.out)
-    report = {"stages": len(stages), "labelled": len(labelled), "malformed": len(errors),
-              "errors": [str(e) for e in errors[:1000]]}
+    unreadable = unreadable_files(errors)
+    ordered = unreadable + [e for e in errors if e.line is not None]  # whole files first: they lose the most
+    report = {"stages": len(stages), "labelled": len(labelled), "malformed": len(errors) - len(unreadable),
+              "unreadable_files": len(unreadable), "errors": [str(e) for e in ordered[:1000]]}
     Path(args.report).write_text(json.dumps(report, indent=1))
-    print(f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled skipped, "
-          f"{len(errors)} malformed lines)")
-    for error in errors[:20]:
-        print(f"  {error}")
+    print(line_report(f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled "
+                      f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files)", ordered))
 
 
 if __name__ == "__main__":

@@ -103,14 +103,23 @@ def _tool_calls(message: dict) -> list[dict]:
 
 @dataclass(frozen=True)
 class LineError:
-    """A line that could not be read, and why."""
+    """A line that could not be read, and why; `line` None: the whole file could not be read."""
 
     path: str
-    line: int
+    line: int | None
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.reason}"
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.reason}"
+
+
+class UnreadableTraceFile(ValueError):
+    """A trace file that cannot be read at all (not Parquet, truncated, an I/O error); carries its LineError."""
+
+    def __init__(self, path: Path, reason: str):
+        self.error = LineError(str(path), None, reason)
+        super().__init__(str(self.error))
 
 
 @dataclass
@@ -159,21 +168,41 @@ def _records_jsonl(path: Path) -> Iterator[tuple[int, Any | Exception]]:
 
 
 def _records_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as error:
+        raise UnreadableTraceFile(path, f"not a readable Parquet file ({_one_line(error)}); "
+                                        "re-export it or move it out of the trace directory") from None
+    for number, row in enumerate(rows, start=1):
         yield number, {k: v for k, v in row.items() if v is not None}
 
 
+def _one_line(error: Exception) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def _records(path: Path) -> Iterator[tuple[int, Any]]:
+    records = _records_parquet(path) if path.suffix == ".parquet" else _records_jsonl(path)
+    try:
+        yield from records
+    except OSError as error:
+        raise UnreadableTraceFile(path, f"could not be read ({_one_line(error)}); "
+                                        "check the file, or move it out of the trace directory") from None
+
+
 def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
-    """Read a JSONL or Parquet trace file; malformed lines are collected in `errors`, not raised."""
+    """Read a JSONL or Parquet trace file; malformed lines are collected in `errors`, not raised.
+
+    Raises UnreadableTraceFile when the file as a whole cannot be read (corrupt Parquet, I/O error)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"trace file {path} does not exist")
-    records = _records_parquet(path) if path.suffix == ".parquet" else _records_jsonl(path)
     result = TraceFile()
     seen: set[tuple[str, str]] = set()
-    for number, record in records:
+    for number, record in _records(path):
         try:
             if isinstance(record, Exception):
                 raise record
