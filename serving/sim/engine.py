@@ -216,6 +216,9 @@ class Simulator:
     def drop(self, workflow: SimWorkflow) -> None:
         if not workflow.is_dropped and workflow.done_s < 0:
             workflow.is_dropped = True
+            for stage in workflow.stages:  # a dropped workflow never resumes: the KV kept for it expires now
+                if stage.node is not None and stage in stage.node.pinned:
+                    self.arm_ttl(stage, 0.0)
             self.close(workflow)
 
     def submit_tool(self, node: SimNode, stage: SimStage) -> None:
@@ -246,5 +249,7 @@ class Simulator:
         return self.tool_ema_s.get(tool, prior)
 
     def arm_ttl(self, stage: SimStage, ttl_s: float) -> None:
+        if stage.workflow.is_dropped:  # kept after its workflow was dropped (a stage that was running)
+            ttl_s = 0.0
         if math.isfinite(ttl_s):
             self.push(self.now + ttl_s, TTL, stage, stage.epoch)
