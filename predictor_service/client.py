@@ -180,21 +180,45 @@ class AsyncPredictorClient:
                                        limits=LIMITS)
 
     async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
+        return (await self.predict_or_fallback(stages))[0]
+
+    async def predict_or_fallback(self, stages: Iterable[StageTrace | dict]
+                                  ) -> tuple[list[PredictionOut], str | None]:
+        """The answers, and None if the service gave them, else why the local prior did: "timeout", "error"
+        (connection, HTTP or parse; `breaker.last_error` says which) or "cooldown" (a failure within cooldown_s)."""
         wire = [to_wire(s) for s in stages]
         if not wire:
-            return []
+            return [], None
         if self.breaker.is_open():
-            return [self.fallback.answer(s) for s in wire]
+            return [self.fallback.answer(s) for s in wire], "cooldown"
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 parts = await asyncio.gather(*(self._post(b) for b in chunks(wire, self.config.max_batch)))
-            return [answer for part in parts for answer in part]
+            return [answer for part in parts for answer in part], None
         except Exception as error:  # TimeoutError included
-            self.breaker.trip(error if not isinstance(error, TimeoutError)
-                              else f"no answer within {self.config.timeout_s} s")
+            is_timeout = isinstance(error, TimeoutError)
+            self.breaker.trip(f"no answer within {self.config.timeout_s} s" if is_timeout else error)
             logger.warning("predictor %s: %s; answering from the local prior", self.config.url,
                            self.breaker.last_error)
-            return [self.fallback.answer(s) for s in wire]
+            return [self.fallback.answer(s) for s in wire], "timeout" if is_timeout else "error"
+
+    async def wait_ready(self, timeout_s: float, poll_s: float = 0.2) -> str | None:
+        """Wait until the service reports ready (BentoML's /readyz) and answers a warm-up stage, each request
+        with the time left (not the per-call deadline); None when it did, else what went wrong last."""
+        from predictor_service.engine import WARMUP_STAGE
+
+        deadline, problem, stage = time.monotonic() + timeout_s, "no answer yet", to_wire(WARMUP_STAGE)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                (await self._http.get("/readyz", timeout=left)).raise_for_status()
+                response = await self._http.post(self.config.route, json={"stages": [stage]},
+                                                 timeout=max(left, self.config.timeout_s))
+                _parse(response, [stage])
+                return None
+            except Exception as error:  # not up yet, not ready yet, or refusing: try again until the deadline
+                problem = _describe(error)
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        return f"not ready within {timeout_s} s: {problem}"
 
     async def _post(self, batch: list[dict]) -> list[PredictionOut]:
         return _parse(await self._http.post(self.config.route, json={"stages": batch}), batch)

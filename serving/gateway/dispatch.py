@@ -48,6 +48,8 @@ class Job:
     request: StageRequest
     reserve_tokens: int
     prediction: object = None  # pipelines.predictor.Prediction
+    prediction_source: str = ""  # predict.Source: "model", or why the prior answered
+    predict_s: float = 0.0  # time the prediction took, deadline included
     future: asyncio.Future | None = None
     arrival_unix_s: float = field(default_factory=time.time)
     enqueued_s: float = field(default_factory=time.monotonic)

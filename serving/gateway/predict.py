@@ -1,22 +1,32 @@
-"""The predictor as the gateway sees it: predict(stages) → predictions, observe(finished stages); never blocks long.
+"""The predictor as the gateway sees it: start() makes it ready, predict(stages) answers within a deadline,
+observe(finished stage) feeds it; every answer says who gave it (`Source`) and is counted (`AnswerCounts`).
 
-Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the hot
-path builds no pydantic object. `LocalPredictor` answers in-process (a trained
-`pipelines.predictor.Predictor`, or its priors); `HttpPredictor` calls predictor_service/ through its
-`AsyncPredictorClient`, which bounds every call by `timeout_s` and answers from the local prior
-when the service is slow, down or refuses. Observed stages are batched: one /observe per
-`observe_period_s`, never one per call.
+Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the event loop
+builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
+on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
+answer. `HttpPredictor` calls predictor_service/ through its `AsyncPredictorClient`, which bounds every call by
+`timeout_s` and answers from the local prior when the service is slow, down or refuses; observed stages go out
+in batches, one /observe per `observe_period_s`.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-from typing import Protocol
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Protocol
 
 from pipelines.contract import StageTrace
 from pipelines.features import StageHistory
 from pipelines.predictor import Prediction, Predictor, Prior
 from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
+from predictor_service.engine import WARMUP_STAGE
 from predictor_service.schemas import PredictionOut
 
 log = logging.getLogger(__name__)
@@ -24,12 +34,72 @@ log = logging.getLogger(__name__)
 DEFAULT_PRIOR = Prior(p_tool=0.3, tokens_median=256.0, tokens_upper=1024.0)
 # What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
 OBSERVED_FIELDS = frozenset(StageTrace.model_fields) - {"in_degree", "out_degree"}
+MAX_BATCH_STAGES = 64  # stages the model thread predicts in one go (the calls that waited while it was busy)
+# The GIL switch interval while a model thread shares the process with the event loop: a thread waiting for
+# the GIL gets it after at most this long (Python's default, 5 ms, is paid at every one of the model's
+# GIL hand-backs while the loop is busy: serving/gateway/README.md, "The trained predictor live").
+SWITCH_INTERVAL_S = 0.0005
+
+
+class Source(str, Enum):
+    """Who answered a stage's prediction: the model, or the prior and why."""
+
+    MODEL = "model"
+    TIMEOUT = "timeout"  # the model gave no answer within predictor_timeout_s
+    ERROR = "error"  # the model or the service failed on this call
+    UNAVAILABLE = "unavailable"  # the service failed lately: the client answers locally during its cooldown
+    NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)
+
+
+FALLBACKS = tuple(s for s in Source if s is not Source.MODEL)
+
+
+@dataclass(frozen=True, slots=True)
+class StageAnswer:
+    prediction: Prediction | PredictionOut
+    source: Source
+
+
+class AnswerCounts:
+    """Stages answered by the model and by the prior (by reason). The first fallback of each reason is logged
+    at WARNING with what caused it; the rest are only counted (/maestro/status, /metrics, traces)."""
+
+    def __init__(self, what: str):
+        self.what = what  # the predictor, as the log names it
+        self.counts: Counter[Source] = Counter()
+
+    def add(self, source: Source, num_stages: int, cause: str = "") -> None:
+        if source is not Source.MODEL and not self.counts[source]:
+            log.warning("predictor %s: a stage was answered by the prior (%s%s); further ones are only counted "
+                        "(/maestro/status 'predictor')", self.what, source.value, f": {cause}" if cause else "")
+        self.counts[source] += num_stages
+
+    @property
+    def num_model(self) -> int:
+        return self.counts[Source.MODEL]
+
+    @property
+    def num_fallback(self) -> int:
+        return sum(self.counts[s] for s in FALLBACKS)
+
+    def snapshot(self) -> dict:
+        total = self.num_model + self.num_fallback
+        return {"answered_by_model": self.num_model, "answered_by_prior": self.num_fallback,
+                "fallback_reasons": {s.value: self.counts[s] for s in FALLBACKS},
+                "model_share": round(self.num_model / total, 4) if total else None}
 
 
 class StagePredictor(Protocol):
-    async def predict(self, stages: list[dict]) -> list[Prediction | PredictionOut]: ...
+    counts: AnswerCounts
+    is_ready: bool
+
+    async def start(self) -> None: ...
+
+    async def predict(self, stages: list[dict]) -> list[StageAnswer]: ...
 
     def observe(self, stage: dict) -> None: ...
+
+    def snapshot(self) -> dict: ...
 
     async def aclose(self) -> None: ...
 
@@ -43,48 +113,205 @@ def _priors(model: str) -> dict[str, Prior]:
     return Predictor.load(model).priors if model else {"": DEFAULT_PRIOR}
 
 
-class LocalPredictor:
-    """In-process predictor: the priors answer synchronously (µs); a trained model runs in a thread with a timeout."""
+@dataclass(slots=True)
+class _Call:
+    stages: list[dict]
+    future: asyncio.Future
+    deadline_s: float  # time.monotonic(): past it the caller has answered from the prior
 
-    def __init__(self, predictor: Predictor | None = None, use_model: bool = False, timeout_s: float = 0.05):
+
+class ModelWorker:
+    """The trained model's own thread. The calls that arrived while it was busy go through the model together
+    (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed.
+
+    `predict_batch(stages)` → one Prediction per stage (`Predictor.predict` with the live history)."""
+
+    def __init__(self, predict_batch: Callable[[list[StageTrace]], list[Prediction]],
+                 max_batch_stages: int = MAX_BATCH_STAGES):
+        self.predict_batch = predict_batch
+        self.max_batch_stages = max_batch_stages
+        self.num_batches = self.num_expired = 0
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, warm_up: Callable[[], None]) -> concurrent.futures.Future:
+        """Start the thread; it runs `warm_up` first. The future resolves when that is done (or raises its error)."""
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(warm_up, ready), name="gateway-predictor",
+                                        daemon=True)
+        self._thread.start()
+        return ready
+
+    def submit(self, stages: list[dict], deadline_s: float) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._calls.put(_Call(stages, future, deadline_s))
+        return future
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._calls.put(None)
+            self._thread.join(timeout=5)
+
+    def _run(self, warm_up: Callable[[], None], ready: concurrent.futures.Future) -> None:
+        try:
+            warm_up()
+        except BaseException as error:  # noqa: BLE001 — reported to start()'s caller
+            ready.set_exception(error)
+            return
+        ready.set_result(None)
+        while (batch := self._next_batch()) is not None:
+            self._answer(batch)
+
+    def _next_batch(self) -> list[_Call] | None:
+        """The next call (blocking) and every call already waiting behind it, up to max_batch_stages."""
+        first = self._calls.get()
+        if first is None:
+            return None
+        batch, num_stages = [first], len(first.stages)
+        while num_stages < self.max_batch_stages:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is None:
+                self._calls.put(None)  # stop after this batch
+                break
+            batch.append(call)
+            num_stages += len(call.stages)
+        return batch
+
+    def _answer(self, batch: list[_Call]) -> None:
+        now = time.monotonic()
+        live = [c for c in batch if c.deadline_s > now]
+        self.num_expired += len(batch) - len(live)
+        parsed: list[tuple[_Call, list[StageTrace]]] = []
+        for call in live:
+            try:
+                parsed.append((call, [StageTrace.model_validate(s) for s in call.stages]))
+            except ValueError as error:
+                _settle(call.future, error)
+        if parsed:
+            self.num_batches += 1
+            self._predict(parsed)
+
+    def _predict(self, parsed: list[tuple[_Call, list[StageTrace]]]) -> None:
+        """One model pass for all the calls; if it raises, one pass per call: a stage the model chokes on fails
+        its own call only (its caller answers from the prior)."""
+        try:
+            answers = self.predict_batch([s for _, stages in parsed for s in stages])
+        except Exception as error:  # noqa: BLE001 — reported to the caller, counted there
+            if len(parsed) == 1:
+                _settle(parsed[0][0].future, error)
+            else:
+                for one in parsed:
+                    self._predict([one])
+            return
+        start = 0
+        for call, stages in parsed:
+            _settle(call.future, answers[start:start + len(stages)])
+            start += len(stages)
+
+
+def _settle(future: asyncio.Future, outcome: object) -> None:
+    """Hand a result (or an exception) to the event loop that waits on `future`."""
+    def settle() -> None:
+        if future.done():  # the caller stopped waiting (its deadline)
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop has closed: nobody waits any more
+        pass
+
+
+class LocalPredictor:
+    """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
+
+    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.05, what: str = "local"):
         self.predictor = predictor or Predictor(None, None, {"": DEFAULT_PRIOR})
         self.fallback = LocalFallback(self.predictor.priors)
-        self.use_model = use_model and self.predictor.model is not None
         self.timeout_s = timeout_s
         self.num_observed = 0
-        self.num_fallbacks = 0
         self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
+        self.counts = AnswerCounts(what)
+        self.has_model = self.predictor.model is not None
+        self.worker = ModelWorker(self._predict_batch) if self.has_model else None
+        self.is_ready = not self.has_model  # a model is ready once start() has warmed it
+        self.warmup_s: float | None = None
 
     @classmethod
     def from_location(cls, location: str, timeout_s: float) -> "LocalPredictor":
         if not location:
             return cls(timeout_s=timeout_s)
-        return cls(Predictor.load(location), use_model=True, timeout_s=timeout_s)
+        return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}")
 
-    async def predict(self, stages: list[dict]) -> list[Prediction | PredictionOut]:
-        if not self.use_model:
-            return [self.fallback.answer(s) for s in stages]
+    async def start(self) -> None:
+        """Warm the model on its thread (MiniLM and the trees load lazily: seconds) before the first call."""
+        if self.worker is None or self.is_ready:
+            return
+        started = time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self._predict_model, stages), self.timeout_s)
-        except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
-            self.num_fallbacks += 1
-            log.debug("predictor fell back to priors: %r", error)
-            return [self.fallback.answer(s) for s in stages]
+            await asyncio.wrap_future(self.worker.start(self._warm_up))
+        except Exception as error:
+            raise RuntimeError(f"gateway config 'predictor_model': {self.counts.what} failed its warm-up prediction "
+                               f"({type(error).__name__}: {error}); retrain it or fix the path") from error
+        self.warmup_s = round(time.monotonic() - started, 3)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        self.is_ready = True
 
-    def _predict_model(self, stages: list[dict]) -> list[Prediction]:
-        return self.predictor.predict([StageTrace.model_validate(s) for s in stages], self.history)
+    def _warm_up(self) -> None:
+        featurizer = self.predictor.featurizer
+        if featurizer is not None and featurizer.config.use_embedding:
+            import torch
+
+            torch.set_num_threads(1)  # one stage's MiniLM pass: more threads only contend with vLLM for cores
+        self.predictor.predict([WARMUP_STAGE.model_copy()])
+
+    async def predict(self, stages: list[dict]) -> list[StageAnswer]:
+        if self.worker is None:
+            return self._prior(stages, Source.NO_MODEL)
+        if not self.is_ready:
+            return self._prior(stages, Source.ERROR, "the model is not warmed up: the gateway was not started")
+        try:
+            answers = await asyncio.wait_for(self.worker.submit(stages, time.monotonic() + self.timeout_s),
+                                             self.timeout_s)
+        except TimeoutError:
+            return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s")
+        except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
+            return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
+        self.counts.add(Source.MODEL, len(answers))
+        return [StageAnswer(p, Source.MODEL) for p in answers]
+
+    def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
+        return self.predictor.predict(stages, self.history)
+
+    def _prior(self, stages: list[dict], source: Source, cause: str = "") -> list[StageAnswer]:
+        self.counts.add(source, len(stages), cause)
+        return [StageAnswer(self.fallback.answer(s), source) for s in stages]
 
     def observe(self, stage: dict) -> None:
         self.num_observed += 1
-        if self.use_model:
+        if self.has_model:
             try:
                 self.history.add([StageTrace.model_validate(observed_row(stage))])
             except ValueError as error:  # a trace line the contract refuses: its successors lose history only
                 log.warning("finished stage %s/%s not kept for history: %s", stage.get("workflow_id"),
                             stage.get("stage_id"), error)
 
+    def snapshot(self) -> dict:
+        worker = self.worker
+        return {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
+                "timeout_s": self.timeout_s, **self.counts.snapshot(),
+                **({"model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired}
+                   if worker else {})}
+
     async def aclose(self) -> None:
-        pass
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.stop)
 
 
 class HttpPredictor:
@@ -92,23 +319,47 @@ class HttpPredictor:
 
     # 50 ms: the service featurizes a stage with its observed ancestors (StageHistory), and a workflow's next
     # stage often follows its parent within a tool call's time; at most 20 /observe calls a second.
-    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.05, max_pending: int = 10_000):
+    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.05, max_pending: int = 10_000,
+                 startup_timeout_s: float = 30.0):
         self.client = client
         self.observe_period_s = observe_period_s
         self.max_pending = max_pending
+        self.startup_timeout_s = startup_timeout_s
         self.pending: list[dict] = []
         self.num_observed = 0
         self.num_observe_dropped = 0
+        self.counts = AnswerCounts(f"service {client.config.url}")
+        self.is_ready = False
+        self.startup_error = ""
         self._flusher: asyncio.Task | None = None
         self._is_sending = False  # the flusher's batch is on the wire (cancelling it then could lose the batch)
 
     @classmethod
-    def from_url(cls, url: str, model: str, timeout_s: float) -> "HttpPredictor":
+    def from_url(cls, url: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> "HttpPredictor":
         """The client with the gateway's deadline; its local fallback uses `model`'s priors when given."""
-        return cls(AsyncPredictorClient(ClientConfig(url=url, timeout_s=timeout_s), LocalFallback(_priors(model))))
+        client = AsyncPredictorClient(ClientConfig(url=url, timeout_s=timeout_s), LocalFallback(_priors(model)))
+        return cls(client, startup_timeout_s=startup_timeout_s)
 
-    async def predict(self, stages: list[dict]) -> list[PredictionOut]:
-        return await self.client.predict(stages)
+    async def start(self) -> None:
+        """Wait (up to startup_timeout_s) for the service to report ready and answer one stage. A service that
+        does not: the gateway starts anyway, its stages answered by the prior (counted), not ready (/ready)."""
+        self.startup_error = await self.client.wait_ready(self.startup_timeout_s) or ""
+        self.is_ready = not self.startup_error
+        if self.startup_error:
+            log.warning("predictor service %s is not ready (%s): stages are answered by the prior until it is",
+                        self.client.config.url, self.startup_error)
+
+    async def predict(self, stages: list[dict]) -> list[StageAnswer]:
+        answers, reason = await self.client.predict_or_fallback(stages)
+        if reason is not None:
+            source = {"timeout": Source.TIMEOUT, "cooldown": Source.UNAVAILABLE}.get(reason, Source.ERROR)
+            self.counts.add(source, len(answers), self.client.breaker.last_error)
+            return [StageAnswer(a, source) for a in answers]
+        self.is_ready = True
+        out = [StageAnswer(a, _service_source(a)) for a in answers]
+        for answer in out:
+            self.counts.add(answer.source, 1, "the service answered from its prior")
+        return out
 
     def observe(self, stage: dict) -> None:
         if len(self.pending) >= self.max_pending:  # the service has been away a long time: keep the newest
@@ -137,6 +388,13 @@ class HttpPredictor:
         self.pending = (batch + self.pending)[-self.max_pending:]
         return False
 
+    def snapshot(self) -> dict:
+        return {"kind": "service", "model": self.client.config.url, "ready": self.is_ready,
+                "timeout_s": self.client.config.timeout_s, **self.counts.snapshot(),
+                **({"startup_error": self.startup_error} if self.startup_error else {}),
+                "last_error": self.client.breaker.last_error or None, "observed": self.num_observed,
+                "observe_pending": len(self.pending)}
+
     async def aclose(self) -> None:
         # A flusher still sleeping is cancelled; one sending is awaited: cancelling it mid-request dropped its
         # batch (taken out of `pending`, never put back) — seen as a test observing 1 of 3 stages under load.
@@ -149,9 +407,16 @@ class HttpPredictor:
         await self.client.aclose()
 
 
-def create_predictor(kind: str, model: str, timeout_s: float) -> StagePredictor:
+def _service_source(answer: PredictionOut) -> Source:
+    """The service's own fallbacks: a stage its model raised on, or a service without a model."""
+    if answer.source == "error-fallback":
+        return Source.ERROR
+    return Source.NO_MODEL if answer.fallback_level == "prior" else Source.MODEL
+
+
+def create_predictor(kind: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> StagePredictor:
     if kind == "local":
         return LocalPredictor.from_location(model, timeout_s)
     if kind.startswith(("http://", "https://")):
-        return HttpPredictor.from_url(kind, model, timeout_s)
+        return HttpPredictor.from_url(kind, model, timeout_s, startup_timeout_s)
     raise ValueError(f"gateway config 'predictor': expected 'local' or an http(s) URL, got {kind!r}")

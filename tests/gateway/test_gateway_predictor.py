@@ -80,23 +80,35 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
 
     responses, stats = asyncio.run(scenario())
     assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])
-    assert stats["num_stages_predicted"] == len(ROLES)
+    assert stats["num_stages_predicted"] == len(ROLES) + 1  # and the warm-up stage of the gateway's readiness check
 
 
 def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_path):
     from .engines import free_port
 
+    async def calls(client, gateway):
+        responses = await three_stages(client, gateway)
+        return responses, await client.get("/ready"), (await client.get("/maestro/status")).json()["predictor"]
+
     client = AsyncPredictorClient(ClientConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=0.05))
-    predictor = HttpPredictor(client, observe_period_s=0.01)
-    responses = asyncio.run(run_app(tmp_path, {"a": True}, three_stages, predictor))
+    predictor = HttpPredictor(client, observe_period_s=0.01, startup_timeout_s=0.3)
+    responses, ready, status = asyncio.run(run_app(tmp_path, {"a": True}, calls, predictor))
     assert [r.status_code for r in responses] == [200] * len(ROLES)
-    assert {s.model_extra["fallback_level"] for s in collect(tmp_path)[0]} == {"prior"}
+    stages = collect(tmp_path)[0]
+    assert {s.model_extra["fallback_level"] for s in stages} == {"prior"}
+    # The first call finds the service down (error), the next ones fall within the client's cooldown.
+    assert [s.model_extra["prediction_source"] for s in stages] == ["error", "unavailable", "unavailable"]
+    assert ready.status_code == 503 and ready.json()["predictor_ready"] is False
+    assert status["fallback_reasons"] == {"timeout": 0, "error": 1, "unavailable": 2, "no_model": 0}
+    assert "not ready within 0.3 s" in status["startup_error"] and status["answered_by_model"] == 0
     assert client.breaker.last_error and predictor.num_observed == 0 and len(predictor.pending) == len(ROLES)
 
 
 def test_closing_waits_for_the_batch_on_the_wire_and_sends_the_rest():
     """The race behind a flaky 'observed 1 of 3': the gateway stopped while a batch was being sent."""
     class SlowClient:
+        config = ClientConfig(url="http://slow")
+
         def __init__(self):
             self.received: list[str] = []
 

@@ -1,0 +1,171 @@
+"""The gateway's in-process trained predictor: warmed before the gateway is ready, answering on its own thread,
+every fallback to the prior counted by reason (/maestro/status, /metrics, traces); and, against a real vLLM-CPU
+engine under concurrent load, the model answers (almost) every stage.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from pipelines.collect import collect
+from pipelines.contract import StageTrace
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import Prediction, Predictor
+from pipelines.synth import generate
+from serving.gateway.app import create_app
+from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
+from serving.gateway.predict import LocalPredictor, ModelWorker, Source
+
+from .conftest import fake_nodes
+
+FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
+                         regressor=dict(n_estimators=80, learning_rate=0.1))
+
+
+def train(num_stages: int, use_embedding: bool) -> Predictor:
+    stages = [StageTrace.model_validate(r) for r in generate(num_stages, seed=11)]
+    return Predictor.train(stages, FeaturizerConfig(use_embedding=use_embedding), FAST_MODEL)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A small predictor without embeddings (trains in seconds)."""
+    return train(300, use_embedding=False).save(tmp_path_factory.mktemp("model") / "predictor")
+
+
+def stage(i: int, role: str = "coder") -> dict:
+    return {"workflow_id": f"w{i}", "stage_id": "0", "role": role, "prompt": f"step {i}: write the parser",
+            "app": "coding_agent", "parent_ids": [], "interactive": False}
+
+
+async def post_stages(client: httpx.AsyncClient, num_stages: int) -> list[httpx.Response]:
+    headers = lambda i: {"X-Maestro-Workflow": f"w{i}", "X-Maestro-Stage": "0", "X-Maestro-Role": "coder"}  # noqa: E731
+    body = {"messages": [{"role": "user", "content": "write the parser"}], "max_tokens": 5}
+    return list(await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers=headers(i))
+                                       for i in range(num_stages))))
+
+
+def test_the_model_is_warmed_before_the_gateway_is_ready_and_its_answers_are_counted(model_dir, tmp_path):
+    async def scenario():
+        async with fake_nodes({"a": True}) as urls:
+            config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], model="tiny", metrics_period_s=60,
+                                   trace_dir=str(tmp_path), predictor_model=str(model_dir))
+            gateway = Gateway(config)
+            app = create_app(config, gateway)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+                before = await client.get("/ready")
+                await gateway.start()
+                try:
+                    after = await client.get("/ready")
+                    responses = await post_stages(client, 4)
+                    status = (await client.get("/maestro/status")).json()["predictor"]
+                    metrics = (await client.get("/metrics")).text
+                finally:
+                    await gateway.stop()
+        return before, after, responses, status, metrics
+
+    before, after, responses, status, metrics = asyncio.run(scenario())
+    assert before.status_code == 503 and before.json()["predictor_ready"] is False
+    assert after.status_code == 200 and after.json() == {"ready": True, "predictor_ready": True, "healthy_nodes": 1}
+    assert [r.status_code for r in responses] == [200] * 4
+    assert status["ready"] and status["warmup_s"] is not None and status["answered_by_model"] == 4
+    assert status["answered_by_prior"] == 0 and status["model_share"] == 1.0
+    assert 'maestro_gateway_stage_predictions_total{source="model"} 4' in metrics
+    assert 'maestro_gateway_stage_predictions_total{source="timeout"} 0' in metrics
+    traced = [s.model_extra for s in collect(tmp_path)[0]]
+    assert [t["prediction_source"] for t in traced] == ["model"] * 4
+    assert all(t["fallback_level"] == "role" and t["predict_s"] >= 0 for t in traced)
+
+
+class Stalling(Predictor):
+    """The trained model, answering after `delay_s` (a model thread starved of CPU)."""
+
+    delay_s = 0.3
+
+    def predict(self, stages, history=None):
+        time.sleep(self.delay_s)
+        return super().predict(stages, history)
+
+
+class Failing(Predictor):
+    """The trained model, raising on any stage of a role in `bad_roles`."""
+
+    bad_roles = ("broken",)
+
+    def predict(self, stages, history=None):
+        if any(s.role in self.bad_roles for s in stages):
+            raise RuntimeError("feature mismatch")
+        return super().predict(stages, history)
+
+
+class FailingWarmUp(Failing):
+    bad_roles = ("warmup",)  # the role of predictor_service.engine.WARMUP_STAGE
+
+
+def test_fallbacks_are_counted_by_reason_and_the_first_of_each_is_a_warning(model_dir, caplog):
+    loaded = Predictor.load(model_dir)
+
+    async def answers(predictor: LocalPredictor, roles: list[str]) -> list[Source]:
+        await predictor.start()
+        try:
+            return [a.source for role in roles for a in await predictor.predict([stage(0, role)])]
+        finally:
+            await predictor.aclose()
+
+    predictors = {"slow": LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=0.05),
+                  "failing": LocalPredictor(Failing(loaded.featurizer, loaded.model, loaded.priors)),
+                  "none": LocalPredictor(timeout_s=0.05)}
+    Stalling.delay_s = 0.0  # (its warm-up need not wait)
+    with caplog.at_level(logging.WARNING, logger="serving.gateway.predict"):
+        asyncio.run(predictors["slow"].start())
+        Stalling.delay_s = 0.3
+        roles = ["coder", "broken", "coder", "broken"]
+        sources = {name: asyncio.run(answers(p, roles)) for name, p in predictors.items()}
+    assert sources == {"slow": [Source.TIMEOUT] * 4, "none": [Source.NO_MODEL] * 4,
+                       "failing": [Source.MODEL, Source.ERROR, Source.MODEL, Source.ERROR]}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and "(timeout: no model answer within 0.05 s)" in warnings[0]
+    assert "(error: RuntimeError: feature mismatch)" in warnings[1] and "(no_model)" in warnings[2]
+    with pytest.raises(RuntimeError, match="failed its warm-up prediction"):
+        asyncio.run(LocalPredictor(FailingWarmUp(loaded.featurizer, loaded.model, loaded.priors)).start())
+    slow = predictors["slow"].snapshot()
+    assert slow["fallback_reasons"] == {"timeout": 4, "error": 0, "unavailable": 0, "no_model": 0}
+    assert slow["answered_by_model"] == 0 and slow["model_share"] == 0.0
+    failing = predictors["failing"].snapshot()
+    assert (failing["answered_by_model"], failing["fallback_reasons"]["error"], failing["model_share"]) == (2, 2, 0.5)
+    assert predictors["none"].counts.num_fallback == 4
+
+
+def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_their_deadline():
+    batches, release = [], threading.Event()
+
+    def predict_batch(stages):
+        batches.append([s.workflow_id for s in stages])
+        release.wait(5)  # the first batch holds the thread while the other calls arrive
+        return [Prediction(s.workflow_id, s.stage_id, 0.1, 10, 20, "role") for s in stages]
+
+    async def scenario():
+        worker = ModelWorker(predict_batch)
+        await asyncio.wrap_future(worker.start(lambda: None))
+        now = time.monotonic()
+        first = worker.submit([stage(0)], now + 5)
+        await asyncio.sleep(0.05)  # the thread is busy with the first call now
+        expired = worker.submit([stage(1)], now)  # its caller has given up already
+        waiting = [worker.submit([stage(i)], now + 5) for i in (2, 3, 4)]
+        release.set()
+        results = await asyncio.gather(first, *waiting)
+        await asyncio.to_thread(worker.stop)
+        return worker, expired, results
+
+    worker, expired, results = asyncio.run(scenario())
+    assert batches == [["w0"], ["w2", "w3", "w4"]]
+    assert worker.num_batches == 2 and worker.num_expired == 1 and not expired.done()
+    assert [len(r) for r in results] == [1, 1, 1, 1]
