@@ -20,6 +20,7 @@ class CallResult:
     error: str | None = None
     released_s: float | None = None  # when the KV reservation went back (streamed from vLLM: its last chunk)
     has_final_usage: bool = False  # a stream's usage-only chunk (vLLM's last) was read
+    is_stream_done: bool = False  # a stream's `data: [DONE]` was read: it ended as it should
 
     @property
     def output_text(self) -> str:
@@ -64,6 +65,7 @@ class CallResult:
         if not line.startswith("data:"):
             return
         payload = line[5:].strip()
+        self.is_stream_done = self.is_stream_done or payload == "[DONE]"
         if not payload or payload == "[DONE]":
             return
         try:

@@ -52,13 +52,21 @@ class Upstream:
         async with self.session.get(url, timeout=timeout) as response:
             return Answer(response.status, await response.read())
 
-    async def post_json(self, url: str, body: dict, headers: dict) -> Answer:
-        async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers)) as response:
+    def call_timeout(self, remaining_s: float | None) -> aiohttp.ClientTimeout:
+        """The pool's stall and connect timeouts, the whole call (body included) bounded by `remaining_s`."""
+        return self.timeout if remaining_s is None else aiohttp.ClientTimeout(
+            total=remaining_s, sock_read=self.timeout.sock_read, sock_connect=self.timeout.sock_connect)
+
+    async def post_json(self, url: str, body: dict, headers: dict, remaining_s: float | None = None) -> Answer:
+        async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
+                                     timeout=self.call_timeout(remaining_s)) as response:
             return Answer(response.status, await response.read())
 
-    async def open_stream(self, url: str, body: dict, headers: dict) -> aiohttp.ClientResponse:
+    async def open_stream(self, url: str, body: dict, headers: dict,
+                          remaining_s: float | None = None) -> aiohttp.ClientResponse:
         """The response once its headers are in; the caller reads `.content` and must `release()` or `close()` it."""
-        return await self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers))
+        return await self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
+                                       timeout=self.call_timeout(remaining_s))
 
 
 def _json(headers: dict) -> dict:

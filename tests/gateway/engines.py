@@ -19,6 +19,12 @@ def has_vllm() -> bool:
     return VLLM_PYTHON.exists()
 
 
+def has_stats_plugin() -> bool:
+    """Whether .venv-vllm has maestro-vllm-stats (serving/vllm_plugin) installed, i.e. its engines write stats."""
+    check = "import importlib.metadata as m; m.distribution('maestro-vllm-stats')"
+    return has_vllm() and subprocess.run([str(VLLM_PYTHON), "-c", check], capture_output=True).returncode == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
