@@ -1,4 +1,7 @@
-"""The ASGI app: OpenAI-compatible routes in front of the vLLM nodes, plus /health and /maestro/status."""
+"""The ASGI app: OpenAI-compatible routes in front of the vLLM nodes, plus /health and /maestro/status.
+
+With API keys configured every route but /health needs `Authorization: Bearer <key>` (401 otherwise).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from maestro.keys import ANONYMOUS, caller_key_id
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.exposition import prometheus_text
@@ -16,6 +20,17 @@ from serving.gateway.proxy import error_response, handle
 
 def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlette:
     gateway = gateway or Gateway(config)
+    keys = config.read_api_keys()
+
+    def authorized(endpoint):
+        """The endpoint, called with the caller's key id, or 401 for a call without a known key."""
+        async def guarded(request: Request) -> Response:
+            caller_id = caller_key_id(request.headers.get("authorization"), keys)
+            if caller_id is None:
+                return error_response(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
+                                      "authentication_error", param="Authorization")
+            return await endpoint(request, "" if caller_id == ANONYMOUS else caller_id)
+        return guarded
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -25,13 +40,13 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
         finally:
             await gateway.stop()
 
-    async def chat(request: Request):
-        return await handle(gateway, request, "/v1/chat/completions")
+    async def chat(request: Request, caller_id: str):
+        return await handle(gateway, request, "/v1/chat/completions", caller_id)
 
-    async def completions(request: Request):
-        return await handle(gateway, request, "/v1/completions")
+    async def completions(request: Request, caller_id: str):
+        return await handle(gateway, request, "/v1/completions", caller_id)
 
-    async def models(request: Request):
+    async def models(request: Request, caller_id: str):
         for node in gateway.nodes:
             if node.is_healthy:
                 response = await gateway.upstream.get(f"{node.url}/v1/models")
@@ -49,12 +64,13 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
         ok = any(n.is_healthy for n in gateway.nodes)
         return JSONResponse({"healthy": ok}, 200 if ok else 503)
 
-    async def status(request: Request):
+    async def status(request: Request, caller_id: str):
         return JSONResponse(gateway.status())
 
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/models", models), Route("/health", health), Route("/maestro/status", status)]
+    routes = [Route("/v1/chat/completions", authorized(chat), methods=["POST"]),
+              Route("/v1/completions", authorized(completions), methods=["POST"]),
+              Route("/v1/models", authorized(models)), Route("/health", health),
+              Route("/maestro/status", authorized(status))]
     routes += [Route("/ready", ready), Route("/metrics", metrics)]  # probes and scrapers: no key needed
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway

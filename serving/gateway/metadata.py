@@ -1,4 +1,8 @@
-"""Workflow metadata of one call, from `X-Maestro-*` headers or the body's `metadata` (headers win)."""
+"""Workflow metadata of one call, from `X-Maestro-*` headers or the body's `metadata` (headers win).
+
+With API keys on, a call also has its caller's key id: workflows and idempotency keys are the caller's own,
+so two callers using the same workflow/stage ids never meet.
+"""
 from __future__ import annotations
 
 import uuid
@@ -6,6 +10,7 @@ from dataclasses import dataclass, field
 
 HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role": "x-maestro-role",
            "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive"}
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive's values
 
 
 @dataclass(frozen=True)
@@ -18,14 +23,21 @@ class StageMeta:
     parent_ids: tuple[str, ...] = ()
     app: str | None = None
     interactive: bool = True
+    caller_id: str = ""  # the API key's id (maestro.keys.key_id); empty without API keys
+
+    @property
+    def workflow_key(self) -> str:
+        """The workflow as the gateway keeps it: the caller's own."""
+        return f"{self.caller_id}/{self.workflow_id}" if self.caller_id else self.workflow_id
 
     @property
     def key(self) -> str:
-        return f"{self.workflow_id}::{self.stage_id}"
+        """The stage's idempotency key."""
+        return f"{self.workflow_key}::{self.stage_id}"
 
 
 def _truthy(value) -> bool:
-    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+    return str(value).strip().lower() in TRUE_WORDS
 
 
 def _parents(value) -> tuple[str, ...]:
@@ -36,12 +48,20 @@ def _parents(value) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
-def parse_metadata(headers, body: dict) -> StageMeta:
-    """Headers first, then `metadata` in the body; missing ids make a one-stage workflow."""
+def _first(*values):
+    """The first value given (not None, not empty): a metadata `false` or `0` counts."""
+    return next((v for v in values if v is not None and v != ""), None)
+
+
+def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
+    """Headers first, then `metadata` in the body; missing ids make a one-stage workflow.
+    The values are taken as they are: `validation.read_call` checked them."""
     meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-    get = lambda key: headers.get(HEADERS[key]) or meta.get(key) or meta.get(f"{key}_id")  # noqa: E731
-    workflow_id = get("workflow") or f"gw-{uuid.uuid4().hex[:16]}"
+    get = lambda key: _first(headers.get(HEADERS[key]), meta.get(key), meta.get(f"{key}_id"))  # noqa: E731
+    workflow_id = _first(get("workflow"), f"gw-{uuid.uuid4().hex[:16]}")
     interactive = get("interactive")
-    return StageMeta(workflow_id=str(workflow_id), stage_id=str(get("stage") or "0"), role=str(get("role") or "unknown"),
-                     parent_ids=_parents(headers.get(HEADERS["parents"]) or meta.get("parents") or meta.get("parent_ids")),
-                     app=get("app"), interactive=True if interactive is None else _truthy(interactive))
+    parents = _first(headers.get(HEADERS["parents"]), meta.get("parents"), meta.get("parent_ids"))
+    return StageMeta(workflow_id=str(workflow_id), stage_id=str(_first(get("stage"), "0")),
+                     role=str(get("role") or "unknown"), parent_ids=_parents(parents),
+                     app=get("app"), interactive=True if interactive is None else _truthy(interactive),
+                     caller_id=caller_id)

@@ -25,6 +25,9 @@ vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="%(blocks)s",e
 """
 
 
+MAX_FAKE_TOKENS = 256  # a vLLM-like node answers at most this many tokens, whatever max_tokens asks
+
+
 def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     """/metrics of a vLLM whose requests can hold `blocks` blocks: like vLLM v1, it reports one more (the null
     block) in num_gpu_blocks, and `usage` is a share of the usable ones."""
@@ -46,7 +49,7 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
         body = await request.json()
         if received is not None:
             received.append(body)
-        n = body["max_tokens"]
+        n = min(body.get("max_tokens") or 16, MAX_FAKE_TOKENS)
         is_chat = "messages" in body
         if not body.get("stream"):
             if tails is not None:

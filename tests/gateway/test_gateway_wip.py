@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -129,7 +130,21 @@ def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_wai
     cap.backoff = 1.0
     dispatcher.adapt_cap({"a": 9})
     assert cap.limit == 5 and cap.num_halved == 1  # backoff 1: preemptions leave W alone
-    assert node.num_refused == node.num_refused | {}  # (the what-ifs counted no refusals)
+
+
+def test_the_adaptive_caps_what_ifs_count_no_refusals():
+    loop = asyncio.new_event_loop()
+    cap = WorkflowCap(wip.MIN_LIMIT, adaptive=True, idle_s=60.0)
+    dispatcher, node = capped(cap, blocks=2 * wip.MIN_LIMIT)
+    running = [job_of(f"w{i}", float(i), tokens=128 * 2, loop=loop) for i in range(wip.MIN_LIMIT)]
+    held = job_of("late", 9.0, tokens=128, loop=loop)
+    for job in (*running, held):
+        dispatcher.submit(job)
+    assert all(j.future.done() for j in running) and not held.future.done()  # held by the cap, not the node
+    assert sum(node.num_refused.values()) == 0
+    dispatcher.adapt_cap({"a": 0})  # asks whether the held stage would fit now: the node is full, it would not
+    assert dispatcher.cap_state(time.monotonic()) == (False, None) and not node.would_fit(0, 128)
+    assert sum(node.num_refused.values()) == 0
 
 
 def test_what_if_fits_count_no_refusals():

@@ -1,0 +1,245 @@
+"""What the gateway accepts before anything is queued: the body's size, its JSON, the fields it reads or forwards.
+
+One pydantic model per endpoint body (`ChatBody`, `CompletionBody`); fields the gateway neither reads nor types
+are allowed and forwarded as they came. Every refusal is a `BadRequest` naming the field (`param`, OpenAI-style:
+`messages[0].role`, `max_tokens`, `X-Maestro-Stage`) and saying what was expected.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from serving.gateway.metadata import FALSE_WORDS, HEADERS, TRUE_WORDS
+
+MAX_ID_CHARS = 256
+MAX_PARENTS = 1024
+ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"  # no control characters
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class BadRequest(Exception):
+    """A call refused before it was queued: the HTTP status, the field at fault (None: the body as a whole), why."""
+
+    def __init__(self, status: int, param: str | None, message: str):
+        super().__init__(message)
+        self.status, self.param, self.message = status, param, message
+
+
+def _bool_word(value: str) -> str:
+    if value.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+        raise ValueError(f"one of {TRUE_WORDS + FALSE_WORDS}")
+    return value
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
+IdList = Annotated[list[Id | int], Field(max_length=MAX_PARENTS)]
+BoolWord = Annotated[str, AfterValidator(_bool_word)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class Message(_Open):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+
+
+class FunctionDef(_Open):
+    name: str
+
+
+class Tool(_Open):
+    type: str = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class CallBody(_Open):
+    """The fields both endpoints share; null means "not given", as in OpenAI's API."""
+
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    n: PositiveInt | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stream_interval: PositiveInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+    tools: list[Tool] | None = None
+    metadata: dict | None = None  # its fields: BodyMetadata
+
+
+class ChatBody(CallBody):
+    messages: Annotated[list[Message], Field(min_length=1)]
+
+
+class CompletionBody(CallBody):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+class BodyMetadata(_Open):
+    """The body's `metadata`: the same workflow facts as the X-Maestro-* headers (ids may be numbers)."""
+
+    workflow: Id | int | None = None
+    workflow_id: Id | int | None = None
+    stage: Id | int | None = None
+    stage_id: Id | int | None = None
+    role: Id | None = None
+    app: Id | None = None
+    interactive: bool | BoolWord | None = None
+    parents: IdList | Id | None = None
+    parent_ids: IdList | Id | None = None
+
+
+BODIES = {"/v1/chat/completions": ChatBody, "/v1/completions": CompletionBody}
+EXPECTED = {  # what an error says was expected, by pydantic error type
+    "int_type": "an integer", "greater_than": "a positive integer", "bool_type": "true or false",
+    "string_type": "a string", "float_type": "a number", "finite_number": "a finite number",
+    "list_type": "a list", "dict_type": "an object", "model_type": "an object", "too_short": "a non-empty list",
+    "string_too_long": f"at most {MAX_ID_CHARS} characters", "string_too_short": "a non-empty string",
+    "string_pattern_mismatch": "no control characters", "too_long": f"at most {MAX_PARENTS} items",
+}
+
+
+async def read_call(request, max_bytes: int) -> dict:
+    """The body of a call as a JSON object, its X-Maestro-* headers and body metadata checked (BadRequest)."""
+    body = await read_json(request, max_bytes)
+    if not isinstance(body, dict):
+        raise BadRequest(400, None, f"request body must be a JSON object, got {type(body).__name__}")
+    check_headers(request.headers)
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise BadRequest(400, "metadata", f"metadata: expected an object, got {_short(body['metadata'])}")
+    try:
+        BodyMetadata.model_validate(body.get("metadata") or {})
+    except ValidationError as error:
+        raise bad_field(error, body.get("metadata"), prefix="metadata.") from None
+    return body
+
+
+async def read_json(request, max_bytes: int) -> object:
+    """The body as JSON, read no further than `max_bytes` (413), whatever its Content-Length says or omits."""
+    length = request.headers.get("content-length")
+    if length is not None and not length.isdigit():
+        raise BadRequest(400, "Content-Length", f"Content-Length: expected a number of bytes, got {_short(length)}")
+    if length is not None and int(length) > max_bytes:
+        raise BadRequest(413, None, f"request body of {length} bytes; the limit is {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BadRequest(413, None, f"request body over the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, or nested deeper than the parser goes
+        raise BadRequest(400, None, f"request body is not valid JSON ({type(error).__name__}: {str(error)[:120]})")
+    if isinstance(body, dict) and SURROGATE_ESCAPE.search(raw):
+        check_unicode(body)
+    return body
+
+
+def check_unicode(body: dict) -> None:
+    """JSON may escape half a UTF-16 pair (`\\ud800`), which no UTF-8 text (a trace line) can hold: refused."""
+    for key, value in body.items():
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise BadRequest(400, key, f"{key}: holds a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_body(path: str, body: dict) -> None:
+    """Raise BadRequest naming the first field of the body that the endpoint cannot take."""
+    if path == "/v1/completions" and "messages" in body:  # the gateway reads a call's prompt from `messages` first
+        raise BadRequest(400, "messages", "messages: not taken by /v1/completions (it reads `prompt`); "
+                                          "send chat messages to /v1/chat/completions")
+    try:
+        BODIES[path].model_validate(body)
+    except ValidationError as error:
+        raise bad_field(error, body) from None
+
+
+def check_headers(headers) -> None:
+    """X-Maestro-* headers: ids without control characters (≤ 256), a boolean word, a bounded parents list."""
+    for key, name in HEADERS.items():
+        value = headers.get(name)
+        if value is None:
+            continue
+        if key == "interactive":
+            expected = None if value.strip().lower() in TRUE_WORDS + FALSE_WORDS else f"one of {TRUE_WORDS + FALSE_WORDS}"
+        elif key == "parents":
+            ids = [p.strip() for p in value.split(",") if p.strip()]
+            expected = None if len(ids) <= MAX_PARENTS and all(map(is_id, ids)) else (
+                f"at most {MAX_PARENTS} comma-separated ids of at most {MAX_ID_CHARS} characters")
+        else:
+            expected = None if is_id(value) else f"an id of 1 to {MAX_ID_CHARS} characters, no control characters"
+        if expected:
+            canonical = "-".join(part.capitalize() for part in name.split("-"))
+            raise BadRequest(400, canonical, f"header {canonical}: expected {expected}, got {_short(value)}")
+
+
+def is_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_ID_CHARS and re.match(ID_PATTERN, value) is not None
+
+
+def bad_field(error: ValidationError, data, prefix: str = "") -> BadRequest:
+    """A validation error as a 400 naming the deepest field at fault (`messages[0].content[1].text`) and what it
+    may be (every alternative of a union: "a string or a list")."""
+    errors = [(prefix + _param(e["loc"], data, e["type"] == "missing"), e) for e in error.errors()]
+    param = max((p for p, _ in errors), key=lambda p: p.count(".") + p.count("["))
+    at_param = [e for p, e in errors if p == param]
+    if any(e["type"] == "missing" for e in at_param):
+        return BadRequest(400, param, f"{param}: required")
+    expected = " or ".join(dict.fromkeys(_expected(e) for e in at_param))
+    return BadRequest(400, param, f"{param}: expected {expected}, got {_short(at_param[0].get('input'))}")
+
+
+def _expected(error: dict) -> str:
+    return EXPECTED.get(error["type"]) or str((error.get("ctx") or {}).get("error") or error["msg"])
+
+
+def _param(loc: tuple, data, is_missing: bool) -> str:
+    """The location of an error in the request's own terms: pydantic's `loc` walked through the data, leaving
+    out the union members it names (`str`, `list[int]`): steps the data does not have, but a missing field."""
+    parts = []
+    for i, step in enumerate(loc):
+        if isinstance(data, list) and isinstance(step, int) and step < len(data):
+            data = data[step]
+        elif isinstance(data, dict) and step in data:
+            data = data[step]
+        elif not (is_missing and i == len(loc) - 1):
+            continue  # a union member's name
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    return "".join(parts).lstrip(".")
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
