@@ -643,3 +643,21 @@ def test_cpu_nice_leaves_a_shared_sessions_autogroup_alone_and_says_so():
 def test_cpu_nice_out_of_range_is_a_config_error():
     with pytest.raises(ValueError, match="cpu_nice must be in"):
         GatewayConfig(nodes=[{"name": "a", "url": "http://127.0.0.1:1"}], cpu_nice=-30)
+
+
+def test_a_stage_refused_for_a_full_queue_answers_429_with_retry_after_and_is_traced(tmp_path):
+    """Peak admission, one stage's KV at a time, a queue of one: of three stages at once, one runs, one waits and
+    the third is refused; all three end with one trace line each, the refused one with its reason."""
+    async def calls(client, gateway):
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
+        return await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers={
+            "X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"}) for i in range(3)))
+
+    responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, max_queued=1,
+                                    kv_admission="peak", kv_overcommit=1.0))
+    assert sorted(r.status_code for r in responses) == [200, 200, 429]
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["Retry-After"] == "1"
+    lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert sorted(line["stage_id"] for line in lines) == ["s0", "s1", "s2"]
+    assert [line["error"] for line in lines if "error" in line] == ["refused: gateway queue full (1 stages waiting)"]
