@@ -1,4 +1,4 @@
-"""`maestro deploy`: move the predictor alias in the MLflow registry and hot-reload serving nodes."""
+"""`maestro deploy`: hot-reload serving nodes with a registered predictor, then move its MLflow alias."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,8 @@ def register(subparsers) -> None:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per-node reload timeout")
     parser.add_argument("--admin-token", default=None,
-                        help="the nodes' admin token (default: $MAESTRO_ADMIN_TOKEN; none if unset)")
+                        help="the nodes' MAESTRO_ADMIN_TOKEN, sent as `Authorization: Bearer` to /admin/reload "
+                             "(default: $MAESTRO_ADMIN_TOKEN)")
     parser.set_defaults(func=run)
 
 
@@ -40,8 +41,20 @@ def run(args: argparse.Namespace) -> int:
               "check that --model-version exists in the registry at --tracking-uri")
         return 2
     print(json.dumps({"alias": result.alias, "previous_version": result.previous_version, "version": result.version,
-                      "nodes": result.nodes}, indent=1))
+                      "nodes": result.nodes, "failure": result.failure, "restored": result.restored}, indent=1))
     if not result.is_ok:
-        print(f"deploy stopped: not every node serves version {result.version}; nodes after the failed one were "
-              "not touched. Fix the node and rerun, or `maestro deploy --rollback --nodes ...`")
+        print(failure_message(result))
     return 0 if result.is_ok else 1
+
+
+def failure_message(result) -> str:
+    """What failed, what was put back, and what is left for the operator."""
+    lines = [f"deploy of version {result.version} failed: {result.failure}"]
+    if result.unrestored:
+        lines += ["undo incomplete; put these back by hand:",
+                  *(f"  {where}: {why}" for where, why in result.unrestored.items())]
+    else:
+        lines.append(f"undone: the nodes it had switched serve their previous model again; alias {result.alias!r} "
+                     f"is at version {result.previous_version}")
+    lines.append("fix the failed part and rerun, or `maestro deploy --rollback --nodes ...`")
+    return "\n".join(lines)

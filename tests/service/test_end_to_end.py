@@ -118,11 +118,41 @@ def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, s
     assert httpx.get(f"{server.url}/stats").json()["model_version"] == before
 
 
-def test_rollout_stops_at_a_node_that_does_not_answer(server, store, capsys):
+def serving(server) -> dict:
+    return httpx.get(f"{server.url}/stats").json()
+
+
+def alias_version(store) -> str:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    return str(client.get_model_version_by_alias("stage-length", "champion").version)
+
+
+def test_a_node_that_fails_undoes_the_rollout_and_the_alias_never_moves(server, store, capsys):
+    """The first node takes version 2, the second does not answer: the first goes back to 1, the alias stays."""
     from predictor_service.local_server import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
+    before = serving(server)
+    assert before["model_version"] == "1" and alias_version(store) == "1"
     code = maestro(["deploy", "--alias", "champion", "--nodes", f"{server.url},{dead}", "--tracking-uri", store,
-                    "--admin-token", ADMIN_TOKEN, "--timeout-s", "5"])
+                    "--admin-token", ADMIN_TOKEN, "--timeout-s", "5", "--model-version", "2"])
     out = capsys.readouterr().out
-    assert code == 1 and "unreachable" in out and '"ok"' in out
+    assert code == 1 and f"deploy of version 2 failed: node {dead}: unreachable" in out
+    after = serving(server)
+    assert after["model_version"] == "1" and after["num_reloads"] == before["num_reloads"] + 2  # to 2, back to 1
+    assert alias_version(store) == "1"
+
+
+def test_an_alias_that_cannot_move_puts_the_nodes_back(server, store, capsys):
+    """Every node verified on version 2, then the registry refuses the alias move (read-only): nodes back on 1."""
+    read_only = store.replace("sqlite:///", "sqlite:///file:") + "?mode=ro&uri=true"
+    before = serving(server)
+    code = maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", read_only,
+                    "--admin-token", ADMIN_TOKEN, "--model-version", "2"])
+    out = capsys.readouterr().out
+    assert code == 1 and "alias 'champion' could not be moved to version 2" in out and "readonly" in out
+    after = serving(server)
+    assert after["model_version"] == "1" and after["num_reloads"] == before["num_reloads"] + 2
+    assert alias_version(store) == "1"
