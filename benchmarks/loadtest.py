@@ -3,7 +3,7 @@ service itself, each driven open-loop at ~2× the capacity measured in the same 
 
     .venv/bin/python benchmarks/loadtest.py --duration-s 120 --out benchmarks/results/loadtest.json
 
-Needs .venv-vllm (scripts/setup-vllm.sh). Per target: a short closed-loop ramp (concurrency 1, 4, 16) gives its
+Needs .venv-vllm (scripts/setup-vllm.sh). Per target: a short closed-loop ramp (concurrency 1, 4, 16, 48) gives its
 capacity (answers/s, the best step); then arrivals at `--overload` × capacity for `--duration-s`. Checks: every
 process is alive at the end; peak RSS of each process tree, sampled every second (and the first vs the last third
 of the overload, to show it bounded); every 429/503 carries Retry-After; sent = answered + refused + failed, and
@@ -37,7 +37,7 @@ from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E4
 from tests.gateway.engines import Engine, EngineConfig  # noqa: E402
 from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
 
-RAMP_CONCURRENCY = (1, 4, 16)
+RAMP_CONCURRENCY = (1, 4, 16, 48)
 BUSY = (429, 503)
 
 
@@ -136,7 +136,9 @@ def tree_rss_mib(pid: int) -> float:
 
 async def run_target(target: Target, ramp_s: float, duration_s: float, overload: float, timeout_s: float) -> tuple:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+                                     # a fresh connection per request: a pooled one the server closed while
+                                     # idle would fail a request that never reached it
+                                     connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
         load = Load(target, session)
         ramp = {c: round(await load.closed(c, ramp_s), 2) for c in RAMP_CONCURRENCY}
         capacity = max(ramp.values())
@@ -155,6 +157,7 @@ def account(rows: list[dict], overload_rows: list[dict], duration_s: float, capa
     return {"sent": len(rows), "answered": answered, "refused": refused, "failed": len(rows) - answered - refused,
             "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
             "refused_without_retry_after": sum(r["retry_after"] is None for r in busy),
+            "client_errors": dict(Counter(r["error"] for r in rows if r["status"] is None)),
             "overload_sent": len(overload_rows), "overload_offered_per_s": round(len(overload_rows) / duration_s, 2),
             "overload_answered_per_s": round(len(over) / duration_s, 2),
             "overload_answered_vs_capacity": round(len(over) / duration_s / capacity, 2) if capacity else None,
