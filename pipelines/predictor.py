@@ -1,6 +1,7 @@
 """The stage-length predictor as used at run time: one loader, shared by CLI, service, simulator and tests."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +17,38 @@ from pipelines.model import ModelConfig, TwoStageModel
 FALLBACK_LEVELS = ("role", "global", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
 MAX_TOKENS_DEFAULT = 4096
+ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)
+
+
+class ArtifactMismatch(ValueError):
+    """A predictor's files do not match the checksum recorded for them; refused before anything is deserialised."""
+
+
+def artifact_digest(directory: str | Path) -> str:
+    """SHA-256 over a saved predictor's files (names and bytes): what save() and registration record."""
+    digest = hashlib.sha256()
+    for name in ARTIFACT_FILES:
+        digest.update(name.encode())
+        digest.update((Path(directory) / name).read_bytes())
+    return digest.hexdigest()
+
+
+def verify_artifact(directory: Path, expected_sha256: str | None = None, require: bool = False) -> str:
+    """Check the files against the checksum given (e.g. the registry's) and the one meta.json records.
+
+    `require`: refuse a predictor with no checksum to check against. Returns the files' digest."""
+    meta = json.loads((directory / "meta.json").read_text()) if (directory / "meta.json").exists() else {}
+    checks = {"given": expected_sha256, "recorded in meta.json": meta.get("artifact_sha256")}
+    checks = {where: value for where, value in checks.items() if value}
+    if require and not checks:
+        raise ArtifactMismatch("the predictor has no recorded checksum: save it again with this version "
+                               "(`maestro train` or `dvc repro`), or register it with `dvc repro`")
+    actual = artifact_digest(directory)
+    for where, value in checks.items():
+        if value != actual:
+            raise ArtifactMismatch(f"the predictor's files do not match the checksum {where}: "
+                                   "they changed after they were saved; not loading them")
+    return actual
 
 
 @dataclass(frozen=True)
@@ -132,13 +165,19 @@ class Predictor:
         state = self.featurizer.state() if self.featurizer is not None else None
         joblib.dump({"featurizer": state, "model": self.model}, directory / "predictor.joblib")
         (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
-        (directory / "meta.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
+        (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return directory
 
     @classmethod
-    def load(cls, location: str | Path) -> "Predictor":
-        """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion."""
+    def load(cls, location: str | Path, expected_sha256: str | None = None, require_checksum: bool = False
+             ) -> "Predictor":
+        """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion.
+
+        The files are checked against `expected_sha256` and the checksum save() recorded before
+        anything is unpickled; a mismatch raises ArtifactMismatch."""
         directory = _resolve(str(location))
+        verify_artifact(directory, expected_sha256, require_checksum)
         state = joblib.load(directory / "predictor.joblib")
         featurizer = Featurizer.from_state(state["featurizer"]) if state["featurizer"] is not None else None
         priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}

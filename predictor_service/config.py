@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from maestro.keys import read_keys
 from predictor_service.online import CorrectionConfig
 from predictor_service.tracelog import TraceLogConfig
 
@@ -20,7 +21,12 @@ class ServiceConfig:
     trace: TraceLogConfig | None = field(default_factory=TraceLogConfig)  # None: observed stages are not kept
     remember_predictions: int = 100_000  # recent answers kept so /observe compares against what was served
     warmup: bool = True  # predict one stage at load so the first request does not pay for lazy loading
-    admin_token: str | None = None  # when set, /admin/reload needs `Authorization: Bearer <token>`
+    # /admin/reload needs `Authorization: Bearer <admin_token>`; without a token it is off unless admin_open.
+    admin_token: str | None = None
+    admin_open: bool = False  # explicit opt-in: admin endpoints open to any caller (a trusted network only)
+    model_root: str | None = None  # reload may load directories under this root (else only models:/ URIs)
+    api_keys: tuple[str, ...] = ()  # when set, /predict, /observe and /stats need `Authorization: Bearer <key>`
+    max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies get 413
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -28,12 +34,16 @@ class ServiceConfig:
                              "or a directory (MAESTRO_MODEL)")
         if self.remember_predictions < 0:
             raise ValueError(f"remember_predictions must be ≥ 0, got {self.remember_predictions}")
+        if self.max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be > 0, got {self.max_body_bytes} (MAESTRO_MAX_BODY_BYTES)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
         """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
         MAESTRO_TRACE_MAX_FILES, MAESTRO_TRACE_MAX_TOTAL_BYTES (retention; 0 keeps all),
-        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN."""
+        MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN,
+        MAESTRO_ADMIN_OPEN (1 = admin endpoints without a token), MAESTRO_MODEL_ROOT, MAESTRO_API_KEYS (comma-separated)
+        and/or MAESTRO_API_KEYS_FILE (one per line), MAESTRO_MAX_BODY_BYTES."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
@@ -50,7 +60,11 @@ class ServiceConfig:
             reserve_step=_number(env, "MAESTRO_CORRECTION_RESERVE_STEP", base.reserve_step, float))
         return cls(model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
                    tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
-                   correction=correction, trace=trace, admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None)
+                   correction=correction, trace=trace, admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None,
+                   admin_open=env.get("MAESTRO_ADMIN_OPEN", "").lower() in ("1", "true", "yes"),
+                   model_root=env.get("MAESTRO_MODEL_ROOT") or None,
+                   api_keys=read_keys(env.get("MAESTRO_API_KEYS"), env.get("MAESTRO_API_KEYS_FILE")),
+                   max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int))
 
 
 def _number(env: Mapping[str, str], name: str, default, kind):

@@ -12,6 +12,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from maestro.keys import ANONYMOUS
 from pipelines.contract import StageTrace
 from pipelines.features import StageHistory
 from pipelines.predictor import Prediction, Predictor
@@ -144,7 +145,7 @@ class PredictorEngine:
                              correction=round(factor, 4), reserve_correction=round(reserve_factor, 4), source=source)
 
     # ---- observe ------------------------------------------------------------------------
-    def observe(self, stages: list[StageTrace]) -> ObserveResponse:
+    def observe(self, stages: list[StageTrace], api_key_id: str = ANONYMOUS) -> ObserveResponse:
         active = self.active
         served = self._served_predictions(stages, active)
         for stage, (predicted, reserve) in zip(stages, served):
@@ -152,7 +153,7 @@ class PredictorEngine:
         self.history.add(stages)
         if self.trace_log is not None:
             extra = [{"served_tokens_pred": p, "served_tokens_reserve": r,
-                      "served_model_version": active.source.version} for p, r in served]
+                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p, r in served]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)
@@ -173,7 +174,9 @@ class PredictorEngine:
 
     # ---- reload -------------------------------------------------------------------------
     def reload(self, location: str) -> ReloadResponse:
-        """Load `location` beside the active model, then swap; requests in flight finish on the old one."""
+        """Load `location` beside the active model, then swap; requests in flight finish on the old one.
+        `location` must be a version of the registered model or a directory under the model root."""
+        location = loading.check_reload_location(location, self.config.model_root)
         with self._reload_lock:
             previous = self.active
             started = time.perf_counter()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import hmac
 import logging
 import sys
 from http import HTTPStatus
@@ -21,8 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from maestro.keys import caller_key_id
 from predictor_service.config import ServiceConfig
 from predictor_service.engine import PredictorEngine
+from predictor_service.guard import Guard
+from predictor_service.loading import LocationRefused
+from pipelines.predictor import ArtifactMismatch
 from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
                                        PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn)
 
@@ -54,7 +57,8 @@ def service_metrics() -> dict:
 @bentoml.asgi_app(http_app, path="/")
 # One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side.
 # No access log: at thousands of calls a second it costs more than it tells (/metrics counts requests).
-@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30},
+# Bound to 127.0.0.1 unless `bentoml serve --host` says otherwise.
+@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30}, http={"host": "127.0.0.1"},
                  logging={"access": {"enabled": False}},
                  tracing={"excluded_urls": "/predict,/predict_unbatched"})
 class PredictorService:
@@ -90,41 +94,44 @@ class PredictorService:
         return answers
 
     @bentoml.api(route="/observe", input_spec=ObserveRequest)
-    async def observe(self, stages: list[ObservedStage]) -> ObserveResponse:
-        """Record finished stages: update the per-role correction and append them to the trace file."""
-        response = await anyio.to_thread.run_sync(self.engine.observe, stages)
+    async def observe(self, stages: list[ObservedStage], ctx: bentoml.Context) -> ObserveResponse:
+        """Record finished stages: update the per-role correction and append them to the trace file
+        (each line says which API key sent it)."""
+        caller = caller_key_id(ctx.request.headers.get("authorization"), self.engine.config.api_keys)
+        response = await anyio.to_thread.run_sync(self.engine.observe, stages, caller)
         self.metrics["observed"].inc(len(stages))
         return response
 
     @bentoml.api(route="/admin/reload", input_spec=ReloadRequest)
-    async def reload(self, model: str, ctx: bentoml.Context) -> ReloadResponse:
-        """Load another predictor off the request path and swap it in; in-flight requests are unaffected."""
-        _check_admin(self.engine.config.admin_token, ctx.request.headers.get("authorization", ""))
+    async def reload(self, model: str) -> ReloadResponse:
+        """Load another predictor off the request path and swap it in; in-flight requests are unaffected.
+        Only the admin may call it (Guard); it loads registry versions or directories under the model root."""
         try:
             response = await anyio.to_thread.run_sync(self.engine.reload, model)
         except Exception as error:
             self.metrics["reloads"].labels("failed").inc()
-            raise _reload_error(model, error, self.engine.active.source.version) from None
+            raise _reload_error(error, self.engine.active.source.version) from None
         self.metrics["reloads"].labels("ok").inc()
         gc.freeze()  # the new model's objects too (see __init__)
         return response
 
+
+PredictorService.add_asgi_middleware(Guard)
 
 for _route in ("predict", "predict_unbatched"):
     # Left unset, BentoML derives the media type from the output's JSON schema on every response (~0.5 ms).
     PredictorService.apis[_route].output_spec.media_type = "application/json"
 
 
-def _check_admin(token: str | None, authorization: str) -> None:
-    # Reload unpickles whatever the location holds: with a token configured, only its holder may ask.
-    if token and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
-        raise BentoMLException("admin token missing or wrong", error_code=HTTPStatus.FORBIDDEN)
-
-
-def _reload_error(model: str, error: Exception, serving: str) -> Exception:
-    message = (f"could not load model {model!r}: {type(error).__name__}: {error}. "
-               f"Still serving version {serving}; check the URI and that this node reaches the MLflow store")
-    logger.warning(message)
+def _reload_error(error: Exception, serving: str) -> Exception:
+    """The caller's reply names what went wrong but never echoes a filesystem path (no probing the host)."""
+    logger.warning("reload failed: %s: %s", type(error).__name__, error)
+    if isinstance(error, LocationRefused):
+        return BentoMLException(f"{error}. Still serving version {serving}", error_code=HTTPStatus.FORBIDDEN)
     text = str(error)
-    missing = isinstance(error, FileNotFoundError) or "not found" in text.lower() or "RESOURCE_DOES_NOT_EXIST" in text
-    return NotFound(message) if missing else UnprocessableEntity(message)
+    if isinstance(error, FileNotFoundError) or "not found" in text.lower() or "RESOURCE_DOES_NOT_EXIST" in text:
+        return NotFound(f"no predictor at that location. Still serving version {serving}; check the version, "
+                        "or that the directory holds a saved predictor")
+    reason = str(error) if isinstance(error, ArtifactMismatch) else type(error).__name__
+    return UnprocessableEntity(f"could not load that model ({reason}). Still serving version {serving}; "
+                               "the node's log has the details")

@@ -33,23 +33,44 @@ def priors_dir(tmp_path_factory, sample_records) -> Path:
     return Predictor.train(stages, NO_EMBEDDING, FAST_MODEL).save(tmp_path_factory.mktemp("priors") / "predictor")
 
 
+API_KEY = "test-api-key-0123456789"
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+@pytest.fixture(scope="session")
+def api_key() -> str:
+    """The API key service_env configures (the `api` client sends it)."""
+    return API_KEY
+
+
+@pytest.fixture(scope="session")
+def admin() -> dict:
+    """Headers of the service's admin (the token service_env configures)."""
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
 @pytest.fixture(scope="session")
 def service_env(model_dir, tmp_path_factory) -> Path:
-    """Environment the service reads at start: the fast model, traces under a tmp dir (returned)."""
+    """Environment the service reads at start: the fast model, traces under a tmp dir (returned), an API key,
+    an admin token, and the tests' tmp root as the model root (reload may load the fixtures' predictors)."""
     root = tmp_path_factory.mktemp("service")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MAESTRO_MODEL", str(model_dir))
         patch.setenv("MAESTRO_TRACE_DIR", str(root / "observed"))
         patch.setenv("MAESTRO_CORRECTION_MIN_OBSERVATIONS", "3")
+        patch.setenv("MAESTRO_API_KEYS", API_KEY)
+        patch.setenv("MAESTRO_ADMIN_TOKEN", ADMIN_TOKEN)
+        patch.setenv("MAESTRO_MODEL_ROOT", str(tmp_path_factory.getbasetemp()))
         yield root
 
 
 @pytest.fixture(scope="session")
 def api(service_env, bentoml_asgi):
-    """The service's ASGI app under a test client; one per session (BentoML registers its metrics globally)."""
+    """The service's ASGI app under a test client that sends the API key; one per session (BentoML registers
+    its metrics globally)."""
     from starlette.testclient import TestClient
 
     from predictor_service.service import PredictorService
 
-    with TestClient(bentoml_asgi(PredictorService)) as client:
+    with TestClient(bentoml_asgi(PredictorService), headers={"Authorization": f"Bearer {API_KEY}"}) as client:
         yield client

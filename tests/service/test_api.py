@@ -66,14 +66,16 @@ def test_garbage_bodies_get_4xx_and_the_worker_keeps_serving(api, sample_records
 def test_observe_updates_the_role_correction_and_writes_a_collectable_trace(api, sample_records, service_env):
     finished = [dict(r, workflow_id=f"observed/{r['workflow_id']}", output_tokens=r["output_tokens"] * 3 + 50)
                 for r in sample_records[:40]]
+    num_observed_before = api.get("/stats").json()["num_observed"]  # other tests share the service
     api.post("/predict", json={"stages": [unlabelled(r) for r in finished[:20]]})  # half served, half not
     response = api.post("/observe", json={"stages": finished})
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["num_accepted"] == 40
     stats = api.get("/stats").json()
-    assert stats["num_observed"] == 40
-    active = {role: c for role, c in stats["corrections"].items() if c["is_active"]}
+    assert stats["num_observed"] == num_observed_before + 40
+    roles = {r["role"] for r in finished}  # other tests (fuzzing) observe other roles on the same service
+    active = {role: c for role, c in stats["corrections"].items() if c["is_active"] and role in roles}
     # every answer ran 3× longer: no factor below 1; where a role's mean stands out of its noise, above
     assert active and all(1.0 <= c["factor"] <= 2.0 for c in active.values())
     role = max(active, key=lambda r: active[r]["factor"])
@@ -86,6 +88,7 @@ def test_observe_updates_the_role_correction_and_writes_a_collectable_trace(api,
     assert answer["reserve_correction"] > answer["correction"] or answer["reserve_correction"] == pytest.approx(2.0)
     stages, errors = collect(service_env / "observed")
     stages = [s for s in stages if s.workflow_id.startswith("observed/")]
+    errors = [e for e in errors if "observed/" in e.reason]  # other tests (fuzzing) observe malformed workflows
     assert len(stages) == 40 and not errors
     assert all(s.is_labelled and s.model_extra.get("served_model_version") for s in stages)
     assert all(s.model_extra["served_tokens_reserve"] >= s.model_extra["served_tokens_pred"] for s in stages)
@@ -103,29 +106,21 @@ def test_stats_and_probes(api):
     assert stats["limits"]["max_stages_per_request"] == MAX_STAGES_PER_REQUEST
 
 
-def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, priors_dir, model_dir, sample_records):
+def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, admin, priors_dir, model_dir, sample_records):
     before = api.get("/stats").json()["model_version"]
-    missing = api.post("/admin/reload", json={"model": str(priors_dir.parent / "nowhere")})
+    missing = api.post("/admin/reload", json={"model": str(priors_dir.parent / "nowhere")}, headers=admin)
     assert missing.status_code == 404 and "still serving" in missing.text.lower()
+    assert "nowhere" not in missing.text  # the reply never echoes a path
     assert api.get("/stats").json()["model_version"] == before
-    response = api.post("/admin/reload", json={"model": str(priors_dir)})
+    response = api.post("/admin/reload", json={"model": str(priors_dir)}, headers=admin)
     assert response.status_code == 200, response.text
     assert response.json()["previous_version"] == before
     try:
         (answer,) = api.post("/predict", json={"stages": [unlabelled(sample_records[0])]}).json()
         assert answer["fallback_level"] == "prior" and answer["model_version"] == response.json()["model_version"]
     finally:
-        assert api.post("/admin/reload", json={"model": str(model_dir)}).json()["model_version"] == before
-
-
-def test_admin_token_guards_reload_when_configured():
-    from predictor_service.service import _check_admin
-
-    _check_admin(None, "")  # no token configured: open (bind to a private network)
-    _check_admin("s3cret", "Bearer s3cret")
-    for wrong in ("", "Bearer nope", "s3cret"):
-        with pytest.raises(Exception, match="admin token"):
-            _check_admin("s3cret", wrong)
+        reloaded = api.post("/admin/reload", json={"model": str(model_dir)}, headers=admin)
+        assert reloaded.json()["model_version"] == before
 
 
 def test_a_stage_predicted_after_its_parents_were_observed_sees_them(api, sample_records, model_dir):

@@ -19,7 +19,7 @@ def store(tmp_path_factory, model_dir, priors_dir):
     import mlflow
     from mlflow import MlflowClient
 
-    from pipelines.registry import MODEL_NAME, StageLengthPyfunc, use_store
+    from pipelines.registry import MODEL_NAME, register_predictor, use_store
 
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root}/mlflow.db"
@@ -28,9 +28,7 @@ def store(tmp_path_factory, model_dir, priors_dir):
     try:
         for directory in (model_dir, priors_dir):
             with mlflow.start_run():
-                mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
-                                        artifacts={"predictor": str(directory)}, registered_model_name=MODEL_NAME,
-                                        pip_requirements=["lightgbm"])
+                register_predictor(directory, ["lightgbm"])
         MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "1")
     finally:
         mlflow.set_tracking_uri(previous[0])
@@ -112,7 +110,7 @@ def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(serv
 def test_deploy_of_a_missing_version_fails_and_leaves_the_node_serving(server, store, capsys):
     before = httpx.get(f"{server.url}/stats").json()["model_version"]
     anonymous = httpx.post(f"{server.url}/admin/reload", json={"model": "models:/stage-length/2"})
-    assert anonymous.status_code == 403
+    assert anonymous.status_code == 401
     assert deploy(server, store, "--model-version", "99") == 2
     assert "deploy failed" in capsys.readouterr().out
     assert httpx.get(f"{server.url}/stats").json()["model_version"] == before

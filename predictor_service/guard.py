@@ -1,0 +1,91 @@
+"""The service's front door, as ASGI middleware: body size limit (413), API keys (401), admin gate (401/403).
+
+It runs before BentoML parses a request, so an oversized or unauthorised call costs no parsing and
+reaches no endpoint. The rules come from the running service's ServiceConfig.
+"""
+from __future__ import annotations
+
+import json
+
+import bentoml
+
+from maestro.keys import bearer, caller_key_id, matches
+from predictor_service.config import ServiceConfig
+
+KEYED_PATHS = ("/predict", "/predict_unbatched", "/observe", "/stats")  # need an API key when keys are configured
+ADMIN_PREFIX = "/admin/"
+
+
+def refusal(config: ServiceConfig, path: str, authorization: str | None) -> tuple[int, str] | None:
+    """Why a call to `path` is refused (status, reason), or None when it may go on."""
+    if path.startswith(ADMIN_PREFIX):
+        if config.admin_token:
+            return None if matches(bearer(authorization), config.admin_token) else (
+                401, "admin endpoints need `Authorization: Bearer <MAESTRO_ADMIN_TOKEN>`")
+        return None if config.admin_open else (
+            403, "admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
+                 "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)")
+    if path in KEYED_PATHS and caller_key_id(authorization, config.api_keys) is None:
+        return 401, "this node needs an API key: send `Authorization: Bearer <key>`"
+    return None
+
+
+class Guard:
+    """ASGI middleware applying `refusal` and the body size limit to every HTTP call."""
+
+    def __init__(self, app, config: ServiceConfig | None = None):
+        self.app, self._config = app, config
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self._config or bentoml.get_current_service().engine.config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        config = self.config
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refused = refusal(config, scope["path"], headers.get("authorization"))
+        if refused is None:
+            refused, receive = await _within_limit(headers, receive, config.max_body_bytes)
+        if refused is not None:
+            return await _reply(send, *refused)
+        return await self.app(scope, receive, send)
+
+
+async def _within_limit(headers: dict, receive, limit: int):
+    """(refusal or None, the receive to pass on): a declared length is checked up front, an undeclared
+    (chunked) body is read here up to the limit and replayed."""
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return (400, "Content-Length is not a number"), receive
+        return ((413, f"request body of {declared} bytes is over this node's limit of {limit} "
+                      "(MAESTRO_MAX_BODY_BYTES): send fewer stages per call") if int(declared) > limit else None), receive
+    if "chunked" not in headers.get("transfer-encoding", ""):
+        return None, receive
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None, _replay([message])
+        chunks.append(message.get("body", b""))
+        size, more = size + len(chunks[-1]), message.get("more_body", False)
+        if size > limit:
+            return (413, f"request body is over this node's limit of {limit} bytes (MAESTRO_MAX_BODY_BYTES)"), receive
+    return None, _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
+
+
+def _replay(messages: list[dict]):
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+    return receive
+
+
+async def _reply(send, status: int, reason: str) -> None:
+    body = json.dumps({"error": reason}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
