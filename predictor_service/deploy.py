@@ -169,7 +169,7 @@ def _admin(url: str, config: DeployConfig) -> httpx.Client:
 
 
 def node_model(url: str, config: DeployConfig) -> NodeModel:
-    """What `url` serves now (GET /stats); raises httpx.HTTPError when it does not answer one."""
+    """What `url` serves now (GET /stats); raises one of NODE_ERRORS when it gives no usable answer."""
     with _admin(url, config) as http:
         response = http.get("/stats")
         response.raise_for_status()
