@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from pipelines.contract import LineError, StageTrace, UnreadableTraceFile, line_report, read_traces, write_jsonl
+from pipelines.contract import (LineError, StageIndex, StageTrace, UnreadableTraceFile, line_report, read_traces,
+                                write_jsonl)
 from pipelines.params import load_params
 
 
@@ -29,12 +31,29 @@ def source_files(source: str | Path) -> list[Path]:
     return [source]
 
 
+@dataclass
+class Collected:
+    """The stages collected (one per workflow_id/stage_id), the lines and files that could not be read, and
+    how many unfinished lines (a refused or failed attempt the client retried) a completed line superseded."""
+
+    stages: list[StageTrace]
+    errors: list[LineError]
+    num_superseded: int
+
+
 def collect(source: str | Path) -> tuple[list[StageTrace], list[LineError]]:
-    """Read every file of the source; stages of one workflow may span rotated files.
+    """The stages and the errors of `collect_stages`."""
+    collected = collect_stages(source)
+    return collected.stages, collected.errors
+
+
+def collect_stages(source: str | Path) -> Collected:
+    """Read every file of the source; stages of one workflow may span rotated files, and a stage's unfinished
+    line and its completed retry may lie in different files (`StageIndex` keeps the completed one).
 
     A file that cannot be read is one error (line None) and the other files are still read; when
     no file at all could be read there is nothing to collect, and that raises."""
-    stages, errors, seen = [], [], set()
+    index, errors, num_superseded = StageIndex(), [], 0
     files = source_files(source)
     for path in tqdm(files, desc="collecting traces", unit="file"):
         try:
@@ -46,17 +65,16 @@ def collect(source: str | Path) -> tuple[list[StageTrace], list[LineError]]:
             errors.append(LineError(str(path), None, "deleted while collecting (trace retention?); rerun collect"))
             continue
         errors.extend(result.errors)
+        num_superseded += result.num_superseded
         for stage in result.stages:
-            key = (stage.workflow_id, stage.stage_id)
-            if key in seen:
-                errors.append(LineError(str(path), -1, f"stage {key} already read from an earlier file; kept the first"))
-                continue
-            seen.add(key)
-            stages.append(stage)
+            try:
+                index.add(stage)
+            except ValueError as error:
+                errors.append(LineError(str(path), -1, f"{error}; the first is in an earlier file"))
     unreadable = unreadable_files(errors)
     if unreadable and len(unreadable) == len(files):
         raise ValueError("no trace file could be read:\n" + "\n".join(f"  {e}" for e in unreadable))
-    return stages, errors
+    return Collected(index.stages, errors, num_superseded + index.num_superseded)
 
 
 def unreadable_files(errors: list[LineError]) -> list[LineError]:
@@ -68,16 +86,19 @@ def main() -> None:
     parser.add_argument("--out", default="data/traces/collected.jsonl")
     parser.add_argument("--report", default="data/traces/collect_report.json")
     args = parser.parse_args()
-    stages, errors = collect(load_params("collect")["source"])
+    collected = collect_stages(load_params("collect")["source"])
+    stages, errors = collected.stages, collected.errors
     labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
     write_jsonl(labelled, args.out)
     unreadable = unreadable_files(errors)
     ordered = unreadable + [e for e in errors if e.line is not None]  # whole files first: they lose the most
     report = {"stages": len(stages), "labelled": len(labelled), "malformed": len(errors) - len(unreadable),
-              "unreadable_files": len(unreadable), "errors": [str(e) for e in ordered[:1000]]}
+              "unreadable_files": len(unreadable), "superseded": collected.num_superseded,
+              "errors": [str(e) for e in ordered[:1000]]}
     Path(args.report).write_text(json.dumps(report, indent=1))
     print(line_report(f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled "
-                      f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files)", ordered))
+                      f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files, "
+                      f"{collected.num_superseded} unfinished lines superseded by a completed retry)", ordered))
 
 
 if __name__ == "__main__":

@@ -124,13 +124,45 @@ class UnreadableTraceFile(ValueError):
 
 @dataclass
 class TraceFile:
-    """What reading a trace file gave: the valid stages and the lines that were not."""
+    """What reading a trace file gave: the valid stages, the lines that were not, and how many lines a later
+    completed line of the same stage superseded (see `StageIndex`)."""
 
     stages: list[StageTrace] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
+    num_superseded: int = 0
 
     def report(self, limit: int = 20) -> str:
-        return line_report(f"{len(self.stages)} stages read, {len(self.errors)} malformed lines", self.errors, limit)
+        superseded = f", {self.num_superseded} superseded by a completed line" if self.num_superseded else ""
+        return line_report(f"{len(self.stages)} stages read, {len(self.errors)} malformed lines{superseded}",
+                           self.errors, limit)
+
+
+class StageIndex:
+    """One stage per (workflow_id, stage_id), in first-seen order.
+
+    A stage the gateway refused or failed, which the client then sent again with the same ids, has an
+    unfinished line and a completed one: the completed line is kept, in the first line's place, and the
+    other lines count as superseded. Two completed lines of one stage are a duplicate: the first is kept."""
+
+    def __init__(self):
+        self.stages: list[StageTrace] = []
+        self.num_superseded = 0
+        self._positions: dict[tuple[str, str], int] = {}
+
+    def add(self, stage: StageTrace) -> None:
+        """Keep, replace or supersede; raises ValueError on a second completed line (the first stays)."""
+        key = (stage.workflow_id, stage.stage_id)
+        position = self._positions.setdefault(key, len(self.stages))
+        if position == len(self.stages):
+            self.stages.append(stage)
+            return
+        kept = self.stages[position]
+        if kept.is_labelled and stage.is_labelled:
+            raise ValueError(f"duplicate stage_id '{stage.stage_id}' in workflow '{stage.workflow_id}': "
+                             "a second completed line (the first is kept)")
+        if stage.is_labelled:
+            self.stages[position] = stage
+        self.num_superseded += 1
 
 
 def line_report(head: str, errors: list, limit: int = 20) -> str:
@@ -194,26 +226,22 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
-    """Read a JSONL or Parquet trace file; malformed lines are collected in `errors`, not raised.
+    """Read a JSONL or Parquet trace file; malformed lines are collected in `errors`, not raised, and a stage's
+    unfinished lines give way to its completed one (`StageIndex`).
 
     Raises UnreadableTraceFile when the file as a whole cannot be read (corrupt Parquet, I/O error)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"trace file {path} does not exist")
-    result = TraceFile()
-    seen: set[tuple[str, str]] = set()
+    result, index = TraceFile(), StageIndex()
     for number, record in _records(path):
         try:
             if isinstance(record, Exception):
                 raise record
-            stage = parse_record(record)
-            key = (stage.workflow_id, stage.stage_id)
-            if key in seen:
-                raise ValueError(f"duplicate stage_id '{stage.stage_id}' in workflow '{stage.workflow_id}'")
-            seen.add(key)
-            result.stages.append(stage)
+            index.add(parse_record(record))
         except ValueError as error:
             result.errors.append(LineError(str(path), number, str(error)))
+    result.stages, result.num_superseded = index.stages, index.num_superseded
     if derive:
         derive_structure(result.stages)
     return result

@@ -72,3 +72,21 @@ def test_collect_report_counts_unreadable_files_apart_from_malformed_lines(trace
     out = capsys.readouterr().out
     assert "1 malformed lines, 4 unreadable files" in out and "4-truncated.parquet: not a readable Parquet" in out
     assert len((work / "out.jsonl").read_text().splitlines()) == 10
+
+
+def test_a_stage_refused_then_completed_in_a_later_file_is_collected_once_as_completed(tmp_path, monkeypatch):
+    done = stages("w", 2)
+    refused = {**done[1].model_dump(exclude_none=True, exclude={"output_tokens", "is_tool_call"}),
+               "outcome": "refused", "error": "no healthy vLLM node"}
+    (tmp_path / "1.jsonl").write_text(json.dumps(done[0].model_dump()) + "\n" + json.dumps(refused) + "\n")
+    write_jsonl([done[1], done[0]], tmp_path / "2.jsonl")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(f"collect:\n  source: {tmp_path}\n")
+    monkeypatch.setattr(sys, "argv", ["collect", "--out", "out.jsonl", "--report", "report.json"])
+    collect_stage.main()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["stages"], report["labelled"], report["superseded"], report["malformed"]) == (2, 2, 1, 1)
+    assert report["errors"] == [f"{tmp_path / '2.jsonl'}:-1: duplicate stage_id '0' in workflow 'w': a second "
+                                "completed line (the first is kept); the first is in an earlier file"]
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(s["stage_id"], s["output_tokens"]) for s in out] == [("0", 0), ("1", 1)]

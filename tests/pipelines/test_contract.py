@@ -84,3 +84,14 @@ def test_tool_calls_and_tool_names_are_part_of_the_prompt_text():
         "assistant: Let me check. [tool call] think({})"]
     malformed = [{"role": "assistant", "content": None, "tool_calls": [{"function": "search"}, "x"]}]
     assert prompt_text(malformed) == "assistant: [tool call] ()"  # read, not a crash
+
+
+def test_a_completed_retry_supersedes_the_refused_line_of_the_same_stage(tmp_path):
+    refused = {k: v for k, v in GOOD.items() if k not in ("output_tokens", "is_tool_call")}
+    refused.update(outcome="refused", error="queue full")
+    lines = [json.dumps(refused), json.dumps({**GOOD, "stage_id": "1"}), json.dumps({**GOOD, "outcome": "completed"}),
+             json.dumps(refused)]
+    result = read_traces(write_lines(tmp_path / "t.jsonl", lines))
+    assert [(s.stage_id, s.output_tokens) for s in result.stages] == [("0", 12), ("1", 12)]
+    assert result.stages[0].call_index == 0 and not result.errors and result.num_superseded == 2
+    assert "2 superseded by a completed line" in result.report()
