@@ -14,13 +14,17 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_out", default="simulate.json", help="output JSON; PNGs go next to it")
     parser.add_argument("--traces", default=None, help="replay workflows from a stage-trace file (contract JSONL)")
+    parser.add_argument("--model-map", action="append", default=[], metavar="NAME=PROFILE",
+                        help="simulate a trace's model NAME with cost profile PROFILE (repeatable); other unknown "
+                             "names run as the scenario's first placed model, with a warning")
     parser.add_argument("--model", default=None, help="trained predictor directory (Predictor.load)")
     parser.add_argument("--predictions", default=None, choices=["noise", "oracle", "model"],
                         help="where predictions come from (default: model if --model, else noise)")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noise model: σ of log-token error")
     parser.add_argument("--arrivals", default="poisson", help="poisson, bursty, or an arrival trace file to replay")
     parser.add_argument("--rate", type=float, default=None, help="total workflow arrivals per second")
-    parser.add_argument("--workflows", type=int, default=None, help="number of workflows (default: per-node × nodes)")
+    parser.add_argument("--workflows", type=int, default=None,
+                        help="number of workflows (default: per-node × nodes; with --traces: the file's, cycled if more)")
     parser.add_argument("--gpu", default=None, help="GPU profile: a100-80gb or h200")
     parser.add_argument("--regimes", default=None, help="mars-swe: comma-separated regimes (short,medium,long)")
     parser.add_argument("--slo", default="scaled", choices=["scaled", "scaled-app", "catalog"],
@@ -31,6 +35,23 @@ def register(subparsers) -> None:
                         help="tool execution on the host CPU (default: the scenario's; see serving/README.md)")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=run)
+
+
+def parse_model_map(pairs: list[str], known: dict) -> dict[str, str]:
+    """--model-map NAME=PROFILE entries as a dict (the last '=' splits: model names may contain one)."""
+    from serving.sim.workload import check_model_map
+
+    mapping = {}
+    for pair in pairs:
+        name, sep, profile = pair.rpartition("=")
+        if not sep or not name or not profile:
+            raise SystemExit(f"maestro simulate: --model-map '{pair}': expected NAME=PROFILE, e.g. gpt-4o=llama-3-8b")
+        mapping[name] = profile
+    try:
+        check_model_map(mapping, known)
+    except ValueError as exc:
+        raise SystemExit(f"maestro simulate: {exc}") from None
+    return mapping
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     predictions = PredictionConfig(source=source, sigma=args.noise_sigma, model_dir=args.model, seed=args.seed)
     policies = tuple(args.policies.split(",")) if args.policies else scenario.default_policies
     run_config = RunConfig(policies=policies, seed=args.seed, arrivals=args.arrivals, num_workflows=args.workflows,
-                           rate_per_s=args.rate, traces=args.traces, predictions=predictions,
+                           rate_per_s=args.rate, traces=args.traces, model_map=parse_model_map(args.model_map, scenario.cluster.cost.models),
+                           predictions=predictions,
                            regimes=tuple(args.regimes.split(",")) if args.regimes else None,
                            slo=SLOConfig(mode=args.slo, slo_scale=args.slo_scale))
     report = run_scenario(scenario, run_config)

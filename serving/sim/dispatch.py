@@ -40,16 +40,37 @@ class Dispatcher:
                     self.running_on.setdefault(model, []).append(node)
 
     def route(self, stage: SimStage) -> SimNode:
-        if stage.session_parent >= 0:
-            parent = stage.workflow.stages[stage.session_parent]
-            if parent.node is not None and parent in parent.node.pinned:
-                return parent.node
+        home = self._session_home(stage)
+        if home is not None:
+            return home
         candidates = self.running_on.get(stage.model) or self.sim.nodes
         if len(candidates) == 1:
             return candidates[0]
         if self.sim.system.router == "fitness":
             return self._fittest(stage, candidates)
         return min(candidates, key=lambda n: len(n.sched) + len(n.running))
+
+    def _session_home(self, stage: SimStage) -> SimNode | None:
+        """The node holding the session's context, when its next stage should go there (session affinity).
+
+        It does while the context's KV is kept or still in the prefix cache there; once overwritten, only
+        if the node could start the stage at once (no queue, a batch slot and free pages for its reserve).
+        """
+        if stage.session_parent < 0:
+            return None
+        parent = stage.workflow.stages[stage.session_parent]
+        node = parent.node
+        if node is None:
+            return None
+        if parent in node.pinned or parent in node.cache:
+            return node
+        return node if self._has_room(node, stage) else None
+
+    def _has_room(self, node: SimNode, stage: SimStage) -> bool:
+        if len(node.sched) or len(node.running) >= self.sim.cluster.max_batch_seqs:
+            return False
+        bpt = self.sim.cost.model(stage.model).kv_bytes_per_token
+        return node.alloc.pages_for(self._reserve_tokens(stage), bpt) <= node.alloc.num_free_pages
 
     def _fittest(self, stage: SimStage, candidates: list[SimNode]) -> SimNode:
         model = self.sim.cost.model(stage.model)
@@ -90,6 +111,7 @@ class Dispatcher:
         return len(node.sessions) < node.window.limit(node.alloc.usage)
 
     def _reserve_tokens(self, stage: SimStage) -> int:
+        """Tokens to map at start: context plus what the reservation mode adds, capped at prompt + max_tokens."""
         context = stage.prompt_tokens + stage.generated_tokens
         left = stage.max_tokens - stage.generated_tokens
         if self.reservation is Reservation.MAX_LEN:
@@ -98,7 +120,7 @@ class Dispatcher:
             extra = max(0, stage.tokens_reserve - stage.generated_tokens)
         else:
             extra = self.sim.cluster.grow_chunk_tokens
-        return context + max(1, min(left, extra))
+        return min(context + max(1, min(left, extra)), stage.prompt_tokens + stage.max_tokens)
 
     def _try_start(self, node: SimNode, stage: SimStage) -> bool:
         sim = self.sim
@@ -118,8 +140,9 @@ class Dispatcher:
         return True
 
     def _give_up_if_idle(self, node: SimNode, stage: SimStage) -> bool:
-        # Nothing runs or is pinned here, so waiting cannot help: the stage can never fit.
-        if node.running or node.pinned:
+        # Nothing runs here and nothing but its own context is kept, so waiting cannot help: it can never fit.
+        parent = stage.workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
+        if node.running or any(kept is not parent for kept in node.pinned):
             return False
         node.sched.pop(self.sim.now)
         node.queued_work_s -= stage.request.pred_service_s
@@ -141,9 +164,11 @@ class Dispatcher:
             node.release(victim, node.pinned.pop(victim))  # idle KV of a tool call is reclaimable
         if kept is not None:
             node.pinned.pop(parent)
-            alloc.grow(kept, tokens)
-            node.cache.trim(alloc.num_free_pages)
-            return kept, parent.prompt_tokens + parent.output_tokens
+            if alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt) <= kept.virtual_pages:
+                alloc.grow(kept, tokens)
+                node.cache.trim(alloc.num_free_pages)
+                return kept, parent.prompt_tokens + parent.output_tokens
+            node.release(parent, kept)  # its range is too short for this stage: the prefix cache hands it over
         reservation = alloc.reserve(tokens, stage.prompt_tokens + stage.max_tokens, bpt)
         if reservation is None:
             return None, 0
@@ -174,10 +199,16 @@ class Dispatcher:
         node.advance(sim.now)
         node.stall(sim.now, sim.cost.prefill_s(model, context - cached_tokens, cached_tokens))
         node.add_running(stage, context)
-        if stage.workflow.workflow_id not in node.sessions:
-            node.sessions.add(stage.workflow.workflow_id)
-            stage.workflow.session_nodes.append(node)
+        self._occupy(node, stage.workflow)
         self._arm(node, stage)
+
+    @staticmethod
+    def _occupy(node: SimNode, workflow) -> None:
+        """A session holds one window slot, on the node it runs on now; moving frees the old node's slot."""
+        if workflow.session_node is not node:
+            leave(workflow)
+            node.sessions.add(workflow.workflow_id)
+            workflow.session_node = node
 
     def _arm(self, node: SimNode, stage: SimStage) -> None:
         left = stage.output_tokens - stage.generated_tokens
@@ -253,3 +284,10 @@ class Dispatcher:
         node.alloc.shrink(stage.reservation, context)
         node.pinned[stage] = stage.reservation
         sim.arm_ttl(stage, ttl)
+
+
+def leave(workflow) -> None:
+    """Give back the window slot a session holds (it moved, ended or was dropped)."""
+    if workflow.session_node is not None:
+        workflow.session_node.sessions.discard(workflow.workflow_id)
+        workflow.session_node = None

@@ -20,7 +20,7 @@ from serving.request import StageRequest
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.dispatch import Dispatcher
+from serving.sim.dispatch import Dispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
@@ -209,8 +209,7 @@ class Simulator:
             self.close(workflow)
 
     def close(self, workflow: SimWorkflow) -> None:
-        for node in workflow.session_nodes:
-            node.sessions.discard(workflow.workflow_id)
+        leave(workflow)
         self.num_open -= 1
 
     def drop(self, workflow: SimWorkflow) -> None:

@@ -37,5 +37,8 @@ class PrefixCache:
         while self.num_pages > num_free_pages and self._entries:
             self.num_pages -= self._entries.popitem(last=False)[1]
 
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
     def __len__(self) -> int:
         return len(self._entries)

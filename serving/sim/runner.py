@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.scenarios import Regime, Scenario
 from serving.sim.slo import SLOConfig, apply_slo
 from serving.sim.systems import get_system
-from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, reset, trace_workflows
+from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, map_models, reset, trace_workflows
 
 
 @dataclass
@@ -21,9 +22,10 @@ class RunConfig:
     policies: tuple[str, ...]
     seed: int = 0
     arrivals: str = "poisson"  # poisson | bursty | path to an arrival trace
-    num_workflows: int | None = None  # default: scenario's workflows_per_node × nodes
+    num_workflows: int | None = None  # default: scenario's workflows_per_node × nodes (traces: the file's)
     rate_per_s: float | None = None  # default: scenario's rate_per_node_s × nodes
     traces: str | None = None
+    model_map: dict[str, str] | None = None  # trace model name -> cost profile (others: the scenario's default)
     predictions: PredictionConfig = None
     regimes: tuple[str, ...] | None = None
     slo: SLOConfig = None  # default: 5 × each workflow's unloaded critical path (serving/sim/slo.py)
@@ -35,16 +37,27 @@ class RunConfig:
         self.slo = self.slo or SLOConfig()
 
 
+def default_model(scenario: Scenario) -> str:
+    """The cost profile of a stage whose model the scenario does not know: its one model, or the first placed."""
+    return scenario.model_override or scenario.cluster.placement[0][0]
+
+
 def build_workload(scenario: Scenario, run: RunConfig, regime: Regime) -> list[SimWorkflow]:
     nodes = scenario.cluster.num_nodes
     if run.traces:
         from pipelines.contract import read_traces
 
         trace = read_traces(run.traces)
-        workflows = trace_workflows(trace.stages, scenario.model_override or scenario.cluster.placement[0][0])
+        if trace.errors:
+            warnings.warn(trace.report(limit=5), stacklevel=2)
+        workflows = trace_workflows(trace.stages, default_model(scenario), run.num_workflows, run.seed)
+        if not workflows:
+            raise ValueError(f"{run.traces}: no stage with output_tokens to replay ({trace.report(limit=5)})")
     else:
         num = run.num_workflows or scenario.workflows_per_node * nodes
         workflows = catalog_workflows(num, run.seed, scenario.apps, scenario.model_override)
+    known = {scenario.model_override} if scenario.model_override else scenario.cluster.cost.models
+    map_models(workflows, known, default_model(scenario), None if scenario.model_override else run.model_map)
     if regime.context_tokens or regime.tool_result_tokens:
         add_context(workflows, regime.context_tokens, regime.tool_result_tokens, run.seed)
     apply_slo(workflows, CostModel(scenario.cluster.cost), run.slo)  # after add_context: prompts set latency
@@ -69,7 +82,8 @@ def run_scenario(scenario: Scenario, run: RunConfig) -> dict:
         results[regime.name] = per_policy
     return {"scenario": scenario.name, "nodes": scenario.cluster.num_nodes, "gpu": scenario.cluster.cost.gpu,
             "seed": run.seed, "arrivals": run.arrivals, "predictions": run.predictions.source,
-            "traces": run.traces, "slo": {"mode": run.slo.mode, "slo_scale": run.slo.slo_scale},
+            "traces": run.traces, "default_model": default_model(scenario), "model_map": run.model_map or {},
+            "slo": {"mode": run.slo.mode, "slo_scale": run.slo.slo_scale},
             "host_cpu": scenario.cluster.host_cpu, "results": results, "comparisons": compare(results)}
 
 

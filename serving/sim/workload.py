@@ -7,6 +7,8 @@ call continues that session, so its prompt extends the parent's context (KV that
 from __future__ import annotations
 
 import math
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +69,7 @@ class SimWorkflow:
     done_s: float = -1.0
     is_dropped: bool = False
     attained_service_s: float = 0.0
-    session_nodes: list = field(default_factory=list)
+    session_node: object = None  # the node whose AIMD window slot the session holds now
 
 
 def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
@@ -75,10 +77,13 @@ def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
     for i, row in enumerate(rows):
         parents = [by_id[str(p)] for p in row.get("parent_ids") or [] if str(p) in by_id]
         tools = row.get("tool_names") or []
+        output_tokens = int(row.get("output_tokens") or 1)
         stage = SimStage(workflow, i, str(row["stage_id"]), row.get("role", "unknown"), row["model"], parents,
-                         int(row.get("output_tokens") or 1), bool(row.get("is_tool_call")),
+                         output_tokens, bool(row.get("is_tool_call")),
                          tool_name=str(tools[0]) if tools else "tool", tool_exec_s=float(row.get("tool_exec_s") or 0.0),
-                         prompt_tokens=max(1, int(row.get("prompt_tokens") or len(prompt_text(row["prompt"])) // 4)))
+                         prompt_tokens=max(1, int(row.get("prompt_tokens") or len(prompt_text(row["prompt"])) // 4)),
+                         # a recorded output longer than the limit shows the call's real limit was at least that
+                         max_tokens=max(int(row.get("max_tokens") or MAX_TOKENS), output_tokens))
         stage.source = row
         if len(parents) == 1 and rows[parents[0]].get("is_tool_call") and rows[parents[0]].get("role") == stage.role:
             stage.session_parent = parents[0]
@@ -116,8 +121,13 @@ def catalog_workflows(num_workflows: int, seed: int, apps: dict[str, float] | No
     return workflows
 
 
-def trace_workflows(stages: list[StageTrace], default_model: str) -> list[SimWorkflow]:
-    """Group contract stages into workflows (their DAGs, roles, prompts and real output lengths)."""
+def trace_workflows(stages: list[StageTrace], default_model: str, num_workflows: int | None = None,
+                    seed: int = 0) -> list[SimWorkflow]:
+    """Group contract stages into workflows (their DAGs, roles, prompts and real output lengths).
+
+    With `num_workflows`, the file's workflows are replayed that many times in all: each pass over
+    them in a fresh seeded order, a copy's id suffixed `#pass`.
+    """
     groups: dict[str, list[dict]] = {}
     for stage in stages:
         if stage.output_tokens is None:
@@ -125,13 +135,47 @@ def trace_workflows(stages: list[StageTrace], default_model: str) -> list[SimWor
         row = stage.model_dump()
         row["model"] = row.get("model") or default_model
         groups.setdefault(stage.workflow_id, []).append(row)
-    workflows = []
-    for wid, rows in groups.items():
-        app = APPS.get(rows[0].get("app") or "")
-        interactive = bool(rows[0].get("interactive")) if app is None else app.interactive
-        slo = app.slo_s if app else DEFAULT_SLO_S[interactive]
-        workflows.append(_link(SimWorkflow(wid, rows[0].get("app") or "trace", interactive, slo), rows))
-    return workflows
+    ids = list(groups)
+    if num_workflows is None:
+        return [_trace_workflow(wid, groups[wid]) for wid in ids]
+    rng = np.random.default_rng(seed)
+    order = [(p, ids[i]) for p in range(-(-num_workflows // max(1, len(ids)))) for i in rng.permutation(len(ids))]
+    return [_trace_workflow(f"{wid}#{p}" if p else wid, groups[wid]) for p, wid in order[:num_workflows]]
+
+
+def _trace_workflow(workflow_id: str, rows: list[dict]) -> SimWorkflow:
+    app = APPS.get(rows[0].get("app") or "")
+    interactive = bool(rows[0].get("interactive")) if app is None else app.interactive
+    slo = app.slo_s if app else DEFAULT_SLO_S[interactive]
+    return _link(SimWorkflow(workflow_id, rows[0].get("app") or "trace", interactive, slo), rows)
+
+
+def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_model: str,
+               model_map: dict[str, str] | None = None) -> dict[str, str]:
+    """Give every stage a model with a cost profile; returns the names that were mapped.
+
+    A known name stays; a name in `model_map` becomes its profile; any other name becomes
+    `default_model`, with one warning per name (how many stages, and how to map it).
+    """
+    model_map = dict(model_map or {})
+    check_model_map(model_map, known)
+    unknown: Counter = Counter()
+    for stage in (s for w in workflows for s in w.stages):
+        if stage.model in known:
+            continue
+        if stage.model not in model_map:
+            unknown[stage.model] += 1
+        stage.model = model_map.get(stage.model, default_model)
+    for name, count in unknown.items():
+        warnings.warn(f"no cost profile for model '{name}' ({count} stages): simulated as '{default_model}'; "
+                      f"map it with --model-map '{name}=PROFILE' (known: {', '.join(known)})", stacklevel=2)
+    return {**model_map, **dict.fromkeys(unknown, default_model)}
+
+
+def check_model_map(model_map: dict[str, str], known: set[str] | dict) -> None:
+    for name, profile in model_map.items():
+        if profile not in known:
+            raise ValueError(f"--model-map {name}={profile}: no cost profile '{profile}'; known: {', '.join(known)}")
 
 
 def add_context(workflows: list[SimWorkflow], context_tokens: float, tool_result_tokens: float,
@@ -171,7 +215,7 @@ def reset(workflows: list[SimWorkflow]) -> None:
     """Clear runtime state so the same workload can be replayed under another policy."""
     for workflow in workflows:
         workflow.num_stages_left, workflow.done_s, workflow.is_dropped = len(workflow.stages), -1.0, False
-        workflow.attained_service_s, workflow.session_nodes = 0.0, []
+        workflow.attained_service_s, workflow.session_node = 0.0, None
         for s in workflow.stages:
             s.num_parents_left, s.generated_tokens, s.ready_s, s.first_start_s = len(s.parents), 0, -1.0, -1.0
             s.queue_wait_s, s.peak_pages, s.maxlen_pages, s.node, s.request, s.reservation = 0.0, 0, 0, None, None, None
