@@ -81,6 +81,9 @@ class GatewayConfig:
     workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
+    # A node is taken out of dispatch when it refuses the connection, or when this many /metrics polls in a row
+    # failed; a poll that times out (connect_timeout_s) while the node has stages in flight does not count.
+    node_down_after_failed_polls: int = 3
     node_timeout_s: float = 600.0  # read timeout of one forwarded request
     connect_timeout_s: float = 2.0
     trace_dir: str = "data/traces/gateway"
@@ -111,8 +114,9 @@ class GatewayConfig:
             raise ValueError("gateway config: 'nodes' is empty; list at least one vLLM node {name, url}")
         if len({n.name for n in self.nodes}) != len(self.nodes):
             raise ValueError("gateway config: node names must be unique")
-        if self.max_queued < 1 or self.max_attempts < 1 or self.trace_rotate_lines < 1:
-            raise ValueError("gateway config: max_queued, max_attempts and trace_rotate_lines must be >= 1")
+        if min(self.max_queued, self.max_attempts, self.trace_rotate_lines, self.node_down_after_failed_polls) < 1:
+            raise ValueError("gateway config: max_queued, max_attempts, trace_rotate_lines and "
+                             "node_down_after_failed_polls must be >= 1")
         if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight,
                self.upstream_stream_interval, self.handover_lead_s) < 0:
             raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "

@@ -92,7 +92,8 @@ class Gateway:
         self.traces.close()
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(n.poll(self.config.connect_timeout_s) for n in self.nodes))
+        await asyncio.gather(*(n.poll(self.config.connect_timeout_s, self.config.node_down_after_failed_polls)
+                               for n in self.nodes))
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
         self.dispatcher.pump()

@@ -8,12 +8,15 @@ bypasses the gateway still counts.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import statistics
 import time
 from collections import deque
 from dataclasses import replace
+
+import aiohttp
 
 from serving.gateway.config import NodeConfig
 from serving.gateway.upstream import Upstream, UpstreamError
@@ -90,6 +93,8 @@ class Node:
         self.num_preemptions = 0
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
         self.metrics_asked_s = float("-inf")  # when the /metrics now in use was asked for (monotonic)
+        self.num_failed_polls = 0  # in a row
+        self.num_slow_polls = 0  # timed out while stages were in flight: busy, not down
         self.models: list[str] = []
         self.num_vllm_blocks = 0
 
@@ -280,18 +285,33 @@ class Node:
         self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size,
                                                        page_bytes=block_size, overcommit=1.0))
 
-    async def poll(self, timeout_s: float) -> bool:
-        """Fetch /metrics; healthy iff it answered. Returns the new health."""
+    async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
+        """Fetch /metrics and return the node's health: up when it answered; down at once when it refuses the
+        connection, else after `down_after_failed_polls` failed polls in a row. A poll that times out while the
+        node has stages in flight is not a failure: a busy engine answers /metrics late (its stages' own
+        timeouts catch a stalled one)."""
         try:
             asked_s = time.monotonic()
             response = await self.upstream.get(f"{self.url}/metrics", timeout_s)
             if response.status_code != 200:
                 raise ValueError(f"/metrics answered {response.status_code}")
             self.apply_metrics(parse_metrics(response.text), asked_s)
-            self.is_healthy = True
+            self.is_healthy, self.num_failed_polls = True, 0
+        except aiohttp.ClientConnectorError:
+            self.is_healthy, self.num_failed_polls = False, self.num_failed_polls + 1
+        except asyncio.TimeoutError:
+            if self.num_inflight:
+                self.num_slow_polls += 1
+            else:
+                self._poll_failed(down_after_failed_polls)
         except (*UpstreamError, ValueError):
-            self.is_healthy = False
+            self._poll_failed(down_after_failed_polls)
         return self.is_healthy
+
+    def _poll_failed(self, down_after_failed_polls: int) -> None:
+        self.num_failed_polls += 1
+        if self.num_failed_polls >= down_after_failed_polls:
+            self.is_healthy = False
 
     def snapshot(self) -> dict:
         return {"name": self.name, "url": self.url, "healthy": self.is_healthy, "num_blocks": self.num_blocks,
@@ -301,4 +321,5 @@ class Node:
                 "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
                 "first_token_delay_s": round(self.first_token_delay_s, 3),
                 "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed,
-                "sent_ahead": self.num_ahead}
+                "sent_ahead": self.num_ahead, "failed_polls": self.num_failed_polls,
+                "slow_polls": self.num_slow_polls}
