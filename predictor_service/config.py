@@ -27,6 +27,8 @@ class ServiceConfig:
     model_root: str | None = None  # reload may load directories under this root (else only models:/ URIs)
     api_keys: tuple[str, ...] = ()  # when set, /predict, /observe and /stats need `Authorization: Bearer <key>`
     max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies get 413
+    # /predict, /predict_unbatched and /observe calls in flight per worker; more get 503 + Retry-After (0 = no cap)
+    max_inflight: int = 64
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -34,6 +36,8 @@ class ServiceConfig:
                              "or a directory (MAESTRO_MODEL)")
         if self.remember_predictions < 0:
             raise ValueError(f"remember_predictions must be ≥ 0, got {self.remember_predictions}")
+        if self.max_inflight < 0:
+            raise ValueError(f"max_inflight must be ≥ 0 (0 = no cap), got {self.max_inflight} (MAESTRO_MAX_INFLIGHT)")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be > 0, got {self.max_body_bytes} (MAESTRO_MAX_BODY_BYTES)")
 
@@ -43,7 +47,7 @@ class ServiceConfig:
         MAESTRO_TRACE_MAX_FILES, MAESTRO_TRACE_MAX_TOTAL_BYTES (retention; 0 keeps all),
         MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN,
         MAESTRO_ADMIN_OPEN (1 = admin endpoints without a token), MAESTRO_MODEL_ROOT, MAESTRO_API_KEYS (comma-separated)
-        and/or MAESTRO_API_KEYS_FILE (one per line), MAESTRO_MAX_BODY_BYTES."""
+        and/or MAESTRO_API_KEYS_FILE (one per line), MAESTRO_MAX_BODY_BYTES, MAESTRO_MAX_INFLIGHT."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
@@ -64,7 +68,8 @@ class ServiceConfig:
                    admin_open=env.get("MAESTRO_ADMIN_OPEN", "").lower() in ("1", "true", "yes"),
                    model_root=env.get("MAESTRO_MODEL_ROOT") or None,
                    api_keys=read_keys(env.get("MAESTRO_API_KEYS"), env.get("MAESTRO_API_KEYS_FILE")),
-                   max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int))
+                   max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int),
+                   max_inflight=_number(env, "MAESTRO_MAX_INFLIGHT", cls.max_inflight, int))
 
 
 def _number(env: Mapping[str, str], name: str, default, kind):

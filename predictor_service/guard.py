@@ -1,4 +1,5 @@
-"""The service's front door, as ASGI middleware: body size limit (413), API keys (401), admin gate (401/403).
+"""The service's front door, as ASGI middleware: body size limit (413), API keys (401), admin gate (401/403),
+load shedding (503 + Retry-After).
 
 It runs before BentoML parses a request, so an oversized or unauthorised call costs no parsing and
 reaches no endpoint. The rules come from the running service's ServiceConfig.
@@ -14,6 +15,11 @@ from predictor_service.config import ServiceConfig
 
 KEYED_PATHS = ("/predict", "/predict_unbatched", "/observe", "/stats")  # need an API key when keys are configured
 ADMIN_PREFIX = "/admin/"
+# Calls that queue for the model thread: over `max_inflight` of them at once, more are turned away (503) at
+# once rather than queued without bound. /livez, /readyz, /metrics and /stats are never shed.
+SHED_PATHS = ("/predict", "/predict_unbatched", "/observe")
+BUSY_STATUSES = (429, 503)
+RETRY_AFTER = (b"retry-after", b"1")
 
 
 def refusal(config: ServiceConfig, path: str, authorization: str | None) -> tuple[int, str] | None:
@@ -35,6 +41,7 @@ class Guard:
 
     def __init__(self, app, config: ServiceConfig | None = None):
         self.app, self._config = app, config
+        self.num_inflight = 0  # calls to SHED_PATHS in this worker
 
     @property
     def config(self) -> ServiceConfig:
@@ -50,7 +57,30 @@ class Guard:
             refused, receive = await _within_limit(headers, receive, config.max_body_bytes)
         if refused is not None:
             return await _reply(send, *refused)
-        return await self.app(scope, receive, send)
+        if scope["path"] not in SHED_PATHS:
+            return await self.app(scope, receive, send)
+        return await self._shed_or_call(scope, receive, send, config.max_inflight)
+
+    async def _shed_or_call(self, scope, receive, send, max_inflight: int):
+        if max_inflight and self.num_inflight >= max_inflight:
+            return await _reply(send, 503, f"this node is at its limit of {max_inflight} calls in flight "
+                                           "(MAESTRO_MAX_INFLIGHT): retry after 1 s or ask another node")
+        self.num_inflight += 1
+        try:
+            return await self.app(scope, receive, _with_retry_after(send))
+        finally:
+            self.num_inflight -= 1
+
+
+def _with_retry_after(send):
+    """`send`, adding Retry-After to a 429/503 from inside (BentoML's batcher answers 503 without it when a
+    request would wait past max_latency_ms)."""
+    async def wrapped(message):
+        if message["type"] == "http.response.start" and message["status"] in BUSY_STATUSES and not any(
+                name.lower() == RETRY_AFTER[0] for name, _ in message.get("headers", ())):
+            message = {**message, "headers": [*message.get("headers", ()), RETRY_AFTER]}
+        await send(message)
+    return wrapped
 
 
 async def _within_limit(headers: dict, receive, limit: int):
@@ -87,5 +117,7 @@ async def _reply(send, status: int, reason: str) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if status in BUSY_STATUSES:
+        headers.append(RETRY_AFTER)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
