@@ -84,8 +84,14 @@ class GatewayConfig:
     # A node is taken out of dispatch when it refuses the connection, or when this many /metrics polls in a row
     # failed; a poll that times out (connect_timeout_s) while the node has stages in flight does not count.
     node_down_after_failed_polls: int = 3
-    node_timeout_s: float = 600.0  # read timeout of one forwarded request
+    # An attempt fails, and the stage is retried on another node, when its node sends no byte for node_timeout_s
+    # (a stall; with unstreamed upstream calls a whole answer's generation must fit in it) or does not accept the
+    # connection within connect_timeout_s.
+    node_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
+    # A stage's deadline from its arrival, queueing and every attempt included: each attempt is cut at it, and a
+    # stage past it fails with 504 (traced). 0 = no deadline.
+    request_timeout_s: float = 0.0
     trace_dir: str = "data/traces/gateway"
     trace_rotate_lines: int = 10000
     predictor: str = "local"  # local (in-process priors/model) | http://host:port (predictor_service)
@@ -132,11 +138,14 @@ class GatewayConfig:
                              "workflow_idle_s and workflow_cap_shrink_wait_s >= 0")
         if not 0 < self.workflow_cap_backoff <= 1:
             raise ValueError(f"gateway config: workflow_cap_backoff must be in (0, 1], got {self.workflow_cap_backoff}")
-        if self.predictor_timeout_s <= 0 or self.predictor_startup_timeout_s < 0:
-            raise ValueError("gateway config: predictor_timeout_s must be > 0, predictor_startup_timeout_s >= 0")
+        if min(self.node_timeout_s, self.connect_timeout_s) <= 0 or self.request_timeout_s < 0:
+            raise ValueError("gateway config: node_timeout_s and connect_timeout_s must be > 0, "
+                             "request_timeout_s >= 0 (0 = no deadline)")
         if self.max_body_bytes < 1024:
             raise ValueError(f"gateway config: max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         self.read_api_keys()  # raises on a missing file or a short key
+        if self.predictor_timeout_s <= 0 or self.predictor_startup_timeout_s < 0:
+            raise ValueError("gateway config: predictor_timeout_s must be > 0, predictor_startup_timeout_s >= 0")
         if not -20 <= self.cpu_nice <= 19:
             raise ValueError(f"gateway config: cpu_nice must be in [-20, 19], got {self.cpu_nice}")
         if not 1.0 <= self.kv_overcommit <= 4.0:

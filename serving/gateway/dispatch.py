@@ -62,6 +62,11 @@ class Job:
     in_cap: bool = False  # counted as queued/running by the workflow cap
     prompt_chars: int = 0  # what the prompt-token estimate was made from, to calibrate it on vLLM's count
     num_messages: int = 0
+    deadline_s: float | None = None  # monotonic; past it the stage fails with 504 (GatewayConfig.request_timeout_s)
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the stage's deadline (0 once past it); None without a deadline."""
+        return None if self.deadline_s is None else max(0.0, self.deadline_s - time.monotonic())
 
 
 class Dispatcher:

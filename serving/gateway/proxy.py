@@ -1,9 +1,13 @@
 """Forward one call: queue → node → vLLM (JSON or SSE stream) → trace; retries on node failure.
 
-A stage is retried on another node only while nothing has reached the client yet (always for
-JSON answers, before the first byte for streams); after that a failure ends the stream with an
-error event. A client that disconnects cancels its queued job or closes the upstream request,
-which makes vLLM abort it.
+A stage is retried on another node (5xx, connection failure, a stall past `node_timeout_s`) only
+while nothing has reached the client yet: always for JSON answers; for streams, until the node's
+first whole event is in. After that a failure, or a stream that ends without `data: [DONE]`, ends
+the client's stream with an error event and `data: [DONE]`, as vLLM ends a failed stream. With
+`request_timeout_s` every attempt is cut at the stage's deadline, and a stage past it fails with
+504. Every stage ends with one trace line: completed, failed with its reason, or refused (429).
+A client that disconnects cancels its queued job or closes the upstream request, which makes
+vLLM abort it.
 """
 from __future__ import annotations
 
@@ -82,9 +86,11 @@ def forward_body(gateway: Gateway, body: dict) -> dict:
 
 
 async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstream: dict, body: dict) -> Response:
-    """Queue, dispatch and forward, retrying on node failure up to max_attempts."""
+    """Queue, dispatch and forward, retrying on node failure up to max_attempts within the stage's deadline."""
+    if gateway.config.request_timeout_s:
+        job.deadline_s = job.enqueued_s + gateway.config.request_timeout_s
     last_error = ""
-    while job.num_attempts < gateway.config.max_attempts:
+    while job.num_attempts < gateway.config.max_attempts and job.remaining_s() != 0:
         node = await wait_for_node(gateway, request, job, body)
         if isinstance(node, Response):
             gateway.inflight.discard(job.meta.key)
@@ -99,8 +105,15 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
             job.excluded.add(node.name)
             gateway.dispatcher.finish(job)
             gateway.counters["retries"] += 1
+    if job.remaining_s() == 0:
+        return deadline_passed(gateway, job, body, f"after {job.num_attempts} attempt(s) ({last_error})")
     return fail(gateway, job, body, 502, f"stage {job.meta.key} failed on every node tried ({last_error}); "
                                          "retry later or check the vLLM nodes")
+
+
+def deadline_passed(gateway: Gateway, job: Job, body: dict, where: str) -> Response:
+    return fail(gateway, job, body, 504, f"stage {job.meta.key} passed its deadline (request_timeout_s="
+                                         f"{gateway.config.request_timeout_s}) {where}; retry later or raise the deadline")
 
 
 def fail(gateway: Gateway, job: Job, body: dict, status: int, message: str, retry_after_s: int | None = None,
@@ -129,14 +142,18 @@ async def wait_for_node(gateway: Gateway, request: Request, job: Job, body: dict
     if job.future.done():
         return await _node_or_error(gateway, job, body, retry_after)
     disconnect = asyncio.ensure_future(wait_disconnect(request))
-    await asyncio.wait({job.future, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({job.future, disconnect}, timeout=job.remaining_s(),
+                                 return_when=asyncio.FIRST_COMPLETED)
     disconnect.cancel()
-    if not job.future.done():  # the client left while queued
-        job.future.cancel()
-        gateway.dispatcher.withdraw(job)
-        gateway.counters["cancelled"] += 1
-        return error_response(499, "client disconnected while queued", "cancelled")
-    return await _node_or_error(gateway, job, body, retry_after)
+    if job.future.done():
+        return await _node_or_error(gateway, job, body, retry_after)
+    job.future.cancel()
+    gateway.dispatcher.withdraw(job)
+    if disconnect not in done:
+        return deadline_passed(gateway, job, body, "while queued")
+    gateway.counters["cancelled"] += 1
+    gateway.record(job, body, CallResult(error="client disconnected while queued"), None, None)
+    return error_response(499, "client disconnected while queued", "cancelled")
 
 
 async def _node_or_error(gateway: Gateway, job: Job, body: dict, retry_after: int) -> Node | Response:
@@ -199,9 +216,9 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
         body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job))
+        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job), job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+        raise NodeFailed(describe(error)) from None
     is_complete = False
     try:
         if response.status >= 500:
@@ -240,16 +257,16 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         parsed = assembler.response()
         return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
     except UpstreamError as error:
-        raise NodeFailed(f"{node.name} failed mid-stream: {type(error).__name__}") from None
+        raise NodeFailed(f"failed mid-stream: {describe(error)}") from None
     finally:
         _end_stream(response, is_complete)
 
 
 async def post(node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
     try:
-        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(job))
+        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(job), job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+        raise NodeFailed(describe(error)) from None
     if response.status_code >= 500:
         raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
     return response, None
@@ -259,12 +276,19 @@ def _headers(job: Job) -> dict:
     return {"X-Request-Id": f"{job.meta.key}#{job.num_attempts}"}
 
 
+def describe(error: BaseException) -> str:
+    """A transport failure in words (aiohttp's timeouts carry no message)."""
+    if isinstance(error, asyncio.TimeoutError):
+        return "timed out (no byte within node_timeout_s, or the stage's deadline passed)"
+    return f"{type(error).__name__}: {error}"
+
+
 async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
-    """Open the upstream stream (a failure here is retryable), then relay it."""
+    """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(job))
+        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(job), job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(f"{type(error).__name__}: {error}") from None
+        raise NodeFailed(describe(error)) from None
     if response.status >= 500:
         response.close()
         raise NodeFailed(f"HTTP {response.status}")
@@ -275,40 +299,77 @@ async def open_stream(gateway, request, job, node, path, upstream, body) -> Resp
         gateway.record(job, body, CallResult(error=f"vLLM answered {response.status}"), node.name, node.kv_usage)
         gateway.inflight.discard(job.meta.key)
         return Response(content, response.status, media_type="application/json")
-    relay = relay_stream(gateway, job, node, response, body)
+    first = await read_first_event(response)
+    relay = relay_stream(gateway, job, node, response, body, first)
     return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
 
 
-async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict):
-    result, kv_usage, buffer = CallResult(), node.kv_usage, ""
+async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
+    """The stream's bytes up to the end of its first event; a node that fails before that fails the attempt."""
+    data = b""
+    try:
+        while b"\n\n" not in data:
+            raw = await response.content.readany()
+            if not raw:
+                raise NodeFailed("the stream ended before its first event")
+            data += raw
+    except UpstreamError as error:
+        response.close()
+        raise NodeFailed(f"before the stream's first event: {describe(error)}") from None
+    except NodeFailed:
+        response.close()
+        raise
+    return data
+
+
+async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict,
+                       first: bytes = b""):
+    """Relay whole SSE events to the client; a node failing mid-stream, or a stream ending without `[DONE]`,
+    ends it with an error event (a partial event is dropped, so the client's stream stays well-formed)."""
+    result, kv_usage, pending = CallResult(), node.kv_usage, ""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     is_complete = False
     try:
-        async for raw in response.content.iter_any():
-            chunk = decoder.decode(raw)
-            buffer += chunk
-            *lines, buffer = buffer.split("\n")
-            for line in lines:
+        async for raw in _prepend(first, response.content.iter_any()):
+            head, end, pending = (pending + decoder.decode(raw)).rpartition("\n\n")
+            if not end:
+                continue
+            for line in head.split("\n"):
                 result.read_sse_line(line)
             if job.node is not None and result.has_final_usage:  # vLLM's last chunk
                 gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
                 result.released_s = time.monotonic()
-            yield chunk
+            yield head + end
         is_complete = True
+        if not result.is_stream_done:
+            result.error = f"{node.name}'s stream ended before data: [DONE]"
+            yield sse_error(result.error)
     except UpstreamError as error:
-        result.error = f"{node.name} failed mid-stream: {type(error).__name__}"
-        yield f'data: {{"error": {{"message": "{result.error}", "type": "upstream_error"}}}}\n\ndata: [DONE]\n\n'
+        result.error = f"{node.name} failed mid-stream: {describe(error)}"
+        yield sse_error(result.error)
     except BaseException:
         result.error = "client disconnected"
         gateway.counters["cancelled"] += 1
         raise
     finally:
-        if buffer:
-            result.read_sse_line(buffer)
+        gateway.counters["failed"] += result.error is not None and result.error != "client disconnected"
         gateway.dispatcher.finish(job)
         gateway.inflight.discard(job.meta.key)
         gateway.record(job, body, result, node.name, kv_usage)
         _end_stream(response, is_complete)
+
+
+async def _prepend(first: bytes, rest):
+    if first:
+        yield first
+    async for raw in rest:
+        yield raw
+
+
+def sse_error(message: str, status: int = 502) -> str:
+    """The end of a failed stream, as vLLM writes it: an error event, then `data: [DONE]`."""
+    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": status}}
+    return f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
 
 
 def _end_stream(response: aiohttp.ClientResponse, is_complete: bool) -> None:
