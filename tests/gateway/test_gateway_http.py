@@ -217,6 +217,9 @@ text = st.text(st.characters(exclude_categories=()), max_size=12)  # surrogates 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8)
+any_value = st.one_of(  # each kind of JSON value equally often (json_values draws mostly small leaves)
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), text.filter(bool),
+    st.lists(json_values, min_size=1, max_size=3), st.dictionaries(text, json_values, min_size=1, max_size=3))
 messages = st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool"])},
     optional={"content": st.none() | text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}),
@@ -232,35 +235,48 @@ VALID = {"model": text, "max_tokens": st.integers(1, 64), "n": st.integers(1, 2)
          "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}), "logprobs": json_values}
 
 
+header_text = st.text(st.characters(min_codepoint=0, max_codepoint=127, exclude_characters="\r\n"), max_size=300)
+IDS = ["w", "1", "2", "a,b"]
+HEADERS = {f"X-Maestro-{name}": IDS for name in ("Workflow", "Stage", "Role", "App", "Parents")} | {
+    "X-Maestro-Interactive": ["true", "false", "0", "On"]}
+
+
 @st.composite
-def bodies(draw, path: str) -> dict:
-    """A valid body for the endpoint, then up to two of its fields broken (any JSON value), plus unknown fields."""
+def calls(draw, field: str | None) -> tuple[str, dict, dict]:
+    """An endpoint, a body and headers: a valid body with `field` broken (any JSON value) and unknown fields added,
+    under valid headers; with no field, a valid body under headers of any text."""
+    path = draw(st.sampled_from([CHAT, COMPLETIONS]))
     body = draw(st.fixed_dictionaries({"messages": messages} if path == CHAT else {"prompt": text | st.lists(text)},
                                       optional=VALID))
-    broken = draw(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=2))
+    if field is None:
+        return path, body, draw(st.fixed_dictionaries({}, optional={h: header_text for h in [*HEADERS, "X-Other"]}))
     extra = draw(st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in FIELDS), json_values,
                                  max_size=2))
-    return {**extra, **body, **broken}
+    headers = draw(st.fixed_dictionaries({}, optional={h: st.sampled_from(v) for h, v in HEADERS.items()}))
+    headers["X-Maestro-Workflow"] = draw(st.uuids()).hex  # a new stage each time: no replay of an earlier answer
+    return path, {**extra, **body, field: draw(any_value)}, headers
 
 
-header_text = st.text(st.characters(min_codepoint=0, max_codepoint=127, exclude_characters="\r\n"), max_size=300)
-headers = st.fixed_dictionaries({}, optional={
-    **{f"X-Maestro-{name}": st.sampled_from(["w", "1", "2", "a,b"]) | header_text
-       for name in ("Workflow", "Stage", "Role", "App", "Parents")},
-    "X-Maestro-Interactive": st.sampled_from(["true", "false", "0", "On"]) | header_text,
-    "X-Other": header_text})
-
-
-def test_fuzzed_bodies_and_headers_never_make_a_5xx_and_every_4xx_names_a_field(tmp_path):
+@pytest.fixture(scope="module")
+def fuzz_target(tmp_path_factory):
+    """The app over one vLLM-like node, kept up across the property tests' examples, and the loop it runs on."""
     loop = asyncio.new_event_loop()
-    stack = loop.run_until_complete(_fuzz_target(tmp_path))
-    client = stack["client"]
+    stack = loop.run_until_complete(_fuzz_target(tmp_path_factory.mktemp("fuzz-traces")))
+    try:
+        yield loop, stack["client"]
+    finally:
+        loop.run_until_complete(stack["close"]())
+        loop.close()
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(path_body=st.sampled_from([CHAT, COMPLETIONS]).flatmap(lambda p: st.tuples(st.just(p), bodies(p))),
-           headers=headers)
-    def check(path_body, headers):
-        path, body = path_body
+
+@pytest.mark.parametrize("field", [*FIELDS, None], ids=[*FIELDS, "headers"])
+def test_no_body_or_header_makes_a_5xx_and_every_4xx_names_a_field(fuzz_target, field):
+    loop, client = fuzz_target
+
+    @settings(max_examples=12 if field else 40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(call=calls(field))
+    def check(call):
+        path, body, headers = call
         response = loop.run_until_complete(client.post(path, content=json.dumps(body).encode(), headers=headers))
         assert response.status_code < 500, response.text
         if response.status_code >= 400:
@@ -268,11 +284,7 @@ def test_fuzzed_bodies_and_headers_never_make_a_5xx_and_every_4xx_names_a_field(
             named = {*body, *(h.lower() for h in headers), "messages", "prompt", "max_tokens"}
             assert param and (re.split(r"[.\[]", param)[0] in named or param.lower() in named), response.text
 
-    try:
-        check()
-    finally:
-        loop.run_until_complete(stack["close"]())
-        loop.close()
+    check()
 
 
 async def _fuzz_target(tmp_path) -> dict:
