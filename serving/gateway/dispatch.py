@@ -56,6 +56,7 @@ class Job:
     node: Node | None = None
     reservation: Reservation | None = None
     excluded: set[str] = field(default_factory=set)  # nodes that failed this stage
+    last_error: str = ""  # how the last attempt failed ("node: reason")
     num_attempts: int = 0
     queue_s: float = 0.0
     num_overtaken: int = 0  # times backfill dispatched a stage queued behind this one
@@ -261,8 +262,8 @@ class Dispatcher:
     def _check_placeable(self, job: Job) -> None:
         healthy = self._healthy(job)
         if not healthy:
-            raise NoNode("no healthy vLLM node for this stage" + (f" (failed on {sorted(job.excluded)})"
-                                                                   if job.excluded else ""))
+            raise NoNode("no healthy vLLM node for this stage" + (
+                f" (failed on {sorted(job.excluded)}; last: {job.last_error})" if job.excluded else ""))
         if not any(n.allocator is None or n.can_ever_fit(job.reserve_tokens) for n in healthy):
             raise NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
                          "lower max_tokens or shorten the prompt", status=413)

@@ -101,7 +101,7 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
                 return await open_stream(gateway, request, job, node, path, upstream, body)
             return await forward_json(gateway, request, job, node, path, upstream, body)
         except NodeFailed as error:
-            last_error = f"{node.name}: {error}"
+            last_error = job.last_error = f"{node.name}: {error}"
             job.excluded.add(node.name)
             gateway.dispatcher.finish(job)
             gateway.counters["retries"] += 1

@@ -14,6 +14,9 @@ import aiohttp
 
 # What a node failing at the transport level raises: connection refused/reset, timeouts, bad answers.
 UpstreamError = (aiohttp.ClientError, asyncio.TimeoutError)
+# A pooled connection idle this long is not reused: vLLM (uvicorn) closes idle keep-alive connections after
+# 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a call sent on one it is closing fails (ServerDisconnectedError).
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Upstream:
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
+        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
 
     async def close(self) -> None:

@@ -128,3 +128,29 @@ def test_overload_of_a_busy_node_answers_429_with_retry_after_from_the_queue_and
     lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
     assert sorted(line["stage_id"] for line in lines) == [f"s{i}" for i in range(5)]
     assert sorted(line["outcome"] for line in lines) == ["completed"] * 3 + ["refused"] * 2
+
+
+def test_a_stage_that_failed_on_every_healthy_node_is_traced_with_the_attempts_reason(tmp_path):
+    @web.middleware
+    async def failing(request: web.Request, handler):
+        return web.Response(status=500, text="engine error") if request.method == "POST" else await handler(request)
+
+    async def run():
+        app = vllm_like()
+        app.middlewares.append(failing)
+        async with serving(app) as url:
+            config = GatewayConfig(nodes=[{"name": "a", "url": url}], trace_dir=str(tmp_path), model="tiny",
+                                   metrics_period_s=60)
+            gateway = Gateway(config)
+            await gateway.start()
+            try:
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
+                                             base_url="http://gw") as client:
+                    return await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3})
+            finally:
+                await gateway.stop()
+
+    response = asyncio.run(run())
+    [line] = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert response.status_code == 503 and "Retry-After" in response.headers
+    assert line["outcome"] == "failed" and "failed on ['a']; last: a: HTTP 500: engine error" in line["error"]
