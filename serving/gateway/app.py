@@ -27,8 +27,10 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
         async def guarded(request: Request) -> Response:
             caller_id = caller_key_id(request.headers.get("authorization"), keys)
             if caller_id is None:
-                return error_response(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
-                                      "authentication_error", param="Authorization")
+                refused = error_response(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
+                                         "authentication_error", param="Authorization")
+                refused.headers["WWW-Authenticate"] = "Bearer"
+                return refused
             return await endpoint(request, "" if caller_id == ANONYMOUS else caller_id)
         return guarded
 

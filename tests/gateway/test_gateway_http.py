@@ -147,6 +147,7 @@ def test_api_keys_guard_every_route_but_health_and_scope_idempotency_and_traces(
         traced, {"a": True}, calls, node_kw={"received": received}, api_keys=[KEY_A], api_keys_file=str(key_file)))
     assert [r.status_code for r in anonymous] == [401] * 6
     assert all(r.json()["error"]["param"] == "Authorization" for r in anonymous)
+    assert all(r.headers["www-authenticate"] == "Bearer" for r in anonymous)
     assert health.status_code == 200 and status.status_code == 200
     assert a1.status_code == b1.status_code == a2.status_code == 200
     assert "x-maestro-replay" not in b1.headers  # the same workflow/stage ids under another key: its own stage
