@@ -14,6 +14,7 @@ from maestro.keys import bearer, caller_key_id, matches
 from predictor_service.config import ServiceConfig
 
 KEYED_PATHS = ("/predict", "/predict_unbatched", "/observe", "/stats")  # need an API key when keys are configured
+ADMIN_READABLE = ("/stats",)  # the admin token reads these too (`maestro deploy` verifies nodes through /stats)
 ADMIN_PREFIX = "/admin/"
 # Calls that queue for the model thread: over `max_inflight` of them at once, more are turned away (503) at
 # once rather than queued without bound. /livez, /readyz, /metrics and /stats are never shed.
@@ -31,6 +32,9 @@ def refusal(config: ServiceConfig, path: str, authorization: str | None) -> tupl
         return None if config.admin_open else (
             403, "admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
                  "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)")
+    is_admin = config.admin_token is not None and matches(bearer(authorization), config.admin_token)
+    if path in ADMIN_READABLE and is_admin:
+        return None
     if path in KEYED_PATHS and caller_key_id(authorization, config.api_keys) is None:
         return 401, "this node needs an API key: send `Authorization: Bearer <key>`"
     return None

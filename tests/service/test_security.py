@@ -44,6 +44,11 @@ def test_admin_endpoints_are_off_without_a_token_unless_opened_explicitly():
     assert refusal(ServiceConfig(model="m", admin_token="t" * 20), "/admin/reload", "Bearer " + "t" * 20) is None
 
 
+def test_the_admin_token_reads_stats_but_does_not_predict(admin, api):
+    assert api.get("/stats", headers=admin).status_code == 200  # `maestro deploy` verifies nodes this way
+    assert api.post("/predict", json={"stages": []}, headers=admin).status_code == 401
+
+
 @pytest.mark.parametrize("location", ["/etc", "../../../../etc", "models:/other-model/1", "runs:/abc/model"])
 def test_reload_loads_only_the_registry_or_the_model_root_and_never_echoes_the_path(api, admin, location):
     before = api.get("/stats").json()["model_version"]
