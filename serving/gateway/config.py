@@ -35,6 +35,9 @@ class GatewayConfig:
     policy: str = "continuum"
     policy_options: dict = field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
     max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
+    # Stages dispatched to one node at once (0 = no cap): more wait in the gateway's bounded queue, not in vLLM's
+    # unbounded one, so overload is answered with 429 instead of ever longer waits.
+    max_inflight_per_node: int = 256
     retry_after_s: int = 1
     max_attempts: int = 2  # dispatches per stage (node failures) before it fails back with 502
     rho: float = 0.2  # reserve = prediction upper bound × (1 + rho), capped at the request's max_tokens
@@ -97,8 +100,10 @@ class GatewayConfig:
     predictor: str = "local"  # local (in-process priors/model) | http://host:port (predictor_service)
     predictor_model: str = ""  # local: a predictor directory; empty = built-in priors
     # A stage's prediction waits this long for the model (local: its thread; http: the service), then the prior
-    # answers (counted by reason in /maestro/status, `prediction_source` in the trace).
-    predictor_timeout_s: float = 0.05
+    # answers (counted by reason in /maestro/status, `prediction_source` in the trace). A new prompt costs the local
+    # model ≈ 35 ms of CPU (MiniLM), a fan-out of 8 stages ≈ 0.3 s: see serving/gateway/README.md for what it
+    # takes under a busy engine.
+    predictor_timeout_s: float = 0.5
     # At start, before the gateway takes calls: a local model is warmed (no limit: a failure stops the start); a
     # service gets this long to report ready and answer one stage, else the gateway starts on the prior, not ready.
     predictor_startup_timeout_s: float = 30.0
@@ -124,9 +129,10 @@ class GatewayConfig:
             raise ValueError("gateway config: max_queued, max_attempts, trace_rotate_lines and "
                              "node_down_after_failed_polls must be >= 1")
         if min(self.backfill_depth, self.backfill_max_overtaken, self.admission_recheck_s, self.underoccupied_inflight,
-               self.upstream_stream_interval, self.handover_lead_s) < 0:
+               self.upstream_stream_interval, self.handover_lead_s, self.max_inflight_per_node) < 0:
             raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "
-                             "underoccupied_inflight, upstream_stream_interval, handover_lead_s must be >= 0")
+                             "underoccupied_inflight, upstream_stream_interval, handover_lead_s, "
+                             "max_inflight_per_node must be >= 0")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):

@@ -53,7 +53,8 @@ class Gateway:
         self.config = config
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
         self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin,
-                           config.project_from_progress, config.underoccupied_inflight, config.handover_lead_s)
+                           config.project_from_progress, config.underoccupied_inflight, config.handover_lead_s,
+                           config.max_inflight_per_node)
                       for n in config.nodes]
         self.scheduler_config = config.scheduler_config()
         cap = (WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s,

@@ -61,7 +61,7 @@ class Node:
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
                  kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False,
-                 underoccupied_inflight: int = 0, handover_lead_s: float = 0.0):
+                 underoccupied_inflight: int = 0, handover_lead_s: float = 0.0, max_inflight: int = 0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
@@ -74,6 +74,7 @@ class Node:
         # step of the end, instead of after vLLM's answer reached the gateway and the next stage reached vLLM (0 = off).
         self.handover_lead_s = handover_lead_s
         self.num_ahead = 0  # stages sent ahead of a running stage's end
+        self.max_inflight = max_inflight  # stages dispatched here at once (0 = no cap)
         self.recent_streams: deque[tuple[float, float]] = deque(maxlen=32)  # (first token delay, pace) of streams
         self.first_token_delay_s = 0.0  # dispatch → first streamed token, median of recent streams
         self.stage_tokens_per_s = 0.0  # one stage's pace while streaming, median of recent streams
@@ -83,7 +84,7 @@ class Node:
         self.mean_pace = 0.0  # output tokens / call time, EWMA
         self.num_paces_observed = 0
         self.call_fit = CallTimeFit()
-        self.num_refused = {"budget": 0, "vllm_free": 0, "projected": 0}  # why `can_fit` said no
+        self.num_refused = {"budget": 0, "vllm_free": 0, "projected": 0, "inflight": 0}  # why `can_fit` said no
         self.is_healthy = False
         self.allocator: KVAllocator | None = None
         self.block_size = 16
@@ -146,6 +147,8 @@ class Node:
         now = time.monotonic()
         if not self.is_healthy or self.allocator is None:
             return "unavailable", None
+        if self.max_inflight and self.num_inflight >= self.max_inflight:
+            return "inflight", None
         num_blocks = self.blocks_for(prompt_tokens + output_tokens)
         if num_blocks > self.num_unreserved_blocks:
             return "budget", None

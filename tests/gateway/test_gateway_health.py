@@ -154,3 +154,27 @@ def test_a_stage_that_failed_on_every_healthy_node_is_traced_with_the_attempts_r
     [line] = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
     assert response.status_code == 503 and "Retry-After" in response.headers
     assert line["outcome"] == "failed" and "failed on ['a']; last: a: HTTP 500: engine error" in line["error"]
+
+
+def test_stages_past_a_nodes_inflight_cap_wait_in_the_bounded_queue_and_overflow_with_429(tmp_path):
+    """Plenty of KV, but at most one stage on the node: of three at once one runs, one waits in the gateway's queue
+    of one and the third gets 429 + Retry-After, instead of all three going to vLLM's own queue."""
+    async def run():
+        engine = Engine()
+        async with serving(busy_vllm(engine, tail_delay_s=0.3)) as url:
+            config = GatewayConfig(nodes=[{"name": "a", "url": url}], trace_dir=str(tmp_path), model="tiny",
+                                   metrics_period_s=60, max_queued=1, max_inflight_per_node=1)
+            gateway = Gateway(config)
+            await gateway.start()
+            try:
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
+                                             base_url="http://gw") as client:
+                    responses = await asyncio.gather(*(client.post("/v1/completions", json={
+                        "prompt": "p", "max_tokens": 3}, headers={"X-Maestro-Stage": f"s{i}"}) for i in range(3)))
+                return responses, gateway.nodes[0].num_refused["inflight"]
+            finally:
+                await gateway.stop()
+
+    responses, num_refused_inflight = asyncio.run(run())
+    assert sorted(r.status_code for r in responses) == [200, 200, 429] and num_refused_inflight > 0
+    assert next(r for r in responses if r.status_code == 429).headers["Retry-After"] == "1"
