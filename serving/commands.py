@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     parser.add_argument("--traces", default=None, help="replay workflows from a stage-trace file (contract JSONL)")
     parser.add_argument("--model-map", action="append", default=[], metavar="NAME=PROFILE",
                         help="simulate a trace's model NAME with cost profile PROFILE (repeatable); other unknown "
-                             "names run as the scenario's first placed model, with a warning")
+                             "names run as the scenario's first placed model, with a warning (mars-swe runs its "
+                             "one model for every stage)")
     parser.add_argument("--model", default=None, help="trained predictor directory (Predictor.load)")
     parser.add_argument("--predictions", default=None, choices=["noise", "oracle", "model"],
                         help="where predictions come from (default: model if --model, else noise)")
