@@ -231,7 +231,7 @@ def _settle(future: asyncio.Future, outcome: object) -> None:
 class LocalPredictor:
     """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
 
-    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.05, what: str = "local"):
+    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local"):
         self.predictor = predictor or Predictor(None, None, {"": DEFAULT_PRIOR})
         self.fallback = LocalFallback(self.predictor.priors)
         self.timeout_s = timeout_s

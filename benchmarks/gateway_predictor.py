@@ -1,0 +1,109 @@
+"""The trained predictor live: which share of stages the model answers while a vLLM-CPU engine is busy.
+
+    .venv/bin/python benchmarks/gateway_predictor.py --model DIR --out benchmarks/results/gateway_predictor.json
+
+Needs .venv-vllm (scripts/setup-vllm.sh) and a trained predictor (`maestro train` or `dvc repro`). One engine
+(the tests' tiny model), `maestro gateway` with `predictor: local` and `predictor_model: DIR`, then `maestro
+drive --app all`. Counted from the trace lines: stages answered by the model and by the prior (`fallback_level:
+prior`, and the reason in `prediction_source` where the gateway writes it), the prediction's time (`predict_s`,
+where written), and the gateway's own counts (/maestro/status `predictor`). `--gateway-repo` runs the gateway
+from another checkout (e.g. a `git worktree` of an older commit) for a before/after comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.gateway.gateway_process import GatewayProcess  # noqa: E402  (our test fixtures)
+from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+
+from benchmarks.gateway import start_engines  # noqa: E402
+from pipelines.collect import collect  # noqa: E402
+from serving.driver.runner import DriveConfig, drive  # noqa: E402
+
+
+def trace_counts(trace_dir: Path) -> dict:
+    """Who answered each traced stage, and how long its prediction took."""
+    stages, _ = collect(trace_dir)
+    extras = [s.model_extra or {} for s in stages]
+    levels = Counter(e.get("fallback_level") for e in extras)
+    sources = Counter(e["prediction_source"] for e in extras if "prediction_source" in e)
+    predict_ms = np.array([e["predict_s"] * 1000 for e in extras if "predict_s" in e])
+    num_prior = levels.get("prior", 0)
+    out = {"num_stages": len(stages), "fallback_level": dict(levels), "prediction_source": dict(sources),
+           "model_share": round(1 - num_prior / len(stages), 4) if stages else None,
+           "tokens_reserve_median": {
+               kind: float(np.median([e["tokens_reserve"] for e in extras if (e.get("fallback_level") == "prior")
+                                      == (kind == "prior") and "tokens_reserve" in e] or [np.nan]))
+               for kind in ("model", "prior")}}
+    if len(predict_ms):
+        out["predict_ms"] = {f"p{q}": round(float(np.percentile(predict_ms, q)), 2) for q in (50, 90, 99)}
+        out["predict_ms"]["max"] = round(float(predict_ms.max()), 2)
+    return out
+
+
+def run_arm(name: str, args, tiny: Path, workdir: Path, repo: Path) -> dict:
+    """One engine, one gateway, one drive; the engine and the gateway are stopped at the end."""
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    [engine] = start_engines(tiny, logs, args.kv_bytes, 1)
+    trace_dir = workdir / f"traces-{name}"
+    fields = {"nodes": [{"name": "node0", "url": engine.url}], "trace_dir": str(trace_dir), "predictor": "local",
+              "predictor_model": str(Path(args.model).resolve()), **json.loads(args.gateway_fields)}
+    try:
+        started = time.monotonic()
+        with GatewayProcess(fields, workdir, repo) as gateway:
+            up_s = time.monotonic() - started
+            config = DriveConfig(target=gateway.url, app="all", num_workflows=args.workflows,
+                                 concurrency=args.concurrency, token_scale=args.token_scale,
+                                 max_tokens_cap=args.max_tokens_cap, seed=args.seed)
+            report = asyncio.run(drive(config, workdir / f"drive-{name}.json"))
+            status = httpx.get(f"{gateway.url}/maestro/status", timeout=10).json()
+    finally:
+        engine.stop()
+    return {"repo": str(repo), "gateway_up_s": round(up_s, 1), "summary": report["summary"],
+            "traces": trace_counts(trace_dir), "status_predictor": status.get("predictor")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a trained predictor directory")
+    parser.add_argument("--out", default="benchmarks/results/gateway_predictor.json")
+    parser.add_argument("--workdir", default=None, help="traces, logs, reports (default: a temp dir)")
+    parser.add_argument("--gateway-repo", action="append", default=[],
+                        help="NAME=DIR: an arm whose gateway runs from checkout DIR (repeatable); "
+                             "default: this checkout only")
+    parser.add_argument("--workflows", type=int, default=25)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--token-scale", type=float, default=0.25)
+    parser.add_argument("--max-tokens-cap", type=int, default=96)
+    parser.add_argument("--kv-bytes", type=int, default=64 * 1024 * 1024)
+    parser.add_argument("--gateway-fields", default="{}", help='gateway config fields, as JSON (e.g. {"cpu_nice": -10, "predictor_timeout_s": 0.05})')
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="maestro-gw-predictor-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    tiny = build_tiny_model(workdir / "tiny-model")
+    arms = dict(a.split("=", 1) for a in args.gateway_repo) or {"this": str(REPO)}
+    result = {"date": time.strftime("%Y-%m-%d"), "args": vars(args), "workdir": str(workdir), "arms": {}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for name, repo in arms.items():
+        result["arms"][name] = run_arm(name, args, tiny, workdir, Path(repo).resolve())
+        out.write_text(json.dumps(result, indent=1))
+        print(name, json.dumps(result["arms"][name]["traces"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
