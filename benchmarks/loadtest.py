@@ -7,7 +7,10 @@ Needs .venv-vllm (scripts/setup-vllm.sh). Per target: a short closed-loop ramp (
 capacity (answers/s, the best step); then arrivals at `--overload` × capacity for `--duration-s`. Checks: every
 process is alive at the end; peak RSS of each process tree, sampled every second (and the first vs the last third
 of the overload, to show it bounded); every 429/503 carries Retry-After; sent = answered + refused + failed, and
-for the gateway every stage sent has exactly one trace line (lost = 0, duplicated = 0).
+for the gateway every stage sent has exactly one trace line (lost = 0, duplicated = 0), its outcomes by reason.
+Where time went: `overload_client_lag_s` (the generator sending late: its own CPU share) and, for the gateway,
+`intake_s` (sent → the stage's `arrival_s` in its trace: HTTP, validation and prediction before it is queued).
+Service calls carry `--service-stages` stages each, as the gateway sends a tick's stages in one call.
 """
 from __future__ import annotations
 
@@ -65,10 +68,12 @@ class Load:
         self.rows: list[dict] = []
         self.next_id = 0
 
-    async def one(self, phase: str) -> dict:
+    async def one(self, phase: str, scheduled_s: float | None = None) -> dict:
         i, self.next_id = self.next_id, self.next_id + 1
-        row = {"i": i, "phase": phase, "status": None, "retry_after": None}
+        row = {"i": i, "phase": phase, "status": None, "retry_after": None, "sent_unix_s": time.time()}
         started = time.monotonic()
+        if scheduled_s is not None:  # how late the generator itself sent it (its own CPU share)
+            row["client_lag_s"] = started - scheduled_s
         try:
             async with self.session.post(f"{self.target.url}{self.target.route}", json=self.target.body(i),
                                          headers=self.target.headers(i)) as response:
@@ -76,6 +81,7 @@ class Load:
                 row.update(status=response.status, retry_after=response.headers.get("Retry-After"))
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             row["error"] = type(error).__name__
+            row["error_detail"] = str(error)[:200]
         row["latency_s"] = time.monotonic() - started
         self.rows.append(row)
         return row
@@ -95,7 +101,7 @@ class Load:
         tasks, started = [], time.monotonic()
         for n in range(int(rate_per_s * duration_s)):
             await asyncio.sleep(max(0.0, started + n / rate_per_s - time.monotonic()))
-            tasks.append(asyncio.create_task(self.one("overload")))
+            tasks.append(asyncio.create_task(self.one("overload", started + n / rate_per_s)))
         await asyncio.gather(*tasks)
 
 
@@ -162,12 +168,40 @@ def account(rows: list[dict], overload_rows: list[dict], duration_s: float, capa
             "overload_answered_per_s": round(len(over) / duration_s, 2),
             "overload_answered_vs_capacity": round(len(over) / duration_s / capacity, 2) if capacity else None,
             "overload_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
-            "overload_max_s": round(latencies[-1], 3) if latencies else None}
+            "overload_max_s": round(latencies[-1], 3) if latencies else None,
+            "overload_client_lag_s": p50_max([r["client_lag_s"] for r in overload_rows])}
 
 
-def traced_stages(trace_dir: Path) -> Counter:
-    lines = [json.loads(line) for p in sorted(trace_dir.glob("*.jsonl")) for line in p.read_text().splitlines()]
-    return Counter(line["stage_id"] for line in lines)
+def p50_max(values: list[float]) -> dict | None:
+    values = sorted(values)
+    return {"p50": round(values[len(values) // 2], 3), "max": round(values[-1], 3)} if values else None
+
+
+def listen_overflows() -> int:
+    """Connections the kernel dropped because a server had not accepted earlier ones (the whole host, Linux):
+    a client whose connection is dropped that way reached no server, and no trace line is owed for it."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split()))["ListenOverflows"])
+    return 0
+
+
+def trace_lines(trace_dir: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted(trace_dir.glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def gateway_accounting(rows: list[dict], lines: list[dict]) -> dict:
+    """Every stage sent has exactly one trace line; outcomes by reason; how long a stage took to reach the gateway's
+    queue after it was sent (intake: HTTP, validation, prediction on a shared CPU)."""
+    traced = Counter(line["stage_id"] for line in lines)
+    lost = {f"s{r['i']}" for r in rows} - set(traced)
+    sent_s = {f"s{r['i']}": r["sent_unix_s"] for r in rows}
+    outcomes = Counter(f"{line.get('outcome')}: {line.get('error', '')[:60]}".rstrip(": ") for line in lines)
+    return {"traced": sum(traced.values()), "lost": len(lost), "duplicated": sum(n > 1 for n in traced.values()),
+            "lost_examples": [r for r in rows if f"s{r['i']}" in lost][:10], "trace_outcomes": dict(outcomes),
+            "intake_s": p50_max([line["arrival_s"] - sent_s[line["stage_id"]] for line in lines
+                                 if line["stage_id"] in sent_s])}
 
 
 def train_predictor(out: Path) -> Path:
@@ -186,6 +220,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-queued", type=int, default=32, help="the gateway's queue bound (429 beyond)")
     parser.add_argument("--request-timeout-s", type=float, default=30.0, help="the gateway's stage deadline")
+    parser.add_argument("--max-inflight-per-node", type=int, default=128,
+                        help="the gateway's cap on stages sent to the engine at once (2x its --max-num-seqs 64)")
+    parser.add_argument("--targets", default="gateway,service", help="which phases to run, comma-separated")
+    parser.add_argument("--service-stages", type=int, default=32,
+                        help="stages per /predict call (as the gateway batches a tick's stages): one-stage calls "
+                             "at 2x the service's capacity are more than one load generator on 2 cores can send")
     parser.add_argument("--out", default="benchmarks/results/loadtest.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="maestro-loadtest-"))
@@ -196,25 +236,27 @@ def main() -> None:
     with LocalServer(ServerConfig(env=service_env, log_path=str(work / "service.log"))) as service:
         engine.wait_ready()
         gateway, url = start_gateway([engine], work / "traces", work, predictor=service.url, max_queued=args.max_queued,
-                                     request_timeout_s=args.request_timeout_s, metrics_period_s=0.25)
+                                     request_timeout_s=args.request_timeout_s, metrics_period_s=0.25,
+                                     max_inflight_per_node=args.max_inflight_per_node)
         sampler = RssSampler({"gateway": gateway.pid, "service": service.process.pid, "vllm": engine.process.pid})
         sampler.start()
         try:
             targets = [Target("gateway", url, "/v1/chat/completions", lambda i: chat_body(i, args.max_tokens),
                               stage_headers),
-                       Target("service", service.url, "/predict", lambda i: {"stages": [wire[i % len(wire)]]})]
+                       Target("service", service.url, "/predict", lambda i: {"stages": [
+                           wire[(i * args.service_stages + k) % len(wire)] for k in range(args.service_stages)]})]
             wire = [to_wire(r) for r in generate(256, seed=123)]
-            for target in targets:
+            for target in [t for t in targets if t.name in args.targets.split(",")]:
+                overflows = listen_overflows()
                 rows, ramp, capacity, since = asyncio.run(run_target(target, args.ramp_s, args.duration_s,
                                                                      args.overload, args.request_timeout_s + 30))
+                overflows = listen_overflows() - overflows
                 overload_rows = [r for r in rows if r["phase"] == "overload"]
                 result = {"ramp_answers_per_s": ramp, "capacity_per_s": capacity,
-                          **account(rows, overload_rows, args.duration_s, capacity), "rss": sampler.summary(since)}
+                          **account(rows, overload_rows, args.duration_s, capacity), "rss": sampler.summary(since),
+                          "listen_overflows": overflows}
                 if target.name == "gateway":
-                    traced = traced_stages(work / "traces")
-                    sent = {f"s{r['i']}" for r in rows}
-                    result.update(traced=sum(traced.values()), lost=len(sent - set(traced)),
-                                  duplicated=sum(n > 1 for n in traced.values()))
+                    result.update(gateway_accounting(rows, trace_lines(work / "traces")))
                 report[target.name] = result
                 print(target.name, json.dumps(result), flush=True)
             report["alive"] = {"gateway": gateway.poll() is None, "service": service.process.poll() is None,
