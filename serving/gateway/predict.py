@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Protocol
 
-from pipelines.contract import StageTrace
+from pipelines.contract import StageTrace, derive_structure
 from pipelines.features import StageHistory
 from pipelines.predictor import Prediction, Predictor, Prior
 from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
@@ -124,10 +124,12 @@ class ModelWorker:
     """The trained model's own thread. The calls that arrived while it was busy go through the model together
     (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed.
 
-    `predict_batch(stages)` → one Prediction per stage (`Predictor.predict` with the live history)."""
+    `parse(stage dicts)` → one call's StageTraces (raises ValueError on a bad one); `predict_batch(stages)` → one
+    Prediction per stage (`Predictor.predict` with the live history)."""
 
-    def __init__(self, predict_batch: Callable[[list[StageTrace]], list[Prediction]],
-                 max_batch_stages: int = MAX_BATCH_STAGES):
+    def __init__(self, parse: Callable[[list[dict]], list[StageTrace]],
+                 predict_batch: Callable[[list[StageTrace]], list[Prediction]], max_batch_stages: int = MAX_BATCH_STAGES):
+        self.parse = parse
         self.predict_batch = predict_batch
         self.max_batch_stages = max_batch_stages
         self.num_batches = self.num_expired = 0
@@ -187,7 +189,7 @@ class ModelWorker:
         parsed: list[tuple[_Call, list[StageTrace]]] = []
         for call in live:
             try:
-                parsed.append((call, [StageTrace.model_validate(s) for s in call.stages]))
+                parsed.append((call, self.parse(call.stages)))
             except ValueError as error:
                 _settle(call.future, error)
         if parsed:
@@ -239,7 +241,7 @@ class LocalPredictor:
         self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
         self.counts = AnswerCounts(what)
         self.has_model = self.predictor.model is not None
-        self.worker = ModelWorker(self._predict_batch) if self.has_model else None
+        self.worker = ModelWorker(self._parse, self._predict_batch) if self.has_model else None
         self.is_ready = not self.has_model  # a model is ready once start() has warmed it
         self.warmup_s: float | None = None
 
@@ -285,6 +287,12 @@ class LocalPredictor:
             return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
         self.counts.add(Source.MODEL, len(answers))
         return [StageAnswer(p, Source.MODEL) for p in answers]
+
+    def _parse(self, stage_dicts: list[dict]) -> list[StageTrace]:
+        # Order-dependent structure (call_index, depth) is fixed per call, before the model thread batches calls:
+        # a stage's features do not depend on whose call it was predicted with (as predictor_service does).
+        stages = [StageTrace.model_validate(s) for s in stage_dicts]
+        return derive_structure(stages, self.history.known(stages))
 
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
         return self.predictor.predict(stages, self.history)

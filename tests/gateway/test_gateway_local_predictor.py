@@ -154,7 +154,7 @@ def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_the
         return [Prediction(s.workflow_id, s.stage_id, 0.1, 10, 20, "role") for s in stages]
 
     async def scenario():
-        worker = ModelWorker(predict_batch)
+        worker = ModelWorker(lambda rows: [StageTrace.model_validate(r) for r in rows], predict_batch)
         await asyncio.wrap_future(worker.start(lambda: None))
         now = time.monotonic()
         first = worker.submit([stage(0)], now + 5)
@@ -206,3 +206,33 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
     assert status["answered_by_model"] == traced["model"]
     assert status["fallback_reasons"] == {s.value: traced[s.value] for s in Source if s is not Source.MODEL}
     assert f'maestro_gateway_stage_predictions_total{{source="model"}} {traced["model"]}' in metrics
+
+
+def test_a_stage_gets_the_same_answer_alone_as_batched_with_its_siblings(model_dir):
+    """Two stages of one workflow predicted in one model pass get the answers each gets alone (their call order
+    and depth come from the finished stages seen, not from the batch)."""
+    loaded = Predictor.load(model_dir)
+    planner = {**stage(0, "planner"), "workflow_id": "w", "output_tokens": 120, "is_tool_call": False}
+    siblings = [{**stage(i), "workflow_id": "w", "stage_id": f"c{i}", "parent_ids": ["0"]} for i in (1, 2)]
+
+    async def scenario():
+        predictor = LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=5)
+        Stalling.delay_s = 0.0
+        await predictor.start()
+        predictor.observe(planner)
+        Stalling.delay_s = 0.2
+        try:
+            busy = asyncio.ensure_future(predictor.predict([stage(9)]))  # holds the thread while the siblings queue
+            await asyncio.sleep(0.05)
+            together = await asyncio.gather(*(predictor.predict([s]) for s in siblings))
+            await busy
+            num_batches = predictor.worker.num_batches
+            alone = [await predictor.predict([s]) for s in siblings]
+        finally:
+            await predictor.aclose()
+        return together, alone, num_batches
+
+    together, alone, num_batches = asyncio.run(scenario())
+    assert num_batches == 2  # the busy call, then both siblings in one pass
+    assert [a.prediction for [a] in together] == [a.prediction for [a] in alone]
+    assert {a.source for [a] in together + alone} == {Source.MODEL}
