@@ -90,8 +90,10 @@ class Stalling(Predictor):
     """The trained model, answering after `delay_s` (a model thread starved of CPU)."""
 
     delay_s = 0.3
+    started = threading.Event()  # set once a prediction is under way
 
     def predict(self, stages, history=None):
+        self.started.set()
         time.sleep(self.delay_s)
         return super().predict(stages, history)
 
@@ -222,8 +224,9 @@ def test_a_stage_gets_the_same_answer_alone_as_batched_with_its_siblings(model_d
         predictor.observe(planner)
         Stalling.delay_s = 0.2
         try:
+            Stalling.started.clear()
             busy = asyncio.ensure_future(predictor.predict([stage(9)]))  # holds the thread while the siblings queue
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(Stalling.started.wait, 5)
             together = await asyncio.gather(*(predictor.predict([s]) for s in siblings))
             await busy
             num_batches = predictor.worker.num_batches
