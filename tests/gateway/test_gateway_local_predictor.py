@@ -148,10 +148,11 @@ def test_fallbacks_are_counted_by_reason_and_the_first_of_each_is_a_warning(mode
 
 
 def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_their_deadline():
-    batches, release = [], threading.Event()
+    batches, busy, release = [], threading.Event(), threading.Event()
 
     def predict_batch(stages):
         batches.append([s.workflow_id for s in stages])
+        busy.set()
         release.wait(5)  # the first batch holds the thread while the other calls arrive
         return [Prediction(s.workflow_id, s.stage_id, 0.1, 10, 20, "role") for s in stages]
 
@@ -160,7 +161,7 @@ def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_the
         await asyncio.wrap_future(worker.start(lambda: None))
         now = time.monotonic()
         first = worker.submit([stage(0)], now + 5)
-        await asyncio.sleep(0.05)  # the thread is busy with the first call now
+        await asyncio.to_thread(busy.wait, 5)  # the thread is busy with the first call now
         expired = worker.submit([stage(1)], now)  # its caller has given up already
         waiting = [worker.submit([stage(i)], now + 5) for i in (2, 3, 4)]
         release.set()
