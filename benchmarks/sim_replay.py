@@ -73,10 +73,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5.0, help="workflow arrivals per second, whole cluster")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/sim_replay.json")
+    parser.add_argument("--work", default="benchmarks/results/sim_replay",
+                        help="split, model and per-arm JSON (the model is reused unless --retrain)")
     parser.add_argument("--retrain", action="store_true", help="train even if the model directory exists")
     args = parser.parse_args()
-    out = Path(args.out)
-    work = out.with_suffix("")
+    out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     train, replay = split(work, 0.3, args.seed)
     model_dir = work / "model"
@@ -84,7 +85,7 @@ def main() -> None:
     if args.retrain or not model_dir.exists():
         maestro("train", "--traces", str(train), "--out", str(model_dir))
     train_s = round(time.perf_counter() - started, 1)
-    arms = {arm: simulate(arm, replay, model_dir, work / f"{arm}.json", args) for arm in ARMS}
+    arms = {arm: simulate(arm, replay, model_dir, work / f"{arm}_rate{args.rate:g}.json", args) for arm in ARMS}
     result = {"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "workflows": args.workflows, "rate": args.rate,
               "seed": args.seed, "traces": [str(p) for p in TRACES], "model_map": MODEL_MAP, "train_s": train_s,
               "headline": headline(arms), "arms": arms}
