@@ -23,7 +23,8 @@ from pipelines.synth import generate
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
-from serving.gateway.predict import LocalPredictor, ModelWorker, Source
+from serving.gateway.model_thread import ModelWorker
+from serving.gateway.predict import LocalPredictor, Source
 
 from .conftest import fake_nodes
 

@@ -1,0 +1,133 @@
+"""The trained model's own thread in the gateway: calls wait in a queue, those that waited together go through
+the model in one pass, and answers go back to the event loop that asked (`asyncio.Future`s)."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pipelines.contract import StageTrace
+from pipelines.predictor import Prediction
+
+MAX_BATCH_STAGES = 64  # stages the model thread predicts in one go (the calls that waited while it was busy)
+
+
+@dataclass(slots=True)
+class _Call:
+    stages: list[dict]
+    future: asyncio.Future
+    deadline_s: float  # time.monotonic(): past it the caller has answered from the prior
+
+
+class ModelWorker:
+    """The trained model's own thread. The calls that arrived while it was busy go through the model together
+    (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed.
+
+    `parse(stage dicts)` → one call's StageTraces (raises ValueError on a bad one); `predict_batch(stages)` → one
+    Prediction per stage (`Predictor.predict` with the live history)."""
+
+    def __init__(self, parse: Callable[[list[dict]], list[StageTrace]],
+                 predict_batch: Callable[[list[StageTrace]], list[Prediction]], max_batch_stages: int = MAX_BATCH_STAGES):
+        self.parse = parse
+        self.predict_batch = predict_batch
+        self.max_batch_stages = max_batch_stages
+        self.num_batches = self.num_expired = 0
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, warm_up: Callable[[], None]) -> concurrent.futures.Future:
+        """Start the thread; it runs `warm_up` first. The future resolves when that is done (or raises its error)."""
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(warm_up, ready), name="gateway-predictor",
+                                        daemon=True)
+        self._thread.start()
+        return ready
+
+    def submit(self, stages: list[dict], deadline_s: float) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._calls.put(_Call(stages, future, deadline_s))
+        return future
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._calls.put(None)
+            self._thread.join(timeout=5)
+
+    def _run(self, warm_up: Callable[[], None], ready: concurrent.futures.Future) -> None:
+        try:
+            warm_up()
+        except BaseException as error:  # noqa: BLE001 — reported to start()'s caller
+            ready.set_exception(error)
+            return
+        ready.set_result(None)
+        while (batch := self._next_batch()) is not None:
+            self._answer(batch)
+
+    def _next_batch(self) -> list[_Call] | None:
+        """The next call (blocking) and every call already waiting behind it, up to max_batch_stages."""
+        first = self._calls.get()
+        if first is None:
+            return None
+        batch, num_stages = [first], len(first.stages)
+        while num_stages < self.max_batch_stages:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is None:
+                self._calls.put(None)  # stop after this batch
+                break
+            batch.append(call)
+            num_stages += len(call.stages)
+        return batch
+
+    def _answer(self, batch: list[_Call]) -> None:
+        now = time.monotonic()
+        live = [c for c in batch if c.deadline_s > now]
+        self.num_expired += len(batch) - len(live)
+        parsed: list[tuple[_Call, list[StageTrace]]] = []
+        for call in live:
+            try:
+                parsed.append((call, self.parse(call.stages)))
+            except Exception as error:  # noqa: BLE001 — a stage the contract refuses fails its own call only
+                _settle(call.future, error)
+        if parsed:
+            self.num_batches += 1
+            self._predict(parsed)
+
+    def _predict(self, parsed: list[tuple[_Call, list[StageTrace]]]) -> None:
+        """One model pass for all the calls; if it raises, one pass per call: a stage the model chokes on fails
+        its own call only (its caller answers from the prior)."""
+        try:
+            answers = self.predict_batch([s for _, stages in parsed for s in stages])
+        except Exception as error:  # noqa: BLE001 — reported to the caller, counted there
+            if len(parsed) == 1:
+                _settle(parsed[0][0].future, error)
+            else:
+                for one in parsed:
+                    self._predict([one])
+            return
+        start = 0
+        for call, stages in parsed:
+            _settle(call.future, answers[start:start + len(stages)])
+            start += len(stages)
+
+
+def _settle(future: asyncio.Future, outcome: object) -> None:
+    """Hand a result (or an exception) to the event loop that waits on `future`."""
+    def settle() -> None:
+        if future.done():  # the caller stopped waiting (its deadline)
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop has closed: nobody waits any more
+        pass
