@@ -151,8 +151,8 @@ def _trace_workflow(workflow_id: str, rows: list[dict]) -> SimWorkflow:
 
 
 def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_model: str,
-               model_map: dict[str, str] | None = None) -> dict[str, str]:
-    """Give every stage a model with a cost profile; returns the names that were mapped.
+               model_map: dict[str, str] | None = None) -> None:
+    """Give every stage a model with a cost profile.
 
     A known name stays; a name in `model_map` becomes its profile; any other name becomes
     `default_model`, with one warning per name (how many stages, and how to map it).
@@ -169,10 +169,10 @@ def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_mod
     for name, count in unknown.items():
         warnings.warn(f"no cost profile for model '{name}' ({count} stages): simulated as '{default_model}'; "
                       f"map it with --model-map '{name}=PROFILE' (known: {', '.join(known)})", stacklevel=2)
-    return {**model_map, **dict.fromkeys(unknown, default_model)}
 
 
 def check_model_map(model_map: dict[str, str], known: set[str] | dict) -> None:
+    """Every profile a --model-map entry names must exist."""
     for name, profile in model_map.items():
         if profile not in known:
             raise ValueError(f"--model-map {name}={profile}: no cost profile '{profile}'; known: {', '.join(known)}")
