@@ -349,13 +349,12 @@ def main() -> None:
                              "run); modes: direct, gateway, gateway2")
     parser.add_argument("--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over")
     parser.add_argument("--gateway-session", default="own",
-                        help="pressure phase: the gateway in its own session (own) or the driver's (driver, as before "
-                             "2026-11-30 session 5); one value, or one for gateway and one for gateway2, e.g. own,driver")
+                        help="pressure phase: the gateway in its own process session (own) or the driver's (driver); "
+                             "one value, or one for gateway and one for gateway2, e.g. own,driver")
     parser.add_argument("--gateway-nice", default="-10",
                         help="pressure phase: the gateway's `cpu_nice` (its nice, and its session's autogroup nice "
                              "when it runs in its own session; negative needs root, the JSON records what it got); one "
-                             "value, or one for gateway and one for gateway2, e.g. --gateway-nice=-10,0 (default -10 "
-                             "since session 6; was 0)")
+                             "value, or one for gateway and one for gateway2, e.g. --gateway-nice=-10,0")
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
