@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from maestro.keys import read_keys
+from serving.admission.sizing import DEFAULT_RHO
 
 
 @dataclass
@@ -40,7 +41,8 @@ class GatewayConfig:
     max_inflight_per_node: int = 256
     retry_after_s: int = 1
     max_attempts: int = 2  # dispatches per stage (node failures) before it fails back with 502
-    rho: float = 0.2  # reserve = prediction upper bound × (1 + rho), capped at the request's max_tokens
+    # Margin on a prior's reserve (× (1 + rho)); a model's calibrated reserve is used as is (admission/sizing.py).
+    rho: float = DEFAULT_RHO
     chars_per_token: float = 3.0  # prompt-token estimate until calibrated on vLLM's usage (conservative)
     calibrate_prompt_tokens: bool = True  # learn chars/token from vLLM's prompt_tokens (sizing.PromptSizer)
     # projected: admit while KV, growing a token per step, never overfills the node (projection.py); peak: reserve

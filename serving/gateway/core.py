@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
+from serving.admission.sizing import is_calibrated, reserve_output_tokens
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
@@ -126,7 +126,8 @@ class Gateway:
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
         num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
-        reserve = min(max_tokens, math.ceil(prediction.tokens_reserve * (1 + self.config.rho)))
+        reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, max_tokens,
+                                        is_calibrated=is_calibrated(prediction), rho=self.config.rho)
         now = time.monotonic()
         workflow = self.workflow(meta.workflow_key, now)
         request = StageRequest(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from serving.admission.sizing import ReservationMode, output_tokens_to_map
 from serving.residency import ModelState
 from serving.routing import select_node
 from serving.sim.node import FINISH, GROW, SimNode
-from serving.sim.systems import Reservation
 from serving.sim.workload import SimStage
 from serving.tool_kv import ToolCallContext
 
@@ -19,7 +19,7 @@ from serving.tool_kv import ToolCallContext
 class Dispatcher:
     def __init__(self, sim):
         self.sim = sim
-        self.reservation = Reservation(sim.system.reservation)
+        self.reservation = ReservationMode(sim.system.reservation)
         self.running_on: dict[str, list[SimNode]] = {}
 
     # --- placement and routing -----------------------------------------------------------------
@@ -111,16 +111,11 @@ class Dispatcher:
         return len(node.sessions) < node.window.limit(node.alloc.usage)
 
     def _reserve_tokens(self, stage: SimStage) -> int:
-        """Tokens to map at start: context plus what the reservation mode adds, capped at prompt + max_tokens."""
-        context = stage.prompt_tokens + stage.generated_tokens
-        left = stage.max_tokens - stage.generated_tokens
-        if self.reservation is Reservation.MAX_LEN:
-            extra = left
-        elif self.reservation is Reservation.PREDICTED:
-            extra = max(0, stage.tokens_reserve - stage.generated_tokens)
-        else:
-            extra = self.sim.cluster.grow_chunk_tokens
-        return min(context + max(1, min(left, extra)), stage.prompt_tokens + stage.max_tokens)
+        """Tokens to map at start: context plus what the reservation mode adds (admission/sizing.py), capped at
+        prompt + max_tokens."""
+        extra = output_tokens_to_map(self.reservation, stage.tokens_reserve, stage.max_tokens, stage.generated_tokens,
+                                     self.sim.cluster.grow_chunk_tokens)
+        return min(stage.prompt_tokens + stage.generated_tokens + extra, stage.prompt_tokens + stage.max_tokens)
 
     def _try_start(self, node: SimNode, stage: SimStage) -> bool:
         sim = self.sim

@@ -3,7 +3,9 @@
 Noise model: tokens_pred = true · exp(ε), ε ~ N(0, σ²) with σ = 0.5 by default (roughly the
 R² ≈ 0.78 the seed reports on log tokens); tokens_reserve = tokens_pred · exp(σ·z_q), the q-quantile
 of the true length given the prediction (q = 0.8 by default), i.e. a reserve that covers the true
-length for ~80% of stages; the rest grow during decode. All are capped at max_tokens.
+length for ~80% of stages; the rest grow during decode. The oracle's and the noise model's reserves are
+calibrated by construction; a trained model's are sized by `admission.sizing.reserve_output_tokens`, as the
+gateway sizes them (its conformal bound as is, a prior's × (1 + rho)). All are capped at max_tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from serving.sim.workload import SimWorkflow, to_contract
+from serving.admission.sizing import DEFAULT_RHO, Answer, is_calibrated, reserve_output_tokens
+from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 
 class PredictionSource(enum.Enum):
@@ -30,21 +33,22 @@ class PredictionConfig:
     reserve_quantile: float = 0.8
     model_dir: str | None = None
     seed: int = 0
+    rho: float = DEFAULT_RHO  # margin on a model source's prior answers (admission/sizing.py)
 
     def __post_init__(self):
         if self.source not in {s.value for s in PredictionSource}:
             raise ValueError(f"unknown prediction source '{self.source}'; known: oracle, noise, model")
         if self.source == "model" and not self.model_dir:
             raise ValueError("prediction source 'model' needs model_dir (--model DIR)")
-        if self.sigma < 0 or not 0 < self.reserve_quantile < 1:
-            raise ValueError("sigma must be >= 0 and reserve_quantile in (0, 1)")
+        if self.sigma < 0 or not 0 < self.reserve_quantile < 1 or not 0 <= self.rho <= 1:
+            raise ValueError("sigma must be >= 0, reserve_quantile in (0, 1) and rho in [0, 1]")
 
 
 def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
     """Fill tokens_pred / tokens_reserve on every stage."""
     source = PredictionSource(config.source)
     if source is PredictionSource.MODEL:
-        return _from_model(workflows, config.model_dir)
+        return _from_model(workflows, config.model_dir, config.rho)
     rng = np.random.default_rng(config.seed)
     widen = math.exp(config.sigma * NormalDist().inv_cdf(config.reserve_quantile))
     for workflow in workflows:
@@ -53,10 +57,18 @@ def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
             pred = true if source is PredictionSource.ORACLE else true * math.exp(rng.normal(0.0, config.sigma))
             reserve = true if source is PredictionSource.ORACLE else pred * widen
             stage.tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
-            stage.tokens_reserve = int(min(stage.max_tokens, max(stage.tokens_pred, math.ceil(reserve))))
+            stage.tokens_reserve = reserve_output_tokens(stage.tokens_pred, math.ceil(reserve), stage.max_tokens,
+                                                         is_calibrated=True)
 
 
-def _from_model(workflows: list[SimWorkflow], model_dir: str, batch_size: int = 4096) -> None:
+def apply_prediction(stage: SimStage, prediction: Answer, rho: float = DEFAULT_RHO) -> None:
+    """Set a stage's tokens_pred / tokens_reserve from a predictor's answer, sized as the gateway sizes it."""
+    stage.tokens_pred = int(min(stage.max_tokens, max(1, prediction.tokens_pred)))
+    stage.tokens_reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, stage.max_tokens,
+                                                 is_calibrated=is_calibrated(prediction), rho=rho)
+
+
+def _from_model(workflows: list[SimWorkflow], model_dir: str, rho: float, batch_size: int = 4096) -> None:
     from pipelines.predictor import Predictor  # lazily: the trained predictor is optional here
 
     predictor = Predictor.load(model_dir)
@@ -64,5 +76,4 @@ def _from_model(workflows: list[SimWorkflow], model_dir: str, batch_size: int = 
     for start in range(0, len(stages), batch_size):
         chunk = stages[start:start + batch_size]
         for stage, prediction in zip(chunk, predictor.predict([to_contract(s) for s in chunk])):
-            stage.tokens_pred = int(min(stage.max_tokens, max(1, prediction.tokens_pred)))
-            stage.tokens_reserve = int(min(stage.max_tokens, max(stage.tokens_pred, prediction.tokens_reserve)))
+            apply_prediction(stage, prediction, rho)

@@ -6,14 +6,12 @@ Continuum-Dy, InferCept, keep/evict-always) run on vLLM's paged, on-demand alloc
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from serving.admission.sizing import ReservationMode
 
-class Reservation(enum.Enum):
-    MAX_LEN = "max-len"  # map prompt + max_tokens up front
-    PREDICTED = "predicted"  # map prompt + predicted reserve, grow during decode
-    ON_DEMAND = "on-demand"  # map prompt + one chunk, grow during decode (vLLM paging)
+# The reservation modes the simulator runs (projected admission is the gateway's; the sim has no projection).
+SIM_RESERVATIONS = (ReservationMode.MAX_LEN, ReservationMode.PREDICTED, ReservationMode.ON_DEMAND)
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,9 @@ class SystemConfig:
     admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
 
     def __post_init__(self):
-        Reservation(self.reservation)
+        if ReservationMode(self.reservation) not in SIM_RESERVATIONS:
+            raise ValueError(f"system '{self.name}': reservation '{self.reservation}' is not simulated; "
+                             f"known: {', '.join(m.value for m in SIM_RESERVATIONS)}")
         if self.router not in ("least-loaded", "fitness"):
             raise ValueError(f"unknown router '{self.router}'; known: least-loaded, fitness")
         if not 0 <= self.admission_headroom_frac < 1:

@@ -1,23 +1,13 @@
-"""Admission: page-based (does the predicted reserve fit now?) and MARS's AIMD session window.
+"""MARS's AIMD session window: how many sessions may be active, from GPU-KV and host-CPU pressure.
 
-`PageAdmission` admits a stage only if free physical pages ≥ the pages its reserve needs.
-`AIMDWindow` caps concurrent sessions from GPU-KV and host-CPU pressure, with the MARS preview
-code's defaults (start 30, min 4, cap 30, +1, ×0.7, hysteresis 0.90/0.85 KV and 2.0/1.0
-tool jobs per worker, 5 s/2 s EMA tool wait). The issue text says ×0.5; the multiplier is
+Defaults are the MARS preview code's (start 30, min 4, cap 30, +1, ×0.7, hysteresis 0.90/0.85 KV and
+2.0/1.0 tool jobs per worker, 5 s/2 s EMA tool wait). The issue text says ×0.5; the multiplier is
 `decrease_factor` and we default to the authors' code (0.7) — see serving/README.md.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-
-class PageAdmission:
-    """Admit iff the reserve fits in free physical pages (exact fit admits)."""
-
-    @staticmethod
-    def can_admit(num_free_pages: int, num_reserve_pages: int) -> bool:
-        return num_reserve_pages <= num_free_pages
 
 
 @dataclass
