@@ -16,7 +16,6 @@ from pipelines.model import ModelConfig, TwoStageModel
 
 FALLBACK_LEVELS = ("role", "global", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
-MAX_TOKENS_DEFAULT = 4096
 ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)
 
 
@@ -84,6 +83,12 @@ class Prior:
         return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
 
 
+# The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
+# predictor client when the service is down and no local priors are given, a predictor fitted on no labels. Its
+# upper bound is not calibrated, so sizing adds the margin rho to it (serving/admission/sizing.py).
+NO_MODEL_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=1024.0)
+
+
 def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
     """Identity, grouping and labels of labelled stages, aligned with their feature rows."""
     return pd.DataFrame({
@@ -96,7 +101,7 @@ def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
 def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[str, Prior]:
     """Per-role priors where a role has `min_count` stages, plus the global one under key ''."""
     if labels.empty:
-        return {"": Prior(0.0, 256.0, MAX_TOKENS_DEFAULT)}
+        return {"": NO_MODEL_PRIOR}
     priors = {"": Prior.of(labels["tokens"].to_numpy(float), labels["is_tool"].to_numpy(float), alpha)}
     for role, group in labels.groupby("role"):
         if len(group) >= min_count:

@@ -2,7 +2,7 @@
 
 Scheduling never waits on the predictor: a call returns within `timeout_s` (plus a little thread
 hand-off), and when the service is slow, down or refuses the request, each stage gets the prior
-(per-role from a local Predictor's priors, else a static global one) flagged `source="local-fallback"`,
+(per-role from a local Predictor's priors, else `pipelines.predictor.NO_MODEL_PRIOR`) flagged `source="local-fallback"`,
 `fallback_level="prior"`. After a failure the client answers locally for `cooldown_s` without
 touching the network, so a dead node costs nothing per call.
 """
@@ -21,11 +21,10 @@ import httpx
 from pydantic import TypeAdapter
 
 from pipelines.contract import StageTrace
-from pipelines.predictor import MAX_TOKENS_DEFAULT, Prior
+from pipelines.predictor import NO_MODEL_PRIOR, Prior
 from predictor_service.schemas import LABEL_FIELDS, MAX_STAGES_PER_REQUEST, PredictionOut
 
 logger = logging.getLogger(__name__)
-STATIC_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=float(MAX_TOKENS_DEFAULT))
 _ANSWERS = TypeAdapter(list[PredictionOut])
 _WIRE_EXCLUDE = {*LABEL_FIELDS, "in_degree", "out_degree"}
 # Idle connections expire after 2 s: the server (uvicorn) closes them after 5 s, httpx's default expiry is
@@ -55,7 +54,7 @@ class LocalFallback:
 
     def __init__(self, priors: dict[str, Prior] | None = None):
         self.priors = dict(priors or {})
-        self.priors.setdefault("", STATIC_PRIOR)
+        self.priors.setdefault("", NO_MODEL_PRIOR)
 
     def answer(self, stage: dict) -> PredictionOut:
         prior = self.priors.get(str(stage.get("role")), self.priors[""])

@@ -21,15 +21,13 @@ from typing import Protocol
 
 from pipelines.contract import StageTrace, derive_structure
 from pipelines.features import StageHistory
-from pipelines.predictor import Prediction, Predictor, Prior
+from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor, Prior
 from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
 from predictor_service.engine import WARMUP_STAGE
 from predictor_service.schemas import PredictionOut
 from serving.gateway.model_thread import ModelWorker
 
 log = logging.getLogger(__name__)
-# Without a trained model: a generic answer (median 256 tokens, 95th percentile 1024), refined by observe().
-DEFAULT_PRIOR = Prior(p_tool=0.3, tokens_median=256.0, tokens_upper=1024.0)
 # What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
 OBSERVED_FIELDS = frozenset(StageTrace.model_fields) - {"in_degree", "out_degree"}
 # The GIL switch interval while a model thread shares the process with the event loop: a thread waiting for
@@ -107,14 +105,14 @@ def observed_row(trace: dict) -> dict:
 
 
 def _priors(model: str) -> dict[str, Prior]:
-    return Predictor.load(model).priors if model else {"": DEFAULT_PRIOR}
+    return Predictor.load(model).priors if model else {"": NO_MODEL_PRIOR}
 
 
 class LocalPredictor:
     """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
 
     def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local"):
-        self.predictor = predictor or Predictor(None, None, {"": DEFAULT_PRIOR})
+        self.predictor = predictor or Predictor(None, None, {"": NO_MODEL_PRIOR})
         self.fallback = LocalFallback(self.predictor.priors)
         self.timeout_s = timeout_s
         self.num_observed = 0
