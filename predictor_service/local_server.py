@@ -68,7 +68,9 @@ class LocalServer:
         return self
 
     def _start(self) -> "LocalServer":
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "BENTOML_DO_NOT_TRACK": "True", **self.config.env}
+        # The service's configuration is exactly `config.env`: MAESTRO_* variables of this process are not inherited.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("MAESTRO_")}
+        env = {**inherited, "OMP_NUM_THREADS": "1", "BENTOML_DO_NOT_TRACK": "True", **self.config.env}
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
