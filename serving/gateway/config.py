@@ -83,7 +83,7 @@ class GatewayConfig:
     workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
     workflow_cap_backoff: float = 0.5  # adaptive: W × this (at least − 1) when vLLM preempted; 1 = never
     workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
-    default_max_tokens: int = 1024  # a call without max_tokens is sized to, and sent to vLLM with, this cap
+    default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     # A node is taken out of dispatch when it refuses the connection, or when this many /metrics polls in a row
     # failed; a poll that times out (connect_timeout_s) while the node has stages in flight does not count.

@@ -78,8 +78,6 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
 
 def forward_body(gateway: Gateway, body: dict) -> dict:
     upstream = {k: v for k, v in body.items() if k != "metadata"}
-    if not upstream.get("max_tokens") and not upstream.get("max_completion_tokens"):
-        upstream["max_tokens"] = gateway.config.default_max_tokens  # the cap the stage's reservation was sized to
     if not upstream.get("model") and gateway.config.model:
         upstream["model"] = gateway.config.model
     if upstream.get("stream"):

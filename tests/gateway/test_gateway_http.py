@@ -104,17 +104,6 @@ def test_a_valid_body_reaches_vllm_with_its_extra_fields(tmp_path):
     assert received[0]["ignore_eos"] is True and received[0]["vendor"] == {"x": [1, None]}
 
 
-def test_a_call_without_max_tokens_is_sent_with_the_cap_its_reservation_assumed(tmp_path):
-    received = []
-
-    async def calls(client, gateway):
-        return await client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
-
-    response = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}))
-    assert response.status_code == 200
-    assert received[0]["max_tokens"] == GatewayConfig.default_max_tokens
-
-
 def test_a_body_over_the_limit_is_413_by_content_length_or_by_the_bytes_read(tmp_path):
     big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
 
