@@ -25,14 +25,14 @@ RETRY_AFTER = (b"retry-after", b"1")
 
 def refusal(config: ServiceConfig, path: str, authorization: str | None) -> tuple[int, str] | None:
     """Why a call to `path` is refused (status, reason), or None when it may go on."""
+    is_admin = bool(config.admin_token) and matches(bearer(authorization), config.admin_token)
     if path.startswith(ADMIN_PREFIX):
+        if is_admin or (config.admin_open and not config.admin_token):
+            return None
         if config.admin_token:
-            return None if matches(bearer(authorization), config.admin_token) else (
-                401, "admin endpoints need `Authorization: Bearer <MAESTRO_ADMIN_TOKEN>`")
-        return None if config.admin_open else (
-            403, "admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
-                 "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)")
-    is_admin = config.admin_token is not None and matches(bearer(authorization), config.admin_token)
+            return 401, "admin endpoints need `Authorization: Bearer <MAESTRO_ADMIN_TOKEN>`"
+        return 403, ("admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
+                     "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)")
     if path in ADMIN_READABLE and is_admin:
         return None
     if path in KEYED_PATHS and caller_key_id(authorization, config.api_keys) is None:
@@ -94,8 +94,10 @@ async def _within_limit(headers: dict, receive, limit: int):
     if declared is not None:
         if not declared.isdigit():
             return (400, "Content-Length is not a number"), receive
-        return ((413, f"request body of {declared} bytes is over this node's limit of {limit} "
-                      "(MAESTRO_MAX_BODY_BYTES): send fewer stages per call") if int(declared) > limit else None), receive
+        if int(declared) > limit:
+            return (413, f"request body of {declared} bytes is over this node's limit of {limit} "
+                         "(MAESTRO_MAX_BODY_BYTES): send fewer stages per call"), receive
+        return None, receive
     if "chunked" not in headers.get("transfer-encoding", ""):
         return None, receive
     chunks, size, more = [], 0, True

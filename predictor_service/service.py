@@ -21,11 +21,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from maestro.keys import caller_key_id
+from pipelines.predictor import ArtifactMismatch
 from predictor_service.config import ServiceConfig
 from predictor_service.engine import PredictorEngine
 from predictor_service.guard import Guard
 from predictor_service.loading import LocationRefused
-from pipelines.predictor import ArtifactMismatch
 from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
                                        PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn)
 
