@@ -68,8 +68,8 @@ class Gateway:
                                                        config.predictor_timeout_s, config.predictor_startup_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
         self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
-        self.inflight: set[str] = set()
-        self.completed: OrderedDict[str, bytes | None] = OrderedDict()  # JSON answers, for replays
+        self.inflight: set[tuple[str, str, str]] = set()
+        self.completed: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
         self._num_workflows_seen = 0
         self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
@@ -168,7 +168,7 @@ class Gateway:
             self.workflows.move_to_end(workflow_id)
         return state
 
-    def remember(self, key: str, response: bytes | None) -> None:
+    def remember(self, key: tuple[str, str, str], response: bytes | None) -> None:
         self.completed[key] = response
         while len(self.completed) > self.config.completed_cache:
             self.completed.popitem(last=False)

@@ -31,9 +31,10 @@ class StageMeta:
         return f"{self.caller_id}/{self.workflow_id}" if self.caller_id else self.workflow_id
 
     @property
-    def key(self) -> str:
-        """The stage's idempotency key."""
-        return f"{self.workflow_key}::{self.stage_id}"
+    def key(self) -> tuple[str, str, str]:
+        """The stage's idempotency key: (caller, workflow, stage) as given, so no two distinct stages share it
+        (joining them into one string let "a::b" + "c" meet "a" + "b::c")."""
+        return self.caller_id, self.workflow_id, self.stage_id
 
 
 def _truthy(value) -> bool:

@@ -159,6 +159,24 @@ def test_api_keys_guard_every_route_but_health_and_scope_idempotency_and_traces(
     assert KEY_A not in text and KEY_B not in text
 
 
+def test_stage_ids_with_separators_are_distinct_stages(tmp_path):
+    """Idempotency keys keep workflow and stage apart: ("a::b", "c") and ("a", "b::c") are two stages."""
+    received = []
+
+    async def calls(client, gateway):
+        body = {"messages": USER, "max_tokens": 2}
+        first = await client.post(CHAT, json=body, headers={"X-Maestro-Workflow": "a::b", "X-Maestro-Stage": "c"})
+        second = await client.post(CHAT, json=body, headers={"X-Maestro-Workflow": "a", "X-Maestro-Stage": "b::c"})
+        again = await client.post(CHAT, json=body, headers={"X-Maestro-Workflow": "a", "X-Maestro-Stage": "b::c"})
+        return first, second, again
+
+    first, second, again = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}))
+    assert first.status_code == second.status_code == again.status_code == 200
+    assert "x-maestro-replay" not in second.headers
+    assert again.headers.get("x-maestro-replay") == "1"
+    assert len(received) == 2
+
+
 def test_without_keys_calls_are_open_and_traces_carry_no_caller(tmp_path):
     async def calls(client, gateway):
         return await client.post(CHAT, json={"messages": USER, "max_tokens": 2})
