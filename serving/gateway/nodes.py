@@ -97,6 +97,9 @@ class Node:
         self.num_failed_polls = 0  # in a row
         self.num_slow_polls = 0  # timed out while stages were in flight: busy, not down
         self.models: list[str] = []
+        # vLLM's max_model_len (prompt + output), from /v1/models once the node is up; None where it reports none
+        self.max_model_len: int | None = None
+        self.has_listed_models = False  # /v1/models answered since the node (re)started
         self.num_vllm_blocks = 0
 
     # ---- KV budget ------------------------------------------------------------------------
@@ -123,7 +126,13 @@ class Node:
 
     def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """Whether a stage may start here now; a refusal is counted by its reason (`/maestro/status`)."""
-        return self._admit(prompt_tokens, output_tokens) is not None
+        return self.check(prompt_tokens, output_tokens) is None
+
+    def check(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        """Why a stage may not start here now (None: it may), the refusal counted by its reason."""
+        reason, _ = self._decide(prompt_tokens, output_tokens)
+        self._count_refusal(reason)
+        return reason
 
     def would_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
         """`can_fit` without counting a refusal (a what-if, not an admission decision)."""
@@ -133,9 +142,12 @@ class Node:
         """When an admitted stage is projected to start (now, or a running stage's end when sent ahead); None,
         with the refusal counted by its reason, when it may not start here now."""
         reason, start_s = self._decide(prompt_tokens, output_tokens)
+        self._count_refusal(reason)
+        return start_s
+
+    def _count_refusal(self, reason: str | None) -> None:
         if reason is not None and reason in self.num_refused:
             self.num_refused[reason] += 1
-        return start_s
 
     def refusal(self, prompt_tokens: int, output_tokens: int) -> str | None:
         """Why a stage may not start here now (None: it may), counting nothing."""
@@ -300,8 +312,11 @@ class Node:
                 raise ValueError(f"/metrics answered {response.status_code}")
             self.apply_metrics(parse_metrics(response.text), asked_s)
             self.is_healthy, self.num_failed_polls = True, 0
+            if not self.has_listed_models:
+                await self.read_max_model_len(timeout_s)
         except aiohttp.ClientConnectorError:
             self.is_healthy, self.num_failed_polls = False, self.num_failed_polls + 1
+            self.has_listed_models = False  # a restarted engine may serve another context length
         except asyncio.TimeoutError:
             if self.num_inflight:
                 self.num_slow_polls += 1
@@ -310,6 +325,15 @@ class Node:
         except (*UpstreamError, ValueError):
             self._poll_failed(down_after_failed_polls)
         return self.is_healthy
+
+    async def read_max_model_len(self, timeout_s: float) -> None:
+        """The first served model's `max_model_len` from vLLM's /v1/models (None from a server that lists none)."""
+        response = await self.upstream.get(f"{self.url}/v1/models", timeout_s)
+        self.has_listed_models = True
+        try:
+            self.max_model_len = int(response.json()["data"][0]["max_model_len"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.max_model_len = None
 
     def _poll_failed(self, down_after_failed_polls: int) -> None:
         self.num_failed_polls += 1
@@ -324,5 +348,5 @@ class Node:
                 "call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
                 "first_token_delay_s": round(self.first_token_delay_s, 3),
                 "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed,
-                "sent_ahead": self.num_ahead, "failed_polls": self.num_failed_polls,
+                "sent_ahead": self.num_ahead, "failed_polls": self.num_failed_polls, "max_model_len": self.max_model_len,
                 "slow_polls": self.num_slow_polls}

@@ -108,13 +108,13 @@ def test_backfill_overtakes_a_stage_a_bounded_number_of_times():
     for job in (running, big, *smalls):
         dispatcher.submit(job)
     assert [s.future.done() for s in smalls] == [True, True, False]  # 2 free blocks: two pass the head
-    assert big.num_overtaken == 2 and dispatcher.num_backfilled == 2
+    assert dispatcher.core.num_overtaken(big.request) == 2 and dispatcher.num_backfilled == 2
     dispatcher.finish(smalls[0])  # a block is free, but the head has been passed its 2 times
     dispatcher.finish(smalls[1])
     assert not smalls[2].future.done() and not big.future.done()
     dispatcher.finish(running)  # room for the head: it goes first, then the last small one
     assert big.future.result() is node and smalls[2].future.result() is node
-    assert smalls[2].num_overtaken == 0
+    assert dispatcher.core.num_overtaken(smalls[2].request) == 0
 
 
 def test_backfill_respects_policy_order_and_skips_cancelled_stages():
@@ -122,14 +122,14 @@ def test_backfill_respects_policy_order_and_skips_cancelled_stages():
     node = make_node("a", blocks=4)
     dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, backfill_depth=8, backfill_max_overtaken=1)
     running, big = make_job("run", 128 * 3, loop=loop), make_job("big", 128 * 2, loop=loop)
-    big.num_overtaken = 1  # already passed its one time: strict head-of-line while the others queue
+    dispatcher.core.overtaken[big.request] = 1  # already passed its one time: strict head-of-line while the others queue
     cancelled, later, earlier = (make_job(name, 128, loop=loop) for name in ("cancelled", "later", "earlier"))
     cancelled.request.ready_s, later.request.ready_s, earlier.request.ready_s = 0.5, 2.0, 1.0
     for job in (running, big, cancelled, later, earlier):
         dispatcher.submit(job)
     assert not any(j.future.done() for j in (big, cancelled, later, earlier))
     cancelled.future.cancel()
-    big.num_overtaken = 0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
+    dispatcher.core.overtaken[big.request] = 0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
     dispatcher.pump()
     assert earlier.future.done() and not later.future.done()
 
@@ -143,8 +143,8 @@ class NodeReadyAt:
     def __init__(self, ready_s: float):
         self.ready_s = ready_s
 
-    def can_fit(self, prompt_tokens: int, output_tokens: int) -> bool:
-        return time.monotonic() >= self.ready_s
+    def check(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        return None if time.monotonic() >= self.ready_s else "projected"
 
     def reserve(self, prompt_tokens: int, output_tokens: int):
         return None

@@ -1,4 +1,4 @@
-"""The workflow cap (serving/gateway/wip.py): at most W workflows in progress, oldest first; adaptive W."""
+"""The workflow cap (serving/admission/workflow_cap.py): at most W workflows in progress, oldest first; adaptive W."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +10,8 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.core import BATCH_PRIORITY, Gateway
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
-from serving.gateway import wip
-from serving.gateway.wip import WorkflowCap
+from serving.admission import workflow_cap as wip
+from serving.admission.workflow_cap import WorkflowCap
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 

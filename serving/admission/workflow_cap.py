@@ -1,4 +1,4 @@
-"""A cap on workflows in progress: stages of at most W workflows are dispatched at a time, oldest first.
+"""The workflow cap (a `cap.SessionCap`): stages of at most W workflows are started at a time, oldest first.
 
 A workflow is *live* while it has a stage queued or running at the gateway, and for `idle_s` after its
 last stage ended (its client is between stages: building the next prompt, or a short tool call). The W
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from serving.admission.cap import CapSignals
 
 DEFAULT_IDLE_S = 0.5  # a workflow keeps its place this long after its last stage ended
 MIN_LIMIT = 2  # adaptive W never goes below this
@@ -61,6 +63,12 @@ class WorkflowCap:
             self._eligible = None  # may have stopped being live
         state.num_active += 1
 
+    def started(self, workflow_id: str) -> None:
+        pass
+
+    def end(self, workflow_id: str) -> None:
+        pass  # a workflow stops being live `idle_s` after its last stage
+
     def leave(self, workflow_id: str, now: float) -> None:
         state = self.live.get(workflow_id)
         if state is None or state.num_active <= 0:
@@ -94,13 +102,13 @@ class WorkflowCap:
             self.max_limit_seen = max(self.max_limit_seen, limit)
 
     # ---- adaptation -------------------------------------------------------------------------
-    def adapt(self, preemptions: dict[str, int], held_fitting: bool, eligible_waiting_since: float | None,
-              now: float) -> None:
-        """At a /metrics poll: grow, shrink or halve W (adaptive only). `preemptions`: node → vLLM's counter;
-        `held_fitting`: the cap holds back a stage that would fit now and no eligible stage waits;
-        `eligible_waiting_since`: when the longest-waiting eligible stage was queued (None: none waits)."""
+    def adapt(self, signals: CapSignals, now: float) -> None:
+        """At a /metrics poll: grow, shrink or halve W (adaptive only), from `signals.preemptions` (node → vLLM's
+        counter), `held_fitting` and `waiting_since` (of the longest-waiting eligible stage)."""
         if not self.adaptive:
             return
+        preemptions, held_fitting = signals.preemptions, signals.held_fitting
+        eligible_waiting_since = signals.waiting_since
         preempted = any(n in self._preemptions and count > self._preemptions[n] for n, count in preemptions.items())
         self._preemptions.update(preemptions)
         if preempted and self.backoff < 1:

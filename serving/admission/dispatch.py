@@ -1,0 +1,196 @@
+"""The dispatch core: which queued stage starts next, and on which node — shared by the gateway and the simulator.
+
+A `DispatchCore` owns one queue (a policy's `Scheduler`) and an optional session cap (`cap.SessionCap`). `decisions`
+walks it in policy order: the head is the first live stage the cap admits; it starts on the fittest node that may take
+it now (`NodeView.refusal` is None; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
+nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits and the core backfills: of the next
+`backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
+`backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
+head-of-line again until it goes.
+
+The core only decides: it takes a started or failed stage off the queue and yields a `Decision`; the caller applies it
+(reserves the KV, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
+No clock, no I/O: the gateway's async shell and the simulator's event loop both drive it.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from serving.admission.cap import SessionCap
+from serving.request import StageRequest
+from serving.routing import FitnessConfig, select_node
+from serving.scheduler import Scheduler
+
+
+class NodeView(Protocol):
+    """What the core needs to know of a node (a gateway `Node`, a simulated node)."""
+
+    name: str
+
+    def refusal(self, request: StageRequest) -> str | None:
+        """Why the stage may not start here now (None: it may)."""
+
+    def may_fit_later(self, request: StageRequest) -> bool:
+        """Whether waiting could let the stage start here (False: it never will, as things are)."""
+
+    def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
+        """(availability: free KV share, ready cost: time or work until the stage could start, degradation)."""
+
+    def load(self) -> float:
+        """Work queued or running here (the least-loaded router's measure)."""
+
+
+class Router(enum.Enum):
+    FITNESS = "fitness"  # S(N,T) = A − λ·T_ready − μ·C_deg (serving/routing.py)
+    LEAST_LOADED = "least-loaded"
+
+
+class Outcome(enum.Enum):
+    START = "start"  # start the stage on `Decision.node`
+    NEVER_FITS = "never-fits"  # no node could ever take it: fail it
+    DROPPED = "dropped"  # no longer live (cancelled, abandoned): forget it
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    request: StageRequest
+    node: NodeView | None = None
+    is_backfill: bool = False
+
+
+@dataclass
+class DispatchConfig:
+    backfill_depth: int = 8  # stages behind a waiting head that may pass it (0 = strict head-of-line)
+    backfill_max_overtaken: int = 4  # times one stage may be passed before the queue is strict again
+    router: str = "fitness"
+    fitness: FitnessConfig = field(default_factory=FitnessConfig)
+
+    def __post_init__(self):
+        if self.backfill_depth < 0 or self.backfill_max_overtaken < 0:
+            raise ValueError("backfill_depth and backfill_max_overtaken must be >= 0")
+        Router(self.router)
+
+
+def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
+    """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
+    if len(views) <= 1:
+        return views[0] if views else None
+    if Router(config.router) is Router.LEAST_LOADED:
+        return min(views, key=lambda v: v.load())
+    terms = [v.fitness_terms(request) for v in views]
+    return views[select_node(*zip(*terms), config.fitness)]
+
+
+class DispatchCore:
+    """One queue, the session cap, backfill and node choice (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, config: DispatchConfig | None = None, cap: SessionCap | None = None,
+                 is_live: Callable[[StageRequest, float], bool] = lambda request, now: True):
+        self.scheduler, self.config, self.cap, self.is_live = scheduler, config or DispatchConfig(), cap, is_live
+        self.overtaken: dict[StageRequest, int] = {}  # times backfill passed a queued stage
+        self.num_started = 0
+        self.num_backfilled = 0
+
+    def __len__(self) -> int:
+        return len(self.scheduler)
+
+    def add(self, request: StageRequest, now: float) -> None:
+        self.scheduler.add(request, now)
+
+    def remove(self, request: StageRequest) -> None:
+        if request.queue_seq >= 0:
+            self.scheduler.remove(request)
+        self.overtaken.pop(request, None)
+
+    def num_overtaken(self, request: StageRequest) -> int:
+        return self.overtaken.get(request, 0)
+
+    def may_go(self, request: StageRequest, now: float) -> bool:
+        return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
+
+    def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> list[NodeView]:
+        return [v for v in views if v.refusal(request) is None]
+
+    def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+        """The fittest node that may take the stage now; None if none may."""
+        return choose(request, self.fitting(request, views), self.config)
+
+    # ---- the decisions ------------------------------------------------------------------------
+    def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
+        """Starts (and failures) in policy order until the head must wait; apply each before taking the next."""
+        while (request := self._head(now)) is not None:
+            if isinstance(request, Decision):
+                yield request
+                continue
+            node = self.choose_node(request, views)
+            if node is not None:
+                yield self._take(Outcome.START, request, node)
+            elif not any(v.may_fit_later(request) for v in views):
+                yield self._take(Outcome.NEVER_FITS, request)
+            else:
+                yield from self._backfill(views, now)
+                return
+
+    def _head(self, now: float) -> StageRequest | Decision | None:
+        """The first live stage the cap admits, or a Decision dropping a dead one found before it."""
+        for request in self.scheduler.in_order(now):
+            if not self.is_live(request, now):
+                return self._take(Outcome.DROPPED, request)
+            if self.may_go(request, now):
+                return request
+        return None
+
+    def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None,
+              is_backfill: bool = False) -> Decision:
+        self.remove(request)
+        if outcome is Outcome.START:
+            self.num_started += 1
+            self.num_backfilled += is_backfill
+        return Decision(outcome, request, node, is_backfill)
+
+    def _backfill(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
+        """Start queued stages behind a head that fits nowhere, while everything they pass may be overtaken."""
+        if self.config.backfill_depth <= 0:
+            return
+        passed: list[StageRequest] = []  # live stages ahead of the candidate in policy order
+        for request in self._candidates(now):
+            node = self.choose_node(request, views) if passed else None  # the head was just found not to fit
+            if node is None:
+                if self.num_overtaken(request) >= self.config.backfill_max_overtaken:
+                    return  # nothing further back may pass this one
+                passed.append(request)
+                continue
+            for ahead in passed:
+                self.overtaken[ahead] = self.num_overtaken(ahead) + 1
+            yield self._take(Outcome.START, request, node, is_backfill=True)
+
+    def _candidates(self, now: float) -> list[StageRequest]:
+        """The head and the next `backfill_depth` live stages the cap admits, in policy order (a list: starting one
+        changes the queue)."""
+        out = []
+        for request in self.scheduler.in_order(now):
+            if self.is_live(request, now) and self.may_go(request, now):
+                out.append(request)
+                if len(out) > self.config.backfill_depth:
+                    break
+        return out
+
+    def held_back(self, views: Sequence[NodeView], now: float,
+                  since: Callable[[StageRequest], float] = lambda request: request.ready_s) -> tuple[bool, float | None]:
+        """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no admitted
+        stage waits, since when the longest-waiting admitted stage has waited: `since(request)`, its ready time by
+        default)."""
+        held, waiting_since = None, None
+        for request in self.scheduler.in_order(now):
+            if not self.is_live(request, now):
+                continue
+            if self.may_go(request, now):
+                waiting_since = min(waiting_since or since(request), since(request))
+            elif held is None:
+                held = request
+        fits = held is not None and waiting_since is None and bool(self.fitting(held, views))
+        return fits, waiting_since
