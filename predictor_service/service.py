@@ -1,8 +1,9 @@
 """The BentoML service: `bentoml serve predictor_service.service:PredictorService`.
 
 POST /predict (adaptive batching across requests), POST /predict_unbatched (same answers, one
-request at a time), POST /observe, GET /stats, POST /admin/reload; BentoML adds /livez, /readyz
-and /metrics. Configuration comes from the environment when the service starts (ServiceConfig.from_env).
+request at a time), POST /route_hints (the same predictions as an endpoint picker reads them),
+POST /observe, GET /stats, POST /admin/reload; BentoML adds /livez, /readyz and /metrics.
+Configuration comes from the environment when the service starts (ServiceConfig.from_env).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from predictor_service.config import ServiceConfig
 from predictor_service.engine import PredictorEngine
 from predictor_service.guard import Guard
 from predictor_service.loading import LocationRefused
+from predictor_service.route_hints import RouteHint, route_hint
 from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
                                        PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn)
 
@@ -87,6 +89,11 @@ class PredictorService:
         """The same answers as /predict, without waiting for other requests to batch with."""
         return self._predict(stages)
 
+    @bentoml.api(route="/route_hints", input_spec=PredictRequest)
+    def route_hints(self, stages: list[StageIn]) -> list[RouteHint]:
+        """For an external endpoint picker: per stage, expected output tokens, their bucket, the reserve and p_tool."""
+        return [route_hint(answer) for answer in self._predict(stages)]
+
     def _predict(self, stages: list[StageIn]) -> list[PredictionOut]:
         answers = self.engine.predict(stages)
         for answer in answers:
@@ -118,7 +125,7 @@ class PredictorService:
 
 PredictorService.add_asgi_middleware(Guard)
 
-for _route in ("predict", "predict_unbatched"):
+for _route in ("predict", "predict_unbatched", "route_hints"):
     # Left unset, BentoML derives the media type from the output's JSON schema on every response (~0.5 ms).
     PredictorService.apis[_route].output_spec.media_type = "application/json"
 

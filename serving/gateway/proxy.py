@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serving.gateway.core import Gateway
 from serving.gateway.dispatch import Full, Job, NoNode
+from serving.gateway.hints import add_agent_hints, hint_headers
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, StreamAssembler, can_assemble
@@ -96,6 +97,7 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
             gateway.inflight.discard(job.meta.key)
             return node
         upstream["priority"] = gateway.vllm_priority(job)
+        add_agent_hints(gateway.config.router_hints, upstream, job.request.tokens_pred, upstream["priority"])
         try:
             if upstream.get("stream"):
                 return await open_stream(gateway, request, job, node, path, upstream, body)
@@ -182,7 +184,7 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
     if gateway.config.stream_upstream and can_assemble(body):
         send = asyncio.ensure_future(post_streamed(gateway, node, path, upstream, job, result))
     else:
-        send = asyncio.ensure_future(post(node, path, upstream, job))
+        send = asyncio.ensure_future(post(gateway, node, path, upstream, job))
     disconnect = asyncio.ensure_future(wait_disconnect(request))
     await asyncio.wait({send, disconnect}, return_when=asyncio.FIRST_COMPLETED)
     if not send.done():  # client left: closing the connection makes vLLM abort the request
@@ -216,7 +218,8 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
         body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(job), job.remaining_s())
+        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(gateway, job),
+                                                   job.remaining_s())
     except UpstreamError as error:
         raise NodeFailed(describe(error)) from None
     is_complete = False
@@ -262,9 +265,10 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         _end_stream(response, is_complete)
 
 
-async def post(node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
+async def post(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
     try:
-        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(job), job.remaining_s())
+        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(gateway, job),
+                                                 job.remaining_s())
     except UpstreamError as error:
         raise NodeFailed(describe(error)) from None
     if response.status_code >= 500:
@@ -272,8 +276,11 @@ async def post(node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer,
     return response, None
 
 
-def _headers(job: Job) -> dict:
-    return {"X-Request-Id": f"{job.meta.key}#{job.num_attempts}"}
+def _headers(gateway: Gateway, job: Job) -> dict:
+    """The request id of the attempt, and the stage's prediction as router hints (hints.py)."""
+    hints = hint_headers(gateway.config.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
+                         job.prediction.p_tool)
+    return {"X-Request-Id": f"{job.meta.key}#{job.num_attempts}", **hints}
 
 
 def describe(error: BaseException) -> str:
@@ -286,7 +293,8 @@ def describe(error: BaseException) -> str:
 async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
     """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(job), job.remaining_s())
+        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(gateway, job),
+                                                   job.remaining_s())
     except UpstreamError as error:
         raise NodeFailed(describe(error)) from None
     if response.status >= 500:

@@ -1,0 +1,127 @@
+"""deploy/k8s: every manifest passes the Kubernetes schema (strict, offline: kubernetes-validate ships the
+schemas), and the pieces fit together (selectors, ports, names, the gateway's config, probe paths)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra (pip install -e .[test])")
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+KUBERNETES_VERSION = "1.32"  # the oldest minor the manifests target (autoscaling/v2, sidecar-free probes)
+NOT_APPLIED = {"kustomization.yaml", "secret.example.yaml"}
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def kustomization() -> dict:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def objects(kustomization) -> dict[tuple[str, str], dict]:
+    """What `kubectl apply -k` applies, by (kind, name)."""
+    found = {}
+    for name in kustomization["resources"]:
+        for doc in documents(K8S / name):
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in found, f"{name}: {key} defined twice"
+            found[key] = doc
+    return found
+
+
+def pod_specs(objects: dict) -> dict[str, dict]:
+    return {name: doc["spec"]["template"] for (kind, name), doc in objects.items()
+            if kind in ("Deployment", "StatefulSet")}
+
+
+def test_kustomization_lists_every_manifest(kustomization):
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - NOT_APPLIED
+    assert set(kustomization["resources"]) == on_disk
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"))
+def test_manifest_passes_the_kubernetes_schema(path):
+    for doc in documents(K8S / path):
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"deploy/k8s/{path}: {doc['kind']} {doc['metadata']['name']}: "
+                        f"{'.'.join(map(str, error.path))}: {error.message}")
+
+
+def test_schema_check_catches_a_misspelt_field(objects):
+    broken = yaml.safe_load(yaml.safe_dump(objects[("Deployment", "maestro-gateway")]))
+    broken["spec"]["replica"] = broken["spec"].pop("replicas")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_services_select_a_workload_on_a_named_port(objects):
+    pods = pod_specs(objects)
+    for (kind, name), service in objects.items():
+        if kind != "Service":
+            continue
+        selected = [p for p in pods.values()
+                    if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        assert len(selected) == 1, f"Service {name} selects {len(selected)} workloads"
+        port_names = {p["name"] for c in selected[0]["spec"]["containers"] for p in c["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names, name
+
+
+def test_probes_autoscaler_and_secrets_point_at_what_exists(objects):
+    example = documents(K8S / "secret.example.yaml")[0]
+    for name, pod in pod_specs(objects).items():
+        for container in pod["spec"]["containers"]:
+            assert "readinessProbe" in container and "livenessProbe" in container, f"{name} needs probes"
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] == example["metadata"]["name"] and ref["key"] in example["stringData"]
+        for volume in pod["spec"].get("volumes", []):
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in objects
+            if "secret" in volume:
+                assert {i["key"] for i in volume["secret"]["items"]} <= set(example["stringData"])
+    target = objects[("HorizontalPodAutoscaler", "maestro-predictor")]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) in objects
+
+
+def test_gateway_config_loads_and_names_the_cluster_services(objects, tmp_path):
+    from serving.gateway.app import create_app
+    from serving.gateway.config import GatewayConfig
+
+    data = yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])
+    mounted = objects[("Deployment", "maestro-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    assert Path(data["api_keys_file"]).parent.as_posix() in {m["mountPath"] for m in mounted["volumeMounts"]}
+    (tmp_path / "keys").write_text("k" * 32 + "\n")  # the Secret's file, as mounted
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**data, "api_keys_file": str(tmp_path / "keys")}))
+    config = GatewayConfig.from_file(path)
+    vllm = objects[("StatefulSet", "vllm")]["spec"]
+    assert [urlsplit(n.url).hostname for n in config.nodes] == [
+        f"vllm-{i}.{vllm['serviceName']}" for i in range(vllm["replicas"])]
+    predictor = urlsplit(config.predictor)
+    service = objects[("Service", predictor.hostname)]
+    assert predictor.port in {p["port"] for p in service["spec"]["ports"]}
+    routes = {route.path for route in create_app(config).routes}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert mounted[probe]["httpGet"]["path"] in routes
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
+def test_kustomize_renders_into_the_namespace():
+    rendered = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert {d["metadata"]["namespace"] for d in docs} == {"maestro"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
