@@ -1,10 +1,13 @@
-"""Run catalog workflows end to end against a target (the gateway or a vLLM server) and report latencies.
+"""Run workflows end to end against a target (the gateway or a vLLM server) and report latencies.
 
-Each workflow comes from `pipelines.synth.WorkflowGenerator` (the documented generative model):
-its stages, DAG, prompts and output lengths. A stage becomes one chat call whose length is forced
-(`max_tokens` = the model's length × token_scale, `ignore_eos`); after a tool-call stage the
-tool runs for real (`tools.py`) and its output replaces the synthetic tool message of the next
-stage. Every stage ends completed or failed with a reason; `num_stages_lost` must be 0.
+Catalog workflows come from `pipelines.synth.WorkflowGenerator` (the documented generative model): their
+stages, DAG, prompts and output lengths; after a tool-call stage the tool runs for real (`tools.py`) and its
+output replaces the synthetic tool message of the next stage. Recorded workflows (`traces`) come from a contract
+file (`replay.py`): their prompts, DAG, recorded lengths, and the recorded tool time as a wait before a child.
+A stage becomes one chat call whose length is forced: `max_tokens` = the length with `ignore_eos`, or, with
+`declared_max_tokens`, `max_tokens` = that cap (what the target sizes against) and the length forced by
+`min_tokens` and an end-of-sequence logit bias. Every stage ends completed or failed with a reason;
+`num_stages_lost` must be 0.
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ import numpy as np
 
 from pipelines.catalog import APPS, get_app
 from pipelines.synth import WorkflowGenerator
+from serving.driver.replay import ReplayConfig, load_replay, task_ids_of
 from serving.driver.tools import ToolBox
+
+EOS_LOGIT_BIAS = 100  # on the end-of-sequence token once min_tokens are out: the next token ends the answer
 
 
 @dataclass
@@ -40,17 +46,53 @@ class DriveConfig:
     run_tools: bool = True
     max_busy_retries: int = 120  # 429/503 answers followed (Retry-After) before a stage fails
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
+    traces: str | None = None  # a contract file: replay its workflows instead of drawing catalog ones
+    tasks_from: str | None = None  # replay only the tasks of this contract file (e.g. a test split)
+    tool_wait_scale: float = 1.0  # replay: × the recorded tool time
+    max_tool_wait_s: float = 30.0
+    max_stages_per_workflow: int = 0  # replay: a workflow's first N stages (0 = all)
+    workflow_suffix: str = ""  # replay: appended to recorded workflow ids ("<id>@<suffix>"), to replay them again
+    declared_max_tokens: int = 0  # > 0: the max_tokens sent; the length is forced by min_tokens + eos_token_id
+    eos_token_id: int | None = None
+    cache_salt: str = ""  # vLLM's prefix-cache salt: runs with different salts share no cached prefix
 
     def __post_init__(self):
         if self.app != "all":
             get_app(self.app)  # raises with the known names
         if self.num_workflows < 1 or self.concurrency < 1 or self.token_scale <= 0 or self.max_tokens_cap < 1:
             raise ValueError("workflows, concurrency, max-tokens-cap must be >= 1 and token-scale > 0")
+        if self.declared_max_tokens and (self.eos_token_id is None or self.declared_max_tokens < self.max_tokens_cap):
+            raise ValueError("declared-max-tokens needs --eos-token-id (the model's end-of-sequence id) and must be "
+                             ">= max-tokens-cap, so every forced length fits under it")
+        if self.tasks_from and not self.traces:
+            raise ValueError("tasks-from selects tasks of --traces: give --traces too")
         self.target = self.target.rstrip("/")
 
 
-def plan_workflows(config: DriveConfig) -> list[list[dict]]:
-    """Draw the workflows (stages with prompts, parents and forced lengths) from the workload model."""
+def plan_workflows(config: DriveConfig) -> tuple[list[list[dict]], list[str]]:
+    """The workflows (stages with prompts, parents and forced lengths), and the trace lines that could not be used."""
+    if config.traces:
+        return replay_workflows(config)
+    return catalog_workflows(config), []
+
+
+def replay_workflows(config: DriveConfig) -> tuple[list[list[dict]], list[str]]:
+    replay = ReplayConfig(max_tokens_cap=config.max_tokens_cap, tool_wait_scale=config.tool_wait_scale,
+                          max_tool_wait_s=config.max_tool_wait_s, max_workflows=config.num_workflows,
+                          max_stages_per_workflow=config.max_stages_per_workflow,
+                          task_ids=task_ids_of(config.tasks_from) if config.tasks_from else None)
+    plan = load_replay(config.traces, replay)
+    if not plan.workflows:
+        raise ValueError(f"{config.traces}: no labelled workflow to replay"
+                         f"{' among the tasks of ' + config.tasks_from if config.tasks_from else ''}")
+    for stages in plan.workflows:
+        for stage in stages:
+            stage["workflow_id"] += f"@{config.workflow_suffix}" if config.workflow_suffix else ""
+    return plan.workflows, [str(e) for e in plan.errors]
+
+
+def catalog_workflows(config: DriveConfig) -> list[list[dict]]:
+    """Draw the workflows from the workload model."""
     rng = np.random.default_rng(config.seed)
     names = sorted(APPS) if config.app == "all" else [config.app]
     workflows = []
@@ -81,6 +123,7 @@ class Driver:
         self.client = httpx.AsyncClient(timeout=config.timeout_s, limits=httpx.Limits(
             max_connections=config.concurrency * 8, keepalive_expiry=2.0))
         self.stage_rows: list[dict] = []
+        self.started = time.monotonic()  # stage rows' start_s / end_s count from here
 
     async def run_workflow(self, stages: list[dict]) -> dict:
         started = time.monotonic()
@@ -100,8 +143,9 @@ class Driver:
         if any(r["status"] != "ok" for r in parent_rows):
             row = self._row(stage, "failed", error="a parent stage failed")
         else:
+            await asyncio.sleep(stage.get("wait_s", 0.0))  # a replayed tool's recorded time
             row = await self._call(stage, self._messages(stage, tool_outputs))
-            if row["status"] == "ok" and stage["is_tool_call"] and self.config.run_tools:
+            if row["status"] == "ok" and stage["is_tool_call"] and self.config.run_tools and not self.config.traces:
                 await self._run_tool(stage, row, tool_outputs)
         self.stage_rows.append(row)
         done[stage["stage_id"]].set()
@@ -129,9 +173,17 @@ class Driver:
                 "X-Maestro-Parents": ",".join(stage["parent_ids"]),
                 "X-Maestro-Interactive": "true" if stage["interactive"] else "false"}
 
+    def _length(self, stage: dict) -> dict:
+        """Request fields forcing the stage's length; with a declared cap the target sees only that cap."""
+        if not self.config.declared_max_tokens:
+            return {"max_tokens": stage["max_tokens"], "ignore_eos": True}
+        return {"max_tokens": self.config.declared_max_tokens, "min_tokens": stage["max_tokens"] - 1,
+                "logit_bias": {str(self.config.eos_token_id): EOS_LOGIT_BIAS}}  # the end token is counted
+
     async def _call(self, stage: dict, messages: list[dict]) -> dict:
-        body = {"model": self.config.model, "messages": messages, "max_tokens": stage["max_tokens"],
-                "ignore_eos": True, "stream": self.config.stream}
+        body = {"model": self.config.model, "messages": messages, **self._length(stage), "stream": self.config.stream}
+        if self.config.cache_salt:
+            body["cache_salt"] = self.config.cache_salt
         started = time.monotonic()
         for _ in range(self.config.max_busy_retries):
             try:
@@ -182,7 +234,9 @@ class Driver:
                "app": stage["app"], "status": status, "max_tokens": stage["max_tokens"],
                "is_tool_call_planned": stage["is_tool_call"]}
         if started is not None:
-            row["latency_s"] = round(time.monotonic() - started, 5)
+            now = time.monotonic()
+            row.update(latency_s=round(now - started, 5), start_s=round(started - self.started, 5),
+                       end_s=round(now - self.started, 5))
         if usage:
             row.update(output_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"))
         if error:
@@ -197,7 +251,7 @@ async def drive(config: DriveConfig, json_out: str | Path | None = None) -> dict
     """Run the workflows (at most `concurrency` at once) and return (and write) the report."""
     from serving.driver.report import build_report
 
-    workflows = plan_workflows(config)
+    workflows, trace_errors = plan_workflows(config)
     with tempfile.TemporaryDirectory(prefix="maestro-drive-") as tmp:
         driver = Driver(config, ToolBox(config.scratch or tmp).setup())
         gate = asyncio.Semaphore(config.concurrency)
@@ -212,6 +266,10 @@ async def drive(config: DriveConfig, json_out: str | Path | None = None) -> dict
         finally:
             await driver.close()
     report = build_report(config, workflows, workflow_rows, driver.stage_rows, time.monotonic() - started)
+    report["summary"]["num_trace_lines_unused"] = len(trace_errors)
+    report["trace_errors"] = trace_errors
+    report["plan"] = [[{k: v for k, v in stage.items() if k not in ("prompt", "output_text")} for stage in stages]
+                      for stages in workflows]
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1))
