@@ -124,6 +124,9 @@ class GatewayConfig:
     # -reserve, -p-tool), "nvext" (also Dynamo's nvext.agent_hints in the body: vLLM ignores it, a strict upstream
     # may refuse it) or "off".
     router_hints: str = "headers"
+    # One OpenTelemetry span per stage in the GenAI conventions (spans.py), to the process's TracerProvider (set up by
+    # the operator, e.g. `opentelemetry-instrument`); off: none made.
+    otel_spans: bool = False
 
     def __post_init__(self):
         self.nodes = [n if isinstance(n, NodeConfig) else NodeConfig(**n) for n in self.nodes]

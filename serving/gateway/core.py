@@ -67,6 +67,7 @@ class Gateway:
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s, config.predictor_startup_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
+        self.spans = _stage_spans(config.model) if config.otel_spans else None
         self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
         self.inflight: set[tuple[str, str, str]] = set()
         self.completed: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()  # JSON answers, for replays
@@ -185,6 +186,8 @@ class Gateway:
         """Write the stage's one trace line and report the outcome to the predictor."""
         record = trace_record(job, body, result, node_name, kv_usage)
         self.traces.write(record)
+        if self.spans is not None:
+            self.spans.emit(record)
         if "output_tokens" in record:
             if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
                 workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
@@ -207,6 +210,12 @@ class Gateway:
                 "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
                 "predictor": self.predictor.snapshot(),
                 **({"workflow_cap": self.dispatcher.cap.snapshot()} if self.dispatcher.cap else {})}
+
+
+def _stage_spans(model: str):
+    from serving.gateway.spans import StageSpans  # OpenTelemetry is imported only when spans are on
+
+    return StageSpans(model)
 
 
 def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:
