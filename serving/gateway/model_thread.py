@@ -7,13 +7,17 @@ import concurrent.futures
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prediction
 
 MAX_BATCH_STAGES = 64  # stages the model thread predicts in one go (the calls that waited while it was busy)
+NUM_TIMED_BATCHES = 1024  # the latest batches whose times /maestro/status summarizes
 
 
 @dataclass(slots=True)
@@ -21,6 +25,17 @@ class _Call:
     stages: list[dict]
     future: asyncio.Future
     deadline_s: float  # time.monotonic(): past it the caller has answered from the prior
+    submitted_s: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTime:
+    """Where a model pass's time went: the oldest call's wait for the thread, the pass's wall time, and the CPU
+    the thread got during it (wall − CPU: waiting for a core or for the GIL)."""
+
+    queued_s: float
+    wall_s: float
+    cpu_s: float
 
 
 class ModelWorker:
@@ -36,6 +51,7 @@ class ModelWorker:
         self.predict_batch = predict_batch
         self.max_batch_stages = max_batch_stages
         self.num_batches = self.num_expired = 0
+        self.batch_times: deque[BatchTime] = deque(maxlen=NUM_TIMED_BATCHES)
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -97,7 +113,20 @@ class ModelWorker:
                 _settle(call.future, error)
         if parsed:
             self.num_batches += 1
+            started_s, started_cpu_s = time.monotonic(), time.thread_time()
             self._predict(parsed)
+            self.batch_times.append(BatchTime(started_s - min(c.submitted_s for c, _ in parsed),
+                                              time.monotonic() - started_s, time.thread_time() - started_cpu_s))
+
+    def time_summary(self) -> dict:
+        """p50 / p99 (ms) of the latest batches' queue wait, wall time and CPU time (`BatchTime`)."""
+        if not self.batch_times:
+            return {}
+        summary = {}
+        for what in ("queued", "wall", "cpu"):
+            times_ms = np.array([getattr(t, f"{what}_s") for t in self.batch_times]) * 1000
+            summary[f"{what}_ms"] = {f"p{q}": round(float(np.percentile(times_ms, q)), 1) for q in (50, 99)}
+        return summary
 
     def _predict(self, parsed: list[tuple[_Call, list[StageTrace]]]) -> None:
         """One model pass for all the calls; if it raises, one pass per call: a stage the model chokes on fails

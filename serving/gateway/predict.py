@@ -192,8 +192,8 @@ class LocalPredictor:
         worker = self.worker
         return {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
                 "timeout_s": self.timeout_s, **self.counts.snapshot(),
-                **({"model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired}
-                   if worker else {})}
+                **({"model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired,
+                    "model_batch_time": worker.time_summary()} if worker else {})}
 
     async def aclose(self) -> None:
         if self.worker is not None:

@@ -41,6 +41,33 @@ def apply_cpu_nice(nice: int) -> list[str]:
     return warnings
 
 
+def lower_session_priority(session_id: int, nice: int) -> None:
+    """Run a session we started (e.g. a vLLM engine's, `setsid`) at `nice` > 0: its autogroup and every thread of
+    its processes (Linux keeps a nice per thread). Raising a nice needs no privilege; the engine then yields the
+    cores to a gateway that needs them."""
+    if nice <= 0:
+        return
+    for thread in _session_threads(session_id):
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, nice)
+        except (ProcessLookupError, PermissionError):  # it ended meanwhile / a lower nice we may not undo
+            pass
+    autogroup = Path(f"/proc/{session_id}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+
+
+def _session_threads(session_id: int) -> list[int]:
+    threads = []
+    for process in Path("/proc").iterdir():
+        try:
+            if process.name.isdigit() and os.getsid(int(process.name)) == session_id:
+                threads += [int(task.name) for task in (process / "task").iterdir()]
+        except (ProcessLookupError, PermissionError, FileNotFoundError):
+            pass
+    return threads
+
+
 def current_cpu_nice() -> dict:
     """What the process runs at now: its nice and its autogroup's (None without autogroup scheduling)."""
     autogroup = None

@@ -69,7 +69,7 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
             refused = Job(meta=meta, request=None, reserve_tokens=0)  # no prediction: traced as refused
             return fail(gateway, refused, body, error.status, error.message, param=error.param)
         job = await gateway.prepare(meta, body)
-        response = await run_job(gateway, request, job, path, forward_body(gateway, body), body)
+        response = await run_job(gateway, request, job, path, forward_body(gateway, body, job.request.max_tokens), body)
         is_streaming = isinstance(response, StreamingResponse)  # its relay releases the key when done
         return response
     finally:
@@ -77,8 +77,12 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
             gateway.inflight.discard(meta.key)
 
 
-def forward_body(gateway: Gateway, body: dict) -> dict:
+def forward_body(gateway: Gateway, body: dict, max_tokens: int) -> dict:
+    """The body vLLM gets; a chat call without a token limit is sent with the one its reservation was sized to
+    (`Gateway.output_cap`): vLLM's own is the whole context. A completion call's (vLLM's 16) is left to vLLM."""
     upstream = {k: v for k, v in body.items() if k != "metadata"}
+    if "messages" in body and not upstream.get("max_tokens") and not upstream.get("max_completion_tokens"):
+        upstream["max_tokens"] = max_tokens
     if not upstream.get("model") and gateway.config.model:
         upstream["model"] = gateway.config.model
     if upstream.get("stream"):

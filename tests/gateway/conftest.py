@@ -13,7 +13,7 @@ from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 
-from .engines import Engine, EngineConfig, free_port, has_vllm
+from .engines import ENGINE_CPU_NICE, Engine, EngineConfig, free_port, has_vllm
 from .tiny_model import build_tiny_model
 
 METRICS = """# TYPE vllm:kv_cache_usage_perc gauge
@@ -128,7 +128,7 @@ def _engine(model_dir, tmp_path_factory, **kw) -> Engine:
     if not has_vllm():
         pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
     logs = tmp_path_factory.mktemp("vllm-logs")
-    config = EngineConfig(str(model_dir), log_path=str(logs / "vllm.log"),
+    config = EngineConfig(str(model_dir), log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE,
                           env={"MAESTRO_VLLM_STATS_DIR": str(logs / "stats")}, **kw)
     return Engine(config).start()
 

