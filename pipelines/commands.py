@@ -28,11 +28,20 @@ def _read(path: str):
     return result.stages
 
 
+def _train(args: argparse.Namespace) -> Predictor:
+    features = featurizer_config(load_params("featurize", args.params))
+    model = model_config(load_params("train", args.params))
+    if args.dask:
+        from pipelines.dask_train import DaskTrainConfig, train_predictor
+
+        config = DaskTrainConfig(args.dask, embedding_cache=args.embedding_cache)
+        return train_predictor(args.traces, features, model, config)
+    return Predictor.train(_read(args.traces), features, model, progress=True)
+
+
 def train_command(args: argparse.Namespace) -> int:
-    stages = _read(args.traces)
     started = time.perf_counter()
-    predictor = Predictor.train(stages, featurizer_config(load_params("featurize", args.params)),
-                                model_config(load_params("train", args.params)), progress=True)
+    predictor = _train(args)
     predictor.meta.update(train_seconds=round(time.perf_counter() - started, 2), traces=str(args.traces))
     predictor.save(args.out)
     print(f"trained on {predictor.meta['num_train_stages']} stages in {predictor.meta['train_seconds']} s "
@@ -143,6 +152,10 @@ def register(subparsers) -> None:
     train.add_argument("--traces", required=True, help="contract JSONL or Parquet file of labelled stages")
     train.add_argument("--out", required=True, help="directory to write the predictor to")
     train.add_argument("--params", default=str(DEFAULT_PARAMS), help="params.yaml with featurize/train sections")
+    train.add_argument("--dask", metavar="local:N|tcp://HOST:PORT", help="train on a Dask cluster: N local worker "
+                       "processes or a running scheduler; --traces may then be a directory of trace files or of "
+                       "trace Parquet (pipelines/dask_features.py)")
+    train.add_argument("--embedding-cache", help="with --dask: an .npz embedding cache the workers share")
     train.set_defaults(func=train_command)
     predict = subparsers.add_parser("predict", help="predict every stage of a trace file")
     predict.add_argument("--model", required=True, help="predictor directory or models:/stage-length@champion")

@@ -15,7 +15,20 @@ from pipelines.predictor import Predictor
 
 
 def model_config(params: dict) -> ModelConfig:
-    return ModelConfig(**params)
+    return ModelConfig(**{k: v for k, v in params.items() if k != "dask"})  # `dask`: where to train, not how
+
+
+def fit(featurizer: Featurizer, X: pd.DataFrame, labels: pd.DataFrame, params: dict) -> Predictor:
+    """On one machine, or on the Dask cluster `params["dask"]` names (local:N | tcp://HOST:PORT)."""
+    if not params.get("dask"):
+        return Predictor.fit(featurizer, X, labels, model_config(params))
+    from pipelines import dask_train
+
+    config = model_config(params)
+    with dask_train.connect(dask_train.DaskTrainConfig(params["dask"]).address) as client:
+        workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        frame = dask_train.features_frame(X, labels, config.folds, npartitions=2 * workers)
+        return dask_train.fit_predictor(client, featurizer, frame, config)
 
 
 def main() -> None:
@@ -28,7 +41,7 @@ def main() -> None:
     X = pd.read_parquet(features / "train_X.parquet")
     labels = pd.read_parquet(features / "train_labels.parquet")
     started = time.perf_counter()
-    predictor = Predictor.fit(featurizer, X, labels, model_config(load_params("train")))
+    predictor = fit(featurizer, X, labels, load_params("train"))
     predictor.meta["train_seconds"] = round(time.perf_counter() - started, 2)
     predictor.save(args.out)
     print(f"trained on {len(labels)} stages in {predictor.meta['train_seconds']} s → {args.out}")
