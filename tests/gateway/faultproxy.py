@@ -6,6 +6,7 @@ Each POST takes the first `Fault` that still has uses left and suffers it; every
 - `cut`: forward the answer's first `after_events` SSE events (a JSON answer is one event), then half of the
   next one, then drop the connection;
 - `stall`: after the status line and `after_events` events, send nothing for `stall_s`, then go on.
+The headers and body of each POST that is read are kept in `received`.
 One proxy listens on one or more ports (`num_ports`): nodes behind it share its faults, so whichever node the
 gateway tries first meets the fault, and a retry on another port goes through clean.
 """
@@ -53,6 +54,7 @@ class FaultProxy:
         self.num_ports = num_ports
         self.urls: list[str] = []
         self.num_forwarded = 0
+        self.received: list[tuple[dict, bytes]] = []  # each POST's headers and body, as the proxy got them
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -98,6 +100,8 @@ class FaultProxy:
             return web.json_response({"error": {"message": "injected fault", "type": "fault", "code": fault.status}},
                                      status=fault.status)
         body = await request.read()
+        if request.method == "POST":
+            self.received.append((dict(request.headers), body))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         async with self._session.request(request.method, f"{self.upstream_url}{request.path_qs}", data=body,
                                          headers=headers) as upstream:
