@@ -72,12 +72,17 @@ class NodeResidency:
         if self.state[model] is ModelState.RUNNING:
             self.touch(model)
             return 0.0
-        if self.weight_bytes[model] > self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models):
+        if not self.can_activate(model, busy_models):
             return None
         cost = self.ready_cost_s(model)
         self._move(model, ModelState.RUNNING)
         self._rebalance(busy_models | {model})
         return cost
+
+    def can_activate(self, model: str, busy_models: set[str] = frozenset()) -> bool:
+        """Whether `activate` would succeed now (it runs, or the busy models leave room for its weights)."""
+        return self.state[model] is ModelState.RUNNING or (
+            self.weight_bytes[model] <= self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models))
 
     def place(self, model: str, state: ModelState) -> None:
         """Put a model in a state without cost (initial placement)."""

@@ -120,10 +120,12 @@ class LazyHeap:
         return entry[2]
 
     def in_order(self) -> Iterator[tuple]:
-        """Live entries smallest first, heap untouched: a best-first walk of the heap's tree (O(log k) per entry).
+        """Live entries smallest first: a best-first walk of the heap's tree (O(log k) per entry), after dropping the
+        removed entries at the top (as `top` does, so a queue only ever walked does not pile them up).
 
         Do not push or pop while iterating; `discard` is safe (it only marks).
         """
+        self.top()
         heap = self._heap
         frontier = [(heap[0], 0)] if heap else []
         while frontier:

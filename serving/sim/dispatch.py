@@ -1,26 +1,89 @@
-"""Per-node decisions of the simulator: route, admit and start, grow or preempt, finish and keep/evict KV.
+"""The simulator's side of dispatch: its nodes shown to the dispatch core, and the clock parts of a stage's life.
 
-These are the serving objects at work: routing (least-loaded or S(N,T) fitness), residency
-(activate a model), admission (free pages ≥ reserve, AIMD session window), the allocator
-(reserve / grow / release), and the tool-KV policy. The simulator owns only the clock.
+Which stage starts, where and when is the dispatch core's (serving/admission/dispatch.py), as in the gateway: a stage
+is routed when it becomes ready — to the node holding its session's context (session affinity), else by the core's
+node choice, among the nodes that could start it at once if any — and each node's core starts its queue strict
+head-of-line in policy order, gated by the session cap (MARS: the AIMD window). A `SimSlot` answers the core's
+questions for one node: may this stage start here now (a batch slot, the model, free pages for its reserve after
+reclaiming idle tool-call KV), could it ever, and the node's fitness terms. What stays here belongs to the clock:
+starting (prefill, reservation), decode growth and preemption, finishing, and the tool-KV keep/evict decision.
 """
 from __future__ import annotations
 
-import numpy as np
-
+from serving.admission.dispatch import DispatchConfig, Outcome, choose
 from serving.admission.sizing import ReservationMode, output_tokens_to_map
+from serving.kv import Reservation
+from serving.request import StageRequest
 from serving.residency import ModelState
-from serving.routing import select_node
 from serving.sim.node import FINISH, GROW, SimNode
 from serving.sim.workload import SimStage
 from serving.tool_kv import ToolCallContext
+
+
+class SimSlot:
+    """A simulated node as the dispatch core sees it (`admission.dispatch.NodeView`)."""
+
+    def __init__(self, node: SimNode, dispatcher: "Dispatcher"):
+        self.node, self.name, self.dispatcher = node, node.name, dispatcher
+
+    def refusal(self, request: StageRequest) -> str | None:
+        node, stage = self.node, request.payload
+        if len(node.running) >= self.dispatcher.max_batch_seqs:
+            return "batch"
+        if not node.residency.can_activate(stage.model, node.busy_models()):
+            return "model"
+        return None if self.dispatcher.kv_plan(node, stage) is not None else "kv"
+
+    def may_fit_later(self, request: StageRequest) -> bool:
+        """Only if something runs here, or KV other than the stage's own context is kept here."""
+        parent = parent_of(request.payload)
+        return bool(self.node.running) or any(kept is not parent for kept in self.node.pinned)
+
+    def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
+        """As the gateway's: free KV share; the work on the node (running stages, each a mean stage, and the queued
+        stages' predicted work, over the batch width, after the model's load); the KV shortfall and the node's queue
+        (the engine's waiting stages)."""
+        node, stage, batch = self.node, request.payload, self.dispatcher.max_batch_seqs
+        need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
+        free = node.alloc.num_free_pages
+        work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
+        ready = node.residency.ready_cost_s(stage.model) + work_s / batch
+        degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
+        return free / node.alloc.num_physical_pages, ready, degradation
+
+    def load(self) -> float:
+        return len(self.node.sched) + len(self.node.running)
+
+    def can_start_now(self, request: StageRequest) -> bool:
+        """Nothing queued ahead of it here, and the core would start it."""
+        return not len(self.node.sched) and self.refusal(request) is None
+
+
+def node_dispatch_config(router: str, fitness) -> DispatchConfig:
+    """The gateway's dispatch rules (backfill included) on one node's queue, and the system's router."""
+    return DispatchConfig(router=router, fitness=fitness)
+
+
+def parent_of(stage: SimStage) -> SimStage | None:
+    return stage.workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
 
 
 class Dispatcher:
     def __init__(self, sim):
         self.sim = sim
         self.reservation = ReservationMode(sim.system.reservation)
+        self.max_batch_seqs = sim.cluster.max_batch_seqs
+        self.config = node_dispatch_config(sim.system.router, sim.cluster.fitness)
+        self.slots = {node: SimSlot(node, self) for node in sim.nodes}
         self.running_on: dict[str, list[SimNode]] = {}
+
+    def bytes_per_token(self, stage: SimStage) -> int:
+        return self.sim.cost.model(stage.model).kv_bytes_per_token
+
+    def is_live(self, request: StageRequest, now: float) -> bool:
+        """False once the stage's workflow was dropped, or has aged past `abandon_after_slo_x` × its SLO."""
+        w, x = request.payload.workflow, self.sim.cluster.abandon_after_slo_x
+        return not (w.is_dropped or (x is not None and now - w.arrival_s > x * w.slo_s))
 
     # --- placement and routing -----------------------------------------------------------------
     def place_models(self) -> None:
@@ -40,75 +103,44 @@ class Dispatcher:
                     self.running_on.setdefault(model, []).append(node)
 
     def route(self, stage: SimStage) -> SimNode:
+        """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
+        that could start it at once, else among all that run its model."""
         home = self._session_home(stage)
         if home is not None:
             return home
-        candidates = self.running_on.get(stage.model) or self.sim.nodes
-        if len(candidates) == 1:
-            return candidates[0]
-        if self.sim.system.router == "fitness":
-            return self._fittest(stage, candidates)
-        return min(candidates, key=lambda n: len(n.sched) + len(n.running))
+        slots = [self.slots[n] for n in self.running_on.get(stage.model) or self.sim.nodes]
+        now = [s for s in slots if s.can_start_now(stage.request)]
+        return choose(stage.request, now or slots, self.config).node
 
     def _session_home(self, stage: SimStage) -> SimNode | None:
         """The node holding the session's context, when its next stage should go there (session affinity).
 
         It does while the context's KV is kept or still in the prefix cache there; once overwritten, only
-        if the node could start the stage at once (no queue, a batch slot and free pages for its reserve).
+        if the node could start the stage at once.
         """
-        if stage.session_parent < 0:
-            return None
-        parent = stage.workflow.stages[stage.session_parent]
-        node = parent.node
+        parent = parent_of(stage)
+        node = parent.node if parent is not None else None
         if node is None:
             return None
         if parent in node.pinned or parent in node.cache:
             return node
-        return node if self._has_room(node, stage) else None
-
-    def _has_room(self, node: SimNode, stage: SimStage) -> bool:
-        if len(node.sched) or len(node.running) >= self.sim.cluster.max_batch_seqs:
-            return False
-        bpt = self.sim.cost.model(stage.model).kv_bytes_per_token
-        return node.alloc.pages_for(self._reserve_tokens(stage), bpt) <= node.alloc.num_free_pages
-
-    def _fittest(self, stage: SimStage, candidates: list[SimNode]) -> SimNode:
-        model = self.sim.cost.model(stage.model)
-        need = candidates[0].alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, model.kv_bytes_per_token)
-        free = np.array([n.alloc.num_free_pages for n in candidates], dtype=float)
-        total = candidates[0].alloc.num_physical_pages
-        ready = np.array([n.residency.ready_cost_s(stage.model) + n.queued_work_s / self.sim.cluster.max_batch_seqs
-                          for n in candidates])
-        degradation = np.maximum(0.0, need - free) / max(1, need) + np.array(
-            [len(n.sched) for n in candidates]) / self.sim.cluster.max_batch_seqs
-        return candidates[select_node(free / total, ready, degradation, self.sim.cluster.fitness)]
+        return node if self.slots[node].can_start_now(stage.request) else None
 
     # --- admission and start -------------------------------------------------------------------
     def fill(self, node: SimNode) -> None:
-        """Start queued stages in policy order while the head fits (no skipping: the order is the policy)."""
-        sim, limit = self.sim, self.sim.cluster.max_batch_seqs
-        while len(node.running) < limit:
-            request = node.sched.peek(sim.now)
-            if request is None:
-                return
-            stage: SimStage = request.payload
-            if self._should_abandon(stage):
-                node.sched.pop(sim.now)
-                node.queued_work_s -= request.pred_service_s
-                sim.recorder.abandoned += 1
-                sim.drop(stage.workflow)
+        """Apply the node's dispatch decisions: start stages in policy order while the head may start."""
+        sim = self.sim
+        for decision in node.core.decisions([self.slots[node]], sim.now):
+            stage: SimStage = decision.request.payload
+            node.queued_work_s -= decision.request.pred_service_s
+            if decision.outcome is Outcome.START:
+                self._start(node, stage)
                 continue
-            if not self._window_allows(node, stage) or not self._try_start(node, stage):
-                return
-
-    def _should_abandon(self, stage: SimStage) -> bool:
-        w, x = stage.workflow, self.sim.cluster.abandon_after_slo_x
-        return w.is_dropped or (x is not None and self.sim.now - w.arrival_s > x * w.slo_s)
-
-    def _window_allows(self, node: SimNode, stage: SimStage) -> bool:
-        if node.window is None or stage.workflow.workflow_id in node.sessions:
-            return True
-        return len(node.sessions) < node.window.limit(node.alloc.usage)
+            if decision.outcome is Outcome.DROPPED:
+                sim.recorder.abandoned += 1
+            else:
+                sim.recorder.never_fit += 1
+            sim.drop(stage.workflow)
 
     def _reserve_tokens(self, stage: SimStage) -> int:
         """Tokens to map at start: context plus what the reservation mode adds (admission/sizing.py), capped at
@@ -117,48 +149,51 @@ class Dispatcher:
                                      self.sim.cluster.grow_chunk_tokens)
         return min(stage.prompt_tokens + stage.generated_tokens + extra, stage.prompt_tokens + stage.max_tokens)
 
-    def _try_start(self, node: SimNode, stage: SimStage) -> bool:
-        sim = self.sim
-        model_cost = node.residency.activate(stage.model, node.busy_models())
-        if model_cost is None:
-            return self._give_up_if_idle(node, stage)
-        if model_cost > 0:
-            node.advance(sim.now)
-            node.stall(sim.now, model_cost)
-            self._index_models()
-        reservation, cached = self._reserve(node, stage)
-        if reservation is None:
-            return self._give_up_if_idle(node, stage)
-        node.sched.pop(sim.now)
-        node.queued_work_s -= stage.request.pred_service_s
-        self._start(node, stage, reservation, cached)
-        return True
-
-    def _give_up_if_idle(self, node: SimNode, stage: SimStage) -> bool:
-        # Nothing runs here and nothing but its own context is kept, so waiting cannot help: it can never fit.
-        parent = stage.workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
-        if node.running or any(kept is not parent for kept in node.pinned):
-            return False
-        node.sched.pop(self.sim.now)
-        node.queued_work_s -= stage.request.pred_service_s
-        self.sim.recorder.never_fit += 1
-        self.sim.drop(stage.workflow)
-        return True
-
-    def _reserve(self, node: SimNode, stage: SimStage):
-        alloc, model = node.alloc, self.sim.cost.model(stage.model)
-        tokens, bpt = self._reserve_tokens(stage), model.kv_bytes_per_token
+    def kv_plan(self, node: SimNode, stage: SimStage) -> list[SimStage] | None:
+        """The kept tool-call KV to reclaim (oldest first) so the stage's reserve fits, plus the admission headroom;
+        None if it cannot fit now. The session's own kept context is reused, not reclaimed."""
+        alloc, bpt = node.alloc, self.bytes_per_token(stage)
+        need = alloc.pages_for(self._reserve_tokens(stage), bpt)
         headroom = int(self.sim.system.admission_headroom_frac * alloc.num_physical_pages)
-        parent = stage.workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
+        parent = parent_of(stage)
         kept = node.pinned.get(parent) if parent is not None else None
-        have = kept.mapped_pages if kept is not None else 0
-        while alloc.pages_for(tokens, bpt) - have + headroom > alloc.num_free_pages:
-            victim = next((s for s in node.pinned if s is not parent), None)
-            if victim is None:
-                return None, 0
+        free = alloc.num_free_pages + (kept.mapped_pages if kept is not None else 0)
+        victims, freed_virtual = [], 0
+        for victim, reservation in node.pinned.items():
+            if need + headroom <= free:
+                break
+            if victim is not parent:
+                victims.append(victim)
+                free += reservation.mapped_pages
+                freed_virtual += reservation.virtual_pages
+        if need + headroom > free:
+            return None
+        virtual = alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt)
+        if kept is not None and virtual <= kept.virtual_pages:
+            return victims  # the kept range grows in place
+        freed_virtual += kept.virtual_pages if kept is not None else 0
+        return victims if alloc.num_virtual_pages - freed_virtual + virtual <= alloc.num_virtual_pages_limit else None
+
+    def _start(self, node: SimNode, stage: SimStage) -> None:
+        victims = self.kv_plan(node, stage)
+        if victims is None:
+            raise RuntimeError(f"stage {stage.stage_id} started on {node.name} without room for its reserve")
+        model_cost = node.residency.activate(stage.model, node.busy_models())
+        if model_cost:
+            node.advance(self.sim.now)
+            node.stall(self.sim.now, model_cost)
+            self._index_models()
+        for victim in victims:
             node.release(victim, node.pinned.pop(victim))  # idle KV of a tool call is reclaimable
+        reservation, cached = self._reserve(node, stage)
+        self._begin(node, stage, reservation, cached)
+
+    def _reserve(self, node: SimNode, stage: SimStage) -> tuple[Reservation, int]:
+        """Map the stage's reserve (growing its session's kept context in place when its range is long enough)."""
+        alloc, bpt = node.alloc, self.bytes_per_token(stage)
+        tokens, parent = self._reserve_tokens(stage), parent_of(stage)
+        kept = node.pinned.pop(parent, None) if parent is not None else None
         if kept is not None:
-            node.pinned.pop(parent)
             if alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt) <= kept.virtual_pages:
                 alloc.grow(kept, tokens)
                 node.cache.trim(alloc.num_free_pages)
@@ -166,7 +201,7 @@ class Dispatcher:
             node.release(parent, kept)  # its range is too short for this stage: the prefix cache hands it over
         reservation = alloc.reserve(tokens, stage.prompt_tokens + stage.max_tokens, bpt)
         if reservation is None:
-            return None, 0
+            raise RuntimeError(f"stage {stage.stage_id}: the reserve the plan admitted did not map on {node.name}")
         cached = self._prefix_hit(node, stage, parent)
         node.cache.trim(alloc.num_free_pages)
         return reservation, cached
@@ -180,7 +215,7 @@ class Dispatcher:
             return stage.prompt_tokens + stage.generated_tokens
         return 0
 
-    def _start(self, node: SimNode, stage: SimStage, reservation, cached_tokens: int) -> None:
+    def _begin(self, node: SimNode, stage: SimStage, reservation, cached_tokens: int) -> None:
         sim, model = self.sim, self.sim.cost.model(stage.model)
         if stage.session_parent >= 0 and cached_tokens == 0:
             sim.evicted_wait_ema_s = 0.8 * sim.evicted_wait_ema_s + 0.2 * (sim.now - stage.ready_s)
@@ -199,11 +234,12 @@ class Dispatcher:
 
     @staticmethod
     def _occupy(node: SimNode, workflow) -> None:
-        """A session holds one window slot, on the node it runs on now; moving frees the old node's slot."""
+        """A session holds its cap's place on the node it runs on now; moving gives the old node's back."""
         if workflow.session_node is not node:
             leave(workflow)
-            node.sessions.add(workflow.workflow_id)
             workflow.session_node = node
+        if node.cap is not None:
+            node.cap.started(workflow.workflow_id)
 
     def _arm(self, node: SimNode, stage: SimStage) -> None:
         left = stage.output_tokens - stage.generated_tokens
@@ -244,7 +280,7 @@ class Dispatcher:
         sim.recorder.preemptions += 1
         stage.request.is_preempted = True
         stage.request.ready_s = sim.now
-        node.sched.add(stage.request, sim.now)
+        node.core.add(stage.request, sim.now)
         node.queued_work_s += stage.request.pred_service_s
 
     # --- the end of a stage ---------------------------------------------------------------------
@@ -282,7 +318,9 @@ class Dispatcher:
 
 
 def leave(workflow) -> None:
-    """Give back the window slot a session holds (it moved, ended or was dropped)."""
-    if workflow.session_node is not None:
-        workflow.session_node.sessions.discard(workflow.workflow_id)
+    """Give back the cap's place a session holds (it moved, ended or was dropped)."""
+    node = workflow.session_node
+    if node is not None:
+        if node.cap is not None:
+            node.cap.end(workflow.workflow_id)
         workflow.session_node = None

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from serving.admission import AIMDConfig
+from serving.admission import AIMDConfig, CapSignals
 from serving.kv import KVAllocatorConfig
 from serving.request import StageRequest
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.dispatch import Dispatcher, leave
+from serving.sim.dispatch import Dispatcher, leave, node_dispatch_config
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
@@ -67,7 +67,8 @@ class Simulator:
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         kv = KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit)
         self.nodes = [SimNode(i, self.cost, kv, cluster.residency, system.scheduler, cluster.num_tool_workers,
-                              cluster.aimd if system.use_aimd else None, cluster.host_cpu, cluster.prefix_caching)
+                              system.cap, cluster.aimd, cluster.host_cpu, cluster.prefix_caching,
+                              node_dispatch_config(system.router, cluster.fitness), self._is_live)
                       for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
         self.dispatch = Dispatcher(self)
@@ -145,7 +146,7 @@ class Simulator:
             self.reschedule(node)
 
     def _on_control(self, node: SimNode, _tag: int) -> None:
-        node.window.update(node.alloc.usage, node.num_tool_jobs())
+        node.cap.adapt(CapSignals(kv_usage=node.alloc.usage, num_tool_jobs=node.num_tool_jobs()), self.now)
         self.dispatch.fill(node)
         self.reschedule(node)
         if self.num_open > 0:
@@ -159,7 +160,7 @@ class Simulator:
         when = node.next_event_s()
         if when is not None:
             self.push(max(when, self.now), NODE, node, node.version)
-        if node.window is not None and not node.is_control_armed:
+        if node.cap is not None and not node.is_control_armed:
             node.is_control_armed = True
             self.push(self.now + self.cluster.aimd.control_period_s, CONTROL, node)
 
@@ -168,19 +169,22 @@ class Simulator:
         if workflow.is_dropped:
             return
         stage.ready_s = self.now
-        node = self.dispatch.route(stage)
         request = stage.request or self._request(stage)
         request.ready_s = self.now
+        node = self.dispatch.route(stage)
         request.attained_service_s = workflow.attained_service_s
         request.workflow_remaining_s = self._workflow_remaining_s(stage)
         # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue
         parent = workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
         request.is_kv_pinned = parent is not None and parent in node.pinned
-        node.sched.add(request, self.now)
+        node.core.add(request, self.now)
         node.queued_work_s += request.pred_service_s
         stage.node = node
         self.dispatch.fill(node)
         self.reschedule(node)
+
+    def _is_live(self, request: StageRequest, now: float) -> bool:
+        return self.dispatch.is_live(request, now)
 
     def _request(self, stage: SimStage) -> StageRequest:
         w, model = stage.workflow, self.cost.model(stage.model)
@@ -227,9 +231,9 @@ class Simulator:
         self._reschedule_host(node)
 
     def _tools_started(self, node: SimNode, started: list) -> None:
-        if node.window is not None:
+        if node.cap is not None:
             for _stage, wait_s in started:
-                node.window.observe_tool_wait(wait_s)
+                node.cap.window.observe_tool_wait(wait_s)
 
     def _reschedule_host(self, node: SimNode) -> None:
         when = node.host.next_done_s()

@@ -11,7 +11,8 @@ import heapq
 import itertools
 from collections import Counter, OrderedDict
 
-from serving.admission import AIMDConfig, AIMDWindow
+from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
+from serving.admission.dispatch import DispatchConfig, DispatchCore
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.residency import NodeResidency, ResidencyConfig
 from serving.scheduler import SchedulerConfig, create_scheduler
@@ -24,21 +25,25 @@ _TIE = itertools.count()
 
 
 class SimNode:
+    """One node; its queue is a dispatch core (serving/admission/dispatch.py) over this node."""
+
     def __init__(self, index: int, cost: CostModel, kv_config: KVAllocatorConfig, residency: ResidencyConfig,
-                 scheduler: str, num_tool_workers: int, aimd: AIMDConfig | None, host_cpu: str = "workers",
-                 prefix_caching: bool = True):
+                 scheduler: str, num_tool_workers: int, cap: str, aimd: AIMDConfig, host_cpu: str = "workers",
+                 prefix_caching: bool = True, dispatch: DispatchConfig | None = None,
+                 is_live=lambda request, now: True):
         self.index = index
+        self.name = f"node{index}"
         self.cost = cost
         self.alloc = KVAllocator(kv_config)
         self.sched = create_scheduler(SchedulerConfig(policy=scheduler))
         self.residency = NodeResidency(residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
-        self.window = AIMDWindow(aimd, num_tool_workers) if aimd else None
+        self.cap = self._make_cap(CapKind(cap), aimd, num_tool_workers)
+        self.core = DispatchCore(self.sched, dispatch, self.cap, is_live)
         self.num_tool_workers = num_tool_workers
         self.host = HostCPU(host_cpu, num_tool_workers)
         self.cache = PrefixCache(prefix_caching)
         self.running: dict = {}  # stage -> None, in start order (the preemption order)
         self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
-        self.sessions: set[str] = set()
         self.queued_work_s = 0.0
         self.version = 0
         self.is_control_armed = False
@@ -49,6 +54,11 @@ class SimNode:
         self._weight_s = 0.0
         self._kv_bytes = 0.0
         self._models = Counter()
+
+    def _make_cap(self, kind: CapKind, aimd: AIMDConfig, num_tool_workers: int) -> SessionCap | None:
+        if kind is CapKind.AIMD:
+            return SessionWindow(AIMDWindow(aimd, num_tool_workers), lambda: self.alloc.usage)
+        return None
 
     # --- the step clock -------------------------------------------------------------------
     def step_s(self) -> float:

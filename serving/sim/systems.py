@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serving.admission.cap import CapKind
 from serving.admission.sizing import ReservationMode
 
 # The reservation modes the simulator runs (projected admission is the gateway's; the sim has no projection).
 SIM_RESERVATIONS = (ReservationMode.MAX_LEN, ReservationMode.PREDICTED, ReservationMode.ON_DEMAND)
+SIM_CAPS = (CapKind.NONE, CapKind.AIMD)  # the workflow cap needs the gateway's W (GatewayConfig.workflow_cap)
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class SystemConfig:
     reservation: str
     tool_kv: str
     router: str = "least-loaded"  # or "fitness"
-    use_aimd: bool = False
+    cap: str = "none"  # the session cap (admission/cap.py): none, aimd (MARS's window), workflow
     admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
 
     def __post_init__(self):
@@ -30,6 +32,9 @@ class SystemConfig:
                              f"known: {', '.join(m.value for m in SIM_RESERVATIONS)}")
         if self.router not in ("least-loaded", "fitness"):
             raise ValueError(f"unknown router '{self.router}'; known: least-loaded, fitness")
+        if CapKind(self.cap) not in SIM_CAPS:
+            raise ValueError(f"system '{self.name}': cap '{self.cap}' is not simulated; "
+                             f"known: {', '.join(c.value for c in SIM_CAPS)}")
         if not 0 <= self.admission_headroom_frac < 1:
             raise ValueError("admission_headroom_frac must be in [0, 1)")
 
@@ -39,7 +44,7 @@ SYSTEMS = {s.name: s for s in [
     SystemConfig("edf", "edf", "max-len", "evict-always"),
     SystemConfig("srtf", "srtf", "max-len", "evict-always"),
     SystemConfig("maestro", "maestro", "predicted", "mars", "fitness", admission_headroom_frac=0.05),
-    SystemConfig("mars", "mars", "on-demand", "mars", use_aimd=True),
+    SystemConfig("mars", "mars", "on-demand", "mars", cap="aimd"),
     SystemConfig("continuum", "continuum", "on-demand", "continuum"),
     SystemConfig("continuum-dy", "continuum", "on-demand", "continuum-dy"),
     SystemConfig("infercept", "fcfs", "on-demand", "infercept"),

@@ -111,16 +111,16 @@ def test_a_hopping_session_holds_at_most_one_window_slot(monkeypatch):
     visited, most = {}, [0]
     start = Dispatcher._start
 
-    def checked_start(self, node, stage, reservation, cached):
-        start(self, node, stage, reservation, cached)
+    def checked_start(self, node, stage):
+        start(self, node, stage)
         visited.setdefault(stage.workflow.workflow_id, set()).add(node.index)
-        most[0] = max(most[0], max(sum(w in n.sessions for n in sim.nodes) for w in visited))
+        most[0] = max(most[0], max(sum(w in n.cap.session_ids for n in sim.nodes) for w in visited))
 
     monkeypatch.setattr(Dispatcher, "_start", checked_start)
     sim.run()
     assert any(len(nodes) > 1 for nodes in visited.values())  # sessions did move between nodes
     assert most[0] == 1
-    assert all(not n.sessions for n in sim.nodes)  # every slot came back when its session ended
+    assert all(not n.cap.session_ids for n in sim.nodes)  # every slot came back when its session ended
 
 
 def test_sessions_stay_on_their_node_while_memory_is_idle():
