@@ -7,10 +7,9 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import kubernetes_validate  # the test extra; it ships the schemas, so nothing is downloaded
 import pytest
 import yaml
-
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra (pip install -e .[test])")
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
