@@ -1,15 +1,21 @@
-"""Predictor benchmark: Maestro's recipe against the straightforward one, measured in the same run.
+"""Predictor benchmark: Maestro's recipe against the straightforward one, on the dev traces and the
+tau2 agent traces, with and without history, measured in the same run.
 
 Straightforward recipe (the seed paper, as first implemented): MiniLM on the whole prompt
 (max_seq_length 256) → PCA 32 + the basic structural features → calibrated LightGBM classifier →
-asymmetric LightGBM regressor, reserve = prediction × (1+ρ). Maestro's recipe: params.yaml.
+asymmetric LightGBM regressor, reserve = prediction × (1+ρ), trained on the stages as they are.
+Maestro's recipe: params.yaml (history copies, reserve calibrated per history condition).
 
-Measures training time, single-stage predict latency (p50/p99, cold and with warm caches),
-batched throughput, and quality on held-out workflows of the real dev traces (grouped splits,
-several seeds) beside the per-role baselines: median, p90, and the per-role conformal level that
-promises the same miss rate as the model's reserve. Writes JSON.
+Each data set is split once by the locked split (pipelines.featurize.locked_split: a hash of the
+task id; no choice of the recipe was made on its test side). Both recipes are trained on the train
+side and scored on the test side twice: "with_history" (the file as it is: the ancestors' outcomes
+known, as live after /observe) and "without_history" (every label stripped: a stage sent alone),
+overall and per app, beside the per-role baselines (median, p90, and the per-role conformal level
+that promises the model's miss rate). `--leave-one-app-out` also trains Maestro's recipe without
+each app in turn and scores that app's test side (an app never seen). `--speed` measures training
+time, single-stage latency and batched throughput on the dev traces. Writes JSON.
 
-    python benchmarks/predictor.py [--traces FILE] [--splits 5] [--out benchmarks/results/predictor.json]
+    python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
 """
 from __future__ import annotations
 
@@ -24,40 +30,98 @@ import pandas as pd
 
 from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
-from pipelines.featurize import featurizer_config, grouped_split
+from pipelines.featurize import featurizer_config, locked_split
+from pipelines.history import without_labels
 from pipelines.metrics import grouped_quality, quality, role_baselines, target_ratios
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
 
 REPO = Path(__file__).resolve().parent.parent
-DEV_TRACES = REPO.parent / "shared" / "data" / "dev-traces" / "dev_traces.jsonl"
+DATA = {"dev": REPO.parent / "shared" / "data" / "dev-traces",
+        "agent": REPO.parent / "shared" / "data" / "agent-traces"}
+DEV_TRACES = DATA["dev"] / "dev_traces.jsonl"
+TEST_FRACTION = 0.3
+# Recipe variants scored while choosing the recipe (pipelines/EXPERIMENTS.md lists them): about 45 on the
+# dev traces before the history conditions, 3 for them (history copies or not, the partial copy fitted
+# on or only calibrated on, the calibration levels with or without app), chosen on an inner split of
+# the train side.
+VARIANTS_TRIED = 48
+FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 
 def recipes() -> dict:
     params = REPO / "params.yaml"
     ours = (featurizer_config(load_params("featurize", params)), model_config(load_params("train", params)))
-    plain_features = replace(ours[0], feature_set="basic", embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
+    plain_features = replace(ours[0], feature_set="basic", history_copies=False,
+                             embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
     seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
     return {"maestro": ours, "straightforward": (plain_features, seed_recipe)}
 
 
-def predictions_frame(predictor: Predictor, test: list[StageTrace]) -> pd.DataFrame:
+def read_stages(path: Path) -> list[StageTrace]:
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    return [stage for file in files for stage in read_traces(file).stages]
+
+
+def predictions_frame(predictor: Predictor, test: list[StageTrace], labels: pd.DataFrame) -> pd.DataFrame:
     answers = predictor.predict(test)
-    return label_frame(test).assign(**{k: [getattr(a, k) for a in answers]
-                                       for k in ("p_tool", "tokens_pred", "tokens_reserve")})
+    return labels.assign(**{k: [getattr(a, k) for a in answers]
+                            for k in ("p_tool", "tokens_pred", "tokens_reserve", "fallback_level", "history")})
 
 
-def throughput(predictor: Predictor, test: list[StageTrace], passes: int = 3) -> tuple[float, pd.DataFrame]:
+def figures(frame: pd.DataFrame, baselines: dict[str, pd.DataFrame]) -> dict:
+    """The targets' figures of one prediction frame, and the per-role p90's share above its reserve."""
+    model = quality(frame)
+    scores = {name: quality(b.loc[frame.index]) for name, b in baselines.items()}
+    values = {**model, **target_ratios(model, scores)}
+    return {**{k: None if values[k] is None else round(values[k], 4) for k in FIGURES}, "n": model["n"],
+            "role_p90_under_rate": round(scores["role_p90"]["under_rate"], 4)}
+
+
+def score(frame: pd.DataFrame, baselines: dict[str, pd.DataFrame]) -> dict:
+    """figures() overall and per app."""
+    return {**figures(frame, baselines),
+            "by_app": {str(app): figures(part, baselines) for app, part in frame.groupby("app")}}
+
+
+def held_out(train: list[StageTrace], test: list[StageTrace], names: tuple[str, ...]) -> dict:
+    """Each recipe in `names` trained on `train`, scored on `test` with and without history."""
+    labels = label_frame(test)
+    config = recipes()["maestro"][1]
+    baselines = role_baselines(label_frame(train), labels, config.rho, config.alpha)
+    stripped = [without_labels(s) for s in test]
+    out = {"baselines": {name: quality(b) for name, b in baselines.items()}}
+    for name in names:
+        features, model = recipes()[name]
+        started = time.perf_counter()
+        predictor = Predictor.train(train, features, model)
+        out[name] = {"train_s": round(time.perf_counter() - started, 1)}
+        for condition, stages in (("with_history", test), ("without_history", stripped)):
+            frame = predictions_frame(predictor, stages, labels)
+            out[name][condition] = {**score(frame, baselines),
+                                    "history": frame["history"].value_counts().to_dict(),
+                                    "fallback_level": frame["fallback_level"].value_counts().to_dict()}
+    return out
+
+
+def leave_one_app_out(train: list[StageTrace], test: list[StageTrace]) -> dict:
+    """Maestro's recipe trained without each app, scored on that app's test stages."""
+    apps = sorted({s.app for s in test} & {s.app for s in train})
+    return {app: held_out([s for s in train if s.app != app], [s for s in test if s.app == app], ("maestro",))
+            for app in apps if len({s.app for s in train}) > 1}
+
+
+def throughput(predictor: Predictor, test: list[StageTrace], passes: int = 3) -> float:
     """Stages per second of one batched predict from a cold embedding cache: the median of `passes`
-    passes (one pass swings ±20 % on a shared 2-core machine), and the predictions."""
+    passes (one pass swings ±20 % on a shared 2-core machine)."""
     rates = []
     for _ in range(passes):
         predictor.featurizer.embedder.clear_cache()
         started = time.perf_counter()
-        frame = predictions_frame(predictor, test)
+        predictor.predict(test)
         rates.append(len(test) / (time.perf_counter() - started))
-    return round(float(np.median(rates)), 1), frame
+    return round(float(np.median(rates)), 1)
 
 
 def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
@@ -69,75 +133,45 @@ def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
             times.append((time.perf_counter() - start) * 1000)
         return np.array(times)
 
+    predictor.featurizer.embedder.clear_cache()
     cold, warm = run(), run()  # second pass: every prompt's embedding is cached
     pct = lambda a: {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2)}
     return {"cold": pct(cold), "warm": pct(warm)}
 
 
-def one_split(stages: list[StageTrace], seed: int, measure_speed: bool) -> dict:
-    train_idx, test_idx = grouped_split(stages, 0.25, seed)
+def speed(stages: list[StageTrace]) -> dict:
+    train_idx, test_idx = locked_split(stages, TEST_FRACTION)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
-    out = {"quality": {}, "quality_by_app": {}, "train_s": {}, "throughput_stages_per_s": {}, "latency_ms": {}}
-    for name, (feat, model) in recipes().items():
+    out = {}
+    for name, (features, model) in recipes().items():
         started = time.perf_counter()
-        predictor = Predictor.train(train, feat, model)
-        out["train_s"][name] = round(time.perf_counter() - started, 2)
-        out["throughput_stages_per_s"][name], frame = throughput(predictor, test)
-        out["quality"][name] = quality(frame)
-        out["quality_by_app"][name] = grouped_quality(frame, "app")
-        if measure_speed:
-            predictor.featurizer.embedder.clear_cache()
-            out["latency_ms"][name] = latency_ms(predictor, test[:200])
-    config = recipes()["maestro"][1]
-    for name, frame in role_baselines(label_frame(train), label_frame(test), config.rho, config.alpha).items():
-        out["quality"][name] = quality(frame)
-        out["quality_by_app"][name] = grouped_quality(frame, "app")
+        predictor = Predictor.train(train, features, model)
+        out[name] = {"train_s": round(time.perf_counter() - started, 1),
+                     "throughput_stages_per_s": throughput(predictor, test),
+                     "latency_ms": latency_ms(predictor, test[:200])}
     return out
 
 
-def _mean(values: list, digits: int) -> float | None:
-    """Mean of the values that are not None; None (not NaN, which is invalid JSON) where none is."""
-    values = [v for v in values if v is not None]
-    return round(float(np.mean(values)), digits) if values else None
-
-
-def summarise(splits: list[dict]) -> dict:
-    table = {name: {m: _mean([s["quality"][name][m] for s in splits], 4)
-                    for m in ("auc", "ece", "mae", "kendall_tau", "under_rate", "over_reservation", "r2_log")}
-             for name in splits[0]["quality"]}
-    ours, median, p90, plain = (table[k] for k in ("maestro", "role_median", "role_p90", "straightforward"))
-    return {"quality_mean_over_splits": table, "ratios": {
-        "mae_vs_role_median": round(ours["mae"] / median["mae"], 3),
-        "mae_vs_straightforward": round(ours["mae"] / plain["mae"], 3),
-        "over_reservation_vs_role_p90": round(ours["over_reservation"] / p90["over_reservation"], 3),
-        "over_reservation_vs_role_conformal": round(ours["over_reservation"] / table["role_conformal"]["over_reservation"], 3),
-        "throughput_vs_straightforward": round(float(np.mean([s["throughput_stages_per_s"]["maestro"] /
-                                                              s["throughput_stages_per_s"]["straightforward"]
-                                                              for s in splits])), 2),
-        "train_time_vs_straightforward": round(float(np.mean([s["train_s"]["maestro"] / s["train_s"]["straightforward"]
-                                                              for s in splits])), 2)},
-        "by_app_mean_over_splits": by_app(splits)}
-
-
-def by_app(splits: list[dict]) -> dict:
-    """The issue's target figures per app (the held-out workflows of one app differ from the whole mix),
-    each the mean over the splits of that split's value; AUC is None for an app without tool calls."""
-    mean = lambda values: _mean(values, 3)
-    apps = sorted(set.intersection(*(set(s["quality_by_app"]["maestro"]) for s in splits)))
-    table = {}
-    for app in apps:
-        per = [{name: s["quality_by_app"][name][app] for name in s["quality_by_app"]} for s in splits]
-        ratios = [target_ratios(q["maestro"], q) for q in per]
-        table[app] = {
-            "stages_per_split": mean([q["maestro"]["n"] for q in per]),
-            "auc": mean([q["maestro"]["auc"] for q in per]),
-            "kendall_tau": mean([q["maestro"]["kendall_tau"] for q in per]),
-            "mae_vs_role_median": mean([r["mae_vs_role_median"] for r in ratios]),
-            "under_rate": mean([q["maestro"]["under_rate"] for q in per]),
-            "role_p90_under_rate": mean([q["role_p90"]["under_rate"] for q in per]),
-            "over_reservation_vs_role_p90": mean([r["over_reservation_vs_role_p90"] for r in ratios]),
-        }
-    return table
+def table(result: dict) -> str:
+    """One line per data set, recipe and condition (and per app): the targets' figures."""
+    head = f"{'':44s} {'n':>5s} {'AUC':>6s} {'tau':>6s} {'MAE×med':>8s} {'above':>6s} {'waste×p90':>9s} {'p90 above':>9s}"
+    lines = [head]
+    show = lambda v: "—" if v is None else f"{v:.3f}"
+    row = lambda name, f: (f"{name:44s} {f['n']:5d} {show(f['auc']):>6s} {show(f['kendall_tau']):>6s} "
+                           f"{show(f['mae_vs_role_median']):>8s} {show(f['under_rate']):>6s} "
+                           f"{show(f['over_reservation_vs_role_p90']):>9s} {show(f['role_p90_under_rate']):>9s}")
+    for data, part in result["held_out"].items():
+        for recipe in ("maestro", "straightforward"):
+            for condition in ("with_history", "without_history"):
+                scores = part[recipe][condition]
+                lines.append(row(f"{data} {recipe} {condition}", scores))
+                if recipe == "maestro":
+                    lines += [row(f"  {app}", f) for app, f in scores["by_app"].items()]
+    for data, apps in result.get("leave_one_app_out", {}).items():
+        for app, part in apps.items():
+            for condition in ("with_history", "without_history"):
+                lines.append(row(f"{data} unseen {app} {condition}", part["maestro"][condition]))
+    return "\n".join(lines)
 
 
 def split_arguments(description: str, result_name: str) -> argparse.Namespace:
@@ -151,14 +185,28 @@ def split_arguments(description: str, result_name: str) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = split_arguments(__doc__, "predictor.json")
-    stages = read_traces(args.traces).stages
-    splits = [one_split(stages, seed, measure_speed=seed == 0) for seed in range(args.splits)]
-    result = {"traces": args.traces, "stages": len(stages), **summarise(splits), "splits": splits}
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA))
+    parser.add_argument("--leave-one-app-out", action="store_true")
+    parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
+    args = parser.parse_args()
+    result = {"variants_tried": VARIANTS_TRIED, "test_fraction": TEST_FRACTION, "held_out": {}}
+    for data in args.data:
+        stages = read_stages(DATA[data])
+        train_idx, test_idx = locked_split(stages, TEST_FRACTION)
+        train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
+        result["held_out"][data] = {"train_stages": len(train), "test_stages": len(test),
+                                    **held_out(train, test, ("maestro", "straightforward"))}
+        if args.leave_one_app_out:
+            result.setdefault("leave_one_app_out", {})[data] = leave_one_app_out(train, test)
+    if args.speed:
+        result["speed"] = speed(read_stages(DEV_TRACES))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("quality_mean_over_splits", "ratios", "by_app_mean_over_splits")}, indent=1))
-    print(json.dumps(splits[0]["latency_ms"], indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+    if args.speed:
+        print(json.dumps(result["speed"], indent=1))
 
 
 if __name__ == "__main__":

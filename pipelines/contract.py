@@ -294,20 +294,23 @@ def _depth(stage: StageTrace, ids: dict[str, StageTrace], memo: dict[str, int]) 
 
 _FRAGMENT = re.compile(r"#.*$")
 _STAMP = re.compile(r"_?\d{8,}")
+_RUN_SUFFIX = re.compile(r"(?:^|[-_.])(trial|run|seed|rep|attempt)[-_]?\d+$", re.I)  # runs of one task: task_trial3
 
 
 def task_id(stage: StageTrace) -> str:
     """The task a workflow ran, for grouped splits: runs of one task must not straddle train/test.
 
     Uses an explicit `task_id` field when present, else the workflow id without run stamps
-    (8+ digit runs), `.log` and `#fragment` suffixes, and repeated path parts: ChatDev's
+    (8+ digit runs), run suffixes (`_trial3`, `-run2`, `seed1`), `.log` and `#fragment` suffixes, and
+    repeated path parts: ChatDev's
     `chatdev/Gomoku_Org_20231228120934/Gomoku_Org_20231228120934.log` → `chatdev/Gomoku_Org`,
     a notebook's `…/agentchat_x.ipynb#cell13` → `…/agentchat_x.ipynb`.
     """
     explicit = (stage.model_extra or {}).get("task_id")
     if explicit:
         return str(explicit)
-    parts = [_STAMP.sub("", p).removesuffix(".log") for p in _FRAGMENT.sub("", stage.workflow_id).split("/")]
+    parts = [_RUN_SUFFIX.sub("", _STAMP.sub("", p).removesuffix(".log"))
+             for p in _FRAGMENT.sub("", stage.workflow_id).split("/")]
     kept = [p for i, p in enumerate(parts) if p and (i == 0 or p != parts[i - 1])]
     return "/".join(kept) or stage.workflow_id
 

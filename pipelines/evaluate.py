@@ -1,7 +1,11 @@
-"""DVC stage `evaluate`: the model beside its baselines on the held-out test split.
+"""DVC stage `evaluate`: the model beside its baselines on the held-out test split, in both history
+conditions: the test stages with their ancestors' outcomes known ("with_history"), and with every
+label stripped ("without_history": what a stage sent alone gets).
 
-Writes metrics.json (DVC metrics), per-app / per-role breakdowns, CSVs for `dvc plots` and PNGs
-(calibration curve, predicted vs actual, error by role) that `register` also logs to MLflow.
+Writes metrics.json (DVC metrics: the headline figures the targets name, per condition), the
+detail (every metric, the baselines, per-app / per-role breakdowns) to metrics_detail.json, CSVs
+for `dvc plots` and PNGs (calibration curve, predicted vs actual, error by role) that `register`
+also logs to MLflow.
 """
 from __future__ import annotations
 
@@ -25,7 +29,40 @@ def model_predictions(predictor: Predictor, X: pd.DataFrame, labels: pd.DataFram
     return {"model": frame, "model_rho_reserve": frame.assign(tokens_reserve=frame["tokens_pred"] * (1 + rho))}
 
 
+CONDITIONS = {"with_history": "full", "without_history": "none"}  # metrics name → training_frame copy
+
+
 def evaluate(predictor: Predictor, X_train, train_labels, X_test, test_labels) -> tuple[dict, dict, dict]:
+    """(headline, detail, the with-history prediction frames for the plots), each condition scored on
+    the test copies of its name; the baselines are fitted on the training stages as they are."""
+    train = _copy(train_labels, "full")
+    detail, plotted = {}, None
+    for name, copy in CONDITIONS.items():
+        test = _copy(test_labels, copy)
+        if test.any():
+            metrics, breakdown, frames = evaluate_condition(predictor, X_train[train], train_labels[train],
+                                                            X_test[test], test_labels[test])
+            detail[name] = {**metrics, "breakdown": breakdown}
+            plotted = plotted or frames
+    return {name: headline(d) for name, d in detail.items()}, detail, plotted
+
+
+def _copy(labels: pd.DataFrame, copy: str) -> np.ndarray:
+    """Rows of one training_frame copy; a frame without copies holds the stages as they are."""
+    if "copy" in labels:
+        return labels["copy"].eq(copy).to_numpy()
+    return np.full(len(labels), copy == "full")
+
+
+def headline(metrics: dict) -> dict:
+    """The figures the targets name: the model against the per-role baselines and the single-stage model."""
+    m, r = metrics["model"], metrics["ratios"]
+    return {"auc": m["auc"], "kendall_tau": m["kendall_tau"], "mae_vs_role_median": r["mae_vs_role_median"],
+            "mae_vs_single_stage": r["mae_vs_single_stage"], "above_reserve": m["under_rate"],
+            "waste_vs_role_p90": r["over_reservation_vs_role_p90"]}
+
+
+def evaluate_condition(predictor: Predictor, X_train, train_labels, X_test, test_labels) -> tuple[dict, dict, dict]:
     rho = predictor.model.config.rho
     frames = model_predictions(predictor, X_test, test_labels, rho)
     frames.update(baseline_predictions(train_labels, test_labels, X_train, X_test, rho, predictor.model.config.alpha))
@@ -44,6 +81,7 @@ def main() -> None:
     parser.add_argument("--model", default="models/predictor")
     parser.add_argument("--features", default="data/features")
     parser.add_argument("--metrics", default="metrics.json")
+    parser.add_argument("--detail", default="data/eval/metrics_detail.json")
     parser.add_argument("--out", default="data/eval")
     args = parser.parse_args()
     features, out = Path(args.features), Path(args.out)
@@ -51,19 +89,20 @@ def main() -> None:
     predictor = Predictor.load(args.model)
     if predictor.model is None:
         raise SystemExit("the trained predictor has no model (too few stages): nothing to evaluate")
-    metrics, breakdown, frames = evaluate(predictor, read("train_X.parquet"), read("train_labels.parquet"),
-                                          read("test_X.parquet"), read("test_labels.parquet"))
+    metrics, detail, frames = evaluate(predictor, read("train_X.parquet"), read("train_labels.parquet"),
+                                       read("test_X.parquet"), read("test_labels.parquet"))
     out.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1))
-    (out / "breakdown.json").write_text(json.dumps(breakdown, indent=1))
+    Path(args.detail).write_text(json.dumps(detail, indent=1))
     write_plots(frames, out)
-    m, r = metrics["model"], metrics["ratios"]
-    print(f"AUC {m['auc']}  MAE {m['mae']:.1f} ({r['mae_vs_role_median']}× role median)  τ {m['kendall_tau']:.3f}  "
-          f"above reserve {m['under_rate']:.3f}  over-reservation {m['over_reservation']:.3f} "
-          f"({r['over_reservation_vs_role_p90']}× role p90, {r['over_reservation_vs_role_conformal']}× the per-role "
-          f"conformal level at the same α)")
-    print("targets on this test split: " + ", ".join(f"{metric} {VERDICTS[ok]}"
-                                                     for metric, ok in target_checks(m, r).items()))
+    for name, d in detail.items():
+        m, r = d["model"], d["ratios"]
+        print(f"{name}: AUC {m['auc']}  MAE {m['mae']:.1f} ({r['mae_vs_role_median']}× role median)  "
+              f"τ {m['kendall_tau']:.3f}  above reserve {m['under_rate']:.3f}  over-reservation "
+              f"{m['over_reservation']:.3f} ({r['over_reservation_vs_role_p90']}× role p90, "
+              f"{r['over_reservation_vs_role_conformal']}× the per-role conformal level at the same α)")
+        print("  targets on this test split: " + ", ".join(f"{metric} {VERDICTS[ok]}"
+                                                         for metric, ok in target_checks(m, r).items()))
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ def _history_features(stage: StageTrace, ancestors: list[StageTrace], parents: l
         "same_role_tokens_mean": float(np.mean(same_tokens)) if same_tokens else np.nan,
         "role_turn": len(same),
         "num_ancestors": len(ancestors),
+        "num_ancestors_known": len(known),  # with num_ancestors: the history condition (pipelines.history)
         "ancestor_tokens_max": max(known) if known else np.nan,
         "ancestor_tool_calls": float(sum(tools)) if tools else np.nan,
         "ancestor_tool_rate": float(np.mean(tools)) if tools else np.nan,
@@ -224,6 +225,8 @@ class FeaturizerConfig:
     min_category_count: int = 5  # rarer roles/apps become "unknown": the model learns a fallback for them
     embedder: EmbedderConfig = EmbedderConfig()
     use_embedding: bool = True
+    # training rows also in the "none" and "partial" history conditions (pipelines.history)
+    history_copies: bool = True
 
     def __post_init__(self) -> None:
         if self.feature_set not in ("full", "basic"):

@@ -1,12 +1,15 @@
-"""DVC stage `featurize`: grouped train/test split, then structure + MiniLM → PCA features.
+"""DVC stage `featurize`: locked train/test split, then structure + MiniLM → PCA features.
 
-The split keeps every workflow (and every run of the same task) on one side. The PCA is fitted on
+The split keeps every workflow (and every run of the same task) on one side, by a hash of the task
+id (locked: no seed or tuning choice moves a task). Training rows include the history copies
+(pipelines.predictor.training_frame); test rows come with and without their ancestors' labels. The PCA is fitted on
 the training side only. Embeddings are cached by text hash in `embeddings.npz` so a re-run embeds
 only prompts it has not seen.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -18,13 +21,14 @@ from pipelines.contract import StageTrace, read_traces, task_id
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.params import load_params
-from pipelines.predictor import label_frame
+from pipelines.predictor import evaluation_frame, training_frame
 
 
 def featurizer_config(params: dict) -> FeaturizerConfig:
     embedder = EmbedderConfig(tail_chars=params["tail_chars"], max_seq_length=params["max_seq_length"])
     return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
-                            embedder=embedder, use_embedding=params.get("use_embedding", True))
+                            embedder=embedder, use_embedding=params.get("use_embedding", True),
+                            history_copies=params.get("history_copies", True))
 
 
 def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -37,8 +41,20 @@ def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> 
     return sorted(train), sorted(test)
 
 
+def locked_split(stages: list[StageTrace], test_fraction: float) -> tuple[list[int], list[int]]:
+    """Indices of train and test stages by a hash of each task id: a task's side never depends on the
+    rest of the data, a seed or any tuning choice, so the test side stays locked as traces are added."""
+    side = {t: int(hashlib.sha256(t.encode()).hexdigest(), 16) % 10_000 < test_fraction * 10_000
+            for t in {task_id(s) for s in stages}}
+    if len(set(side.values())) < 2:
+        raise ValueError(f"the locked split put every one of {len(side)} tasks on one side: "
+                         "need more tasks, or a test_fraction further from 0 and 1")
+    test = [i for i, s in enumerate(stages) if side[task_id(s)]]
+    return sorted(set(range(len(stages))) - set(test)), test
+
+
 def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None):
-    train_idx, test_idx = grouped_split(stages, params["test_fraction"], params["seed"])
+    train_idx, test_idx = locked_split(stages, params["test_fraction"])
     config = featurizer_config(params)
     embedder = Embedder(config.embedder)
     if cache is not None:
@@ -46,8 +62,8 @@ def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None)
     train = [stages[i] for i in train_idx]
     test = [stages[i] for i in test_idx]
     featurizer = Featurizer(config, embedder).fit(train, progress=True)
-    frames = {name: (featurizer.transform(part, progress=True), label_frame(part))
-              for name, part in (("train", train), ("test", test))}
+    frames = {"train": training_frame(featurizer, train, params["seed"], progress=True),
+              "test": evaluation_frame(featurizer, test, progress=True)}
     if cache is not None:
         embedder.save_cache(cache)
     return featurizer, frames
@@ -67,7 +83,8 @@ def main() -> None:
         X.to_parquet(out / f"{name}_X.parquet")
         labels.to_parquet(out / f"{name}_labels.parquet")
     joblib.dump(featurizer.state(), out / "featurizer.joblib")
-    summary = {name: {"stages": len(labels), "tasks": int(labels["group"].nunique())}
+    summary = {name: {"stages": int(labels["copy"].eq("full").sum()), "rows": len(labels),
+                      "tasks": int(labels["group"].nunique())}
                for name, (_, labels) in frames.items()}
     (out / "split.json").write_text(json.dumps(summary, indent=1))
     print(f"features written to {out}: {summary}")

@@ -13,8 +13,10 @@ draws its split thresholds at random (LightGBM extra_trees) and the point predic
 (dev traces, 5 grouped splits, with the prompt-opening features: Kendall τ 0.583 → 0.608, MAE 0.656× →
 0.621× the per-role median, `python benchmarks/predictor.py`).
 Reserve: conformalised quantile regression (a LightGBM (1−α)-quantile model whose out-of-fold
-misses are calibrated per (role, mode) group), so that at most `alpha` of stages exceed their
-reserve; every quantity used for calibration is out-of-fold.
+misses are calibrated per group: history condition × app × role × mode, falling back to coarser
+groups), so that at most `alpha` of stages exceed their reserve in each history condition; every
+quantity used for calibration is out-of-fold. Rows marked `calibrate_only` (e.g. copies with part of
+their history hidden) are predicted out of fold and calibrated on, never fitted on.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
 from pipelines.features import UNKNOWN
+from pipelines.history import history_conditions
 
 
 @dataclass(frozen=True)
@@ -117,23 +120,30 @@ class TwoStageModel:
         self.config = config or ModelConfig()
 
     # ---- fitting ------------------------------------------------------------------------
-    def fit(self, X: pd.DataFrame, tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray) -> "TwoStageModel":
+    def fit(self, X: pd.DataFrame, tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray,
+            calibrate_only: np.ndarray | None = None) -> "TwoStageModel":
+        """`groups`: each row's task (folds never split one); `calibrate_only`: rows predicted out of fold
+        for calibration but left out of every fit."""
         cfg = self.config
         roles = _roles(X)  # before dropout: the online correction's per-role margins (oof_)
+        fitted = np.ones(len(X), bool) if calibrate_only is None else ~np.asarray(calibrate_only, bool)
         X = self._drop_roles(X, np.random.default_rng(cfg.seed))
         y_log, y_tool = np.log1p(np.asarray(tokens, float)), np.asarray(is_tool, int)
-        folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
+        folds = [(train[fitted[train]], test) for train, test in
+                 GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups)]
         raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X.iloc[tr], y_tool[tr]),
                             lambda m, te: self._raw_score(m, X.iloc[te]))
         self.calibrator_ = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
                             IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)).fit(raw_oof, y_tool)
-        self.classifier_ = self._fit_classifier(X, y_tool)
+        self.classifier_ = self._fit_classifier(X[fitted], y_tool[fitted])
         X2 = X.assign(p_tool=self.calibrator_.predict(raw_oof))
         pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
                              lambda m, te: m.predict(X2.iloc[te]))
-        self.regressor_ = self._fit_regressor(X2, y_log)
-        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles})
-        self._fit_reserve(X2, y_log, folds)
+        self.regressor_ = self._fit_regressor(X2[fitted], y_log[fitted])
+        history = history_conditions(lambda c: X[c].to_numpy(float) if c in X else None, len(X))
+        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles,
+                                  "history": history})
+        self._fit_reserve(X2, y_log, folds, fitted, history)
         return self
 
     @staticmethod
@@ -169,7 +179,8 @@ class TwoStageModel:
                               num_boost_round=cfg.regressor["n_estimators"]) for b in range(cfg.regressor_bags)]
         return _Regressor(boosters[0], base, boosters[1:])
 
-    def _fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds) -> None:
+    def _fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds, fitted: np.ndarray,
+                     history: np.ndarray) -> None:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α."""
         cfg = self.config
@@ -177,23 +188,29 @@ class TwoStageModel:
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
                                     num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
-        self.upper_ = fit(np.arange(len(X2)))
-        scores = y_log - upper_oof
-        self.global_q_ = conformal_quantile(scores, cfg.alpha)
-        self.group_q_ = {}
-        for level_keys in self._group_keys(_roles(X2), X2["p_tool"].to_numpy()):
-            for key in set(level_keys):
-                member = scores[level_keys == key]
-                if len(member) >= cfg.min_group_calibration:
-                    self.group_q_[key] = conformal_quantile(member, cfg.alpha)
+        self.upper_ = fit(np.flatnonzero(fitted))
+        apps = _app_codes(X2["app"].cat.codes.to_numpy(float)) if "app" in X2 else None
+        self.global_q_, self.group_q_ = calibrate_groups(
+            y_log - upper_oof, self._group_keys(_roles(X2), X2["p_tool"].to_numpy(), apps, history), cfg)
 
     @staticmethod
-    def _group_keys(roles: list[str], p_tool: np.ndarray) -> list[np.ndarray]:
-        """Calibration groups from most to least specific: (role, mode) → role → mode."""
-        modes = ["tool" if p >= 0.5 else "text" for p in p_tool]
-        as_array = lambda keys: np.array(keys, dtype=object)
-        return [as_array([f"{r}|{m}" for r, m in zip(roles, modes)]), as_array([f"role:{r}" for r in roles]),
-                as_array([f"mode:{m}" for m in modes])]
+    def _group_keys(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
+                    history: np.ndarray | None = None) -> list[np.ndarray]:
+        """Calibration groups from most to least specific, each within a history condition ("full" where
+        not given): (app, role, mode) → (app, role) → (role, mode) → role → app → mode → the condition."""
+        parts = {"role": np.asarray(roles, dtype=object),
+                 "mode": np.where(np.asarray(p_tool) >= 0.5, "tool", "text").astype(object),
+                 "history": np.full(len(roles), "full", dtype=object) if history is None else history}
+        if apps is not None:
+            parts["app"] = apps
+        levels = [("app", "role", "mode"), ("app", "role"), ("role", "mode"), ("role",), ("app",), ("mode",), ()]
+        keys = []
+        for level in (lv for lv in levels if all(name in parts for name in lv)):
+            key = parts["history"].astype(str)
+            for name in level:
+                key = key + f"|{name}=" + parts[name].astype(str)
+            keys.append(key)
+        return keys
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -215,20 +232,49 @@ class TwoStageModel:
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = self.regressor_.predict(matrix2)
         tokens_pred = np.expm1(log_pred)
+        column = self._matrix_column(matrix)
+        history = history_conditions(column, len(matrix))
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
-            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(roles, p_tool))
-        return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred)}
+            apps = None if column("app") is None else _app_codes(column("app"))
+            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(roles, p_tool, apps, history))
+        return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred),
+                "history": history}
 
-    def _quantiles(self, roles: list[str], p_tool: np.ndarray) -> np.ndarray:
+    def _matrix_column(self, matrix: np.ndarray):
+        """column(name): that feature's values in `matrix`, None where the model does not read it."""
+        index = self.__dict__.get("_feature_index")
+        if index is None:
+            index = self.__dict__["_feature_index"] = {name: i for i, name in enumerate(self.feature_names)}
+        return lambda name: matrix[:, index[name]] if name in index else None
+
+    def _quantiles(self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
+                   history: np.ndarray | None = None) -> np.ndarray:
         out = np.full(len(roles), self.global_q_)
         found = np.zeros(len(roles), bool)
-        for level_keys in self._group_keys(roles, p_tool):
+        for level_keys in self._group_keys(roles, p_tool, apps, history):
             q = np.array([self.group_q_.get(k, np.nan) for k in level_keys])
             take = ~found & ~np.isnan(q)
             out[take], found = q[take], found | take
         return out
+
+
+def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: ModelConfig) -> tuple[float, dict]:
+    """Split-conformal levels of out-of-fold scores (log actual − log bound): over all rows, and per
+    group key of each level (TwoStageModel._group_keys) with at least `min_group_calibration` rows."""
+    groups = {}
+    for level_keys in levels:
+        for key in set(level_keys):
+            member = scores[level_keys == key]
+            if len(member) >= config.min_group_calibration:
+                groups[key] = conformal_quantile(member, config.alpha)
+    return conformal_quantile(scores, config.alpha), groups
+
+
+def _app_codes(codes: np.ndarray) -> np.ndarray:
+    """App category codes as calibration-key text (the same in the frame and the matrix path)."""
+    return np.array(["-" if np.isnan(c) else str(int(c)) for c in codes], dtype=object)
 
 
 class SigmoidCalibrator:

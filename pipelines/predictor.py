@@ -12,6 +12,7 @@ import pandas as pd
 
 from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
+from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
 
 FALLBACK_LEVELS = ("role", "global", "prior")
@@ -57,6 +58,8 @@ class Prediction:
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
     to reserve KV for; fallback_level says which level answered: "role" (role seen in training),
     "global" (unseen role, model without role), "prior" (no usable model input: role or global quantiles).
+    history says what the stage's input held of its workflow's past (pipelines.history): "full",
+    "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
     """
 
     workflow_id: str
@@ -65,6 +68,7 @@ class Prediction:
     tokens_pred: int
     tokens_reserve: int
     fallback_level: str
+    history: str = "full"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +102,35 @@ def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
         "is_tool": [bool(s.is_tool_call) for s in stages]})
 
 
+def training_frame(featurizer: Featurizer, stages: list[StageTrace], seed: int = 0,
+                   progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Feature rows and label rows of labelled `stages`: as they are ("full"), and, when the featurizer's
+    config asks for history copies, again for the stages with parents with every label of the workflow
+    hidden ("none", fitted on) and with a random half hidden ("partial", calibrated on only). Labels
+    gain `copy` and `calibrate_only`."""
+    labels = label_frame(stages)
+    frames, parts = [featurizer.transform(stages, progress=progress)], [labels.assign(copy="full")]
+    if featurizer.config.history_copies:
+        has_parents = np.array([bool(s.parent_ids) for s in stages])
+        for copy, share in (("none", 1.0), ("partial", 0.5)):
+            X = featurizer.transform(hide_labels(stages, share, seed), progress=progress)
+            frames.append(X[has_parents])
+            parts.append(labels[has_parents].assign(copy=copy))
+    labels = pd.concat(parts, ignore_index=True)
+    return pd.concat(frames, ignore_index=True), labels.assign(calibrate_only=labels["copy"].eq("partial"))
+
+
+def evaluation_frame(featurizer: Featurizer, stages: list[StageTrace],
+                     progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Feature and label rows of labelled test `stages` twice: as they are ("full" copy: the ancestors'
+    outcomes known) and with every label stripped ("none": what a stage sent alone gets)."""
+    labels = label_frame(stages)
+    X = [featurizer.transform(stages, progress=progress),
+         featurizer.transform([without_labels(s) for s in stages], progress=progress)]
+    return (pd.concat(X, ignore_index=True),
+            pd.concat([labels.assign(copy="full"), labels.assign(copy="none")], ignore_index=True))
+
+
 def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[str, Prior]:
     """Per-role priors where a role has `min_count` stages, plus the global one under key ''."""
     if labels.empty:
@@ -128,19 +161,22 @@ class Predictor:
         if len(labelled) < MIN_STAGES_FOR_MODEL:
             return cls.fit(None, None, labels, model_config)
         featurizer = Featurizer(featurizer_config).fit(labelled, progress=progress)
-        return cls.fit(featurizer, featurizer.transform(labelled, progress=progress), labels, model_config)
+        seed = model_config.seed if model_config is not None else 0
+        return cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
 
     @classmethod
     def fit(cls, featurizer: Featurizer | None, X: pd.DataFrame | None, labels: pd.DataFrame,
             model_config: ModelConfig | None = None) -> "Predictor":
-        """Fit model and priors on a feature frame (the DVC train stage starts here)."""
+        """Fit model and priors on a feature frame (the DVC train stage starts here); `labels` may carry
+        the history copies of training_frame (`copy`, `calibrate_only`)."""
         model_config = model_config or ModelConfig()
-        priors = fit_priors(labels, model_config.alpha)
-        meta = {"num_train_stages": len(labels), "alpha": model_config.alpha}
-        if featurizer is None or len(labels) < MIN_STAGES_FOR_MODEL:
+        stages = labels[labels["copy"].eq("full")] if "copy" in labels else labels
+        priors = fit_priors(stages, model_config.alpha)
+        meta = {"num_train_stages": len(stages), "num_train_rows": len(labels), "alpha": model_config.alpha}
+        if featurizer is None or len(stages) < MIN_STAGES_FOR_MODEL:
             return cls(None, None, priors, {**meta, "model": "priors-only"})
         model = TwoStageModel(model_config).fit(X, labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(),
-                                                labels["group"].to_numpy())
+                                                labels["group"].to_numpy(), labels.get("calibrate_only"))
         return cls(featurizer, model, priors, {**meta, "model": "two-stage"})
 
     def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[Prediction]:
@@ -155,13 +191,14 @@ class Predictor:
     def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:
         level = "role" if self.featurizer.known_role(stage.role) else "global"
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
-                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level)
+                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
+                          str(out["history"][i]))
 
     def prior(self, stage: StageTrace) -> Prediction:
         """The answer without a model: the role's empirical quantiles, else the global ones."""
         prior = self.priors.get(stage.role, self.priors[""])
         return Prediction(stage.workflow_id, stage.stage_id, round(prior.p_tool, 4), int(round(prior.tokens_median)),
-                          int(np.ceil(prior.tokens_upper)), "prior")
+                          int(np.ceil(prior.tokens_upper)), "prior", "none")
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

@@ -66,14 +66,15 @@ def main() -> None:
     parser.add_argument("--model", default="models/predictor")
     parser.add_argument("--traces", default="data/traces/collected.jsonl")
     parser.add_argument("--features", default="data/features")
-    parser.add_argument("--metrics", default="metrics.json")
+    parser.add_argument("--metrics", default="data/eval/metrics_detail.json",
+                        help="the evaluate stage's detail: the with-history figures are logged and guarded")
     parser.add_argument("--plots", default="data/eval")
     parser.add_argument("--out", default="data/eval/registration.json")
     args = parser.parse_args()
     params = load_params("register")
     use_store(params["tracking_uri"], params["artifact_root"])
     client = MlflowClient()
-    metrics = json.loads(Path(args.metrics).read_text())
+    metrics = json.loads(Path(args.metrics).read_text())["with_history"]
     test_labels = pd.read_parquet(Path(args.features) / "test_labels.parquet")
     champion = champion_quality(client, args.traces, test_labels, Path(args.features) / "embeddings.npz")
     all_params = {section: load_params(section) for section in ("collect", "featurize", "train")}

@@ -1,32 +1,25 @@
-"""The predictor benchmark's per-app table: each app's ratios against the baselines of the same split."""
-from benchmarks.predictor import by_app
+"""The predictor benchmark's tables: each app's figures against the baselines on the same stages."""
+import pandas as pd
+
+from benchmarks.predictor import score
 
 
-def _q(n, mae, under, over, auc=None, tau=0.5):
-    return {"n": n, "auc": auc, "mae": mae, "kendall_tau": tau, "under_rate": under, "over_reservation": over}
+def _frame(pred, reserve, tokens, apps, is_tool):
+    return pd.DataFrame({"tokens": tokens, "tokens_pred": pred, "tokens_reserve": reserve, "app": apps,
+                         "is_tool": is_tool, "p_tool": [0.9 if t else 0.1 for t in is_tool], "role": "r"})
 
 
-def _split(ours_mae, p90_over):
-    return {"quality_by_app": {
-        "maestro": {"chat": _q(10, ours_mae, 0.04, 1.0), "tools": _q(5, 1.0, 0.02, 0.5, auc=0.97)},
-        "role_median": {"chat": _q(10, 10.0, 0.4, 0.3), "tools": _q(5, 2.0, 0.4, 0.3)},
-        "role_p90": {"chat": _q(10, 10.0, 0.1, p90_over), "tools": _q(5, 2.0, 0.1, 1.0)},
-        "role_conformal": {"chat": _q(10, 10.0, 0.05, 3.0), "tools": _q(5, 2.0, 0.05, 2.0)},
-    }}
-
-
-def test_by_app_averages_each_splits_ratio():
-    table = by_app([_split(5.0, 2.0), _split(8.0, 1.0)])
-    assert set(table) == {"chat", "tools"}
-    chat = table["chat"]
-    assert chat["mae_vs_role_median"] == 0.65  # mean of 0.5 and 0.8, not 6.5 / 10
-    assert chat["over_reservation_vs_role_p90"] == 0.75  # mean of 0.5 and 1.0
+def test_per_app_figures_are_ratios_on_that_apps_stages():
+    tokens = [10, 20, 30, 40, 100, 200]
+    apps = ["chat"] * 4 + ["tools"] * 2
+    is_tool = [False] * 4 + [True, False]
+    model = _frame([12, 18, 33, 41, 100, 190], [15, 25, 35, 45, 90, 250], tokens, apps, is_tool)
+    median = _frame([25] * 6, [30] * 6, tokens, apps, is_tool)
+    p90 = _frame([25] * 6, [50] * 6, tokens, apps, is_tool)
+    table = score(model, {"role_median": median, "role_p90": p90, "role_conformal": p90})
+    chat, tools = table["by_app"]["chat"], table["by_app"]["tools"]
+    assert chat["mae_vs_role_median"] == round(2.0 / 10.0, 4)  # |2|+|2|+|3|+|1| / 4 vs 15+5+5+15 / 4
     assert chat["auc"] is None  # no tool calls in that app: no AUC, not a fake 0.5
-    assert table["tools"]["auc"] == 0.97 and table["tools"]["role_p90_under_rate"] == 0.1
-
-
-def test_by_app_keeps_only_apps_in_every_split():
-    one, other = _split(5.0, 2.0), _split(5.0, 2.0)
-    for q in other["quality_by_app"].values():
-        q.pop("tools")
-    assert set(by_app([one, other])) == {"chat"}
+    assert tools["under_rate"] == 0.5 and tools["auc"] == 1.0
+    assert chat["over_reservation_vs_role_p90"] == round((5 + 5 + 5 + 5) / (40 + 30 + 20 + 10), 4)
+    assert table["n"] == 6 and chat["role_p90_under_rate"] == 0.0

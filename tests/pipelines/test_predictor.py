@@ -102,7 +102,8 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     stages = read_traces(traces).stages
     assert len(rows) == len(stages)
-    assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level"}
+    assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level",
+                            "history"}
     assert [(r["workflow_id"], r["stage_id"]) for r in rows] == [(s.workflow_id, s.stage_id) for s in stages]
     fresh = tmp_path / "fresh.jsonl"
     write_jsonl(generate(200, seed=3), fresh)

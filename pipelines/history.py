@@ -1,0 +1,46 @@
+"""History conditions: how much of a stage's workflow history its features saw.
+
+"full": the outcome of every ancestor is known (or the stage has no parents); "partial": some are
+(a parent ran behind another gateway replica, or the service restarted mid-workflow); "none": the
+stage has parents but none of their outcomes is known (a stage sent alone without /observe, or a
+trace file with its labels stripped). The model trains on each condition (history dropout: copies
+of the training stages with ancestors' labels hidden) and the reserve is calibrated per condition,
+so the share of stages above it holds in each; every prediction says which condition it was made in.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from pipelines.contract import StageTrace
+
+HISTORY_CONDITIONS = ("full", "partial", "none")
+LABEL_FIELDS = ("output_tokens", "is_tool_call", "output_text", "finish_reason")
+# the feature columns a condition is read from (pipelines.features makes them)
+CONDITION_COLUMNS = ("in_degree", "num_ancestors", "num_ancestors_known", "parent_tokens_max")
+
+
+def without_labels(stage: StageTrace) -> StageTrace:
+    """The stage as it is before it runs: its outcome fields cleared."""
+    return stage.model_copy(update=dict.fromkeys(LABEL_FIELDS))
+
+
+def hide_labels(stages: list[StageTrace], share: float, seed: int) -> list[StageTrace]:
+    """Copies of `stages` in which a random `share` of them (1.0: all) have their labels cleared: what the
+    stages after them see as history when those outcomes never reached the predictor."""
+    hidden = np.random.default_rng(seed).random(len(stages)) < share
+    return [without_labels(s) if hide else s.model_copy() for s, hide in zip(stages, hidden)]
+
+
+def history_conditions(column: Callable[[str], np.ndarray | None], n: int) -> np.ndarray:
+    """Each row's condition, from the feature columns `column(name)` returns (None where a model was
+    trained without them: every row then counts as "full")."""
+    values = [column(name) for name in CONDITION_COLUMNS]
+    if any(v is None for v in values):
+        return np.full(n, "full", dtype=object)
+    in_degree, ancestors, known, parent_tokens = (np.nan_to_num(np.asarray(v, float), nan=-1.0) for v in values)
+    has_parents = in_degree > 0
+    none = has_parents & (known <= 0) & (parent_tokens < 0)
+    full = ~has_parents | ((known >= ancestors) & (ancestors >= in_degree))
+    return np.where(none, "none", np.where(full, "full", "partial")).astype(object)
