@@ -150,29 +150,29 @@ class Dispatcher:
         return min(stage.prompt_tokens + stage.generated_tokens + extra, stage.prompt_tokens + stage.max_tokens)
 
     def kv_plan(self, node: SimNode, stage: SimStage) -> list[SimStage] | None:
-        """The kept tool-call KV to reclaim (oldest first) so the stage's reserve fits, plus the admission headroom;
-        None if it cannot fit now. The session's own kept context is reused, not reclaimed."""
+        """The kept tool-call KV to reclaim (oldest first) so that the stage's reserve, plus the admission headroom,
+        fits in free pages and its range in the virtual space; None if it cannot start now. The session's own kept
+        context is reused (grown in place when its range is long enough), never reclaimed."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
-        need = alloc.pages_for(self._reserve_tokens(stage), bpt)
-        headroom = int(self.sim.system.admission_headroom_frac * alloc.num_physical_pages)
+        need = alloc.pages_for(self._reserve_tokens(stage), bpt) + int(
+            self.sim.system.admission_headroom_frac * alloc.num_physical_pages)
         parent = parent_of(stage)
         kept = node.pinned.get(parent) if parent is not None else None
         free = alloc.num_free_pages + (kept.mapped_pages if kept is not None else 0)
-        victims, freed_virtual = [], 0
+        virtual = alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt)
+        if kept is not None and virtual <= kept.virtual_pages:
+            virtual = 0  # the kept range grows in place
+        free_virtual = alloc.num_virtual_pages_limit - alloc.num_virtual_pages + (
+            kept.virtual_pages if kept is not None and virtual else 0)
+        victims = []
         for victim, reservation in node.pinned.items():
-            if need + headroom <= free:
+            if need <= free and virtual <= free_virtual:
                 break
             if victim is not parent:
                 victims.append(victim)
                 free += reservation.mapped_pages
-                freed_virtual += reservation.virtual_pages
-        if need + headroom > free:
-            return None
-        virtual = alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt)
-        if kept is not None and virtual <= kept.virtual_pages:
-            return victims  # the kept range grows in place
-        freed_virtual += kept.virtual_pages if kept is not None else 0
-        return victims if alloc.num_virtual_pages - freed_virtual + virtual <= alloc.num_virtual_pages_limit else None
+                free_virtual += reservation.virtual_pages
+        return victims if need <= free and virtual <= free_virtual else None
 
     def _start(self, node: SimNode, stage: SimStage) -> None:
         victims = self.kv_plan(node, stage)
