@@ -162,6 +162,10 @@ class PredictorEngine:
         return ObserveResponse(num_accepted=len(stages), trace_file=self.trace_log.path if self.trace_log else None,
                                corrections=corrections)
 
+    def remember(self, stages: list[StageTrace]) -> None:
+        """Add finished stages to the workflow history only (a replica's backup copy of another's workflows)."""
+        self.history.add(stages)
+
     def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[tuple[int, int]]:
         """The uncorrected (prediction, reserve) each stage got; re-predicted when it was not served here lately."""
         served = [self._recent.pop((s.workflow_id, s.stage_id)) for s in stages]

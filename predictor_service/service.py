@@ -109,6 +109,13 @@ class PredictorService:
         self.metrics["observed"].inc(len(stages))
         return response
 
+    @bentoml.api(route="/history", input_spec=ObserveRequest)
+    async def history(self, stages: list[ObservedStage]) -> ObserveResponse:
+        """Keep finished stages as workflow history only (no trace line, no correction): what a client sends the
+        replica its workflows fail over to (predictor_service/replicas.py)."""
+        await anyio.to_thread.run_sync(self.engine.remember, stages)
+        return ObserveResponse(num_accepted=len(stages), trace_file=None, corrections={})
+
     @bentoml.api(route="/admin/reload", input_spec=ReloadRequest)
     async def reload(self, model: str) -> ReloadResponse:
         """Load another predictor off the request path and swap it in; in-flight requests are unaffected.

@@ -237,14 +237,16 @@ class HttpPredictor:
 
     async def predict(self, stages: list[dict]) -> list[StageAnswer]:
         answers, reason = await self.client.predict_or_fallback(stages)
-        if reason is not None:
-            source = {"timeout": Source.TIMEOUT, "cooldown": Source.UNAVAILABLE}.get(reason, Source.ERROR)
-            self.counts.add(source, len(answers), self.client.breaker.last_error)
-            return [StageAnswer(a, source) for a in answers]
-        self.is_ready = True
-        out = [StageAnswer(a, _service_source(a)) for a in answers]
-        for answer in out:
-            self.counts.add(answer.source, 1, "the service answered from its prior")
+        # With service replicas, one call can mix answers from a replica and the local prior (a replica failed).
+        fallback = {"timeout": Source.TIMEOUT, "cooldown": Source.UNAVAILABLE}.get(reason, Source.ERROR)
+        out = []
+        for answer in answers:
+            is_local = answer.source == "local-fallback"
+            out.append(StageAnswer(answer, fallback if is_local else _service_source(answer)))
+            self.counts.add(out[-1].source, 1, self.client.breaker.last_error if is_local
+                            else "the service answered from its prior")
+        if reason is None:
+            self.is_ready = True
         return out
 
     def observe(self, stage: dict) -> None:

@@ -107,7 +107,7 @@ def test_a_registered_version_is_checked_against_the_registry_checksum(model_dir
         mlflow.set_registry_uri(previous[1])
 
 
-@pytest.mark.parametrize("path", ["/predict", "/predict_unbatched", "/route_hints", "/observe", "/stats"])
+@pytest.mark.parametrize("path", ["/predict", "/predict_unbatched", "/route_hints", "/observe", "/history", "/stats"])
 def test_api_key_is_required_where_configured(api, path, sample_records):
     for authorization in ("", "Bearer not-a-configured-key-at-all", "Basic abc"):
         if path == "/stats":
