@@ -259,6 +259,32 @@ def table(runs: list[dict]) -> dict:
     return out
 
 
+MARKDOWN = (("workflow_mean_s", "mean workflow s", "{:.1f}"), ("workflow_p95_s", "p95 workflow s", "{:.1f}"),
+            ("interactive_queue_mean_s", "interactive queueing at the gateway s", "{:.2f}"),
+            ("vllm_queue_mean_s", "queueing in vLLM s", "{:.2f}"), ("kv_reserved_vs_maxlen", "KV reserved / max-len", "{:.2f}"),
+            ("output_reserve_vs_true", "output reserve / true", "{:.1f}"),
+            ("vllm_blocks_used_mean", "vLLM blocks used (mean)", "{:.1f}"), ("preemptions", "preemptions", "{:.1f}"),
+            ("refused_or_lost", "refused + lost", "{:.0f}"), ("model_share", "model answers", "{:.2f}"))
+
+
+def markdown_table(result: dict) -> str:
+    """The README's table: per arm, the mean over rounds and (min–max) where the rounds differ."""
+    def cell(c: dict | None, fmt: str) -> str:
+        if c is None:
+            return "—"
+        spread = "" if c["min"] == c["max"] else f" ({fmt.format(c['min'])}–{fmt.format(c['max'])})"
+        return fmt.format(c["mean"]) + spread
+
+    factors = "/".join(str(k) for k in SLO_FACTORS)
+    lines = [f"| arm | SLO attained at {factors}× unloaded | " + " | ".join(m[1] for m in MARKDOWN) + " |",
+             "|---" * (len(MARKDOWN) + 2) + "|"]
+    for arm, row in result["table"].items():
+        runs = [r["slo_attainment_by_factor"] for r in result["runs"] if r["arm"] == arm]
+        slo = " / ".join(f"{np.mean([r[str(k)] if str(k) in r else r[k] for r in runs]):.2f}" for k in SLO_FACTORS)
+        lines.append(f"| {arm} | {slo} | " + " | ".join(cell(row[c], f) for c, _, f in MARKDOWN) + " |")
+    return "\n".join(lines)
+
+
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -310,7 +336,11 @@ def main() -> None:
     parser.add_argument("--gateway", default='{"cpu_nice": -10}',
                         help="extra gateway config fields, as JSON (cpu_nice < 0 needs root; the run records what it got)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown_table(json.loads(Path(args.markdown).read_text())))
+        return
     arms = [a for a in args.arms.split(",") if a]
     if set(arms) - set(ARMS) or args.max_tokens_cap > PRIOR_MEDIAN_TOKENS:
         raise SystemExit(f"--arms: a subset of {ARMS}; --max-tokens-cap <= {PRIOR_MEDIAN_TOKENS} (the oracle arm)")
@@ -343,7 +373,7 @@ def main() -> None:
         if server:
             server.stop()
     plot(result["table"], out.with_suffix(".png"))
-    print(json.dumps(result["table"], indent=1))
+    print(markdown_table(result))
 
 
 if __name__ == "__main__":
