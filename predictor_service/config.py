@@ -20,6 +20,9 @@ class ServiceConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trace: TraceLogConfig | None = field(default_factory=TraceLogConfig)  # None: observed stages are not kept
     remember_predictions: int = 100_000  # recent answers kept so /observe compares against what was served
+    # At start, workflow history is rebuilt from up to this many bytes of the newest trace files (0: start empty),
+    # so a restarted replica predicts its workflows' next stages with the history it had observed.
+    rebuild_history_bytes: int = 32 << 20
     warmup: bool = True  # predict one stage at load so the first request does not pay for lazy loading
     # /admin/reload needs `Authorization: Bearer <admin_token>`; without a token it is off unless admin_open.
     admin_token: str | None = None
@@ -34,6 +37,9 @@ class ServiceConfig:
         if not self.model:
             raise ValueError("model must name a predictor: models:/stage-length@champion, models:/stage-length/N "
                              "or a directory (MAESTRO_MODEL)")
+        if self.rebuild_history_bytes < 0:
+            raise ValueError(f"rebuild_history_bytes must be ≥ 0 (0 = off), got {self.rebuild_history_bytes} "
+                             "(MAESTRO_REBUILD_HISTORY_BYTES)")
         if self.remember_predictions < 0:
             raise ValueError(f"remember_predictions must be ≥ 0, got {self.remember_predictions}")
         if self.max_inflight < 0:
@@ -47,7 +53,8 @@ class ServiceConfig:
         MAESTRO_TRACE_MAX_FILES, MAESTRO_TRACE_MAX_TOTAL_BYTES (retention; 0 keeps all),
         MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN,
         MAESTRO_ADMIN_OPEN (1 = admin endpoints without a token), MAESTRO_MODEL_ROOT, MAESTRO_API_KEYS (comma-separated)
-        and/or MAESTRO_API_KEYS_FILE (one per line), MAESTRO_MAX_BODY_BYTES, MAESTRO_MAX_INFLIGHT."""
+        and/or MAESTRO_API_KEYS_FILE (one per line), MAESTRO_MAX_BODY_BYTES, MAESTRO_MAX_INFLIGHT,
+        MAESTRO_REBUILD_HISTORY_BYTES."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
         trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
@@ -69,7 +76,9 @@ class ServiceConfig:
                    model_root=env.get("MAESTRO_MODEL_ROOT") or None,
                    api_keys=read_keys(env.get("MAESTRO_API_KEYS"), env.get("MAESTRO_API_KEYS_FILE")),
                    max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int),
-                   max_inflight=_number(env, "MAESTRO_MAX_INFLIGHT", cls.max_inflight, int))
+                   max_inflight=_number(env, "MAESTRO_MAX_INFLIGHT", cls.max_inflight, int),
+                   rebuild_history_bytes=_number(env, "MAESTRO_REBUILD_HISTORY_BYTES", cls.rebuild_history_bytes,
+                                                 int))
 
 
 def _number(env: Mapping[str, str], name: str, default, kind):

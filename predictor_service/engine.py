@@ -21,7 +21,7 @@ from predictor_service.config import ServiceConfig
 from predictor_service.online import OnlineCorrection
 from predictor_service.schemas import (ObserveResponse, PredictionOut, ReloadResponse, RoleCorrection,
                                        StatsResponse, limits)
-from predictor_service.tracelog import TraceLog
+from predictor_service.tracelog import TraceLog, read_recent
 
 logger = logging.getLogger(__name__)
 WARMUP_STAGE = StageTrace(workflow_id="warmup", stage_id="0", role="warmup", prompt="warm up")
@@ -112,6 +112,8 @@ class PredictorEngine:
         self.started_at = time.time()
         self._recent = RecentPredictions(config.remember_predictions)
         self.history = StageHistory()  # observed stages: the ancestors of the stages predicted next
+        if config.trace and config.rebuild_history_bytes:  # after a restart: what this replica had observed
+            self.history.add(read_recent(config.trace, config.rebuild_history_bytes))
         self._reload_lock = threading.Lock()
         self.active = self._prepare(config.model, None)
 

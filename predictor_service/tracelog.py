@@ -94,6 +94,27 @@ class TraceLog:
         return (not max_files or num_files <= max_files) and (not max_bytes or num_bytes <= max_bytes)
 
 
+def read_recent(config: TraceLogConfig, max_bytes: int) -> list[StageTrace]:
+    """The newest observed stages in the trace directory, oldest first, from at most `max_bytes` of its newest
+    files (every writer's: replicas sharing the directory rebuild each other's history). A line that does not
+    parse is skipped: the history is a cache, the trace file stays the record."""
+    paths = sorted(Path(config.directory).glob(f"{config.prefix}-*.jsonl"))
+    chosen, total = [], 0
+    for path, size in reversed(_sizes(paths).items()):  # newest first
+        if total + size > max_bytes:
+            break
+        chosen.append(path)
+        total += size
+    stages = []
+    for path in reversed(chosen):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                stages.append(StageTrace.model_validate_json(line))
+            except ValueError:
+                continue
+    return stages
+
+
 def _sizes(paths: list[Path]) -> dict[Path, int]:
     sizes = {}
     for path in paths:

@@ -7,7 +7,7 @@ import pytest
 
 from pipelines.contract import StageTrace
 from predictor_service.config import ServiceConfig
-from predictor_service.tracelog import TraceLog, TraceLogConfig
+from predictor_service.tracelog import TraceLog, TraceLogConfig, read_recent
 
 
 def stage(i: int) -> StageTrace:
@@ -80,3 +80,32 @@ def test_retention_is_configured_from_the_environment_and_validated():
         TraceLogConfig(max_bytes=1 << 20, max_total_bytes=1 << 10)
     with pytest.raises(ValueError, match="max_files"):
         TraceLogConfig(max_files=-1)
+
+
+def test_recent_stages_are_read_back_newest_files_first_within_the_budget(tmp_path):
+    config = TraceLogConfig(directory=str(tmp_path), max_bytes=1024, max_files=0, max_total_bytes=0)
+    log = TraceLog(config)
+    for i in range(5):  # one stage per file
+        log.append([stage(i)])
+    (tmp_path / "predictor-99999999T000000-000000000-1.jsonl").write_text("not json\n")  # newest, unreadable
+    size = trace_files(tmp_path)[0].stat().st_size
+    assert [s.output_tokens for s in read_recent(config, 10**6)] == [0, 1, 2, 3, 4]
+    assert [s.output_tokens for s in read_recent(config, 3 * size + 20)] == [2, 3, 4]
+    assert read_recent(config, 0) == []
+
+
+def test_a_restarted_service_rebuilds_workflow_history_from_its_traces(model_dir, sample_records, tmp_path):
+    from predictor_service.engine import PredictorEngine
+    from predictor_service.schemas import ObservedStage, PredictRequest
+
+    trace = TraceLogConfig(directory=str(tmp_path))
+    workflow = [r for r in sample_records if r["workflow_id"] == sample_records[0]["workflow_id"]]
+    child = {k: v for k, v in workflow[-1].items() if k not in ("output_tokens", "is_tool_call")}
+    first = PredictorEngine(ServiceConfig(model=str(model_dir), trace=trace))
+    first.observe([ObservedStage.model_validate(r) for r in workflow[:-1]])
+    expected = first.predict(PredictRequest.model_validate({"stages": [child]}).stages)
+    restarted = PredictorEngine(ServiceConfig(model=str(model_dir), trace=trace))
+    assert len(restarted.history) == len(workflow) - 1
+    assert restarted.predict(PredictRequest.model_validate({"stages": [child]}).stages) == expected
+    empty = PredictorEngine(ServiceConfig(model=str(model_dir), trace=trace, rebuild_history_bytes=0))
+    assert len(empty.history) == 0
