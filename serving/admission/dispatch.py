@@ -180,7 +180,7 @@ class DispatchCore:
         return out
 
     def held_back(self, views: Sequence[NodeView], now: float,
-                  since: Callable[[StageRequest], float] = lambda request: request.ready_s) -> tuple[bool, float | None]:
+                  since: Callable[[StageRequest], float] = lambda r: r.ready_s) -> tuple[bool, float | None]:
         """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no admitted
         stage waits, since when the longest-waiting admitted stage has waited: `since(request)`, its ready time by
         default)."""

@@ -201,6 +201,8 @@ class Dispatcher:
         job.queue_s += now - job.enqueued_s
         node.num_inflight += 1
         self.num_dispatched += 1
+        if self.cap is not None:
+            self.cap.started(job.request.workflow_id)
         job.future.set_result(node)
 
     def _check_placeable(self, job: Job) -> None:

@@ -20,10 +20,11 @@ from serving.request import StageRequest
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.dispatch import Dispatcher, leave, node_dispatch_config
+from serving.sim.dispatch import Dispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
+from serving.sim.slot import node_dispatch_config
 from serving.sim.systems import SystemConfig
 from serving.sim.workload import SimStage, SimWorkflow
 from serving.tool_kv import ToolKVConfig, create_tool_kv
