@@ -8,10 +8,14 @@ Two corrections per role, learnt from the stages the service observes (served an
   out from its own noise, beyond `significance` standard errors of the EWMA. Without that dead zone
   and with one global margin, replaying held-out dev workflows in order, the correction chased
   between-workflow noise: MAE +18 %, over-reservation +22 % (`benchmarks/online_correction.py`).
-- reserve: the tokens factor, times an adaptive-conformal shift (Gibbs & Candès, 2021): each
-  observed stage above its served reserve raises the role's log shift by step·(1−α), each one
-  within it lowers the shift by step·α. After a drift the share above the reserve returns to the
-  model's α; without one the shift hovers near 0.
+- reserve: the tokens factor, times an adaptive-conformal shift (Gibbs & Candès, 2021) kept per
+  coverage group (app, role, history condition: `coverage_group`; the role alone when a caller gives
+  no group): each observed stage above its served reserve raises the group's log shift by step·(1−α),
+  each one within it lowers the shift by step·α. After a drift the share above the reserve returns
+  to the model's α; without one the shift hovers near 0.
+- coverage: per group, an EWMA of the share of stages above their served reserve; a group whose share
+  stands above α by more than `drift_sd` standard errors of that EWMA is drifting (logged as a warning
+  when it starts; exported by the service).
 
 Both are bounded (|log| ≤ bound) and decay towards 0 with a half-life when a role goes quiet; the
 tokens factor only acts once a role has `min_observations`. A reload starts from zero: the
@@ -19,10 +23,13 @@ corrections belonged to the previous model.
 """
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,13 @@ class CorrectionConfig:
     significance: float = 2.0  # the tokens factor acts on the mean beyond this many standard errors
     reserve_step: float = 0.05  # adaptive-conformal step of the reserve's log shift (0: off)
     max_roles: int = 10_000  # roles are client-supplied: past this, the longest-quiet role is forgotten
+    coverage_weight: float = 0.02  # EWMA weight of one stage in a group's share above the reserve
+    drift_sd: float = 4.0  # a group drifts when its share exceeds α by this many standard errors
 
     def __post_init__(self) -> None:
-        if not 0 < self.weight <= 1:
-            raise ValueError(f"correction weight must be in (0, 1], got {self.weight}")
+        if not 0 < self.weight <= 1 or not 0 < self.coverage_weight <= 1:
+            raise ValueError(f"correction weight and coverage_weight must be in (0, 1], got {self.weight}, "
+                             f"{self.coverage_weight}")
         if (self.bound < 0 or self.half_life_s <= 0 or self.min_observations < 1 or self.max_roles < 1
                 or self.significance < 0 or self.reserve_step < 0):
             raise ValueError(f"invalid CorrectionConfig {self}: bound ≥ 0, half_life_s > 0, min_observations ≥ 1, "
@@ -48,9 +58,22 @@ class CorrectionConfig:
 class _RoleState:
     mean: float = 0.0  # EWMA of the log residual beyond the trained margin
     variance: float = 0.0  # EWMA variance of that residual
-    reserve_shift: float = 0.0  # adaptive-conformal log shift of the reserve
     num_observations: int = 0
     updated_at: float = 0.0
+
+
+@dataclass
+class _GroupState:
+    reserve_shift: float = 0.0  # adaptive-conformal log shift of the reserve
+    share_above: float = 0.0  # EWMA of "the stage went above its served reserve"
+    num_observations: int = 0
+    is_drifting: bool = False
+    updated_at: float = 0.0
+
+
+def coverage_group(app: str | None, role: str, history: str) -> tuple[str, str, str]:
+    """The key the reserve's shift and coverage are kept under: app, role and history condition."""
+    return app or "unknown", role, history
 
 
 class OnlineCorrection:
@@ -64,6 +87,7 @@ class OnlineCorrection:
         self.config, self.baseline, self.alpha, self._clock = config or CorrectionConfig(), baseline, alpha, clock
         self.role_baselines = role_baselines or {}
         self._roles: dict[str, _RoleState] = {}
+        self._groups: dict[tuple[str, str, str] | str, _GroupState] = {}  # a role when no group was given
         self._lock = threading.Lock()
 
     def _clip(self, value: float) -> float:
@@ -80,25 +104,31 @@ class OnlineCorrection:
         standard_error = math.sqrt(state.variance * w / (2 - w))  # of an EWMA of independent residuals
         return self._clip(math.copysign(max(0.0, abs(mean) - self.config.significance * standard_error), mean))
 
-    def _reserve_log(self, state: _RoleState, now: float) -> float:
-        return self._clip(self._tokens_log(state, now) + state.reserve_shift * self._decay(state, now))
+    def _reserve_log(self, state: _RoleState | None, group: _GroupState | None, now: float) -> float:
+        tokens = 0.0 if state is None else self._tokens_log(state, now)
+        return self._clip(tokens + (0.0 if group is None else group.reserve_shift * self._decay(group, now)))
+
+    @staticmethod
+    def _state(states: dict, key: str, now: float, limit: int, make):
+        if key not in states and len(states) >= limit:  # keys are client-supplied: forget the longest-quiet
+            del states[min(states, key=lambda k: states[k].updated_at)]
+        return states.setdefault(key, make(updated_at=now))
 
     def update(self, role: str, predicted_tokens: float, actual_tokens: float,
-               reserve_tokens: float | None = None) -> None:
-        """Fold one observation of `role` in: the uncorrected prediction and reserve it was served."""
+               reserve_tokens: float | None = None, group: tuple[str, str, str] | None = None) -> None:
+        """Fold one observation of `role` in: the uncorrected prediction and reserve it was served, and its
+        coverage group (coverage_group(); the role when None)."""
         residual = (math.log((actual_tokens + 1) / (max(predicted_tokens, 0) + 1))
                     - self.role_baselines.get(role, self.baseline))
         w = self.config.weight
         with self._lock:
             now = self._clock()
-            if role not in self._roles and len(self._roles) >= self.config.max_roles:
-                del self._roles[min(self._roles, key=lambda r: self._roles[r].updated_at)]
-            state = self._roles.setdefault(role, _RoleState(updated_at=now))
-            decay = self._decay(state, now)
+            state = self._state(self._roles, role, now, self.config.max_roles, _RoleState)
             if reserve_tokens is not None:  # judged against the reserve as served, before this update
-                missed = actual_tokens > reserve_tokens * math.exp(self._reserve_log(state, now))
-                state.reserve_shift = self._clip(state.reserve_shift * decay
-                                                 + self.config.reserve_step * (float(missed) - self.alpha))
+                shift = self._state(self._groups, group or role, now, self.config.max_roles, _GroupState)
+                missed = actual_tokens > reserve_tokens * math.exp(self._reserve_log(state, shift, now))
+                self._cover(group or role, shift, missed, now)
+            decay = self._decay(state, now)
             if state.num_observations == 0:
                 state.variance = residual ** 2  # the first residual sets the noise scale
             mean = state.mean * decay
@@ -108,20 +138,36 @@ class OnlineCorrection:
             state.num_observations += 1
             state.updated_at = now
 
+    def _cover(self, key, group: _GroupState, missed: bool, now: float) -> None:
+        """The group's adaptive-conformal shift and its share above the reserve, after one stage."""
+        decay, w, alpha = self._decay(group, now), self.config.coverage_weight, self.alpha
+        group.reserve_shift = self._clip(group.reserve_shift * decay + self.config.reserve_step * (float(missed) - alpha))
+        previous = alpha if group.num_observations == 0 else group.share_above  # a new group starts at the promise
+        group.share_above = (1 - w) * previous + w * float(missed)
+        group.num_observations += 1
+        group.updated_at = now
+        standard_error = math.sqrt(alpha * (1 - alpha) * w / (2 - w))  # of the EWMA of Bernoulli(α) misses
+        drifting = (group.num_observations >= 1 / w
+                    and group.share_above > alpha + self.config.drift_sd * standard_error)
+        if drifting and not group.is_drifting:
+            logger.warning("coverage drift in %s: %.1f %% of recent stages above the reserve, promised %.1f %%",
+                           key, 100 * group.share_above, 100 * alpha)
+        group.is_drifting = drifting
+
     def factor(self, role: str) -> float:
         """The multiplier for this role's token predictions now (1.0 until enough observations)."""
         state = self._roles.get(role)
         return 1.0 if state is None else math.exp(self._tokens_log(state, self._clock()))
 
-    def reserve_factor(self, role: str) -> float:
-        """The multiplier for this role's reserves now: the tokens factor and the conformal shift."""
-        state = self._roles.get(role)
-        return 1.0 if state is None else math.exp(self._reserve_log(state, self._clock()))
+    def reserve_factor(self, role: str, group: tuple[str, str, str] | None = None) -> float:
+        """The multiplier for this role's reserves now: the tokens factor and the group's conformal shift."""
+        return math.exp(self._reserve_log(self._roles.get(role), self._groups.get(group or role), self._clock()))
 
-    def apply(self, role: str, tokens_pred: float, tokens_reserve: float) -> tuple[int, int, float, float]:
+    def apply(self, role: str, tokens_pred: float, tokens_reserve: float,
+              group: tuple[str, str, str] | None = None) -> tuple[int, int, float, float]:
         """The served answer for the model's (tokens_pred, tokens_reserve): both corrected, the reserve never below
         the prediction; and the two factors used."""
-        factor, reserve_factor = self.factor(role), self.reserve_factor(role)
+        factor, reserve_factor = self.factor(role), self.reserve_factor(role, group)
         corrected = int(round(tokens_pred * factor))
         return corrected, max(corrected, int(math.ceil(tokens_reserve * reserve_factor))), factor, reserve_factor
 
@@ -130,8 +176,14 @@ class OnlineCorrection:
         now = self._clock()
         with self._lock:
             return {role: {"factor": round(math.exp(self._tokens_log(s, now)), 4),
-                           "reserve_factor": round(math.exp(self._reserve_log(s, now)), 4),
+                           "reserve_factor": round(math.exp(self._reserve_log(s, self._groups.get(role), now)), 4),
                            "log_ratio": round(s.mean * self._decay(s, now), 4),
                            "num_observations": s.num_observations, "age_s": round(now - s.updated_at, 1),
                            "is_active": s.num_observations >= self.config.min_observations}
                     for role, s in self._roles.items()}
+
+    def coverage(self) -> dict[tuple[str, str, str] | str, dict]:
+        """Every coverage group's recent share of stages above their served reserve, for /metrics."""
+        with self._lock:
+            return {key: {"share_above_reserve": round(g.share_above, 4), "num_observations": g.num_observations,
+                          "is_drifting": g.is_drifting} for key, g in self._groups.items()}

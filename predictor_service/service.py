@@ -46,9 +46,12 @@ http_app = Starlette(routes=[Route("/stats", _stats, methods=["GET"])])
 @functools.cache
 def service_metrics() -> dict:
     """Prometheus counters, created once per process after BentoML has set up multiprocess metrics."""
-    from prometheus_client import Counter
+    from prometheus_client import Counter, Gauge
 
     return {
+        "share_above_reserve": Gauge("maestro_predictor_share_above_reserve",
+                                     "Recent share of observed stages above their served reserve (EWMA), by app, "
+                                     "role and history condition", ["app", "role", "history"]),
         "stages": Counter("maestro_predictor_stages", "Stages predicted, by fallback level and answer source",
                           ["fallback_level", "source"]),
         "observed": Counter("maestro_predictor_observed_stages", "Finished stages observed"),
@@ -107,6 +110,9 @@ class PredictorService:
         caller = caller_key_id(ctx.request.headers.get("authorization"), self.engine.config.api_keys)
         response = await anyio.to_thread.run_sync(self.engine.observe, stages, caller)
         self.metrics["observed"].inc(len(stages))
+        for group, coverage in self.engine.active.corrections.coverage().items():
+            if isinstance(group, tuple):  # (app, role, history); the engine always observes with one
+                self.metrics["share_above_reserve"].labels(*group).set(coverage["share_above_reserve"])
         return response
 
     @bentoml.api(route="/history", input_spec=ObserveRequest)
