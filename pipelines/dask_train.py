@@ -214,10 +214,17 @@ def fit_predictor(client: Client, featurizer, frame: dd.DataFrame, config: Model
 
 
 def train_predictor(traces: str | Path, featurizer_config: FeaturizerConfig, model_config: ModelConfig,
-                    dask_config: DaskTrainConfig, progress: bool = False) -> Predictor:
+                    dask_config: DaskTrainConfig) -> Predictor:
     """`Predictor.train` on a cluster: a trace Parquet directory (any other trace file or directory is
     converted into one first, file by file), featurized per partition, the model fitted with lightgbm.dask."""
-    with tempfile.TemporaryDirectory(prefix="maestro-traces-") as scratch, connect(dask_config.address) as client:
+    with connect(dask_config.address) as client:
+        return train_on(client, traces, featurizer_config, model_config, dask_config)
+
+
+def train_on(client: Client, traces: str | Path, featurizer_config: FeaturizerConfig, model_config: ModelConfig,
+             dask_config: DaskTrainConfig) -> Predictor:
+    """`train_predictor` with a client already connected (`dask_config.address` is not used)."""
+    with tempfile.TemporaryDirectory(prefix="maestro-traces-") as scratch:
         directory = traces if is_trace_parquet(traces) else to_trace_parquet(traces, scratch)
         stages = read_trace_parquet(directory)
         embedder = Embedder(featurizer_config.embedder)
