@@ -80,6 +80,7 @@ def check_replay(report: dict, num_stages: int) -> None:
 
 @needs_traces
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("declared_max_tokens", [0, 64], ids=["max_tokens", "declared-cap"])
 def test_drive_replays_recorded_workflows_against_vllm(vllm_engine, tiny_model, trace_slice, tmp_path,
