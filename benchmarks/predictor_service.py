@@ -2,8 +2,11 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.predictor_service --out benchmarks/results/predictor_service.json
 
-Latency p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every
-prompt was predicted once before timing, so its embedding is cached); throughput of one-stage
+First, c8 one-stage /predict p99 against its floor, in interleaved rounds (`--rounds`): the floor is a
+bare Starlette route on uvicorn that parses the same body and answers the same shape (`bare_app`, its own
+process like the service) plus the in-process predict of one stage (`--quick` stops there). Then latency
+p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every prompt was
+predicted once before timing, so its embedding is cached); throughput of one-stage
 requests with adaptive batching (/predict) and without (/predict_unbatched), and of client-side
 batches; the client's fallback latency when the service is down or hangs. The load generator
 shares the machine's two cores with the server, as a scheduler on the same node would; it is aiohttp
@@ -13,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.server
 import json
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +37,7 @@ if __name__ == "__main__" and not __package__:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from predictor_service.client import ClientConfig, LocalFallback, PredictorClient, to_wire
-from predictor_service.local_server import LocalServer, ServerConfig, free_port
+from predictor_service.local_server import REPO, LocalServer, ServerConfig, free_port
 
 
 def percentiles(latencies_s: list[float]) -> dict:
@@ -88,6 +93,51 @@ async def closed_loop(url: str, route: str, payloads: list[dict], concurrency: i
             "requests_per_s": round(len(latencies) / elapsed, 1), "stages_per_s": round(stages / elapsed, 1)}
 
 
+async def _bare_predict(request):
+    """The HTTP floor: parse the body, answer one prediction-shaped object per stage, nothing else."""
+    from starlette.responses import JSONResponse
+
+    stages = (await request.json())["stages"]
+    return JSONResponse([{"workflow_id": s["workflow_id"], "stage_id": s["stage_id"], "p_tool": 0.5,
+                          "tokens_pred": 256, "tokens_reserve": 1024, "fallback_level": "role",
+                          "model_version": "bare", "correction": 1.0, "reserve_correction": 1.0,
+                          "source": "model"} for s in stages])
+
+
+def bare_app():
+    """A bare Starlette app with POST /predict (uvicorn's --factory target)."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    return Starlette(routes=[Route("/predict", _bare_predict, methods=["POST"])])
+
+
+@contextlib.contextmanager
+def bare_server(timeout_s: float = 180.0):
+    """`bare_app` served by uvicorn in its own process (as the service is); yields its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.predictor_service:bare_app",
+               "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
+    server = subprocess.Popen(command, cwd=REPO)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    try:
+        while not _answers(url):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"the bare route on {url} did not answer within {timeout_s} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.post(f"{url}/predict", json={"stages": []}, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def warm(url: str, stages: list[dict]) -> None:
     with httpx.Client(base_url=url, timeout=120) as http:
         for start in range(0, len(stages), 64):
@@ -110,20 +160,38 @@ def service_benchmarks(url: str, stages: list[dict], duration_s: float) -> dict:
     return out
 
 
-def in_process_benchmark(model: str, stages: list[dict], n: int = 300) -> dict:
-    """Predictor.predict on one warm stage, no HTTP: the floor under the service's latency."""
+def against_floor(url: str, bare_url: str, singles: list[dict], in_process, rounds: int, duration_s: float) -> dict:
+    """c8 one-stage /predict p99 against its floor, bare route p99 + in-process predict p99, in interleaved
+    rounds (service, bare route, in process, back to back) so that a shared box's swings hit all three alike."""
+    arms = {"service": [], "bare_route": [], "in_process": []}
+    for _ in range(rounds):
+        arms["service"].append(asyncio.run(closed_loop(url, "/predict", singles, 8, duration_s)))
+        arms["bare_route"].append(asyncio.run(closed_loop(bare_url, "/predict", singles, 8, duration_s)))
+        arms["in_process"].append(in_process())
+    ratios = [s["p99_ms"] / (b["p99_ms"] + i["p99_ms"]) for s, b, i in zip(*arms.values())]
+    median = lambda arm, key: round(float(np.median([r[key] for r in arms[arm]])), 2)
+    return {"rounds": arms, **{f"{arm}_p{q}_ms_median": median(arm, f"p{q}_ms") for arm in arms for q in (50, 99)},
+            "p99_over_floor_each": [round(r, 2) for r in ratios],
+            "p99_over_floor_median": round(float(np.median(ratios)), 2), "target": 1.5}
+
+
+def in_process_predict(model: str, stages: list[dict]):
+    """A callable timing Predictor.predict on one warm stage at a time, no HTTP: the model's share of the floor."""
     from pipelines.contract import StageTrace
     from predictor_service import loading
 
     predictor = loading.load(loading.resolve(model))
     parsed = [StageTrace.model_validate(s) for s in stages]
     predictor.predict(parsed)  # warm: every prompt's embedding is cached
-    latencies, cpu_started = [], time.process_time()
-    for i in range(n):
-        started = time.perf_counter()
-        predictor.predict([parsed[i % len(parsed)]])
-        latencies.append(time.perf_counter() - started)
-    return {**percentiles(latencies), "cpu_ms_per_call": round((time.process_time() - cpu_started) / n * 1000, 2)}
+
+    def measure(n: int = 300) -> dict:
+        latencies, cpu_started = [], time.process_time()
+        for i in range(n):
+            started = time.perf_counter()
+            predictor.predict([parsed[i % len(parsed)]])
+            latencies.append(time.perf_counter() - started)
+        return {**percentiles(latencies), "cpu_ms_per_call": round((time.process_time() - cpu_started) / n * 1000, 2)}
+    return measure
 
 
 class _Hanging(http.server.BaseHTTPRequestHandler):
@@ -171,6 +239,8 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=256, help="distinct stages cycled through")
     parser.add_argument("--duration-s", type=float, default=8.0, help="per measurement")
     parser.add_argument("--client-timeout-s", type=float, default=0.05)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of c8 against the floor")
+    parser.add_argument("--quick", action="store_true", help="c8 one-stage /predict against its floor only")
     parser.add_argument("--out", default="benchmarks/results/predictor_service.json")
     args = parser.parse_args()
     from pipelines.synth import generate
@@ -178,13 +248,18 @@ def main() -> None:
     stages = [to_wire(r) for r in generate(args.stages, seed=123)][: args.stages]
     env = {"MAESTRO_MODEL": args.model, "MAESTRO_TRACE_DIR": "off",
            **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {})}
-    in_process = in_process_benchmark(args.model, stages)
-    with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server:
+    in_process = in_process_predict(args.model, stages)
+    with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server, \
+            bare_server() as bare_url:
         warm(server.url, stages)
         stats = httpx.get(f"{server.url}/stats").json()
-        results = service_benchmarks(server.url, stages, args.duration_s)
-    results["in_process_predict_one_stage"] = in_process
-    results["client_fallback"] = fallback_benchmarks(stages, args.client_timeout_s)
+        results = {"c8_against_floor": against_floor(server.url, bare_url, [{"stages": [s]} for s in stages],
+                                                     in_process, args.rounds, args.duration_s)}
+        if not args.quick:
+            results.update(service_benchmarks(server.url, stages, args.duration_s))
+    if not args.quick:
+        results["in_process_predict_one_stage"] = in_process()
+        results["client_fallback"] = fallback_benchmarks(stages, args.client_timeout_s)
     results["setup"] = {"model": args.model, "model_version": stats["model_version"], "distinct_stages": len(stages),
                         "duration_s_per_point": args.duration_s, "cpus": os.cpu_count(),
                         "load_avg_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),

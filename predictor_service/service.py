@@ -11,6 +11,7 @@ import functools
 import gc
 import logging
 import sys
+from collections import Counter
 from http import HTTPStatus
 
 import anyio
@@ -81,6 +82,8 @@ class PredictorService:
         logger.info("serving predictor version %s from %s", self.engine.active.source.version,
                     self.engine.active.source.uri)
 
+    # Sync, so a batch runs on BentoML's model thread: a batch of new prompts (embedding 256 of them) can take
+    # seconds, and on the event loop it would stall /livez and every other call meanwhile.
     @bentoml.api(route="/predict", input_spec=PredictRequest, batchable=True,
                  max_batch_size=MAX_STAGES_PER_REQUEST, max_latency_ms=5_000)
     def predict(self, stages: list[StageIn]) -> list[PredictionOut]:
@@ -99,8 +102,8 @@ class PredictorService:
 
     def _predict(self, stages: list[StageIn]) -> list[PredictionOut]:
         answers = self.engine.predict(stages)
-        for answer in answers:
-            self.metrics["stages"].labels(answer.fallback_level, answer.source).inc()
+        for (level, source), count in Counter((a.fallback_level, a.source) for a in answers).items():
+            self.metrics["stages"].labels(level, source).inc(count)
         return answers
 
     @bentoml.api(route="/observe", input_spec=ObserveRequest)
