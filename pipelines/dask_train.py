@@ -98,6 +98,10 @@ def _drop_roles(part: pd.DataFrame, rate: float, seed: int, partition_info=None)
     return part
 
 
+def _calibrated(raw: pd.Series, calibrator) -> pd.Series:
+    return pd.Series(calibrator.predict(raw.to_numpy()), index=raw.index, name="p_tool")
+
+
 def _sklearn_objective(objective):
     """An `lgb.train` objective (preds, Dataset) as the scikit-learn API's (y_true, y_pred)."""
     return lambda y_true, y_pred: objective(y_pred, SimpleNamespace(get_label=lambda: y_true))
@@ -155,10 +159,11 @@ class DaskTwoStage:
             models, full = self._per_fold(fit), fit(None)
         frame = _add_column(frame, "raw_oof", models, features, TwoStageModel._raw_score)
         raw, y = dd.compute(frame["raw_oof"], frame[IS_TOOL])
-        model.calibrator_ = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
-                             IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)).fit(raw.to_numpy(), y.to_numpy())
-        frame = frame.assign(p_tool=frame["raw_oof"].map_partitions(model.calibrator_.predict, meta=("p_tool", float)))
-        return full, frame.persist()
+        calibrator = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
+                      IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1))
+        model.calibrator_ = calibrator.fit(raw.to_numpy(), y.to_numpy())
+        p_tool = frame["raw_oof"].map_partitions(_calibrated, model.calibrator_, meta=("p_tool", float))
+        return full, frame.assign(p_tool=p_tool).persist()
 
     def _fit_regressor(self, frame: dd.DataFrame, features: list[str]):
         cfg = self.config

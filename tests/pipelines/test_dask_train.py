@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import dask
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,12 +13,12 @@ import pytest
 from pipelines.contract import read_traces
 from pipelines.dask_features import (feature_frame, fit_featurizer, is_trace_parquet, labelled_stages,
                                      read_trace_parquet, to_trace_parquet)
-from pipelines.dask_train import DaskTrainConfig, train_predictor
+from pipelines.dask_train import DaskTrainConfig, _sklearn_objective, train_predictor
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import grouped_split
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.metrics import quality
-from pipelines.model import ModelConfig
+from pipelines.model import ModelConfig, asymmetric_l2
 from pipelines.predictor import Predictor, label_frame
 from pipelines.synth import generate
 
@@ -36,6 +37,17 @@ def test_config_names_the_cluster_or_refuses():
     for bad in ("local:0", "local:two", "10.0.0.5:8786"):
         with pytest.raises(ValueError, match="local:N"):
             DaskTrainConfig(bad)
+
+
+def test_squared_loss_objective_is_the_same_through_the_estimator_api():
+    """lightgbm.dask takes scikit-learn-style objectives: the adapter gives lgb.train's boosters."""
+    rng = np.random.default_rng(0)
+    X, y = pd.DataFrame({"x": rng.random(500)}), rng.random(500)
+    params = dict(verbosity=-1, num_threads=1, deterministic=True, force_row_wise=True)
+    direct = lgb.train({**params, "objective": asymmetric_l2(3.0)}, lgb.Dataset(X, y, init_score=np.full(500, 0.5)), 30)
+    adapted = lgb.LGBMRegressor(n_estimators=30, objective=_sklearn_objective(asymmetric_l2(3.0)), **params)
+    adapted.fit(X, y, init_score=np.full(500, 0.5))
+    np.testing.assert_allclose(adapted.booster_.predict(X), direct.predict(X), rtol=1e-6)
 
 
 @needs_dev_traces
