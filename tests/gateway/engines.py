@@ -82,7 +82,7 @@ class Engine:
                                         start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = 180.0) -> "Engine":
+    def wait_ready(self, timeout_s: float = 420.0) -> "Engine":  # (minutes on a loaded 2-core box)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

