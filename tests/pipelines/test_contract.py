@@ -68,6 +68,9 @@ def test_task_id_groups_runs_of_one_task():
     assert task_id(make("autogen0.2/notebook/agentchat_x.ipynb#cell13")) == "autogen0.2/notebook/agentchat_x.ipynb"
     assert task_id(make("synthetic/rag_qa/000123")) == "synthetic/rag_qa/000123"
     assert task_id(StageTrace(**{**GOOD, "task_id": "T9"})) == "T9"
+    runs = ["bench/airline/task_7_trial3", "bench/airline/task_7-run2", "bench/airline/task_7/seed1", "bench/airline/task_7"]
+    assert {task_id(make(w)) for w in runs} == {"bench/airline/task_7"}  # trials, runs and seeds of one task
+    assert task_id(make("bench/rerun5/prune")) == "bench/rerun5/prune"  # a word merely ending so is kept
 
 
 def test_tool_calls_and_tool_names_are_part_of_the_prompt_text():
