@@ -43,7 +43,7 @@ def evaluate(predictor: Predictor, X_train, train_labels, X_test, test_labels) -
             metrics, breakdown, frames = evaluate_condition(predictor, X_train[train], train_labels[train],
                                                             X_test[test], test_labels[test])
             detail[name] = {**metrics, "breakdown": breakdown}
-            plotted = plotted or frames
+            plotted = frames if plotted is None else plotted
     return {name: headline(d) for name, d in detail.items()}, detail, plotted
 
 
