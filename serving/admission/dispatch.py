@@ -1,8 +1,8 @@
 """The dispatch core: which queued stage starts next, and on which node — shared by the gateway and the simulator.
 
 A `DispatchCore` owns one queue (a policy's `Scheduler`) and an optional session cap (`cap.SessionCap`). `decisions`
-walks it in policy order: the head is the first live stage the cap admits; it starts on the fittest node that may take
-it now (`NodeView.refusal` is None; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
+walks it once, in policy order: the head is the first live stage the cap admits; it starts on the fittest node that
+may take it now (`NodeView.refusal` is None; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
 nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits and the core backfills: of the next
 `backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
 `backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
@@ -121,28 +121,32 @@ class DispatchCore:
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
-        """Starts (and failures) in policy order until the head must wait; apply each before taking the next."""
-        while (request := self._head(now)) is not None:
-            if isinstance(request, Decision):
-                yield request
-                continue
-            node = self.choose_node(request, views)
-            if node is not None:
-                yield self._take(Outcome.START, request, node)
-            elif not any(v.may_fit_later(request) for v in views):
-                yield self._take(Outcome.NEVER_FITS, request)
-            else:
-                yield from self._backfill(views, now)
-                return
-
-    def _head(self, now: float) -> StageRequest | Decision | None:
-        """The first live stage the cap admits, or a Decision dropping a dead one found before it."""
+        """Starts (and failures) in policy order until the head must wait, then backfill; apply each before taking
+        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk."""
+        waiting: list[StageRequest] = []  # admitted stages that could not start, the head first
+        num_behind = 0  # admitted stages examined behind the waiting head
         for request in self.scheduler.in_order(now):
             if not self.is_live(request, now):
-                return self._take(Outcome.DROPPED, request)
-            if self.may_go(request, now):
-                return request
-        return None
+                if not waiting:
+                    yield self._take(Outcome.DROPPED, request)
+                continue  # behind a waiting head: dropped when it reaches the head
+            if not self.may_go(request, now):
+                continue
+            if waiting:
+                num_behind += 1
+                if num_behind > self.config.backfill_depth:
+                    return
+            node = self.choose_node(request, views)
+            if node is not None:
+                for ahead in waiting:
+                    self.overtaken[ahead] = self.num_overtaken(ahead) + 1
+                yield self._take(Outcome.START, request, node, is_backfill=bool(waiting))
+            elif not waiting and not any(v.may_fit_later(request) for v in views):
+                yield self._take(Outcome.NEVER_FITS, request)
+            elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
+                return  # nothing further back may pass this one
+            else:
+                waiting.append(request)
 
     def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None,
               is_backfill: bool = False) -> Decision:
@@ -151,33 +155,6 @@ class DispatchCore:
             self.num_started += 1
             self.num_backfilled += is_backfill
         return Decision(outcome, request, node, is_backfill)
-
-    def _backfill(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
-        """Start queued stages behind a head that fits nowhere, while everything they pass may be overtaken."""
-        if self.config.backfill_depth <= 0:
-            return
-        passed: list[StageRequest] = []  # live stages ahead of the candidate in policy order
-        for request in self._candidates(now):
-            node = self.choose_node(request, views) if passed else None  # the head was just found not to fit
-            if node is None:
-                if self.num_overtaken(request) >= self.config.backfill_max_overtaken:
-                    return  # nothing further back may pass this one
-                passed.append(request)
-                continue
-            for ahead in passed:
-                self.overtaken[ahead] = self.num_overtaken(ahead) + 1
-            yield self._take(Outcome.START, request, node, is_backfill=True)
-
-    def _candidates(self, now: float) -> list[StageRequest]:
-        """The head and the next `backfill_depth` live stages the cap admits, in policy order (a list: starting one
-        changes the queue)."""
-        out = []
-        for request in self.scheduler.in_order(now):
-            if self.is_live(request, now) and self.may_go(request, now):
-                out.append(request)
-                if len(out) > self.config.backfill_depth:
-                    break
-        return out
 
     def held_back(self, views: Sequence[NodeView], now: float,
                   since: Callable[[StageRequest], float] = lambda r: r.ready_s) -> tuple[bool, float | None]:
