@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.driver.replay import ReplayConfig, chat_messages, load_replay
+from serving.driver.replay import ReplayConfig, chat_messages, load_replay, task_ids_of
 from serving.driver.runner import DriveConfig, drive
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -105,3 +105,11 @@ def test_drive_cli_takes_traces_and_a_task_split(trace_slice, tmp_path):
                str(trace_slice), "--tasks-from", str(other), "--json", str(tmp_path / "out.json")]
     result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode != 0 and "no labelled workflow to replay among the tasks of" in result.stderr
+
+
+@needs_traces
+def test_tasks_from_keeps_only_the_tasks_of_the_other_file(trace_slice, tmp_path):
+    other = tmp_path / "split.jsonl"
+    other.write_text(first_workflows(AGENT, 1)[0] + "\n")  # one stage of the first workflow's task
+    plan = load_replay(trace_slice, ReplayConfig(task_ids=task_ids_of(other)))
+    assert [w[0]["workflow_id"] for w in plan.workflows] == [json.loads(first_workflows(AGENT, 1)[0])["workflow_id"]]
