@@ -18,6 +18,7 @@ import contextlib
 import logging
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,7 +123,9 @@ class DaskTwoStage:
         booster_params.pop("num_threads")  # lightgbm.dask gives each worker its own thread count
         model = estimator(client=self.client, n_estimators=params["n_estimators"], **booster_params)
         started = time.perf_counter()
-        model.fit(part[features], part[label], init_score=init)
+        with warnings.catch_warnings():  # the estimator's default n_jobs, which lightgbm.dask replaces anyway
+            warnings.filterwarnings("ignore", "Parameter n_jobs will be ignored", UserWarning)
+            model.fit(part[features], part[label], init_score=init)
         logger.debug("%s on %s fold %s: %.1f s", estimator.__name__, label, fold, time.perf_counter() - started)
         return model.booster_
 
