@@ -56,8 +56,9 @@ class Prediction:
     """What the scheduler learns about a stage before it runs.
 
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
-    to reserve KV for; fallback_level says which level answered: "role" (role seen in training),
-    "global" (unseen role, model without role), "prior" (no usable model input: role or global quantiles).
+    to reserve KV for; fallback_level says which level answered: "role" (role and app seen in training),
+    "global" (an unseen role, model without role; or an app named that training never saw: the reserve
+    then carries no coverage promise), "prior" (no usable model input: role or global quantiles).
     history says what the stage's input held of its workflow's past (pipelines.history): "full",
     "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
     """
@@ -189,7 +190,9 @@ class Predictor:
         return [self._answer(s, out, i) for i, s in enumerate(stages)]
 
     def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:
-        level = "role" if self.featurizer.known_role(stage.role) else "global"
+        apps = self.featurizer.categories_["app"]
+        is_known_app = stage.app is None or (stage.app in apps and stage.app != UNKNOWN)
+        level = "role" if self.featurizer.known_role(stage.role) and is_known_app else "global"
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
                           int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
                           str(out["history"][i]))
