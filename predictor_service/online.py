@@ -172,15 +172,21 @@ class OnlineCorrection:
         return corrected, max(corrected, int(math.ceil(tokens_reserve * reserve_factor))), factor, reserve_factor
 
     def snapshot(self) -> dict[str, dict]:
-        """Every role's correction, for /stats and /observe."""
+        """Every role's correction, for /stats and /observe: the tokens factor, and the widest reserve factor
+        among the role's coverage groups."""
         now = self._clock()
         with self._lock:
             return {role: {"factor": round(math.exp(self._tokens_log(s, now)), 4),
-                           "reserve_factor": round(math.exp(self._reserve_log(s, self._groups.get(role), now)), 4),
+                           "reserve_factor": round(math.exp(self._widest_reserve_log(role, s, now)), 4),
                            "log_ratio": round(s.mean * self._decay(s, now), 4),
                            "num_observations": s.num_observations, "age_s": round(now - s.updated_at, 1),
                            "is_active": s.num_observations >= self.config.min_observations}
                     for role, s in self._roles.items()}
+
+    def _widest_reserve_log(self, role: str, state: _RoleState, now: float) -> float:
+        """The largest reserve correction any of the role's coverage groups gets now (caller holds the lock)."""
+        groups = [g for key, g in self._groups.items() if key == role or (isinstance(key, tuple) and key[1] == role)]
+        return max((self._reserve_log(state, g, now) for g in groups), default=self._reserve_log(state, None, now))
 
     def coverage(self) -> dict[tuple[str, str, str] | str, dict]:
         """Every coverage group's recent share of stages above their served reserve, for /metrics."""

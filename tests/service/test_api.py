@@ -84,7 +84,8 @@ def test_observe_updates_the_role_correction_and_writes_a_collectable_trace(api,
     (answer,) = api.post("/predict", json={"stages": [stage]}).json()
     assert answer["correction"] == pytest.approx(active[role]["factor"], rel=1e-3)
     # 3× longer than served: the reserves were missed, so the reserve's factor rose past the tokens'
-    assert answer["reserve_correction"] == pytest.approx(active[role]["reserve_factor"], rel=1e-3)
+    # the reserve is corrected per (app, role, history) group: /stats shows the role's widest
+    assert 1.0 < answer["reserve_correction"] <= active[role]["reserve_factor"] * (1 + 1e-3)
     assert answer["reserve_correction"] > answer["correction"] or answer["reserve_correction"] == pytest.approx(2.0)
     stages, errors = collect(service_env / "observed")
     stages = [s for s in stages if s.workflow_id.startswith("observed/")]
