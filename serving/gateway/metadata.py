@@ -36,6 +36,11 @@ class StageMeta:
         (joining them into one string let "a::b" + "c" meet "a" + "b::c")."""
         return self.caller_id, self.workflow_id, self.stage_id
 
+    @property
+    def label(self) -> str:
+        """The stage as people and vLLM's request ids read it: `workflow::stage` (the caller's workflow)."""
+        return f"{self.workflow_key}::{self.stage_id}"
+
 
 def _truthy(value) -> bool:
     return str(value).strip().lower() in TRUE_WORDS

@@ -54,7 +54,7 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
     meta = parse_metadata(request.headers, body, caller_id)
     gateway.counters["requests"] += 1
     if meta.key in gateway.inflight:
-        return error_response(409, f"stage {meta.key} is already running; stage ids are idempotency keys",
+        return error_response(409, f"stage {meta.label} is already running; stage ids are idempotency keys",
                               "conflict")
     if meta.key in gateway.completed and gateway.completed[meta.key] is not None and not body.get("stream"):
         gateway.counters["replayed"] += 1
@@ -113,12 +113,12 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
             gateway.counters["retries"] += 1
     if job.remaining_s() == 0:
         return deadline_passed(gateway, job, body, f"after {job.num_attempts} attempt(s) ({last_error})")
-    return fail(gateway, job, body, 502, f"stage {job.meta.key} failed on every node tried ({last_error}); "
+    return fail(gateway, job, body, 502, f"stage {job.meta.label} failed on every node tried ({last_error}); "
                                          "retry later or check the vLLM nodes")
 
 
 def deadline_passed(gateway: Gateway, job: Job, body: dict, where: str) -> Response:
-    return fail(gateway, job, body, 504, f"stage {job.meta.key} passed its deadline (request_timeout_s="
+    return fail(gateway, job, body, 504, f"stage {job.meta.label} passed its deadline (request_timeout_s="
                                          f"{gateway.config.request_timeout_s}) {where}; retry later or raise the deadline")
 
 
@@ -284,7 +284,7 @@ def _headers(gateway: Gateway, job: Job) -> dict:
     """The request id of the attempt, and the stage's prediction as router hints (hints.py)."""
     hints = hint_headers(gateway.config.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
                          job.prediction.p_tool)
-    return {"X-Request-Id": f"{job.meta.key}#{job.num_attempts}", **hints}
+    return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **hints}
 
 
 def describe(error: BaseException) -> str:
