@@ -64,7 +64,7 @@ class LocalFallback:
         prior = self.priors.get(str(stage.get("role")), self.priors[""])
         return PredictionOut(workflow_id=str(stage.get("workflow_id")), stage_id=str(stage.get("stage_id")),
                              p_tool=round(prior.p_tool, 4), tokens_pred=int(round(prior.tokens_median)),
-                             tokens_reserve=int(math.ceil(prior.tokens_upper)), fallback_level="prior",
+                             tokens_reserve=int(math.ceil(prior.tokens_upper)), fallback_level="prior", history="none",
                              model_version="local", source="local-fallback")
 
 

@@ -159,7 +159,7 @@ FALLBACK = LocalFallback({"writer": Prior(p_tool=0.1, tokens_median=300, tokens_
 
 
 def check_fallback(answers):
-    assert all(a.source == "local-fallback" and a.fallback_level == "prior" for a in answers)
+    assert all(a.source == "local-fallback" and a.fallback_level == "prior" and a.history == "none" for a in answers)
     assert (answers[1].tokens_pred, answers[1].tokens_reserve) == (300, 901)  # the role's prior
     assert answers[0].tokens_pred == 256  # unknown role: the static global prior
 
