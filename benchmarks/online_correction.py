@@ -8,7 +8,7 @@ no drift, and after the first third of the replay every actual length × 1.6 or 
 new LLM version answered longer or shorter). Scored on the last two thirds: share above the
 reserve, over-reservation (Σ max(0, reserve − actual) / Σ actual), MAE, Kendall τ. Variants:
 off, `undamped` (one global margin, no dead zone, reserve scaled by the tokens factor: the
-service before session 7) and the default.
+earlier service's rule) and the default.
 
     python -m benchmarks.online_correction [--traces FILE] [--splits 5] [--out benchmarks/results/online_correction.json]
 """
