@@ -35,7 +35,7 @@ from pipelines.dask_features import (LABEL_PREFIX, feature_frame, fit_featurizer
 from pipelines.embedding import Embedder
 from pipelines.features import UNKNOWN, FeaturizerConfig
 from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, _lgb_params,
-                             conformal_quantile, regression_objective)
+                             calibrate_groups, regression_objective)
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor, fit_priors
 
 logger = logging.getLogger(__name__)
@@ -194,15 +194,10 @@ class DaskTwoStage:
 
     def _calibrate_reserve(self, model: TwoStageModel, local: pd.DataFrame) -> None:
         """TwoStageModel._fit_reserve's conformal levels, on the out-of-fold misses brought to the client."""
-        cfg = self.config
         scores = (local[LOG] - local["upper_oof"]).to_numpy()
-        model.global_q_, model.group_q_ = conformal_quantile(scores, cfg.alpha), {}
         roles = local["role"].astype(str).tolist()  # after dropout, as TwoStageModel._fit_reserve reads them
-        for level_keys in TwoStageModel._group_keys(roles, local["p_tool"].to_numpy()):
-            for key in set(level_keys):
-                member = scores[level_keys == key]
-                if len(member) >= cfg.min_group_calibration:
-                    model.group_q_[key] = conformal_quantile(member, cfg.alpha)
+        model.global_q_, model.group_q_ = calibrate_groups(
+            scores, TwoStageModel._group_keys(roles, local["p_tool"].to_numpy()), self.config)
 
 
 # ---- the predictor -----------------------------------------------------------------------------------
