@@ -187,7 +187,7 @@ class DaskTwoStage:
         return full, _add_column(frame, "log_pred", models, features, lambda m, X: m.predict(X))
 
     def _fit_upper(self, frame: dd.DataFrame, features: list[str]):
-        objective = {"objective": "quantile", "alpha": 1 - self.config.alpha}
+        objective = {"objective": "quantile", "alpha": self.config.bound_level}
         fit = lambda fold: self._train(DaskLGBMRegressor, self.config.quantile, objective, frame, features, LOG, fold)
         models, full = self._per_fold(fit), fit(None)
         return full, _add_column(frame, "upper_oof", models, features, lambda m, X: m.predict(X))

@@ -42,6 +42,9 @@ class ModelConfig:
     reserve_method: str = "conformal"  # conformal | rho
     folds: int = 5
     min_group_calibration: int = 40
+    # the quantile the reserve's bound model fits before calibration lifts it to a miss rate of alpha;
+    # None: 1 − alpha
+    bound_quantile: float | None = None
     role_dropout: float = 0.1  # rows trained with role="unknown" so unseen roles have a learnt fallback
     calibration: str = "sigmoid"  # sigmoid (Platt: keeps the ranking) | isotonic (steps: ties scores)
     seed: int = 0
@@ -63,6 +66,10 @@ class ModelConfig:
     # random thresholds differ per member, so the average is steadier than any one
     regressor_bags: int = 1
 
+    @property
+    def bound_level(self) -> float:
+        return 1 - self.alpha if self.bound_quantile is None else self.bound_quantile
+
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
             raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}")
@@ -74,6 +81,8 @@ class ModelConfig:
             raise ValueError(f"reserve_method must be 'conformal' or 'rho', got {self.reserve_method!r}")
         if self.calibration not in ("sigmoid", "isotonic"):
             raise ValueError(f"calibration must be 'sigmoid' or 'isotonic', got {self.calibration!r}")
+        if self.bound_quantile is not None and not 0.5 <= self.bound_quantile < 1:
+            raise ValueError(f"bound_quantile must be in [0.5, 1), got {self.bound_quantile}")
         if self.folds < 2:
             raise ValueError(f"folds must be ≥ 2, got {self.folds}")
         if self.num_threads < 1:
@@ -184,7 +193,7 @@ class TwoStageModel:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α."""
         cfg = self.config
-        params = _lgb_params(cfg.quantile, cfg, objective="quantile", alpha=1 - cfg.alpha)
+        params = _lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
                                     num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
