@@ -18,13 +18,14 @@ from uhashring import HashRing
 REPLICA_SEPARATOR = ","
 
 
-def split_urls(url: str) -> tuple[str, ...]:
-    """`http://a:3000,http://b:3000` → the replicas' base URLs, in the order given (duplicates dropped)."""
+def split_urls(url: str, what: str = "predictor url", replica: str = "service replica") -> tuple[str, ...]:
+    """`http://a:3000,http://b:3000` → the replicas' base URLs, in the order given (duplicates dropped); `what`
+    and `replica` name the option and what each URL is in the error."""
     urls = tuple(dict.fromkeys(u.strip().rstrip("/") for u in url.split(REPLICA_SEPARATOR) if u.strip()))
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if not urls or bad:
-        raise ValueError(f"predictor url must be http(s)://host:port, or several separated by "
-                         f"'{REPLICA_SEPARATOR}' (one per service replica); got {url!r}")
+        raise ValueError(f"{what} must be http(s)://host:port, or several separated by "
+                         f"'{REPLICA_SEPARATOR}' (one per {replica}); got {url!r}")
     return urls
 
 

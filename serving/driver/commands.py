@@ -8,7 +8,9 @@ import sys
 def register_drive(subparsers) -> None:
     drive = subparsers.add_parser("drive", help="run catalog or recorded workflows end to end against the gateway or vLLM",
                                   description=__doc__)
-    drive.add_argument("--target", required=True, help="base URL of the gateway or a vLLM server")
+    drive.add_argument("--target", required=True, help="base URL of the gateway or a vLLM server; several gateway "
+                       "replicas comma-separated: consecutive stages of a workflow go through different ones, and a "
+                       "call one does not take (connection error, 502, 503) is sent to the next")
     drive.add_argument("--app", default="all", help="catalog app name, or 'all' to draw apps at random")
     drive.add_argument("--workflows", type=int, default=10, help="workflows to run (--traces: the first N of the file)")
     drive.add_argument("--concurrency", type=int, default=4, help="workflows in flight at once")

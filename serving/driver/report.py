@@ -35,6 +35,8 @@ def build_report(config, workflows: list[list[dict]], workflow_rows: list[dict],
         "tool_exec_s": percentiles([r["tool_exec_s"] for r in ok if "tool_exec_s" in r]),
         "output_tokens_total": int(sum(r.get("output_tokens") or 0 for r in ok)),
         "nodes": dict(Counter(r.get("node", "direct") for r in ok)),
+        "targets": dict(Counter(r["target"] for r in ok)),
+        "num_stages_failed_over": sum("failed_over" in r for r in stage_rows),
     }
     return {"config": asdict(config), "summary": summary, "workflows": workflow_rows, "stages": stage_rows}
 

@@ -8,6 +8,12 @@ A stage becomes one chat call whose length is forced: `max_tokens` = the length 
 `declared_max_tokens`, `max_tokens` = that cap (what the target sizes against) and the length forced by
 `min_tokens` and an end-of-sequence logit bias. Every stage ends completed or failed with a reason;
 `num_stages_lost` must be 0.
+
+`target` may name several gateway replicas (comma-separated): a workflow's consecutive stages start at consecutive
+gateways, so a parent and its child go through different ones; a call a gateway does not take (connection error,
+502, 503 without Retry-After) is sent again, with the same X-Maestro metadata, to the next gateway, each at most
+once. A gateway's idempotency key lives in that gateway's process only: a call retried on another gateway after
+the first one died runs again there, even if it had already run behind the dead one.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import asyncio
 import json
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +30,20 @@ import numpy as np
 
 from pipelines.catalog import APPS, get_app
 from pipelines.synth import WorkflowGenerator
+from predictor_service.replicas import split_urls
 from serving.driver.replay import ReplayConfig, load_replay, task_ids_of
 from serving.driver.tools import ToolBox
 
 EOS_LOGIT_BIAS = 100  # on the end-of-sequence token once min_tokens are out: the next token ends the answer
 
 
+class TargetFailed(Exception):
+    """A target did not take the call (connection error, 502, 503 without Retry-After): the next one may."""
+
+
 @dataclass
 class DriveConfig:
-    target: str
+    target: str  # base URL; several gateway replicas comma-separated (see the module's docstring)
     app: str = "all"
     num_workflows: int = 10
     concurrency: int = 4
@@ -66,7 +78,11 @@ class DriveConfig:
                              ">= max-tokens-cap, so every forced length fits under it")
         if self.tasks_from and not self.traces:
             raise ValueError("tasks-from selects tasks of --traces: give --traces too")
-        self.target = self.target.rstrip("/")
+        self.target = ",".join(split_urls(self.target, "--target", "gateway replica"))
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(self.target.split(","))
 
 
 def plan_workflows(config: DriveConfig) -> tuple[list[list[dict]], list[str]]:
@@ -144,7 +160,7 @@ class Driver:
             row = self._row(stage, "failed", error="a parent stage failed")
         else:
             await asyncio.sleep(stage.get("wait_s", 0.0))  # a replayed tool's recorded time
-            row = await self._call(stage, self._messages(stage, tool_outputs))
+            row = await self._call(stage, self._messages(stage, tool_outputs), stages.index(stage))
             if row["status"] == "ok" and stage["is_tool_call"] and self.config.run_tools and not self.config.traces:
                 await self._run_tool(stage, row, tool_outputs)
         self.stage_rows.append(row)
@@ -180,44 +196,63 @@ class Driver:
         return {"max_tokens": self.config.declared_max_tokens, "min_tokens": stage["max_tokens"] - 1,
                 "logit_bias": {str(self.config.eos_token_id): EOS_LOGIT_BIAS}}  # the end token is counted
 
-    async def _call(self, stage: dict, messages: list[dict]) -> dict:
+    def _targets(self, stage: dict, position: int) -> list[str]:
+        """The targets in the order tried for a workflow's `position`-th stage: consecutive stages start at
+        consecutive targets (a parent and its child go through different gateways), then the others in turn."""
+        targets = self.config.targets
+        first = (zlib.crc32(stage["workflow_id"].encode()) + position) % len(targets)
+        return list(targets[first:] + targets[:first])
+
+    async def _call(self, stage: dict, messages: list[dict], position: int) -> dict:
+        """The stage on its first target, or on the next one each time a target does not take it."""
         body = {"model": self.config.model, "messages": messages, **self._length(stage), "stream": self.config.stream}
         if self.config.cache_salt:
             body["cache_salt"] = self.config.cache_salt
-        started = time.monotonic()
+        started, failures = time.monotonic(), []
+        for target in self._targets(stage, position):
+            try:
+                row = await self._call_target(target, stage, body, started)
+            except TargetFailed as error:
+                failures.append((target, str(error)))
+                continue
+            return {**row, "target": target, **({"failed_over": [f"{t}: {e}" for t, e in failures]} if failures else {})}
+        if len(failures) == 1:
+            return self._row(stage, "failed", started, error=failures[0][1], target=failures[0][0])
+        return self._row(stage, "failed", started, error=f"every target failed ({len(failures)} tried): "
+                         + "; ".join(f"{t}: {e}" for t, e in failures))
+
+    async def _call_target(self, target: str, stage: dict, body: dict, started: float) -> dict:
+        """The stage's answer from `target`, following its busy answers (429/503 with Retry-After)."""
         for _ in range(self.config.max_busy_retries):
             try:
-                row = await self._send(stage, body, started)
+                row = await self._send(target, stage, body, started)
             except httpx.HTTPError as error:
-                return self._row(stage, "failed", started, error=f"transport: {type(error).__name__}: {error}")
+                raise TargetFailed(f"transport: {type(error).__name__}: {error}") from error
             if row is not None:
                 return row
         return self._row(stage, "failed", started, error="target stayed busy (429/503) past the retry budget")
 
-    async def _send(self, stage: dict, body: dict, started: float) -> dict | None:
+    async def _send(self, target: str, stage: dict, body: dict, started: float) -> dict | None:
         """One attempt; None when the target said busy (after waiting its Retry-After)."""
         if self.config.stream:
-            return await self._send_stream(stage, body, started)
-        response = await self.client.post(f"{self.config.target}/v1/chat/completions", json=body,
-                                          headers=self._headers(stage))
-        if response.status_code in (429, 503) and "retry-after" in response.headers:
-            await asyncio.sleep(float(response.headers["retry-after"]))
+            return await self._send_stream(target, stage, body, started)
+        response = await self.client.post(f"{target}/v1/chat/completions", json=body, headers=self._headers(stage))
+        if await _is_busy(response):
             return None
         if response.status_code != 200:
-            return self._row(stage, "failed", started, error=f"HTTP {response.status_code}: {response.text[:200]}")
+            return self._refused(stage, started, response.status_code, response.text)
         usage = response.json().get("usage") or {}
         return self._row(stage, "ok", started, usage=usage, node=response.headers.get("x-maestro-node"))
 
-    async def _send_stream(self, stage: dict, body: dict, started: float) -> dict | None:
+    async def _send_stream(self, target: str, stage: dict, body: dict, started: float) -> dict | None:
         body = {**body, "stream_options": {"include_usage": True}}
-        url, usage, ttft = f"{self.config.target}/v1/chat/completions", {}, None
+        url, usage, ttft = f"{target}/v1/chat/completions", {}, None
         async with self.client.stream("POST", url, json=body, headers=self._headers(stage)) as response:
-            if response.status_code in (429, 503) and "retry-after" in response.headers:
-                await asyncio.sleep(float(response.headers["retry-after"]))
+            if await _is_busy(response):
                 return None
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
-                return self._row(stage, "failed", started, error=f"HTTP {response.status_code}: {text[:200]}")
+                return self._refused(stage, started, response.status_code, text)
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
@@ -227,6 +262,13 @@ class Driver:
                 ttft = ttft or (time.monotonic() - started if chunk.get("choices") else None)
                 usage = chunk.get("usage") or usage
         return self._row(stage, "ok", started, usage=usage, ttft_s=ttft, node=response.headers.get("x-maestro-node"))
+
+    def _refused(self, stage: dict, started: float, status_code: int, text: str) -> dict:
+        """A non-200 answer as a failed row; raises TargetFailed where another target may take the call."""
+        error = f"HTTP {status_code}: {text[:200]}"
+        if status_code in (502, 503):
+            raise TargetFailed(error)
+        return self._row(stage, "failed", started, error=error)
 
     def _row(self, stage: dict, status: str, started: float | None = None, error: str | None = None,
              usage: dict | None = None, **extra) -> dict:
@@ -245,6 +287,14 @@ class Driver:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+async def _is_busy(response: httpx.Response) -> bool:
+    """A 429/503 with Retry-After: the target is busy; waits that long (the caller tries it again)."""
+    if response.status_code in (429, 503) and "retry-after" in response.headers:
+        await asyncio.sleep(float(response.headers["retry-after"]))
+        return True
+    return False
 
 
 async def drive(config: DriveConfig, json_out: str | Path | None = None) -> dict:

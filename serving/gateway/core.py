@@ -238,7 +238,7 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
               "attempts": job.num_attempts}
     if prediction is not None:
         record.update(tokens_pred=prediction.tokens_pred, tokens_reserve=prediction.tokens_reserve,
-                      p_tool=prediction.p_tool, fallback_level=prediction.fallback_level,
+                      p_tool=prediction.p_tool, fallback_level=prediction.fallback_level, history=prediction.history,
                       prediction_source=job.prediction_source, predict_s=round(job.predict_s, 6),
                       kv_tokens_reserved=job.reserve_tokens, max_tokens=job.request.max_tokens)
     if result.error is None and result.output_tokens is not None:

@@ -50,6 +50,12 @@ class GatewayProcess:
         self.stop()
         raise TimeoutError(f"gateway not ready after {timeout_s} s; see {self.log_path}")
 
+    def kill(self) -> None:
+        """Hard death (SIGKILL to its process group), as a crashed replica: nothing is flushed or closed."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
