@@ -215,7 +215,8 @@ class Driver:
             except TargetFailed as error:
                 failures.append((target, str(error)))
                 continue
-            return {**row, "target": target, **({"failed_over": [f"{t}: {e}" for t, e in failures]} if failures else {})}
+            failed_over = [f"{t}: {e}" for t, e in failures]
+            return {**row, "target": target, **({"failed_over": failed_over} if failures else {})}
         if len(failures) == 1:
             return self._row(stage, "failed", started, error=failures[0][1], target=failures[0][0])
         return self._row(stage, "failed", started, error=f"every target failed ({len(failures)} tried): "

@@ -5,8 +5,10 @@ Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrac
 builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
 on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
 answer. `HttpPredictor` calls predictor_service/ through its `AsyncPredictorClient`, which bounds every call by
-`timeout_s` and answers from the local prior when the service is slow, down or refuses; observed stages go out
-in batches, one /observe per `observe_period_s`.
+`timeout_s` and answers from the local prior when the service is slow, down or refuses; a finished stage goes to
+/observe at once (stages that finish while one /observe is on the wire go together in the next), and `settled()`
+returns once it has been sent: the gateway answers a JSON call after that, so the service holds the stage's
+outcome before its caller can ask about its children, through this gateway or another.
 """
 from __future__ import annotations
 
@@ -93,6 +95,9 @@ class StagePredictor(Protocol):
     async def predict(self, stages: list[dict]) -> list[StageAnswer]: ...
 
     def observe(self, stage: dict) -> None: ...
+
+    async def settled(self) -> None:
+        """Returns once the stages observed so far are in the predictor's history (or their sending failed)."""
 
     def snapshot(self) -> dict: ...
 
@@ -188,6 +193,9 @@ class LocalPredictor:
                 log.warning("finished stage %s/%s not kept for history: %s", stage.get("workflow_id"),
                             stage.get("stage_id"), error)
 
+    async def settled(self) -> None:
+        return  # observe() adds to the history at once
+
     def snapshot(self) -> dict:
         worker = self.worker
         return {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
@@ -203,9 +211,10 @@ class LocalPredictor:
 class HttpPredictor:
     """predictor_service/ over HTTP through its AsyncPredictorClient; observed stages go out in batches."""
 
-    # 50 ms: the service featurizes a stage with its observed ancestors (StageHistory), and a workflow's next
-    # stage often follows its parent within a tool call's time; at most 20 /observe calls a second.
-    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.05, max_pending: int = 10_000,
+    # The service featurizes a stage with its observed ancestors (StageHistory), and a workflow's next stage can
+    # follow its parent within milliseconds, through this gateway or another replica: `observe_period_s` (a wait
+    # before each /observe, to gather more stages into it) is 0 by default.
+    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.0, max_pending: int = 10_000,
                  startup_timeout_s: float = 30.0):
         self.client = client
         self.observe_period_s = observe_period_s
@@ -219,6 +228,9 @@ class HttpPredictor:
         self.startup_error = ""
         self._flusher: asyncio.Task | None = None
         self._is_sending = False  # the flusher's batch is on the wire (cancelling it then could lose the batch)
+        self._num_queued = 0  # stages given to observe()
+        self._num_sent = 0  # of those, the first this many have had their /observe (taken or kept to retry)
+        self._sent = asyncio.Condition()
 
     @classmethod
     def from_url(cls, url: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> "HttpPredictor":
@@ -250,6 +262,7 @@ class HttpPredictor:
         return out
 
     def observe(self, stage: dict) -> None:
+        self._num_queued += 1
         if len(self.pending) >= self.max_pending:  # the service has been away a long time: keep the newest
             self.pending.pop(0)
             self.num_observe_dropped += 1
@@ -258,23 +271,41 @@ class HttpPredictor:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
+        """Send what is pending, then what came in while it was on the wire, until nothing is left; a failed send
+        keeps its stages for the next observe()."""
         await asyncio.sleep(self.observe_period_s)
-        self._is_sending = True
-        try:
-            await self.flush()
-        finally:
-            self._is_sending = False
+        while self.pending:
+            self._is_sending = True
+            try:
+                if not await self.flush():
+                    return
+            finally:
+                self._is_sending = False
 
     async def flush(self) -> bool:
         """Send what is pending (the client splits into ≤ 256-stage requests); kept for the next try on failure."""
-        batch, self.pending = self.pending, []
+        batch, self.pending, upto = self.pending, [], self._num_queued
         if not batch:
             return True
-        if await self.client.observe(batch):
+        is_taken = await self.client.observe(batch)
+        if is_taken:
             self.num_observed += len(batch)
-            return True
-        self.pending = (batch + self.pending)[-self.max_pending:]
-        return False
+        else:
+            self.pending = (batch + self.pending)[-self.max_pending:]
+        async with self._sent:
+            self._num_sent = max(self._num_sent, upto)
+            self._sent.notify_all()
+        return is_taken
+
+    async def settled(self) -> None:
+        """Returns once every stage observed so far has had its /observe (within the client's timeout_s)."""
+        upto = self._num_queued
+        try:
+            async with self._sent:
+                await asyncio.wait_for(self._sent.wait_for(lambda: self._num_sent >= upto),
+                                       self.client.config.timeout_s)
+        except TimeoutError:
+            pass
 
     def snapshot(self) -> dict:
         return {"kind": "service", "model": self.client.config.url, "ready": self.is_ready,

@@ -208,6 +208,7 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
     result.read_response(parsed if parsed is not None else json.loads(response.content))
     gateway.record(job, body, result, node.name, kv_usage)
     gateway.remember(job.meta.key, response.content)
+    await gateway.predictor.settled()  # the caller's next stage, through any replica, is predicted with this one
     # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
     return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
 
