@@ -29,6 +29,7 @@ class StageRequest:
     attained_service_s: float = 0.0
     is_preempted: bool = False
     is_kv_pinned: bool = False
+    home_node: str = ""  # the node holding the session's context (prefix cache): the first choice where it may start
     payload: object = field(default=None, repr=False)  # the caller's own object (the simulator's stage)
     # Scheduler bookkeeping (lazy deletion): the heap entry that is live for this request, -1 if none.
     queue_seq: int = -1

@@ -116,8 +116,11 @@ class DispatchCore:
         return [v for v in views if v.refusal(request) is None]
 
     def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
-        """The fittest node that may take the stage now; None if none may."""
-        return choose(request, self.fitting(request, views), self.config)
+        """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
+        that may; None if none may."""
+        fitting = self.fitting(request, views)
+        home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
+        return home or choose(request, fitting, self.config)
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:

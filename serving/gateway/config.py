@@ -7,8 +7,11 @@ from pathlib import Path
 import yaml
 
 from maestro.keys import read_keys
+from serving.admission.aimd import AIMDConfig
+from serving.admission.cap import CapKind
 from serving.admission.sizing import DEFAULT_RHO
 from serving.gateway.hints import RouterHints
+from serving.tool_kv import ToolKVConfig
 
 
 @dataclass
@@ -84,6 +87,19 @@ class GatewayConfig:
     workflow_idle_s: float = 0.5  # a workflow keeps its place this long after its last stage ended
     workflow_cap_backoff: float = 0.5  # adaptive: W × this (at least − 1) when vLLM preempted; 1 = never
     workflow_cap_shrink_wait_s: float = 0.0  # adaptive: W − 1 when an eligible stage waited this long for KV (0 = never)
+    # The session cap (admission/cap.py CapKind): "aimd" (MARS's window, fed by vLLM's KV usage and the sessions in a
+    # tool call), "workflow" (the W above) or "none"; empty: aimd under policy mars, else workflow when workflow_cap > 0,
+    # else none (a policy name means the same system as in the simulator).
+    session_cap: str = ""
+    aimd: dict = field(default_factory=dict)  # serving.admission.AIMDConfig fields, e.g. start_window, kv_high
+    tool_workers: int = 4  # the callers' tool workers: MARS's CPU pressure is sessions in a tool call per worker
+    # Sessions (gateway/sessions.py): a session's context is held on its node during a tool call or released, by the
+    # tool-KV policy (serving/tool_kv.py: mars, keep-always, evict-always, continuum, ...); MARS keeps it while
+    # re-prefilling it (context × prefill_s_per_token) would take longer than its tool is predicted to run. A session
+    # silent for session_idle_s ends (its hold and its place in the cap go).
+    tool_kv: str = "mars"
+    prefill_s_per_token: float = 1e-4
+    session_idle_s: float = 30.0
     default_max_tokens: int = 1024
     metrics_period_s: float = 0.25
     # A node is taken out of dispatch when it refuses the connection, or when this many /metrics polls in a row
@@ -152,6 +168,11 @@ class GatewayConfig:
         if self.workflow_cap < 0 or min(self.workflow_idle_s, self.workflow_cap_shrink_wait_s) < 0 or (self.workflow_cap_adaptive and not self.workflow_cap):
             raise ValueError("gateway config: workflow_cap >= 0 (0 = off; > 0 with workflow_cap_adaptive), "
                              "workflow_idle_s and workflow_cap_shrink_wait_s >= 0")
+        self.cap_kind()  # raises with the known names
+        if self.tool_workers < 1 or self.session_idle_s <= 0 or self.prefill_s_per_token < 0:
+            raise ValueError("gateway config: tool_workers >= 1, session_idle_s > 0, prefill_s_per_token >= 0")
+        self.aimd_config()
+        ToolKVConfig(policy=self.tool_kv)
         if not 0 < self.workflow_cap_backoff <= 1:
             raise ValueError(f"gateway config: workflow_cap_backoff must be in (0, 1], got {self.workflow_cap_backoff}")
         if min(self.node_timeout_s, self.connect_timeout_s) <= 0 or self.request_timeout_s < 0:
@@ -180,6 +201,24 @@ class GatewayConfig:
             return read_keys(",".join(self.api_keys), self.api_keys_file or None)
         except ValueError as error:
             raise ValueError(f"gateway config: {error}") from None
+
+    def cap_kind(self) -> CapKind:
+        if not self.session_cap:
+            return CapKind.AIMD if self.policy == "mars" else CapKind.WORKFLOW if self.workflow_cap else CapKind.NONE
+        try:
+            kind = CapKind(self.session_cap)
+        except ValueError:
+            raise ValueError(f"gateway config: session_cap must be one of {[k.value for k in CapKind]} or empty, "
+                             f"got {self.session_cap!r}") from None
+        if kind is CapKind.WORKFLOW and not self.workflow_cap:
+            raise ValueError("gateway config: session_cap 'workflow' needs workflow_cap > 0 (its W)")
+        return kind
+
+    def aimd_config(self) -> AIMDConfig:
+        known = {f.name for f in fields(AIMDConfig)}
+        if unknown := sorted(set(self.aimd) - known):
+            raise ValueError(f"gateway config: unknown aimd fields {unknown}; known: {sorted(known)}")
+        return AIMDConfig(**self.aimd)
 
     def scheduler_config(self):
         from serving.scheduler import SchedulerConfig

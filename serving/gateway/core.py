@@ -14,6 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
+from serving.admission.aimd import AIMDWindow, SessionWindow
+from serving.admission.cap import CapKind, CapSignals, SessionCap
 from serving.admission.sizing import is_calibrated, reserve_output_tokens
 from serving.admission.workflow_cap import WorkflowCap
 from serving.gateway.config import GatewayConfig
@@ -23,6 +25,7 @@ from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.priority import current_cpu_nice
+from serving.gateway.sessions import Sessions, tool_key
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
@@ -57,9 +60,8 @@ class Gateway:
                            config.max_inflight_per_node)
                       for n in config.nodes]
         self.scheduler_config = config.scheduler_config()
-        cap = (WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s,
-                           config.workflow_cap_shrink_wait_s, config.workflow_cap_backoff)
-               if config.workflow_cap else None)
+        cap = self._make_cap(config)
+        self.sessions = Sessions(config.tool_kv, config.session_idle_s, config.prefill_s_per_token, cap)
         self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
                                      backfill_max_overtaken=config.backfill_max_overtaken,
@@ -76,6 +78,21 @@ class Gateway:
         self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
                          "failed": 0, "cancelled": 0, "replayed": 0, "upstream_chunks": 0}
         self._poller: asyncio.Task | None = None
+
+    def _make_cap(self, config: GatewayConfig) -> SessionCap | None:
+        kind = config.cap_kind()
+        if kind is CapKind.WORKFLOW:
+            return WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s,
+                               config.workflow_cap_shrink_wait_s, config.workflow_cap_backoff)
+        if kind is CapKind.AIMD:
+            return SessionWindow(AIMDWindow(config.aimd_config(), config.tool_workers), self.kv_usage)
+        return None
+
+    def kv_usage(self) -> float:
+        """The healthy nodes' KV in use, held session contexts included, as a share of their blocks."""
+        nodes = [n for n in self.nodes if n.is_healthy and n.num_blocks]
+        total = sum(n.num_blocks for n in nodes)
+        return sum(n.num_blocks - n.num_unused_blocks for n in nodes) / total if total else 0.0
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -98,8 +115,11 @@ class Gateway:
                                for n in self.nodes))
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
+        now = time.monotonic()
+        self.sessions.expire(now, busy={_workflow_key(key) for key in self.inflight})
         self.dispatcher.pump()
-        self.dispatcher.adapt_cap({n.name: n.num_preemptions for n in self.nodes if n.is_healthy})
+        self.dispatcher.adapt_cap(CapSignals(kv_usage=self.kv_usage(), num_tool_jobs=self.sessions.num_in_tool,
+                                             preemptions={n.name: n.num_preemptions for n in self.nodes if n.is_healthy}))
 
     async def _poll_loop(self) -> None:
         while True:
@@ -131,11 +151,13 @@ class Gateway:
                                         is_calibrated=is_calibrated(prediction), rho=self.config.rho)
         now = time.monotonic()
         workflow = self.workflow(meta.workflow_key, now)
+        home_node = self.sessions.arrive(meta.workflow_key, now)
         request = StageRequest(
             workflow_id=meta.workflow_key, stage_id=meta.stage_id, interactive=meta.interactive,
             workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
-            max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN)
+            max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN,
+            home_node=home_node)
         job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
                   prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
                   num_messages=num_messages)
@@ -188,12 +210,18 @@ class Gateway:
         self.traces.write(record)
         if self.spans is not None:
             self.spans.emit(record)
+        node = next((n for n in self.nodes if n.name == node_name), None)
+        if "output_tokens" in record:
+            self.sessions.stage_ended(job.meta.workflow_key, node, result.prompt_tokens + result.output_tokens,
+                                      bool(result.is_tool_call), tool_key(job.meta.app, job.meta.role),
+                                      job.meta.final, time.monotonic())
+        elif job.meta.final:
+            self.sessions.end(job.meta.workflow_key)
         if "output_tokens" in record:
             if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
                 workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
             self.predictor.observe(record)
             self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
-            node = next((n for n in self.nodes if n.name == node_name), None)
             if node is not None:
                 node.observe_decode(result.output_tokens, record["e2e_s"])
 
@@ -209,7 +237,15 @@ class Gateway:
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
                 "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
                 "predictor": self.predictor.snapshot(),
-                **({"workflow_cap": self.dispatcher.cap.snapshot()} if self.dispatcher.cap else {})}
+                "sessions": self.sessions.snapshot(),
+                **({"workflow_cap": self.dispatcher.cap.snapshot()} if isinstance(self.dispatcher.cap, WorkflowCap)
+                   else {})}
+
+
+def _workflow_key(key: tuple[str, str, str]) -> str:
+    """StageMeta.workflow_key of an idempotency key (StageMeta.key)."""
+    caller_id, workflow_id, _ = key
+    return f"{caller_id}/{workflow_id}" if caller_id else workflow_id
 
 
 def _stage_spans(model: str):

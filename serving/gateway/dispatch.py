@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from serving.admission.cap import CapSignals, SessionCap
 from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome
@@ -159,13 +159,14 @@ class Dispatcher:
         eligible stage waits, since when the longest-waiting eligible stage has waited)."""
         return self.core.held_back(self.slots(count_refusals=False), now, since=lambda r: r.payload.enqueued_s)
 
-    def adapt_cap(self, preemptions: dict[str, int]) -> None:
-        """At a /metrics poll: let the cap adapt, then dispatch what it now allows."""
+    def adapt_cap(self, signals: CapSignals) -> None:
+        """At a /metrics poll: let the cap adapt to the nodes' `signals` and the queue's state, then dispatch what it
+        now allows."""
         if self.cap is None:
             return
         now = time.monotonic()
         held_fitting, waiting_since = self.cap_state(now)
-        self.cap.adapt(CapSignals(preemptions=preemptions, held_fitting=held_fitting, waiting_since=waiting_since), now)
+        self.cap.adapt(replace(signals, held_fitting=held_fitting, waiting_since=waiting_since), now)
         self.pump()
 
     def _schedule_recheck(self) -> None:

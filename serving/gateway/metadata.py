@@ -9,8 +9,10 @@ import uuid
 from dataclasses import dataclass, field
 
 HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role": "x-maestro-role",
-           "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive"}
-TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive's values
+           "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive",
+           "final": "x-maestro-final"}
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive/-Final values
+BOOLEAN_KEYS = ("interactive", "final")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class StageMeta:
     parent_ids: tuple[str, ...] = ()
     app: str | None = None
     interactive: bool = True
+    final: bool = False  # the workflow's last call: its session ends with it (gateway/sessions.py)
     caller_id: str = ""  # the API key's id (maestro.keys.key_id); empty without API keys
 
     @property
@@ -65,9 +68,10 @@ def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
     meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     get = lambda key: _first(headers.get(HEADERS[key]), meta.get(key), meta.get(f"{key}_id"))  # noqa: E731
     workflow_id = _first(get("workflow"), f"gw-{uuid.uuid4().hex[:16]}")
-    interactive = get("interactive")
+    interactive, final = get("interactive"), get("final")
     parents = _first(headers.get(HEADERS["parents"]), meta.get("parents"), meta.get("parent_ids"))
     return StageMeta(workflow_id=str(workflow_id), stage_id=str(_first(get("stage"), "0")),
                      role=str(get("role") or "unknown"), parent_ids=_parents(parents),
                      app=get("app"), interactive=True if interactive is None else _truthy(interactive),
+                     final=final is not None and _truthy(final),
                      caller_id=caller_id)

@@ -89,6 +89,7 @@ class Node:
         self.allocator: KVAllocator | None = None
         self.block_size = 16
         self.kv_usage = 0.0
+        self.held: dict[str, int] = {}  # session → blocks held for it during a tool call (hold)
         self.num_running = 0
         self.num_waiting = 0
         self.num_preemptions = 0
@@ -118,8 +119,21 @@ class Node:
 
     @property
     def num_unused_blocks(self) -> int:
-        """Free according to vLLM's last /metrics (less what finished since)."""
-        return self.num_blocks - math.ceil(self.kv_usage * self.num_blocks)
+        """Free according to vLLM's last /metrics (less what finished since), less the blocks held for sessions in a
+        tool call (`hold`)."""
+        return self.num_blocks - math.ceil(self.kv_usage * self.num_blocks) - sum(self.held.values())
+
+    def hold(self, key: str, num_tokens: int) -> bool:
+        """Count a session's context as used while its tool runs (gateway/sessions.py), so that no stage is admitted
+        into it and vLLM's prefix cache keeps it; False (nothing held) where it does not fit in the free blocks."""
+        num_blocks = self.blocks_for(num_tokens)
+        if self.allocator is None or num_blocks > self.num_unused_blocks:
+            return False
+        self.held[key] = num_blocks
+        return True
+
+    def unhold(self, key: str) -> None:
+        self.held.pop(key, None)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -349,4 +363,4 @@ class Node:
                 "first_token_delay_s": round(self.first_token_delay_s, 3),
                 "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed,
                 "sent_ahead": self.num_ahead, "failed_polls": self.num_failed_polls, "max_model_len": self.max_model_len,
-                "slow_polls": self.num_slow_polls}
+                "slow_polls": self.num_slow_polls, "held_blocks": sum(self.held.values())}

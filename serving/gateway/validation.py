@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from serving.gateway.metadata import FALSE_WORDS, HEADERS, TRUE_WORDS
+from serving.gateway.metadata import BOOLEAN_KEYS, FALSE_WORDS, HEADERS, TRUE_WORDS
 
 MAX_ID_CHARS = 256
 MAX_PARENTS = 1024
@@ -110,6 +110,7 @@ class BodyMetadata(_Open):
     role: Id | None = None
     app: Id | None = None
     interactive: bool | BoolWord | None = None
+    final: bool | BoolWord | None = None
     parents: IdList | Id | None = None
     parent_ids: IdList | Id | None = None
 
@@ -192,7 +193,7 @@ def check_headers(headers) -> None:
         value = headers.get(name)
         if value is None:
             continue
-        if key == "interactive":
+        if key in BOOLEAN_KEYS:
             expected = None if value.strip().lower() in TRUE_WORDS + FALSE_WORDS else f"one of {TRUE_WORDS + FALSE_WORDS}"
         elif key == "parents":
             ids = [p.strip() for p in value.split(",") if p.strip()]

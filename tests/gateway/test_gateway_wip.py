@@ -11,6 +11,7 @@ from serving.gateway.core import BATCH_PRIORITY, Gateway
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
 from serving.admission import workflow_cap as wip
+from serving.admission.cap import CapSignals
 from serving.admission.workflow_cap import WorkflowCap
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
@@ -107,11 +108,11 @@ def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_wai
     for job in jobs:
         dispatcher.submit(job)
     assert [j.future.done() for j in jobs] == [True, True, False, False, False, False]
-    dispatcher.adapt_cap({"a": 0})  # first poll: idle capacity held back once
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 0}))  # first poll: idle capacity held back once
     assert cap.limit == 2 and not jobs[2].future.done()
-    dispatcher.adapt_cap({"a": 0})  # twice in a row: W + 1, and the next workflow goes at once
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 0}))  # twice in a row: W + 1, and the next workflow goes at once
     assert cap.limit == 3 and jobs[2].future.done() and cap.num_grown == 1
-    dispatcher.adapt_cap({"a": 2})  # vLLM preempted: W halved (not below MIN_LIMIT)
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 2}))  # vLLM preempted: W halved (not below MIN_LIMIT)
     assert cap.limit == wip.MIN_LIMIT and cap.num_halved == 1
     # an eligible stage waiting for KV over shrink_wait_s: the W are enough to fill the node, W - 1
     cap.set_limit(6)
@@ -119,16 +120,16 @@ def test_adaptive_cap_grows_when_it_alone_keeps_the_node_idle_and_shrinks_on_wai
     dispatcher.submit(big)
     assert not big.future.done()
     big.enqueued_s -= 1.1
-    dispatcher.adapt_cap({"a": 2})
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 2}))
     assert cap.limit == 5 and cap.num_shrunk == 1
-    dispatcher.adapt_cap({"a": 2})
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 2}))
     assert cap.limit == 5  # at most once per shrink_wait_s
     cap.shrink_wait_s = 0.0
     cap._last_shrink_s -= 10
-    dispatcher.adapt_cap({"a": 2})
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 2}))
     assert cap.limit == 5  # off: no shrink however long it waits
     cap.backoff = 1.0
-    dispatcher.adapt_cap({"a": 9})
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 9}))
     assert cap.limit == 5 and cap.num_halved == 1  # backoff 1: preemptions leave W alone
 
 
@@ -142,7 +143,7 @@ def test_the_adaptive_caps_what_ifs_count_no_refusals():
         dispatcher.submit(job)
     assert all(j.future.done() for j in running) and not held.future.done()  # held by the cap, not the node
     assert sum(node.num_refused.values()) == 0
-    dispatcher.adapt_cap({"a": 0})  # asks whether the held stage would fit now: the node is full, it would not
+    dispatcher.adapt_cap(CapSignals(preemptions={"a": 0}))  # asks whether the held stage would fit now: the node is full, it would not
     assert dispatcher.cap_state(time.monotonic()) == (False, None) and not node.would_fit(0, 128)
     assert sum(node.num_refused.values()) == 0
 

@@ -1,0 +1,130 @@
+"""MARS's session controls in the gateway, as far as a proxy in front of vLLM can act.
+
+A session is one workflow between and during its calls. The gateway sees each call arrive and end, and from that:
+
+- **Affinity.** A session's context lives where its last stage ran: vLLM's prefix cache holds the prompt's blocks
+  there. Its next stage names that node (`StageRequest.home_node`) and the dispatch core takes it first when it may
+  start the stage now.
+- **Tool phases.** A stage that ended in a tool call starts one; the session's next call ends it, and the gap is the
+  tool's time, learnt as a moving average per (app, role) of the stage that called it. While the phase lasts, the
+  tool-KV policy (serving/tool_kv.py; MARS: keep while re-prefilling the context would take longer than the tool is
+  predicted to run) holds the session's context on its node or lets it go. Held, its blocks count as used there
+  (`Node.hold`): the gateway admits no stage into them, so vLLM's prefix cache keeps the context for the next call.
+  A hold ends when the session's next call arrives or its TTL passes.
+- **The session cap.** Sessions in a tool phase are the tool pressure MARS's AIMD window (admission/aimd.py) adapts
+  to, with vLLM's KV usage. A session holds its place in the cap from its first start until it ends: the caller
+  says so (`x-maestro-final: true` on its last call) or it sends nothing for `idle_s`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.admission.cap import SessionCap
+from serving.gateway.nodes import Node
+from serving.tool_kv import ToolCallContext, create_tool_kv
+
+DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool calls were never timed
+
+
+@dataclass(slots=True)
+class Session:
+    node: Node | None = None  # where its last stage ran (its context)
+    last_seen_s: float = 0.0
+    tool_key: str = ""  # (app, role) of the stage whose tool call is running
+    tool_since_s: float | None = None  # in a tool phase since (None: not in one)
+    hold_until_s: float = 0.0
+
+
+class Sessions:
+    def __init__(self, tool_kv: str = "mars", idle_s: float = 30.0, prefill_s_per_token: float = 1e-4,
+                 cap: SessionCap | None = None, ema_alpha: float = 0.2):
+        self.policy = create_tool_kv(tool_kv)
+        self.idle_s, self.prefill_s_per_token, self.cap, self.ema_alpha = idle_s, prefill_s_per_token, cap, ema_alpha
+        self.sessions: dict[str, Session] = {}
+        self.tool_s: dict[str, float] = {}  # (app, role) → moving average of its tool calls' time
+        self.num_kept = self.num_evicted = self.num_hold_refused = self.num_ended = self.num_expired = 0
+
+    # ---- a call's life ------------------------------------------------------------------------
+    def arrive(self, workflow_key: str, now: float) -> str:
+        """A call of the session arrived: its tool phase (if any) is over and its hold goes. Returns the node holding
+        the session's context ('' if none)."""
+        session = self.sessions.get(workflow_key)
+        if session is None:
+            self.sessions[workflow_key] = Session(last_seen_s=now)
+            return ""
+        if session.tool_since_s is not None:
+            self._observe_tool(session.tool_key, now - session.tool_since_s)
+            session.tool_since_s = None
+        self._unhold(workflow_key, session)
+        session.last_seen_s = now
+        return session.node.name if session.node is not None and session.node.is_healthy else ""
+
+    def stage_ended(self, workflow_key: str, node: Node | None, context_tokens: int, is_tool_call: bool,
+                    tool_key: str, is_final: bool, now: float) -> None:
+        """A stage of the session ended on `node` with `context_tokens` of prompt and output."""
+        session = self.sessions.setdefault(workflow_key, Session())
+        session.node, session.last_seen_s = node or session.node, now
+        if is_final:
+            self.end(workflow_key)
+            return
+        if not is_tool_call or node is None:
+            return
+        session.tool_key, session.tool_since_s = tool_key, now
+        ttl = self.policy.ttl_s(ToolCallContext(tool_key, context_tokens, context_tokens * self.prefill_s_per_token,
+                                                self.tool_s.get(tool_key, DEFAULT_TOOL_S)))
+        if ttl <= 0:
+            self.num_evicted += 1
+        elif node.hold(workflow_key, context_tokens):
+            self.num_kept += 1
+            session.hold_until_s = now + min(ttl, self.idle_s)
+        else:
+            self.num_hold_refused += 1
+
+    def end(self, workflow_key: str) -> None:
+        """The session is over: its hold and its place in the cap go."""
+        session = self.sessions.pop(workflow_key, None)
+        if session is None:
+            return
+        self._unhold(workflow_key, session)
+        if self.cap is not None:
+            self.cap.end(workflow_key)
+        self.num_ended += 1
+
+    def expire(self, now: float, busy: set[str]) -> None:
+        """At each /metrics poll: holds past their TTL go; sessions silent for idle_s (none of their calls queued or
+        running: `busy`) end."""
+        for key, session in list(self.sessions.items()):
+            if key in busy:
+                continue
+            if now - session.last_seen_s >= self.idle_s:
+                self.num_expired += 1
+                self.end(key)
+            elif session.hold_until_s and now >= session.hold_until_s:
+                self._unhold(key, session)
+
+    # ---- what the cap adapts to ---------------------------------------------------------------------
+    @property
+    def num_in_tool(self) -> int:
+        return sum(s.tool_since_s is not None for s in self.sessions.values())
+
+    def _observe_tool(self, key: str, seconds: float) -> None:
+        previous = self.tool_s.get(key)
+        self.tool_s[key] = seconds if previous is None else self.ema_alpha * seconds + (1 - self.ema_alpha) * previous
+        self.policy.observe(key, seconds)
+
+    def _unhold(self, workflow_key: str, session: Session) -> None:
+        if session.hold_until_s and session.node is not None:
+            session.node.unhold(workflow_key)
+        session.hold_until_s = 0.0
+
+    def snapshot(self) -> dict:
+        return {"tool_kv": self.policy.config.policy, "sessions": len(self.sessions), "in_tool": self.num_in_tool,
+                "kept": self.num_kept, "evicted": self.num_evicted, "hold_refused": self.num_hold_refused,
+                "ended": self.num_ended, "expired": self.num_expired,
+                "tool_s": {k: round(v, 3) for k, v in sorted(self.tool_s.items())[:50]},
+                **({"cap": self.cap.snapshot()} if self.cap is not None else {})}
+
+
+def tool_key(app: str | None, role: str) -> str:
+    return f"{app or '-'}/{role}"
+
