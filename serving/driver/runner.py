@@ -187,7 +187,8 @@ class Driver:
         return {"X-Maestro-Workflow": stage["workflow_id"], "X-Maestro-Stage": stage["stage_id"],
                 "X-Maestro-Role": stage["role"], "X-Maestro-App": stage["app"],
                 "X-Maestro-Parents": ",".join(stage["parent_ids"]),
-                "X-Maestro-Interactive": "true" if stage["interactive"] else "false"}
+                "X-Maestro-Interactive": "true" if stage["interactive"] else "false",
+                "X-Maestro-Tool-Call": "true" if stage["is_tool_call"] else "false"}
 
     def _length(self, stage: dict) -> dict:
         """Request fields forcing the stage's length; with a declared cap the target sees only that cap."""

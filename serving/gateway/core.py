@@ -213,7 +213,7 @@ class Gateway:
         node = next((n for n in self.nodes if n.name == node_name), None)
         if "output_tokens" in record:
             self.sessions.stage_ended(job.meta.workflow_key, node, result.prompt_tokens + result.output_tokens,
-                                      bool(result.is_tool_call), tool_key(job.meta.app, job.meta.role),
+                                      result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
                                       job.meta.final, time.monotonic())
         elif job.meta.final:
             self.sessions.end(job.meta.workflow_key)

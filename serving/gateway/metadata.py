@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role": "x-maestro-role",
            "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive",
-           "final": "x-maestro-final"}
+           "final": "x-maestro-final", "tool_call": "x-maestro-tool-call"}
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive/-Final values
-BOOLEAN_KEYS = ("interactive", "final")
+BOOLEAN_KEYS = ("interactive", "final", "tool_call")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class StageMeta:
     app: str | None = None
     interactive: bool = True
     final: bool = False  # the workflow's last call: its session ends with it (gateway/sessions.py)
+    # the caller will run a tool on this call's answer (as when the answer holds tool_calls): a tool phase follows
+    tool_call: bool = False
     caller_id: str = ""  # the API key's id (maestro.keys.key_id); empty without API keys
 
     @property
@@ -68,10 +70,10 @@ def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
     meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     get = lambda key: _first(headers.get(HEADERS[key]), meta.get(key), meta.get(f"{key}_id"))  # noqa: E731
     workflow_id = _first(get("workflow"), f"gw-{uuid.uuid4().hex[:16]}")
-    interactive, final = get("interactive"), get("final")
+    interactive, final, tool_call = get("interactive"), get("final"), get("tool_call")
     parents = _first(headers.get(HEADERS["parents"]), meta.get("parents"), meta.get("parent_ids"))
     return StageMeta(workflow_id=str(workflow_id), stage_id=str(_first(get("stage"), "0")),
                      role=str(get("role") or "unknown"), parent_ids=_parents(parents),
                      app=get("app"), interactive=True if interactive is None else _truthy(interactive),
-                     final=final is not None and _truthy(final),
+                     final=final is not None and _truthy(final), tool_call=tool_call is not None and _truthy(tool_call),
                      caller_id=caller_id)

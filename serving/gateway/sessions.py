@@ -5,7 +5,8 @@ A session is one workflow between and during its calls. The gateway sees each ca
 - **Affinity.** A session's context lives where its last stage ran: vLLM's prefix cache holds the prompt's blocks
   there. Its next stage names that node (`StageRequest.home_node`) and the dispatch core takes it first when it may
   start the stage now.
-- **Tool phases.** A stage that ended in a tool call starts one; the session's next call ends it, and the gap is the
+- **Tool phases.** A stage that ended in a tool call (its answer holds tool_calls, or its caller said
+  `x-maestro-tool-call: true`) starts one; the session's next call ends it, and the gap is the
   tool's time, learnt as a moving average per (app, role) of the stage that called it. While the phase lasts, the
   tool-KV policy (serving/tool_kv.py; MARS: keep while re-prefilling the context would take longer than the tool is
   predicted to run) holds the session's context on its node or lets it go. Held, its blocks count as used there

