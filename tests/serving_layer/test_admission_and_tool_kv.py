@@ -1,15 +1,10 @@
-"""Admission (pages, AIMD window with hysteresis) and the keep/evict decisions during tool calls."""
+"""Admission (the AIMD window with hysteresis) and the keep/evict decisions during tool calls."""
 import math
 
 import pytest
 
-from serving.admission import AIMDConfig, AIMDWindow, PageAdmission
+from serving.admission import AIMDConfig, AIMDWindow
 from serving.tool_kv import ToolCallContext, ToolKVConfig, create_tool_kv
-
-
-def test_page_admission_exact_fit():
-    assert PageAdmission.can_admit(num_free_pages=8, num_reserve_pages=8)
-    assert not PageAdmission.can_admit(num_free_pages=7, num_reserve_pages=8)
 
 
 def test_aimd_grows_additively_and_shrinks_multiplicatively():
