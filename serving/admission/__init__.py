@@ -1,8 +1,9 @@
 """Admission and dispatch: may a stage start on a node now, with what reservation, and which stage goes first.
 
-`sizing` sizes a stage's reserve (the one prediction → tokens rule, the reservation modes); `cap` is the session-cap interface, with MARS's AIMD window (`aimd`) and the
-workflow cap (`workflow_cap`) behind it; `dispatch` is the dispatch core (queue, cap, backfill, node choice) the
-gateway and the simulator both drive.
+`sizing` sizes a stage's reserve (the one prediction → tokens rule, the reservation modes); `cap` is the
+session-cap interface, with MARS's AIMD window (`aimd`) and the workflow cap (`workflow_cap`) behind it; `dispatch`
+is the dispatch core (queue, cap, backfill, node choice) the gateway and the simulator both drive. Each caller checks
+KV against its own pages: the gateway's `Node` against vLLM's blocks, the simulator's `kv_plan` against its pool.
 """
 from serving.admission.aimd import AIMDConfig, AIMDWindow, SessionWindow
 from serving.admission.cap import CapKind, CapSignals, SessionCap
