@@ -112,8 +112,8 @@ def test_drive_sends_a_call_a_gateway_does_not_take_to_the_next(tmp_path):
 @pytest.mark.timeout(400)
 def test_a_gateway_killed_mid_run_loses_no_stage_and_no_history(gateways, tmp_path):
     doomed, survivor = gateways
-    config = DriveConfig(target=f"{doomed.url},{survivor.url}", app="all", num_workflows=6, concurrency=6,
-                         max_tokens_cap=48, max_prompt_chars=1500, run_tools=False, seed=3, timeout_s=120)
+    config = DriveConfig(target=f"{doomed.url},{survivor.url}", app="all", num_workflows=4, concurrency=4,
+                         max_tokens_cap=24, max_prompt_chars=1500, run_tools=False, seed=3, timeout_s=120)
     report, last_status = asyncio.run(drive_and_kill(config, doomed))
     summary, rows = report["summary"], report["stages"]
     by_key = {(r["workflow_id"], r["stage_id"]): r for r in rows}
