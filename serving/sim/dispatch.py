@@ -7,9 +7,12 @@ core starts its queue in policy order, gated by the session cap (MARS: the AIMD 
 backfill. A `SimSlot` (slot.py) answers the core's questions for one node: may this stage start here now (a batch
 slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`), could it ever, and the
 node's fitness terms. What stays here belongs to the clock: starting (prefill, reservation), decode growth and
-preemption, finishing, and the tool-KV keep/evict decision.
+preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation through `SimContext`: what it
+reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a kept context's TTL armed).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
 
 from serving.admission.dispatch import Outcome, choose
 from serving.admission.sizing import ReservationMode, output_tokens_to_map
@@ -19,11 +22,47 @@ from serving.residency import ModelState
 from serving.sim.node import FINISH, GROW, SimNode
 from serving.sim.slot import SimSlot, node_dispatch_config, parent_of
 from serving.sim.workload import SimStage
-from serving.tool_kv import ToolCallContext
+from serving.tool_kv import ToolCallContext, ToolKV
+
+if TYPE_CHECKING:
+    from serving.sim.costmodel import CostModel
+    from serving.sim.engine import ClusterConfig
+    from serving.sim.metrics import Recorder
+    from serving.sim.systems import SystemConfig
+    from serving.sim.workload import SimWorkflow
+
+
+class SimContext(Protocol):
+    """The simulation as the dispatcher sees it (the `Simulator` is one): what it reads, and the events it raises."""
+
+    now: float
+    nodes: list[SimNode]
+    cluster: ClusterConfig
+    system: SystemConfig
+    cost: CostModel
+    recorder: Recorder
+    tool_kv: ToolKV
+    stage_ema_s: float  # moving average of a stage's service time
+    evicted_wait_ema_s: float  # moving average of an evicted context's wait (Continuum-Dy's T)
+
+    def children_ready(self, stage: SimStage) -> None:
+        """`stage` ended without a tool call: its children may become ready."""
+
+    def drop(self, workflow: SimWorkflow) -> None:
+        """The workflow is given up (a stage could never start, or it was abandoned)."""
+
+    def submit_tool(self, node: SimNode, stage: SimStage) -> None:
+        """`stage` ended in a tool call: run its tool on the node's host CPU."""
+
+    def arm_ttl(self, stage: SimStage, ttl_s: float) -> None:
+        """Evict the kept context of `stage` after `ttl_s` unless its session's next stage takes it first."""
+
+    def predicted_tool_s(self, tool: str) -> float:
+        """How long the tool is predicted to run."""
 
 
 class Dispatcher:
-    def __init__(self, sim):
+    def __init__(self, sim: SimContext):
         self.sim = sim
         self.reservation = ReservationMode(sim.system.reservation)
         self.max_batch_seqs = sim.cluster.max_batch_seqs
