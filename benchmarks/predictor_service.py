@@ -4,7 +4,9 @@
 
 First, c8 one-stage /predict p99 against its floor, in interleaved rounds (`--rounds`): the floor is a
 bare Starlette route on uvicorn that parses the same body and answers the same shape (`bare_app`, its own
-process like the service) plus the in-process predict of one stage (`--quick` stops there). Then latency
+process like the service) plus the in-process predict of one stage (`--quick` stops there). Beside them, the
+same BentoML settings, schemas and Guard without the model (benchmarks/framework_service.py): what the
+framework alone takes of the floor's budget. Then latency
 p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every prompt was
 predicted once before timing, so its embedding is cached); throughput of one-stage
 requests with adaptive batching (/predict) and without (/predict_unbatched), and of client-side
@@ -38,6 +40,8 @@ if __name__ == "__main__" and not __package__:
 
 from predictor_service.client import ClientConfig, LocalFallback, PredictorClient, to_wire
 from predictor_service.local_server import REPO, LocalServer, ServerConfig, free_port
+
+FRAMEWORK_ONLY = "benchmarks.framework_service:FrameworkOnly"  # the service's BentoML path without the model
 
 
 def percentiles(latencies_s: list[float]) -> dict:
@@ -160,19 +164,23 @@ def service_benchmarks(url: str, stages: list[dict], duration_s: float) -> dict:
     return out
 
 
-def against_floor(url: str, bare_url: str, singles: list[dict], in_process, rounds: int, duration_s: float) -> dict:
+def against_floor(urls: dict[str, str], singles: list[dict], in_process, rounds: int, duration_s: float) -> dict:
     """c8 one-stage /predict p99 against its floor, bare route p99 + in-process predict p99, in interleaved
-    rounds (service, bare route, in process, back to back) so that a shared box's swings hit all three alike."""
-    arms = {"service": [], "bare_route": [], "in_process": []}
+    rounds (service, framework only, bare route, in process, back to back) so that a shared box's swings hit
+    all alike. `urls`: the service, the framework-only service and the bare route, by arm name."""
+    arms = {"service": [], "framework_only": [], "bare_route": [], "in_process": []}
     for _ in range(rounds):
-        arms["service"].append(asyncio.run(closed_loop(url, "/predict", singles, 8, duration_s)))
-        arms["bare_route"].append(asyncio.run(closed_loop(bare_url, "/predict", singles, 8, duration_s)))
+        for arm in ("service", "framework_only", "bare_route"):
+            arms[arm].append(asyncio.run(closed_loop(urls[arm], "/predict", singles, 8, duration_s)))
         arms["in_process"].append(in_process())
-    ratios = [s["p99_ms"] / (b["p99_ms"] + i["p99_ms"]) for s, b, i in zip(*arms.values())]
+    floors = [b["p99_ms"] + i["p99_ms"] for b, i in zip(arms["bare_route"], arms["in_process"])]
+    over_floor = {arm: [r["p99_ms"] / f for r, f in zip(arms[arm], floors)] for arm in ("service", "framework_only")}
     median = lambda arm, key: round(float(np.median([r[key] for r in arms[arm]])), 2)
     return {"rounds": arms, **{f"{arm}_p{q}_ms_median": median(arm, f"p{q}_ms") for arm in arms for q in (50, 99)},
-            "p99_over_floor_each": [round(r, 2) for r in ratios],
-            "p99_over_floor_median": round(float(np.median(ratios)), 2), "target": 1.5}
+            "p99_over_floor_each": [round(r, 2) for r in over_floor["service"]],
+            "p99_over_floor_median": round(float(np.median(over_floor["service"])), 2), "target": 1.5,
+            "framework_only_p99_over_floor_each": [round(r, 2) for r in over_floor["framework_only"]],
+            "framework_only_p99_over_floor_median": round(float(np.median(over_floor["framework_only"])), 2)}
 
 
 def in_process_predict(model: str, stages: list[dict]):
@@ -249,12 +257,14 @@ def main() -> None:
     env = {"MAESTRO_MODEL": args.model, "MAESTRO_TRACE_DIR": "off",
            **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {})}
     in_process = in_process_predict(args.model, stages)
+    framework = ServerConfig(target=FRAMEWORK_ONLY, log_path="/tmp/predictor_service_bench_framework.log")
     with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server, \
-            bare_server() as bare_url:
+            LocalServer(framework) as framework_only, bare_server() as bare_url:
         warm(server.url, stages)
         stats = httpx.get(f"{server.url}/stats").json()
-        results = {"c8_against_floor": against_floor(server.url, bare_url, [{"stages": [s]} for s in stages],
-                                                     in_process, args.rounds, args.duration_s)}
+        urls = {"service": server.url, "framework_only": framework_only.url, "bare_route": bare_url}
+        results = {"c8_against_floor": against_floor(urls, [{"stages": [s]} for s in stages], in_process,
+                                                     args.rounds, args.duration_s)}
         if not args.quick:
             results.update(service_benchmarks(server.url, stages, args.duration_s))
     if not args.quick:

@@ -30,6 +30,7 @@ class PortTaken(RuntimeError):
 @dataclass(frozen=True)
 class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)  # MAESTRO_MODEL, MLFLOW_TRACKING_URI, ...
+    target: str = TARGET  # the module:Service that `bentoml serve` runs
     port: int = 0  # 0: pick a free one
     ready_timeout_s: float = 180.0
     log_path: str | None = None  # server stdout/stderr; None: a temporary file
@@ -51,7 +52,7 @@ class LocalServer:
 
     def command(self) -> list[str]:
         bentoml = Path(sys.executable).with_name("bentoml")
-        return [str(bentoml), "serve", TARGET, "--host", "127.0.0.1", "--port", str(self.port),
+        return [str(bentoml), "serve", self.config.target, "--host", "127.0.0.1", "--port", str(self.port),
                 "--working-dir", str(REPO)]
 
     def __enter__(self) -> "LocalServer":

@@ -60,13 +60,18 @@ def service_metrics() -> dict:
     }
 
 
+# One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side, and
+# one worker keeps one workflow history and one online correction. No access log: at thousands of calls a second
+# it costs more than it tells (/metrics counts requests). Bound to 127.0.0.1 unless `bentoml serve --host` says
+# otherwise. Shared with the benchmark's framework-only service (benchmarks/framework_service.py).
+SERVICE_OPTIONS = dict(workers=1, threads=1, traffic={"timeout": 30}, http={"host": "127.0.0.1"},
+                       logging={"access": {"enabled": False}}, tracing={"excluded_urls": "/predict,/predict_unbatched"})
+# /predict's adaptive batching: concurrent requests join the batch after the one running.
+PREDICT_BATCHING = dict(batchable=True, max_batch_size=MAX_STAGES_PER_REQUEST, max_latency_ms=5_000)
+
+
 @bentoml.asgi_app(http_app, path="/")
-# One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side.
-# No access log: at thousands of calls a second it costs more than it tells (/metrics counts requests).
-# Bound to 127.0.0.1 unless `bentoml serve --host` says otherwise.
-@bentoml.service(name="maestro_predictor", workers=1, threads=1, traffic={"timeout": 30}, http={"host": "127.0.0.1"},
-                 logging={"access": {"enabled": False}},
-                 tracing={"excluded_urls": "/predict,/predict_unbatched"})
+@bentoml.service(name="maestro_predictor", **SERVICE_OPTIONS)
 class PredictorService:
     """Stage-length predictions for the scheduler, online correction from observed stages, hot model reload."""
 
@@ -84,8 +89,7 @@ class PredictorService:
 
     # Sync, so a batch runs on BentoML's model thread: a batch of new prompts (embedding 256 of them) can take
     # seconds, and on the event loop it would stall /livez and every other call meanwhile.
-    @bentoml.api(route="/predict", input_spec=PredictRequest, batchable=True,
-                 max_batch_size=MAX_STAGES_PER_REQUEST, max_latency_ms=5_000)
+    @bentoml.api(route="/predict", input_spec=PredictRequest, **PREDICT_BATCHING)
     def predict(self, stages: list[StageIn]) -> list[PredictionOut]:
         """Predict tool-call probability and output tokens; batches of concurrent requests run together."""
         return self._predict(stages)
@@ -141,9 +145,14 @@ class PredictorService:
 
 PredictorService.add_asgi_middleware(Guard)
 
-for _route in ("predict", "predict_unbatched", "route_hints"):
-    # Left unset, BentoML derives the media type from the output's JSON schema on every response (~0.5 ms).
-    PredictorService.apis[_route].output_spec.media_type = "application/json"
+
+def set_json_media_type(service, routes: tuple[str, ...]) -> None:
+    """Left unset, BentoML derives the media type from the output's JSON schema on every response (~0.5 ms)."""
+    for route in routes:
+        service.apis[route].output_spec.media_type = "application/json"
+
+
+set_json_media_type(PredictorService, ("predict", "predict_unbatched", "route_hints"))
 
 
 def _reload_error(error: Exception, serving: str) -> Exception:

@@ -25,3 +25,27 @@ def test_a_port_taken_before_bentoml_binds_it_is_replaced(model_dir, tmp_path, m
             assert httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200
     finally:
         squatter.close()
+
+
+def test_the_benchmarks_framework_only_service_is_the_services_bentoml_path_without_a_model(sample_records, tmp_path):
+    """benchmarks/predictor_service.py measures it as BentoML's share of the service's latency: it must batch
+    like /predict, sit behind the same Guard and answer the same schema, one object per stage."""
+    from benchmarks.framework_service import FrameworkOnly
+    from benchmarks.predictor_service import FRAMEWORK_ONLY
+    from predictor_service.client import to_wire
+    from predictor_service.schemas import PredictionOut
+    from predictor_service.service import PredictorService
+
+    ours, theirs = FrameworkOnly.apis["predict"], PredictorService.apis["predict"]
+    assert (ours.batchable, ours.max_batch_size, ours.max_latency_ms) == \
+        (theirs.batchable, theirs.max_batch_size, theirs.max_latency_ms)
+    assert [m for m, _ in FrameworkOnly.middlewares] == [m for m, _ in PredictorService.middlewares]
+    stages = [to_wire(r) for r in sample_records[:2]]
+    with LocalServer(ServerConfig(target=FRAMEWORK_ONLY, log_path=str(tmp_path / "server.log"))) as server:
+        response = httpx.post(f"{server.url}/predict", json={"stages": stages}, timeout=30)
+        too_big = httpx.post(f"{server.url}/predict", content=b"x" * (17 << 20), timeout=30)
+    assert response.status_code == 200, response.text
+    answers = [PredictionOut.model_validate(a) for a in response.json()]
+    assert [(a.workflow_id, a.stage_id) for a in answers] == [(s["workflow_id"], s["stage_id"]) for s in stages]
+    assert {a.model_version for a in answers} == {"framework-only"}
+    assert too_big.status_code == 413  # the Guard's body limit: the same front door as the service
