@@ -28,7 +28,7 @@ from .engines import free_port
 from .gateway_process import GatewayProcess
 from .test_gateway_predictor import model_dir  # noqa: F401 — the small trained predictor the services load
 
-KILL_AFTER_STAGES = 4  # stages completed behind the doomed gateway before it is killed (one at least in flight)
+KILL_AFTER_STAGES = 6  # stages completed behind the doomed gateway before it is killed (one at least in flight)
 
 
 def read_traces(directory: Path) -> list[dict]:
@@ -141,11 +141,11 @@ def test_a_gateway_killed_mid_run_loses_no_stage_and_no_history(gateways, tmp_pa
 
     # A stage whose parents finished behind the other gateway was predicted with their outcomes: the workflow's
     # owner replica had them (/observe), whichever gateway sent them.
-    lines = {(line["workflow_id"], line["stage_id"]): line for line in read_traces(tmp_path / "gateway-b")
-             if line["outcome"] == "completed"}
-    crossed = [line for key, line in lines.items() if line["parent_ids"] and all(
-        by_key[(key[0], p)]["target"] == doomed.url and (key[0], p) not in lost for p in line["parent_ids"])]
-    assert crossed, "no stage of the survivor had its parents behind the dead gateway: nothing was checked"
+    crossed = [line for name, gateway in (("a", doomed), ("b", survivor))
+               for line in read_traces(tmp_path / f"gateway-{name}") if line["outcome"] == "completed"
+               and line["parent_ids"] and all(by_key[(line["workflow_id"], p)]["target"] != gateway.url
+                                              and (line["workflow_id"], p) not in lost for p in line["parent_ids"])]
+    assert crossed, "no stage had its parents behind the other gateway: nothing was checked"
     assert [line["history"] for line in crossed] == ["full"] * len(crossed), [
         (line["stage_id"], line["history"], line["prediction_source"]) for line in crossed]
 
