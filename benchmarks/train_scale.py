@@ -2,6 +2,7 @@
 Dask LocalCluster (`pipelines.dask_train`), on SYNTHETIC traces (pipelines/synth.py) of growing size.
 
     python benchmarks/train_scale.py --sizes 20000 200000 --workers 2 --out benchmarks/results/train_scale.json
+    python benchmarks/train_scale.py --sizes 1000000 --arms dask --embedding-stages 0   # the cluster alone
 
 Each measurement runs in a fresh process (a fresh cluster for Dask), so that peak RSS (`ru_maxrss`) is
 that run's own: the training process for one machine; the client and every worker process for Dask.
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("--embedding-stages", type=int, default=2_000, help="size of the embedding runs (0: none)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data", help="where the generated traces live (default: a temporary directory)")
+    parser.add_argument("--arms", nargs="+", choices=["single", "dask"], default=["single", "dask"],
+                        help="which trainers to measure (e.g. only dask where one machine would take hours)")
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--out", default="benchmarks/results/train_scale.json")
     parser.add_argument("--run", choices=["single", "dask"], help=argparse.SUPPRESS)
@@ -136,7 +139,7 @@ def main() -> None:
             whole_files = num_stages % STAGES_PER_FILE == 0
             traces = (subset if whole_files else _head)(all_dir, num_stages, root)
             row = {"stages": num_stages, "embeddings": use_embedding}
-            for kind in ("single", "dask"):
+            for kind in args.arms:
                 row[kind] = measure(kind, traces, use_embedding, args.workers, args.timeout_s)
                 print(json.dumps(row), flush=True)
             rows.append(row)
