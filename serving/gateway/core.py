@@ -20,7 +20,7 @@ from serving.admission.sizing import is_calibrated, reserve_output_tokens
 from serving.admission.workflow_cap import WorkflowCap
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
-from serving.gateway.metadata import StageMeta
+from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
@@ -116,7 +116,7 @@ class Gateway:
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
         now = time.monotonic()
-        self.sessions.expire(now, busy={_workflow_key(key) for key in self.inflight})
+        self.sessions.expire(now, busy={workflow_key(*key[:2]) for key in self.inflight})
         self.dispatcher.pump()
         self.dispatcher.adapt_cap(CapSignals(kv_usage=self.kv_usage(), num_tool_jobs=self.sessions.num_in_tool,
                                              preemptions={n.name: n.num_preemptions for n in self.nodes if n.is_healthy}))
@@ -211,19 +211,19 @@ class Gateway:
         if self.spans is not None:
             self.spans.emit(record)
         node = next((n for n in self.nodes if n.name == node_name), None)
-        if "output_tokens" in record:
-            self.sessions.stage_ended(job.meta.workflow_key, node, result.prompt_tokens + result.output_tokens,
-                                      result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
-                                      job.meta.final, time.monotonic())
-        elif job.meta.final:
-            self.sessions.end(job.meta.workflow_key)
-        if "output_tokens" in record:
-            if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
-                workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
-            self.predictor.observe(record)
-            self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
-            if node is not None:
-                node.observe_decode(result.output_tokens, record["e2e_s"])
+        if "output_tokens" not in record:
+            if job.meta.final:
+                self.sessions.end(job.meta.workflow_key)
+            return
+        self.sessions.stage_ended(job.meta.workflow_key, node, result.prompt_tokens + result.output_tokens,
+                                  result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
+                                  job.meta.final, time.monotonic())
+        if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
+            workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
+        self.predictor.observe(record)
+        self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
+        if node is not None:
+            node.observe_decode(result.output_tokens, record["e2e_s"])
 
     def readiness(self) -> dict:
         """Whether the gateway should get calls: its predictor is ready (model warmed, service answering) and a
@@ -240,12 +240,6 @@ class Gateway:
                 "sessions": self.sessions.snapshot(),
                 **({"workflow_cap": self.dispatcher.cap.snapshot()} if isinstance(self.dispatcher.cap, WorkflowCap)
                    else {})}
-
-
-def _workflow_key(key: tuple[str, str, str]) -> str:
-    """StageMeta.workflow_key of an idempotency key (StageMeta.key)."""
-    caller_id, workflow_id, _ = key
-    return f"{caller_id}/{workflow_id}" if caller_id else workflow_id
 
 
 def _stage_spans(model: str):

@@ -33,7 +33,7 @@ class StageMeta:
     @property
     def workflow_key(self) -> str:
         """The workflow as the gateway keeps it: the caller's own."""
-        return f"{self.caller_id}/{self.workflow_id}" if self.caller_id else self.workflow_id
+        return workflow_key(self.caller_id, self.workflow_id)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -45,6 +45,11 @@ class StageMeta:
     def label(self) -> str:
         """The stage as people and vLLM's request ids read it: `workflow::stage` (the caller's workflow)."""
         return f"{self.workflow_key}::{self.stage_id}"
+
+
+def workflow_key(caller_id: str, workflow_id: str) -> str:
+    """StageMeta.workflow_key; from an idempotency key (StageMeta.key): `workflow_key(*key[:2])`."""
+    return f"{caller_id}/{workflow_id}" if caller_id else workflow_id
 
 
 def _truthy(value) -> bool:
