@@ -50,6 +50,21 @@ class ToolCallContext:
     mean_evicted_wait_s: float = 0.0  # Continuum-Dy's T
 
 
+class ToolTimes:
+    """A moving average of each tool's measured time: what a tool is predicted to take next."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.ema_s: dict[str, float] = {}
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        old = self.ema_s.get(tool)
+        self.ema_s[tool] = duration_s if old is None else self.alpha * duration_s + (1 - self.alpha) * old
+
+    def get(self, tool: str, default: float) -> float:
+        return self.ema_s.get(tool, default)
+
+
 class ToolKV(ABC):
     def __init__(self, config: ToolKVConfig):
         self.config = config
@@ -81,14 +96,13 @@ class ContinuumToolKV(ToolKV):
 
     def __init__(self, config: ToolKVConfig):
         super().__init__(config)
-        self.ema_s: dict[str, float] = {}
+        self.times = ToolTimes(config.ema_alpha)
 
     def observe(self, tool: str, duration_s: float) -> None:
-        a, old = self.config.ema_alpha, self.ema_s.get(tool)
-        self.ema_s[tool] = duration_s if old is None else a * duration_s + (1 - a) * old
+        self.times.observe(tool, duration_s)
 
     def ttl_s(self, call: ToolCallContext) -> float:
-        return 0.0 if self.ema_s.get(call.tool, 0.0) > self.config.fixed_ttl_s else self.config.fixed_ttl_s
+        return 0.0 if self.times.get(call.tool, 0.0) > self.config.fixed_ttl_s else self.config.fixed_ttl_s
 
 
 class ContinuumDyToolKV(ToolKV):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from serving.admission.cap import SessionCap
 from serving.gateway.nodes import Node
-from serving.tool_kv import ToolCallContext, create_tool_kv
+from serving.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
 
 DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool calls were never timed
 
@@ -38,11 +38,11 @@ class Session:
 
 class Sessions:
     def __init__(self, tool_kv: str = "mars", idle_s: float = 30.0, prefill_s_per_token: float = 1e-4,
-                 cap: SessionCap | None = None, ema_alpha: float = 0.2):
+                 cap: SessionCap | None = None):
         self.policy = create_tool_kv(tool_kv)
-        self.idle_s, self.prefill_s_per_token, self.cap, self.ema_alpha = idle_s, prefill_s_per_token, cap, ema_alpha
+        self.idle_s, self.prefill_s_per_token, self.cap = idle_s, prefill_s_per_token, cap
         self.sessions: dict[str, Session] = {}
-        self.tool_s: dict[str, float] = {}  # (app, role) → moving average of its tool calls' time
+        self.tool_times = ToolTimes()  # by (app, role) of the stage that called the tool
         self.num_kept = self.num_evicted = self.num_hold_refused = self.num_ended = self.num_expired = 0
 
     # ---- a call's life ------------------------------------------------------------------------
@@ -54,7 +54,8 @@ class Sessions:
             self.sessions[workflow_key] = Session(last_seen_s=now)
             return ""
         if session.tool_since_s is not None:
-            self._observe_tool(session.tool_key, now - session.tool_since_s)
+            self.tool_times.observe(session.tool_key, now - session.tool_since_s)
+            self.policy.observe(session.tool_key, now - session.tool_since_s)
             session.tool_since_s = None
         self._unhold(workflow_key, session)
         session.last_seen_s = now
@@ -72,7 +73,7 @@ class Sessions:
             return
         session.tool_key, session.tool_since_s = tool_key, now
         ttl = self.policy.ttl_s(ToolCallContext(tool_key, context_tokens, context_tokens * self.prefill_s_per_token,
-                                                self.tool_s.get(tool_key, DEFAULT_TOOL_S)))
+                                                self.tool_times.get(tool_key, DEFAULT_TOOL_S)))
         if ttl <= 0:
             self.num_evicted += 1
         elif node.hold(workflow_key, context_tokens):
@@ -103,15 +104,15 @@ class Sessions:
             elif session.hold_until_s and now >= session.hold_until_s:
                 self._unhold(key, session)
 
+    @property
+    def tool_s(self) -> dict[str, float]:
+        """(app, role) → the moving average of its tool calls' time."""
+        return self.tool_times.ema_s
+
     # ---- what the cap adapts to ---------------------------------------------------------------------
     @property
     def num_in_tool(self) -> int:
         return sum(s.tool_since_s is not None for s in self.sessions.values())
-
-    def _observe_tool(self, key: str, seconds: float) -> None:
-        previous = self.tool_s.get(key)
-        self.tool_s[key] = seconds if previous is None else self.ema_alpha * seconds + (1 - self.ema_alpha) * previous
-        self.policy.observe(key, seconds)
 
     def _unhold(self, workflow_key: str, session: Session) -> None:
         if session.hold_until_s and session.node is not None:

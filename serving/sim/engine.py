@@ -27,7 +27,7 @@ from serving.sim.node import FINISH, SimNode
 from serving.sim.slot import node_dispatch_config
 from serving.sim.systems import SystemConfig
 from serving.sim.workload import SimStage, SimWorkflow
-from serving.tool_kv import ToolKVConfig, create_tool_kv
+from serving.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 
 ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 
@@ -77,7 +77,7 @@ class Simulator:
         self.num_events = 0
         self._events: list = []
         self._tie = itertools.count()
-        self.tool_ema_s: dict[str, float] = {}
+        self.tool_times = ToolTimes()
         self.stage_ema_s = 1.0
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
@@ -243,14 +243,13 @@ class Simulator:
 
     def observe_tool(self, tool: str, duration_s: float) -> None:
         self.tool_kv.observe(tool, duration_s)
-        old = self.tool_ema_s.get(tool)
-        self.tool_ema_s[tool] = duration_s if old is None else 0.2 * duration_s + 0.8 * old
+        self.tool_times.observe(tool, duration_s)
 
     def predicted_tool_s(self, tool: str) -> float:
         from pipelines.catalog import TOOLS
 
         prior = TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
-        return self.tool_ema_s.get(tool, prior)
+        return self.tool_times.get(tool, prior)
 
     def arm_ttl(self, stage: SimStage, ttl_s: float) -> None:
         if stage.workflow.is_dropped:  # kept after its workflow was dropped (a stage that was running)
