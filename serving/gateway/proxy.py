@@ -4,8 +4,10 @@ A stage is retried on another node (5xx, connection failure, a stall past `node_
 while nothing has reached the client yet: always for JSON answers; for streams, until the node's
 first whole event is in. After that a failure, or a stream that ends without `data: [DONE]`, ends
 the client's stream with an error event and `data: [DONE]`, as vLLM ends a failed stream. With
-`request_timeout_s` every attempt is cut at the stage's deadline, and a stage past it fails with
-504. Every stage ends with one trace line: completed, failed with its reason, or refused (429).
+`request_timeout_s` the stage's deadline runs from its arrival: the queue wait, every attempt (headers,
+body, a stream to its end) and the wait for the predictor's history are cut at it, an attempt it cuts
+is not retried, and a stage past it fails with 504 (a stream already relayed ends with a 504 error
+event). Every stage ends with one trace line: completed, failed with its reason, or refused (429).
 A client that disconnects cancels its queued job or closes the upstream request, which makes
 vLLM abort it.
 """
@@ -26,12 +28,24 @@ from serving.gateway.hints import add_agent_hints, hint_headers
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, StreamAssembler, can_assemble
-from serving.gateway.upstream import Answer, UpstreamError
+from serving.gateway.upstream import Answer, UpstreamError, is_deadline
 from serving.gateway.validation import BadRequest, check_body, read_call
 
 
 class NodeFailed(Exception):
     """The node did not answer (connection, timeout, 5xx): the stage may run elsewhere."""
+
+
+class DeadlinePassed(Exception):
+    """The stage's deadline cut the attempt: the stage fails with 504, it is not retried."""
+
+
+def attempt_failed(error: BaseException, where: str) -> Exception:
+    """What a transport failure of an attempt (`where`: in which part of the call) means for the stage: past its
+    deadline, or a node that failed."""
+    if is_deadline(error):
+        return DeadlinePassed(where)
+    return NodeFailed(f"{where}: {describe(error)}")
 
 
 def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
@@ -47,6 +61,7 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
 
     A body too big, not JSON or with bad workflow metadata is refused untraced (no stage to name); a stage whose
     body the endpoint cannot take is refused with 400 and traced."""
+    arrived_s = time.monotonic()
     try:
         body = await read_call(request, gateway.config.max_body_bytes)
     except BadRequest as error:
@@ -69,7 +84,8 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
             refused = Job(meta=meta, request=None, reserve_tokens=0)  # no prediction: traced as refused
             return fail(gateway, refused, body, error.status, error.message, param=error.param)
         job = await gateway.prepare(meta, body)
-        response = await run_job(gateway, request, job, path, forward_body(gateway, body, job.request.max_tokens), body)
+        upstream = forward_body(gateway, body, job.request.max_tokens)
+        response = await run_job(gateway, request, job, path, upstream, body, arrived_s)
         is_streaming = isinstance(response, StreamingResponse)  # its relay releases the key when done
         return response
     finally:
@@ -90,10 +106,15 @@ def forward_body(gateway: Gateway, body: dict, max_tokens: int) -> dict:
     return upstream
 
 
-async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstream: dict, body: dict) -> Response:
-    """Queue, dispatch and forward, retrying on node failure up to max_attempts within the stage's deadline."""
+async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstream: dict, body: dict,
+                  arrived_s: float) -> Response:
+    """Queue, dispatch and forward, retrying on node failure up to max_attempts within the stage's deadline
+    (`arrived_s` + request_timeout_s).
+
+    An attempt the deadline cut ends the stage at once: the loop's clock, which fires the cut, may run up to a
+    millisecond behind `time.monotonic()` (uvloop's is in whole ms), so `remaining_s()` may still be above 0."""
     if gateway.config.request_timeout_s:
-        job.deadline_s = job.enqueued_s + gateway.config.request_timeout_s
+        job.deadline_s = arrived_s + gateway.config.request_timeout_s
     last_error = ""
     while job.num_attempts < gateway.config.max_attempts and job.remaining_s() != 0:
         node = await wait_for_node(gateway, request, job, body)
@@ -106,6 +127,9 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
             if upstream.get("stream"):
                 return await open_stream(gateway, request, job, node, path, upstream, body)
             return await forward_json(gateway, request, job, node, path, upstream, body)
+        except DeadlinePassed as error:
+            gateway.dispatcher.finish(job)
+            return deadline_passed(gateway, job, body, f"on {node.name}, {error}")
         except NodeFailed as error:
             last_error = job.last_error = f"{node.name}: {error}"
             job.excluded.add(node.name)
@@ -208,9 +232,18 @@ async def forward_json(gateway, request, job, node, path, upstream, body) -> Res
     result.read_response(parsed if parsed is not None else json.loads(response.content))
     gateway.record(job, body, result, node.name, kv_usage)
     gateway.remember(job.meta.key, response.content)
-    await gateway.predictor.settled()  # the caller's next stage, through any replica, is predicted with this one
+    await settled(gateway, job)
     # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
     return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
+
+
+async def settled(gateway: Gateway, job: Job) -> None:
+    """Wait, within the stage's deadline, until the predictor's history has this stage: the caller's next stage,
+    through any replica, is predicted with it."""
+    try:
+        await asyncio.wait_for(gateway.predictor.settled(), job.remaining_s())
+    except asyncio.TimeoutError:
+        pass
 
 
 async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job,
@@ -226,7 +259,7 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(gateway, job),
                                                    job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(describe(error)) from None
+        raise attempt_failed(error, "before its stream's headers") from None
     is_complete = False
     try:
         if response.status >= 500:
@@ -265,7 +298,7 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         parsed = assembler.response()
         return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
     except UpstreamError as error:
-        raise NodeFailed(f"failed mid-stream: {describe(error)}") from None
+        raise attempt_failed(error, "failed mid-stream") from None
     finally:
         _end_stream(response, is_complete)
 
@@ -275,7 +308,7 @@ async def post(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job
         response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(gateway, job),
                                                  job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(describe(error)) from None
+        raise attempt_failed(error, "before its answer") from None
     if response.status_code >= 500:
         raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
     return response, None
@@ -290,8 +323,10 @@ def _headers(gateway: Gateway, job: Job) -> dict:
 
 def describe(error: BaseException) -> str:
     """A transport failure in words (aiohttp's timeouts carry no message)."""
+    if is_deadline(error):
+        return "cut at the stage's deadline"
     if isinstance(error, asyncio.TimeoutError):
-        return "timed out (no byte within node_timeout_s, or the stage's deadline passed)"
+        return f"timed out ({type(error).__name__}: no byte within node_timeout_s, or no connection)"
     return f"{type(error).__name__}: {error}"
 
 
@@ -301,7 +336,7 @@ async def open_stream(gateway, request, job, node, path, upstream, body) -> Resp
         response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(gateway, job),
                                                    job.remaining_s())
     except UpstreamError as error:
-        raise NodeFailed(describe(error)) from None
+        raise attempt_failed(error, "before its stream's headers") from None
     if response.status >= 500:
         response.close()
         raise NodeFailed(f"HTTP {response.status}")
@@ -328,7 +363,7 @@ async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
             data += raw
     except UpstreamError as error:
         response.close()
-        raise NodeFailed(f"before the stream's first event: {describe(error)}") from None
+        raise attempt_failed(error, "before the stream's first event") from None
     except NodeFailed:
         response.close()
         raise
@@ -359,7 +394,7 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp
             yield sse_error(result.error)
     except UpstreamError as error:
         result.error = f"{node.name} failed mid-stream: {describe(error)}"
-        yield sse_error(result.error)
+        yield sse_error(result.error, 504 if is_deadline(error) else 502)
     except BaseException:
         result.error = "client disconnected"
         gateway.counters["cancelled"] += 1

@@ -3,11 +3,16 @@
 Profiled on the real path, httpx's async client cost ≈ 1 ms of CPU per forwarded call and aiohttp
 ≈ 0.4 ms; on two shared cores that difference is most of what the gateway adds to a call.
 Closing a response before its end closes the connection, which is what makes vLLM abort.
+
+Two timeouts bound a call: the node's (`sock_read`: no byte for node_timeout_s, aiohttp raises a
+`ServerTimeoutError`, a `ClientError`) and the stage's deadline (`total`: a bare `asyncio.TimeoutError`).
+`is_deadline` tells them apart, so that a call cut by its deadline is not retried.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,9 +61,17 @@ class Upstream:
             return Answer(response.status, await response.read())
 
     def call_timeout(self, remaining_s: float | None) -> aiohttp.ClientTimeout:
-        """The pool's stall and connect timeouts, the whole call (body included) bounded by `remaining_s`."""
-        return self.timeout if remaining_s is None else aiohttp.ClientTimeout(
-            total=remaining_s, sock_read=self.timeout.sock_read, sock_connect=self.timeout.sock_connect)
+        """The pool's stall and connect timeouts, the whole call (body included) bounded by `remaining_s`.
+
+        A call with no time left raises the deadline's `asyncio.TimeoutError` unsent: aiohttp reads a `total`
+        of 0 as no limit at all, so it would wait out node_timeout_s. `ceil_threshold=inf`: aiohttp would
+        otherwise round a `total` of 5 s or more up to the loop clock's next whole second."""
+        if remaining_s is None:
+            return self.timeout
+        if remaining_s <= 0:
+            raise asyncio.TimeoutError
+        return aiohttp.ClientTimeout(total=remaining_s, sock_read=self.timeout.sock_read,
+                                     sock_connect=self.timeout.sock_connect, ceil_threshold=math.inf)
 
     async def post_json(self, url: str, body: dict, headers: dict, remaining_s: float | None = None) -> Answer:
         async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
@@ -70,6 +83,11 @@ class Upstream:
         """The response once its headers are in; the caller reads `.content` and must `release()` or `close()` it."""
         return await self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
                                        timeout=self.call_timeout(remaining_s))
+
+
+def is_deadline(error: BaseException) -> bool:
+    """The call was cut by its `total` (the stage's deadline), not by the node's stall or connect timeout."""
+    return isinstance(error, asyncio.TimeoutError) and not isinstance(error, aiohttp.ClientError)
 
 
 def _json(headers: dict) -> dict:

@@ -107,16 +107,21 @@ async def fake_nodes(alive: dict[str, bool], **node_kw):
 async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None, node_kw: dict | None = None, **config_kw):
     """The gateway app in process over vLLM-like nodes (`alive`: name → up?); `calls(client, gateway)` drives it."""
     async with fake_nodes(alive, **(node_kw or {})) as urls:
-        config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], trace_dir=str(tmp_path),
-                               model="tiny", metrics_period_s=60, **config_kw)
-        gateway = Gateway(config, predictor=predictor)
-        app = create_app(config, gateway)
-        await gateway.start()
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
-                return await calls(client, gateway)
-        finally:
-            await gateway.stop()
+        return await serve_app(tmp_path, urls, calls, predictor, **config_kw)
+
+
+async def serve_app(tmp_path, urls: dict[str, str], calls, predictor=None, **config_kw):
+    """The gateway app in process over the nodes `urls` (name → url); `calls(client, gateway)` drives it."""
+    config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], trace_dir=str(tmp_path),
+                           model="tiny", metrics_period_s=60, **config_kw)
+    gateway = Gateway(config, predictor=predictor)
+    app = create_app(config, gateway)
+    await gateway.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+            return await calls(client, gateway)
+    finally:
+        await gateway.stop()
 
 
 @pytest.fixture(scope="session")

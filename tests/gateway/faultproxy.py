@@ -5,7 +5,8 @@ Each POST takes the first `Fault` that still has uses left and suffers it; every
 - `status`: answer `status` (a 5xx) with a JSON error body, without forwarding;
 - `cut`: forward the answer's first `after_events` SSE events (a JSON answer is one event), then half of the
   next one, then drop the connection;
-- `stall`: after the status line and `after_events` events, send nothing for `stall_s`, then go on.
+- `stall`: after the status line and `after_events` events, send nothing for `stall_s`, then go on;
+- `hang`: send nothing at all, not even the status line, for `stall_s`, then forward the answer.
 The headers and body of each POST that is read are kept in `received`.
 One proxy listens on one or more ports (`num_ports`): nodes behind it share its faults, so whichever node the
 gateway tries first meets the fault, and a retry on another port goes through clean.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-KINDS = ("status", "cut", "stall")
+KINDS = ("status", "cut", "stall", "hang")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host", "content-encoding"}
 
 
@@ -100,6 +101,8 @@ class FaultProxy:
             return web.json_response({"error": {"message": "injected fault", "type": "fault", "code": fault.status}},
                                      status=fault.status)
         body = await request.read()
+        if fault is not None and fault.kind == "hang":
+            await asyncio.sleep(fault.stall_s)
         if request.method == "POST":
             self.received.append((dict(request.headers), body))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
