@@ -14,7 +14,7 @@ from starlette.routing import Route
 from maestro.keys import ANONYMOUS, caller_key_id
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
-from serving.gateway.exposition import prometheus_text
+from serving.gateway.exposition import MEDIA_TYPE
 from serving.gateway.proxy import error_response, handle
 
 
@@ -60,7 +60,7 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
         return JSONResponse(readiness, 200 if readiness["ready"] else 503)
 
     async def metrics(request: Request):
-        return Response(prometheus_text(gateway), media_type="text/plain; version=0.0.4")
+        return Response(gateway.metrics.text(), media_type=MEDIA_TYPE)
 
     async def health(request: Request):
         ok = any(n.is_healthy for n in gateway.nodes)

@@ -20,6 +20,7 @@ from serving.admission.sizing import is_calibrated, reserve_output_tokens
 from serving.admission.workflow_cap import WorkflowCap
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
+from serving.gateway.exposition import GatewayMetrics
 from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
@@ -77,6 +78,7 @@ class Gateway:
         self._num_workflows_seen = 0
         self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
                          "failed": 0, "cancelled": 0, "replayed": 0, "upstream_chunks": 0}
+        self.metrics = GatewayMetrics(self)  # GET /metrics: reads the counters above, observes each trace line
         self._poller: asyncio.Task | None = None
 
     def _make_cap(self, config: GatewayConfig) -> SessionCap | None:
@@ -208,6 +210,7 @@ class Gateway:
         """Write the stage's one trace line and report the outcome to the predictor."""
         record = trace_record(job, body, result, node_name, kv_usage)
         self.traces.write(record)
+        self.metrics.observe(record)
         if self.spans is not None:
             self.spans.emit(record)
         node = next((n for n in self.nodes if n.name == node_name), None)
