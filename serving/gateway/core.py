@@ -212,7 +212,7 @@ class Gateway:
         self.traces.write(record)
         self.metrics.observe(record)
         if self.spans is not None:
-            self.spans.emit(record)
+            self.spans.emit(record, job.span or self.spans.start(job.meta.trace_context, job.arrival_unix_s))
         node = next((n for n in self.nodes if n.name == node_name), None)
         if "output_tokens" not in record:
             if job.meta.final:

@@ -57,6 +57,7 @@ class Job:
     prompt_chars: int = 0  # what the prompt-token estimate was made from, to calibrate it on vLLM's count
     num_messages: int = 0
     deadline_s: float | None = None  # monotonic; past it the stage fails with 504 (GatewayConfig.request_timeout_s)
+    span: object = None  # the stage's OpenTelemetry span from its dispatch on, with otel_spans (spans.StageSpans)
 
     def remaining_s(self) -> float | None:
         """Seconds left before the stage's deadline (0 once past it); None without a deadline."""

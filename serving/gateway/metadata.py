@@ -13,6 +13,7 @@ HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role":
            "final": "x-maestro-final", "tool_call": "x-maestro-tool-call"}
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive/-Final values
 BOOLEAN_KEYS = ("interactive", "final", "tool_call")
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context: the caller's trace, passed on to vLLM (spans.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class StageMeta:
     # the caller will run a tool on this call's answer (as when the answer holds tool_calls): a tool phase follows
     tool_call: bool = False
     caller_id: str = ""  # the API key's id (maestro.keys.key_id); empty without API keys
+    trace_context: tuple[tuple[str, str], ...] = ()  # the caller's TRACE_HEADERS (name, value), as they came
 
     @property
     def workflow_key(self) -> str:
@@ -81,4 +83,5 @@ def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
                      role=str(get("role") or "unknown"), parent_ids=_parents(parents),
                      app=get("app"), interactive=True if interactive is None else _truthy(interactive),
                      final=final is not None and _truthy(final), tool_call=tool_call is not None and _truthy(tool_call),
-                     caller_id=caller_id)
+                     caller_id=caller_id,
+                     trace_context=tuple((name, headers[name]) for name in TRACE_HEADERS if headers.get(name)))

@@ -121,6 +121,8 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
         if isinstance(node, Response):
             gateway.inflight.discard(job.meta.key)
             return node
+        if gateway.spans is not None and job.span is None:
+            job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
         upstream["priority"] = gateway.vllm_priority(job)
         add_agent_hints(gateway.config.router_hints, upstream, job.request.tokens_pred, upstream["priority"])
         try:
@@ -315,10 +317,12 @@ async def post(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job
 
 
 def _headers(gateway: Gateway, job: Job) -> dict:
-    """The request id of the attempt, and the stage's prediction as router hints (hints.py)."""
+    """The request id of the attempt, the trace context vLLM's spans join (the stage's span with otel_spans, else
+    the caller's as it came: spans.py), and the stage's prediction as router hints (hints.py)."""
     hints = hint_headers(gateway.config.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
                          job.prediction.p_tool)
-    return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **hints}
+    trace_context = gateway.spans.headers(job.span) if job.span is not None else dict(job.meta.trace_context)
+    return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **trace_context, **hints}
 
 
 def describe(error: BaseException) -> str:

@@ -1,8 +1,14 @@
-"""OpenTelemetry spans in the GenAI semantic conventions: one per stage, made from its trace line (`otel_spans`).
+"""OpenTelemetry spans in the GenAI semantic conventions: one per stage, its attributes from its trace line
+(`otel_spans`).
 
 The gateway makes spans through the OpenTelemetry API only; where they go is the process's TracerProvider, which
 the operator sets up (e.g. `opentelemetry-instrument` with an OTLP exporter). Without one, spans cost next to
 nothing and go nowhere; with `otel_spans` off (the default) none are made.
+
+A stage's span is a child of the caller's trace (its `traceparent`/`tracestate`, StageMeta.trace_context), and is
+started when the stage is first dispatched, so that each call to vLLM carries it as `traceparent` (`headers`):
+vLLM started with `--otlp-traces-endpoint` makes its request spans children of the gateway's. With spans off the
+caller's trace context goes to vLLM as it came (proxy._headers).
 """
 from __future__ import annotations
 
@@ -11,27 +17,44 @@ import time
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes import error_attributes
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 PROVIDER = "vllm"
+PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate, as vLLM reads them
 # Trace-line fields carried as they are, under maestro.*: what the gateway predicted and did.
 MAESTRO_FIELDS = ("stage_id", "tokens_pred", "tokens_reserve", "p_tool", "prediction_source", "queue_s", "node",
                   "attempts", "outcome")
 
 
 class StageSpans:
-    """Turns each finished stage's trace line into one CLIENT span, backdated to the stage's arrival. `model`: the
-    gateway's, for calls that name none (the gateway fills it in before forwarding)."""
+    """One CLIENT span per stage, from its arrival (`start`) to its trace line (`emit`). `model`: the gateway's, for
+    calls that name none (the gateway fills it in before forwarding)."""
 
     def __init__(self, model: str = "", tracer_provider: trace.TracerProvider | None = None):
         self.model = model
         self.tracer = trace.get_tracer("maestro.gateway", tracer_provider=tracer_provider)
 
-    def emit(self, record: dict) -> None:
+    def start(self, trace_context: tuple[tuple[str, str], ...], arrival_unix_s: float) -> Span:
+        """The stage's span, a child of the caller's trace (none: a new trace), backdated to its arrival; named
+        and given its attributes by `emit`."""
+        parent = PROPAGATOR.extract(dict(trace_context))
+        return self.tracer.start_span("stage", context=parent, kind=SpanKind.CLIENT,
+                                      start_time=int(arrival_unix_s * 1e9))
+
+    @staticmethod
+    def headers(span: Span) -> dict[str, str]:
+        """`traceparent` (and `tracestate`) naming `span` as the parent, for the call to vLLM."""
+        carrier: dict[str, str] = {}
+        PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier
+
+    def emit(self, record: dict, span: Span) -> None:
+        """End the stage's `span` with the attributes of its trace line."""
         values = attributes(record, record.get("model") or self.model)
-        name = f"{values[gen_ai.GEN_AI_OPERATION_NAME]} {values.get(gen_ai.GEN_AI_REQUEST_MODEL, '')}".strip()
-        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, start_time=int(record["arrival_s"] * 1e9),
-                                      attributes=values)
+        model = values.get(gen_ai.GEN_AI_REQUEST_MODEL, "")
+        span.update_name(f"{values[gen_ai.GEN_AI_OPERATION_NAME]} {model}".strip())
+        span.set_attributes(values)
         if record["outcome"] != "completed":
             span.set_attribute(error_attributes.ERROR_TYPE, record["outcome"])
             span.set_status(Status(StatusCode.ERROR, record.get("error")))

@@ -35,11 +35,12 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
 
 
 def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0,
-              tails: list | None = None) -> web.Application:
+              tails: list | None = None, headers: list | None = None) -> web.Application:
     """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage.
 
     `tail_delay_s`: a JSON answer comes that long after its last token, a stream's `[DONE]` that long after
-    its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies;
+    its usage chunk (the hand-over of a finished request, slow on a busy CPU); `received` collects the bodies,
+    `headers` the request headers;
     `token_delay_s`: time between stream chunks; `tails` gets a True each time a tail delay starts.
     """
     async def metrics(request: web.Request) -> web.Response:
@@ -49,6 +50,8 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
         body = await request.json()
         if received is not None:
             received.append(body)
+        if headers is not None:
+            headers.append(dict(request.headers))
         n = min(body.get("max_tokens") or 16, MAX_FAKE_TOKENS)
         is_chat = "messages" in body
         if not body.get("stream"):
