@@ -125,10 +125,11 @@ def decode_step_ms(stats_dir: Path, pid: int, running: int = 2) -> float | None:
 
 
 def handover(trace_dir: Path, stats_dir: Path, pid: int) -> dict | None:
-    """The two windows in which a stage is in flight at the gateway but not in vLLM, joined by request id:
+    """The two windows in which a stage is in flight at the gateway but not in vLLM, joined on the request id
+    the gateway sent (the stat plugin's `gateway_request_id`):
     send = the gateway's dispatch → vLLM's arrival, back = vLLM's finish → the gateway's release of its KV;
     `idle_share` = both over the stages' whole time in flight (dispatch → release)."""
-    finished = {r["request_id"].removeprefix("chatcmpl-").removeprefix("cmpl-"): r
+    finished = {r["gateway_request_id"]: r
                 for p in stats_dir.glob(f"vllm-*-{pid}-e*.jsonl") for line in p.read_text().splitlines()
                 if (r := json.loads(line)).get("kind") == "request"}
     send, back, inflight = [], [], []

@@ -141,6 +141,8 @@ def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
         mine = [r for r in records if r["kind"] == "request" and "wf-test::plugin" in (r["request_id"] or "")]
     assert mine, (f"no request line for wf-test::plugin in {stats_dir} 30 s after the answer "
                   f"({len(records)} lines there); see the engine's log {vllm_engine.config.log_path}")
+    # the join key is the gateway's X-Request-Id exactly, whatever vLLM wrapped it in (its prefix, its suffix)
+    assert mine[0]["gateway_request_id"] == "wf-test::plugin#1", mine[0]["request_id"]
     assert mine[0]["generation_tokens"] == 5 and mine[0]["decode_s"] >= 0
     assert any(r["kind"] == "step" and "kv_usage" in r for r in records)
 
