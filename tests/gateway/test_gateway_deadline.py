@@ -2,11 +2,13 @@
 its headers), one that stalls before its first byte of body or mid-body, a retry, a queue wait, the wait for the
 predictor's history. In process, over a vLLM-like node (conftest.vllm_like) behind a `FaultProxy`.
 
-Each path runs under uvloop (the gateway's loop under uvicorn: its clock is in whole milliseconds, so a timer may
-fire up to ~1 ms before `time.monotonic()` reaches its time) and under a loop whose clock runs 1 % fast (every
-timer fires early, by 10 ms a second). An attempt cut by the deadline must end the stage with 504 even though
-`Job.remaining_s()` then still says some time is left: retrying then sent a call with no time left, which aiohttp
-read as a call with no limit, and the stage waited out the node's stall timeout (test_gateway_faults, 33 s for 3).
+Each path runs on a loop that wakes every millisecond (as a loaded gateway's does: other calls, polls), so that a
+timer fires as soon as the loop's clock says it is due: under uvloop (the gateway's loop under uvicorn; its clock is
+in whole milliseconds, so a timer may fire up to ~1 ms before `time.monotonic()` reaches its time) and under a loop
+whose clock runs 1 % fast (every timer fires early, by 10 ms a second). An attempt cut by the deadline must end the
+stage with 504 even though `Job.remaining_s()` then still says some time is left: retrying then sent a call with no
+time left, which aiohttp read as a call with no limit, and the stage waited out the node's stall timeout
+(test_gateway_faults: 33 s for a 3 s deadline).
 """
 from __future__ import annotations
 
@@ -47,7 +49,20 @@ LOOPS = {"uvloop": uvloop.new_event_loop, "fast-clock": FastClockLoop}
 
 def run(loop: str, coro):
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        return runner.run(coro)
+        return runner.run(busy(coro))
+
+
+async def busy(coro):
+    """`coro` with the loop woken every millisecond."""
+    async def tick():
+        while True:
+            await asyncio.sleep(0.001)
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        return await coro
+    finally:
+        ticker.cancel()
 
 
 async def through_faults(tmp_path, faults: list[Fault], calls, num_ports: int = 2, **config_kw):
