@@ -22,7 +22,8 @@ class Policy(enum.Enum):
     FCFS = "fcfs"
     EDF = "edf"
     SRTF = "srtf"  # least attained service: no prediction
-    MAESTRO = "maestro"
+    MAESTRO = "maestro"  # least predicted slack: deadline − predicted remaining work (slack.py)
+    PREDICTED_SRTF = "predicted-srtf"  # workflow-aware SRTF on predicted remaining work
     MARS = "mars"
     CONTINUUM = "continuum"
 
@@ -32,12 +33,15 @@ class SchedulerConfig:
     """Knobs of the policies; each policy reads only its own."""
 
     policy: str = "fcfs"
-    aging_per_s: float = 0.05  # Maestro: seconds of predicted work forgiven per second waited
-    batch_max_wait_s: float = 60.0  # Maestro: a batch head waiting this long beats interactive work
-    workflow_weight: float = 0.5  # Maestro: weight of the workflow's remaining work vs this stage
-    # Maestro: seconds of key taken off per second of service the workflow already received. 0 in the simulator, which
-    # knows a workflow's remaining stages; the gateway does not, and finishes workflows in progress first with it.
+    aging_per_s: float = 0.05  # seconds of predicted work forgiven per second waited (both predicted-work orders)
+    batch_max_wait_s: float = 60.0  # a batch head waiting this long beats interactive work (both)
+    workflow_weight: float = 0.5  # predicted-srtf: weight of the workflow's remaining work vs this stage
+    # predicted-srtf: seconds of key taken off per second of service the workflow already received; with it, workflows
+    # in progress finish before new ones start.
     attained_weight: float = 0.0
+    late_max_wait_s: float = 30.0  # maestro: a demoted (late) head waiting this long goes before on-time work
+    demote_late: bool = True  # maestro: work whose latest start has passed goes behind on-time work
+    slack_workflow_weight: float = 1.0  # maestro: weight of the workflow's predicted remaining work in its slack
     mars_level_bounds_tokens: tuple[int, ...] = (2048, 8192, 32768)  # MARS prefill levels
     mars_boost_s: float = 30.0  # MARS: one level up per this many seconds unscheduled
 
@@ -45,14 +49,16 @@ class SchedulerConfig:
         if self.policy not in {p.value for p in Policy}:
             raise ValueError(f"unknown scheduling policy '{self.policy}'; known policies: "
                              f"{', '.join(p.value for p in Policy)}")
-        if self.aging_per_s < 0 or self.attained_weight < 0 or self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0:
-            raise ValueError("aging_per_s and attained_weight must be >= 0; batch_max_wait_s and mars_boost_s must be > 0")
+        if self.aging_per_s < 0 or self.attained_weight < 0:
+            raise ValueError("aging_per_s and attained_weight must be >= 0")
+        if self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0 or self.late_max_wait_s <= 0:
+            raise ValueError("batch_max_wait_s, late_max_wait_s and mars_boost_s must be > 0")
 
     @property
     def is_workflow_order(self) -> bool:
         """Whether the policy puts workflows further along (earlier, more served) first, rather than ordering stages."""
         return self.policy in (Policy.CONTINUUM.value, Policy.MARS.value) or (
-            self.policy == Policy.MAESTRO.value and self.attained_weight > 0)
+            self.policy == Policy.PREDICTED_SRTF.value and self.attained_weight > 0)
 
 
 class Scheduler(ABC):
@@ -146,6 +152,30 @@ class LazyHeap:
         return self.num_live
 
 
+FIRST, SECOND = "first", "second"
+
+
+def pick(first: StageRequest | None, second: StageRequest | None, max_wait_s: float, now: float) -> str | None:
+    """Which of two queue heads goes next: the first queue's (interactive, on-time work), unless it is empty or the
+    second's head (batch, late work) has waited `max_wait_s` since it became ready, so the second never starves."""
+    if second is None:
+        return None if first is None else FIRST
+    return SECOND if first is None or now - second.ready_s >= max_wait_s else FIRST
+
+
+def merge_by_wait(first: Iterator[StageRequest], second: Iterator[StageRequest], max_wait_s: float,
+                  now: float) -> Iterator[StageRequest]:
+    """Two queues' walks merged as successive `pick`s would take their heads."""
+    head_1, head_2 = next(first, None), next(second, None)
+    while head_1 is not None or head_2 is not None:
+        if pick(head_1, head_2, max_wait_s, now) is FIRST:
+            yield head_1
+            head_1 = next(first, None)
+        else:
+            yield head_2
+            head_2 = next(second, None)
+
+
 class KeyedScheduler(Scheduler):
     """One heap ordered by a static per-request key: FCFS, EDF, SRTF, Continuum."""
 
@@ -179,10 +209,11 @@ class KeyedScheduler(Scheduler):
 
 def create_scheduler(config: SchedulerConfig | str) -> Scheduler:
     """Build the scheduler for a policy name; ValueError names the known policies."""
-    from serving.scheduler import policies
+    from serving.scheduler import policies, slack
 
     config = SchedulerConfig(policy=config) if isinstance(config, str) else config
     classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
-               Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: policies.MaestroScheduler,
+               Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: slack.LeastSlackScheduler,
+               Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,
                Policy.MARS: policies.MARSScheduler, Policy.CONTINUUM: policies.ContinuumScheduler}
     return classes[Policy(config.policy)](config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from serving.request import StageRequest
-from serving.scheduler.base import KeyedScheduler, LazyHeap, Scheduler, SchedulerConfig
+from serving.scheduler.base import FIRST, KeyedScheduler, LazyHeap, Scheduler, SchedulerConfig, merge_by_wait, pick
 
 
 class FCFSScheduler(KeyedScheduler):
@@ -36,7 +36,7 @@ class ContinuumScheduler(KeyedScheduler):
         return (rank, request.workflow_arrival_s, request.ready_s)
 
 
-class MaestroScheduler(Scheduler):
+class PredictedSRTFScheduler(Scheduler):
     """Workflow-aware SRTF on *predicted* remaining time, interactive before batch, with aging.
 
     Key = this stage's predicted time + w · the workflow's predicted remaining time − v · the service the
@@ -60,27 +60,14 @@ class MaestroScheduler(Scheduler):
     def add(self, request: StageRequest, now: float) -> None:
         (self._interactive if request.interactive else self._batch).push(self.key(request), request)
 
-    def _is_batch_first(self, head_i: tuple | None, head_b: tuple | None, now: float) -> bool:
-        if head_b is None:
-            return False
-        return head_i is None or now - head_b[2].ready_s >= self.config.batch_max_wait_s
-
     def _queue(self, now: float) -> LazyHeap | None:
         head_i, head_b = self._interactive.top(), self._batch.top()
-        if head_i is None and head_b is None:
-            return None
-        return self._batch if self._is_batch_first(head_i, head_b, now) else self._interactive
+        first = pick(head_i and head_i[2], head_b and head_b[2], self.config.batch_max_wait_s, now)
+        return None if first is None else (self._interactive if first is FIRST else self._batch)
 
     def in_order(self, now: float) -> Iterator[StageRequest]:
-        interactive, batch = self._interactive.in_order(), self._batch.in_order()
-        head_i, head_b = next(interactive, None), next(batch, None)
-        while head_i is not None or head_b is not None:
-            if self._is_batch_first(head_i, head_b, now):
-                yield head_b[2]
-                head_b = next(batch, None)
-            else:
-                yield head_i[2]
-                head_i = next(interactive, None)
+        return merge_by_wait((e[2] for e in self._interactive.in_order()), (e[2] for e in self._batch.in_order()),
+                             self.config.batch_max_wait_s, now)
 
     def peek(self, now: float) -> StageRequest | None:
         queue = self._queue(now)

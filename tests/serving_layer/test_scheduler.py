@@ -40,23 +40,23 @@ def test_srtf_orders_by_attained_service_not_prediction():
     assert drain(s) == ["new", "old"]
 
 
-def test_maestro_shortest_predicted_first_and_interactive_before_batch():
-    s = fill("maestro", [req("batch-short", pred_service_s=0.1), req("long", interactive=True, pred_service_s=9),
+def test_predicted_srtf_shortest_predicted_first_and_interactive_before_batch():
+    s = fill("predicted-srtf", [req("batch-short", pred_service_s=0.1), req("long", interactive=True, pred_service_s=9),
                          req("short", interactive=True, pred_service_s=1)])
     assert drain(s) == ["short", "long", "batch-short"]
 
 
-def test_maestro_workflow_remaining_counts():
-    s = fill("maestro", [req("more-to-come", pred_service_s=1, workflow_remaining_s=20),
+def test_predicted_srtf_workflow_remaining_counts():
+    s = fill("predicted-srtf", [req("more-to-come", pred_service_s=1, workflow_remaining_s=20),
                          req("last-stage", pred_service_s=2, workflow_remaining_s=0)])
     assert drain(s) == ["last-stage", "more-to-come"]
 
 
-def test_maestro_aging_and_batch_starvation_guard():
-    s = fill("maestro", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5, ready_s=0)],
+def test_predicted_srtf_aging_and_batch_starvation_guard():
+    s = fill("predicted-srtf", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5, ready_s=0)],
              aging_per_s=0.1)
     assert drain(s, now=100) == ["old-long", "young-short"]  # 5 + 0 < 1 + 10
-    s = fill("maestro", [req("batch", ready_s=0), req("interactive", interactive=True, ready_s=50)], batch_max_wait_s=60)
+    s = fill("predicted-srtf", [req("batch", ready_s=0), req("interactive", interactive=True, ready_s=50)], batch_max_wait_s=60)
     assert s.peek(10).workflow_id == "interactive"
     assert s.peek(61).workflow_id == "batch"
 
@@ -75,7 +75,7 @@ def test_continuum_preempted_then_pinned_then_program_arrival():
     assert drain(s) == ["preempted", "pinned", "plain-early"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "mars", "continuum"])
+@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "predicted-srtf", "mars", "continuum"])
 def test_remove_is_lazy_and_len_is_exact(policy):
     requests = [req(f"w{i}", ready_s=i, deadline_s=i, pred_service_s=i, interactive=i % 2 == 0) for i in range(6)]
     s = fill(policy, requests)
@@ -86,7 +86,7 @@ def test_remove_is_lazy_and_len_is_exact(policy):
     assert drain(s) == ["w3"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "mars", "continuum"])
+@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "predicted-srtf", "mars", "continuum"])
 @pytest.mark.parametrize("now", [0.0, 120.0, 200.0])  # Maestro's batch guard for none, some, all; MARS boosts
 def test_peek_n_lists_what_pop_would_give_without_removing(policy, now):
     rng = random.Random(7)
@@ -107,9 +107,51 @@ def test_unknown_policy_names_the_known_ones():
         create_scheduler("lottery")
 
 
-def test_maestro_attained_weight_finishes_workflows_in_progress_first():
+def test_predicted_srtf_attained_weight_finishes_workflows_in_progress_first():
     requests = [req("fresh-short", pred_service_s=1), req("served", pred_service_s=2, attained_service_s=4)]
-    assert drain(fill("maestro", requests)) == ["fresh-short", "served"]  # per-stage SRTF (the simulator's default)
-    assert drain(fill("maestro", requests, attained_weight=0.5)) == ["served", "fresh-short"]  # 2 − 2 < 1
-    assert SchedulerConfig("maestro", attained_weight=0.5).is_workflow_order
-    assert not SchedulerConfig("maestro").is_workflow_order and SchedulerConfig("continuum").is_workflow_order
+    assert drain(fill("predicted-srtf", requests)) == ["fresh-short", "served"]  # per-stage SRTF (the simulator's default)
+    assert drain(fill("predicted-srtf", requests, attained_weight=0.5)) == ["served", "fresh-short"]  # 2 − 2 < 1
+    assert SchedulerConfig("predicted-srtf", attained_weight=0.5).is_workflow_order
+    assert not SchedulerConfig("predicted-srtf").is_workflow_order and SchedulerConfig("continuum").is_workflow_order
+
+
+# ---- Maestro: least predicted slack -------------------------------------------------------------------------
+def test_maestro_least_slack_first_not_earliest_deadline():
+    # latest starts: big-job 100 − 80 = 20, small-job 50 − 5 = 45: the bigger job has less slack despite its later deadline
+    s = fill("maestro", [req("small-job", deadline_s=50, pred_service_s=5),
+                         req("big-job", deadline_s=100, pred_service_s=30, workflow_remaining_s=50)])
+    assert drain(s, now=0) == ["big-job", "small-job"]
+    assert drain(fill("edf", [req("small-job", deadline_s=50), req("big-job", deadline_s=100)])) == ["small-job", "big-job"]
+
+
+def test_maestro_demotes_work_that_can_no_longer_make_it_and_counts_it():
+    s = fill("maestro", [req("hopeless", deadline_s=10, pred_service_s=20),  # latest start −10: late at once
+                         req("tight", deadline_s=30, pred_service_s=20),  # latest start 10
+                         req("loose", deadline_s=100, pred_service_s=20)])  # 80
+    assert s.peek(0).workflow_id == "tight" and s.num_demoted == 1
+    assert [r.workflow_id for r in s.peek_n(15, 3)] == ["loose", "hopeless", "tight"]  # at 15 "tight" is late too
+    assert s.num_demoted == 2
+    assert drain(s, now=15) == ["loose", "hopeless", "tight"]  # late work by predicted remaining (20 + aging)
+
+
+def test_maestro_late_work_does_not_starve():
+    s = fill("maestro", [req("late", deadline_s=1, pred_service_s=5, ready_s=0),
+                         req("on-time", deadline_s=1000, pred_service_s=5, ready_s=0)], late_max_wait_s=30)
+    assert s.peek(10).workflow_id == "on-time"
+    assert s.peek(30).workflow_id == "late"
+
+
+def test_maestro_interactive_before_batch_with_a_wait_bound():
+    s = fill("maestro", [req("batch-urgent", deadline_s=10, pred_service_s=5, ready_s=0),
+                         req("interactive", interactive=True, deadline_s=500, ready_s=0)], batch_max_wait_s=60)
+    assert s.peek(1).workflow_id == "interactive"
+    assert s.peek(60).workflow_id == "batch-urgent"
+
+
+def test_maestro_without_deadlines_orders_by_predicted_remaining_work_with_aging():
+    s = fill("maestro", [req("long", pred_service_s=9, ready_s=0), req("short", pred_service_s=1, ready_s=0),
+                         req("short-more-to-come", pred_service_s=1, workflow_remaining_s=20, ready_s=0)])
+    assert drain(s) == ["short", "long", "short-more-to-come"]
+    s = fill("maestro", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5)],
+             aging_per_s=0.1)
+    assert drain(s, now=100) == ["old-long", "young-short"]  # 5 + 0 < 1 + 10
