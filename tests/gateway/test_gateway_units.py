@@ -585,7 +585,7 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
 
     received: list[dict] = []
     gateway, (new2, old2) = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
-                                                policy="maestro", policy_options={"attained_weight": 1.0}))
+                                                policy="predicted-srtf", policy_options={"attained_weight": 1.0}))
     assert old2.request.attained_service_s == pytest.approx(10 * core.DECODE_S_PER_TOKEN)
     assert new2.request.attained_service_s == pytest.approx(4 * core.DECODE_S_PER_TOKEN)
     assert old2.request.workflow_arrival_s < new2.request.workflow_arrival_s
