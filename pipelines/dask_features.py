@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sklearn.decomposition import PCA
 
 from pipelines.collect import source_files
 from pipelines.contract import StageTrace, derive_structure, parse_record, read_traces, task_id
 from pipelines.embedding import EMBEDDING_DIM, Embedder, EmbedderConfig
+from pipelines.static_embedding import StaticEmbedder
 from pipelines.features import CATEGORICAL, Featurizer, FeaturizerConfig, structural_frame
 
 TRACE_COLUMNS = ("workflow_id", "stage_id", "record")
@@ -95,8 +95,8 @@ def _fit_columns(part: pd.DataFrame, embedder_config: EmbedderConfig) -> pd.Data
     return frame.assign(segment=[segment(s.prompt_text()) for s in stages]).reset_index(drop=True)
 
 
-def fit_featurizer(traces: dd.DataFrame, config: FeaturizerConfig, embedder: Embedder, pca_sample: int,
-                   seed: int = 0) -> tuple[Featurizer, int]:
+def fit_featurizer(traces: dd.DataFrame, config: FeaturizerConfig, embedder: Embedder | StaticEmbedder,
+                   pca_sample: int, seed: int = 0) -> tuple[Featurizer, int]:
     """The featurizer fitted on all labelled stages: categories counted over the partitions, the PCA on
     `pca_sample` of their embeddings. Returns it and the number of labelled stages."""
     meta = pd.DataFrame({c: pd.Series(dtype=object) for c in (*CATEGORICAL, "segment")})
@@ -106,14 +106,12 @@ def fit_featurizer(traces: dd.DataFrame, config: FeaturizerConfig, embedder: Emb
     featurizer = Featurizer(config, embedder)
     # Featurizer's own rule (which categories are frequent enough), fed the counts summed over the partitions.
     categories = {c: featurizer._frequent(SimpleNamespace(value_counts=lambda c=c: counts[c])) for c in CATEGORICAL}
-    pca = None
+    featurizer = Featurizer.from_state({"config": config, "categories": categories, "pca": None}, embedder)
     if config.use_embedding and num_stages:
         fraction = min(1.0, pca_sample / num_stages)
-        texts = columns["segment"].sample(frac=fraction, random_state=seed).compute().tolist()
-        vectors = embedder.embed(texts)
-        pca = PCA(n_components=min(config.pca_dims, len(texts), EMBEDDING_DIM), random_state=0).fit(vectors)
+        featurizer.fit_embedding(columns["segment"].sample(frac=fraction, random_state=seed).compute().tolist())
     del columns
-    return Featurizer.from_state({"config": config, "categories": categories, "pca": pca}, embedder), num_stages
+    return featurizer, num_stages
 
 
 # ---- featurizing every partition -----------------------------------------------------------------

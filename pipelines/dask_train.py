@@ -32,7 +32,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from pipelines.dask_features import (LABEL_PREFIX, feature_frame, fit_featurizer, fold_of, is_trace_parquet,
                                      read_trace_parquet, to_trace_parquet, worker_cache)
-from pipelines.embedding import Embedder
+from pipelines.embedding import Embedder, make_embedder
 from pipelines.features import UNKNOWN, FeaturizerConfig
 from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, _lgb_params,
                              calibrate_groups, regression_objective)
@@ -230,8 +230,8 @@ def train_on(client: Client, traces: str | Path, featurizer_config: FeaturizerCo
     with tempfile.TemporaryDirectory(prefix="maestro-traces-") as scratch:
         directory = traces if is_trace_parquet(traces) else to_trace_parquet(traces, scratch)
         stages = read_trace_parquet(directory)
-        embedder = Embedder(featurizer_config.embedder)
-        cache = dask_config.embedding_cache
+        embedder = make_embedder(featurizer_config.embedder)
+        cache = dask_config.embedding_cache if isinstance(embedder, Embedder) else None  # a static one caches none
         if cache:
             embedder.load_cache(cache)
         started = time.perf_counter()

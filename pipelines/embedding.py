@@ -1,10 +1,15 @@
-"""MiniLM sentence embeddings of the part of a prompt that carries signal, cached by text hash.
+"""Sentence embeddings of the part of a prompt that carries signal: MiniLM (cached by text hash), or a
+static embedding distilled from it (a lookup: the mean of its tokens' vectors).
 
 Why the tail: an agent prompt opens with a system prompt repeated across every call of a role
 (already known from `role`) and ends with the instruction or the latest tool result, which is
 what decides the answer's shape and length. Embedding only the last `tail_chars` characters at a
 short `max_seq_length` is several times faster than embedding the whole prompt, and identical
 tails (the same instruction in many workflows) are embedded once thanks to the cache.
+
+A live stage's prompt is new almost every time, so the cache rarely answers there and one MiniLM encode
+costs ~28 ms on one core: `kind: static` (pipelines.static_embedding) is MiniLM distilled to one vector per
+token, a text's vector the mean of its tokens', a fraction of a millisecond.
 """
 from __future__ import annotations
 
@@ -17,18 +22,37 @@ from pathlib import Path
 import numpy as np
 
 EMBEDDING_DIM = 384
+EMBEDDING_KINDS = ("minilm", "static")
+STATIC_WEIGHTINGS = ("corpus", "zipf", "none")
 
 
 @dataclass(frozen=True)
 class EmbedderConfig:
+    kind: str = "minilm"  # minilm | static (distilled from MiniLM: a lookup)
     tail_chars: int = 256  # 0 = whole prompt (the straightforward recipe)
-    max_seq_length: int = 64
+    max_seq_length: int = 64  # MiniLM's; a static embedding reads every token of the segment
     batch_size: int = 64
     cache_size: int = 200_000
+    # static: each token's vector × a/(a + p(token)) (smooth inverse frequency), p from the token counts of
+    # the training segments ("corpus") or from Zipf's law over the vocabulary's order (model2vec's "zipf")
+    weighting: str = "corpus"
+    sif_coefficient: float = 1e-3
+    # static: map the mean vectors onto MiniLM's own vectors of the training segments (ridge regression, folded
+    # into the table like the PCA): the teacher's geometry on this domain, at the same cost a text
+    fit_to_teacher: bool = False
+    ridge: float = 0.01  # the ridge penalty, relative to the mean variance of the static vectors
 
     def __post_init__(self) -> None:
         if self.tail_chars < 0 or self.max_seq_length < 8 or self.batch_size < 1:
             raise ValueError(f"invalid EmbedderConfig {self}: tail_chars ≥ 0, max_seq_length ≥ 8, batch_size ≥ 1")
+        if self.kind not in EMBEDDING_KINDS:
+            raise ValueError(f"embedding kind must be one of {EMBEDDING_KINDS}, got {self.kind!r}")
+        if self.weighting not in STATIC_WEIGHTINGS or self.sif_coefficient <= 0:
+            raise ValueError(f"weighting must be one of {STATIC_WEIGHTINGS} and sif_coefficient > 0, got {self}")
+
+    def segment(self, text: str) -> str:
+        """The part of a prompt that is embedded: its last `tail_chars` characters (all of it at 0)."""
+        return text[-self.tail_chars:] if self.tail_chars else text
 
 
 def _model_path() -> str:
@@ -60,8 +84,7 @@ class Embedder:
         return self._model
 
     def segment(self, text: str) -> str:
-        tail = self.config.tail_chars
-        return text[-tail:] if tail else text
+        return self.config.segment(text)
 
     def key(self, text: str) -> str:
         # The key covers what changes the vector: the segment and the sequence length it was cut to.
@@ -103,3 +126,13 @@ class Embedder:
         for key, vector in zip(data["keys"], data["vectors"]):
             self._remember(str(key), vector)
         return len(data["keys"])
+
+
+def make_embedder(config: EmbedderConfig, static_cache: str | Path | None = None):
+    """The embedder `config.kind` names: Embedder, or pipelines.static_embedding.StaticEmbedder (`static_cache`:
+    where its distilled table is kept, see teacher_table there)."""
+    if config.kind != "static":
+        return Embedder(config)
+    from pipelines.static_embedding import StaticEmbedder
+
+    return StaticEmbedder.distilled(config, static_cache)

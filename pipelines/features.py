@@ -1,4 +1,4 @@
-"""Stage features: structure of the workflow, cheap signals of the prompt text, MiniLM → PCA.
+"""Stage features: structure of the workflow, cheap signals of the prompt text, an embedding → PCA.
 
 Everything here is known before the stage runs. Parent outputs count as known: a stage is
 submitted only after its parents finished, so their `output_tokens` / `is_tool_call` are
@@ -11,14 +11,15 @@ import functools
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
 from pipelines.contract import TOOL_ROLES, StageTrace, derive_structure
-from pipelines.embedding import Embedder, EmbedderConfig
+from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
+from pipelines.static_embedding import StaticEmbedder
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
 UNKNOWN = "unknown"
@@ -31,6 +32,13 @@ _DETAIL = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b
 _QUESTION = re.compile(r"\?\s*\S{0,40}$")
 _SUGGESTED_CALL = re.compile(r"suggested (tool|function) call", re.I)
 _TOOL_RESPONSE = re.compile(r"response from calling (tool|function)", re.I)
+# Literals one of which (lowercased) every match of a pattern above holds: where the lowercased text holds
+# none of them the pattern cannot match, and `in` is ~50× cheaper than a case-insensitive regex scan.
+_NEEDLES = {_JSON: ("json",), _TOOL_RESULT: ("tool", "function"),
+            _DONE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
+            _BREVITY: ("brief", "short", "concise", "one line", "single word", "only"),
+            _DETAIL: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
+            _SUGGESTED_CALL: ("suggested",), _TOOL_RESPONSE: ("response from calling",), _QUESTION: ("?",)}
 _CUT = "[...]"  # where a trace producer cut the middle out of a long prompt
 MAX_ANCESTORS = 256  # deep loops: the history that matters is near, don't walk the whole chain
 
@@ -48,13 +56,35 @@ def _tool_results_since_user(messages: list[dict]) -> int:
     return count
 
 
+# The non-ASCII letters a case-insensitive pattern matches to ASCII ones (re's docs); text holding one is
+# scanned by every pattern, as lowercasing would not show the needle they stand in.
+_ASCII_FOLDS = re.compile("[\u0130\u0131\u017f\u212a]")
+
+
+class _Cues:
+    """The cue patterns over one piece of text: each run only where its needles leave a match possible."""
+
+    def __init__(self, text: str):
+        self.text, self.lower = text, None if _ASCII_FOLDS.search(text) else text.lower()
+
+    def _possible(self, pattern: re.Pattern) -> bool:
+        return self.lower is None or any(needle in self.lower for needle in _NEEDLES[pattern])
+
+    def found(self, pattern: re.Pattern) -> int:
+        return int(self._possible(pattern) and pattern.search(self.text) is not None)
+
+    def count(self, pattern: re.Pattern) -> int:
+        return len(pattern.findall(self.text)) if self._possible(pattern) else 0
+
+
 def _text_features(stage: StageTrace, text: str) -> dict:
     messages = _messages(stage)
     last = messages[-1] if messages else {}
     last_content = str(last.get("content") or "") if messages else text
-    tail = text[-500:]
+    tail = _Cues(text[-500:])
+    end = _Cues(text[-300:])
     cut = text.rfind(_CUT)
-    numbers = [int(n) for n in _INT.findall(tail) if int(n) <= 100]
+    numbers = [int(n) for n in _INT.findall(tail.text) if int(n) <= 100]
     head, opening = text[:200], text.lstrip()[:12].lower()
     return {
         "prompt_chars": len(text),
@@ -69,17 +99,17 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "last_message_chars": len(last_content),
         "tail_max_int": max(numbers) if numbers else -1,
         "tail_num_ints": len(numbers),
-        "tail_mentions_json": int(bool(_JSON.search(tail))),
-        "tail_tool_result": int(bool(_TOOL_RESULT.search(tail))),
-        "tail_done_marker": int(bool(_DONE.search(tail))),
-        "tail_brevity_words": len(_BREVITY.findall(tail)),
-        "tail_detail_words": len(_DETAIL.findall(tail)),
+        "tail_mentions_json": tail.found(_JSON),
+        "tail_tool_result": tail.found(_TOOL_RESULT),
+        "tail_done_marker": tail.found(_DONE),
+        "tail_brevity_words": tail.count(_BREVITY),
+        "tail_detail_words": tail.count(_DETAIL),
         "num_code_fences": text.count("```"),
         "num_lines": text.count("\n"),
-        "tail_question": int(bool(_QUESTION.search(text[-300:].rstrip()))),
-        "tail_question_marks": text[-300:].count("?"),
-        "tail_suggested_call": int(bool(_SUGGESTED_CALL.search(text[-300:]))),
-        "prompt_is_tool_response": int(bool(_TOOL_RESPONSE.search(text[:200]))),
+        "tail_question": _Cues(end.text.rstrip()).found(_QUESTION),
+        "tail_question_marks": end.text.count("?"),
+        "tail_suggested_call": end.found(_SUGGESTED_CALL),
+        "prompt_is_tool_response": _Cues(head).found(_TOOL_RESPONSE),
         "prompt_truncated": int(cut >= 0),
         "tail_after_cut_chars": len(text) - cut - len(_CUT) if cut >= 0 else len(text),
         # What the prompt opens with says which turn of a phase this is: a role's bracketed system
@@ -191,15 +221,16 @@ class StageHistory:
             return sum(len(w) for w in self._workflows.values())
 
 
-def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None) -> list[dict]:
+def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
+                    texts: list[str] | None = None) -> list[dict]:
     """One dict per stage of structure + prompt-text features (categoricals as plain strings).
-    `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known)."""
+    `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
+    `texts`: their prompt_text(), where the caller has them already."""
     derive_structure(stages, known)
     ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})
     rows = []
-    for stage in stages:
-        text = stage.prompt_text()
+    for stage, text in zip(stages, texts or [s.prompt_text() for s in stages]):
         rows.append({
             "role": stage.role, "app": stage.app or UNKNOWN, "model": stage.model or UNKNOWN,
             "depth": stage.depth, "in_degree": stage.in_degree, "call_index": stage.call_index,
@@ -209,9 +240,9 @@ def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTr
     return rows
 
 
-def structural_frame(stages: list[StageTrace]) -> pd.DataFrame:
+def structural_frame(stages: list[StageTrace], texts: list[str] | None = None) -> pd.DataFrame:
     """structural_rows as a frame: what training and evaluation read."""
-    return pd.DataFrame(structural_rows(stages))
+    return pd.DataFrame(structural_rows(stages, texts=texts))
 
 
 # The seed recipe's structural features; "full" adds prompt-text and parent signals on top.
@@ -236,11 +267,16 @@ class FeaturizerConfig:
 
 
 class Featurizer:
-    """Turns stages into the model's feature frame; `fit` learns categories and the PCA (train only)."""
+    """Turns stages into the model's feature frame; `fit` learns categories and the PCA (train only).
 
-    def __init__(self, config: FeaturizerConfig | None = None, embedder: Embedder | None = None):
+    With a static embedding, fit also weights its tokens by the training segments and folds the PCA into
+    its table (`static_`: what transform and matrix read)."""
+
+    def __init__(self, config: FeaturizerConfig | None = None, embedder: Embedder | StaticEmbedder | None = None,
+                 teacher: Embedder | None = None):
         self.config = config or FeaturizerConfig()
-        self.embedder = embedder or Embedder(self.config.embedder)
+        self.embedder = embedder or make_embedder(self.config.embedder)
+        self.teacher = teacher  # MiniLM, for a static embedding fitted to it
 
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
         frame = structural_frame(stages)
@@ -248,10 +284,34 @@ class Featurizer:
         for cached in ("_category_codes", "_embedding_names"):  # a refit: rebuild from the new categories / PCA
             self.__dict__.pop(cached, None)
         if self.config.use_embedding:
-            vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
-            dims = min(self.config.pca_dims, len(stages), vectors.shape[1])
-            self.pca_ = PCA(n_components=dims, random_state=0).fit(vectors)
+            self.fit_embedding([s.prompt_text() for s in stages], progress)
         return self
+
+    def fit_embedding(self, texts: list[str], progress: bool = False) -> "Featurizer":
+        """The PCA of the training prompts' embedding; for a static one, first its token weights (and its fit
+        to MiniLM), then the PCA folded into its table."""
+        embedder = self._fitted_static(texts, progress) if self._static else self.embedder
+        vectors = embedder.embed(texts, progress=progress)
+        dims = min(self.config.pca_dims, len(texts), vectors.shape[1])
+        self.pca_ = PCA(n_components=dims, random_state=0).fit(vectors)
+        if self._static:
+            self.static_ = embedder.projected(self.pca_)
+        self.__dict__.pop("_embedding_names", None)
+        return self
+
+    @property
+    def _static(self) -> bool:
+        return self.config.embedder.kind == "static"
+
+    def _fitted_static(self, texts: list[str], progress: bool) -> StaticEmbedder:
+        """The static embedder weighted by the training segments and, if configured, fitted to MiniLM's vectors
+        of them (`teacher`: a MiniLM Embedder with the same segments, made here unless given)."""
+        static = self.embedder.weighted(texts)
+        if not self.config.embedder.fit_to_teacher:
+            return static
+        if self.teacher is None:
+            self.teacher = Embedder(replace(self.config.embedder, kind="minilm"))
+        return static.fitted_to(texts, self.teacher.embed(texts, progress=progress))
 
     def _frequent(self, column: pd.Series) -> list[str]:
         counts = column.value_counts()
@@ -261,14 +321,15 @@ class Featurizer:
     def transform(self, stages: list[StageTrace], progress: bool = False) -> pd.DataFrame:
         if not hasattr(self, "categories_"):
             raise RuntimeError("Featurizer is not fitted: call fit() on training stages first")
-        frame = structural_frame(stages)
+        texts = [s.prompt_text() for s in stages]
+        frame = structural_frame(stages, texts)
         if self.config.feature_set == "basic":
             frame = frame[list(BASIC_COLUMNS)].copy()
         for column in self.categories_:
             if column in frame:
                 frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
         if self.config.use_embedding:
-            reduced = self._embedding(stages, progress)
+            reduced = self._embedding(texts, progress)
             frame = pd.concat([frame, pd.DataFrame(reduced, columns=self._embedding_names, index=frame.index)], axis=1)
         return frame
 
@@ -278,14 +339,15 @@ class Featurizer:
         category. The same values as transform() gives, categoricals as codes of the fitted categories,
         built without pandas: on a one-stage call pandas' frame machinery costs more than the trees.
         `history`: finished stages of the same workflows, standing in for ancestors not in `stages`."""
-        rows = structural_rows(stages, history.known(stages) if history is not None else None)
+        texts = [s.prompt_text() for s in stages]
+        rows = structural_rows(stages, history.known(stages) if history is not None else None, texts)
         roles = []
         for row in rows:
             for column, (index, _) in self._category_codes.items():
                 row[column] = index.get(row[column], index[UNKNOWN])
             roles.append(self.categories_["role"][row["role"]])
         if self.config.use_embedding:
-            for row, vector in zip(rows, self._embedding(stages, progress=False)):
+            for row, vector in zip(rows, self._embedding(texts, progress=False)):
                 row.update(zip(self._embedding_names, vector.tolist()))
         missing = [c for c in columns if c not in rows[0]] if rows else []
         if missing:
@@ -293,11 +355,13 @@ class Featurizer:
                              "model and featurizer come from different trainings; retrain or reload both")
         return np.array([[row[c] for c in columns] for row in rows], np.float64).reshape(len(rows), len(columns)), roles
 
-    def _embedding(self, stages: list[StageTrace], progress: bool) -> np.ndarray:
-        """MiniLM vectors projected by the fitted PCA, as float32 (what the model was trained on)."""
-        if not stages:
+    def _embedding(self, texts: list[str], progress: bool) -> np.ndarray:
+        """The prompt texts' embedding projected by the fitted PCA, as float32 (what the model was trained on)."""
+        if not texts:
             return np.zeros((0, self.pca_.n_components_), np.float32)
-        vectors = self.embedder.embed([s.prompt_text() for s in stages], progress=progress)
+        if self._static:  # the PCA is folded into its table
+            return self.static_.embed(texts)
+        vectors = self.embedder.embed(texts, progress=progress)
         # PCA.transform's own arithmetic, without its input validation (~0.4 ms a call on the live path)
         projection = self.pca_.components_.T
         reduced = vectors @ projection
@@ -323,15 +387,19 @@ class Featurizer:
         return pd.Categorical.from_codes(codes, dtype=dtype)
 
     def state(self) -> dict:
-        """What fit() learnt, picklable without the embedding model."""
-        return {"config": self.config, "categories": self.categories_, "pca": getattr(self, "pca_", None)}
+        """What fit() learnt, picklable without MiniLM (a static embedding's fitted table is part of it)."""
+        static = self.static_.state() if hasattr(self, "static_") else None
+        return {"config": self.config, "categories": self.categories_, "pca": getattr(self, "pca_", None),
+                "static": static}
 
     @classmethod
-    def from_state(cls, state: dict, embedder: Embedder | None = None) -> "Featurizer":
+    def from_state(cls, state: dict, embedder: Embedder | StaticEmbedder | None = None) -> "Featurizer":
         featurizer = cls(state["config"], embedder)
         featurizer.categories_ = state["categories"]
         if state["pca"] is not None:
             featurizer.pca_ = state["pca"]
+        if state.get("static") is not None:
+            featurizer.static_ = StaticEmbedder.from_state(state["static"])
         return featurizer
 
     def known_role(self, role: str) -> bool:

@@ -1,16 +1,20 @@
-"""DVC stage `featurize`: locked train/test split, then structure + MiniLM → PCA features.
+"""DVC stage `featurize`: locked train/test split, then structure + prompt embedding → PCA features.
 
 The split keeps every workflow (and every run of the same task) on one side, by a hash of the task
 id (locked: no seed or tuning choice moves a task). Training rows include the history copies
 (pipelines.predictor.training_frame); test rows come with and without their ancestors' labels. The PCA is fitted on
-the training side only. Embeddings are cached by text hash in `embeddings.npz` so a re-run embeds
-only prompts it has not seen.
+the training side only. MiniLM embeddings are cached by text hash in `embeddings.npz` so a re-run embeds
+only prompts it has not seen. With `embedding: static` the embedding is MiniLM distilled to one vector per
+token (pipelines.static_embedding.StaticEmbedder): the distilled table is kept in `static_teacher.npz` (distilled
+again only when the packaged MiniLM or the recipe changes), weighted and PCA-folded on the training side, and
+saved inside `featurizer.joblib`, so the predictor the train stage saves carries it.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import joblib
@@ -18,14 +22,17 @@ import numpy as np
 from sklearn.model_selection import GroupShuffleSplit
 
 from pipelines.contract import StageTrace, read_traces, task_id
-from pipelines.embedding import Embedder, EmbedderConfig
+from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.params import load_params
 from pipelines.predictor import evaluation_frame, training_frame
 
 
 def featurizer_config(params: dict) -> FeaturizerConfig:
-    embedder = EmbedderConfig(tail_chars=params["tail_chars"], max_seq_length=params["max_seq_length"])
+    embedder = EmbedderConfig(kind=params.get("embedding", "minilm"), tail_chars=params["tail_chars"],
+                              max_seq_length=params["max_seq_length"],
+                              weighting=params.get("static_weighting", "corpus"),
+                              fit_to_teacher=params.get("fit_to_teacher", False))
     return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
                             embedder=embedder, use_embedding=params.get("use_embedding", True),
                             history_copies=params.get("history_copies", True))
@@ -53,19 +60,22 @@ def locked_split(stages: list[StageTrace], test_fraction: float) -> tuple[list[i
     return sorted(set(range(len(stages))) - set(test)), test
 
 
-def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None):
+def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None,
+              static_cache: Path | None = None):
+    """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's (pipelines.embedding)."""
     train_idx, test_idx = locked_split(stages, params["test_fraction"])
     config = featurizer_config(params)
-    embedder = Embedder(config.embedder)
+    minilm = Embedder(replace(config.embedder, kind="minilm"))  # the embedding, or the static one's teacher
     if cache is not None:
-        embedder.load_cache(cache)
+        minilm.load_cache(cache)
+    embedder = make_embedder(config.embedder, static_cache) if config.embedder.kind == "static" else minilm
     train = [stages[i] for i in train_idx]
     test = [stages[i] for i in test_idx]
-    featurizer = Featurizer(config, embedder).fit(train, progress=True)
+    featurizer = Featurizer(config, embedder, teacher=minilm).fit(train, progress=True)
     frames = {"train": training_frame(featurizer, train, params["seed"], progress=True),
               "test": evaluation_frame(featurizer, test, progress=True)}
     if cache is not None:
-        embedder.save_cache(cache)
+        minilm.save_cache(cache)
     return featurizer, frames
 
 
@@ -78,7 +88,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = read_traces(args.traces).stages
-    featurizer, frames = featurize(stages, params, cache=out / "embeddings.npz")
+    featurizer, frames = featurize(stages, params, cache=out / "embeddings.npz",
+                                   static_cache=out / "static_teacher.npz")
     for name, (X, labels) in frames.items():
         X.to_parquet(out / f"{name}_X.parquet")
         labels.to_parquet(out / f"{name}_labels.parquet")
