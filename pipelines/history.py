@@ -39,7 +39,9 @@ def history_conditions(column: Callable[[str], np.ndarray | None], n: int) -> np
     values = [column(name) for name in CONDITION_COLUMNS]
     if any(v is None for v in values):
         return np.full(n, "full", dtype=object)
-    in_degree, ancestors, known, parent_tokens = (np.nan_to_num(np.asarray(v, float), nan=-1.0) for v in values)
+    table = np.array(values, np.float64).reshape(len(values), n)  # one array: a live call has one row
+    table[np.isnan(table)] = -1.0
+    in_degree, ancestors, known, parent_tokens = table
     has_parents = in_degree > 0
     none = has_parents & (known <= 0) & (parent_tokens < 0)
     full = ~has_parents | ((known >= ancestors) & (ancestors >= in_degree))

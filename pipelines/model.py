@@ -20,6 +20,8 @@ their history hidden) are predicted out of fold and calibrated on, never fitted 
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from dataclasses import dataclass, field
 
 import lightgbm as lgb
@@ -206,20 +208,14 @@ class TwoStageModel:
     def _group_keys(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
                     history: np.ndarray | None = None) -> list[np.ndarray]:
         """Calibration groups from most to least specific, each within a history condition ("full" where
-        not given): (app, role, mode) → (app, role) → (role, mode) → role → app → mode → the condition."""
-        parts = {"role": np.asarray(roles, dtype=object),
-                 "mode": np.where(np.asarray(p_tool) >= 0.5, "tool", "text").astype(object),
-                 "history": np.full(len(roles), "full", dtype=object) if history is None else history}
-        if apps is not None:
-            parts["app"] = apps
-        levels = [("app", "role", "mode"), ("app", "role"), ("role", "mode"), ("role",), ("app",), ("mode",), ()]
-        keys = []
-        for level in (lv for lv in levels if all(name in parts for name in lv)):
-            key = parts["history"].astype(str)
-            for name in level:
-                key = key + f"|{name}=" + parts[name].astype(str)
-            keys.append(key)
-        return keys
+        not given): (app, role, mode) → (app, role) → (role, mode) → role → app → mode → the condition.
+        One array of keys per level (group_keys of each row)."""
+        history = ["full"] * len(roles) if history is None else history
+        modes = ["tool" if p >= 0.5 else "text" for p in np.asarray(p_tool, float)]
+        app_of = [None] * len(roles) if apps is None else apps
+        rows = [group_keys(str(h), str(r), m, None if a is None else str(a))
+                for h, r, m, a in zip(history, roles, modes, app_of)]
+        return [np.array(level, dtype=object) for level in zip(*rows)] if rows else []
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -231,25 +227,46 @@ class TwoStageModel:
     @property
     def feature_names(self) -> list[str]:
         """The columns predict_matrix reads, in order (the regressor reads p_tool after them)."""
-        return self.regressor_.booster.feature_name()[:-1]
+        names = self.__dict__.get("_feature_names")
+        if names is None:  # asked on every live call: the booster's own answer is a C call and 100 string buffers
+            names = self.__dict__["_feature_names"] = self.regressor_.booster.feature_name()[:-1]
+        return names
 
     def predict_matrix(self, matrix: np.ndarray, roles: list[str]) -> dict[str, np.ndarray]:
         """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
-        and each row's role category. One matrix for the three boosters: LightGBM's own pandas
-        conversion, per call, costs more than the trees themselves on a live service's small batches."""
-        p_tool = _calibrate(self.calibrator_, self._raw_score(self.classifier_, matrix))
+        and each row's role category. One call per booster for the whole matrix (one row through
+        LightGBM's single-row C API: _Rows); LightGBM's own pandas conversion, per call, costs more
+        than the trees themselves on a live service's small batches."""
+        rows = self._rows
+        p_tool = _calibrate(self.calibrator_, rows["classifier"](matrix))
         matrix2 = np.column_stack([matrix, p_tool])
-        log_pred = self.regressor_.predict(matrix2)
-        tokens_pred = np.expm1(log_pred)
+        log_pred = sum(predict(matrix2) for predict in rows["regressors"]) / len(rows["regressors"])
+        tokens_pred = np.expm1(log_pred + self.regressor_.base)
         column = self._matrix_column(matrix)
         history = history_conditions(column, len(matrix))
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
             apps = None if column("app") is None else _app_codes(column("app"))
-            reserve = np.expm1(self.upper_.predict(matrix2) + self._quantiles(roles, p_tool, apps, history))
+            reserve = np.expm1(rows["upper"](matrix2) + self._quantiles(roles, p_tool, apps, history))
         return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred),
                 "history": history}
+
+    @property
+    def _rows(self) -> dict:
+        """The boosters as _Rows, made on first use (not pickled: they hold LightGBM handles)."""
+        rows = self.__dict__.get("_row_predictors")
+        if rows is None:
+            classifier = self.classifier_
+            rows = self.__dict__["_row_predictors"] = {
+                "classifier": (lambda m: np.full(len(m), classifier)) if isinstance(classifier, float)
+                else _Rows(classifier),
+                "regressors": [_Rows(b) for b in self.regressor_.boosters],
+                "upper": _Rows(self.upper_) if hasattr(self, "upper_") else None}
+        return rows
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_row_predictors"}
 
     def _matrix_column(self, matrix: np.ndarray):
         """column(name): that feature's values in `matrix`, None where the model does not read it."""
@@ -260,13 +277,22 @@ class TwoStageModel:
 
     def _quantiles(self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
                    history: np.ndarray | None = None) -> np.ndarray:
-        out = np.full(len(roles), self.global_q_)
-        found = np.zeros(len(roles), bool)
-        for level_keys in self._group_keys(roles, p_tool, apps, history):
-            q = np.array([self.group_q_.get(k, np.nan) for k in level_keys])
-            take = ~found & ~np.isnan(q)
-            out[take], found = q[take], found | take
-        return out
+        """Each row's calibrated level: that of its most specific group with one, else the global one."""
+        levels, groups = self._group_keys(roles, p_tool, apps, history), self.group_q_
+        found = (next((q for q in map(groups.get, keys) if q is not None and q == q), self.global_q_)
+                 for keys in zip(*levels))  # q == q: a NaN level counts as none
+        return np.fromiter(found, np.float64, len(roles))
+
+
+_LEVELS = (("app", "role", "mode"), ("app", "role"), ("role", "mode"), ("role",), ("app",), ("mode",), ())
+
+
+def group_keys(history: str, role: str, mode: str, app: str | None = None) -> list[str]:
+    """One row's calibration-group keys, most specific first, e.g. "full|app=2|role=coder|mode=tool"; the
+    levels naming the app are left out where the model reads no app."""
+    parts = {"role": role, "mode": mode} if app is None else {"app": app, "role": role, "mode": mode}
+    return [history + "".join(f"|{name}={parts[name]}" for name in level)
+            for level in _LEVELS if all(name in parts for name in level)]
 
 
 def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: ModelConfig) -> tuple[float, dict]:
@@ -338,6 +364,39 @@ def _as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
     return matrix
 
 
+class _Rows:
+    """Booster.predict for float64 matrices of the booster's columns. One row goes through LightGBM's single-row
+    C API, its set-up (config, thread count) done once here: Booster.predict spends ~30 µs a call on checks and
+    set-up, more than the trees take for one row. More rows: one Booster.predict call."""
+
+    def __init__(self, booster: lgb.Booster):
+        from lightgbm.basic import _LIB, _c_str, _safe_call
+
+        self.booster, self._lib, self._check = booster, _LIB, _safe_call
+        self._config = ctypes.c_void_p()
+        _safe_call(_LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
+            booster._handle, ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(-1),  # normal prediction, every tree
+            ctypes.c_int(1), ctypes.c_int32(booster.num_feature()), _c_str("num_threads=1"),  # float64 rows
+            ctypes.byref(self._config)))
+        self._out = np.zeros(1, np.float64)
+        self._out_pointer = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+        self._out_len = ctypes.c_int64()
+        self._lock = threading.Lock()  # one output buffer and one fast config: one row at a time
+
+    def __call__(self, matrix: np.ndarray) -> np.ndarray:
+        if len(matrix) != 1:
+            return self.booster.predict(matrix)
+        row = np.ascontiguousarray(matrix[0], np.float64)
+        with self._lock:
+            self._check(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
+                self._config, ctypes.c_void_p(row.ctypes.data), ctypes.byref(self._out_len), self._out_pointer))
+            return self._out.copy()
+
+    def __del__(self) -> None:
+        if getattr(self, "_config", None) is not None and self._config.value:
+            self._lib.LGBM_FastConfigFree(self._config)
+
+
 @dataclass
 class _Regressor:
     """One booster, or the mean of several (`booster` and `more`), on top of a constant `base`."""
@@ -345,9 +404,9 @@ class _Regressor:
     base: float
     more: list = field(default_factory=list)
 
+    @property
+    def boosters(self) -> list[lgb.Booster]:
+        return [self.booster, *getattr(self, "more", [])]  # models saved before bagging have no `more`
+
     def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
-        more = getattr(self, "more", [])  # models saved before bagging have no `more`
-        total = self.booster.predict(X)
-        for booster in more:
-            total = total + booster.predict(X)
-        return total / (1 + len(more)) + self.base
+        return sum(booster.predict(X) for booster in self.boosters) / len(self.boosters) + self.base
