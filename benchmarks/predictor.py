@@ -13,9 +13,13 @@ known, as live after /observe) and "without_history" (every label stripped: a st
 overall and per app, beside the per-role baselines (median, p90, and the per-role conformal level
 that promises the model's miss rate). `--leave-one-app-out` also trains Maestro's recipe without
 each app in turn and scores that app's test side (an app never seen). `--speed` measures training
-time, single-stage latency and batched throughput on the dev traces. Writes JSON.
+time, single-stage latency (cold: a prompt never seen, every cache emptied before the call; warm: the same
+prompts again) and batched throughput on the dev traces, for Maestro's recipe, the same recipe with MiniLM
+embeddings ("maestro-minilm", what main shipped before the static embedding) and the straightforward one,
+beside one MiniLM encode of each test prompt's segment, all in the same run. Writes JSON.
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed   # speed alone, one core
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.contract import StageTrace, read_traces
-from pipelines.embedding import EmbedderConfig
+from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import featurizer_config, locked_split
 from pipelines.history import without_labels
 from pipelines.metrics import grouped_quality, quality, role_baselines, target_ratios
@@ -57,7 +61,8 @@ def recipes() -> dict:
     plain_features = replace(ours[0], feature_set="basic", history_copies=False,
                              embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
     seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
-    return {"maestro": ours, "straightforward": (plain_features, seed_recipe)}
+    minilm = replace(ours[0], embedder=replace(ours[0].embedder, kind="minilm"))
+    return {"maestro": ours, "maestro-minilm": (minilm, ours[1]), "straightforward": (plain_features, seed_recipe)}
 
 
 def read_stages(path: Path) -> list[StageTrace]:
@@ -113,43 +118,80 @@ def leave_one_app_out(train: list[StageTrace], test: list[StageTrace]) -> dict:
             for app in apps if len({s.app for s in train}) > 1}
 
 
+def clear_caches(predictor: Predictor) -> None:
+    """Empty the embedding cache a predictor's featurizer keeps (MiniLM's; a static embedding keeps none)."""
+    if hasattr(predictor.featurizer.embedder, "clear_cache"):
+        predictor.featurizer.embedder.clear_cache()
+
+
 def throughput(predictor: Predictor, test: list[StageTrace], passes: int = 3) -> float:
     """Stages per second of one batched predict from a cold embedding cache: the median of `passes`
     passes (one pass swings ±20 % on a shared 2-core machine)."""
     rates = []
     for _ in range(passes):
-        predictor.featurizer.embedder.clear_cache()
+        clear_caches(predictor)
         started = time.perf_counter()
         predictor.predict(test)
         rates.append(len(test) / (time.perf_counter() - started))
     return round(float(np.median(rates)), 1)
 
 
+def percentiles_ms(times_s: list[float]) -> dict:
+    ms = np.asarray(times_s) * 1000
+    return {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
+
+
 def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
-    def run() -> np.ndarray:
+    """One stage a call. Cold: every cache emptied before each call, each prompt predicted for the first
+    time (a live stage's prompt is new almost every time); warm: the same stages again, caches kept."""
+    def run(cold: bool) -> list[float]:
         times = []
         for stage in stages:
+            if cold:
+                clear_caches(predictor)
             start = time.perf_counter()
             predictor.predict([stage])
-            times.append((time.perf_counter() - start) * 1000)
-        return np.array(times)
+            times.append(time.perf_counter() - start)
+        return times
 
-    predictor.featurizer.embedder.clear_cache()
-    cold, warm = run(), run()  # second pass: every prompt's embedding is cached
-    pct = lambda a: {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2)}
-    return {"cold": pct(cold), "warm": pct(warm)}
+    cold = run(cold=True)
+    return {"cold": percentiles_ms(cold), "warm": percentiles_ms(run(cold=False))}
+
+
+def minilm_encode_ms(stages: list[StageTrace]) -> dict:
+    """One MiniLM encode of each stage's prompt segment (params.yaml's tail and sequence length), one text a
+    call, nothing cached: what a cold prediction with MiniLM embeddings pays for the embedding alone."""
+    embedder = Embedder(replace(recipes()["maestro"][0].embedder, kind="minilm"))
+    embedder.embed(["warm-up"])
+    times = []
+    for stage in stages:
+        embedder.clear_cache()
+        start = time.perf_counter()
+        embedder.embed([stage.prompt_text()])
+        times.append(time.perf_counter() - start)
+    return percentiles_ms(times)
 
 
 def speed(stages: list[StageTrace]) -> dict:
+    """Training time, cold and warm single-stage latency and batched throughput of each recipe, and one MiniLM
+    encode, on the locked split's test side of `stages` (the dev traces), in one run; the headline is
+    Maestro's cold latency as a multiple of the MiniLM encode."""
+    import torch
+
+    torch.set_num_threads(1)  # one thread, like the LightGBM boosters (params.yaml num_threads: 1)
     train_idx, test_idx = locked_split(stages, TEST_FRACTION)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
-    out = {}
+    out = {"test_stages": len(test), "minilm_encode_ms": minilm_encode_ms(test)}
     for name, (features, model) in recipes().items():
         started = time.perf_counter()
         predictor = Predictor.train(train, features, model)
         out[name] = {"train_s": round(time.perf_counter() - started, 1),
-                     "throughput_stages_per_s": throughput(predictor, test),
-                     "latency_ms": latency_ms(predictor, test[:200])}
+                     "latency_ms": latency_ms(predictor, test),
+                     "throughput_stages_per_s": throughput(predictor, test)}
+    encode, cold = out["minilm_encode_ms"], out["maestro"]["latency_ms"]["cold"]
+    out["headline"] = {"maestro_cold_ms": cold, "minilm_encode_ms": encode,
+                       "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
+                       "maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
     return out
 
 
@@ -162,11 +204,13 @@ def table(result: dict) -> str:
                            f"{show(f['mae_vs_role_median']):>8s} {show(f['under_rate']):>6s} "
                            f"{show(f['over_reservation_vs_role_p90']):>9s} {show(f['role_p90_under_rate']):>9s}")
     for data, part in result["held_out"].items():
-        for recipe in ("maestro", "straightforward"):
+        for recipe in ("maestro", "maestro-minilm", "straightforward"):
             for condition in ("with_history", "without_history"):
+                if recipe not in part:
+                    continue
                 scores = part[recipe][condition]
                 lines.append(row(f"{data} {recipe} {condition}", scores))
-                if recipe == "maestro":
+                if recipe.startswith("maestro"):
                     lines += [row(f"  {app}", f) for app, f in scores["by_app"].items()]
     for data, apps in result.get("leave_one_app_out", {}).items():
         for app, part in apps.items():
@@ -187,7 +231,8 @@ def split_arguments(description: str, result_name: str) -> argparse.Namespace:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA))
+    parser.add_argument("--data", nargs="*", choices=sorted(DATA), default=sorted(DATA),
+                        help="data sets scored held out (none: --speed alone)")
     parser.add_argument("--leave-one-app-out", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
@@ -198,7 +243,7 @@ def main() -> None:
         train_idx, test_idx = locked_split(stages, TEST_FRACTION)
         train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
         result["held_out"][data] = {"train_stages": len(train), "test_stages": len(test),
-                                    **held_out(train, test, ("maestro", "straightforward"))}
+                                    **held_out(train, test, ("maestro", "maestro-minilm", "straightforward"))}
         if args.leave_one_app_out:
             result.setdefault("leave_one_app_out", {})[data] = leave_one_app_out(train, test)
     if args.speed:
