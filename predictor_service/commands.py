@@ -1,19 +1,69 @@
-"""`maestro deploy`: hot-reload serving nodes with a registered predictor, then move its MLflow alias."""
+"""`maestro serve`: the predictor service (BentoML); `maestro deploy`: hot-reload serving nodes with a registered
+predictor, then move its MLflow alias."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from pathlib import Path
+
+SERVICE = "predictor_service.service:PredictorService"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def register(subparsers) -> None:
+    register_serve(subparsers)
+    register_deploy(subparsers)
+
+
+def register_serve(subparsers) -> None:
+    from predictor_service.config import DEFAULT_MODEL, DEFAULT_TRACKING_URI
+
+    parser = subparsers.add_parser(
+        "serve", help="serve the stage-length predictor (the BentoML service: /predict, /observe, /stats, ...)",
+        description=f"`bentoml serve {SERVICE}` with its configuration from these options; the service reads the "
+                    "rest from MAESTRO_* variables (predictor_service/README.md).")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
+    parser.add_argument("--port", type=int, default=3000, help="port to listen on")
+    parser.add_argument("--model", default=None,
+                        help=f"the predictor to serve: a registry URI or a predictor directory (default: $MAESTRO_MODEL "
+                             f"or {DEFAULT_MODEL})")
+    parser.add_argument("--tracking-uri", default=None,
+                        help=f"MLflow store (default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})")
+    parser.set_defaults(func=serve)
+
+
+def serve_command(args: argparse.Namespace, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The `bentoml serve` command line and its environment: the options over the caller's MAESTRO_MODEL and
+    MLFLOW_TRACKING_URI; one OpenMP thread unless OMP_NUM_THREADS says otherwise (predictor_service/README.md)."""
+    bentoml = Path(sys.executable).with_name("bentoml")
+    argv = [str(bentoml), "serve", SERVICE, "--host", args.host, "--port", str(args.port), "--working-dir", str(REPO)]
+    env = {"OMP_NUM_THREADS": "1", **environ}
+    if args.model:
+        env["MAESTRO_MODEL"] = args.model
+    if args.tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = args.tracking_uri
+    return argv, env
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Become `bentoml serve` (exec): its signals and exit status are the command's."""
+    argv, env = serve_command(args, dict(os.environ))
+    os.execve(argv[0], argv, env)
+    return 0  # (not reached)
+
+
+def register_deploy(subparsers) -> None:
     parser = subparsers.add_parser("deploy", help="deploy a registered predictor version to running service nodes",
-                                   description=__doc__)
+                                   description="hot-reload serving nodes with a registered predictor, then move its "
+                                               "MLflow alias")
     parser.add_argument("--nodes", required=True, help="comma-separated service URLs, e.g. http://10.0.0.5:3000")
     parser.add_argument("--alias", default="champion", help="registry alias to move (default: champion)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model-version", default=None, help="version to point the alias at (default: keep it)")
     which.add_argument("--rollback", action="store_true", help="point the alias back at its previous version")
-    parser.add_argument("--model-name", default="stage-length")
+    parser.add_argument("--model-name", default="stage-length", help="registered model name")
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per-node reload timeout")
