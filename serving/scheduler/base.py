@@ -41,7 +41,9 @@ class SchedulerConfig:
     attained_weight: float = 0.0
     late_max_wait_s: float = 30.0  # maestro: a demoted (late) head waiting this long goes before on-time work
     demote_late: bool = True  # maestro: work whose latest start has passed goes behind on-time work
-    slack_workflow_weight: float = 1.0  # maestro: weight of the workflow's predicted remaining work in its slack
+    # maestro: weight of the workflow's predicted remaining work (its app's history) in its slack; 0: the stage's own
+    # (the history's mean misjudged single workflows and cost SLOs on the replayed traces: serving/EXPERIMENTS.md)
+    slack_workflow_weight: float = 0.0
     mars_level_bounds_tokens: tuple[int, ...] = (2048, 8192, 32768)  # MARS prefill levels
     mars_boost_s: float = 30.0  # MARS: one level up per this many seconds unscheduled
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from serving.admission.batch_cost import BatchCostGate
 from serving.admission.dispatch import Outcome, choose
 from serving.admission.sizing import ReservationMode, output_tokens_to_map
 from serving.kv import Reservation
@@ -67,6 +68,7 @@ class Dispatcher:
         self.reservation = ReservationMode(sim.system.reservation)
         self.max_batch_seqs = sim.cluster.max_batch_seqs
         self.config = node_dispatch_config(sim.system.router, sim.cluster.fitness)
+        self.batch_gate = BatchCostGate() if sim.system.batch_cost else None
         self.slots = {node: SimSlot(node, self) for node in sim.nodes}
         self.running_on: dict[str, list[SimNode]] = {}
 

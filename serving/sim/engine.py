@@ -19,11 +19,13 @@ from serving.kv import KVAllocatorConfig
 from serving.request import StageRequest
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
+from serving.scheduler.remaining import RemainingWork
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.dispatch import Dispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
+from serving.sim.slo import stage_unloaded_s
 from serving.sim.slot import node_dispatch_config
 from serving.sim.systems import SystemConfig
 from serving.sim.workload import SimStage, SimWorkflow
@@ -78,6 +80,7 @@ class Simulator:
         self._events: list = []
         self._tie = itertools.count()
         self.tool_times = ToolTimes()
+        self.remaining_work = RemainingWork()
         self.stage_ema_s = 1.0
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
@@ -159,6 +162,8 @@ class Simulator:
     def reschedule(self, node: SimNode) -> None:
         node.version += 1
         when = node.next_event_s()
+        if len(node.core) and node.stall_end_s > self.now:  # a stage held back while prefills run: look again then
+            when = node.stall_end_s if when is None else min(when, node.stall_end_s)
         if when is not None:
             self.push(max(when, self.now), NODE, node, node.version)
         if node.cap is not None and not node.is_control_armed:
@@ -178,6 +183,7 @@ class Simulator:
         # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue
         parent = workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
         request.is_kv_pinned = parent is not None and parent in node.pinned
+        self.recorder.stage_ready(len(node.core))
         node.core.add(request, self.now)
         node.queued_work_s += request.pred_service_s
         stage.node = node
@@ -197,12 +203,14 @@ class Simulator:
         return stage.request
 
     def _workflow_remaining_s(self, stage: SimStage) -> float:
-        # What is known before running: how many stages the app's plan has after this one.
-        remaining = sum(1 for s in stage.workflow.stages if s.ready_s < 0)
-        return remaining * self.stage_ema_s
+        """What the app's ended workflows say is left after this stage (not the replay's own future stages)."""
+        workflow = stage.workflow
+        position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
+        return self.remaining_work.estimate(workflow.app, position)
 
     def children_ready(self, stage: SimStage) -> None:
         workflow = stage.workflow
+        self.remaining_work.observe(workflow.workflow_id, workflow.app, stage_unloaded_s(stage, self.cost))
         workflow.num_stages_left -= 1
         for child_index in stage.children:
             child = workflow.stages[child_index]
@@ -211,6 +219,7 @@ class Simulator:
                 self.make_ready(child)
         if workflow.num_stages_left == 0 and not workflow.is_dropped:
             workflow.done_s = self.now
+            self.remaining_work.end(workflow.workflow_id)
             self.close(workflow)
 
     def close(self, workflow: SimWorkflow) -> None:
@@ -220,6 +229,7 @@ class Simulator:
     def drop(self, workflow: SimWorkflow) -> None:
         if not workflow.is_dropped and workflow.done_s < 0:
             workflow.is_dropped = True
+            self.remaining_work.end(workflow.workflow_id, completed=False)
             for stage in workflow.stages:  # a dropped workflow never resumes: the KV kept for it expires now
                 if stage.node is not None and stage in stage.node.pinned:
                     self.arm_ttl(stage, 0.0)

@@ -21,7 +21,13 @@ class Recorder:
         self.preemptions = 0
         self.abandoned = 0
         self.never_fit = 0
+        self.num_ready = 0  # stages that became ready
+        self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)
         self.summary: dict = {}
+
+    def stage_ready(self, queue_length: int) -> None:
+        self.num_ready += 1
+        self.num_ready_behind_queue += queue_length > 0
 
     def stage_done(self, stage) -> None:
         self.num_stages += 1
@@ -54,5 +60,8 @@ class Recorder:
             "num_abandoned": self.abandoned,
             "num_never_fit": self.never_fit,
             "num_events": sim.num_events,
+            "queue_nonempty_at_ready": self.num_ready_behind_queue / max(1, self.num_ready),
+            "num_demoted": sum(getattr(node.sched, "num_demoted", 0) for node in sim.nodes),
+            "num_refused_by_batch_cost": sim.dispatch.batch_gate.num_refused if sim.dispatch.batch_gate else 0,
             "makespan_s": last - first,
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 
 from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
 from serving.admission.dispatch import DispatchConfig, DispatchCore
@@ -21,6 +21,7 @@ from serving.sim.hostcpu import HostCPU
 from serving.sim.prefixcache import PrefixCache
 
 FINISH, GROW = 0, 1
+PACE_WINDOW_S = 10.0  # the measured pace is the step clock's rate over about this long
 _TIE = itertools.count()
 
 
@@ -45,9 +46,11 @@ class SimNode:
         self.running: dict = {}  # stage -> None, in start order (the preemption order)
         self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
         self.queued_work_s = 0.0
+        self.num_batch_changes = 0  # starts and ends of running stages (what a view of the batch is valid for)
         self.version = 0
         self.is_control_armed = False
         self._vheap: list = []
+        self._pace_marks: deque[tuple[float, float]] = deque()  # (time, V) while stages run
         self.v = 0.0
         self.last_s = 0.0
         self.stall_end_s = 0.0
@@ -70,7 +73,29 @@ class SimNode:
                 active = now - max(self.last_s, self.stall_end_s)
                 if active > 0:
                     self.v += active / self.step_s()
+                self._mark_pace(now)
             self.last_s = now
+
+    def _mark_pace(self, now: float) -> None:
+        marks = self._pace_marks
+        marks.append((now, self.v))
+        while len(marks) > 2 and marks[1][0] <= now - PACE_WINDOW_S:
+            marks.popleft()
+
+    def pace_s_per_token(self, now: float) -> float:
+        """Seconds a running stage takes per output token lately, prefill stalls included (the step time if too
+        little has run to tell): what the engine's token stream would show."""
+        if self._pace_marks:
+            t0, v0 = self._pace_marks[0]
+            dv = self.v_at(now) - v0
+            if dv >= 1.0:
+                return max(self.step_s(), (now - t0) / dv)
+        return self.step_s()
+
+    def v_at(self, now: float) -> float:
+        """The step clock at `now` (without advancing it)."""
+        active = now - max(self.last_s, self.stall_end_s)
+        return self.v + active / self.step_s() if self.running and active > 0 else self.v
 
     def stall(self, now: float, seconds: float) -> float:
         """Serialise `seconds` of GPU work (a prefill, a model load); returns when it ends."""
@@ -105,6 +130,7 @@ class SimNode:
         self._kv_bytes += context_tokens * model.kv_bytes_per_token
         stage.v_start = self.v
         self.running[stage] = context_tokens
+        self.num_batch_changes += 1
 
     def remove_running(self, stage) -> None:
         model = self.cost.model(stage.model)
@@ -114,6 +140,14 @@ class SimNode:
         if self._models[stage.model] == 0:
             self._weight_s -= self.cost.weight_read_s(model)
         stage.epoch += 1  # invalidates its pending V-events
+        self.num_batch_changes += 1
+        if not self.running:
+            self._pace_marks.clear()  # an idle node's pace is measured afresh
+
+    @property
+    def weight_read_s(self) -> float:
+        """Seconds a decode step spends reading the running models' weights."""
+        return self._weight_s
 
     def busy_models(self) -> set[str]:
         return {m for m, n in self._models.items() if n > 0}

@@ -10,8 +10,10 @@ gateway sizes them (its conformal bound as is, a prior's × (1 + rho)). All are 
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -24,6 +26,8 @@ class PredictionSource(enum.Enum):
     ORACLE = "oracle"
     NOISE = "noise"
     MODEL = "model"
+    PRIOR = "prior"  # the trained predictor's per-role priors alone: the role's median, its (1 − α) quantile
+    NONE = "none"  # no prediction: every stage the no-model prior (what the gateway answers without a model)
 
 
 @dataclass
@@ -37,9 +41,10 @@ class PredictionConfig:
 
     def __post_init__(self):
         if self.source not in {s.value for s in PredictionSource}:
-            raise ValueError(f"unknown prediction source '{self.source}'; known: oracle, noise, model")
-        if self.source == "model" and not self.model_dir:
-            raise ValueError("prediction source 'model' needs model_dir (--model DIR)")
+            raise ValueError(f"unknown prediction source '{self.source}'; known: "
+                             f"{', '.join(s.value for s in PredictionSource)}")
+        if self.source in ("model", "prior") and not self.model_dir:
+            raise ValueError(f"prediction source '{self.source}' needs model_dir (--model DIR)")
         if self.sigma < 0 or not 0 < self.reserve_quantile < 1 or not 0 <= self.rho <= 1:
             raise ValueError("sigma must be >= 0, reserve_quantile in (0, 1) and rho in [0, 1]")
 
@@ -49,6 +54,8 @@ def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
     source = PredictionSource(config.source)
     if source is PredictionSource.MODEL:
         return _from_model(workflows, config.model_dir, config.rho)
+    if source in (PredictionSource.PRIOR, PredictionSource.NONE):
+        return _from_priors(workflows, config.model_dir if source is PredictionSource.PRIOR else None, config.rho)
     rng = np.random.default_rng(config.seed)
     widen = math.exp(config.sigma * NormalDist().inv_cdf(config.reserve_quantile))
     for workflow in workflows:
@@ -77,3 +84,18 @@ def _from_model(workflows: list[SimWorkflow], model_dir: str, rho: float, batch_
         chunk = stages[start:start + batch_size]
         for stage, prediction in zip(chunk, predictor.predict([to_contract(s) for s in chunk])):
             apply_prediction(stage, prediction, rho)
+
+
+def _from_priors(workflows: list[SimWorkflow], model_dir: str | None, rho: float) -> None:
+    """Each stage answered by its role's prior in the trained predictor (the global one for an unseen role), or by
+    the no-model prior when there is no predictor; sized as the gateway sizes a prior's answer (× (1 + rho))."""
+    from pipelines.predictor import NO_MODEL_PRIOR, Prior
+
+    priors = {}
+    if model_dir:
+        priors = {role: Prior(**v) for role, v in json.loads((Path(model_dir) / "priors.json").read_text()).items()}
+    for stage in (s for w in workflows for s in w.stages):
+        prior = priors.get(stage.role) or priors.get("") or NO_MODEL_PRIOR
+        stage.tokens_pred = int(min(stage.max_tokens, max(1, round(prior.tokens_median))))
+        stage.tokens_reserve = reserve_output_tokens(stage.tokens_pred, math.ceil(prior.tokens_upper), stage.max_tokens,
+                                                     is_calibrated=False, rho=rho)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from serving.admission.batch_cost import RunningBatch, remaining_tokens
 from serving.admission.dispatch import DispatchConfig
 from serving.request import StageRequest
 from serving.routing import FitnessConfig
@@ -18,6 +19,7 @@ class SimSlot:
 
     def __init__(self, node: SimNode, dispatcher: Dispatcher):
         self.node, self.name, self.dispatcher = node, node.name, dispatcher
+        self._batch: tuple[tuple[float, int], RunningBatch] | None = None  # (when, batch version) → the view
 
     def refusal(self, request: StageRequest) -> str | None:
         node, stage = self.node, request.payload
@@ -25,7 +27,45 @@ class SimSlot:
             return "batch"
         if not node.residency.can_activate(stage.model, node.busy_models()):
             return "model"
-        return None if self.dispatcher.kv_plan(node, stage) is not None else "kv"
+        if self.dispatcher.kv_plan(node, stage) is None:
+            return "kv"
+        gate = self.dispatcher.batch_gate
+        if gate is not None and node.running and not gate.admits(self.running_batch(), *self.batch_cost(stage)):
+            return "slack"
+        return None
+
+    def running_batch(self) -> RunningBatch:
+        """The running stages' predicted remaining tokens and slack now (computed once per batch change and time)."""
+        node, now = self.node, self.dispatcher.sim.now
+        version = (now, node.num_batch_changes)
+        if self._batch is None or self._batch[0] != version:
+            v = node.v_at(now)
+            stages = list(node.running)
+            remaining = [remaining_tokens(s.tokens_pred, s.tokens_reserve, s.generated_tokens + v - s.v_start)
+                         for s in stages]
+            backlog_s = max(0.0, node.stall_end_s - now)  # prefills already started stall every running stage
+            deadlines = [s.request.deadline_s - backlog_s for s in stages]
+            self._batch = version, RunningBatch.of(remaining, deadlines, node.pace_s_per_token(now), node.step_s(), now)
+        return self._batch[1]
+
+    def batch_cost(self, stage: SimStage) -> tuple[float, float, float, float]:
+        """(prefill stall, seconds added to each decode step, predicted output tokens, its own slack) of starting
+        `stage` here now."""
+        node, cost = self.node, self.dispatcher.sim.cost
+        model = cost.model(stage.model)
+        parent = parent_of(stage)
+        cached = 0
+        if parent is not None and (parent in node.pinned or parent in node.cache):
+            cached = min(stage.prompt_tokens, parent.prompt_tokens + parent.output_tokens)
+        context = stage.prompt_tokens + stage.generated_tokens
+        added = cost.kv_read_s((context + stage.tokens_pred / 2) * model.kv_bytes_per_token)
+        if stage.model not in node.busy_models():
+            added += cost.weight_read_s(model)
+        stall = cost.prefill_s(model, context - cached, cached)
+        now, request = self.dispatcher.sim.now, stage.request
+        left = max(1, stage.tokens_pred - stage.generated_tokens)
+        slack = request.deadline_s - now - stall - left * node.pace_s_per_token(now)
+        return stall, added, stage.tokens_pred, slack
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Only if something runs here, or KV other than the stage's own context is kept here."""

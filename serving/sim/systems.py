@@ -25,6 +25,7 @@ class SystemConfig:
     router: str = "least-loaded"  # or "fitness"
     cap: str = "none"  # the session cap (admission/cap.py): none, aimd (MARS's window), workflow
     admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
+    batch_cost: bool = False  # admit only what the running stages' slack can afford (admission/batch_cost.py)
 
     def __post_init__(self):
         if ReservationMode(self.reservation) not in SIM_RESERVATIONS:
@@ -43,7 +44,9 @@ SYSTEMS = {s.name: s for s in [
     SystemConfig("fcfs", "fcfs", "max-len", "evict-always"),
     SystemConfig("edf", "edf", "max-len", "evict-always"),
     SystemConfig("srtf", "srtf", "max-len", "evict-always"),
-    SystemConfig("maestro", "maestro", "predicted", "mars", "fitness", admission_headroom_frac=0.05),
+    SystemConfig("maestro", "maestro", "predicted", "mars", "fitness", admission_headroom_frac=0.05, batch_cost=True),
+    # Maestro before the slack policy: predicted SRTF, every stage whose reserve fits admitted at once.
+    SystemConfig("maestro-srtf", "predicted-srtf", "predicted", "mars", "fitness", admission_headroom_frac=0.05),
     SystemConfig("mars", "mars", "on-demand", "mars", cap="aimd"),
     SystemConfig("continuum", "continuum", "on-demand", "continuum"),
     SystemConfig("continuum-dy", "continuum", "on-demand", "continuum-dy"),

@@ -66,6 +66,7 @@ class SimWorkflow:
     arrival_s: float = 0.0
     stages: list[SimStage] = field(default_factory=list)
     num_stages_left: int = 0
+    num_ready: int = 0  # stages made ready so far (the position of the next one)
     done_s: float = -1.0
     is_dropped: bool = False
     attained_service_s: float = 0.0
@@ -215,7 +216,7 @@ def reset(workflows: list[SimWorkflow]) -> None:
     """Clear runtime state so the same workload can be replayed under another policy."""
     for workflow in workflows:
         workflow.num_stages_left, workflow.done_s, workflow.is_dropped = len(workflow.stages), -1.0, False
-        workflow.attained_service_s, workflow.session_node = 0.0, None
+        workflow.attained_service_s, workflow.session_node, workflow.num_ready = 0.0, None, 0
         for s in workflow.stages:
             s.num_parents_left, s.generated_tokens, s.ready_s, s.first_start_s = len(s.parents), 0, -1.0, -1.0
             s.queue_wait_s, s.peak_pages, s.maxlen_pages, s.node, s.request, s.reservation = 0.0, 0, 0, None, None, None

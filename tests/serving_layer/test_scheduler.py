@@ -117,10 +117,15 @@ def test_predicted_srtf_attained_weight_finishes_workflows_in_progress_first():
 
 # ---- Maestro: least predicted slack -------------------------------------------------------------------------
 def test_maestro_least_slack_first_not_earliest_deadline():
-    # latest starts: big-job 100 − 80 = 20, small-job 50 − 5 = 45: the bigger job has less slack despite its later deadline
-    s = fill("maestro", [req("small-job", deadline_s=50, pred_service_s=5),
-                         req("big-job", deadline_s=100, pred_service_s=30, workflow_remaining_s=50)])
-    assert drain(s, now=0) == ["big-job", "small-job"]
+    # latest starts: big-stage 100 − 80 = 20, small-stage 50 − 5 = 45: less slack despite the later deadline
+    s = fill("maestro", [req("small-stage", deadline_s=50, pred_service_s=5),
+                         req("big-stage", deadline_s=100, pred_service_s=80)])
+    assert drain(s, now=0) == ["big-stage", "small-stage"]
+    # the workflow's predicted remaining work counts with its weight (0 by default: the stage's own work only)
+    requests = [req("small-job", deadline_s=50, pred_service_s=5),
+                req("big-job", deadline_s=100, pred_service_s=30, workflow_remaining_s=50)]
+    assert drain(fill("maestro", requests)) == ["small-job", "big-job"]  # 45 < 70
+    assert drain(fill("maestro", requests, slack_workflow_weight=1.0)) == ["big-job", "small-job"]  # 20 < 45
     assert drain(fill("edf", [req("small-job", deadline_s=50), req("big-job", deadline_s=100)])) == ["small-job", "big-job"]
 
 

@@ -1,0 +1,76 @@
+"""A workflow's predicted remaining work after its current stage, learnt from the workflows of its app that ended.
+
+Nobody knows at a stage how many stages its workflow has still to run: an agent decides as it goes. What is known is
+the history. For every app, each ended workflow of n stages adds, at every position k < n, the service its stages after
+the k-th took; the estimate at position k is the mean of those sums over the ended workflows that reached k (those
+that stopped at k add 0). Positions no ended workflow of the app reached fall back to all apps' table, and with no
+history at all the estimate is 0 (the stage's own prediction is then the whole of what is known). Service is counted in
+unloaded seconds (prefill, lone decode, tool time), the unit of `StageRequest.pred_service_s`, so that queueing in the
+history does not inflate it.
+
+The gateway and the simulator feed it the same way: `observe` when a stage of a workflow ends, `end` when the workflow
+does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a stage
+becomes ready.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALL_APPS = ""
+
+
+@dataclass
+class _Table:
+    sum_after_s: list[float] = field(default_factory=list)  # position k → Σ over ended workflows of work after k
+    count: list[int] = field(default_factory=list)  # position k → ended workflows that reached k
+
+    def add(self, services_s: list[float]) -> None:
+        after = 0.0
+        for k in range(len(services_s) - 1, -1, -1):
+            if k >= len(self.count):
+                self.sum_after_s.extend([0.0] * (k + 1 - len(self.count)))
+                self.count.extend([0] * (k + 1 - len(self.count)))
+            self.sum_after_s[k] += after
+            self.count[k] += 1
+            after += services_s[k]
+
+    def mean(self, k: int, min_count: int) -> float | None:
+        if k < len(self.count) and self.count[k] >= min_count:
+            return self.sum_after_s[k] / self.count[k]
+        return None
+
+
+class RemainingWork:
+    """Predicted service a workflow still needs after its k-th stage (see the module docstring)."""
+
+    def __init__(self, min_count: int = 3, max_open: int = 100_000):
+        self.min_count, self.max_open = min_count, max_open
+        self._tables: dict[str, _Table] = {}
+        self._open: dict[str, tuple[str, list[float]]] = {}  # workflow → (app, its stages' service so far)
+
+    def observe(self, workflow_id: str, app: str, service_s: float) -> None:
+        """A stage of the workflow ended after `service_s` unloaded seconds of work."""
+        entry = self._open.get(workflow_id)
+        if entry is None:
+            if len(self._open) >= self.max_open:  # the oldest open workflow is forgotten, not the history
+                self._open.pop(next(iter(self._open)))
+            entry = self._open[workflow_id] = (app, [])
+        entry[1].append(service_s)
+
+    def end(self, workflow_id: str, completed: bool = True) -> None:
+        """The workflow ended; only a completed one joins its app's history."""
+        entry = self._open.pop(workflow_id, None)
+        if entry is None or not completed:
+            return
+        app, services = entry
+        for key in {app, ALL_APPS}:
+            self._tables.setdefault(key, _Table()).add(services)
+
+    def estimate(self, app: str, position: int) -> float:
+        """Seconds of work expected after the stage at `position` (0-based) of a workflow of `app`."""
+        for key in (app, ALL_APPS):
+            table = self._tables.get(key)
+            mean = table.mean(position, self.min_count) if table is not None else None
+            if mean is not None:
+                return mean
+        return 0.0
