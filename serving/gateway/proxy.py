@@ -111,8 +111,8 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
     """Queue, dispatch and forward, retrying on node failure up to max_attempts within the stage's deadline
     (`arrived_s` + request_timeout_s).
 
-    An attempt the deadline cut ends the stage at once: the loop's clock, which fires the cut, may run up to a
-    millisecond behind `time.monotonic()` (uvloop's is in whole ms), so `remaining_s()` may still be above 0."""
+    An attempt the deadline cut ends the stage at once, whatever `remaining_s()` says then: the loop's clock fires
+    the cut (uvloop's: in whole milliseconds, up to ~1 ms before `time.monotonic()` reaches the deadline)."""
     if gateway.config.request_timeout_s:
         job.deadline_s = arrived_s + gateway.config.request_timeout_s
     last_error = ""
