@@ -47,7 +47,8 @@ from tests.gateway.engines import Engine, EngineConfig  # noqa: E402  (our test 
 from tests.gateway.gateway_process import GatewayProcess  # noqa: E402
 from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
 
-from benchmarks.sim_replay import maestro, split  # noqa: E402
+from benchmarks.sim_replay import split  # noqa: E402
+from maestro.cli import main as maestro_main  # noqa: E402
 from pipelines.collect import collect  # noqa: E402
 from pipelines.contract import read_traces, write_jsonl  # noqa: E402
 from serving.admission.sizing import is_calibrated, reserve_output_tokens  # noqa: E402
@@ -310,7 +311,7 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
     train, replay = split(work, 0.3, args.seed)
     model = work / "model"
     if args.retrain or not model.exists():
-        maestro("train", "--traces", str(train), "--out", str(model))
+        maestro_main(["train", "--traces", str(train), "--out", str(model)])
     return model, pick_workflows(replay, work / "live_workflows.jsonl", args.workflows)
 
 

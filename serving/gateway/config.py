@@ -35,9 +35,16 @@ class GatewayConfig:
     model: str = ""  # served model name; empty = whatever the nodes report
     host: str = "127.0.0.1"
     port: int = 8000
-    # serving.scheduler policy name; continuum: workflows in arrival order (why it is the default: gateway EXPERIMENTS.md)
-    policy: str = "continuum"
+    # serving.scheduler policy name. maestro: least slack first (with slo_s or X-Maestro-SLO-S; without deadlines,
+    # predicted remaining work first) and the batch-cost gate; the system that won the replays (serving/README.md).
+    policy: str = "maestro"
     policy_options: dict = field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
+    # A workflow's latency objective in seconds from its first call, where its calls state none (X-Maestro-SLO-S or
+    # metadata slo_s); 0 = none. Maestro orders by the slack it leaves and protects running stages' slack.
+    slo_s: float = 0.0
+    # Maestro's batch-cost gate (gateway/batch_gate.py): hold a stage back while starting it would push a running
+    # stage past its deadline on a congested node. Inert for stages without an SLO.
+    batch_cost: bool = True
     max_queued: int = 256  # bounded queue: beyond this a request gets 429 + Retry-After
     # Stages dispatched to one node at once (0 = no cap): more wait in the gateway's bounded queue, not in vLLM's
     # unbounded one, so overload is answered with 429 instead of ever longer waits.
@@ -159,6 +166,8 @@ class GatewayConfig:
             raise ValueError("gateway config: backfill_depth, backfill_max_overtaken, admission_recheck_s, "
                              "underoccupied_inflight, upstream_stream_interval, handover_lead_s, "
                              "max_inflight_per_node must be >= 0")
+        if not 0 <= self.slo_s < float("inf"):
+            raise ValueError(f"gateway config: slo_s must be a number of seconds >= 0 (0 = none), got {self.slo_s}")
         if not 0 <= self.rho <= 1 or self.chars_per_token <= 0 or self.metrics_period_s <= 0:
             raise ValueError("gateway config: rho in [0, 1]; chars_per_token and metrics_period_s > 0")
         if self.kv_admission not in ("peak", "projected"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
 from serving.admission.aimd import AIMDWindow, SessionWindow
+from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapKind, CapSignals, SessionCap
 from serving.admission.sizing import is_calibrated, reserve_output_tokens
 from serving.admission.workflow_cap import WorkflowCap
@@ -66,7 +67,8 @@ class Gateway:
         self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
                                      backfill_depth=config.backfill_depth,
                                      backfill_max_overtaken=config.backfill_max_overtaken,
-                                     recheck_s=config.admission_recheck_s, cap=cap)
+                                     recheck_s=config.admission_recheck_s, cap=cap,
+                                     batch_cost=BatchCostGate() if config.batch_cost else None)
         self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
                                                        config.predictor_timeout_s, config.predictor_startup_timeout_s)
         self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
@@ -154,9 +156,11 @@ class Gateway:
         now = time.monotonic()
         workflow = self.workflow(meta.workflow_key, now)
         home_node = self.sessions.arrive(meta.workflow_key, now)
+        slo_s = meta.slo_s or self.config.slo_s
         request = StageRequest(
             workflow_id=meta.workflow_key, stage_id=meta.stage_id, interactive=meta.interactive,
             workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
+            deadline_s=workflow.start_s + slo_s if slo_s else float("inf"),
             prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
             max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN,
             home_node=home_node)

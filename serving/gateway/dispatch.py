@@ -12,7 +12,9 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
+from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapSignals, SessionCap
+from serving.gateway import batch_gate
 from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
@@ -67,15 +69,18 @@ class Job:
 class NodeSlot:
     """A gateway `Node` as the dispatch core sees it (`admission.dispatch.NodeView`)."""
 
-    def __init__(self, node: Node, count_refusals: bool = True):
-        self.node, self.name, self.count_refusals = node, node.name, count_refusals
+    def __init__(self, node: Node, count_refusals: bool = True, gate: BatchCostGate | None = None):
+        self.node, self.name, self.count_refusals, self.gate = node, node.name, count_refusals, gate
 
     def refusal(self, request: StageRequest) -> str | None:
         job: Job = request.payload
         if self.node.name in job.excluded:
             return "excluded"
         prompt, output = request.prompt_tokens, job.reserve_tokens - request.prompt_tokens
-        return self.node.check(prompt, output) if self.count_refusals else self.node.refusal(prompt, output)
+        reason = self.node.check(prompt, output) if self.count_refusals else self.node.refusal(prompt, output)
+        if reason is None and self.gate is not None:
+            reason = batch_gate.refusal(self.gate, self.node, request, time.monotonic())
+        return reason
 
     def may_fit_later(self, request: StageRequest) -> bool:
         node, job = self.node, request.payload
@@ -93,11 +98,12 @@ class NodeSlot:
 class Dispatcher:
     def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
                  backfill_depth: int = 8, backfill_max_overtaken: int = 4, recheck_s: float = 0.02,
-                 cap: SessionCap | None = None):
+                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None):
         config = DispatchConfig(backfill_depth, backfill_max_overtaken, "fitness", fitness or FitnessConfig())
         self.core = DispatchCore(scheduler, config, cap, is_live=lambda request, now: not request.payload.future.done())
         self.scheduler, self.nodes, self.max_queued, self.cap = scheduler, nodes, max_queued, cap
         self.recheck_s = recheck_s
+        self.batch_cost = batch_cost  # Maestro's gate on what a stage costs a node's running stages (batch_gate.py)
         self._recheck: asyncio.TimerHandle | None = None
         self.num_dispatched = 0
 
@@ -127,6 +133,7 @@ class Dispatcher:
         if job.node is not None:
             job.node.release(job.reservation)
             job.node.num_inflight -= 1
+            job.node.running_requests.pop(job.request, None)
             job.node, job.reservation = None, None
         self._leave_cap(job)
         self.pump()
@@ -137,7 +144,7 @@ class Dispatcher:
             self.cap.leave(job.request.workflow_id, time.monotonic())
 
     def slots(self, count_refusals: bool = True) -> list[NodeSlot]:
-        return [NodeSlot(n, count_refusals) for n in self.nodes]
+        return [NodeSlot(n, count_refusals, self.batch_cost) for n in self.nodes]
 
     def pump(self) -> None:
         """Apply the core's decisions (starts in policy order, then backfill) until the head must wait."""
@@ -202,6 +209,7 @@ class Dispatcher:
         job.num_attempts += 1
         job.queue_s += now - job.enqueued_s
         node.num_inflight += 1
+        node.running_requests[job.request] = now
         self.num_dispatched += 1
         if self.cap is not None:
             self.cap.started(job.request.workflow_id)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role": "x-maestro-role",
            "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive",
-           "final": "x-maestro-final", "tool_call": "x-maestro-tool-call"}
+           "final": "x-maestro-final", "tool_call": "x-maestro-tool-call", "slo": "x-maestro-slo-s"}
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive/-Final values
 BOOLEAN_KEYS = ("interactive", "final", "tool_call")
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context: the caller's trace, passed on to vLLM (spans.py)
@@ -29,6 +29,7 @@ class StageMeta:
     final: bool = False  # the workflow's last call: its session ends with it (gateway/sessions.py)
     # the caller will run a tool on this call's answer (as when the answer holds tool_calls): a tool phase follows
     tool_call: bool = False
+    slo_s: float | None = None  # the workflow's latency objective, seconds from its first call (Maestro's deadline)
     caller_id: str = ""  # the API key's id (maestro.keys.key_id); empty without API keys
     trace_context: tuple[tuple[str, str], ...] = ()  # the caller's TRACE_HEADERS (name, value), as they came
 
@@ -78,10 +79,12 @@ def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
     get = lambda key: _first(headers.get(HEADERS[key]), meta.get(key), meta.get(f"{key}_id"))  # noqa: E731
     workflow_id = _first(get("workflow"), f"gw-{uuid.uuid4().hex[:16]}")
     interactive, final, tool_call = get("interactive"), get("final"), get("tool_call")
+    slo = _first(headers.get(HEADERS["slo"]), meta.get("slo_s"))
     parents = _first(headers.get(HEADERS["parents"]), meta.get("parents"), meta.get("parent_ids"))
     return StageMeta(workflow_id=str(workflow_id), stage_id=str(_first(get("stage"), "0")),
                      role=str(get("role") or "unknown"), parent_ids=_parents(parents),
                      app=get("app"), interactive=True if interactive is None else _truthy(interactive),
                      final=final is not None and _truthy(final), tool_call=tool_call is not None and _truthy(tool_call),
+                     slo_s=None if slo is None else float(slo),
                      caller_id=caller_id,
                      trace_context=tuple((name, headers[name]) for name in TRACE_HEADERS if headers.get(name)))

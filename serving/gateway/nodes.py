@@ -82,6 +82,8 @@ class Node:
         self.decode_tokens_per_s = INITIAL_DECODE_TOKENS_PER_S  # projected, per stage, learned from finished stages
         self.call_overhead_s = 0.0  # projected fixed time of a call besides its decoding
         self.mean_pace = 0.0  # output tokens / call time, EWMA
+        self.recent_paces: deque[float] = deque(maxlen=64)  # output tokens / call time of the last calls
+        self.running_requests: dict = {}  # StageRequest dispatched here → when (monotonic): Maestro's batch gate reads it
         self.num_paces_observed = 0
         self.call_fit = CallTimeFit()
         self.num_refused = {"budget": 0, "vllm_free": 0, "projected": 0, "inflight": 0}  # why `can_fit` said no
@@ -218,6 +220,7 @@ class Node:
             return
         weight = DECODE_RATE_WEIGHT if self.num_paces_observed else 1.0
         self.mean_pace += weight * (output_tokens / seconds - self.mean_pace)
+        self.recent_paces.append(output_tokens / seconds)
         self.num_paces_observed += 1
         self.call_fit.observe(output_tokens, seconds)
         overhead_s, tokens_per_s = self.call_fit.solve() or (0.0, self.mean_pace)

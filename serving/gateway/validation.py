@@ -114,11 +114,12 @@ class BodyMetadata(_Open):
     tool_call: bool | BoolWord | None = None
     parents: IdList | Id | None = None
     parent_ids: IdList | Id | None = None
+    slo_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 BODIES = {"/v1/chat/completions": ChatBody, "/v1/completions": CompletionBody}
 EXPECTED = {  # what an error says was expected, by pydantic error type
-    "int_type": "an integer", "greater_than": "a positive integer", "bool_type": "true or false",
+    "int_type": "an integer", "greater_than": "a positive number", "bool_type": "true or false",
     "string_type": "a string", "float_type": "a number", "finite_number": "a finite number",
     "list_type": "a list", "dict_type": "an object", "model_type": "an object", "too_short": "a non-empty list",
     "string_too_long": f"at most {MAX_ID_CHARS} characters", "string_too_short": "a non-empty string",
@@ -196,6 +197,8 @@ def check_headers(headers) -> None:
             continue
         if key in BOOLEAN_KEYS:
             expected = None if value.strip().lower() in TRUE_WORDS + FALSE_WORDS else f"one of {TRUE_WORDS + FALSE_WORDS}"
+        elif key == "slo":
+            expected = None if _is_positive_number(value) else "a positive number of seconds"
         elif key == "parents":
             ids = [p.strip() for p in value.split(",") if p.strip()]
             expected = None if len(ids) <= MAX_PARENTS and all(map(is_id, ids)) else (
@@ -205,6 +208,14 @@ def check_headers(headers) -> None:
         if expected:
             canonical = "-".join(part.capitalize() for part in name.split("-"))
             raise BadRequest(400, canonical, f"header {canonical}: expected {expected}, got {_short(value)}")
+
+
+def _is_positive_number(value: str) -> bool:
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return 0 < number < float("inf")
 
 
 def is_id(value: str) -> bool:

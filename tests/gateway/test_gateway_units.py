@@ -142,6 +142,7 @@ class NodeReadyAt:
 
     def __init__(self, ready_s: float):
         self.ready_s = ready_s
+        self.running_requests = {}
 
     def check(self, prompt_tokens: int, output_tokens: int) -> str | None:
         return None if time.monotonic() >= self.ready_s else "projected"

@@ -16,6 +16,7 @@ import asyncio
 
 import pytest
 
+from serving.admission.batch_cost import BatchCostGate
 from serving.gateway.config import NodeConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
@@ -23,23 +24,28 @@ from serving.gateway.nodes import Node
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
+from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.systems import SystemConfig
 from serving.sim.workload import SimStage, SimWorkflow
 
 BLOCK_TOKENS = 128
 MODEL = "llama-3-8b"
-SYSTEM = SystemConfig("shared", "fcfs", "predicted", "evict-always", router="fitness")
+# Every system the gateway runs by policy name: FCFS, and Maestro (least slack, with its batch-cost gate)
+SYSTEMS = [SystemConfig("shared", "fcfs", "predicted", "evict-always", router="fitness"),
+           SystemConfig("shared-maestro", "maestro", "predicted", "evict-always", router="fitness", batch_cost=True)]
+SLO_S = 600.0
+COST = CostModel(CostModelConfig())
 
 
 class Live:
     """The gateway path: one Dispatcher over gateway Nodes (peak admission: free = unreserved and unused by vLLM)."""
 
-    def __init__(self, node_blocks: dict[str, int]):
+    def __init__(self, node_blocks: dict[str, int], system: SystemConfig):
         self.loop = asyncio.new_event_loop()
         self.nodes = {name: self._node(name, num_blocks) for name, num_blocks in node_blocks.items()}
-        self.dispatcher = Dispatcher(create_scheduler(SYSTEM.scheduler), list(self.nodes.values()), max_queued=64,
-                                     recheck_s=0)
+        self.dispatcher = Dispatcher(create_scheduler(system.scheduler), list(self.nodes.values()), max_queued=64,
+                                     recheck_s=0, batch_cost=BatchCostGate() if system.batch_cost else None)
         self.jobs: dict[str, Job] = {}
 
     @staticmethod
@@ -63,8 +69,11 @@ class Live:
         self.dispatcher.pump()
 
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
-        request = StageRequest(name, "s0", MODEL, workflow_arrival_s=now, ready_s=now, prompt_tokens=prompt_tokens,
-                               tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=4096)
+        model = COST.model(MODEL)  # the simulator's predicted service time, so that both order alike
+        pred_s = COST.prefill_s(model, prompt_tokens) + COST.decode_s(model, reserve_tokens, prompt_tokens)
+        request = StageRequest(name, "s0", MODEL, workflow_arrival_s=now, ready_s=now, deadline_s=now + SLO_S,
+                               prompt_tokens=prompt_tokens, tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens,
+                               max_tokens=4096, pred_service_s=pred_s)
         job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + reserve_tokens)
         job.future, request.payload = self.loop.create_future(), job
         self.jobs[name] = job
@@ -81,12 +90,12 @@ class Live:
 class Simulated:
     """The simulator's path: its routing and per-node fill over SimNodes, the clock set by hand."""
 
-    def __init__(self, node_blocks: dict[str, int]):
+    def __init__(self, node_blocks: dict[str, int], system: SystemConfig):
         cluster = ClusterConfig(num_nodes=len(node_blocks), placement=[(MODEL,)], prefix_caching=False,
                                 show_progress=False)
         cluster.page_bytes = BLOCK_TOKENS * cluster.cost.models[MODEL].kv_bytes_per_token
         cluster.kv_pool_bytes = max(node_blocks.values()) * cluster.page_bytes
-        self.sim = Simulator(cluster, SYSTEM, [])
+        self.sim = Simulator(cluster, system, [])
         self.names = {node: name for node, name in zip(self.sim.nodes, node_blocks)}
         for node, num_blocks in zip(self.sim.nodes, node_blocks.values()):
             # vLLM has no virtual ranges to run out of: overcommit them far enough never to refuse
@@ -97,7 +106,7 @@ class Simulated:
         pass  # the simulator's nodes are always up to date
 
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
-        workflow = SimWorkflow(name, "shared", interactive=False, slo_s=600.0, arrival_s=now)
+        workflow = SimWorkflow(name, "shared", interactive=False, slo_s=SLO_S, arrival_s=now)
         stage = SimStage(workflow, 0, "s0", "agent", MODEL, [], output_tokens=reserve_tokens, is_tool_call=False,
                          prompt_tokens=prompt_tokens, max_tokens=4096, tokens_pred=reserve_tokens,
                          tokens_reserve=reserve_tokens)
@@ -131,8 +140,9 @@ ONE_NODE = [("submit", "s1", 6), ("submit", "s2", 6), ("submit", "big", 10), ("s
             ("finish", "s2", 0), ("submit", "s7", 3)]
 
 
-def run(path_cls, node_blocks: dict[str, int], steps: list) -> list[dict[str, str | None]]:
-    path, states = path_cls(node_blocks), []
+def run(path_cls, node_blocks: dict[str, int], steps: list, system: SystemConfig = SYSTEMS[0]
+        ) -> list[dict[str, str | None]]:
+    path, states = path_cls(node_blocks, system), []
     for i, (step, name, num_blocks) in enumerate(steps):
         now = float(i + 1)
         if step == "submit":
@@ -148,9 +158,10 @@ def run(path_cls, node_blocks: dict[str, int], steps: list) -> list[dict[str, st
 CASES = [({"a": 8, "b": 12, "c": 16}, MULTI_NODE), ({"a": 16, "b": 16}, MULTI_NODE), ({"a": 16}, ONE_NODE)]
 
 
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.scheduler)
 @pytest.mark.parametrize("node_blocks, steps", CASES)
-def test_gateway_and_simulator_decide_alike(node_blocks, steps):
-    live, simulated = run(Live, node_blocks, steps), run(Simulated, node_blocks, steps)
+def test_gateway_and_simulator_decide_alike(node_blocks, steps, system):
+    live, simulated = run(Live, node_blocks, steps, system), run(Simulated, node_blocks, steps, system)
     for (step, name, _), live_state, sim_state in zip(steps, live, simulated):
         assert live_state == sim_state, f"after {step} {name}"
     assert any(node is None for state in live for node in state.values())  # some stage waited
@@ -164,3 +175,4 @@ def test_the_sequences_exercise_node_choice_waiting_and_backfill():
     one = run(Live, {"a": 16}, ONE_NODE)
     assert one[2]["big"] is None and one[3]["s3"] == "a"  # the waiting head is passed by a stage that fits
     assert one[-1]["big"] == "a"  # and starts once a finish makes room
+
