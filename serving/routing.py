@@ -24,23 +24,41 @@ class FitnessConfig:
             raise ValueError("weights must be >= 0 and clip_quantiles 0 <= lo < hi <= 100")
 
 
-def robust_minmax(values: np.ndarray, clip_quantiles: tuple[float, float] = (5.0, 95.0)) -> np.ndarray:
-    """Clip to the given percentiles, then scale to [0, 1]; a constant vector maps to zeros."""
-    values = np.asarray(values, dtype=float)
-    lo, hi = np.percentile(values, clip_quantiles)
+def _percentile(ordered: list[float], q: float) -> float:
+    """numpy.percentile's default (linear interpolation) on a sorted list: a few nodes' terms need no array."""
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _scaled(values, clip_quantiles: tuple[float, float]) -> list[float]:
+    values = [float(v) for v in values]
+    ordered = sorted(values)
+    lo, hi = (_percentile(ordered, q) for q in clip_quantiles)
     if hi - lo <= 1e-12:
-        return np.zeros_like(values)
-    return (np.clip(values, lo, hi) - lo) / (hi - lo)
+        return [0.0] * len(values)
+    return [(min(max(v, lo), hi) - lo) / (hi - lo) for v in values]
+
+
+def robust_minmax(values, clip_quantiles: tuple[float, float] = (5.0, 95.0)) -> np.ndarray:
+    """Clip to the given percentiles, then scale to [0, 1]; a constant vector maps to zeros."""
+    return np.asarray(_scaled(values, clip_quantiles), dtype=float)
+
+
+def _scores(availability, ready_s, degradation, config: FitnessConfig) -> list[float]:
+    q = config.clip_quantiles
+    terms = zip(_scaled(availability, q), _scaled(ready_s, q), _scaled(degradation, q))
+    return [a - config.ready_weight * r - config.degradation_weight * d for a, r, d in terms]
 
 
 def fitness(availability, ready_s, degradation, config: FitnessConfig) -> np.ndarray:
-    q = config.clip_quantiles
-    return (robust_minmax(availability, q) - config.ready_weight * robust_minmax(ready_s, q)
-            - config.degradation_weight * robust_minmax(degradation, q))
+    return np.asarray(_scores(availability, ready_s, degradation, config), dtype=float)
 
 
 def select_node(availability, ready_s, degradation, config: FitnessConfig) -> int:
     """Index of the fittest node; ties go to the lowest ready time."""
-    scores = fitness(availability, ready_s, degradation, config)
-    best = np.flatnonzero(scores >= scores.max() - 1e-12)
-    return int(best[np.argmin(np.asarray(ready_s)[best])])
+    scores = _scores(availability, ready_s, degradation, config)
+    top = max(scores) - 1e-12
+    ready = list(ready_s)
+    return min((i for i, score in enumerate(scores) if score >= top), key=lambda i: ready[i])

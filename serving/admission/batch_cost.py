@@ -85,12 +85,16 @@ class BatchCostGate:
         self.config = config or BatchCostConfig()
         self.num_refused = 0
 
+    def is_congested(self, pace_s_per_token: float, step_s: float) -> bool:
+        """Whether the gate acts at this pace: prefill stalls stretch it `min_stretch` times the bare step or more."""
+        return pace_s_per_token >= self.config.min_stretch * step_s
+
     def admits(self, batch: RunningBatch, stall_s: float, added_step_s: float, candidate_tokens: float,
                candidate_slack_s: float) -> bool:
         """`candidate_slack_s`: the candidate's own slack if it started now (at the node's measured pace). A
         candidate that would miss its deadline by waiting for the next running stage to end is admitted anyway:
         holding it back would trade one miss for another."""
-        if len(batch.remaining_tokens) == 0 or batch.stretch < self.config.min_stretch:
+        if len(batch.remaining_tokens) == 0 or not self.is_congested(batch.pace_s_per_token, batch.step_s):
             return True
         delays = stall_s + np.minimum(batch.remaining_tokens, candidate_tokens) * added_step_s
         endangered = batch.is_savable & (delays > self.config.slack_share * batch.slack_s)

@@ -30,9 +30,10 @@ class SimSlot:
         if self.dispatcher.kv_plan(node, stage) is None:
             return "kv"
         gate = self.dispatcher.batch_gate
-        if gate is not None and node.running and not gate.admits(self.running_batch(), *self.batch_cost(stage)):
-            return "slack"
-        return None
+        if gate is None or not node.running or not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now),
+                                                                      node.step_s()):
+            return None
+        return None if gate.admits(self.running_batch(), *self.batch_cost(stage)) else "slack"
 
     def running_batch(self) -> RunningBatch:
         """The running stages' predicted remaining tokens and slack now (computed once per batch change and time)."""
