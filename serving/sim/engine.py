@@ -162,8 +162,6 @@ class Simulator:
     def reschedule(self, node: SimNode) -> None:
         node.version += 1
         when = node.next_event_s()
-        if len(node.core) and node.stall_end_s > self.now:  # a stage held back while prefills run: look again then
-            when = node.stall_end_s if when is None else min(when, node.stall_end_s)
         if when is not None:
             self.push(max(when, self.now), NODE, node, node.version)
         if node.cap is not None and not node.is_control_armed:
