@@ -19,8 +19,10 @@ def register(subparsers) -> None:
                              "names run as the scenario's first placed model, with a warning (mars-swe runs its "
                              "one model for every stage)")
     parser.add_argument("--model", default=None, help="trained predictor directory (Predictor.load)")
-    parser.add_argument("--predictions", default=None, choices=["noise", "oracle", "model"],
-                        help="where predictions come from (default: model if --model, else noise)")
+    parser.add_argument("--predictions", default=None, choices=["noise", "oracle", "model", "prior", "none"],
+                        help="where predictions come from: true × lognormal noise, true lengths, the trained model, "
+                             "its per-role priors (needs --model), or none (one constant); default: model if --model, "
+                             "else noise")
     parser.add_argument("--noise-sigma", type=float, default=0.5, help="noise model: σ of log-token error")
     parser.add_argument("--arrivals", default="poisson", help="poisson, bursty, or an arrival trace file to replay")
     parser.add_argument("--rate", type=float, default=None, help="total workflow arrivals per second")
@@ -67,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if args.host_cpu:
         scenario.cluster.host_cpu = args.host_cpu
     source = args.predictions or ("model" if args.model else "noise")
-    predictions = PredictionConfig(source=source, sigma=args.noise_sigma, model_dir=args.model, seed=args.seed)
+    try:
+        predictions = PredictionConfig(source=source, sigma=args.noise_sigma, model_dir=args.model, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"maestro simulate: {exc}") from None
     policies = tuple(args.policies.split(",")) if args.policies else scenario.default_policies
     run_config = RunConfig(policies=policies, seed=args.seed, arrivals=args.arrivals, num_workflows=args.workflows,
                            rate_per_s=args.rate, traces=args.traces, model_map=parse_model_map(args.model_map, scenario.cluster.cost.models),
