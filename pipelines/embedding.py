@@ -33,10 +33,10 @@ class EmbedderConfig:
     max_seq_length: int = 64  # MiniLM's; a static embedding reads every token of the segment
     batch_size: int = 64
     cache_size: int = 200_000
-    # static: each token's vector × a/(a + p(token)) (smooth inverse frequency), p from the token counts of
-    # the training segments ("corpus") or from Zipf's law over the vocabulary's order (model2vec's "zipf")
-    weighting: str = "corpus"
-    sif_coefficient: float = 1e-3
+    # static: each token's vector × a/(a + p(token)) (smooth inverse frequency), p from Zipf's law over the
+    # vocabulary's order ("zipf", model2vec's, a = 1e-4) or from the token counts of the training segments ("corpus")
+    weighting: str = "zipf"
+    sif_coefficient: float = 1e-4
     # static: map the mean vectors onto MiniLM's own vectors of the training segments (ridge regression, folded
     # into the table like the PCA): the teacher's geometry on this domain, at the same cost a text
     fit_to_teacher: bool = False

@@ -5,9 +5,9 @@ id (locked: no seed or tuning choice moves a task). Training rows include the hi
 (pipelines.predictor.training_frame); test rows come with and without their ancestors' labels. The PCA is fitted on
 the training side only. MiniLM embeddings are cached by text hash in `embeddings.npz` so a re-run embeds
 only prompts it has not seen. With `embedding: static` the embedding is MiniLM distilled to one vector per
-token (pipelines.static_embedding.StaticEmbedder): the distilled table is kept in `static_teacher.npz` (distilled
-again only when the packaged MiniLM or the recipe changes), weighted and PCA-folded on the training side, and
-saved inside `featurizer.joblib`, so the predictor the train stage saves carries it.
+token (pipelines.static_embedding.StaticEmbedder): the distilled table is kept in `static/` (distilled again
+only when the packaged MiniLM or the recipe changes; empty with `embedding: minilm`), weighted and PCA-folded
+on the training side, and saved inside `featurizer.joblib`, so the predictor the train stage saves carries it.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pipelines.predictor import evaluation_frame, training_frame
 def featurizer_config(params: dict) -> FeaturizerConfig:
     embedder = EmbedderConfig(kind=params.get("embedding", "minilm"), tail_chars=params["tail_chars"],
                               max_seq_length=params["max_seq_length"],
-                              weighting=params.get("static_weighting", "corpus"),
+                              weighting=params.get("static_weighting", "zipf"),
                               fit_to_teacher=params.get("fit_to_teacher", False))
     return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
                             embedder=embedder, use_embedding=params.get("use_embedding", True),
@@ -62,7 +62,7 @@ def locked_split(stages: list[StageTrace], test_fraction: float) -> tuple[list[i
 
 def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None,
               static_cache: Path | None = None):
-    """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's (pipelines.embedding)."""
+    """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's (static_embedding.teacher_table)."""
     train_idx, test_idx = locked_split(stages, params["test_fraction"])
     config = featurizer_config(params)
     minilm = Embedder(replace(config.embedder, kind="minilm"))  # the embedding, or the static one's teacher
@@ -88,8 +88,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = read_traces(args.traces).stages
+    (out / "static").mkdir(exist_ok=True)
     featurizer, frames = featurize(stages, params, cache=out / "embeddings.npz",
-                                   static_cache=out / "static_teacher.npz")
+                                   static_cache=out / "static" / "distilled.npz")
     for name, (X, labels) in frames.items():
         X.to_parquet(out / f"{name}_X.parquet")
         labels.to_parquet(out / f"{name}_labels.parquet")

@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from pipelines.contract import read_traces
+from pipelines.embedding import Embedder
 from pipelines.metrics import quality
 from pipelines.params import load_params
 from pipelines.predictor import Predictor
@@ -51,7 +52,7 @@ def champion_quality(client: MlflowClient, traces: str, test_labels: pd.DataFram
     except MlflowException:
         return None
     champion = Predictor.load(f"models:/{MODEL_NAME}/{version.version}")
-    if champion.featurizer is not None:
+    if champion.featurizer is not None and isinstance(champion.featurizer.embedder, Embedder):  # MiniLM's cache
         champion.featurizer.embedder.load_cache(embeddings)
     wanted = set(zip(test_labels["workflow_id"], test_labels["stage_id"]))
     stages = [s for s in read_traces(traces).stages if (s.workflow_id, s.stage_id) in wanted]

@@ -60,9 +60,14 @@ def test_a_text_is_the_mean_of_its_tokens_rows_one_or_many_at_a_time():
         assert np.allclose(embedder.embed([text])[0], row, atol=1e-6)
 
 
+def test_zipf_weights_grow_with_the_vocabulary_rank():
+    weights = random_static().token_weights([])
+    assert weights.shape == (VOCAB,) and np.all(np.diff(weights) > 0) and 0 < weights[0] < weights[-1] <= 1
+
+
 def test_weighting_and_the_pca_fold_into_the_table():
     texts = [f"write {w} code for task {i}, answer in json" for i, w in enumerate(["short", "long", "full"] * 9)]
-    weighted = random_static().weighted(texts)
+    weighted = random_static(EmbedderConfig(kind="static", weighting="corpus", sif_coefficient=1e-3)).weighted(texts)
     counts = np.bincount([i for row in weighted.token_ids(texts) for i in row], minlength=VOCAB)
     common, unseen = int(np.argmax(counts)), int(np.flatnonzero(counts == 0)[0])
     assert np.allclose(weighted.table[unseen], random_static().table[unseen])  # weight 1: never seen in training
