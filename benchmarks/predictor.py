@@ -50,8 +50,9 @@ TEST_FRACTION = 0.3
 # grouped splits of the dev traces, then one for the history conditions (history copies, reserve calibrated
 # per condition), fixed before its first run; its reserve levels come from out-of-fold (inner grouped CV)
 # scores of the training side only; then 5 reserve variants (the bound model's quantile × the calibration
-# groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets.
-VARIANTS_TRIED = 51
+# groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets; then 8
+# prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py).
+VARIANTS_TRIED = 59
 FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 
