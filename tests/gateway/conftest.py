@@ -136,8 +136,8 @@ def _engine(model_dir, tmp_path_factory, **kw) -> Engine:
     if not has_vllm():
         pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
     logs = tmp_path_factory.mktemp("vllm-logs")
-    config = EngineConfig(str(model_dir), log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE,
-                          env={"MAESTRO_VLLM_STATS_DIR": str(logs / "stats")}, **kw)
+    env = {"MAESTRO_VLLM_STATS_DIR": str(logs / "stats"), **kw.pop("env", {})}
+    config = EngineConfig(str(model_dir), log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE, env=env, **kw)
     return Engine(config).start()
 
 
