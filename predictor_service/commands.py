@@ -74,8 +74,6 @@ def register_deploy(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from predictor_service.config import DEFAULT_TRACKING_URI
     from predictor_service.deploy import DeployConfig, deploy
 
