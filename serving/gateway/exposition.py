@@ -2,8 +2,9 @@
 counters of /maestro/status (read from the gateway at each scrape), and histograms of each stage's times, observed
 from its trace line (core.trace_record) as it is written.
 
-Each Gateway has its own registry (several run in one test process); the series names are those the gateway has
-always exposed (`maestro_gateway_stage_predictions_total{source=…}`, `…_predictor_ready`, `…_calls_total{kind=…}`).
+Each Gateway has its own registry (several run in one test process); the series names are those the gateway
+has always exposed (`maestro_gateway_stage_predictions_total{source=…}`, `…_predictor_ready`,
+`…_calls_total{kind=…}`).
 """
 from __future__ import annotations
 
