@@ -34,6 +34,16 @@ def remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float,
     return step_tokens
 
 
+def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float,
+                            step_tokens: float = 16.0) -> float:
+    """The decode tokens a stage still has at the least: the lower bound that mirrors its reserve around the point
+    prediction in log space (pred² ÷ reserve; length errors are about symmetric there), less what it produced, then
+    `step_tokens`. The gate judges endangerment on it, so a wrong prediction makes it admit, not hold back; a
+    prediction with a tight reserve (the true length) keeps its full weight."""
+    low = tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1)
+    return low - produced if produced < low else step_tokens
+
+
 @dataclass
 class BatchCostConfig:
     slack_share: float = 1.0  # the share of a running stage's slack that one admission may use up
@@ -52,7 +62,7 @@ class BatchCostConfig:
 class RunningBatch:
     """The running stages of one node as the gate reads them (arrays, one entry a stage)."""
 
-    remaining_tokens: np.ndarray
+    remaining_tokens: np.ndarray  # at the least (`fewest_remaining_tokens`)
     slack_s: np.ndarray  # at the node's measured pace (prefill stalls included)
     is_savable: np.ndarray  # could still make its deadline at the bare step time, if nothing more were admitted
     pace_s_per_token: float

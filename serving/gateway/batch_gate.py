@@ -8,7 +8,7 @@ ever endangered, and without measurements the gate admits: it only holds back wo
 """
 from __future__ import annotations
 
-from serving.admission.batch_cost import BatchCostGate, RunningBatch, remaining_tokens
+from serving.admission.batch_cost import BatchCostGate, RunningBatch, fewest_remaining_tokens
 from serving.gateway.nodes import Node
 from serving.request import StageRequest
 
@@ -19,7 +19,7 @@ def running_batch(node: Node, now: float) -> RunningBatch | None:
         return None
     pace_s, step_s = 1.0 / node.mean_pace, 1.0 / max(node.recent_paces)
     requests = list(node.running_requests)
-    remaining = [remaining_tokens(r.tokens_pred, r.tokens_reserve,
+    remaining = [fewest_remaining_tokens(r.tokens_pred, r.tokens_reserve,
                                   max(0.0, now - node.running_requests[r] - node.first_token_delay_s) / pace_s)
                  for r in requests]
     return RunningBatch.of(remaining, [r.deadline_s for r in requests], pace_s, min(step_s, pace_s), now)

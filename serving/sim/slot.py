@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.admission.batch_cost import RunningBatch, remaining_tokens
+from serving.admission.batch_cost import RunningBatch, fewest_remaining_tokens
 from serving.admission.dispatch import DispatchConfig
 from serving.request import StageRequest
 from serving.routing import FitnessConfig
@@ -42,7 +42,8 @@ class SimSlot:
         if self._batch is None or self._batch[0] != version:
             v = node.v_at(now)
             stages = list(node.running)
-            remaining = [remaining_tokens(s.tokens_pred, s.tokens_reserve, s.generated_tokens + v - s.v_start)
+            remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve,
+                                                 s.generated_tokens + v - s.v_start)
                          for s in stages]
             backlog_s = max(0.0, node.stall_end_s - now)  # prefills already started stall every running stage
             deadlines = [s.request.deadline_s - backlog_s for s in stages]

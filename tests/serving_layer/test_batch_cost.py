@@ -1,7 +1,8 @@
 """The batch-cost gate (what one more stage costs the running ones) and the workflows' remaining-work history."""
 import pytest
 
-from serving.admission.batch_cost import BatchCostConfig, BatchCostGate, RunningBatch, remaining_tokens
+from serving.admission.batch_cost import (BatchCostConfig, BatchCostGate, RunningBatch, fewest_remaining_tokens,
+                                          remaining_tokens)
 from serving.scheduler.remaining import RemainingWork
 
 STEP_S = 0.02
@@ -15,6 +16,12 @@ def test_remaining_tokens_follow_the_prediction_then_the_reserve():
     assert remaining_tokens(100, 400, produced=30) == 70
     assert remaining_tokens(100, 400, produced=150) == 250  # past the point estimate: the calibrated bound's rest
     assert remaining_tokens(100, 400, produced=500, step_tokens=16) == 16
+
+
+def test_the_fewest_remaining_tokens_mirror_the_reserve_around_the_prediction():
+    assert fewest_remaining_tokens(100, 400, produced=0) == 25  # 100² / 400: as far below as the reserve is above
+    assert fewest_remaining_tokens(100, 100, produced=30) == 70  # a tight reserve (true lengths): the prediction's rest
+    assert fewest_remaining_tokens(100, 400, produced=40, step_tokens=16) == 16
 
 
 def test_a_stage_that_would_miss_by_the_admission_holds_it_back():
