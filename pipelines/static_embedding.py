@@ -111,17 +111,16 @@ class _Normalization(dict):
 
 
 class PythonWordPiece:
-    """MiniLM's tokenizer (BertNormalizer, BertPreTokenizer, WordPiece) in Python: the normalization as one
-    str.translate (each character's image asked of the Rust tokenizer once), the pre-tokens as one regex, each
-    looked up in the vocabulary and, when it is not there, split by WordPiece's greedy longest match of "##"
-    continuations. The Rust tokenizer spends ~100 µs on a 256-character segment through its Python binding,
-    this ~15-25 µs, with the same ids (tests compare them on the dev traces' prompts and on random Unicode)."""
+    """MiniLM's tokenizer (BertNormalizer, BertPreTokenizer, WordPiece) with the per-text work in Python: the
+    normalization as one str.translate (each character's image asked of the Rust tokenizer once), the
+    pre-tokens as one regex, each looked up in the vocabulary; a word the vocabulary does not hold is split by
+    the Rust WordPiece model itself. The Rust tokenizer's whole pipeline spends ~100 µs on a 256-character
+    segment through its Python binding, this ~15-25 µs, with the same ids (tests compare them on the dev
+    traces' prompts and on random Unicode)."""
 
     def __init__(self, tokenizer_json: str, tokenizer):
-        model = json.loads(tokenizer_json)["model"]
-        self.vocab: dict[str, int] = model["vocab"]
-        self.unknown = [self.vocab[model["unk_token"]]]
-        self.prefix, self.max_chars = model["continuing_subword_prefix"], model["max_input_chars_per_word"]
+        self.vocab: dict[str, int] = json.loads(tokenizer_json)["model"]["vocab"]
+        self.word_pieces = tokenizer.model.tokenize
         self._normalization = _Normalization(tokenizer)
         for code in range(128):  # printable ASCII and the rest: looked up before the first text arrives
             self._normalization[code]
@@ -131,25 +130,10 @@ class PythonWordPiece:
         for word in _PRE_TOKEN.findall(text.translate(self._normalization)):
             token = vocab.get(word)
             if token is None:
-                out.extend(self._pieces(word))
+                out.extend(piece.id for piece in self.word_pieces(word))
             else:
                 out.append(token)
         return out
-
-    def _pieces(self, word: str) -> list[int]:
-        if len(word) > self.max_chars:
-            return self.unknown
-        pieces, start = [], 0
-        while start < len(word):
-            for end in range(len(word), start, -1):
-                token = self.vocab.get(word[start:end] if start == 0 else self.prefix + word[start:end])
-                if token is not None:
-                    pieces.append(token)
-                    start = end
-                    break
-            else:  # no piece of the vocabulary starts here: the whole word is unknown
-                return self.unknown
-        return pieces
 
 
 class StaticEmbedder:
