@@ -19,7 +19,7 @@ embeddings ("maestro-minilm", what main shipped before the static embedding) and
 beside one MiniLM encode of each test prompt's segment, all in the same run. Writes JSON.
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed   # speed alone, one core
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm]
 """
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def minilm_encode_ms(stages: list[StageTrace]) -> dict:
     return percentiles_ms(times)
 
 
-def speed(stages: list[StageTrace]) -> dict:
+def speed(stages: list[StageTrace], names: list[str]) -> dict:
     """Training time, cold and warm single-stage latency and batched throughput of each recipe, and one MiniLM
     encode, on the locked split's test side of `stages` (the dev traces), in one run; the headline is
     Maestro's cold latency as a multiple of the MiniLM encode."""
@@ -183,7 +183,8 @@ def speed(stages: list[StageTrace]) -> dict:
     train_idx, test_idx = locked_split(stages, TEST_FRACTION)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
     out = {"test_stages": len(test), "minilm_encode_ms": minilm_encode_ms(test)}
-    for name, (features, model) in recipes().items():
+    for name in names:
+        features, model = recipes()[name]
         started = time.perf_counter()
         predictor = Predictor.train(train, features, model)
         out[name] = {"train_s": round(time.perf_counter() - started, 1),
@@ -192,7 +193,8 @@ def speed(stages: list[StageTrace]) -> dict:
     encode, cold = out["minilm_encode_ms"], out["maestro"]["latency_ms"]["cold"]
     out["headline"] = {"maestro_cold_ms": cold, "minilm_encode_ms": encode,
                        "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
-                       "maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
+                       **({"maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
+                          if "maestro-minilm" in out else {})}
     return out
 
 
@@ -236,6 +238,8 @@ def main() -> None:
                         help="data sets scored held out (none: --speed alone)")
     parser.add_argument("--leave-one-app-out", action="store_true")
     parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--speed-recipes", nargs="+", choices=list(recipes()), default=list(recipes()),
+                        help="the recipes --speed measures (maestro always; the straightforward one takes minutes)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
     args = parser.parse_args()
     result = {"variants_tried": VARIANTS_TRIED, "test_fraction": TEST_FRACTION, "held_out": {}}
@@ -248,7 +252,7 @@ def main() -> None:
         if args.leave_one_app_out:
             result.setdefault("leave_one_app_out", {})[data] = leave_one_app_out(train, test)
     if args.speed:
-        result["speed"] = speed(read_stages(DEV_TRACES))
+        result["speed"] = speed(read_stages(DEV_TRACES), ["maestro", *(r for r in args.speed_recipes if r != "maestro")])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
