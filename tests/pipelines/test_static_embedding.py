@@ -144,3 +144,23 @@ def test_the_distilled_table_is_minilm_on_each_token_alone(tmp_path, monkeypatch
     monkeypatch.setattr(embedding, "distill_table", lambda: pytest.fail("distilled again instead of read"))
     assert np.array_equal(teacher_table(tmp_path / "static.npz"), table)
     assert re.fullmatch(r"[0-9a-f]{24}", embedding.teacher_digest())
+
+
+@pytest.mark.slow
+def test_a_static_predictor_carries_its_table_and_answers_the_same_after_load(tmp_path, monkeypatch, dev_traces):
+    from pipelines import static_embedding
+    from pipelines.model import ModelConfig
+    from pipelines.predictor import Predictor
+
+    stages = read_traces(dev_traces).stages[:400]
+    model = ModelConfig(folds=2, classifier=dict(n_estimators=20), quantile=dict(n_estimators=20),
+                        regressor=dict(n_estimators=20, extra_trees=True))
+    predictor = Predictor.train(stages, FeaturizerConfig(pca_dims=8, embedder=STATIC), model)
+    predictor.save(tmp_path / "predictor")
+    monkeypatch.setattr(static_embedding, "_TABLES", {})
+    monkeypatch.setattr(static_embedding, "distill_table", lambda: pytest.fail("loading distilled MiniLM again"))
+    monkeypatch.setattr(static_embedding, "teacher_table", lambda cache=None: pytest.fail("loading the teacher"))
+    loaded = Predictor.load(tmp_path / "predictor")
+    assert loaded.featurizer.static_.table.shape == (VOCAB, 8)
+    assert loaded.predict(stages[-50:]) == predictor.predict(stages[-50:])
+    assert [loaded.predict([s]) for s in stages[-20:]] == [predictor.predict([s]) for s in stages[-20:]]
