@@ -8,7 +8,8 @@ import json
 def register(subparsers) -> None:
     parser = subparsers.add_parser("simulate", help="simulate a cluster serving agent workflows under several policies",
                                    description=__doc__)
-    parser.add_argument("--scenario", required=True, help="maestro-paper or mars-swe")
+    parser.add_argument("--scenario", required=True, choices=["maestro-paper", "mars-swe"],
+                        help="the cluster and workload (serving/sim/scenarios.py)")
     parser.add_argument("--nodes", type=int, default=None, help="simulated GPU nodes (default: 64 / 1)")
     parser.add_argument("--policies", default=None, help="comma-separated policy names (default: the scenario's)")
     parser.add_argument("--seed", type=int, default=0)
