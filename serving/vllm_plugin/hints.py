@@ -1,0 +1,95 @@
+"""What a request tells Maestro's vLLM scheduler about itself: its prediction, carried in `extra_args["maestro"]`.
+
+The OpenAI server takes it as `"vllm_xargs": {"maestro": "<JSON object>"}` (vLLM types `vllm_xargs` values as
+str | int | float | list, so the object travels as JSON text); offline, `SamplingParams(extra_args={"maestro": {...}})`
+may hold the dict itself. Both become `request.sampling_params.extra_args` inside the engine.
+
+Plain Python (no vLLM), so the gateway, the tests and the scheduler share this one definition of the message.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from serving.request import StageRequest
+
+XARGS_KEY = "maestro"
+
+
+@dataclass(frozen=True, slots=True)
+class MaestroHints:
+    """One stage's prediction as the engine sees it.
+
+    `deadline_s` counts seconds from the request's arrival at the engine (vLLM's `arrival_time`), so the sender's and
+    the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` are in the unit of
+    `StageRequest.pred_service_s` (the gateway's predicted seconds); without `pred_service_s` the scheduler derives it
+    from `tokens_pred`.
+    """
+
+    tokens_pred: int
+    tokens_reserve: int = 0  # output tokens to hold KV for; 0: tokens_pred
+    pred_service_s: float | None = None
+    workflow_remaining_s: float = 0.0
+    deadline_s: float = math.inf
+    interactive: bool = False
+    workflow: str = ""
+
+    def __post_init__(self):
+        if self.tokens_pred < 0 or self.tokens_reserve < 0:
+            raise ValueError(f"maestro hints: tokens_pred and tokens_reserve must be >= 0, got {self}")
+        if self.tokens_reserve == 0:
+            object.__setattr__(self, "tokens_reserve", self.tokens_pred)
+
+    def to_xargs(self) -> dict[str, str]:
+        """The `vllm_xargs` field of an OpenAI request that carries these hints."""
+        fields = {k: v for k, v in asdict(self).items() if v is not None and v != math.inf}
+        return {XARGS_KEY: json.dumps(fields, separators=(",", ":"))}
+
+
+def hints_from_extra_args(extra_args: dict | None) -> MaestroHints | None:
+    """The request's hints, or None when it carries none; ValueError (naming the field) when they are malformed."""
+    raw = (extra_args or {}).get(XARGS_KEY)
+    if raw is None:
+        return None
+    try:
+        fields = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        return MaestroHints(**fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"extra_args[{XARGS_KEY!r}] is not a valid Maestro prediction ({error}): {raw!r}") from None
+
+
+def stage_request(request_id: str, arrival_s: float, num_prompt_tokens: int, max_tokens: int, hints: MaestroHints,
+                  decode_s_per_token: float) -> StageRequest:
+    """The policy's view of a waiting vLLM request (times on the clock of vLLM's `arrival_time`)."""
+    pred_service_s = hints.pred_service_s
+    if pred_service_s is None:
+        pred_service_s = min(max_tokens, hints.tokens_pred) * decode_s_per_token
+    return StageRequest(
+        workflow_id=hints.workflow or request_id, stage_id=request_id, interactive=hints.interactive,
+        workflow_arrival_s=arrival_s, ready_s=arrival_s, deadline_s=arrival_s + hints.deadline_s,
+        prompt_tokens=num_prompt_tokens, tokens_pred=hints.tokens_pred, tokens_reserve=hints.tokens_reserve,
+        max_tokens=max_tokens, pred_service_s=pred_service_s, workflow_remaining_s=hints.workflow_remaining_s)
+
+
+def hints_for_stage(stage: StageRequest, now_s: float) -> MaestroHints:
+    """The hints a stage is sent to an engine with (the inverse of `stage_request`); its deadline counted from
+    `now_s`, on the stage's own clock."""
+    return MaestroHints(tokens_pred=stage.tokens_pred, tokens_reserve=stage.tokens_reserve,
+                        pred_service_s=stage.pred_service_s, workflow_remaining_s=stage.workflow_remaining_s,
+                        deadline_s=stage.deadline_s - now_s, interactive=stage.interactive, workflow=stage.workflow_id)
+
+
+def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens: int, hints: MaestroHints) -> int:
+    """Tokens of KV the request is predicted to hold when it ends: its prompt and its reserve (or what it has already
+    produced, once it outgrew the reserve), never beyond its max_tokens."""
+    return num_prompt_tokens + min(max_tokens, max(hints.tokens_reserve, num_output_tokens))
+
+
+def remaining_tokens(num_output_tokens: int, hints: MaestroHints) -> int:
+    """Predicted output tokens still to come (0 once the request has produced its prediction)."""
+    return max(hints.tokens_pred - num_output_tokens, 0)
+
+
+def num_blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)

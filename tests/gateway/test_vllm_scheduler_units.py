@@ -1,0 +1,84 @@
+"""The vLLM-free parts of Maestro's vLLM scheduler: the hints message, KV arithmetic, decisions lines."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from serving.gateway.core import DECODE_S_PER_TOKEN
+from serving.scheduler import create_scheduler
+from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
+from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, num_blocks,
+                                       remaining_tokens, stage_request)
+
+
+def test_hints_round_trip_through_vllm_xargs_as_json_text():
+    hints = MaestroHints(tokens_pred=40, tokens_reserve=64, pred_service_s=0.8, deadline_s=12.5, interactive=True,
+                         workflow="wf-1")
+    xargs = hints.to_xargs()
+    assert all(isinstance(v, str) for v in xargs.values())  # vLLM types vllm_xargs values as str | int | float | list
+    assert hints_from_extra_args(xargs) == hints
+    assert hints_from_extra_args({"maestro": {"tokens_pred": 40, "tokens_reserve": 64, "pred_service_s": 0.8,
+                                              "deadline_s": 12.5, "interactive": True, "workflow": "wf-1"}}) == hints
+
+
+def test_no_deadline_is_left_out_of_the_message_and_reserve_defaults_to_the_prediction():
+    hints = MaestroHints(tokens_pred=30)
+    assert "deadline_s" not in hints.to_xargs()["maestro"] and hints.tokens_reserve == 30
+    assert hints_from_extra_args(hints.to_xargs()).deadline_s == math.inf
+
+
+@pytest.mark.parametrize("extra_args", [None, {}, {"other": 1}])
+def test_a_request_without_hints_has_none(extra_args):
+    assert hints_from_extra_args(extra_args) is None
+
+
+@pytest.mark.parametrize("raw", ['{"tokens_pred": -1}', '{"tokens": 3}', "not json", '{"tokens_pred": 5, "x": 1}'])
+def test_malformed_hints_are_a_value_error_that_names_the_field(raw):
+    with pytest.raises(ValueError, match="extra_args\\['maestro'\\]"):
+        hints_from_extra_args({"maestro": raw})
+
+
+def test_stage_request_puts_the_relative_deadline_on_the_engine_clock():
+    stage = stage_request("r1", 1000.0, 12, 256, MaestroHints(tokens_pred=50, deadline_s=30.0, workflow="w"), 0.02)
+    assert (stage.workflow_id, stage.stage_id, stage.ready_s, stage.deadline_s) == ("w", "r1", 1000.0, 1030.0)
+    assert stage.pred_service_s == pytest.approx(1.0) and stage.prompt_tokens == 12
+    capped = stage_request("r2", 0.0, 1, 10, MaestroHints(tokens_pred=50), 0.02)
+    assert capped.pred_service_s == pytest.approx(0.2) and capped.workflow_id == "r2"
+
+
+def test_the_default_pace_is_the_gateways():
+    from serving.vllm_plugin import scheduler_config
+
+    assert scheduler_config.DEFAULT_DECODE_S_PER_TOKEN == DECODE_S_PER_TOKEN
+
+
+def test_stage_requests_order_by_the_policy_object():
+    policy = create_scheduler("maestro")
+    urgent = stage_request("urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=2.0), 0.02)
+    relaxed = stage_request("relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.02)
+    for stage in (relaxed, urgent):
+        policy.add(stage, 5.0)
+    assert [s.stage_id for s in policy.in_order(5.0)] == ["urgent", "relaxed"]
+
+
+def test_footprint_is_prompt_and_reserve_then_what_was_produced_capped_by_max_tokens():
+    hints = MaestroHints(tokens_pred=100, tokens_reserve=150)
+    assert footprint_tokens(10, 0, 1000, hints) == 160
+    assert footprint_tokens(10, 400, 1000, hints) == 410
+    assert footprint_tokens(10, 0, 120, hints) == 130
+    assert remaining_tokens(30, hints) == 70 and remaining_tokens(300, hints) == 0
+    assert (num_blocks(128, 128), num_blocks(129, 128), num_blocks(0, 16)) == (1, 2, 0)
+
+
+def test_decisions_lines_parse_back_from_a_log():
+    decisions = Decisions()
+    decisions.hold_back("a")
+    decisions.hold_back("a")
+    decisions.forget("a")
+    decisions.hold_back("a")
+    decisions.num_preempted = 1
+    log = f"(EngineCore pid=1) INFO 12-02 [scheduler.py:9] {decisions.log_line(7)}\nother line\n"
+    [line] = parse_decision_lines(log)
+    assert line["step"] == 7 and line["num_held_back"] == 3 and line["num_requests_held_back"] == 2
+    assert line["num_preempted"] == 1 and "_held_ids" not in line
