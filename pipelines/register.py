@@ -1,13 +1,15 @@
 """DVC stage `register`: log the run to MLflow, register `stage-length`, move `champion` if not worse.
 
 The champion is re-scored on this run's test split (same stages for both), so the comparison is
-fair even when the data changed since the champion was trained.
+fair even when the data changed since the champion was trained. `register.promote` says whether this
+run may move `champion` at all: `auto` lets `dvc repro` ship and keeps `dvc exp run` from shipping.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import mlflow
@@ -45,6 +47,16 @@ def flat(prefix: str, values: dict) -> dict:
     return out
 
 
+def may_promote(setting: bool | str, environ: dict = os.environ) -> tuple[bool, list[str]]:
+    """Whether register.promote lets this run move `champion`, and why not when it does not."""
+    if setting not in (True, False, "auto"):
+        raise ValueError(f"params.yaml register.promote: {setting!r}; use true, false or auto")
+    if setting == "auto" and "DVC_EXP_NAME" in environ:  # DVC sets it for every `dvc exp run` stage
+        return False, [f"experiment {environ['DVC_EXP_NAME']} (register.promote auto): "
+                       "-S register.promote=true ships it"]
+    return (False, ["register.promote is false"]) if setting is False else (True, [])
+
+
 def champion_quality(client: MlflowClient, traces: str, test_labels: pd.DataFrame, embeddings: Path) -> dict | None:
     """Score the current champion on this run's test stages; None when there is no champion yet."""
     try:
@@ -73,6 +85,7 @@ def main() -> None:
     parser.add_argument("--out", default="data/eval/registration.json")
     args = parser.parse_args()
     params = load_params("register")
+    allowed, held = may_promote(params.get("promote", "auto"))
     use_store(params["tracking_uri"], params["artifact_root"])
     client = MlflowClient()
     metrics = json.loads(Path(args.metrics).read_text())["with_history"]
@@ -88,12 +101,13 @@ def main() -> None:
             mlflow.log_artifact(str(png), artifact_path="plots")
         mlflow.log_artifact(args.metrics)
         version = register_predictor(args.model, REQUIREMENTS)
-    promoted, reasons = (True, []) if champion is None else not_worse(metrics["model"], champion,
-                                                                     all_params["train"]["alpha"])
+    passes, reasons = (True, []) if champion is None else not_worse(metrics["model"], champion,
+                                                                   all_params["train"]["alpha"])
+    promoted, reasons = passes and allowed, reasons + held
     if promoted:
         client.set_registered_model_alias(MODEL_NAME, "champion", version)
-    result = {"run_id": run.info.run_id, "version": version, "promoted": promoted, "reasons": reasons,
-              "champion_metrics_on_this_test": champion}
+    result = {"run_id": run.info.run_id, "version": version, "promoted": promoted, "passes_guard": passes,
+              "reasons": reasons, "champion_metrics_on_this_test": champion}
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     verdict = "now champion" if promoted else f"kept the champion ({'; '.join(reasons)})"
     print(f"registered {MODEL_NAME} version {version}: {verdict}")

@@ -1,4 +1,8 @@
-"""The real `dvc repro` and `dvc exp run` on a small synthetic sample, in a clone of this repo."""
+"""dvc.yaml as DVC's users expect it (complete deps, metrics and plots in git), and the real `dvc repro` and
+`dvc exp run` on a small synthetic sample, in a clone of this repo."""
+import ast
+import csv
+import io
 import json
 import os
 import subprocess
@@ -8,8 +12,66 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+from pipelines.register import may_promote
+
 REPO = Path(__file__).resolve().parents[2]
+DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text())
+
+
+def pipelines_imports(module: str) -> set[str]:
+    """The pipelines/ modules a module imports, anywhere in it (function-level imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse((REPO / "pipelines" / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipelines":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipelines."):
+            found.add(node.module.split(".")[1])
+    return found
+
+
+def imported_closure(module: str) -> set[str]:
+    seen, todo = {module}, [module]
+    while todo:
+        for name in pipelines_imports(todo.pop()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def paths(entries: list) -> list[str]:
+    """A dvc.yaml list of outs/metrics/plots: plain paths or {path: options}."""
+    return [e if isinstance(e, str) else next(iter(e)) for e in entries]
+
+
+@pytest.mark.parametrize("name", sorted(DVC_YAML["stages"]))
+def test_each_stage_depends_on_every_pipelines_module_it_runs(name):
+    stage = DVC_YAML["stages"][name]
+    module = stage["cmd"].split()[2].removeprefix("pipelines.")  # python -m pipelines.<module> ...
+    needed = {f"pipelines/{m}.py" for m in imported_closure(module)}
+    assert needed <= set(stage["deps"]), f"stage {name}: add to deps {sorted(needed - set(stage['deps']))}"
+
+
+def test_metrics_and_plots_are_kept_in_git_so_experiments_carry_them():
+    evaluate = DVC_YAML["stages"]["evaluate"]
+    plotted = paths(DVC_YAML["plots"])
+    small = paths(evaluate["metrics"]) + plotted
+    assert set(plotted) <= set(paths(evaluate["outs"]))  # drawn from what evaluate writes
+    assert {p for p in paths(evaluate["outs"]) if p.endswith(".png")} <= set(plotted)  # images as plots
+    for entry in evaluate["metrics"] + evaluate["outs"]:
+        if next(iter(entry)) in small:
+            assert entry[next(iter(entry))] == {"cache": False}, entry
+    ignored = subprocess.run(["git", "check-ignore", *small], cwd=REPO, capture_output=True, text=True).stdout
+    assert ignored == "", f".gitignore hides what `dvc exp show` / `dvc plots diff` compare: {ignored}"
+
+
+def test_register_promotes_in_dvc_repro_but_not_in_an_experiment_unless_asked():
+    assert DVC_YAML["stages"]["register"]["params"][0] == "register"
+    assert may_promote("auto", {}) == (True, [])
+    assert not may_promote("auto", {"DVC_EXP_NAME": "exp-1"})[0]
+    assert may_promote(True, {"DVC_EXP_NAME": "exp-1"}) == (True, [])
+    assert not may_promote(False, {})[0]
+    with pytest.raises(ValueError, match="register.promote"):
+        may_promote("yes", {})
 
 
 def run(cmd: list[str], cwd: Path) -> str:
@@ -31,6 +93,7 @@ def clone(tmp_path_factory) -> Path:
     return where
 
 
+@pytest.mark.slow
 def test_repro_trains_evaluates_and_registers_a_champion(clone):
     run(["dvc", "repro"], clone)
     metrics = json.loads((clone / "metrics.json").read_text())
@@ -46,11 +109,20 @@ def test_repro_trains_evaluates_and_registers_a_champion(clone):
     assert "without_history.above_reserve" in run(["dvc", "metrics", "show"], clone)
 
 
-def test_exp_run_changes_a_parameter_and_re_scores_the_champion(clone):
-    run(["dvc", "exp", "run", "-S", "train.alpha=0.2"], clone)
+@pytest.mark.slow
+def test_exp_runs_are_compared_and_do_not_move_the_champion(clone):
+    run(["dvc", "exp", "run", "-n", "alpha-02", "-S", "train.alpha=0.2"], clone)
     assert yaml.safe_load((clone / "params.yaml").read_text())["train"]["alpha"] == 0.2
     registration = json.loads((clone / "data/eval/registration.json").read_text())
-    assert str(registration["version"]) == "2"
+    assert str(registration["version"]) == "2" and not registration["promoted"]  # register.promote: auto
     assert registration["champion_metrics_on_this_test"]["n"] > 0  # champion re-scored on this test split
-    shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], clone)
-    assert "0.2" in shown
+    run(["dvc", "exp", "run", "-n", "rho-03", "-S", "train.rho=0.3"], clone)
+    rows = list(csv.DictReader(io.StringIO(run(["dvc", "exp", "show", "--no-pager", "--csv"], clone))))
+    experiments = {r["Experiment"]: r for r in rows if r["Experiment"] in ("alpha-02", "rho-03")}
+    assert set(experiments) == {"alpha-02", "rho-03"}
+    for row in experiments.values():  # numbers, not "!": each experiment's commit carries metrics.json
+        assert float(row["with_history.auc"]) > 0.8 and float(row["without_history.above_reserve"]) >= 0
+    assert experiments["alpha-02"]["train.alpha"] == "0.2" and experiments["rho-03"]["train.rho"] == "0.3"
+    run(["dvc", "plots", "diff", "alpha-02", "rho-03", "-o", "plots-diff"], clone)
+    page = (clone / "plots-diff" / "index.html").read_text()
+    assert "reserve_tradeoff.png" in page and "Calibration of p_tool" in page
