@@ -20,6 +20,9 @@ class NodeConfig:
 
     name: str
     url: str
+    # The node runs Maestro's vLLM scheduler (--scheduler-cls serving.vllm_plugin.scheduler.MaestroScheduler): stages
+    # go to it with their prediction in `vllm_xargs` (serving/vllm_plugin/hints.py) instead of a vLLM priority.
+    maestro_scheduler: bool = False
 
     def __post_init__(self):
         if not self.name or not self.url.startswith(("http://", "https://")):

@@ -63,6 +63,7 @@ class Node:
                  kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, use_progress: bool = False,
                  underoccupied_inflight: int = 0, handover_lead_s: float = 0.0, max_inflight: int = 0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
+        self.runs_maestro_scheduler = config.maestro_scheduler
         self.kv_overcommit, self.kv_admission, self.decode_rate_margin = kv_overcommit, kv_admission, decode_rate_margin
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.use_progress = use_progress  # project running stages from their streamed progress

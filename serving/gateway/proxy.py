@@ -30,6 +30,7 @@ from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, StreamAssembler, can_assemble
 from serving.gateway.upstream import Answer, UpstreamError, is_deadline
 from serving.gateway.validation import BadRequest, check_body, read_call
+from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
 
 
 class NodeFailed(Exception):
@@ -123,8 +124,8 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
             return node
         if gateway.spans is not None and job.span is None:
             job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
-        upstream["priority"] = gateway.vllm_priority(job)
-        add_agent_hints(gateway.config.router_hints, upstream, job.request.tokens_pred, upstream["priority"])
+        set_engine_order(gateway, job, node, upstream)
+        add_agent_hints(gateway.config.router_hints, upstream, job.request.tokens_pred, gateway.vllm_priority(job))
         try:
             if upstream.get("stream"):
                 return await open_stream(gateway, request, job, node, path, upstream, body)
@@ -141,6 +142,21 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
         return deadline_passed(gateway, job, body, f"after {job.num_attempts} attempt(s) ({last_error})")
     return fail(gateway, job, body, 502, f"stage {job.meta.label} failed on every node tried ({last_error}); "
                                          "retry later or check the vLLM nodes")
+
+
+def set_engine_order(gateway: Gateway, job: Job, node: Node, upstream: dict) -> None:
+    """What the node orders the stage by: its prediction where the node runs Maestro's scheduler, else vLLM's
+    `priority` (set afresh on every attempt: a retry may go to the other kind of node)."""
+    xargs = {k: v for k, v in (upstream.get("vllm_xargs") or {}).items() if k != XARGS_KEY}
+    if node.runs_maestro_scheduler:
+        upstream.pop("priority", None)
+        xargs.update(hints_for_stage(job.request, time.monotonic()).to_xargs())
+    else:
+        upstream["priority"] = gateway.vllm_priority(job)
+    if xargs:
+        upstream["vllm_xargs"] = xargs
+    else:
+        upstream.pop("vllm_xargs", None)
 
 
 def deadline_passed(gateway: Gateway, job: Job, body: dict, where: str) -> Response:

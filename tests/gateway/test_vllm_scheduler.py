@@ -18,10 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.gateway.config import GatewayConfig
 from serving.vllm_plugin.decisions import parse_decision_lines
-from serving.vllm_plugin.hints import MaestroHints
+from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
 
-from .engines import ENGINE_CPU_NICE, REPO, VLLM_PYTHON, Engine, EngineConfig, has_stats_plugin, has_vllm
+from .engines import ENGINE_CPU_NICE, REPO, VLLM_PYTHON, Engine, EngineConfig, free_port, has_stats_plugin, has_vllm
+from .faultproxy import FaultProxy
+from .test_gateway_vllm import RunningGateway
 from .tiny_model import KV_BYTES_PER_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -142,6 +145,31 @@ def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work
     assert request_line(maestro_engine, "victim-long")["num_preemptions"] == 1
     assert request_line(maestro_engine, "victim-short")["num_preemptions"] == 0
     assert second["num_admitted"] == 2 + 3  # the victim's resume is an admission too
+
+
+def test_the_gateway_sends_its_prediction_to_a_node_running_the_plugin(maestro_engine, tmp_path):
+    lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
+    before = lines[-1] if lines else {"num_predicted": 0, "num_bad_hints": 0}
+    with FaultProxy(maestro_engine.url) as proxy:
+        node = {"name": "node0", "url": proxy.urls[0], "maestro_scheduler": True}
+        config = GatewayConfig(nodes=[node], model="tiny", port=free_port(), trace_dir=str(tmp_path),
+                               metrics_period_s=0.2, slo_s=30.0)
+        with RunningGateway(config) as gateway:
+            for stage, is_stream in (("s1", False), ("s2", True)):
+                body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 64,
+                        "ignore_eos": True, "stream": is_stream}
+                headers = {"X-Maestro-Workflow": "wf-plugin", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
+                response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=300)
+                assert response.status_code == 200, response.text
+    received = [json.loads(body) for _, body in proxy.received]
+    assert len(received) == 2
+    for body in received:
+        assert "priority" not in body
+        hints = hints_from_extra_args(body["vllm_xargs"])
+        assert 0 < hints.tokens_pred <= hints.tokens_reserve <= 64 and hints.workflow
+        assert 0 < hints.deadline_s <= 30.0 and hints.pred_service_s > 0
+    after = decisions_when(maestro_engine, lambda d: d["num_predicted"] == before["num_predicted"] + 2)
+    assert after["num_bad_hints"] == before["num_bad_hints"]
 
 
 # ---- in process: vLLM's Scheduler and MaestroScheduler step by step (tests/gateway/vllm_scheduler_steps.py) ----------
