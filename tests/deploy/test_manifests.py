@@ -1,5 +1,6 @@
 """deploy/k8s: every manifest passes the Kubernetes schema (strict, offline: kubernetes-validate ships the
-schemas), and the pieces fit together (selectors, ports, names, the gateway's config, probe paths)."""
+schemas), the pieces fit together (selectors, ports, names, the gateway's config, probe paths), and what a cluster
+operator asks of a workload holds (non-root, read-only root, resources, tagged images, state on volumes)."""
 from __future__ import annotations
 
 import shutil
@@ -41,6 +42,14 @@ def objects(kustomization) -> dict[tuple[str, str], dict]:
 def pod_specs(objects: dict) -> dict[str, dict]:
     return {name: doc["spec"]["template"] for (kind, name), doc in objects.items()
             if kind in ("Deployment", "StatefulSet")}
+
+
+def containers(pod: dict) -> list[dict]:
+    return pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+
+
+def volumes_by_name(pod: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in pod["spec"].get("volumes", [])}
 
 
 def test_kustomization_lists_every_manifest(kustomization):
@@ -124,3 +133,78 @@ def test_kustomize_renders_into_the_namespace():
     assert {d["metadata"]["namespace"] for d in docs} == {"maestro"}
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_pod_runs_as_non_root_with_a_read_only_root(objects):
+    for name, pod in pod_specs(objects).items():
+        context = pod["spec"].get("securityContext", {})
+        assert context.get("runAsNonRoot") is True and context.get("runAsUser", 0) > 0, f"{name}: pod securityContext"
+        assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+        for container in containers(pod):
+            own = container.get("securityContext", {})
+            assert own.get("readOnlyRootFilesystem") is True, f"{name}/{container['name']}: read-only root"
+            assert own.get("allowPrivilegeEscalation") is False and own.get("capabilities") == {"drop": ["ALL"]}
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{name}/{container['name']}: a writable /tmp (emptyDir) under a read-only root"
+
+
+def test_every_container_has_requests_and_a_memory_limit(objects):
+    for name, pod in pod_specs(objects).items():
+        for container in containers(pod):
+            resources = container.get("resources", {})
+            assert {"cpu", "memory"} <= set(resources.get("requests", {})), f"{name}/{container['name']}: requests"
+            assert "memory" in resources.get("limits", {}), f"{name}/{container['name']}: a memory limit"
+
+
+def test_images_are_pinned_by_tag(objects, kustomization):
+    for name, pod in pod_specs(objects).items():
+        for container in containers(pod):
+            image = container["image"]
+            tag = image.rpartition(":")[2] if ":" in image.rpartition("/")[2] else ""
+            assert tag and tag != "latest", f"{name}/{container['name']}: image {image} needs an explicit tag"
+    for image in kustomization.get("images", []):
+        assert image.get("newTag") and image["newTag"] != "latest", f"kustomization images: {image['name']}"
+
+
+def test_no_secret_is_a_literal_env_value(objects):
+    for name, pod in pod_specs(objects).items():
+        for container in containers(pod):
+            for env in container.get("env", []):
+                if any(word in env["name"] for word in ("TOKEN", "KEY", "SECRET", "PASSWORD")):
+                    assert "value" not in env, f"{name}: {env['name']} from a Secret, not a literal"
+
+
+def test_the_autoscaled_deployment_leaves_replicas_to_the_hpa(objects):
+    for (kind, _), hpa in objects.items():
+        if kind == "HorizontalPodAutoscaler":
+            target = hpa["spec"]["scaleTargetRef"]
+            assert "replicas" not in objects[(target["kind"], target["name"])]["spec"], target["name"]
+
+
+def test_vllm_keeps_its_weights_on_a_volume_with_shared_memory_and_a_token_secret(objects):
+    statefulset = objects[("StatefulSet", "vllm")]["spec"]
+    pod = statefulset["template"]
+    engine = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in engine["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    claims = {t["metadata"]["name"] for t in statefulset["volumeClaimTemplates"]}
+    assert mounts[str(Path(env["HF_HOME"]["value"]).parent)] in claims  # the weights outlive the pod
+    assert volumes_by_name(pod)[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert "secretKeyRef" in env["HF_TOKEN"]["valueFrom"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == engine["resources"]["requests"]["nvidia.com/gpu"]
+
+
+def test_observed_traces_are_on_persistent_volume_claims(objects):
+    directories = {
+        "maestro-gateway": yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["trace_dir"],
+        "maestro-predictor": {e["name"]: e.get("value") for e in
+                              pod_specs(objects)["maestro-predictor"]["spec"]["containers"][0]["env"]}["MAESTRO_TRACE_DIR"],
+    }
+    for name, directory in directories.items():
+        pod = pod_specs(objects)[name]
+        mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == directory)
+        claim = volumes_by_name(pod)[mount["name"]]["persistentVolumeClaim"]["claimName"]
+        assert ("PersistentVolumeClaim", claim) in objects, f"{name}: traces on PVC {claim}"
+    hpa_max = objects[("HorizontalPodAutoscaler", "maestro-predictor")]["spec"]["maxReplicas"]
+    shared = objects[("PersistentVolumeClaim", "maestro-predictor-observed")]["spec"]["accessModes"]
+    assert hpa_max == 1 or "ReadWriteMany" in shared  # every replica the HPA starts mounts it
