@@ -49,11 +49,12 @@ class MaestroRequestQueue(RequestQueue):
     `now` is the step's clock, set by the scheduler before each step, so that a peek and the pop after it agree.
     """
 
-    def __init__(self, policy, vllm_queue: RequestQueue, hints: dict[str, MaestroHints], decode_s_per_token: float):
+    def __init__(self, policy, vllm_queue: RequestQueue, hints: dict[str, MaestroHints], decode_s_per_token: float,
+                 now: float):
         self.policy, self.vllm_queue, self.hints = policy, vllm_queue, hints
         self.decode_s_per_token = decode_s_per_token
         self.stages: dict[str, StageRequest] = {}  # predicted requests queued here, by request id
-        self.now = time.time()
+        self.now = now
 
     def add_request(self, request: Request) -> None:
         hints = self.hints.get(request.request_id)
@@ -154,7 +155,7 @@ class MaestroScheduler(Scheduler):
         self._logged: dict | None = None
         self._logged_at = 0.0
         self.waiting = MaestroRequestQueue(create_scheduler(self.maestro_config.scheduler), self.waiting, self.hints,
-                                           self.maestro_config.decode_s_per_token)
+                                           self.maestro_config.decode_s_per_token, self._clock())
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -182,8 +183,12 @@ class MaestroScheduler(Scheduler):
         return super()._free_request(request, *args, **kwargs)
 
     # ---- one step --------------------------------------------------------------------------
+    def _clock(self) -> float:
+        """Now on the policy's clock (`MaestroSchedulerConfig.clock`): the wall, or the step about to be scheduled."""
+        return time.time() if self.maestro_config.clock == "wall" else float(self.current_step + 1)
+
     def schedule(self, *args, **kwargs):
-        self.waiting.now = time.time()
+        self.waiting.now = self._clock()
         running_before = {r.request_id for r in self.running}
         raised = self._rank_victims()
         try:

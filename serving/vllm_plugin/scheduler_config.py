@@ -1,7 +1,7 @@
 """MaestroScheduler's configuration, from vLLM's `--additional-config '{"maestro_scheduler": {...}}'` (no vLLM here)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from serving.scheduler import SchedulerConfig
 
@@ -16,15 +16,24 @@ class MaestroSchedulerConfig:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(policy="maestro"))
     decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
     log_period_s: float = 5.0  # at most one decisions line this often (and one when the engine goes idle)
+    # The policy's clock. wall: time.time(), vLLM's `arrival_time` clock (the OpenAI server sets it). step: the
+    # scheduler's step count, for a caller that gives each request its arrival step as `arrival_time` (a step-clock
+    # benchmark: the same inputs then give the same decisions); deadlines and predicted service are then in steps.
+    clock: str = "wall"
 
     def __post_init__(self):
         if self.decode_s_per_token <= 0 or self.log_period_s < 0:
             raise ValueError(f"{CONFIG_KEY}: decode_s_per_token must be > 0 and log_period_s >= 0")
+        if self.clock not in ("wall", "step"):
+            raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 
     @classmethod
     def from_additional_config(cls, additional_config) -> "MaestroSchedulerConfig":
         """From vLLM's `additional_config` (a dict, or a platform's own object, which holds nothing for us)."""
         raw = dict(additional_config.get(CONFIG_KEY, {})) if isinstance(additional_config, dict) else {}
+        unknown = set(raw) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"{CONFIG_KEY}: unknown keys {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
         if "scheduler" in raw:
             raw["scheduler"] = SchedulerConfig(**raw["scheduler"])
         return cls(**raw)

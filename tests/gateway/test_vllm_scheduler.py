@@ -208,15 +208,17 @@ def test_without_predictions_every_step_is_vllms(tmp_path, tiny_model, policy):
 
 
 def test_predicted_requests_start_in_the_policys_order(tmp_path, tiny_model):
-    # One at a time (max_num_seqs 1): the three waiting behind "first" start by latest start (deadline − predicted
-    # work), not by arrival; a request without a prediction keeps its place by arrival among them.
-    hints = {"first": None, "late": 3000.0, "urgent": 1000.0, "middle": 2000.0}
-    requests = [request(rid, k, 20, {"tokens_pred": 20, "deadline_s": d} if d else {"tokens_pred": 20})
-                for k, (rid, d) in enumerate(hints.items())]
-    [vllm, maestro] = steps_of(tmp_path, tiny_model, *({"scheduler": s, "max_num_seqs": 1, "requests": requests}
-                                             for s in ("vllm", "maestro")))
-    assert vllm["finished"] == ["first", "late", "urgent", "middle"]
-    assert maestro["finished"] == ["first", "urgent", "middle", "late"]
+    # One at a time (max_num_seqs 1), on the step clock: the four waiting behind "first" start by latest start
+    # (deadline − predicted work), not by arrival, and "lost", whose latest start had passed when it came, after all
+    # the work that can still make its deadline.
+    deadlines = {"first": None, "late": 3000, "urgent": 1000, "middle": 2000, "lost": 5}
+    requests = [request(rid, k, 20, {"tokens_pred": 20} | ({"deadline_s": d} if d else {}))
+                for k, (rid, d) in enumerate(deadlines.items())]
+    no_wait_bound = {"scheduler": {"policy": "maestro", "late_max_wait_s": 1e9}}
+    [vllm, maestro] = steps_of(tmp_path, tiny_model, *({"scheduler": s, "max_num_seqs": 1, "requests": requests,
+                                                        "maestro_config": no_wait_bound} for s in ("vllm", "maestro")))
+    assert vllm["finished"] == ["first", "late", "urgent", "middle", "lost"]
+    assert maestro["finished"] == ["first", "urgent", "middle", "late", "lost"]
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])

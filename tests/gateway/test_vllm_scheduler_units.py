@@ -8,8 +8,9 @@ import pytest
 from serving.gateway.core import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
-from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, num_blocks,
-                                       remaining_tokens, stage_request)
+from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
+                                       num_blocks, remaining_tokens, stage_request)
+from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
 
 
 def test_hints_round_trip_through_vllm_xargs_as_json_text():
@@ -47,10 +48,33 @@ def test_stage_request_puts_the_relative_deadline_on_the_engine_clock():
     assert capped.pred_service_s == pytest.approx(0.2) and capped.workflow_id == "r2"
 
 
-def test_the_default_pace_is_the_gateways():
-    from serving.vllm_plugin import scheduler_config
+def test_a_stage_travels_to_the_engine_and_back_with_its_deadline_relative():
+    stage = stage_request("r1", 100.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5,
+                                                              workflow_remaining_s=4.0, deadline_s=30.0,
+                                                              interactive=True, workflow="w"), 0.02)
+    hints = hints_for_stage(stage, now_s=110.0)
+    assert hints == MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5, workflow_remaining_s=4.0,
+                                 deadline_s=20.0, interactive=True, workflow="w")
+    no_deadline = stage_request("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5), 0.02)
+    assert hints_for_stage(no_deadline, 3.0).deadline_s == math.inf
 
-    assert scheduler_config.DEFAULT_DECODE_S_PER_TOKEN == DECODE_S_PER_TOKEN
+
+def test_the_default_pace_is_the_gateways():
+    assert DEFAULT_DECODE_S_PER_TOKEN == DECODE_S_PER_TOKEN
+
+
+def test_config_comes_from_vllms_additional_config():
+    config = MaestroSchedulerConfig.from_additional_config(
+        {"maestro_scheduler": {"scheduler": {"policy": "edf"}, "clock": "step"}, "other_plugin": {}})
+    assert config.scheduler.policy == "edf" and config.clock == "step" and config.log_period_s == 5.0
+    assert MaestroSchedulerConfig.from_additional_config(object()).scheduler.policy == "maestro"
+
+
+@pytest.mark.parametrize("raw, match", [({"clock": "sundial"}, "clock"), ({"scheduler": {"policy": "x"}}, "policy"),
+                                        ({"log_period": 1}, "unknown keys")])
+def test_config_errors_name_what_is_wrong(raw, match):
+    with pytest.raises(ValueError, match=match):
+        MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": raw})
 
 
 def test_stage_requests_order_by_the_policy_object():

@@ -1,18 +1,21 @@
 """vLLM 0.32's Scheduler, or MaestroScheduler, driven step by step in process: no model, no engine process.
 
 A KV pool of `num_blocks` blocks of 16 tokens and a runner that samples token 7 for every request that finished its
-prefill (vLLM's own scheduler tests work this way). Run by .venv-vllm's python with the repository on PYTHONPATH:
-`python -m tests.gateway.vllm_scheduler_steps SCENARIOS.json` prints, for each scenario of the list, per step the
-requests scheduled (with their token counts) and those preempted, and the order in which requests finished.
+prefill (vLLM's own scheduler tests work this way). A request arrives at its step, which is its `arrival_time`, and
+MaestroScheduler runs on the step clock (a decode step per predicted token), so every run of a scenario is the same.
+
+Run by .venv-vllm's python with the repository on PYTHONPATH: `python -m tests.gateway.vllm_scheduler_steps
+SCENARIOS.json` prints, for each scenario of the list, per step the requests scheduled (with their token counts) and
+those preempted, and the order in which requests finished.
 
 SCENARIO: {"scheduler": "vllm" | "maestro", "policy": "fcfs" | "priority", "num_blocks": N, "max_num_seqs": N,
-"model_dir": DIR, "requests": [{"id", "step", "prompt_tokens", "max_tokens", "priority", "hints": {...} | null}]}
+"model_dir": DIR, "maestro_config": {...} (over STEP_CLOCK), "requests": [{"id", "step", "prompt_tokens",
+"max_tokens", "priority", "hints": {...} | null}]}
 """
 from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -30,6 +33,7 @@ from serving.vllm_plugin.scheduler import MaestroScheduler
 BLOCK_SIZE = 16
 TOKEN = 7
 MAX_MODEL_LEN = 1024
+STEP_CLOCK = {"clock": "step", "decode_s_per_token": 1.0}
 
 
 def make_scheduler(scenario: dict) -> Scheduler:
@@ -38,7 +42,9 @@ def make_scheduler(scenario: dict) -> Scheduler:
                                        max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
                                        policy=scenario["policy"], enable_chunked_prefill=True)
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
-    vllm_config = VllmConfig(model_config=model, scheduler_config=scheduler_config, cache_config=cache)
+    maestro = STEP_CLOCK | scenario.get("maestro_config", {})
+    vllm_config = VllmConfig(model_config=model, scheduler_config=scheduler_config, cache_config=cache,
+                             additional_config={"maestro_scheduler": maestro})
     cache.num_gpu_blocks = scenario["num_blocks"]
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=scenario["num_blocks"], kv_cache_tensors=[],
@@ -48,12 +54,12 @@ def make_scheduler(scenario: dict) -> Scheduler:
                structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
 
 
-def make_request(spec: dict, arrival_s: float) -> Request:
+def make_request(spec: dict) -> Request:
     extra = {"maestro": spec["hints"]} if spec.get("hints") else None
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, extra_args=extra)
     # Distinct prompts (no prefix-cache hits between requests).
     prompt = [100 + sum(map(ord, spec["id"])) % 1000] + [1] * (spec["prompt_tokens"] - 1)
-    return Request(spec["id"], prompt, params, None, arrival_time=arrival_s, priority=spec.get("priority", 0),
+    return Request(spec["id"], prompt, params, None, arrival_time=float(spec["step"]), priority=spec.get("priority", 0),
                    block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
 
 
@@ -68,10 +74,10 @@ def run(scenario: dict) -> dict:
     init_none_hash(sha256)
     scheduler = make_scheduler(scenario)
     pending = sorted(scenario["requests"], key=lambda r: r["step"])
-    start_s, steps, finished = time.time(), [], []
+    steps, finished = [], []
     for step in range(100_000):
         while pending and pending[0]["step"] <= step:
-            scheduler.add_request(make_request(pending.pop(0), start_s + step * 1e-3))
+            scheduler.add_request(make_request(pending.pop(0)))
         if not pending and not scheduler.has_requests():
             break
         output = scheduler.schedule()
