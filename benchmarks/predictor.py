@@ -14,9 +14,10 @@ overall and per app, beside the per-role baselines (median, p90, and the per-rol
 that promises the model's miss rate). `--leave-one-app-out` also trains Maestro's recipe without
 each app in turn and scores that app's test side (an app never seen). `--speed` measures training
 time, single-stage latency (cold: a prompt never seen, every cache emptied before the call; warm: the same
-prompts again) and batched throughput on the dev traces, for Maestro's recipe, the same recipe with MiniLM
-embeddings ("maestro-minilm", what main shipped before the static embedding) and the straightforward one,
-beside one MiniLM encode of each test prompt's segment, all in the same run. Writes JSON.
+prompts again) and batched throughput on the dev traces, for Maestro's recipe with the static embedding
+("maestro-static") and with MiniLM ("maestro-minilm"), and the straightforward one, beside one MiniLM encode of
+each test prompt's segment, all in the same run. Held out, the two embeddings are scored side by side
+(params.yaml otherwise; `--leave-one-app-out` trains params.yaml as it is). Writes JSON.
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm]
@@ -62,8 +63,9 @@ def recipes() -> dict:
     plain_features = replace(ours[0], feature_set="basic", history_copies=False,
                              embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
     seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
-    minilm = replace(ours[0], embedder=replace(ours[0].embedder, kind="minilm"))
-    return {"maestro": ours, "maestro-minilm": (minilm, ours[1]), "straightforward": (plain_features, seed_recipe)}
+    embedding = {kind: replace(ours[0], embedder=replace(ours[0].embedder, kind=kind)) for kind in ("static", "minilm")}
+    return {"maestro": ours, "maestro-static": (embedding["static"], ours[1]),
+            "maestro-minilm": (embedding["minilm"], ours[1]), "straightforward": (plain_features, seed_recipe)}
 
 
 def read_stages(path: Path) -> list[StageTrace]:
@@ -190,8 +192,8 @@ def speed(stages: list[StageTrace], names: list[str]) -> dict:
         out[name] = {"train_s": round(time.perf_counter() - started, 1),
                      "latency_ms": latency_ms(predictor, test),
                      "throughput_stages_per_s": throughput(predictor, test)}
-    encode, cold = out["minilm_encode_ms"], out["maestro"]["latency_ms"]["cold"]
-    out["headline"] = {"maestro_cold_ms": cold, "minilm_encode_ms": encode,
+    encode, cold = out["minilm_encode_ms"], out["maestro-static"]["latency_ms"]["cold"]
+    out["headline"] = {"maestro_static_cold_ms": cold, "minilm_encode_ms": encode,
                        "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
                        **({"maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
                           if "maestro-minilm" in out else {})}
@@ -207,7 +209,7 @@ def table(result: dict) -> str:
                            f"{show(f['mae_vs_role_median']):>8s} {show(f['under_rate']):>6s} "
                            f"{show(f['over_reservation_vs_role_p90']):>9s} {show(f['role_p90_under_rate']):>9s}")
     for data, part in result["held_out"].items():
-        for recipe in ("maestro", "maestro-minilm", "straightforward"):
+        for recipe in ("maestro-static", "maestro-minilm", "straightforward"):
             for condition in ("with_history", "without_history"):
                 if recipe not in part:
                     continue
@@ -238,8 +240,9 @@ def main() -> None:
                         help="data sets scored held out (none: --speed alone)")
     parser.add_argument("--leave-one-app-out", action="store_true")
     parser.add_argument("--speed", action="store_true")
-    parser.add_argument("--speed-recipes", nargs="+", choices=list(recipes()), default=list(recipes()),
-                        help="the recipes --speed measures (maestro always; the straightforward one takes minutes)")
+    parser.add_argument("--speed-recipes", nargs="+", choices=list(recipes()),
+                        default=["maestro-static", "maestro-minilm", "straightforward"],
+                        help="the recipes --speed measures (maestro-static always; straightforward takes minutes)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
     args = parser.parse_args()
     result = {"variants_tried": VARIANTS_TRIED, "test_fraction": TEST_FRACTION, "held_out": {}}
@@ -248,11 +251,12 @@ def main() -> None:
         train_idx, test_idx = locked_split(stages, TEST_FRACTION)
         train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
         result["held_out"][data] = {"train_stages": len(train), "test_stages": len(test),
-                                    **held_out(train, test, ("maestro", "maestro-minilm", "straightforward"))}
+                                    **held_out(train, test, ("maestro-static", "maestro-minilm", "straightforward"))}
         if args.leave_one_app_out:
             result.setdefault("leave_one_app_out", {})[data] = leave_one_app_out(train, test)
     if args.speed:
-        result["speed"] = speed(read_stages(DEV_TRACES), ["maestro", *(r for r in args.speed_recipes if r != "maestro")])
+        names = ["maestro-static", *(r for r in args.speed_recipes if r != "maestro-static")]
+        result["speed"] = speed(read_stages(DEV_TRACES), names)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
