@@ -137,6 +137,7 @@ def test_kustomize_renders_into_the_namespace():
 
 def test_every_pod_runs_as_non_root_with_a_read_only_root(objects):
     for name, pod in pod_specs(objects).items():
+        assert pod["spec"].get("automountServiceAccountToken") is False, f"{name}: no API token in the pod"
         context = pod["spec"].get("securityContext", {})
         assert context.get("runAsNonRoot") is True and context.get("runAsUser", 0) > 0, f"{name}: pod securityContext"
         assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
