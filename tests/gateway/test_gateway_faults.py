@@ -136,6 +136,9 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_earlier_cuts_are_retri
     assert stages["cut-first-event"]["attempts"] == stages["cut-json"]["attempts"] == 2
 
 
+# The deadline test's: long enough for a loaded engine's first events to come before it (the mid-body path stalls
+# only after two of them), far below the stall and the node timeout (STALL_S).
+LATE_DEADLINE_S = 8.0
 # The deadline test's paths: (stream, the stall both nodes meet: kind, events before it)
 DEADLINE_PATHS = {"json-stall": (False, "stall", 0), "json-no-headers": (False, "hang", 0),
                   "stream-stall-before-first-event": (True, "stall", 0), "stream-stall-mid-body": (True, "stall", 2)}
@@ -149,7 +152,8 @@ def test_a_stage_past_its_deadline_fails_with_504_and_is_traced(vllm_engine, tmp
     trace. (test_gateway_deadline.py has these paths in process, under clocks that fire timers early.)"""
     stream, kind, after_events = DEADLINE_PATHS[path]
     faults = [Fault(kind, after_events=after_events, stall_s=STALL_S, times=2)]
-    with faulty_gateway(vllm_engine, tmp_path, node_timeout_s=STALL_S, request_timeout_s=3.0) as (gw, proxy):
+    config = {"node_timeout_s": STALL_S, "request_timeout_s": LATE_DEADLINE_S}
+    with faulty_gateway(vllm_engine, tmp_path, **config) as (gw, proxy):
         response, elapsed_s = send(gw, proxy, "late", stream=stream, fault=faults[0])
     if after_events:
         payloads = events(response)
@@ -157,7 +161,7 @@ def test_a_stage_past_its_deadline_fails_with_504_and_is_traced(vllm_engine, tmp
         assert payloads[-2]["error"]["code"] == 504 and "deadline" in payloads[-2]["error"]["message"], payloads
     else:
         assert response.status_code == 504 and "deadline" in response.json()["error"]["message"], response.text
-    assert 3.0 <= elapsed_s < 6.0
+    assert LATE_DEADLINE_S <= elapsed_s < LATE_DEADLINE_S + 3.0
     stages = assert_each_stage_traced_once(tmp_path, ["late"])
     assert "deadline" in stages["late"]["error"] and stages["late"]["attempts"] == 1
     assert len(faults[0].hit_ports) == 1
