@@ -1,4 +1,4 @@
-"""Replayed real workflows across loads: the baselines, and Maestro fed predictions of every quality.
+r"""Replayed real workflows across loads: the baselines, and Maestro fed predictions of every quality.
 
     .venv/bin/python -m benchmarks.sim_replay [--rates auto | 3,4,5] [--slo scaled,scaled-app] \
         [--arms oracle,model,noise0.25,noise0.5,noise1,prior,none] [--baselines fcfs,edf,srtf] \
