@@ -78,11 +78,6 @@ class RunningBatch:
         return cls(tokens, time_left_s - tokens * pace_s_per_token, time_left_s - tokens * step_s >= 0,
                    pace_s_per_token, step_s)
 
-    @property
-    def stretch(self) -> float:
-        """The measured pace ÷ the batch's bare step: how much prefill stalls slow every running stage now."""
-        return self.pace_s_per_token / self.step_s
-
     def next_end_s(self) -> float:
         """Seconds until the running stage predicted to end first ends, at the measured pace."""
         return float(self.remaining_tokens.min()) * self.pace_s_per_token

@@ -144,11 +144,6 @@ class SimNode:
         if not self.running:
             self._pace_marks.clear()  # an idle node's pace is measured afresh
 
-    @property
-    def weight_read_s(self) -> float:
-        """Seconds a decode step spends reading the running models' weights."""
-        return self._weight_s
-
     def busy_models(self) -> set[str]:
         return {m for m, n in self._models.items() if n > 0}
 

@@ -30,12 +30,14 @@ class SimSlot:
         if self.dispatcher.kv_plan(node, stage) is None:
             return "kv"
         gate = self.dispatcher.batch_gate
-        if gate is None or not node.running or not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now),
-                                                                      node.step_s()):
+        if gate is None or not node.running:
             return None
-        return None if gate.admits(self.running_batch(), *self.batch_cost(stage)) else "slack"
+        pace_s = node.pace_s_per_token(self.dispatcher.sim.now)
+        if not gate.is_congested(pace_s, node.step_s()):
+            return None
+        return None if gate.admits(self.running_batch(pace_s), *self.batch_cost(stage, pace_s)) else "slack"
 
-    def running_batch(self) -> RunningBatch:
+    def running_batch(self, pace_s: float) -> RunningBatch:
         """The running stages' predicted remaining tokens and slack now (computed once per batch change and time)."""
         node, now = self.node, self.dispatcher.sim.now
         version = (now, node.num_batch_changes)
@@ -47,10 +49,10 @@ class SimSlot:
                          for s in stages]
             backlog_s = max(0.0, node.stall_end_s - now)  # prefills already started stall every running stage
             deadlines = [s.request.deadline_s - backlog_s for s in stages]
-            self._batch = version, RunningBatch.of(remaining, deadlines, node.pace_s_per_token(now), node.step_s(), now)
+            self._batch = version, RunningBatch.of(remaining, deadlines, pace_s, node.step_s(), now)
         return self._batch[1]
 
-    def batch_cost(self, stage: SimStage) -> tuple[float, float, float, float]:
+    def batch_cost(self, stage: SimStage, pace_s: float) -> tuple[float, float, float, float]:
         """(prefill stall, seconds added to each decode step, predicted output tokens, its own slack) of starting
         `stage` here now."""
         node, cost = self.node, self.dispatcher.sim.cost
@@ -66,7 +68,7 @@ class SimSlot:
         stall = cost.prefill_s(model, context - cached, cached)
         now, request = self.dispatcher.sim.now, stage.request
         left = max(1, stage.tokens_pred - stage.generated_tokens)
-        slack = request.deadline_s - now - stall - left * node.pace_s_per_token(now)
+        slack = request.deadline_s - now - stall - left * pace_s
         return stall, added, stage.tokens_pred, slack
 
     def may_fit_later(self, request: StageRequest) -> bool:
