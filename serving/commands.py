@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from serving.sim.systems import SYSTEMS
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("simulate", help="simulate a cluster serving agent workflows under several policies",
@@ -11,7 +13,8 @@ def register(subparsers) -> None:
     parser.add_argument("--scenario", required=True, choices=["maestro-paper", "mars-swe"],
                         help="the cluster and workload (serving/sim/scenarios.py)")
     parser.add_argument("--nodes", type=int, default=None, help="simulated GPU nodes (default: 64 / 1)")
-    parser.add_argument("--policies", default=None, help="comma-separated policy names (default: the scenario's)")
+    parser.add_argument("--policies", type=policy_names, default=None, metavar="NAME[,NAME...]",
+                        help=f"comma-separated policies, from: {', '.join(SYSTEMS)} (default: the scenario's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_out", default="simulate.json", help="output JSON; PNGs go next to it")
     parser.add_argument("--traces", default=None, help="replay workflows from a stage-trace file (contract JSONL)")
@@ -39,6 +42,16 @@ def register(subparsers) -> None:
                         help="tool execution on the host CPU (default: the scenario's; see serving/README.md)")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=run)
+
+
+def policy_names(value: str) -> tuple[str, ...]:
+    """--policies: comma-separated names, each one of SYSTEMS (argparse's `choices`, for a list)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in SYSTEMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
+                                         f"choose from {', '.join(SYSTEMS)}")
+    return names
 
 
 def parse_model_map(pairs: list[str], known: dict) -> dict[str, str]:
@@ -74,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         predictions = PredictionConfig(source=source, sigma=args.noise_sigma, model_dir=args.model, seed=args.seed)
     except ValueError as exc:
         raise SystemExit(f"maestro simulate: {exc}") from None
-    policies = tuple(args.policies.split(",")) if args.policies else scenario.default_policies
+    policies = args.policies or scenario.default_policies
     run_config = RunConfig(policies=policies, seed=args.seed, arrivals=args.arrivals, num_workflows=args.workflows,
                            rate_per_s=args.rate, traces=args.traces, model_map=parse_model_map(args.model_map, scenario.cluster.cost.models),
                            predictions=predictions,
