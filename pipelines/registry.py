@@ -1,10 +1,14 @@
-"""MLflow side of the predictor: the store location, the pyfunc wrapper, and alias guarding."""
+"""MLflow side of the predictor: the store location, logging the model (pipelines/pyfunc_model.py), alias guarding."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import mlflow
 import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.models.model import ModelInfo
+from mlflow.types import ColSpec, DataType, Schema
+from mlflow.types.schema import AnyType, Array
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 EXPERIMENT = "maestro-stage-length"
@@ -12,15 +16,59 @@ MODEL_NAME = "stage-length"
 CHECKSUM_TAG = "predictor_sha256"  # model-version tag: the predictor files' digest, checked before loading
 
 
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # the model's code (models-from-code)
+# A made-up stage, not one from the traces: the example is stored with every model version, and traces hold
+# users' prompts.
+INPUT_EXAMPLE = pd.DataFrame([
+    {"workflow_id": "example-1", "stage_id": "plan", "role": "planner", "app": "travel_planner",
+     "prompt": "Plan a three-day trip to Lisbon for two: flights, hotel and a day plan.", "parent_ids": [],
+     "n_tools": 2, "tool_names": ["search_flights", "search_hotels"], "interactive": True},
+    {"workflow_id": "example-1", "stage_id": "flights", "role": "flight_agent", "app": "travel_planner",
+     "prompt": [{"role": "user", "content": "Find a return flight Berlin-Lisbon, 3-6 May."}], "parent_ids": ["plan"],
+     "n_tools": 1, "tool_names": ["search_flights"], "interactive": True},
+])
+
+
+def signature() -> ModelSignature:
+    """The model's wire format: contract stages in (DESIGN §3: ids, role and prompt required; the prompt a text or
+    a list of OpenAI-style messages), one prediction per stage out."""
+    def optional(kind, name: str) -> ColSpec:
+        return ColSpec(kind, name, required=False)
+
+    inputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
+                     ColSpec(DataType.string, "role"), ColSpec(AnyType(), "prompt"),
+                     *(optional(DataType.string, name) for name in ("app", "model")),
+                     *(optional(Array(DataType.string), name) for name in ("parent_ids", "tool_names")),
+                     *(optional(DataType.long, name) for name in ("call_index", "depth", "n_tools", "prompt_tokens")),
+                     optional(DataType.boolean, "interactive")])
+    outputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
+                      ColSpec(DataType.double, "p_tool"), ColSpec(DataType.long, "tokens_pred"),
+                      ColSpec(DataType.long, "tokens_reserve"), ColSpec(DataType.string, "fallback_level"),
+                      ColSpec(DataType.string, "history")])
+    return ModelSignature(inputs, outputs)
+
+
+def log_predictor(directory: str | Path, pip_requirements: list[str], params: dict | None = None) -> ModelInfo:
+    """Log a saved predictor as a pyfunc model of the active run (models-from-code, with its signature, an input
+    example and the pipelines/ package as code), registered as MODEL_NAME; `params`: the recipe, shown on the
+    logged model too. The logged model's info."""
+    return mlflow.pyfunc.log_model(name="predictor", python_model=str(PYFUNC_CODE),
+                                   artifacts={"predictor": str(directory)}, code_paths=[str(PYFUNC_CODE.parent)],
+                                   signature=signature(), input_example=INPUT_EXAMPLE, params=params,
+                                   registered_model_name=MODEL_NAME, pip_requirements=pip_requirements)
+
+
 def register_predictor(directory: str | Path, pip_requirements: list[str]) -> str:
-    """Log a saved predictor as a pyfunc model in the active run, register it, record its checksum; the version."""
+    """log_predictor, then record the predictor files' checksum on the new version; the version."""
+    return tag_checksum(log_predictor(directory, pip_requirements), directory)
+
+
+def tag_checksum(info: ModelInfo, directory: str | Path) -> str:
+    """Record the predictor files' digest on the version `info` registered (loading checks it); the version."""
     from mlflow import MlflowClient
 
     from pipelines.predictor import artifact_digest
 
-    info = mlflow.pyfunc.log_model(name="predictor", python_model=StageLengthPyfunc(),
-                                   artifacts={"predictor": str(directory)}, registered_model_name=MODEL_NAME,
-                                   pip_requirements=pip_requirements)
     version = str(info.registered_model_version)
     MlflowClient().set_model_version_tag(MODEL_NAME, version, CHECKSUM_TAG, artifact_digest(directory))
     return version
@@ -45,22 +93,6 @@ def use_store(tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = "ml
         mlflow.create_experiment(EXPERIMENT, artifact_location=Path(artifact_root).resolve().as_uri())
     mlflow.set_experiment(EXPERIMENT)
     return tracking_uri
-
-
-class StageLengthPyfunc(mlflow.pyfunc.PythonModel):
-    """pyfunc face of the predictor: a frame of contract stages in, a frame of predictions out."""
-
-    def load_context(self, context) -> None:
-        from pipelines.predictor import Predictor
-
-        self.predictor = Predictor.load(context.artifacts["predictor"])
-
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from pipelines.contract import parse_record
-
-        stages = [parse_record({k: v for k, v in row.items() if v is not None})
-                  for row in model_input.to_dict(orient="records")]
-        return pd.DataFrame([p.to_dict() for p in self.predictor.predict(stages)])
 
 
 LOWER_IS_BETTER = {"mae": 0.02, "over_reservation": 0.05}

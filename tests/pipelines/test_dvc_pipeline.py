@@ -4,15 +4,14 @@ import ast
 import csv
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipelines.register import may_promote
+from tests.pipelines.clone import run
 
 REPO = Path(__file__).resolve().parents[2]
 DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text())
@@ -74,28 +73,9 @@ def test_register_promotes_in_dvc_repro_but_not_in_an_experiment_unless_asked():
         may_promote("yes", {})
 
 
-def run(cmd: list[str], cwd: Path) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    where = tmp_path_factory.mktemp("repo") / "maestro"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(where)], check=True)
-    params = yaml.safe_load((where / "params.yaml").read_text())
-    params["sample"]["num_stages"] = 700
-    params["train"]["folds"] = 3
-    (where / "params.yaml").write_text(yaml.safe_dump(params))
-    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "small sample"], where)
-    return where
-
-
 @pytest.mark.slow
-def test_repro_trains_evaluates_and_registers_a_champion(clone):
-    run(["dvc", "repro"], clone)
+def test_repro_trains_evaluates_and_registers_a_champion(reproduced):
+    clone = reproduced
     metrics = json.loads((clone / "metrics.json").read_text())
     assert set(metrics) == {"with_history", "without_history"}  # the headline: one small table per condition
     for figures in metrics.values():
@@ -110,7 +90,8 @@ def test_repro_trains_evaluates_and_registers_a_champion(clone):
 
 
 @pytest.mark.slow
-def test_exp_runs_are_compared_and_do_not_move_the_champion(clone):
+def test_exp_runs_are_compared_and_do_not_move_the_champion(reproduced):
+    clone = reproduced
     run(["dvc", "exp", "run", "-n", "alpha-02", "-S", "train.alpha=0.2"], clone)
     assert yaml.safe_load((clone / "params.yaml").read_text())["train"]["alpha"] == 0.2
     registration = json.loads((clone / "data/eval/registration.json").read_text())
