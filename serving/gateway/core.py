@@ -40,6 +40,11 @@ BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interact
 MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recently seen is forgotten first
 
 
+def vllm_priority_value(is_interactive: bool, rank: int) -> int:
+    """vLLM's `priority` of a stage (lower first): interactive before batch, then by `rank` within each."""
+    return (0 if is_interactive else BATCH_PRIORITY) + rank
+
+
 @dataclass(slots=True)
 class WorkflowState:
     """What the gateway knows of a workflow: its first stage's arrival, its arrival rank, the service it got.
@@ -190,7 +195,7 @@ class Gateway:
             rank = state.seq if state is not None else self._num_workflows_seen
         else:
             rank = min(9999, job.request.tokens_pred)
-        return (0 if job.meta.interactive else BATCH_PRIORITY) + rank
+        return vllm_priority_value(job.meta.interactive, rank)
 
     def workflow(self, workflow_id: str, now: float) -> WorkflowState:
         """The workflow's state (by `StageMeta.workflow_key`), made at its first stage; the least recently seen are

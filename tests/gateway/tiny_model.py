@@ -42,7 +42,7 @@ def train_tokenizer(texts: list[str]):
     return tokenizer
 
 
-def build_tiny_model(out: str | Path, repo: str | Path | None = None) -> Path:
+def build_tiny_model(out: str | Path, repo: str | Path | None = None, max_position_embeddings: int = 4096) -> Path:
     """Write config.json, tokenizer files and generation_config.json into `out`; returns `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,13 +52,13 @@ def build_tiny_model(out: str | Path, repo: str | Path | None = None) -> Path:
     ids = {name: tokenizer.token_to_id(name) for name in SPECIAL_TOKENS}
     _write(out / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-        "pad_token": "<|pad|>", "unk_token": None, "model_max_length": 4096, "add_bos_token": False,
+        "pad_token": "<|pad|>", "unk_token": None, "model_max_length": max_position_embeddings, "add_bos_token": False,
         "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE})
     _write(out / "special_tokens_map.json", {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
                                              "pad_token": "<|pad|>"})
     token_ids = {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|pad|>"]}
     _write(out / "config.json", {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB_SIZE,
-                                 **MODEL_SHAPE, "hidden_act": "silu", "max_position_embeddings": 4096,
+                                 **MODEL_SHAPE, "hidden_act": "silu", "max_position_embeddings": max_position_embeddings,
                                  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
                                  "torch_dtype": "bfloat16", **token_ids})
     _write(out / "generation_config.json", token_ids)
