@@ -1,5 +1,5 @@
 """`maestro serve`: the predictor service (BentoML); `maestro deploy`: hot-reload serving nodes with a registered
-predictor, then move its MLflow alias."""
+predictor, then move its MLflow alias; `maestro retrain`: new traces → the DVC pipeline → the guard → deploy."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 def register(subparsers) -> None:
     register_serve(subparsers)
     register_deploy(subparsers)
+    register_retrain(subparsers)
 
 
 def register_serve(subparsers) -> None:
@@ -106,3 +107,58 @@ def failure_message(result) -> str:
                      f"is at version {result.previous_version}")
     lines.append("fix the failed part and rerun, or `maestro deploy --rollback --nodes ...`")
     return "\n".join(lines)
+
+
+def register_retrain(subparsers) -> None:
+    from maestro.cli import DefaultsFormatter
+    from predictor_service.retrain import __doc__ as steps
+
+    class StepsFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
+        """The numbered steps as written, the defaults in each option's help."""
+
+    parser = subparsers.add_parser("retrain", help="retrain on the traces since the champion and deploy the result if it "
+                                                   "passes the guard (by schedule or on coverage drift)",
+                                   description=steps, formatter_class=StepsFormatter)
+    parser.add_argument("--traces", required=True, help="the gateway's trace directory (its trace_dir)")
+    parser.add_argument("--nodes", required=True, help="comma-separated service URLs to deploy to and read coverage "
+                                                       "from, e.g. http://10.0.0.5:3000")
+    parser.add_argument("--resolve-nodes", action="store_true",
+                        help="each --nodes host names every node (a headless Service): one URL per address")
+    parser.add_argument("--repo", default=".", help="checkout of this repository where `dvc exp run` runs")
+    parser.add_argument("--on-drift", action="store_true", help="retrain only when a node's coverage drifts past its "
+                                                                "bound (or, with --max-age-h, the champion is old)")
+    parser.add_argument("--max-age-h", type=float, default=None,
+                        help="retrain only when the champion is at least this many hours old (or coverage drifts, "
+                             "with --on-drift)")
+    parser.add_argument("--min-stages", type=int, default=1000,
+                        help="finished stages since the champion needed to retrain")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI or REPO/mlruns/mlflow.db)")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per-node reload timeout")
+    parser.add_argument("--admin-token", default=None,
+                        help="the nodes' MAESTRO_ADMIN_TOKEN (default: $MAESTRO_ADMIN_TOKEN)")
+    parser.set_defaults(func=retrain)
+
+
+def retrain(args: argparse.Namespace) -> int:
+    """Exit 0 when the run did what was due (nothing, or kept the champion, or deployed), 1 when a deploy failed
+    and was undone, 2 when the configuration or the pipeline failed."""
+    from predictor_service.deploy import DeployConfig
+    from predictor_service.retrain import RetrainConfig, resolve_nodes, retrain as run_retrain
+
+    repo = Path(args.repo).resolve()
+    try:
+        nodes = tuple(n.strip().rstrip("/") for n in args.nodes.split(",") if n.strip())
+        target = DeployConfig(nodes=resolve_nodes(nodes) if args.resolve_nodes else nodes, timeout_s=args.timeout_s,
+                              admin_token=args.admin_token or os.environ.get("MAESTRO_ADMIN_TOKEN") or None,
+                              tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                              or f"sqlite:///{repo}/mlruns/mlflow.db")
+        result = run_retrain(RetrainConfig(args.traces, target, str(repo), args.min_stages, args.on_drift,
+                                           args.max_age_h))
+    except (ValueError, OSError, RuntimeError) as error:
+        print(f"maestro retrain: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1))
+    if result.deployed is not None and not result.deployed.is_ok:
+        print(failure_message(result.deployed))
+    return 1 if result.status == "deploy-failed" else 0

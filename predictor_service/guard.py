@@ -14,8 +14,9 @@ from maestro.keys import bearer, caller_key_id, matches
 from predictor_service.config import ServiceConfig
 
 # Need an API key when keys are configured.
-KEYED_PATHS = ("/predict", "/predict_unbatched", "/route_hints", "/observe", "/history", "/stats")
-ADMIN_READABLE = ("/stats",)  # the admin token reads these too (`maestro deploy` verifies nodes through /stats)
+KEYED_PATHS = ("/predict", "/predict_unbatched", "/route_hints", "/observe", "/history", "/stats", "/coverage")
+# The admin token reads these too: `maestro deploy` verifies nodes through /stats, `maestro retrain` reads /coverage.
+ADMIN_READABLE = ("/stats", "/coverage")
 ADMIN_PREFIX = "/admin/"
 # Calls that queue for the model thread: over `max_inflight` of them at once, more are turned away (503) at
 # once rather than queued without bound. /livez, /readyz, /metrics and /stats are never shed.

@@ -2,7 +2,7 @@
 
 POST /predict (adaptive batching across requests), POST /predict_unbatched (same answers, one
 request at a time), POST /route_hints (the same predictions as an endpoint picker reads them),
-POST /observe, GET /stats, POST /admin/reload; BentoML adds /livez, /readyz and /metrics.
+POST /observe, GET /stats, GET /coverage, POST /admin/reload; BentoML adds /livez, /readyz and /metrics.
 Configuration comes from the environment when the service starts (ServiceConfig.from_env).
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from starlette.routing import Route
 from maestro.keys import caller_key_id
 from pipelines.predictor import ArtifactMismatch
 from predictor_service.config import ServiceConfig
+from predictor_service.coverage import coverage_report
 from predictor_service.engine import PredictorEngine
 from predictor_service.guard import Guard
 from predictor_service.loading import LocationRefused
@@ -40,8 +41,14 @@ async def _stats(_: Request) -> JSONResponse:
     return JSONResponse(bentoml.get_current_service().engine.stats().model_dump())
 
 
-# GET /stats lives on a mounted Starlette app: BentoML's own endpoints are POST only.
-http_app = Starlette(routes=[Route("/stats", _stats, methods=["GET"])])
+async def _coverage(_: Request) -> JSONResponse:
+    """GET /coverage: the active model's live coverage per group, and which groups drift (CoverageResponse)."""
+    active = bentoml.get_current_service().engine.active
+    return JSONResponse(coverage_report(active.source.version, active.corrections).model_dump())
+
+
+# GET /stats and /coverage live on a mounted Starlette app: BentoML's own endpoints are POST only.
+http_app = Starlette(routes=[Route("/stats", _stats, methods=["GET"]), Route("/coverage", _coverage, methods=["GET"])])
 
 
 @functools.cache
