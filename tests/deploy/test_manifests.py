@@ -39,9 +39,17 @@ def objects(kustomization) -> dict[tuple[str, str], dict]:
     return found
 
 
-def pod_specs(objects: dict) -> dict[str, dict]:
+def serving_pods(objects: dict) -> dict[str, dict]:
+    """The long-running workloads' pod templates: they take traffic and have probes."""
     return {name: doc["spec"]["template"] for (kind, name), doc in objects.items()
             if kind in ("Deployment", "StatefulSet")}
+
+
+def pod_specs(objects: dict) -> dict[str, dict]:
+    """Every pod template, the CronJobs' too."""
+    jobs = {name: doc["spec"]["jobTemplate"]["spec"]["template"] for (kind, name), doc in objects.items()
+            if kind == "CronJob"}
+    return {**serving_pods(objects), **jobs}
 
 
 def containers(pod: dict) -> list[dict]:
@@ -88,9 +96,11 @@ def test_services_select_a_workload_on_a_named_port(objects):
 
 def test_probes_autoscaler_and_secrets_point_at_what_exists(objects):
     example = documents(K8S / "secret.example.yaml")[0]
-    for name, pod in pod_specs(objects).items():
+    for name, pod in serving_pods(objects).items():
         for container in pod["spec"]["containers"]:
             assert "readinessProbe" in container and "livenessProbe" in container, f"{name} needs probes"
+    for name, pod in pod_specs(objects).items():
+        for container in containers(pod):
             for env in container.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
@@ -209,3 +219,35 @@ def test_observed_traces_are_on_persistent_volume_claims(objects):
     hpa_max = objects[("HorizontalPodAutoscaler", "maestro-predictor")]["spec"]["maxReplicas"]
     shared = objects[("PersistentVolumeClaim", "maestro-predictor-observed")]["spec"]["accessModes"]
     assert hpa_max == 1 or "ReadWriteMany" in shared  # every replica the HPA starts mounts it
+
+
+def test_the_retrain_cronjob_runs_maestro_retrain_on_the_gateway_traces_against_every_predictor_pod(objects):
+    from maestro.cli import build_parser
+
+    cronjob = objects[("CronJob", "maestro-retrain")]["spec"]
+    assert cronjob["concurrencyPolicy"] == "Forbid"  # two retrains would race on the registry and the workspace
+    pod = cronjob["jobTemplate"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    args = build_parser().parse_args(container["command"][1:])  # what the real CLI makes of it
+    assert container["command"][0] == "maestro" and args.command == "retrain" and args.on_drift and args.resolve_nodes
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    gateway_dir = yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["trace_dir"]
+    assert args.traces == gateway_dir and mounts[gateway_dir]["readOnly"] is True
+    gateway = serving_pods(objects)["maestro-gateway"]
+    gateway_mount = next(m for m in gateway["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == gateway_dir)
+    claim = volumes_by_name(gateway)[gateway_mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert volumes_by_name(pod)[mounts[gateway_dir]["name"]]["persistentVolumeClaim"]["claimName"] == claim
+    affinity = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert affinity["labelSelector"]["matchLabels"].items() <= gateway["metadata"]["labels"].items()  # RWO volume
+    assert mounts[args.repo.rsplit("/", 1)[0]]["name"] in volumes_by_name(pod)
+    node = urlsplit(args.nodes)
+    headless = objects[("Service", node.hostname)]["spec"]
+    predictor = serving_pods(objects)["maestro-predictor"]
+    assert headless["clusterIP"] == "None" and headless["selector"].items() <= predictor["metadata"]["labels"].items()
+    assert node.port in {p["port"] for p in headless["ports"]}
+    allowed = objects[("NetworkPolicy", "maestro-predictor")]["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert allowed["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    env = {e["name"] for e in container["env"]}
+    assert {"MAESTRO_ADMIN_TOKEN", "MLFLOW_TRACKING_URI"} <= env
+    predictor_env = {e["name"] for e in predictor["spec"]["containers"][0]["env"]}
+    assert "MLFLOW_TRACKING_URI" in predictor_env  # the pods reload the versions retrain registers
