@@ -20,6 +20,7 @@ from sklearn.decomposition import PCA
 from pipelines.contract import TOOL_ROLES, StageTrace, derive_structure
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.static_embedding import StaticEmbedder
+from pipelines.turn_features import own_turn_features
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
 UNKNOWN = "unknown"
@@ -118,6 +119,7 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "head_comment_tag": int(opening.startswith("<comment>")),
         "head_bracket": int(opening.startswith("[")),
         "head_info_tag": int("<info>" in head.lower()),
+        **own_turn_features(messages),
     }
 
 

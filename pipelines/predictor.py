@@ -14,8 +14,9 @@ from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
+from pipelines.new_app import NEW_APP, NewAppLevels, fit_new_app_levels, new_app_reserve
 
-FALLBACK_LEVELS = ("role", "global", "prior")
+FALLBACK_LEVELS = ("role", NEW_APP, "global", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
 ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)
 
@@ -57,8 +58,10 @@ class Prediction:
 
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
     to reserve KV for; fallback_level says which level answered: "role" (role and app seen in training),
-    "global" (an unseen role, model without role; or an app named that training never saw: the reserve
-    then carries no coverage promise), "prior" (no usable model input: role or global quantiles).
+    "new_app" (an app named that training never saw: the reserve lifted to the level that held for the worst
+    training app left out, pipelines.new_app), "global" (an unseen role, model without role; or a new app where
+    training held fewer than two apps: no coverage promise), "prior" (no usable model input: role or global
+    quantiles).
     history says what the stage's input held of its workflow's past (pipelines.history): "full",
     "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
     """
@@ -147,8 +150,8 @@ class Predictor:
     """Featurizer + two-stage model + priors; predicts for any contract stages, labelled or not."""
 
     def __init__(self, featurizer: Featurizer | None, model: TwoStageModel | None, priors: dict[str, Prior],
-                 meta: dict | None = None):
-        self.featurizer, self.model, self.priors = featurizer, model, priors
+                 meta: dict | None = None, new_app: NewAppLevels | None = None):
+        self.featurizer, self.model, self.priors, self.new_app = featurizer, model, priors, new_app
         self.meta = meta or {}
 
     @classmethod
@@ -178,7 +181,9 @@ class Predictor:
             return cls(None, None, priors, {**meta, "model": "priors-only"})
         model = TwoStageModel(model_config).fit(X, labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(),
                                                 labels["group"].to_numpy(), labels.get("calibrate_only"))
-        return cls(featurizer, model, priors, {**meta, "model": "two-stage"})
+        new_app = fit_new_app_levels(model, X, labels)
+        meta = {**meta, "model": "two-stage", **({"new_app": new_app.describe()} if new_app else {})}
+        return cls(featurizer, model, priors, meta, new_app)
 
     def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[Prediction]:
         """Answers for `stages`; their ancestors' outcomes come from the same list or from `history`."""
@@ -193,9 +198,11 @@ class Predictor:
         apps = self.featurizer.categories_["app"]
         is_known_app = stage.app is None or (stage.app in apps and stage.app != UNKNOWN)
         level = "role" if self.featurizer.known_role(stage.role) and is_known_app else "global"
+        reserve, history = out["tokens_reserve"][i], str(out["history"][i])
+        if not is_known_app and self.new_app is not None and "log_bound" in out:
+            level, reserve = NEW_APP, new_app_reserve(self.new_app, out["log_bound"][i], history, out["tokens_pred"][i])
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
-                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
-                          str(out["history"][i]))
+                          int(round(out["tokens_pred"][i])), int(np.ceil(reserve)), level, history)
 
     def prior(self, stage: StageTrace) -> Prediction:
         """The answer without a model: the role's empirical quantiles, else the global ones."""
@@ -208,7 +215,7 @@ class Predictor:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = self.featurizer.state() if self.featurizer is not None else None
-        joblib.dump({"featurizer": state, "model": self.model}, directory / "predictor.joblib")
+        joblib.dump({"featurizer": state, "model": self.model, "new_app": self.new_app}, directory / "predictor.joblib")
         (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
         (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -227,7 +234,7 @@ class Predictor:
         featurizer = Featurizer.from_state(state["featurizer"]) if state["featurizer"] is not None else None
         priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}
         meta = json.loads((directory / "meta.json").read_text())
-        return cls(featurizer, state["model"], priors, meta)
+        return cls(featurizer, state["model"], priors, meta, state.get("new_app"))
 
 
 def _resolve(location: str) -> Path:

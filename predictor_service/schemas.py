@@ -82,7 +82,7 @@ class PredictionOut(BaseModel):
     p_tool: float
     tokens_pred: int
     tokens_reserve: int
-    fallback_level: str  # role | global | prior: which level of the fallback chain answered
+    fallback_level: str  # role | new_app | global | prior: which level of the fallback chain answered
     history: str = "full"  # full | partial | none: how much of the workflow's past the stage's input held
     model_version: str
     correction: float = 1.0  # online per-role factor applied to the model's tokens (1.0 = none)

@@ -68,9 +68,9 @@ def test_the_reserve_keeps_its_promise_without_history(agent_slice):
             if copies:
                 assert {a.history for a in answers} <= set(HISTORY_CONDITIONS)
                 assert (condition == "none") == (np.mean([a.history == "none" for a in answers]) > 0.9)
-        if copies:  # an app training never saw: the answer says it comes without the app's calibration
+        if copies:  # an app training never saw: answered at the new-app level (pipelines.new_app), and flagged
             new_app = predictor.predict([test[-1].model_copy(update={"app": "tau2_airline"})])[0]
-            assert new_app.fallback_level == "global" and answers[-1].fallback_level == "role"
+            assert new_app.fallback_level == "new_app" and answers[-1].fallback_level == "role"
     share = {key: frame["above"].mean() for key, frame in above.items()}
     assert share[True, "full"] <= 0.08 and share[True, "none"] <= 0.08
     assert share[False, "none"] > share[True, "none"] + 0.03
