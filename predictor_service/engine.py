@@ -11,10 +11,12 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from maestro.keys import ANONYMOUS
 from pipelines.contract import StageTrace
 from pipelines.features import StageHistory
+from pipelines.new_app import NEW_APP
 from pipelines.predictor import Prediction, Predictor
 from predictor_service import loading
 from predictor_service.config import ServiceConfig
@@ -66,22 +68,33 @@ def promised_miss_rate(predictor: Predictor) -> float:
     return predictor.model.config.alpha if predictor.model is not None else 0.05
 
 
+class Served(NamedTuple):
+    """What the model answered a stage, before the online correction."""
+    tokens_pred: int
+    tokens_reserve: int
+    history: str
+    fallback_level: str
+
+    @classmethod
+    def of(cls, p: Prediction) -> "Served":
+        return cls(p.tokens_pred, p.tokens_reserve, p.history, p.fallback_level)
+
+
 class RecentPredictions:
-    """The uncorrected (tokens_pred, tokens_reserve) served lately and the history condition they were made in,
-    by (workflow_id, stage_id), bounded."""
+    """The uncorrected answers served lately (Served), by (workflow_id, stage_id), bounded."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], tuple[int, int, str]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], Served] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, items: list[tuple[tuple[str, str], tuple[int, int, str]]]) -> None:
+    def put(self, items: list[tuple[tuple[str, str], Served]]) -> None:
         with self._lock:
             self._items.update(items)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def pop(self, key: tuple[str, str]) -> tuple[int, int, str] | None:
+    def pop(self, key: tuple[str, str]) -> Served | None:
         with self._lock:
             return self._items.pop(key, None)
 
@@ -132,8 +145,7 @@ class PredictorEngine:
     def predict(self, stages: list[StageTrace]) -> list[PredictionOut]:
         active = self.active  # one read: the whole batch is answered by one model
         raw = safe_predict(active.predictor, stages, self.history)
-        self._recent.put([((s.workflow_id, s.stage_id), (p.tokens_pred, p.tokens_reserve, p.history))
-                          for s, (p, _) in zip(stages, raw)])
+        self._recent.put([((s.workflow_id, s.stage_id), Served.of(p)) for s, (p, _) in zip(stages, raw)])
         answers = [self._out(p, source, stage, active) for (p, source), stage in zip(raw, stages)]
         self.counters.count_predictions(answers)
         return answers
@@ -141,7 +153,8 @@ class PredictorEngine:
     @staticmethod
     def _out(p: Prediction, source: str, stage: StageTrace, active: ActiveModel) -> PredictionOut:
         tokens_pred, tokens_reserve, factor, reserve_factor = active.corrections.apply(
-            stage.role, p.tokens_pred, p.tokens_reserve, coverage_group(stage.app, stage.role, p.history))
+            stage.role, p.tokens_pred, p.tokens_reserve, coverage_group(stage.app, stage.role, p.history),
+            p.fallback_level == NEW_APP)
         return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool, tokens_pred=tokens_pred,
                              tokens_reserve=tokens_reserve, fallback_level=p.fallback_level, history=p.history,
                              model_version=active.source.version,
@@ -151,13 +164,13 @@ class PredictorEngine:
     def observe(self, stages: list[StageTrace], api_key_id: str = ANONYMOUS) -> ObserveResponse:
         active = self.active
         served = self._served_predictions(stages, active)
-        for stage, (predicted, reserve, history) in zip(stages, served):
+        for stage, (predicted, reserve, history, level) in zip(stages, served):
             active.corrections.update(stage.role, predicted, stage.output_tokens, reserve,
-                                      coverage_group(stage.app, stage.role, history))
+                                      coverage_group(stage.app, stage.role, history), level == NEW_APP)
         self.history.add(stages)
         if self.trace_log is not None:
             extra = [{"served_tokens_pred": p, "served_tokens_reserve": r,
-                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p, r, _ in served]
+                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p, r, *_ in served]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)
@@ -170,15 +183,14 @@ class PredictorEngine:
         """Add finished stages to the workflow history only (a replica's backup copy of another's workflows)."""
         self.history.add(stages)
 
-    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[tuple[int, int, str]]:
-        """The uncorrected (prediction, reserve, history condition) each stage got; re-predicted when it was not
-        served here lately."""
+    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[Served]:
+        """The uncorrected answer each stage got; re-predicted when it was not served here lately."""
         served = [self._recent.pop((s.workflow_id, s.stage_id)) for s in stages]
         missing = [i for i, p in enumerate(served) if p is None]
         if missing:
             unlabelled = [stages[i].model_copy(update={"output_tokens": None, "is_tool_call": None}) for i in missing]
             for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled, self.history)):
-                served[i] = (p.tokens_pred, p.tokens_reserve, p.history)
+                served[i] = Served.of(p)
         return served
 
     # ---- reload -------------------------------------------------------------------------

@@ -17,6 +17,10 @@ Two corrections per role, learnt from the stages the service observes (served an
   stands above α by more than `drift_sd` standard errors of that EWMA is drifting (logged as a warning
   when it starts; exported by the service).
 
+- new apps: a stage answered for an app training never saw (`fallback_level: new_app`) is corrected by
+  `predictor_service.new_app.NewAppCoverage` alone, per (app, role), from that app's own observed stages; its
+  outcome enters the coverage watch but never a role's tokens state, which the apps training saw share.
+
 Both are bounded (|log| ≤ bound) and decay towards 0 with a half-life when a role goes quiet; the
 tokens factor only acts once a role has `min_observations`. A reload starts from zero: the
 corrections belonged to the previous model.
@@ -28,6 +32,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+
+from predictor_service.new_app import NewAppConfig, NewAppCoverage
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ class CorrectionConfig:
     max_roles: int = 10_000  # roles are client-supplied: past this, the longest-quiet role is forgotten
     coverage_weight: float = 0.02  # EWMA weight of one stage in a group's share above the reserve
     drift_sd: float = 4.0  # a group drifts when its share exceeds α by this many standard errors
+    new_app: NewAppConfig = NewAppConfig()  # the reserve of apps training never saw (predictor_service.new_app)
 
     def __post_init__(self) -> None:
         if not 0 < self.weight <= 1 or not 0 < self.coverage_weight <= 1:
@@ -88,6 +95,7 @@ class OnlineCorrection:
         self.role_baselines = role_baselines or {}
         self._roles: dict[str, _RoleState] = {}
         self._groups: dict[tuple[str, str, str] | str, _GroupState] = {}  # a role when no group was given
+        self.new_apps = NewAppCoverage(self.config.new_app, alpha)
         self._lock = threading.Lock()
 
     def _clip(self, value: float) -> float:
@@ -115,9 +123,14 @@ class OnlineCorrection:
         return states.setdefault(key, make(updated_at=now))
 
     def update(self, role: str, predicted_tokens: float, actual_tokens: float,
-               reserve_tokens: float | None = None, group: tuple[str, str, str] | None = None) -> None:
+               reserve_tokens: float | None = None, group: tuple[str, str, str] | None = None,
+               is_new_app: bool = False) -> None:
         """Fold one observation of `role` in: the uncorrected prediction and reserve it was served, and its
-        coverage group (coverage_group(); the role when None)."""
+        coverage group (coverage_group(); the role when None); `is_new_app`: it was answered for an app
+        training never saw (then `reserve_tokens` and `group` are required)."""
+        if is_new_app:
+            self._update_new_app(role, actual_tokens, reserve_tokens, group)
+            return
         residual = (math.log((actual_tokens + 1) / (max(predicted_tokens, 0) + 1))
                     - self.role_baselines.get(role, self.baseline))
         w = self.config.weight
@@ -138,10 +151,24 @@ class OnlineCorrection:
             state.num_observations += 1
             state.updated_at = now
 
-    def _cover(self, key, group: _GroupState, missed: bool, now: float) -> None:
-        """The group's adaptive-conformal shift and its share above the reserve, after one stage."""
+    def _update_new_app(self, role: str, actual_tokens: float, reserve_tokens: float | None,
+                        group: tuple[str, str, str] | None) -> None:
+        if reserve_tokens is None or group is None:
+            raise ValueError("a new app's observation needs the reserve it was served and its coverage group")
+        app = group[0]
+        with self._lock:
+            now = self._clock()
+            shift = self._state(self._groups, group, now, self.config.max_roles, _GroupState)
+            missed = actual_tokens > reserve_tokens * self.new_apps.factor(app, role)
+            self._cover(group, shift, missed, now, step=0.0)  # watched only: NewAppCoverage sets its reserve
+        self.new_apps.update(app, role, reserve_tokens, actual_tokens)
+
+    def _cover(self, key, group: _GroupState, missed: bool, now: float, step: float | None = None) -> None:
+        """The group's adaptive-conformal shift (`step`: the config's unless given) and its share above the
+        reserve, after one stage."""
         decay, w, alpha = self._decay(group, now), self.config.coverage_weight, self.alpha
-        group.reserve_shift = self._clip(group.reserve_shift * decay + self.config.reserve_step * (float(missed) - alpha))
+        step = self.config.reserve_step if step is None else step
+        group.reserve_shift = self._clip(group.reserve_shift * decay + step * (float(missed) - alpha))
         previous = alpha if group.num_observations == 0 else group.share_above  # a new group starts at the promise
         group.share_above = (1 - w) * previous + w * float(missed)
         group.num_observations += 1
@@ -164,10 +191,13 @@ class OnlineCorrection:
         return math.exp(self._reserve_log(self._roles.get(role), self._groups.get(group or role), self._clock()))
 
     def apply(self, role: str, tokens_pred: float, tokens_reserve: float,
-              group: tuple[str, str, str] | None = None) -> tuple[int, int, float, float]:
+              group: tuple[str, str, str] | None = None, is_new_app: bool = False) -> tuple[int, int, float, float]:
         """The served answer for the model's (tokens_pred, tokens_reserve): both corrected, the reserve never below
-        the prediction; and the two factors used."""
-        factor, reserve_factor = self.factor(role), self.reserve_factor(role, group)
+        the prediction; and the two factors used. A new app's answer: its reserve by the app's own level only."""
+        if is_new_app and group is not None:
+            factor, reserve_factor = 1.0, self.new_apps.factor(group[0], role)
+        else:
+            factor, reserve_factor = self.factor(role), self.reserve_factor(role, group)
         corrected = int(round(tokens_pred * factor))
         return corrected, max(corrected, int(math.ceil(tokens_reserve * reserve_factor))), factor, reserve_factor
 

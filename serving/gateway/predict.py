@@ -25,7 +25,8 @@ from pipelines.contract import StageTrace, derive_structure
 from pipelines.features import StageHistory
 from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor, Prior
 from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
-from predictor_service.engine import WARMUP_STAGE
+from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
+from predictor_service.new_app import NewAppReserves
 from predictor_service.schemas import PredictionOut
 from serving.gateway.model_thread import ModelWorker
 
@@ -124,6 +125,8 @@ class LocalPredictor:
         self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
         self.counts = AnswerCounts(what)
         self.has_model = self.predictor.model is not None
+        # an app training never saw: its reserve learnt from its own finished stages (predictor_service.new_app)
+        self.new_apps = NewAppReserves(promised_miss_rate(self.predictor))
         self.worker = ModelWorker(self._parse, self._predict_batch) if self.has_model else None
         self.is_ready = not self.has_model  # a model is ready once start() has warmed it
         self.warmup_s: float | None = None
@@ -178,7 +181,7 @@ class LocalPredictor:
         return derive_structure(stages, self.history.known(stages))
 
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
-        return self.predictor.predict(stages, self.history)
+        return self.new_apps.serve(stages, self.predictor.predict(stages, self.history))
 
     def _prior(self, stages: list[dict], source: Source, cause: str = "") -> list[StageAnswer]:
         self.counts.add(source, len(stages), cause)
@@ -188,7 +191,9 @@ class LocalPredictor:
         self.num_observed += 1
         if self.has_model:
             try:
-                self.history.add([StageTrace.model_validate(observed_row(stage))])
+                finished = StageTrace.model_validate(observed_row(stage))
+                self.history.add([finished])
+                self.new_apps.observe(finished)
             except ValueError as error:  # a trace line the contract refuses: its successors lose history only
                 log.warning("finished stage %s/%s not kept for history: %s", stage.get("workflow_id"),
                             stage.get("stage_id"), error)
