@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -58,11 +59,11 @@ def test_the_metrics_belong_to_the_logged_model_and_its_test_data(client, champi
     assert model.params["train.loss"] == "pinball"
 
 
-def test_the_model_is_code_with_a_signature_and_an_example(reproduced, champion):
-    import mlflow
+def test_the_model_is_code_with_a_signature_and_an_example(client, champion):
+    from mlflow.models import Model
 
-    mlflow.set_registry_uri(store(reproduced))
-    info = mlflow.models.get_model_info(f"models:/stage-length/{champion.version}")
+    logged = client.get_logged_model(champion.source.removeprefix("models:/"))
+    info = Model.load(str(Path(urlsplit(logged.artifact_location).path) / "MLmodel"))  # file store: no global URI
     flavor = info.flavors["python_function"]
     assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model" and flavor["code"] == "code"
     assert info.signature.inputs.input_names()[:4] == ["workflow_id", "stage_id", "role", "prompt"]
@@ -87,7 +88,8 @@ def test_the_model_loads_where_the_repository_is_not_installed(reproduced, tmp_p
     example = INPUT_EXAMPLE.to_json(orient="records")
     script = LOAD_WITHOUT_THE_REPO.format(repo=str(Path(__file__).resolve().parents[2]), uri=CHAMPION,
                                           example=example)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced), "PYTHONPATH": ""}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced), "MLFLOW_REGISTRY_URI": store(reproduced),
+           "PYTHONPATH": ""}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -99,7 +101,8 @@ def test_the_model_loads_where_the_repository_is_not_installed(reproduced, tmp_p
 def test_mlflow_models_serve_answers_invocations(reproduced, tmp_path):
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced)}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced), "MLFLOW_REGISTRY_URI": store(reproduced),
+           "PATH": f"{mlflow.parent}:{os.environ['PATH']}"}  # it starts `uvicorn` from PATH, as in an active venv
     with open(tmp_path / "serve.log", "wb") as log:
         server = subprocess.Popen([str(mlflow), "models", "serve", "-m", CHAMPION, "--env-manager", "local",
                                    "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env,
