@@ -59,8 +59,11 @@ def traces_datasets(traces: str, source: str, test_labels: pd.DataFrame) -> tupl
     keys = pd.MultiIndex.from_frame(test_labels[["workflow_id", "stage_id"]].astype(str))
     is_test = pd.MultiIndex.from_frame(frame[["workflow_id", "stage_id"]].astype(str)).isin(keys)
     uri, digest = Path(source).resolve().as_uri(), file_hash(traces)[:16]
-    with warnings.catch_warnings():  # MLflow registers its local source under two schemes, and says so each time
+    with warnings.catch_warnings():
+        # MLflow registers its local source under two schemes and says so each time; and it hints that integer
+        # columns cannot hold missing values, which matters for a model's input schema, not for a dataset's record.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column")
         return (mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
                 mlflow.data.from_pandas(frame[is_test].reset_index(drop=True), source=uri, name="traces-test",
                                         targets="output_tokens", digest=f"{digest}-test"))

@@ -8,7 +8,7 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.models.model import ModelInfo
 from mlflow.types import ColSpec, DataType, Schema
-from mlflow.types.schema import AnyType, Array
+from mlflow.types.schema import AnyType
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 EXPERIMENT = "maestro-stage-length"
@@ -31,15 +31,19 @@ INPUT_EXAMPLE = pd.DataFrame([
 
 def signature() -> ModelSignature:
     """The model's wire format: contract stages in (DESIGN §3: ids, role and prompt required; the prompt a text or
-    a list of OpenAI-style messages), one prediction per stage out."""
+    a list of OpenAI-style messages), one prediction per stage out.
+
+    Where some stages of a batch lack an optional field, its frame column holds NaN, which MLflow's long and array
+    checks refuse (and it will not take ints as doubles): counts and name lists are therefore Any here, and the
+    contract (pipelines/contract.py) checks them when the model parses each stage."""
     def optional(kind, name: str) -> ColSpec:
         return ColSpec(kind, name, required=False)
 
     inputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
                      ColSpec(DataType.string, "role"), ColSpec(AnyType(), "prompt"),
                      *(optional(DataType.string, name) for name in ("app", "model")),
-                     *(optional(Array(DataType.string), name) for name in ("parent_ids", "tool_names")),
-                     *(optional(DataType.long, name) for name in ("call_index", "depth", "n_tools", "prompt_tokens")),
+                     *(optional(AnyType(), name) for name in ("parent_ids", "tool_names", "call_index", "depth",
+                                                              "n_tools", "prompt_tokens")),
                      optional(DataType.boolean, "interactive")])
     outputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
                       ColSpec(DataType.double, "p_tool"), ColSpec(DataType.long, "tokens_pred"),
