@@ -64,9 +64,12 @@ def traces_datasets(traces: str, source: str, test_labels: pd.DataFrame) -> tupl
         # columns cannot hold missing values, which matters for a model's input schema, not for a dataset's record.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
         warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column")
-        return (mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
-                mlflow.data.from_pandas(frame[is_test].reset_index(drop=True), source=uri, name="traces-test",
-                                        targets="output_tokens", digest=f"{digest}-test"))
+        datasets = (mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
+                    mlflow.data.from_pandas(frame[is_test].reset_index(drop=True), source=uri, name="traces-test",
+                                            targets="output_tokens", digest=f"{digest}-test"))
+        for dataset in datasets:
+            dataset.schema  # inferred on first use: here, under the filter, not when the run logs it
+        return datasets
 
 
 def may_promote(setting: bool | str, environ: dict = os.environ) -> tuple[bool, list[str]]:
