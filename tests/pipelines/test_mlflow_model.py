@@ -109,11 +109,12 @@ def test_mlflow_models_serve_answers_invocations(reproduced, tmp_path):
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until_up(f"http://127.0.0.1:{port}/ping", server, tmp_path / "serve.log")
-        records = json.loads(INPUT_EXAMPLE.to_json(orient="records"))
+        sparse = {"workflow_id": "w-2", "stage_id": "fix", "role": "coder", "prompt": "Fix the failing test."}
+        records = json.loads(INPUT_EXAMPLE.to_json(orient="records")) + [sparse]  # optional fields left out
         answer = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"dataframe_records": records}, timeout=60)
         assert answer.status_code == 200, answer.text
         predictions = answer.json()["predictions"]
-        assert [p["stage_id"] for p in predictions] == ["plan", "flights"]
+        assert [p["stage_id"] for p in predictions] == ["plan", "flights", "fix"]
         assert all(p["tokens_reserve"] >= p["tokens_pred"] > 0 for p in predictions)
         missing = httpx.post(f"http://127.0.0.1:{port}/invocations",
                              json={"dataframe_records": [{"workflow_id": "w", "stage_id": "s"}]}, timeout=60)
