@@ -127,12 +127,20 @@ def stage_traces(source: Path, since_s: float | None, out_dir: Path) -> int:
             modified_s = path.stat().st_mtime
             if since_s is not None and modified_s < since_s:  # every stage in it arrived before its last write
                 continue
-            for line in path.open(encoding="utf-8", errors="replace"):
-                record = _record(line)
-                arrival_s = record.get("arrival_s", modified_s) if isinstance(record, dict) else modified_s
-                if since_s is None or not isinstance(arrival_s, (int, float)) or arrival_s >= since_s:
-                    out.write(line if line.endswith("\n") else line + "\n")
-                    num_finished += isinstance(record, dict) and record.get("output_tokens") is not None
+            with path.open(encoding="utf-8", errors="replace") as lines:
+                num_finished += _copy_since(lines, since_s, modified_s, out)
+    return num_finished
+
+
+def _copy_since(lines, since_s: float | None, modified_s: float, out) -> int:
+    """Write the lines whose stage arrived at or after `since_s` to `out`; how many of them finished."""
+    num_finished = 0
+    for line in lines:
+        record = _record(line)
+        arrival_s = record.get("arrival_s", modified_s) if isinstance(record, dict) else modified_s
+        if since_s is None or not isinstance(arrival_s, (int, float)) or arrival_s >= since_s:
+            out.write(line if line.endswith("\n") else line + "\n")
+            num_finished += isinstance(record, dict) and record.get("output_tokens") is not None
     return num_finished
 
 
