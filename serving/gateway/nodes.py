@@ -20,7 +20,7 @@ import aiohttp
 
 from serving.gateway.config import NodeConfig
 from serving.gateway.upstream import Upstream, UpstreamError
-from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
+from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
 
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')

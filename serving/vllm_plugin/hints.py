@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 from serving.request import StageRequest
 
@@ -34,10 +35,13 @@ class MaestroHints:
     deadline_s: float = math.inf
     interactive: bool = False
     workflow: str = ""
+    reserve_level: float = 0.95  # the quantile of the output length that tokens_reserve stands at
 
     def __post_init__(self):
         if self.tokens_pred < 0 or self.tokens_reserve < 0:
             raise ValueError(f"maestro hints: tokens_pred and tokens_reserve must be >= 0, got {self}")
+        if not 0.5 < self.reserve_level < 1:
+            raise ValueError(f"maestro hints: reserve_level must be in (0.5, 1), got {self.reserve_level}")
         if self.tokens_reserve == 0:
             object.__setattr__(self, "tokens_reserve", self.tokens_pred)
 
@@ -80,15 +84,40 @@ def hints_for_stage(stage: StageRequest, now_s: float) -> MaestroHints:
                         deadline_s=stage.deadline_s - now_s, interactive=stage.interactive, workflow=stage.workflow_id)
 
 
+def output_bounds(num_output_tokens: int, hints: MaestroHints) -> tuple[float, float]:
+    """(median, reserve) of the request's output length given that it has produced `num_output_tokens`.
+
+    The prediction is read as a log-normal: its median `tokens_pred`, its `reserve_level` quantile `tokens_reserve`.
+    While the request is short of its median the prediction stands. Past it, both move to the same quantiles of the
+    length conditioned on L > produced, so a long answer that outlives a short stage's bound gets the tail's bound,
+    not "nothing left". A point prediction (reserve = median) only moves up to what has been produced.
+    """
+    produced, median, reserve = num_output_tokens, max(hints.tokens_pred, 1), max(hints.tokens_reserve, 1)
+    if produced < median:
+        return median, reserve
+    if reserve <= median:
+        return produced + 1, produced + 1
+    normal = NormalDist()
+    sigma = math.log(reserve / median) / normal.inv_cdf(hints.reserve_level)
+    tail = 1.0 - normal.cdf(math.log(produced / median) / sigma)  # P(L > produced)
+
+    def quantile(level: float) -> float:
+        z = normal.inv_cdf(min(1.0 - tail * (1.0 - level), 1.0 - 1e-12))
+        return max(median * math.exp(sigma * z), produced + 1)
+
+    return quantile(0.5), quantile(hints.reserve_level)
+
+
 def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens: int, hints: MaestroHints) -> int:
-    """Tokens of KV the request is predicted to hold when it ends: its prompt and its reserve (or what it has already
-    produced, once it outgrew the reserve), never beyond its max_tokens."""
-    return num_prompt_tokens + min(max_tokens, max(hints.tokens_reserve, num_output_tokens))
+    """Tokens of KV the request is predicted to hold when it ends: its prompt and its reserve given what it has
+    produced (`output_bounds`), never beyond its max_tokens."""
+    reserve = output_bounds(num_output_tokens, hints)[1]
+    return num_prompt_tokens + min(max_tokens, max(math.ceil(reserve), num_output_tokens))
 
 
 def remaining_tokens(num_output_tokens: int, hints: MaestroHints) -> int:
-    """Predicted output tokens still to come (0 once the request has produced its prediction)."""
-    return max(hints.tokens_pred - num_output_tokens, 0)
+    """Predicted output tokens still to come: the median given what it has produced, less that."""
+    return max(math.ceil(output_bounds(num_output_tokens, hints)[0]) - num_output_tokens, 0)
 
 
 def num_blocks(num_tokens: int, block_size: int) -> int:

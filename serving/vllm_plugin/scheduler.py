@@ -26,11 +26,12 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from serving.admission.projection import GrowingStage, peak_blocks
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions
-from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, num_blocks,
-                                       remaining_tokens, stage_request)
+from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens,
+                                       stage_request)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
 # Under vLLM's logger tree, so the engine's log shows these lines with vLLM's own.
@@ -213,9 +214,19 @@ class MaestroScheduler(Scheduler):
         return False
 
     def _fits(self, request: Request, hints: MaestroHints) -> bool:
-        own = self._blocks_at_end(request, hints) - self._num_shared_hit_blocks(request)
-        running = sum(self._blocks_still_needed(r) for r in self.running if r.request_id in self.hints)
-        return own + running <= self.kv_cache_manager.block_pool.get_num_free_blocks()
+        """Whether the blocks that the running predicted requests and this one hold at once, each growing a token a
+        step to its reserve (`serving.admission.projection`), stay within what those requests hold plus the free
+        blocks, from now until this one ends."""
+        running = [r for r in self.running if r.request_id in self.hints]
+        shared_tokens = self._num_shared_hit_blocks(request) * self.block_size
+        candidate = GrowingStage(prompt_tokens=max(request.num_prompt_tokens - shared_tokens, 0),
+                                 output_tokens=self._output_tokens_at_end(request, hints), start_s=0.0)
+        growing = [GrowingStage(prompt_tokens=r.num_prompt_tokens, start_s=0.0, tokens_done=r.num_output_tokens,
+                                output_tokens=self._output_tokens_at_end(r, self.hints[r.request_id]),
+                                progress_s=0.0, tokens_per_s=1.0) for r in running]
+        held = sum(len(self.kv_cache_manager.get_block_ids(r.request_id)[0]) for r in running)
+        peak = peak_blocks(growing, candidate, now_s=0.0, tokens_per_s=1.0, block_size=self.block_size)
+        return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def _num_shared_hit_blocks(self, request: Request) -> int:
         """Prefix-cache hits that other requests hold: the request needs them without taking a free block. (A hit on
@@ -226,13 +237,10 @@ class MaestroScheduler(Scheduler):
         hit = self.kv_cache_manager.get_computed_blocks(request)[0].blocks
         return sum(1 for block in (hit[0] if hit else ()) if block.ref_cnt > 0)
 
-    def _blocks_at_end(self, request: Request, hints: MaestroHints) -> int:
+    def _output_tokens_at_end(self, request: Request, hints: MaestroHints) -> int:
+        """Output tokens the request is predicted to hold at its end (its re-predicted reserve, within the context)."""
         tokens = footprint_tokens(request.num_prompt_tokens, request.num_output_tokens, request.max_tokens, hints)
-        return num_blocks(min(tokens, self.max_model_len), self.block_size)
-
-    def _blocks_still_needed(self, request: Request) -> int:
-        held = len(self.kv_cache_manager.get_block_ids(request.request_id)[0])
-        return max(self._blocks_at_end(request, self.hints[request.request_id]) - held, 0)
+        return min(tokens, self.max_model_len) - request.num_prompt_tokens
 
     # ---- preemption ------------------------------------------------------------------------
     def _remaining(self, request: Request) -> int:

@@ -22,7 +22,7 @@ from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node, parse_metrics
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
-from serving.gateway.projection import CallTimeFit, GrowingStage, peak_blocks
+from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from serving.gateway.core import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
-                                       num_blocks, remaining_tokens, stage_request)
+                                       num_blocks, output_bounds, remaining_tokens, stage_request)
 from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
 
 
@@ -86,13 +87,36 @@ def test_stage_requests_order_by_the_policy_object():
     assert [s.stage_id for s in policy.in_order(5.0)] == ["urgent", "relaxed"]
 
 
-def test_footprint_is_prompt_and_reserve_then_what_was_produced_capped_by_max_tokens():
+def test_footprint_is_prompt_and_reserve_capped_by_max_tokens():
     hints = MaestroHints(tokens_pred=100, tokens_reserve=150)
     assert footprint_tokens(10, 0, 1000, hints) == 160
-    assert footprint_tokens(10, 400, 1000, hints) == 410
     assert footprint_tokens(10, 0, 120, hints) == 130
-    assert remaining_tokens(30, hints) == 70 and remaining_tokens(300, hints) == 0
+    assert remaining_tokens(30, hints) == 70
     assert (num_blocks(128, 128), num_blocks(129, 128), num_blocks(0, 16)) == (1, 2, 0)
+
+
+def test_a_request_that_outlives_its_prediction_is_re_predicted_from_the_tail():
+    hints = MaestroHints(tokens_pred=100, tokens_reserve=150, reserve_level=0.9)
+    assert output_bounds(99, hints) == (100, 150)  # short of the median: the prediction stands
+    median, reserve = output_bounds(400, hints)
+    assert 400 < median < reserve  # past its reserve: the tail's median and bound, not "nothing left"
+    assert remaining_tokens(400, hints) == math.ceil(median) - 400 > 0
+    assert footprint_tokens(10, 400, 1000, hints) == 10 + math.ceil(reserve)
+    assert footprint_tokens(10, 400, 420, hints) == 430  # never past max_tokens
+    # The longer it has run, the more it is predicted to still need (a log-normal's tail grows).
+    assert remaining_tokens(800, hints) > remaining_tokens(400, hints)
+    # A point prediction (reserve = median) moves only to what was produced.
+    assert output_bounds(50, MaestroHints(tokens_pred=40)) == (51, 51)
+
+
+def test_the_tail_bound_holds_the_reserve_level_for_log_normal_lengths():
+    """Among log-normal lengths that outlived n, the re-predicted reserve covers about reserve_level of them."""
+    rng = np.random.default_rng(0)
+    hints = MaestroHints(tokens_pred=100, tokens_reserve=round(100 * math.exp(0.8 * 1.2816)), reserve_level=0.9)
+    lengths = 100 * np.exp(rng.normal(0.0, 0.8, 200_000))
+    for produced in (150, 300):
+        tail = lengths[lengths > produced]
+        assert abs(np.mean(tail <= output_bounds(produced, hints)[1]) - 0.9) < 0.01
 
 
 def test_decisions_lines_parse_back_from_a_log():
