@@ -66,7 +66,7 @@ def embedding_cost_ms(featurizer: Featurizer, stages: list) -> dict:
         if hasattr(featurizer.embedder, "clear_cache"):
             featurizer.embedder.clear_cache()
         started = time.perf_counter()
-        featurizer._embedding([stage.prompt_text()], progress=False)
+        featurizer.embed([stage.prompt_text()])
         times.append((time.perf_counter() - started) * 1000)
     return {"p50": round(float(np.percentile(times, 50)), 3), "p99": round(float(np.percentile(times, 99)), 3)}
 

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipelines.structure import derive_structure
+
 Prompt = str | list[dict[str, Any]]
 
 
@@ -84,7 +86,7 @@ def prompt_text(prompt: Prompt) -> str:
         content = message.get("content") or ""
         if isinstance(content, list):  # multi-part content: keep the text parts
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        calls = [f"[tool call] {c.get('name', '')}({c.get('arguments', '')})" for c in _tool_calls(message)]
+        calls = [f"[tool call] {c.get('name', '')}({c.get('arguments', '')})" for c in tool_calls(message)]
         if calls:
             content = " ".join([str(content), *calls] if content else calls)
         role = message.get("role", "user")
@@ -94,7 +96,7 @@ def prompt_text(prompt: Prompt) -> str:
     return "\n".join(parts)
 
 
-def _tool_calls(message: dict) -> list[dict]:
+def tool_calls(message: dict) -> list[dict]:
     """The calls of an assistant message: OpenAI `tool_calls` entries, or the legacy `function_call`."""
     entries = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
     calls = [e["function"] if isinstance(e.get("function"), dict) else e for e in entries if isinstance(e, dict)]
@@ -245,51 +247,6 @@ def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
     if derive:
         derive_structure(result.stages)
     return result
-
-
-def derive_structure(stages: list[StageTrace],
-                     known: dict[str, dict[str, StageTrace]] | None = None) -> list[StageTrace]:
-    """Fill call_index, depth and in/out degree where a producer left them out (in place).
-
-    `known`: earlier stages of the same workflows that are not in `stages` (workflow_id → stage_id →
-    stage, with depth and call_index set), e.g. a live workflow's finished stages; they count as
-    parents for depth and come before `stages` in call order."""
-    by_workflow: dict[str, list[StageTrace]] = {}
-    for stage in stages:
-        by_workflow.setdefault(stage.workflow_id, []).append(stage)
-    for workflow_id, members in by_workflow.items():
-        _derive_workflow(members, (known or {}).get(workflow_id, {}))
-    return stages
-
-
-def _derive_workflow(members: list[StageTrace], known: dict[str, StageTrace]) -> None:
-    ids = {**known, **{s.stage_id: s for s in members}}
-    children: dict[str, int] = {}
-    for index, stage in enumerate(members):
-        if stage.call_index is None:
-            stage.call_index = len(known) + index
-        parents = [p for p in (stage.parent_ids or []) if p in ids]
-        stage.in_degree = len(stage.parent_ids or [])
-        for parent in parents:
-            children[parent] = children.get(parent, 0) + 1
-    for stage in members:
-        stage.out_degree = children.get(stage.stage_id, 0)
-        if stage.depth is None:
-            stage.depth = _depth(stage, ids, {})
-
-
-def _depth(stage: StageTrace, ids: dict[str, StageTrace], memo: dict[str, int]) -> int:
-    # Iterative longest-path depth; a cycle in bad data is cut rather than recursed forever.
-    if stage.stage_id in memo:
-        return memo[stage.stage_id]
-    memo[stage.stage_id] = 0
-    parents = [ids[p] for p in (stage.parent_ids or []) if p in ids]
-    depth = 0
-    for parent in parents:
-        parent_depth = parent.depth if parent.depth is not None else _depth(parent, ids, memo)
-        depth = max(depth, parent_depth + 1)
-    memo[stage.stage_id] = depth
-    return depth
 
 
 _FRAGMENT = re.compile(r"#.*$")

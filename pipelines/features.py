@@ -1,254 +1,28 @@
-"""Stage features: structure of the workflow, cheap signals of the prompt text, an embedding → PCA.
+"""Stage features: the structural and prompt-text ones (pipelines.stage_features), an embedding → PCA.
 
-Everything here is known before the stage runs. Parent outputs count as known: a stage is
-submitted only after its parents finished, so their `output_tokens` / `is_tool_call` are
-facts by then (taken from ancestor stages in the same batch, from a `StageHistory` of finished
-stages on the live path, or from an explicit `parent_output_tokens` field a live caller sends).
+The Featurizer learns the categories and the PCA on training stages and turns stages into the
+model's feature frame (training) or float matrix (the live path).
 """
 from __future__ import annotations
 
 import functools
-import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
-from pipelines.contract import TOOL_ROLES, StageTrace, derive_structure
+from pipelines.contract import StageTrace
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
+from pipelines.stage_features import (BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame,
+                                      structural_rows)
 from pipelines.static_embedding import StaticEmbedder
-from pipelines.turn_features import own_turn_features
-
-CATEGORICAL = ("role", "app", "model", "last_message_role")
-UNKNOWN = "unknown"
-_INT = re.compile(r"\b\d{1,3}\b")
-_JSON = re.compile(r"\bjson\b", re.I)
-_TOOL_RESULT = re.compile(r"(tool|function)[ _](result|response|output)|response from calling tool|\"role\": \"tool\"", re.I)
-_DONE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
-_BREVITY = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
-_DETAIL = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
-_QUESTION = re.compile(r"\?\s*\S{0,40}$")
-_SUGGESTED_CALL = re.compile(r"suggested (tool|function) call", re.I)
-_TOOL_RESPONSE = re.compile(r"response from calling (tool|function)", re.I)
-# Literals one of which (lowercased) every match of a pattern above holds: where the lowercased text holds
-# none of them the pattern cannot match, and `in` is ~50× cheaper than a case-insensitive regex scan.
-_NEEDLES = {_JSON: ("json",), _TOOL_RESULT: ("tool", "function"),
-            _DONE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
-            _BREVITY: ("brief", "short", "concise", "one line", "single word", "only"),
-            _DETAIL: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
-            _SUGGESTED_CALL: ("suggested",), _TOOL_RESPONSE: ("response from calling",), _QUESTION: ("?",)}
-_CUT = "[...]"  # where a trace producer cut the middle out of a long prompt
-MAX_ANCESTORS = 256  # deep loops: the history that matters is near, don't walk the whole chain
 
 
-def _messages(stage: StageTrace) -> list[dict]:
-    return stage.prompt if isinstance(stage.prompt, list) else []
-
-
-def _tool_results_since_user(messages: list[dict]) -> int:
-    count = 0
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            break
-        count += message.get("role") in TOOL_ROLES
-    return count
-
-
-# The non-ASCII letters a case-insensitive pattern matches to ASCII ones (re's docs); text holding one is
-# scanned by every pattern, as lowercasing would not show the needle they stand in.
-_ASCII_FOLDS = re.compile("[\u0130\u0131\u017f\u212a]")
-
-
-class _Cues:
-    """The cue patterns over one piece of text: each run only where its needles leave a match possible."""
-
-    def __init__(self, text: str):
-        self.text, self.lower = text, None if _ASCII_FOLDS.search(text) else text.lower()
-
-    def _possible(self, pattern: re.Pattern) -> bool:
-        return self.lower is None or any(needle in self.lower for needle in _NEEDLES[pattern])
-
-    def found(self, pattern: re.Pattern) -> int:
-        return int(self._possible(pattern) and pattern.search(self.text) is not None)
-
-    def count(self, pattern: re.Pattern) -> int:
-        return len(pattern.findall(self.text)) if self._possible(pattern) else 0
-
-
-def _text_features(stage: StageTrace, text: str) -> dict:
-    messages = _messages(stage)
-    last = messages[-1] if messages else {}
-    last_content = str(last.get("content") or "") if messages else text
-    tail = _Cues(text[-500:])
-    end = _Cues(text[-300:])
-    cut = text.rfind(_CUT)
-    numbers = [int(n) for n in _INT.findall(tail.text) if int(n) <= 100]
-    head, opening = text[:200], text.lstrip()[:12].lower()
-    return {
-        "prompt_chars": len(text),
-        "prompt_tokens_est": stage.prompt_tokens if stage.prompt_tokens is not None else len(text) // 4,
-        "num_messages": len(messages),
-        "num_tool_messages": sum(1 for m in messages if m.get("role") in TOOL_ROLES),
-        # The turn: how many tool results the agent has gathered since the user last spoke (an agent
-        # looks things up, then answers), and how many times the user has spoken.
-        "tool_results_since_user": _tool_results_since_user(messages),
-        "num_user_messages": sum(1 for m in messages if m.get("role") == "user"),
-        "last_message_role": str(last.get("role", "text")) if messages else "text",
-        "last_message_chars": len(last_content),
-        "tail_max_int": max(numbers) if numbers else -1,
-        "tail_num_ints": len(numbers),
-        "tail_mentions_json": tail.found(_JSON),
-        "tail_tool_result": tail.found(_TOOL_RESULT),
-        "tail_done_marker": tail.found(_DONE),
-        "tail_brevity_words": tail.count(_BREVITY),
-        "tail_detail_words": tail.count(_DETAIL),
-        "num_code_fences": text.count("```"),
-        "num_lines": text.count("\n"),
-        "tail_question": _Cues(end.text.rstrip()).found(_QUESTION),
-        "tail_question_marks": end.text.count("?"),
-        "tail_suggested_call": end.found(_SUGGESTED_CALL),
-        "prompt_is_tool_response": _Cues(head).found(_TOOL_RESPONSE),
-        "prompt_truncated": int(cut >= 0),
-        "tail_after_cut_chars": len(text) - cut - len(_CUT) if cut >= 0 else len(text),
-        # What the prompt opens with says which turn of a phase this is: a role's bracketed system
-        # preamble, code handed over (a rewrite follows), a review comment, a done marker.
-        "head_code_fence": int("```" in head),
-        "head_comment_tag": int(opening.startswith("<comment>")),
-        "head_bracket": int(opening.startswith("[")),
-        "head_info_tag": int("<info>" in head.lower()),
-        **own_turn_features(messages),
-    }
-
-
-def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> dict:
-    parents = [ids.get((stage.workflow_id, p)) for p in (stage.parent_ids or [])]
-    tokens = [p.output_tokens for p in parents if p is not None and p.output_tokens is not None]
-    explicit = (stage.model_extra or {}).get("parent_output_tokens")
-    if explicit is not None and not tokens:
-        tokens = list(explicit) if isinstance(explicit, list) else [explicit]
-    tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
-    ancestors = _ancestors(stage, ids)
-    history = _history_features(stage, ancestors, parents)
-    return {
-        "parent_tokens_max": max(tokens) if tokens else np.nan,
-        "parent_tokens_sum": sum(tokens) if tokens else np.nan,
-        "parent_was_tool": float(any(tools)) if tools else np.nan,
-        "same_role_ancestor_tokens": history.pop("_same_role_last"),
-        **history,
-    }
-
-
-def _ancestors(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> list[StageTrace]:
-    """Ancestors in the same workflow, nearest first (breadth-first through parent_ids)."""
-    out, frontier, seen = [], list(stage.parent_ids or []), set()
-    while frontier and len(seen) < MAX_ANCESTORS:
-        parent = ids.get((stage.workflow_id, frontier.pop(0)))
-        if parent is None or parent.stage_id in seen:
-            continue
-        seen.add(parent.stage_id)
-        out.append(parent)
-        frontier.extend(parent.parent_ids or [])
-    return out
-
-
-def _history_features(stage: StageTrace, ancestors: list[StageTrace], parents: list) -> dict:
-    """What the workflow did before this stage: the role's earlier turns (how long, whether tool calls),
-    the longest output so far, the tool-call history, and how many non-LLM steps (tool runs, user
-    messages) separate the stage from its parent (the depth gap)."""
-    same = [a for a in ancestors if a.role == stage.role]
-    same_tokens = [a.output_tokens for a in same if a.output_tokens is not None]
-    known = [a.output_tokens for a in ancestors if a.output_tokens is not None]
-    tools = [a.is_tool_call for a in ancestors if a.is_tool_call is not None]
-    same_tools = [a.is_tool_call for a in same if a.is_tool_call is not None]
-    parent_depth = [p.depth for p in parents if p is not None and p.depth is not None]
-    return {
-        "_same_role_last": same_tokens[0] if same_tokens else np.nan,
-        "same_role_prev2_tokens": same_tokens[1] if len(same_tokens) > 1 else np.nan,
-        "same_role_tokens_max": max(same_tokens) if same_tokens else np.nan,
-        "same_role_tokens_mean": float(np.mean(same_tokens)) if same_tokens else np.nan,
-        "role_turn": len(same),
-        "num_ancestors": len(ancestors),
-        "num_ancestors_known": len(known),  # with num_ancestors: the history condition (pipelines.history)
-        "ancestor_tokens_max": max(known) if known else np.nan,
-        "ancestor_tool_calls": float(sum(tools)) if tools else np.nan,
-        "ancestor_tool_rate": float(np.mean(tools)) if tools else np.nan,
-        "same_role_prev_was_tool": float(same_tools[0]) if same_tools else np.nan,
-        "depth_gap": float(stage.depth - max(parent_depth)) if parent_depth and stage.depth is not None else np.nan,
-    }
-
-
-class StageHistory:
-    """Finished stages of live workflows, so that a stage predicted on its own gets the features it
-    would get in a trace file beside its ancestors: their outputs, its depth, its place in call order.
-
-    Offline, a stage's parents are in the same file. Live, a stage is predicted alone once its parents
-    have finished; whoever sees the outcomes (the service's /observe, the gateway) adds them here.
-    Bounded: the workflows seen longest ago are forgotten first. Only what features read is kept."""
-
-    def __init__(self, max_workflows: int = 20_000):
-        self.max_workflows = max_workflows
-        self._workflows: OrderedDict[str, dict[str, StageTrace]] = OrderedDict()
-        self._lock = threading.Lock()  # observe and predict run on different threads
-
-    def add(self, stages: list[StageTrace]) -> None:
-        with self._lock:
-            self._add(stages)
-
-    def _add(self, stages: list[StageTrace]) -> None:
-        for stage in stages:
-            if stage.output_tokens is None:  # not finished: nothing to learn from it yet
-                continue
-            workflow = self._workflows.setdefault(stage.workflow_id, {})
-            if stage.stage_id in workflow:  # a repeat (a retried observe): the first one stands
-                continue
-            self._workflows.move_to_end(stage.workflow_id)
-            slim = stage.model_copy(update={"prompt": "", "output_text": None})
-            derive_structure([slim], {stage.workflow_id: workflow})
-            workflow[stage.stage_id] = slim
-        while len(self._workflows) > self.max_workflows:
-            self._workflows.popitem(last=False)
-
-    def known(self, stages: list[StageTrace]) -> dict[str, dict[str, StageTrace]]:
-        """The finished stages of the workflows in `stages`, minus those stages themselves."""
-        batch = {(s.workflow_id, s.stage_id) for s in stages}
-        with self._lock:
-            return {w: {i: s for i, s in self._workflows[w].items() if (w, i) not in batch}
-                    for w in {s.workflow_id for s in stages} if w in self._workflows}
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(w) for w in self._workflows.values())
-
-
-def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
-                    texts: list[str] | None = None) -> list[dict]:
-    """One dict per stage of structure + prompt-text features (categoricals as plain strings).
-    `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
-    `texts`: their prompt_text(), where the caller has them already."""
-    derive_structure(stages, known)
-    ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
-    ids.update({(s.workflow_id, s.stage_id): s for s in stages})
-    rows = []
-    for stage, text in zip(stages, texts or [s.prompt_text() for s in stages]):
-        rows.append({
-            "role": stage.role, "app": stage.app or UNKNOWN, "model": stage.model or UNKNOWN,
-            "depth": stage.depth, "in_degree": stage.in_degree, "call_index": stage.call_index,
-            "n_tools": stage.n_tools if stage.n_tools is not None else len(stage.tool_names or []),
-            "interactive": np.nan if stage.interactive is None else float(stage.interactive),
-            **_text_features(stage, text), **_parent_features(stage, ids)})
-    return rows
-
-
-def structural_frame(stages: list[StageTrace], texts: list[str] | None = None) -> pd.DataFrame:
-    """structural_rows as a frame: what training and evaluation read."""
-    return pd.DataFrame(structural_rows(stages, texts=texts))
-
-
-# The seed recipe's structural features; "full" adds prompt-text and parent signals on top.
-BASIC_COLUMNS = ("role", "app", "model", "depth", "in_degree", "call_index", "n_tools", "interactive", "prompt_chars")
+def frequent_categories(counts: pd.Series, min_count: int) -> list[str]:
+    """A categorical column's categories: the values seen at least `min_count` times (value → count), then UNKNOWN."""
+    frequent = {str(v) for v in counts[counts >= min_count].index} - {UNKNOWN}
+    return sorted(frequent) + [UNKNOWN]
 
 
 @dataclass(frozen=True)
@@ -282,7 +56,8 @@ class Featurizer:
 
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
         frame = structural_frame(stages)
-        self.categories_ = {c: self._frequent(frame[c]) for c in CATEGORICAL}
+        self.categories_ = {c: frequent_categories(frame[c].value_counts(), self.config.min_category_count)
+                            for c in CATEGORICAL}
         for cached in ("_category_codes", "_embedding_names"):  # a refit: rebuild from the new categories / PCA
             self.__dict__.pop(cached, None)
         if self.config.use_embedding:
@@ -315,11 +90,6 @@ class Featurizer:
             self.teacher = Embedder(replace(self.config.embedder, kind="minilm"))
         return static.fitted_to(texts, self.teacher.embed(texts, progress=progress))
 
-    def _frequent(self, column: pd.Series) -> list[str]:
-        counts = column.value_counts()
-        frequent = {str(v) for v in counts[counts >= self.config.min_category_count].index} - {UNKNOWN}
-        return sorted(frequent) + [UNKNOWN]
-
     def transform(self, stages: list[StageTrace], progress: bool = False) -> pd.DataFrame:
         if not hasattr(self, "categories_"):
             raise RuntimeError("Featurizer is not fitted: call fit() on training stages first")
@@ -331,7 +101,7 @@ class Featurizer:
             if column in frame:
                 frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
         if self.config.use_embedding:
-            reduced = self._embedding(texts, progress)
+            reduced = self.embed(texts, progress)
             frame = pd.concat([frame, pd.DataFrame(reduced, columns=self._embedding_names, index=frame.index)], axis=1)
         return frame
 
@@ -349,7 +119,7 @@ class Featurizer:
                 row[column] = index.get(row[column], index[UNKNOWN])
             roles.append(self.categories_["role"][row["role"]])
         if self.config.use_embedding:
-            for row, vector in zip(rows, self._embedding(texts, progress=False)):
+            for row, vector in zip(rows, self.embed(texts, progress=False)):
                 row.update(zip(self._embedding_names, vector.tolist()))
         missing = [c for c in columns if c not in rows[0]] if rows else []
         if missing:
@@ -357,7 +127,7 @@ class Featurizer:
                              "model and featurizer come from different trainings; retrain or reload both")
         return np.array([[row[c] for c in columns] for row in rows], np.float64).reshape(len(rows), len(columns)), roles
 
-    def _embedding(self, texts: list[str], progress: bool) -> np.ndarray:
+    def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """The prompt texts' embedding projected by the fitted PCA, as float32 (what the model was trained on)."""
         if not texts:
             return np.zeros((0, self.pca_.n_components_), np.float32)

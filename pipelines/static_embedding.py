@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.embedding import EMBEDDING_DIM, EmbedderConfig, _model_path
+from pipelines.embedding import EMBEDDING_DIM, EmbedderConfig, model_path
 
 # What the distilled table depends on besides the teacher's weights: bump it when distill_table changes.
 DISTILL_RECIPE = "cls-token-sep mean-pooled v1"
@@ -33,7 +33,7 @@ def _static_cache_dir() -> Path:
 def teacher_digest() -> str:
     """What a distilled table is keyed by: the packaged MiniLM's weights and the distillation recipe."""
     digest = hashlib.sha256(DISTILL_RECIPE.encode())
-    digest.update((Path(_model_path()) / "model.safetensors").read_bytes())
+    digest.update((Path(model_path()) / "model.safetensors").read_bytes())
     return digest.hexdigest()[:24]
 
 
@@ -43,8 +43,8 @@ def distill_table(batch_size: int = 1024) -> np.ndarray:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(_model_path())
-    model = AutoModel.from_pretrained(_model_path()).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path())
+    model = AutoModel.from_pretrained(model_path()).eval()
     ids = torch.arange(tokenizer.vocab_size)
     table = np.empty((len(ids), EMBEDDING_DIM), np.float32)
     with torch.inference_mode():
@@ -81,7 +81,7 @@ def teacher_table(cache: str | Path | None = None) -> np.ndarray:
 
 
 def _tokenizer_json() -> str:
-    return (Path(_model_path()) / "tokenizer.json").read_text()
+    return (Path(model_path()) / "tokenizer.json").read_text()
 
 
 # BERT's pre-tokens of normalized text: runs of letters, digits and other non-ASCII characters, or one

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.contract import LineError, StageTrace, TOOL_ROLES, _tool_calls, read_traces, task_id
+from pipelines.contract import LineError, StageTrace, TOOL_ROLES, tool_calls, read_traces, task_id
 
 
 @dataclass
@@ -132,7 +132,7 @@ def chat_messages(prompt: str | list[dict]) -> list[dict]:
         if not isinstance(content, str):
             content = json.dumps(content) if content is not None else ""
         out = {"role": role, "content": content}
-        calls = _tool_calls(message)
+        calls = tool_calls(message)
         if role == "assistant" and calls:
             ids = [f"call_{num_calls + i}" for i in range(len(calls))]
             num_calls += len(calls)

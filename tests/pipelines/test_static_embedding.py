@@ -10,7 +10,8 @@ from sklearn.decomposition import PCA
 from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder, teacher_table
-from pipelines.features import _BREVITY, _JSON, _NEEDLES, Featurizer, FeaturizerConfig, _Cues
+from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.stage_features import _BREVITY, _JSON, _NEEDLES, _Cues
 from pipelines.model import _Rows
 
 STATIC = EmbedderConfig(kind="static")
@@ -134,7 +135,7 @@ def test_the_distilled_table_is_minilm_on_each_token_alone(tmp_path, monkeypatch
     monkeypatch.setattr(embedding, "_TABLES", {})
     table = teacher_table(tmp_path / "static.npz")
     assert table.shape == (VOCAB, 384) and (tmp_path / "static.npz").exists()
-    path = embedding._model_path()
+    path = embedding.model_path()
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     token = tokenizer.convert_tokens_to_ids("hotel")
     with torch.inference_mode():
