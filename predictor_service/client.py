@@ -1,4 +1,4 @@
-"""Clients the scheduler calls: sync and async, strict deadline, and a local answer when the service can't give one.
+"""The blocking predictor client, and what it shares with the asyncio one (async_client.py): config, wire, fallback.
 
 Scheduling never waits on the predictor: a call returns within `timeout_s` (plus a little thread
 hand-off), and when the service is slow, down or refuses the request, each stage gets the prior
@@ -8,7 +8,6 @@ touching the network, so a dead node costs nothing per call.
 """
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import math
@@ -22,7 +21,7 @@ from pydantic import TypeAdapter
 
 from pipelines.contract import StageTrace
 from pipelines.predictor import NO_MODEL_PRIOR, Prior
-from predictor_service.replicas import Ring, split_urls
+from predictor_service.replicas import split_urls
 from predictor_service.schemas import LABEL_FIELDS, MAX_STAGES_PER_REQUEST, PredictionOut
 
 logger = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-class _Breaker:
+class Breaker:
     """Remembers the last failure so calls inside the cooldown skip the network."""
 
     def __init__(self, cooldown_s: float):
@@ -90,7 +89,7 @@ class _Breaker:
 
     def trip(self, error: BaseException | str) -> None:
         """Record the failure; open (skip the network) unless the service is fine and only refused this request."""
-        self.last_error = _describe(error)
+        self.last_error = describe(error)
         if not is_refusal(error):
             self.open_until = time.monotonic() + self.cooldown_s
 
@@ -100,13 +99,13 @@ def is_refusal(error: BaseException | str) -> bool:
     return isinstance(error, httpx.HTTPStatusError) and 400 <= error.response.status_code < 500
 
 
-def _describe(error: BaseException | str) -> str:
+def describe(error: BaseException | str) -> str:
     if isinstance(error, httpx.HTTPStatusError):
         return f"HTTP {error.response.status_code}: {error.response.text[:500]}"
     return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
 
-def _parse(response: httpx.Response, sent: list[dict]) -> list[PredictionOut]:
+def parse_answers(response: httpx.Response, sent: list[dict]) -> list[PredictionOut]:
     response.raise_for_status()
     answers = _ANSWERS.validate_json(response.content)
     if len(answers) != len(sent):
@@ -123,7 +122,7 @@ class PredictorClient:
         if len(config.urls) > 1:
             raise ValueError("PredictorClient talks to one service; for replicas use AsyncPredictorClient")
         self.config, self.fallback = config, fallback or LocalFallback()
-        self.breaker = _Breaker(config.cooldown_s)
+        self.breaker = Breaker(config.cooldown_s)
         self._http = httpx.Client(base_url=config.url, timeout=config.timeout_s, transport=transport, limits=LIMITS)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="predictor-client")
         self._lock = threading.Lock()
@@ -145,7 +144,7 @@ class PredictorClient:
     def _predict_remote(self, wire: list[dict]) -> list[PredictionOut]:
         answers: list[PredictionOut] = []
         for batch in chunks(wire, self.config.max_batch):
-            answers.extend(_parse(self._http.post(self.config.route, json={"stages": batch}), batch))
+            answers.extend(parse_answers(self._http.post(self.config.route, json={"stages": batch}), batch))
         return answers
 
     def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
@@ -175,157 +174,3 @@ class PredictorClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class AsyncPredictorClient:
-    """asyncio client over one service or its replicas; the whole call is bounded by `timeout_s`.
-
-    With replicas, each stage goes to its workflow's owner on the ring (`replicas.Ring`); a replica that
-    fails (connection, timeout, 5xx) is skipped for `cooldown_s` and its stages go to the next replica on
-    the ring within the same deadline. Finished stages go to the owner (/observe) and to the next replica
-    (/history), so the replica a workflow fails over to already holds its history."""
-
-    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
-        """`transport`: httpx's, e.g. `httpx.ASGITransport(app)` to talk to a service in process."""
-        self.config, self.fallback = config, fallback or LocalFallback()
-        self.breaker = _Breaker(config.cooldown_s)  # the last failure, whichever replica it came from
-        self.ring = Ring(config.urls)
-        self._http = {url: httpx.AsyncClient(base_url=url, timeout=config.timeout_s, transport=transport,
-                                             limits=LIMITS) for url in config.urls}
-
-    async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
-        return (await self.predict_or_fallback(stages))[0]
-
-    async def predict_or_fallback(self, stages: Iterable[StageTrace | dict]
-                                  ) -> tuple[list[PredictionOut], str | None]:
-        """The answers, and None if the service gave them all, else why the local prior gave some: "timeout",
-        "error" (connection, HTTP or parse; `breaker.last_error` says which) or "cooldown" (no replica of the
-        stage's workflow is up: each failed within cooldown_s)."""
-        wire = [to_wire(s) for s in stages]
-        answers: list[PredictionOut | None] = [None] * len(wire)
-        reasons: list[str] = []
-        in_flight: set[str] = set()  # replicas with this call's /predict on the wire
-        try:
-            async with asyncio.timeout(self.config.timeout_s):
-                await self._predict_routed(wire, answers, reasons, in_flight)
-        except TimeoutError:
-            self._failed(f"no answer within {self.config.timeout_s} s", *in_flight)
-            reasons.append("timeout")
-        missing = [i for i, a in enumerate(answers) if a is None]
-        for i in missing:
-            answers[i] = self.fallback.answer(wire[i])
-        if missing:
-            logger.warning("predictor %s: %s; %d stage(s) answered from the local prior", self.config.url,
-                           self.breaker.last_error, len(missing))
-        return answers, (reasons[-1] if reasons else "error") if missing else None
-
-    async def _predict_routed(self, wire: list[dict], answers: list, reasons: list[str], in_flight: set[str]
-                              ) -> None:
-        """Fill `answers` from each stage's live owner; a replica that fails hands its stages to the next."""
-        failed: set[str] = set()  # in this call: with cooldown_s = 0 the ring would offer them again
-        while pending := [i for i, a in enumerate(answers) if a is None]:
-            groups = self.ring.group([wire[i] for i in pending], skip=failed)
-            if None in groups:  # no live replica left for these: one failed in this call, or lately
-                reasons.append("error" if failed else "cooldown")
-                groups.pop(None)
-            if not groups:
-                return
-            results = await asyncio.gather(*(self._predict_on(url, [pending[j] for j in group], wire, answers,
-                                                              in_flight) for url, group in groups.items()))
-            failed.update(url for url, error in zip(groups, results) if error is not None)
-            if any(is_refusal(error) for error in results):  # another replica would refuse them too
-                reasons.append("error")
-                return
-
-    async def _predict_on(self, url: str, indices: list[int], wire: list[dict], answers: list,
-                          in_flight: set[str]) -> BaseException | None:
-        """Answer `indices` from replica `url`; the error if it failed (those stages stay unanswered)."""
-        in_flight.add(url)
-        try:
-            for batch in chunks(indices, self.config.max_batch):
-                for i, answer in zip(batch, await self._post(url, [wire[i] for i in batch])):
-                    answers[i] = answer
-            return None
-        except Exception as error:  # connection, HTTP or parse error: the ring skips this replica for a while
-            self._failed(error, url)
-            return error
-        finally:
-            in_flight.discard(url)
-
-    def _failed(self, error: BaseException | str, *urls: str) -> None:
-        self.breaker.trip(error)
-        if not is_refusal(error):
-            for url in urls:
-                self.ring.mark_down(url, self.config.cooldown_s)
-
-    async def wait_ready(self, timeout_s: float, poll_s: float = 0.2) -> str | None:
-        """Wait until every replica reports ready (BentoML's /readyz) and answers a warm-up stage, each request
-        with the time left (not the per-call deadline); None when all did, else what went wrong last, by replica."""
-        problems = await asyncio.gather(*(self._wait_ready(url, timeout_s, poll_s) for url in self._http))
-        found = [f"{url}: {problem}" if len(self._http) > 1 else problem
-                 for url, problem in zip(self._http, problems) if problem]
-        return "; ".join(found) or None
-
-    async def _wait_ready(self, url: str, timeout_s: float, poll_s: float) -> str | None:
-        from predictor_service.engine import WARMUP_STAGE
-
-        deadline, problem, stage = time.monotonic() + timeout_s, "no answer yet", to_wire(WARMUP_STAGE)
-        http = self._http[url]
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                (await http.get("/readyz", timeout=left)).raise_for_status()
-                response = await http.post(self.config.route, json={"stages": [stage]},
-                                           timeout=max(left, self.config.timeout_s))
-                _parse(response, [stage])
-                return None
-            except Exception as error:  # not up yet, not ready yet, or refusing: try again until the deadline
-                problem = _describe(error)
-            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-        return f"not ready within {timeout_s} s: {problem}"
-
-    async def _post(self, url: str, batch: list[dict]) -> list[PredictionOut]:
-        return _parse(await self._http[url].post(self.config.route, json={"stages": batch}), batch)
-
-    async def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
-        """Report finished stages to their workflows' owners (/observe) and the next replica on the ring
-        (/history); False when some owner did not take them."""
-        rows = [s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
-                if isinstance(s, StageTrace) else s for s in stages]
-        taken, _ = await asyncio.gather(self._send_routed("/observe", rows, rank=0),
-                                        self._send_routed("/history", rows, rank=1))
-        return taken
-
-    async def _send_routed(self, route: str, rows: list[dict], rank: int) -> bool:
-        """POST `rows` to each one's `rank`-th live replica, failing over; True when every row was taken."""
-        left, failed = list(range(len(rows))), set()
-        while left:
-            groups = self.ring.group([rows[i] for i in left], rank, skip=failed)
-            if None in groups:  # no such live replica (a backup with one replica up is not an error)
-                return rank > 0
-            results = await asyncio.gather(*(self._send_on(url, route, [rows[left[j]] for j in group])
-                                              for url, group in groups.items()))
-            if any(is_refusal(error) for error in results):
-                return False
-            failed.update(url for url, error in zip(groups, results) if error is not None)
-            left = [left[j] for (url, group), error in zip(groups.items(), results) if error for j in group]
-        return True
-
-    async def _send_on(self, url: str, route: str, rows: list[dict]) -> BaseException | None:
-        """Send `rows` to replica `url`; the error if it did not take them."""
-        try:
-            for batch in chunks(rows, self.config.max_batch):
-                (await self._http[url].post(route, json={"stages": batch})).raise_for_status()
-            return None
-        except Exception as error:
-            self._failed(error, url)
-            return error
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(http.aclose() for http in self._http.values()))
-
-    async def __aenter__(self) -> "AsyncPredictorClient":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()

@@ -115,6 +115,9 @@ class SessionWindow:
     def adapt(self, signals: CapSignals, now: float) -> None:
         self.window.update(signals.kv_usage, signals.num_tool_jobs)
 
+    def observe_tool_wait(self, wait_s: float) -> None:
+        self.window.observe_tool_wait(wait_s)
+
     def snapshot(self) -> dict:
         return {"window": self.window.window, "sessions": len(self.session_ids),
                 "limit": self.window.limit(self.kv_usage())}

@@ -3,7 +3,8 @@ workflow cap, so a policy name picks the same cap in the gateway and the simulat
 
 Both count workflows, not stages, and are driven through the same calls: `enter` when a stage of a workflow is
 queued, `started` when one starts, `leave` when one ends or is withdrawn, `end` when the workflow ends or moves to
-another node; `admits` is the dispatch core's gate; `adapt` takes the pressure signals at the caller's control period.
+another node; `admits` is the dispatch core's gate; `adapt` takes the pressure signals at the caller's control period,
+`observe_tool_wait` how long a tool call waited for a host CPU.
 Each cap uses the calls and signals it needs and ignores the others.
 """
 from __future__ import annotations
@@ -36,6 +37,8 @@ class SessionCap(Protocol):
     def end(self, workflow_id: str) -> None: ...
 
     def adapt(self, signals: CapSignals, now: float) -> None: ...
+
+    def observe_tool_wait(self, wait_s: float) -> None: ...
 
     def snapshot(self) -> dict: ...
 

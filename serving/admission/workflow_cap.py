@@ -102,6 +102,9 @@ class WorkflowCap:
             self.max_limit_seen = max(self.max_limit_seen, limit)
 
     # ---- adaptation -------------------------------------------------------------------------
+    def observe_tool_wait(self, wait_s: float) -> None:
+        pass  # W adapts to preemptions and waiting stages, not to the host CPU
+
     def adapt(self, signals: CapSignals, now: float) -> None:
         """At a /metrics poll: grow, shrink or halve W (adaptive only), from `signals.preemptions` (node → vLLM's
         counter), `held_fitting` and `waiting_since` (of the longest-waiting eligible stage)."""

@@ -24,7 +24,8 @@ from typing import Protocol
 from pipelines.contract import StageTrace, derive_structure
 from pipelines.features import StageHistory
 from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor, Prior
-from predictor_service.client import AsyncPredictorClient, ClientConfig, LocalFallback
+from predictor_service.async_client import AsyncPredictorClient
+from predictor_service.client import ClientConfig, LocalFallback
 from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
 from predictor_service.new_app import NewAppReserves
 from predictor_service.schemas import PredictionOut

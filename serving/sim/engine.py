@@ -242,7 +242,7 @@ class Simulator:
     def _tools_started(self, node: SimNode, started: list) -> None:
         if node.cap is not None:
             for _stage, wait_s in started:
-                node.cap.window.observe_tool_wait(wait_s)
+                node.cap.observe_tool_wait(wait_s)
 
     def _reschedule_host(self, node: SimNode) -> None:
         when = node.host.next_done_s()

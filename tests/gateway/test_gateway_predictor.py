@@ -18,7 +18,8 @@ from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor
 from pipelines.synth import generate
-from predictor_service.client import AsyncPredictorClient, ClientConfig
+from predictor_service.async_client import AsyncPredictorClient
+from predictor_service.client import ClientConfig
 from predictor_service.local_server import LocalServer, ServerConfig
 from serving.gateway.predict import HttpPredictor
 

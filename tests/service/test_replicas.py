@@ -10,7 +10,8 @@ import pytest
 
 from pipelines.features import StageHistory
 from pipelines.synth import generate
-from predictor_service.client import AsyncPredictorClient, ClientConfig, to_wire
+from predictor_service.async_client import AsyncPredictorClient
+from predictor_service.client import ClientConfig, to_wire
 from predictor_service.config import ServiceConfig
 from predictor_service.engine import PredictorEngine
 from predictor_service.local_server import LocalServer, ServerConfig

@@ -13,8 +13,8 @@ from benchmarks.online_correction import replay
 from pipelines.collect import collect
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prior
-from predictor_service.client import (AsyncPredictorClient, ClientConfig, LocalFallback, PredictorClient, _Breaker,
-                                      chunks, to_wire)
+from predictor_service.async_client import AsyncPredictorClient
+from predictor_service.client import Breaker, ClientConfig, LocalFallback, PredictorClient, chunks, to_wire
 from predictor_service.config import ServiceConfig
 from predictor_service.engine import oof_bias
 from predictor_service.online import CorrectionConfig, OnlineCorrection
@@ -231,7 +231,7 @@ def test_client_config_refuses_nonsense():
 def test_a_refused_request_does_not_cut_the_client_off_the_service():
     import httpx
 
-    breaker = _Breaker(cooldown_s=60)
+    breaker = Breaker(cooldown_s=60)
     request = httpx.Request("POST", "http://x/predict")
     breaker.trip(httpx.HTTPStatusError("bad", request=request, response=httpx.Response(400, request=request)))
     assert not breaker.is_open() and "HTTP 400" in breaker.last_error
