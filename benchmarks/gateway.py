@@ -37,7 +37,7 @@ from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
 
 from pipelines.collect import collect  # noqa: E402
 from serving.driver.runner import DriveConfig, drive  # noqa: E402
-from serving.gateway.nodes import parse_metrics  # noqa: E402
+from serving.gateway.vllm_sync import parse_metrics  # noqa: E402
 
 
 def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[Engine]:

@@ -54,7 +54,7 @@ from pipelines.contract import read_traces, write_jsonl  # noqa: E402
 from serving.admission.sizing import is_calibrated, reserve_output_tokens  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
 from serving.driver.runner import DriveConfig, drive  # noqa: E402
-from serving.gateway.nodes import parse_metrics  # noqa: E402
+from serving.gateway.vllm_sync import parse_metrics  # noqa: E402
 
 ARMS = ("direct", "prior", "model", "service", "oracle")
 PRIOR_MEDIAN_TOKENS = 256  # pipelines.predictor.NO_MODEL_PRIOR's median: the oracle arm is exact up to it

@@ -31,7 +31,7 @@ from pipelines.model import ModelConfig  # noqa: E402
 from pipelines.predictor import Predictor  # noqa: E402
 from pipelines.synth import generate  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
-from serving.gateway.predict import HttpPredictor  # noqa: E402
+from serving.gateway.http_predictor import HttpPredictor  # noqa: E402
 
 ARMS = ("settle", "no_settle")
 SMALL_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),

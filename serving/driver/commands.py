@@ -59,7 +59,7 @@ def run_drive(args: argparse.Namespace) -> int:
 
 
 def drive_config(args: argparse.Namespace):
-    from serving.driver.runner import DriveConfig
+    from serving.driver.plan import DriveConfig
 
     return DriveConfig(target=args.target, app=args.app, num_workflows=args.workflows,
                        concurrency=args.concurrency, model=args.model, seed=args.seed,

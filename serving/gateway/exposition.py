@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from serving.gateway.predict import Source
+from serving.gateway.answers import Source
 
 PREFIX = "maestro_gateway"
 MEDIA_TYPE = CONTENT_TYPE_LATEST

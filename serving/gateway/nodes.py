@@ -8,45 +8,18 @@ bypasses the gateway still counts.
 """
 from __future__ import annotations
 
-import asyncio
 import math
-import re
 import statistics
 import time
 from collections import deque
 from dataclasses import replace
 
-import aiohttp
-
 from serving.gateway.config import NodeConfig
-from serving.gateway.upstream import Upstream, UpstreamError
+from serving.gateway.upstream import Upstream
+from serving.gateway.vllm_sync import VllmSync
 from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks
-from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
+from serving.kv import KVAllocator, Reservation
 
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-# The samples the gateway reads; vLLM's /metrics is ~55 KB of mostly histogram buckets it does not need.
-WANTED = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
-          "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:num_preemptions",
-          "vllm:cache_config_info")
-
-
-def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple[dict, float]]:
-    """Prometheus text → {name: (labels, value)} for the named samples (the last sample of a name wins)."""
-    out: dict[str, tuple[dict, float]] = {}
-    for line in text.splitlines():
-        if not line.startswith(names):
-            continue
-        match = _SAMPLE.match(line)
-        if match and match["name"] in names:
-            labels = dict(_LABEL.findall(match["labels"] or ""))
-            out[match["name"]] = (labels, float(match["value"]))
-    return out
-
-
-VLLM_NULL_BLOCKS = 1  # vLLM v1's BlockPool takes one block as the null block (vllm/v1/core/block_pool.py)
 INITIAL_DECODE_TOKENS_PER_S = 10.0  # slow on purpose: until measured, projections assume stages overlap long
 DECODE_RATE_WEIGHT = 0.2  # EWMA weight of each finished stage's pace (the first one is taken as it is)
 MIN_PROGRESS_TOKENS = 8  # a stage's own pace is used once it streamed this many tokens (else the node's)
@@ -56,7 +29,7 @@ DECODE_RATE_MARGIN = 0.8  # default: project 20 % slower than measured (a slower
 # (the pace is used until `CallTimeFit` can split a call's time into overhead + output / rate; then that is)
 
 
-class Node:
+class Node(VllmSync):
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
@@ -241,7 +214,7 @@ class Node:
 
     def observe_stream(self, first_token_delay_s: float, output_tokens: int, decode_s: float) -> None:
         """A finished streamed call: dispatch → first token, and its own pace after (medians of the last 32: under CPU
-        starvation a stream is sometimes read in one go, and one such pace — 10⁵ tokens/s — wrecked an average)."""
+        starvation a stream is sometimes read in one go, and one such pace, 10⁵ tokens/s, would swamp a mean)."""
         if output_tokens < MIN_PROGRESS_TOKENS or decode_s < MIN_PROGRESS_S or first_token_delay_s < 0:
             return  # a stream read in one go (the gateway or vLLM's frontend starved): no pace in it
         self.recent_streams.append((first_token_delay_s, (output_tokens - 1) / decode_s))
@@ -288,75 +261,6 @@ class Node:
         # vLLM frees a finished request's blocks at once; its last /metrics (up to metrics_period_s old) still
         # counts them, and would hold the next stage back until the next poll. Take them off until then.
         self.kv_usage = max(0.0, self.kv_usage - num_blocks / max(1, self.num_blocks))
-
-    # ---- synchronisation with vLLM ----------------------------------------------------------
-    def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
-        """Take a /metrics answer; `asked_s`: when it was asked for (monotonic; default now)."""
-        value = lambda name, default=0.0: samples.get(name, ({}, default))[1]  # noqa: E731
-        self.metrics_asked_s = time.monotonic() if asked_s is None else asked_s
-        self.kv_usage = value("vllm:kv_cache_usage_perc", value("vllm:gpu_cache_usage_perc"))
-        self.num_running = int(value("vllm:num_requests_running"))
-        self.num_waiting = int(value("vllm:num_requests_waiting"))
-        self.num_preemptions = int(value("vllm:num_preemptions_total", value("vllm:num_preemptions")))
-        info = samples.get("vllm:cache_config_info", ({}, 0))[0]
-        if info.get("num_gpu_blocks") not in (None, "", "None"):
-            # vLLM (v1) keeps one of its blocks as the null block: a request can hold num_gpu_blocks - 1, and
-            # kv_cache_usage_perc is a share of those. Counting 16 where vLLM has 15 let the projection fill the
-            # node one block past what it holds (the first burst of the pressure benchmark: 8 stages, 16 blocks).
-            usable = int(info["num_gpu_blocks"]) - VLLM_NULL_BLOCKS
-            self._size_pool(max(1, usable), int(info.get("block_size", self.block_size)))
-
-    def _size_pool(self, num_blocks: int, block_size: int) -> None:
-        if self.allocator is not None and self.num_blocks == num_blocks and self.block_size == block_size:
-            return
-        if self.allocator is not None and self.allocator.backend.num_mapped_pages:
-            return  # keep the live pool while reservations exist; a restart shows up with none
-        # Reservations are for a stage's peak (prompt + whole output), which vLLM reaches only at its last token:
-        # a budget of kv_overcommit × blocks lets more stages run while vLLM's measured use still caps admission.
-        self.block_size, self.num_vllm_blocks = block_size, num_blocks
-        num_budget_blocks = int(num_blocks * self.kv_overcommit)
-        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size,
-                                                       page_bytes=block_size, overcommit=1.0))
-
-    async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
-        """Fetch /metrics and return the node's health: up when it answered; down at once when it refuses the
-        connection, else after `down_after_failed_polls` failed polls in a row. A poll that times out while the
-        node has stages in flight is not a failure: a busy engine answers /metrics late (its stages' own
-        timeouts catch a stalled one)."""
-        try:
-            asked_s = time.monotonic()
-            response = await self.upstream.get(f"{self.url}/metrics", timeout_s)
-            if response.status_code != 200:
-                raise ValueError(f"/metrics answered {response.status_code}")
-            self.apply_metrics(parse_metrics(response.text), asked_s)
-            self.is_healthy, self.num_failed_polls = True, 0
-            if not self.has_listed_models:
-                await self.read_max_model_len(timeout_s)
-        except aiohttp.ClientConnectorError:
-            self.is_healthy, self.num_failed_polls = False, self.num_failed_polls + 1
-            self.has_listed_models = False  # a restarted engine may serve another context length
-        except asyncio.TimeoutError:
-            if self.num_inflight:
-                self.num_slow_polls += 1
-            else:
-                self._poll_failed(down_after_failed_polls)
-        except (*UpstreamError, ValueError):
-            self._poll_failed(down_after_failed_polls)
-        return self.is_healthy
-
-    async def read_max_model_len(self, timeout_s: float) -> None:
-        """The first served model's `max_model_len` from vLLM's /v1/models (None from a server that lists none)."""
-        response = await self.upstream.get(f"{self.url}/v1/models", timeout_s)
-        self.has_listed_models = True
-        try:
-            self.max_model_len = int(response.json()["data"][0]["max_model_len"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            self.max_model_len = None
-
-    def _poll_failed(self, down_after_failed_polls: int) -> None:
-        self.num_failed_polls += 1
-        if self.num_failed_polls >= down_after_failed_polls:
-            self.is_healthy = False
 
     def snapshot(self) -> dict:
         return {"name": self.name, "url": self.url, "healthy": self.is_healthy, "num_blocks": self.num_blocks,

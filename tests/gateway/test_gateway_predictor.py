@@ -21,7 +21,7 @@ from pipelines.synth import generate
 from predictor_service.async_client import AsyncPredictorClient
 from predictor_service.client import ClientConfig
 from predictor_service.local_server import LocalServer, ServerConfig
-from serving.gateway.predict import HttpPredictor
+from serving.gateway.http_predictor import HttpPredictor
 
 from .conftest import run_app
 

@@ -19,7 +19,8 @@ from pipelines.collect import collect
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
-from serving.gateway.nodes import Node, parse_metrics
+from serving.gateway.nodes import Node
+from serving.gateway.vllm_sync import parse_metrics
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
 from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks

@@ -19,7 +19,7 @@ from pipelines.collect import collect
 from serving.driver.runner import DriveConfig, drive
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
-from serving.gateway.nodes import parse_metrics
+from serving.gateway.vllm_sync import parse_metrics
 
 from .engines import free_port, has_stats_plugin
 

@@ -176,7 +176,8 @@ def test_cap_config_is_checked_and_the_cap_sends_workflow_rank_as_vllm_priority(
 
 def test_an_underoccupied_node_projects_the_new_stage_from_measured_streams():
     from serving.gateway.config import NodeConfig
-    from serving.gateway.nodes import Node, parse_metrics
+    from serving.gateway.nodes import Node
+    from serving.gateway.vllm_sync import parse_metrics
     from .conftest import metrics_text
 
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected",

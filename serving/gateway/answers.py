@@ -1,0 +1,94 @@
+"""What the gateway's predictors share: who answered a stage (`Source`), the answer, the counts of answers by
+source, the `StagePredictor` interface (predict.py's LocalPredictor, http_predictor.py's HttpPredictor), and the
+finished-stage row both observe."""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from pipelines.contract import StageTrace
+from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor, Prior
+from predictor_service.schemas import PredictionOut
+
+log = logging.getLogger(__name__)
+# What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
+OBSERVED_FIELDS = frozenset(StageTrace.model_fields) - {"in_degree", "out_degree"}
+
+
+class Source(str, Enum):
+    """Who answered a stage's prediction: the model, or the prior and why."""
+
+    MODEL = "model"
+    TIMEOUT = "timeout"  # the model gave no answer within predictor_timeout_s
+    ERROR = "error"  # the model or the service failed on this call
+    UNAVAILABLE = "unavailable"  # the service failed lately: the client answers locally during its cooldown
+    NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)
+
+
+FALLBACKS = tuple(s for s in Source if s is not Source.MODEL)
+
+
+@dataclass(frozen=True, slots=True)
+class StageAnswer:
+    prediction: Prediction | PredictionOut
+    source: Source
+
+
+class AnswerCounts:
+    """Stages answered by the model and by the prior (by reason). The first fallback of each reason is logged
+    at WARNING with what caused it; the rest are only counted (/maestro/status, /metrics, traces)."""
+
+    def __init__(self, what: str):
+        self.what = what  # the predictor, as the log names it
+        self.counts: Counter[Source] = Counter()
+
+    def add(self, source: Source, num_stages: int, cause: str = "") -> None:
+        if source is not Source.MODEL and not self.counts[source]:
+            log.warning("predictor %s: a stage was answered by the prior (%s%s); further ones are only counted "
+                        "(/maestro/status 'predictor')", self.what, source.value, f": {cause}" if cause else "")
+        self.counts[source] += num_stages
+
+    @property
+    def num_model(self) -> int:
+        return self.counts[Source.MODEL]
+
+    @property
+    def num_fallback(self) -> int:
+        return sum(self.counts[s] for s in FALLBACKS)
+
+    def snapshot(self) -> dict:
+        total = self.num_model + self.num_fallback
+        return {"answered_by_model": self.num_model, "answered_by_prior": self.num_fallback,
+                "fallback_reasons": {s.value: self.counts[s] for s in FALLBACKS},
+                "model_share": round(self.num_model / total, 4) if total else None}
+
+
+class StagePredictor(Protocol):
+    counts: AnswerCounts
+    is_ready: bool
+
+    async def start(self) -> None: ...
+
+    async def predict(self, stages: list[dict]) -> list[StageAnswer]: ...
+
+    def observe(self, stage: dict) -> None: ...
+
+    async def settled(self) -> None:
+        """Returns once the stages observed so far are in the predictor's history (or their sending failed)."""
+
+    def snapshot(self) -> dict: ...
+
+    async def aclose(self) -> None: ...
+
+
+def observed_row(trace: dict) -> dict:
+    """A finished stage as /observe takes it: the contract fields of its trace line."""
+    return {k: v for k, v in trace.items() if k in OBSERVED_FIELDS}
+
+
+def model_priors(model: str) -> dict[str, Prior]:
+    """The priors of the model at `model` (a registry or path), or the no-model prior without one."""
+    return Predictor.load(model).priors if model else {"": NO_MODEL_PRIOR}
