@@ -2,8 +2,7 @@
 
 A stage is retried on another node (5xx, connection failure, a stall past `node_timeout_s`) only
 while nothing has reached the client yet: always for JSON answers; for streams, until the node's
-first whole event is in. After that a failure, or a stream that ends without `data: [DONE]`, ends
-the client's stream with an error event and `data: [DONE]`, as vLLM ends a failed stream. With
+first whole event is in (streaming.py). With
 `request_timeout_s` the stage's deadline runs from its arrival: the queue wait, every attempt (headers,
 body, a stream to its end) and the wait for the predictor's history are cut at it, an attempt it cuts
 is not retried, and a stage past it fails with 504 (a stream already relayed ends with a 504 error
@@ -14,39 +13,23 @@ vLLM abort it.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import time
 
-import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from serving.gateway.attempt import DeadlinePassed, NodeFailed, attempt_failed, upstream_headers
 from serving.gateway.core import Gateway
 from serving.gateway.dispatch import Full, Job, NoNode
-from serving.gateway.hints import add_agent_hints, hint_headers
+from serving.gateway.hints import add_agent_hints
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Node
-from serving.gateway.outcome import CallResult, StreamAssembler, can_assemble
-from serving.gateway.upstream import Answer, UpstreamError, is_deadline
+from serving.gateway.outcome import CallResult, can_assemble
+from serving.gateway.streaming import open_stream, post_streamed
+from serving.gateway.upstream import Answer, UpstreamError
 from serving.gateway.validation import BadRequest, check_body, read_call
 from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
-
-
-class NodeFailed(Exception):
-    """The node did not answer (connection, timeout, 5xx): the stage may run elsewhere."""
-
-
-class DeadlinePassed(Exception):
-    """The stage's deadline cut the attempt: the stage fails with 504, it is not retried."""
-
-
-def attempt_failed(error: BaseException, where: str) -> Exception:
-    """What a transport failure of an attempt (`where`: in which part of the call) means for the stage: past its
-    deadline, or a node that failed."""
-    if is_deadline(error):
-        return DeadlinePassed(where)
-    return NodeFailed(f"{where}: {describe(error)}")
 
 
 def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
@@ -264,66 +247,9 @@ async def settled(gateway: Gateway, job: Job) -> None:
         pass
 
 
-async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job,
-                        result: CallResult) -> tuple[Answer, dict | None]:
-    """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
-    (vLLM has freed the request), before the answer is assembled and written; the client gets the
-    assembled non-streamed JSON."""
-    track = gateway.config.project_from_progress
-    body = {**upstream, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": track}}
-    if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
-        body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
-    try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", body, _headers(gateway, job),
-                                                   job.remaining_s())
-    except UpstreamError as error:
-        raise attempt_failed(error, "before its stream's headers") from None
-    is_complete = False
-    try:
-        if response.status >= 500:
-            raise NodeFailed(f"HTTP {response.status}: {(await response.read())[:200]!r}")
-        if response.status != 200:
-            answer = Answer(response.status, await response.read())
-            is_complete = True
-            return answer, None
-        assembler = StreamAssembler(is_chat="chat" in path, num_choices=int(upstream.get("n") or 1))
-        decoder, buffer = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
-        async for raw in response.content.iter_any():
-            buffer += decoder.decode(raw)
-            *lines, buffer = buffer.split("\n")
-            for line in lines:
-                if assembler.feed_line(line) is not None:
-                    gateway.counters["upstream_chunks"] += 1
-                    if result.first_token_s is None and assembler.choices:
-                        result.mark_token()
-            if job.node is None:
-                continue
-            if assembler.is_finished:
-                node.observe_stream((result.first_token_s or result.started_s) - result.started_s,
-                                    int((assembler.usage or {}).get("completion_tokens") or 0),
-                                    time.monotonic() - (result.first_token_s or result.started_s))
-                gateway.dispatcher.finish(job)
-                result.released_s = time.monotonic()
-            elif track and assembler.usage:
-                job.node.observe_progress(job.reservation, int(assembler.usage.get("completion_tokens") or 0),
-                                          result.first_token_s, job.request.max_tokens)
-        is_complete = True
-        assembler.feed_line(buffer)
-        if assembler.error is not None:
-            raise NodeFailed(f"vLLM stream error: {str(assembler.error)[:200]}")
-        if not assembler.is_finished:
-            raise NodeFailed("vLLM's stream ended before its last chunk")
-        parsed = assembler.response()
-        return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
-    except UpstreamError as error:
-        raise attempt_failed(error, "failed mid-stream") from None
-    finally:
-        _end_stream(response, is_complete)
-
-
 async def post(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job) -> tuple[Answer, None]:
     try:
-        response = await node.upstream.post_json(f"{node.url}{path}", upstream, _headers(gateway, job),
+        response = await node.upstream.post_json(f"{node.url}{path}", upstream, upstream_headers(gateway, job),
                                                  job.remaining_s())
     except UpstreamError as error:
         raise attempt_failed(error, "before its answer") from None
@@ -332,118 +258,3 @@ async def post(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job
     return response, None
 
 
-def _headers(gateway: Gateway, job: Job) -> dict:
-    """The request id of the attempt, the trace context vLLM's spans join (the stage's span with otel_spans, else
-    the caller's as it came: spans.py), and the stage's prediction as router hints (hints.py)."""
-    hints = hint_headers(gateway.config.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
-                         job.prediction.p_tool)
-    trace_context = gateway.spans.headers(job.span) if job.span is not None else dict(job.meta.trace_context)
-    return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **trace_context, **hints}
-
-
-def describe(error: BaseException) -> str:
-    """A transport failure in words (aiohttp's timeouts carry no message)."""
-    if is_deadline(error):
-        return "cut at the stage's deadline"
-    if isinstance(error, asyncio.TimeoutError):
-        return f"timed out ({type(error).__name__}: no byte within node_timeout_s, or no connection)"
-    return f"{type(error).__name__}: {error}"
-
-
-async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
-    """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
-    try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, _headers(gateway, job),
-                                                   job.remaining_s())
-    except UpstreamError as error:
-        raise attempt_failed(error, "before its stream's headers") from None
-    if response.status >= 500:
-        response.close()
-        raise NodeFailed(f"HTTP {response.status}")
-    if response.status != 200:
-        content = await response.read()
-        response.release()
-        gateway.dispatcher.finish(job)
-        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status}"), node.name, node.kv_usage)
-        gateway.inflight.discard(job.meta.key)
-        return Response(content, response.status, media_type="application/json")
-    first = await read_first_event(response)
-    relay = relay_stream(gateway, job, node, response, body, first)
-    return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
-
-
-async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
-    """The stream's bytes up to the end of its first event; a node that fails before that fails the attempt."""
-    data = b""
-    try:
-        while b"\n\n" not in data:
-            raw = await response.content.readany()
-            if not raw:
-                raise NodeFailed("the stream ended before its first event")
-            data += raw
-    except UpstreamError as error:
-        response.close()
-        raise attempt_failed(error, "before the stream's first event") from None
-    except NodeFailed:
-        response.close()
-        raise
-    return data
-
-
-async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict,
-                       first: bytes = b""):
-    """Relay whole SSE events to the client; a node failing mid-stream, or a stream ending without `[DONE]`,
-    ends it with an error event (a partial event is dropped, so the client's stream stays well-formed)."""
-    result, kv_usage, pending = CallResult(), node.kv_usage, ""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
-    is_complete = False
-    try:
-        async for raw in _prepend(first, response.content.iter_any()):
-            head, end, pending = (pending + decoder.decode(raw)).rpartition("\n\n")
-            if not end:
-                continue
-            for line in head.split("\n"):
-                result.read_sse_line(line)
-            if job.node is not None and result.has_final_usage:  # vLLM's last chunk
-                gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
-                result.released_s = time.monotonic()
-            yield head + end
-        is_complete = True
-        if not result.is_stream_done:
-            result.error = f"{node.name}'s stream ended before data: [DONE]"
-            yield sse_error(result.error)
-    except UpstreamError as error:
-        result.error = f"{node.name} failed mid-stream: {describe(error)}"
-        yield sse_error(result.error, 504 if is_deadline(error) else 502)
-    except BaseException:
-        result.error = "client disconnected"
-        gateway.counters["cancelled"] += 1
-        raise
-    finally:
-        gateway.counters["failed"] += result.error is not None and result.error != "client disconnected"
-        gateway.dispatcher.finish(job)
-        gateway.inflight.discard(job.meta.key)
-        gateway.record(job, body, result, node.name, kv_usage)
-        _end_stream(response, is_complete)
-
-
-async def _prepend(first: bytes, rest):
-    if first:
-        yield first
-    async for raw in rest:
-        yield raw
-
-
-def sse_error(message: str, status: int = 502) -> str:
-    """The end of a failed stream, as vLLM writes it: an error event, then `data: [DONE]`."""
-    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": status}}
-    return f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
-
-
-def _end_stream(response: aiohttp.ClientResponse, is_complete: bool) -> None:
-    """A stream read to its end goes back to the pool; any other end (e.g. the client left) closes the
-    connection, which makes vLLM abort the request."""
-    if is_complete:
-        response.release()
-    else:
-        response.close()

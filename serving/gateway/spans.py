@@ -8,7 +8,7 @@ nothing and go nowhere; with `otel_spans` off (the default) none are made.
 A stage's span is a child of the caller's trace (its `traceparent`/`tracestate`, StageMeta.trace_context), and is
 started when the stage is first dispatched, so that each call to vLLM carries it as `traceparent` (`headers`):
 vLLM started with `--otlp-traces-endpoint` makes its request spans children of the gateway's. With spans off the
-caller's trace context goes to vLLM as it came (proxy._headers).
+caller's trace context goes to vLLM as it came (attempt.upstream_headers).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 
 from serving.vllm_plugin.maestro_vllm_stats import gateway_request_id
 
-GATEWAY_ID = "wf-7::plan-2#1"  # proxy._headers: <workflow>::<stage>#<attempt>
+GATEWAY_ID = "wf-7::plan-2#1"  # attempt.upstream_headers: <workflow>::<stage>#<attempt>
 
 
 @pytest.mark.parametrize("vllm_id", [

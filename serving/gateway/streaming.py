@@ -1,0 +1,169 @@
+"""Streams from vLLM: a streaming client's stream relayed event by event, and a JSON client's call sent streamed
+(its KV reservation back at the last chunk) and assembled into one answer.
+
+Until the node's first whole event is in, a failure fails the attempt (the stage may be retried elsewhere); after
+that, a failure or a stream that ends without `data: [DONE]` ends the client's stream with an error event and
+`data: [DONE]`, as vLLM ends a failed stream.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import time
+
+import aiohttp
+from starlette.responses import Response, StreamingResponse
+
+from serving.gateway.attempt import NodeFailed, attempt_failed, describe, end_stream, upstream_headers
+from serving.gateway.core import Gateway
+from serving.gateway.dispatch import Job
+from serving.gateway.nodes import Node
+from serving.gateway.outcome import CallResult, StreamAssembler
+from serving.gateway.upstream import Answer, UpstreamError, is_deadline
+
+
+async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job,
+                        result: CallResult) -> tuple[Answer, dict | None]:
+    """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
+    (vLLM has freed the request), before the answer is assembled and written; the client gets the
+    assembled non-streamed JSON."""
+    track = gateway.config.project_from_progress
+    body = {**upstream, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": track}}
+    if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
+        body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
+    try:
+        response = await node.upstream.open_stream(f"{node.url}{path}", body, upstream_headers(gateway, job),
+                                                   job.remaining_s())
+    except UpstreamError as error:
+        raise attempt_failed(error, "before its stream's headers") from None
+    is_complete = False
+    try:
+        if response.status >= 500:
+            raise NodeFailed(f"HTTP {response.status}: {(await response.read())[:200]!r}")
+        if response.status != 200:
+            answer = Answer(response.status, await response.read())
+            is_complete = True
+            return answer, None
+        assembler = StreamAssembler(is_chat="chat" in path, num_choices=int(upstream.get("n") or 1))
+        decoder, buffer = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
+        async for raw in response.content.iter_any():
+            buffer += decoder.decode(raw)
+            *lines, buffer = buffer.split("\n")
+            for line in lines:
+                if assembler.feed_line(line) is not None:
+                    gateway.counters["upstream_chunks"] += 1
+                    if result.first_token_s is None and assembler.choices:
+                        result.mark_token()
+            if job.node is None:
+                continue
+            if assembler.is_finished:
+                node.observe_stream((result.first_token_s or result.started_s) - result.started_s,
+                                    int((assembler.usage or {}).get("completion_tokens") or 0),
+                                    time.monotonic() - (result.first_token_s or result.started_s))
+                gateway.dispatcher.finish(job)
+                result.released_s = time.monotonic()
+            elif track and assembler.usage:
+                job.node.observe_progress(job.reservation, int(assembler.usage.get("completion_tokens") or 0),
+                                          result.first_token_s, job.request.max_tokens)
+        is_complete = True
+        assembler.feed_line(buffer)
+        if assembler.error is not None:
+            raise NodeFailed(f"vLLM stream error: {str(assembler.error)[:200]}")
+        if not assembler.is_finished:
+            raise NodeFailed("vLLM's stream ended before its last chunk")
+        parsed = assembler.response()
+        return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
+    except UpstreamError as error:
+        raise attempt_failed(error, "failed mid-stream") from None
+    finally:
+        end_stream(response, is_complete)
+
+
+async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
+    """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
+    try:
+        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, upstream_headers(gateway, job),
+                                                   job.remaining_s())
+    except UpstreamError as error:
+        raise attempt_failed(error, "before its stream's headers") from None
+    if response.status >= 500:
+        response.close()
+        raise NodeFailed(f"HTTP {response.status}")
+    if response.status != 200:
+        content = await response.read()
+        response.release()
+        gateway.dispatcher.finish(job)
+        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status}"), node.name, node.kv_usage)
+        gateway.inflight.discard(job.meta.key)
+        return Response(content, response.status, media_type="application/json")
+    first = await read_first_event(response)
+    relay = relay_stream(gateway, job, node, response, body, first)
+    return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
+
+
+async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
+    """The stream's bytes up to the end of its first event; a node that fails before that fails the attempt."""
+    data = b""
+    try:
+        while b"\n\n" not in data:
+            raw = await response.content.readany()
+            if not raw:
+                raise NodeFailed("the stream ended before its first event")
+            data += raw
+    except UpstreamError as error:
+        response.close()
+        raise attempt_failed(error, "before the stream's first event") from None
+    except NodeFailed:
+        response.close()
+        raise
+    return data
+
+
+async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict,
+                       first: bytes = b""):
+    """Relay whole SSE events to the client; a node failing mid-stream, or a stream ending without `[DONE]`,
+    ends it with an error event (a partial event is dropped, so the client's stream stays well-formed)."""
+    result, kv_usage, pending = CallResult(), node.kv_usage, ""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+    is_complete = False
+    try:
+        async for raw in _prepend(first, response.content.iter_any()):
+            head, end, pending = (pending + decoder.decode(raw)).rpartition("\n\n")
+            if not end:
+                continue
+            for line in head.split("\n"):
+                result.read_sse_line(line)
+            if job.node is not None and result.has_final_usage:  # vLLM's last chunk
+                gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
+                result.released_s = time.monotonic()
+            yield head + end
+        is_complete = True
+        if not result.is_stream_done:
+            result.error = f"{node.name}'s stream ended before data: [DONE]"
+            yield sse_error(result.error)
+    except UpstreamError as error:
+        result.error = f"{node.name} failed mid-stream: {describe(error)}"
+        yield sse_error(result.error, 504 if is_deadline(error) else 502)
+    except BaseException:
+        result.error = "client disconnected"
+        gateway.counters["cancelled"] += 1
+        raise
+    finally:
+        gateway.counters["failed"] += result.error is not None and result.error != "client disconnected"
+        gateway.dispatcher.finish(job)
+        gateway.inflight.discard(job.meta.key)
+        gateway.record(job, body, result, node.name, kv_usage)
+        end_stream(response, is_complete)
+
+
+async def _prepend(first: bytes, rest):
+    if first:
+        yield first
+    async for raw in rest:
+        yield raw
+
+
+def sse_error(message: str, status: int = 502) -> str:
+    """The end of a failed stream, as vLLM writes it: an error event, then `data: [DONE]`."""
+    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": status}}
+    return f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
