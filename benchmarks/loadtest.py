@@ -29,7 +29,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-from benchmarks.gateway import start_gateway, stop  # noqa: E402
+from benchmarks.gateway_runs import start_gateway, stop  # noqa: E402
 from pipelines.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
 from pipelines.model import ModelConfig  # noqa: E402
