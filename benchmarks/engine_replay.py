@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.engine_report import metrics, plot, table
 from pipelines.contract import read_traces
 from serving.gateway.core import vllm_priority_value
-from serving.scheduler import SchedulerConfig
+from serving.scheduler import Policy, SchedulerConfig
 from serving.sim.arrivals import arrival_times
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.workload import SimWorkflow, trace_workflows
@@ -103,11 +103,11 @@ def arm_workflows(base: list[dict], workflows: list[SimWorkflow], preds, schedul
     return out
 
 
-def maestro_config(step_s: float) -> dict:
+def maestro_config(policy_name: str, step_s: float) -> dict:
     """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps."""
-    policy = SchedulerConfig(policy="maestro")
+    policy = SchedulerConfig(policy=policy_name)
     return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
-            "scheduler": {"policy": "maestro", "batch_max_wait_s": policy.batch_max_wait_s / step_s,
+            "scheduler": {"policy": policy_name, "batch_max_wait_s": policy.batch_max_wait_s / step_s,
                           "late_max_wait_s": policy.late_max_wait_s / step_s}}
 
 
@@ -131,7 +131,7 @@ def build_plans(args: argparse.Namespace, traces: Path, model_dir: Path) -> dict
         if source and source not in cache:
             cache[source] = predictions(workflows, source, model_dir, args.seed)
         plans[arm] = {"engine": engine, "arm": {"name": arm, "scheduler": scheduler, "policy": policy,
-                                                "maestro_config": maestro_config(args.step_s)},
+                                                "maestro_config": maestro_config(args.policy, args.step_s)},
                       "workflows": arm_workflows(base, workflows, cache.get(source), scheduler, args.token_scale)}
     return plans
 
@@ -179,6 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--arms", default="fcfs,priority,maestro,maestro-oracle,maestro-prior",
         help=f"comma-separated, of {', '.join(ARMS)} (default: %(default)s)")
     add("--json", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay.json", help="(default: %(default)s)")
+    add("--policy", default="maestro", choices=[p.value for p in Policy],
+        help="the policy MaestroScheduler orders its queue by (serving/scheduler) (default: %(default)s)")
     add("--rate", type=float, default=4.0, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
     add("--kv-tokens", type=int, default=6144, help="the engine's KV pool in tokens (default: %(default)s)")
     add("--token-scale", type=float, default=0.25, help="every token count × this (default: %(default)s)")
@@ -197,6 +199,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         parser.error(f"--arms: unknown {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    if args.max_model_len > args.kv_tokens - BLOCK_SIZE:
+        parser.error(f"--max-model-len {args.max_model_len} must fit in the KV pool less vLLM's null block: raise "
+                     f"--kv-tokens to at least {args.max_model_len + BLOCK_SIZE} or lower --max-model-len")
     if (args.traces is None) != (args.model is None):
         parser.error("--traces and --model go together (or neither: the sim replay's split and predictor)")
     if not args.vllm_python.exists():

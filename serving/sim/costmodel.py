@@ -70,10 +70,11 @@ class CostModelConfig:
     decode_mbu: float = 0.7
     step_overhead_s: float = 0.003  # engine scheduling + kernel launch per step
     models: dict[str, ModelProfile] = field(default_factory=lambda: dict(MODEL_PROFILES))
+    gpus: dict[str, GPUProfile] = field(default_factory=lambda: dict(GPU_PROFILES))
 
     def __post_init__(self):
-        if self.gpu not in GPU_PROFILES:
-            raise ValueError(f"unknown GPU profile '{self.gpu}'; known: {', '.join(GPU_PROFILES)}")
+        if self.gpu not in self.gpus:
+            raise ValueError(f"unknown GPU profile '{self.gpu}'; known: {', '.join(self.gpus)}")
         if not (0 < self.prefill_mfu <= 1 and 0 < self.decode_mbu <= 1) or self.step_overhead_s < 0:
             raise ValueError("prefill_mfu and decode_mbu must be in (0, 1]; step_overhead_s >= 0")
 
@@ -81,7 +82,7 @@ class CostModelConfig:
 class CostModel:
     def __init__(self, config: CostModelConfig):
         self.config = config
-        self.gpu = GPU_PROFILES[config.gpu]
+        self.gpu = config.gpus[config.gpu]
         self._flops = self.gpu.peak_flops * config.prefill_mfu
         self._bw = self.gpu.hbm_bytes_per_s * config.decode_mbu
 

@@ -219,8 +219,9 @@ class MaestroScheduler(Scheduler):
         blocks, from now until this one ends."""
         running = [r for r in self.running if r.request_id in self.hints]
         shared_tokens = self._num_shared_hit_blocks(request) * self.block_size
-        candidate = GrowingStage(prompt_tokens=max(request.num_prompt_tokens - shared_tokens, 0),
-                                 output_tokens=self._output_tokens_at_end(request, hints), start_s=0.0)
+        # A resumed (preempted) request starts again from its prompt and what it had produced.
+        candidate = GrowingStage(prompt_tokens=max(request.num_tokens - shared_tokens, 0), start_s=0.0,
+                                 output_tokens=self._output_tokens_at_end(request, hints) - request.num_output_tokens)
         growing = [GrowingStage(prompt_tokens=r.num_prompt_tokens, start_s=0.0, tokens_done=r.num_output_tokens,
                                 output_tokens=self._output_tokens_at_end(r, self.hints[r.request_id]),
                                 progress_s=0.0, tokens_per_s=1.0) for r in running]

@@ -118,17 +118,18 @@ def request_line(engine: Engine, request_id: str) -> dict:
 
 
 def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work(maestro_engine):
-    # 1. A second predicted request that cannot fit beside the running one by their predictions (11 + 5 blocks > 15)
-    #    waits for it; a request without a prediction starts at once, as in vLLM. Nothing is preempted.
+    # 1. A second predicted request that cannot fit beside the running one by their predictions waits for it: both
+    #    growing a token a step, when the long one ends they would hold 11 + 10 blocks of the 15. A request without a
+    #    prediction starts at once, as in vLLM. Nothing is preempted.
     answered = asyncio.run(long_then_others(maestro_engine.url, "hold-long", {
-        "hold-second": (600, MaestroHints(tokens_pred=600)), "hold-plain": (8, None)}))
-    assert answered == {"hold-long": LONG, "hold-second": 600, "hold-plain": 8}
+        "hold-second": (1200, MaestroHints(tokens_pred=1200)), "hold-plain": (8, None)}))
+    assert answered == {"hold-long": LONG, "hold-second": 1200, "hold-plain": 8}
     first = decisions_when(maestro_engine, lambda d: d["num_predicted"] + d["num_unpredicted"] == 3)
     assert (first["num_predicted"], first["num_unpredicted"], first["num_bad_hints"]) == (2, 1, 0)
     assert first["num_requests_held_back"] == 1 and first["num_held_back"] >= 1
     assert first["num_admitted"] == 2
     assert first["num_preempted"] == first["num_preempted_unpredicted"] == 0
-    # Started beside it, the 600-token one would have ended first; held back, it ends after the 1,400-token one.
+    # Started beside it, the 1,200-token one would have ended first; held back, it ends after the 1,400-token one.
     assert request_line(maestro_engine, "hold-second")["t"] > request_line(maestro_engine, "hold-long")["t"]
 
     # 2. A short prediction (reserve 2 blocks) fits beside the long one, but its real length (1,000 tokens, 8 blocks)
