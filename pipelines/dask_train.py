@@ -36,6 +36,7 @@ from pipelines.embedding import Embedder, make_embedder
 from pipelines.features import UNKNOWN, FeaturizerConfig
 from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, _lgb_params,
                              calibrate_groups, regression_objective)
+from pipelines.new_app import NEW_APP_ONLY
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor, fit_priors
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class DaskTwoStage:
 
     def fit(self, frame: dd.DataFrame) -> TwoStageModel:
         cfg = self.config
-        features = [c for c in frame.columns if not c.startswith(LABEL_PREFIX)]
+        features = [c for c in frame.columns if not c.startswith(LABEL_PREFIX) and c not in NEW_APP_ONLY]
         # the out-of-fold record keeps each stage's role before dropout, as TwoStageModel.fit does
         frame = frame.assign(**{LOG: np.log1p(frame[TOKENS]), ROLE: frame["role"].astype(str)})
         frame = frame.map_partitions(_drop_roles, cfg.role_dropout, cfg.seed).persist()

@@ -19,11 +19,12 @@ import pandas as pd
 from pipelines.metrics import (VERDICTS, baseline_predictions, grouped_quality, quality, ratio, target_checks,
                                target_ratios)
 from pipelines.plots import write_plots
+from pipelines.new_app import model_frame
 from pipelines.predictor import Predictor
 
 
 def model_predictions(predictor: Predictor, X: pd.DataFrame, labels: pd.DataFrame, rho: float) -> dict:
-    out = predictor.model.predict(X)
+    out = predictor.model.predict(model_frame(X))
     frame = labels[["tokens", "is_tool", "role", "app"]].assign(
         p_tool=out["p_tool"], tokens_pred=out["tokens_pred"], tokens_reserve=out["tokens_reserve"])
     return {"model": frame, "model_rho_reserve": frame.assign(tokens_reserve=frame["tokens_pred"] * (1 + rho))}

@@ -244,14 +244,13 @@ class TwoStageModel:
         tokens_pred = np.expm1(log_pred + self.regressor_.base)
         column = self._matrix_column(matrix)
         history = history_conditions(column, len(matrix))
-        out = {"p_tool": p_tool, "tokens_pred": tokens_pred, "history": history}
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
-        else:  # log_bound: the bound model's output, which a level for an app never seen lifts (pipelines.new_app)
+        else:
             apps = None if column("app") is None else _app_codes(column("app"))
-            out["log_bound"] = rows["upper"](matrix2)
-            reserve = np.expm1(out["log_bound"] + self._quantiles(roles, p_tool, apps, history))
-        return {**out, "tokens_reserve": np.maximum(reserve, tokens_pred)}
+            reserve = np.expm1(rows["upper"](matrix2) + self._quantiles(roles, p_tool, apps, history))
+        return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred),
+                "history": history}
 
     @property
     def _rows(self) -> dict:

@@ -1,12 +1,15 @@
-"""The reserve level for an app training never saw, learnt from app-held-out out-of-fold scores.
+"""The reserve of an app training never saw: its own bound model, its level from app-held-out scores.
 
 The calibration groups of `pipelines.model` promise a miss rate for the apps training saw. A new app's
 stages reach the model with their app (and often their roles and model name) unseen, so no group of
-theirs was calibrated and the global level carries no promise for them. Here each training app is
-left out in turn: the tool classifier and the reserve's bound model are fitted on the other apps, the
-left-out app's rows are scored with its categories unseen (as a new app's rows arrive), and its
-conformal level is taken per history condition. The level served to a new app is, per condition, the
-largest of these: the level that would have held for the worst app had it been new.
+theirs was calibrated and the global level carries no promise for them. A new app's reserve comes from
+its own bound model: the reserve's (bound-quantile) LightGBM refitted on the two-stage model's features
+plus NEW_APP_ONLY, the called model's own earlier turns in the prompt, a verbosity that reads the same in
+every app. Its level: each training app is left out in turn, the tool classifier and this bound are fitted
+on the other apps, the left-out app's rows are scored with its categories unseen (as a new app's rows
+arrive), and its conformal level is taken per history condition. The level served to a new app is, per
+condition, the largest of these: the level that would have held for the worst app had it been new.
+Which columns the bound reads was chosen by inner leave-one-app-out (pipelines/EXPERIMENTS.md, 2026-12-02).
 """
 from __future__ import annotations
 
@@ -19,20 +22,38 @@ import pandas as pd
 from pipelines.features import UNKNOWN
 from pipelines.history import HISTORY_CONDITIONS
 from pipelines.model import TwoStageModel, _calibrate, _lgb_params, conformal_quantile
+from pipelines.turn_features import OWN_TURN_COLUMNS
 
 NEW_APP = "new_app"  # the fallback level of an answer for an app training never saw
 MIN_APP_ROWS = 50  # an app with fewer training rows is not left out on its own: its level would be noise
 
 
+# Read by a new app's bound only: in the two-stage model they cost a seen app's coverage (tau2 locked split, medical
+# triage 13 % above its reserve with them against 7.5-9 % without; pipelines/EXPERIMENTS.md, 2026-12-02).
+NEW_APP_ONLY = OWN_TURN_COLUMNS
+
+
+def model_frame(X: pd.DataFrame) -> pd.DataFrame:
+    """The columns of a featurizer's frame the two-stage model reads: all but NEW_APP_ONLY."""
+    return X.drop(columns=[c for c in NEW_APP_ONLY if c in X])
+
+
 @dataclass(frozen=True)
 class NewAppLevels:
-    """Log-space levels added to the bound model's output for a new app's stages, per history condition.
+    """A new app's bound model and the log-space levels added to its output, per history condition.
 
-    `by_app`: each left-out app's own level per condition (what the worst was taken over); `num_apps`:
-    how many apps were left out."""
+    `bound`: the bound-quantile LightGBM on `columns` (the featurizer's: the model's and NEW_APP_ONLY) then p_tool,
+    fitted on every training app; `by_app`: each left-out app's own level per condition (what the worst was taken over)."""
 
     levels: dict[str, float]
     by_app: dict[str, dict[str, float]] = field(default_factory=dict)
+    bound: lgb.Booster | None = field(default=None, compare=False)
+    columns: tuple[str, ...] = ()
+
+    def log_bound(self, matrix: np.ndarray, feature_names: list[str], p_tool: np.ndarray) -> np.ndarray:
+        """The bound's output for rows of the model's float matrix (columns `feature_names`)."""
+        index = {name: i for i, name in enumerate(feature_names)}
+        return self.bound.predict(np.column_stack([matrix[:, [index[c] for c in self.columns]], p_tool]))
 
     @property
     def num_apps(self) -> int:
@@ -61,9 +82,12 @@ def as_unseen(X: pd.DataFrame, seen: pd.DataFrame) -> pd.DataFrame:
     return X
 
 
-def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
-    """Out-of-app scores (log actual − log bound) of every row whose app has MIN_APP_ROWS fitted rows, each
-    from models fitted without its app; columns row (in X), app, history, p_tool (out of app), score."""
+def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame,
+                    columns: list[str] | None = None) -> pd.DataFrame:
+    """Out-of-app scores (log actual − log bound on `columns`, all of X's by default) of every row whose app has
+    MIN_APP_ROWS fitted rows, each from models fitted without its app; columns row (in X), app, history, p_tool
+    (out of app), score."""
+    columns = list(X.columns) if columns is None else columns
     fitted = ~labels["calibrate_only"].to_numpy(bool) if "calibrate_only" in labels else np.ones(len(X), bool)
     apps = labels["app"].astype(str).to_numpy()
     counts = pd.Series(apps[fitted]).value_counts()
@@ -76,9 +100,10 @@ def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame)
     for app in left_out:
         train, test = np.flatnonzero(fitted & (apps != app)), np.flatnonzero(apps == app)
         unseen = as_unseen(X.iloc[test], X.iloc[train])
-        p_tool = _calibrate(model.calibrator_, _classifier_scores(model, X.iloc[train], y_tool[train], unseen))
-        bound = _fit_bound(model, X.iloc[train].assign(p_tool=p_tool_oof[train]), y_log[train])
-        scores = y_log[test] - bound.predict(unseen.assign(p_tool=p_tool))
+        p_tool = _calibrate(model.calibrator_, _classifier_scores(model, model_frame(X.iloc[train]), y_tool[train],
+                                                                  model_frame(unseen)))
+        bound = _fit_bound(model, X.iloc[train][columns].assign(p_tool=p_tool_oof[train]), y_log[train])
+        scores = y_log[test] - bound.predict(unseen[columns].assign(p_tool=p_tool))
         parts.append(pd.DataFrame({"row": test, "app": app, "history": model.oof_["history"].to_numpy()[test],
                                    "p_tool": p_tool, "score": scores}))
     return pd.concat(parts, ignore_index=True)
@@ -112,14 +137,24 @@ def levels_of(scores: pd.DataFrame, alpha: float) -> NewAppLevels | None:
 
 
 def fit_new_app_levels(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame) -> NewAppLevels | None:
-    """The new-app levels of a fitted model from its training frame and labels (Predictor.fit's); None where
-    training holds fewer than two apps to leave out, or the model's reserve is not conformal."""
+    """A fitted model's new-app bound and levels from its training frame and labels (Predictor.fit's); None
+    where training holds fewer than two apps to leave out, or the model's reserve is not conformal."""
     if model.config.reserve_method != "conformal" or "app" not in X or not hasattr(model, "oof_"):
         return None
-    return levels_of(held_out_scores(model, X, labels), model.config.alpha)
+    columns = list(X.columns)
+    levels = levels_of(held_out_scores(model, X, labels, columns), model.config.alpha)
+    if levels is None:
+        return None
+    fitted = ~labels["calibrate_only"].to_numpy(bool) if "calibrate_only" in labels else np.ones(len(X), bool)
+    X2 = X[columns].assign(p_tool=model.oof_["p_tool"].to_numpy(float))
+    bound = _fit_bound(model, X2[fitted], np.log1p(labels["tokens"].to_numpy(float))[fitted])
+    return NewAppLevels(levels.levels, levels.by_app, bound, tuple(columns))
 
 
-def new_app_reserve(levels: NewAppLevels, log_bound: float, history: str, tokens_pred: float) -> float:
-    """The reserve of a new app's stage: the bound model's output lifted by the condition's level, never
-    below the point prediction."""
-    return max(float(np.expm1(log_bound + levels.level(history))), tokens_pred)
+def new_app_reserves(levels: NewAppLevels, matrix: np.ndarray, feature_names: list[str], out: dict,
+                     rows: np.ndarray) -> np.ndarray:
+    """The reserves of a new app's stages (`rows` of the model's matrix and of its answers `out`): the new-app
+    bound lifted by each row's condition level, never below the point prediction."""
+    log_bound = levels.log_bound(matrix[rows], feature_names, out["p_tool"][rows])
+    lift = np.array([levels.level(str(h)) for h in out["history"][rows]])
+    return np.maximum(np.expm1(log_bound + lift), out["tokens_pred"][rows])

@@ -14,7 +14,7 @@ from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
-from pipelines.new_app import NEW_APP, NewAppLevels, fit_new_app_levels, new_app_reserve
+from pipelines.new_app import NEW_APP, NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
 
 FALLBACK_LEVELS = ("role", NEW_APP, "global", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
@@ -58,10 +58,10 @@ class Prediction:
 
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
     to reserve KV for; fallback_level says which level answered: "role" (role and app seen in training),
-    "new_app" (an app named that training never saw: the reserve lifted to the level that held for the worst
-    training app left out, pipelines.new_app), "global" (an unseen role, model without role; or a new app where
-    training held fewer than two apps: no coverage promise), "prior" (no usable model input: role or global
-    quantiles).
+    "new_app" (an app named that training never saw: the reserve from its own bound model, lifted to the level
+    that held for the worst training app left out, pipelines.new_app), "global" (an unseen role, model without
+    role; or a new app where training held fewer than two apps: no coverage promise), "prior" (no usable model
+    input: role or global quantiles).
     history says what the stage's input held of its workflow's past (pipelines.history): "full",
     "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
     """
@@ -179,8 +179,9 @@ class Predictor:
         meta = {"num_train_stages": len(stages), "num_train_rows": len(labels), "alpha": model_config.alpha}
         if featurizer is None or len(stages) < MIN_STAGES_FOR_MODEL:
             return cls(None, None, priors, {**meta, "model": "priors-only"})
-        model = TwoStageModel(model_config).fit(X, labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(),
-                                                labels["group"].to_numpy(), labels.get("calibrate_only"))
+        model = TwoStageModel(model_config).fit(model_frame(X), labels["tokens"].to_numpy(),
+                                                labels["is_tool"].to_numpy(), labels["group"].to_numpy(),
+                                                labels.get("calibrate_only"))
         new_app = fit_new_app_levels(model, X, labels)
         meta = {**meta, "model": "two-stage", **({"new_app": new_app.describe()} if new_app else {})}
         return cls(featurizer, model, priors, meta, new_app)
@@ -191,18 +192,24 @@ class Predictor:
             return []
         if self.model is None:
             return [self.prior(s) for s in stages]
-        out = self.model.predict_matrix(*self.featurizer.matrix(stages, self.model.feature_names, history))
-        return [self._answer(s, out, i) for i, s in enumerate(stages)]
-
-    def _answer(self, stage: StageTrace, out: dict, i: int) -> Prediction:
+        names = self.model.feature_names
+        columns = names + [c for c in self.new_app.columns if c not in names] if self.new_app is not None else names
+        matrix, roles = self.featurizer.matrix(stages, columns, history)
+        out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
         apps = self.featurizer.categories_["app"]
-        is_known_app = stage.app is None or (stage.app in apps and stage.app != UNKNOWN)
-        level = "role" if self.featurizer.known_role(stage.role) and is_known_app else "global"
-        reserve, history = out["tokens_reserve"][i], str(out["history"][i])
-        if not is_known_app and self.new_app is not None and "log_bound" in out:
-            level, reserve = NEW_APP, new_app_reserve(self.new_app, out["log_bound"][i], history, out["tokens_pred"][i])
+        is_new = np.array([s.app is not None and (s.app not in apps or s.app == UNKNOWN) for s in stages])
+        if self.new_app is not None and is_new.any():
+            reserve = out["tokens_reserve"].copy()
+            reserve[is_new] = new_app_reserves(self.new_app, matrix, columns, out, is_new)
+            out = {**out, "tokens_reserve": reserve}
+        return [self._answer(s, out, i, is_new[i]) for i, s in enumerate(stages)]
+
+    def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool) -> Prediction:
+        level = "role" if self.featurizer.known_role(stage.role) and not is_new_app else "global"
+        level = NEW_APP if is_new_app and self.new_app is not None else level
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
-                          int(round(out["tokens_pred"][i])), int(np.ceil(reserve)), level, history)
+                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
+                          str(out["history"][i]))
 
     def prior(self, stage: StageTrace) -> Prediction:
         """The answer without a model: the role's empirical quantiles, else the global ones."""

@@ -56,7 +56,7 @@ def assert_model_answered_and_observed(responses, trace_dir, num_observed: int) 
     assert [r.status_code for r in responses] == [200] * len(ROLES)
     stages = collect(trace_dir)[0]
     assert len(stages) == len(ROLES)
-    assert {s.model_extra["fallback_level"] for s in stages} <= {"role", "global"}  # the model, not the prior
+    assert {s.model_extra["fallback_level"] for s in stages} <= {"role", "new_app", "global"}  # the model, not the prior
     assert num_observed == len(ROLES)
 
 

@@ -9,7 +9,7 @@ from pipelines.model import ModelConfig
 from pipelines.new_app import NEW_APP, NewAppLevels, as_unseen, levels_of
 from pipelines.predictor import Predictor
 from pipelines.synth import generate
-from pipelines.turn_features import own_turn_features
+from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
 FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
                          regressor=dict(n_estimators=80, learning_rate=0.1),
@@ -47,8 +47,13 @@ def test_an_app_never_seen_is_flagged_and_gets_the_new_app_level(predictor, stag
     assert {a.fallback_level for a in answers} == {NEW_APP}
     # the same stages named after no app: the model's global answer, without the new-app level
     anonymous = predictor.predict([s.model_copy(update={"app": None}) for s in new])
-    out = predictor.model.predict_matrix(*predictor.featurizer.matrix(new, predictor.model.feature_names))
-    for answer, plain, bound, history in zip(answers, anonymous, out["log_bound"], out["history"]):
+    names = predictor.model.feature_names
+    columns = names + [c for c in predictor.new_app.columns if c not in names]
+    matrix, roles = predictor.featurizer.matrix(new, columns)
+    out = predictor.model.predict_matrix(matrix[:, :len(names)], roles)
+    bounds = predictor.new_app.log_bound(matrix, columns, out["p_tool"])  # the model's columns and the own turns
+    assert set(predictor.new_app.columns) == set(columns) and not set(OWN_TURN_COLUMNS) & set(names)
+    for answer, plain, bound, history in zip(answers, anonymous, bounds, out["history"]):
         expected = max(np.expm1(bound + predictor.new_app.level(history)), answer.tokens_pred)
         assert answer.tokens_reserve == int(np.ceil(expected))
         assert plain.fallback_level != NEW_APP
