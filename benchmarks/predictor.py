@@ -12,7 +12,9 @@ side and scored on the test side twice: "with_history" (the file as it is: the a
 known, as live after /observe) and "without_history" (every label stripped: a stage sent alone),
 overall and per app, beside the per-role baselines (median, p90, and the per-role conformal level
 that promises the model's miss rate). `--leave-one-app-out` also trains Maestro's recipe without
-each app in turn and scores that app's test side (an app never seen). `--speed` measures training
+each app in turn (benchmarks/new_app.py): that app's test side scored from its first stage beside a model
+trained with it, and all its stages replayed through the service's online correction (the curve:
+benchmarks/results/new_app_replay_<data>.png). `--speed` measures training
 time, single-stage latency (cold: a prompt never seen, every cache emptied before the call; warm: the same
 prompts again) and batched throughput on the dev traces, for Maestro's recipe with the static embedding
 ("maestro-static") and with MiniLM ("maestro-minilm"), and the straightforward one, beside one MiniLM encode of
@@ -20,12 +22,14 @@ each test prompt's segment, all in the same run. Held out, the two embeddings ar
 (params.yaml otherwise; `--leave-one-app-out` trains params.yaml as it is). Writes JSON.
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
+    python benchmarks/predictor.py --data agent --leave-one-app-out --held-out-recipes   # an app never seen, alone
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +47,9 @@ from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a file: benchmarks/new_app.py by its package name
+from benchmarks import new_app  # noqa: E402
+
 DATA = {"dev": REPO.parent / "shared" / "data" / "dev-traces",
         "agent": REPO.parent / "shared" / "data" / "agent-traces"}
 DEV_TRACES = DATA["dev"] / "dev_traces.jsonl"
@@ -52,8 +59,9 @@ TEST_FRACTION = 0.3
 # per condition), fixed before its first run; its reserve levels come from out-of-fold (inner grouped CV)
 # scores of the training side only; then 5 reserve variants (the bound model's quantile × the calibration
 # groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets; then 8
-# prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py).
-VARIANTS_TRIED = 59
+# prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py); then, for an app never seen,
+# the own-turn features and the new-app reserve level (pipelines/EXPERIMENTS.md, 2026-12-02).
+VARIANTS_TRIED = 61
 FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 
@@ -112,13 +120,6 @@ def held_out(train: list[StageTrace], test: list[StageTrace], names: tuple[str, 
                                     "history": frame["history"].value_counts().to_dict(),
                                     "fallback_level": frame["fallback_level"].value_counts().to_dict()}
     return out
-
-
-def leave_one_app_out(train: list[StageTrace], test: list[StageTrace]) -> dict:
-    """Maestro's recipe trained without each app, scored on that app's test stages."""
-    apps = sorted({s.app for s in test} & {s.app for s in train})
-    return {app: held_out([s for s in train if s.app != app], [s for s in test if s.app == app], ("maestro",))
-            for app in apps if len({s.app for s in train}) > 1}
 
 
 def clear_caches(predictor: Predictor) -> None:
@@ -218,9 +219,7 @@ def table(result: dict) -> str:
                 if recipe.startswith("maestro"):
                     lines += [row(f"  {app}", f) for app, f in scores["by_app"].items()]
     for data, apps in result.get("leave_one_app_out", {}).items():
-        for app, part in apps.items():
-            for condition in ("with_history", "without_history"):
-                lines.append(row(f"{data} unseen {app} {condition}", part["maestro"][condition]))
+        lines += [f"{data}: an app training never saw", new_app.table(apps)]
     return "\n".join(lines)
 
 
@@ -243,6 +242,9 @@ def main() -> None:
     parser.add_argument("--speed-recipes", nargs="+", choices=list(recipes()),
                         default=["maestro-static", "maestro-minilm", "straightforward"],
                         help="the recipes --speed measures (maestro-static always; straightforward takes minutes)")
+    parser.add_argument("--held-out-recipes", nargs="*", choices=list(recipes()),
+                        default=["maestro-static", "maestro-minilm", "straightforward"],
+                        help="the recipes trained on each data set's train side and scored on its test side")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
     args = parser.parse_args()
     result = {"variants_tried": VARIANTS_TRIED, "test_fraction": TEST_FRACTION, "held_out": {}}
@@ -251,9 +253,11 @@ def main() -> None:
         train_idx, test_idx = locked_split(stages, TEST_FRACTION)
         train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
         result["held_out"][data] = {"train_stages": len(train), "test_stages": len(test),
-                                    **held_out(train, test, ("maestro-static", "maestro-minilm", "straightforward"))}
+                                    **held_out(train, test, tuple(args.held_out_recipes))}
         if args.leave_one_app_out:
-            result.setdefault("leave_one_app_out", {})[data] = leave_one_app_out(train, test)
+            apps = result.setdefault("leave_one_app_out", {})[data] = new_app.leave_one_app_out(
+                stages, train, test, recipes()["maestro"])
+            new_app.plot(apps, Path(args.out).parent / f"new_app_replay_{data}.png")
     if args.speed:
         names = ["maestro-static", *(r for r in args.speed_recipes if r != "maestro-static")]
         result["speed"] = speed(read_stages(DEV_TRACES), names)
