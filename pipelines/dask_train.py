@@ -34,8 +34,8 @@ from pipelines.dask_features import (LABEL_PREFIX, feature_frame, fit_featurizer
                                      read_trace_parquet, to_trace_parquet, worker_cache)
 from pipelines.embedding import Embedder, make_embedder
 from pipelines.features import UNKNOWN, FeaturizerConfig
-from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, _lgb_params,
-                             calibrate_groups, regression_objective)
+from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, calibrate_groups,
+                             lgb_params, regression_objective)
 from pipelines.new_app import NEW_APP_ONLY
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor, fit_priors
 
@@ -120,7 +120,7 @@ class DaskTwoStage:
         """One distributed LightGBM fit on the rows outside `fold` (all rows for None); its booster."""
         part = frame if fold is None else frame[frame[FOLD] != fold]
         init = None if base is None else part[LOG] * 0.0 + base
-        booster_params = _lgb_params(params, self.config, **objective)
+        booster_params = lgb_params(params, self.config, **objective)
         booster_params.pop("num_threads")  # lightgbm.dask gives each worker its own thread count
         model = estimator(client=self.client, n_estimators=params["n_estimators"], **booster_params)
         started = time.perf_counter()

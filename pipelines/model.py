@@ -119,7 +119,8 @@ def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
     return float(np.sort(scores)[rank - 1]) if 0 < rank <= n else float("inf")
 
 
-def _lgb_params(params: dict, config: ModelConfig, **extra) -> dict:
+def lgb_params(params: dict, config: ModelConfig, **extra) -> dict:
+    """LightGBM's parameters of one of the config's models: `params` less n_estimators, shared settings, `extra`."""
     out = {k: v for k, v in params.items() if k != "n_estimators"}
     return {"verbosity": -1, "seed": config.seed, "num_threads": config.num_threads, **out, **extra}
 
@@ -175,7 +176,7 @@ class TwoStageModel:
     def _fit_classifier(self, X: pd.DataFrame, y: np.ndarray):
         if len(set(y)) < 2:  # one class only (e.g. traces without any tool call): a constant
             return float(y.mean()) if len(y) else 0.0
-        params = _lgb_params(self.config.classifier, self.config, objective="binary")
+        params = lgb_params(self.config.classifier, self.config, objective="binary")
         return lgb.train(params, lgb.Dataset(X, y), num_boost_round=self.config.classifier["n_estimators"])
 
     @staticmethod
@@ -185,7 +186,7 @@ class TwoStageModel:
     def _fit_regressor(self, X: pd.DataFrame, y_log: np.ndarray) -> "_Regressor":
         cfg = self.config
         base = float(np.mean(y_log))
-        params = _lgb_params(cfg.regressor, cfg, **regression_objective(cfg.loss, cfg.under_weight))
+        params = lgb_params(cfg.regressor, cfg, **regression_objective(cfg.loss, cfg.under_weight))
         boosters = [lgb.train({**params, "seed": cfg.seed + b}, lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base)),
                               num_boost_round=cfg.regressor["n_estimators"]) for b in range(cfg.regressor_bags)]
         return _Regressor(boosters[0], base, boosters[1:])
@@ -195,7 +196,7 @@ class TwoStageModel:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α."""
         cfg = self.config
-        params = _lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
+        params = lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
                                     num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
@@ -238,7 +239,7 @@ class TwoStageModel:
         LightGBM's single-row C API: _Rows); LightGBM's own pandas conversion, per call, costs more
         than the trees themselves on a live service's small batches."""
         rows = self._rows
-        p_tool = _calibrate(self.calibrator_, rows["classifier"](matrix))
+        p_tool = calibrate_scores(self.calibrator_, rows["classifier"](matrix))
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = sum(predict(matrix2) for predict in rows["regressors"]) / len(rows["regressors"])
         tokens_pred = np.expm1(log_pred + self.regressor_.base)
@@ -335,7 +336,8 @@ class SigmoidCalibrator:
         return 1.0 / (1.0 + np.exp(-(self.coef_ * self._logit(raw) + self.intercept_)))
 
 
-def _calibrate(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: np.ndarray) -> np.ndarray:
+def calibrate_scores(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: np.ndarray) -> np.ndarray:
+    """P(tool call) from the classifier's raw scores, through the fitted calibrator."""
     if isinstance(calibrator, SigmoidCalibrator):
         return calibrator.predict(raw)
     # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks

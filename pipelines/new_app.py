@@ -21,7 +21,7 @@ import pandas as pd
 
 from pipelines.features import UNKNOWN
 from pipelines.history import HISTORY_CONDITIONS
-from pipelines.model import TwoStageModel, _calibrate, _lgb_params, conformal_quantile
+from pipelines.model import TwoStageModel, calibrate_scores, conformal_quantile, lgb_params
 from pipelines.turn_features import OWN_TURN_COLUMNS
 
 NEW_APP = "new_app"  # the fallback level of an answer for an app training never saw
@@ -100,8 +100,8 @@ def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame,
     for app in left_out:
         train, test = np.flatnonzero(fitted & (apps != app)), np.flatnonzero(apps == app)
         unseen = as_unseen(X.iloc[test], X.iloc[train])
-        p_tool = _calibrate(model.calibrator_, _classifier_scores(model, model_frame(X.iloc[train]), y_tool[train],
-                                                                  model_frame(unseen)))
+        raw = _classifier_scores(model, model_frame(X.iloc[train]), y_tool[train], model_frame(unseen))
+        p_tool = calibrate_scores(model.calibrator_, raw)
         bound = _fit_bound(model, X.iloc[train][columns].assign(p_tool=p_tool_oof[train]), y_log[train])
         scores = y_log[test] - bound.predict(unseen[columns].assign(p_tool=p_tool))
         parts.append(pd.DataFrame({"row": test, "app": app, "history": model.oof_["history"].to_numpy()[test],
@@ -113,13 +113,13 @@ def _classifier_scores(model: TwoStageModel, X: pd.DataFrame, y_tool: np.ndarray
     cfg = model.config
     if len(set(y_tool)) < 2:
         return np.full(len(rows), float(y_tool.mean()) if len(y_tool) else 0.0)
-    params = _lgb_params(cfg.classifier, cfg, objective="binary")
+    params = lgb_params(cfg.classifier, cfg, objective="binary")
     return lgb.train(params, lgb.Dataset(X, y_tool), num_boost_round=cfg.classifier["n_estimators"]).predict(rows)
 
 
 def _fit_bound(model: TwoStageModel, X2: pd.DataFrame, y_log: np.ndarray) -> lgb.Booster:
     cfg = model.config
-    params = _lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
+    params = lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
     return lgb.train(params, lgb.Dataset(X2, y_log), num_boost_round=cfg.quantile["n_estimators"])
 
 
