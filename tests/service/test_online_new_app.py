@@ -73,3 +73,35 @@ def test_the_in_process_predictor_serves_and_learns_a_new_apps_reserve():
         reserves.observe(stage.model_copy(update={"output_tokens": 60, "is_tool_call": False}))
     assert 50 <= served.tokens_reserve < 400
     assert reserves.coverage.snapshot()["new/agent"]["num_observations"] == 40
+
+
+def test_the_service_engine_serves_a_new_app_at_its_level_then_at_its_own(tmp_path):
+    """Through PredictorEngine: a new app's answers are flagged, /observe moves only that app's reserve."""
+    from pipelines.features import FeaturizerConfig
+    from pipelines.model import ModelConfig
+    from pipelines.predictor import Predictor
+    from pipelines.synth import generate
+    from predictor_service.config import ServiceConfig
+    from predictor_service.engine import PredictorEngine
+
+    stages = [StageTrace.model_validate(r) for r in generate(1200, seed=3)]
+    new = sorted({s.app for s in stages})[0]
+    small = dict(n_estimators=40, learning_rate=0.1)
+    model = ModelConfig(folds=3, classifier=small, regressor=small, quantile={**small, "num_leaves": 15})
+    predictor = Predictor.train([s for s in stages if s.app != new], FeaturizerConfig(use_embedding=False), model)
+    engine = PredictorEngine(ServiceConfig(model=str(predictor.save(tmp_path / "p")), trace=None, warmup=False))
+    seen = next(s for s in stages if s.app != new)
+    unlabelled = {"output_tokens": None, "is_tool_call": None}
+    before = engine.predict([seen.model_copy(update={**unlabelled, "workflow_id": "seen"})])[0]
+    reserves = []
+    for i, stage in enumerate(s for s in stages if s.app == new and not s.parent_ids):
+        if i == 60:
+            break
+        asked = stage.model_copy(update={**unlabelled, "workflow_id": f"n{i}"})
+        (answer,) = engine.predict([asked])
+        assert answer.fallback_level == NEW_APP
+        reserves.append(answer.reserve_correction)
+        engine.observe([stage.model_copy(update={"workflow_id": f"n{i}", "output_tokens": 1})])
+    assert reserves[0] == 1.0 and reserves[-1] < 1.0  # its own level took over: one-token answers
+    after = engine.predict([seen.model_copy(update={**unlabelled, "workflow_id": "seen2"})])[0]
+    assert (after.tokens_reserve, after.reserve_correction) == (before.tokens_reserve, before.reserve_correction)
