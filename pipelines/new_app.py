@@ -26,10 +26,7 @@ from pipelines.turn_features import OWN_TURN_COLUMNS
 
 NEW_APP = "new_app"  # the fallback level of an answer for an app training never saw
 MIN_APP_ROWS = 50  # an app with fewer training rows is not left out on its own: its level would be noise
-
-
-# Read by a new app's bound only: in the two-stage model they cost a seen app's coverage (tau2 locked split, medical
-# triage 13 % above its reserve with them against 7.5-9 % without; pipelines/EXPERIMENTS.md, 2026-12-02).
+# Read by a new app's bound only: in the two-stage model they cost a seen app's coverage (pipelines/EXPERIMENTS.md)
 NEW_APP_ONLY = OWN_TURN_COLUMNS
 
 
@@ -43,7 +40,7 @@ class NewAppLevels:
     """A new app's bound model and the log-space levels added to its output, per history condition.
 
     `bound`: the bound-quantile LightGBM on `columns` (the featurizer's: the model's and NEW_APP_ONLY) then p_tool,
-    fitted on every training app; `by_app`: each left-out app's own level per condition (what the worst was taken over)."""
+    fitted on every training app; `by_app`: each left-out app's own level per condition (the worst is served)."""
 
     levels: dict[str, float]
     by_app: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -20,8 +20,10 @@ def test_a_new_apps_reserve_comes_down_as_its_stages_are_observed():
     stages = [StageTrace.model_validate(r) for r in generate(1200, seed=11)]
     new = sorted({s.app for s in stages})[0]
     predictor = Predictor.train([s for s in stages if s.app != new], FeaturizerConfig(use_embedding=False), FAST_MODEL)
-    stage = lambda i: {"workflow_id": f"n{i}", "stage_id": "0", "role": "agent", "prompt": "answer in one word",  # noqa: E731
-                       "app": new, "parent_ids": []}
+
+    def stage(i: int) -> dict:
+        return {"workflow_id": f"n{i}", "stage_id": "0", "role": "agent", "prompt": "answer in one word", "app": new,
+                "parent_ids": []}
 
     async def scenario():
         local = LocalPredictor(predictor, timeout_s=5)
