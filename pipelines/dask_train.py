@@ -257,7 +257,7 @@ def train_on(client: Client, traces: str | Path, featurizer_config: FeaturizerCo
 def _merge_worker_caches(client: Client, embedder: Embedder, config: FeaturizerConfig, path: str) -> None:
     for keys, vectors in client.run(worker_cache, config.embedder, path).values():
         for key, vector in zip(keys, vectors):
-            embedder._remember(key, vector)
+            embedder.remember(key, vector)
     embedder.save_cache(path)
 
 

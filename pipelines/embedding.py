@@ -98,14 +98,15 @@ class Embedder:
             vectors = self.model.encode(list(missing.values()), batch_size=self.config.batch_size,
                                         show_progress_bar=progress, convert_to_numpy=True)
             for key, vector in zip(missing, vectors):
-                self._remember(key, vector.astype(np.float32))
+                self.remember(key, vector.astype(np.float32))
         return np.stack([self._lookup(k) for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)
 
     def _lookup(self, key: str) -> np.ndarray:
         self._cache.move_to_end(key)
         return self._cache[key]
 
-    def _remember(self, key: str, vector: np.ndarray) -> None:
+    def remember(self, key: str, vector: np.ndarray) -> None:
+        """Cache `vector` as the embedding of `key` (least recently used entries go first)."""
         self._cache[key] = vector
         if len(self._cache) > self.config.cache_size:
             self._cache.popitem(last=False)
@@ -128,7 +129,7 @@ class Embedder:
             return 0
         data = np.load(path)
         for key, vector in zip(data["keys"], data["vectors"]):
-            self._remember(str(key), vector)
+            self.remember(str(key), vector)
         return len(data["keys"])
 
 

@@ -24,7 +24,6 @@ PENDING_PRIVATE: dict[tuple[str, str], str] = {
     ("pipelines/dask_train.py", "_Regressor"): _NEEDS_MODEL,
     ("pipelines/dask_train.py", "_raw_score"): _NEEDS_MODEL,
     ("pipelines/dask_train.py", "_group_keys"): _NEEDS_MODEL,
-    ("pipelines/dask_train.py", "_remember"): "issue 28 has pipelines/dask_train.py open; Embedder.remember then",
     ("benchmarks/reserve_cv.py", "_fit_reserve"): "a public reserve hook on TwoStageModel; " + _NEEDS_MODEL,
 }
 
