@@ -59,9 +59,9 @@ class Prediction:
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
     to reserve KV for; fallback_level says which level answered: "role" (role and app seen in training),
     "new_app" (an app named that training never saw: the reserve from its own bound model, lifted to the level
-    that held for the worst training app left out, pipelines.new_app), "global" (an unseen role, model without
-    role; or a new app where training held fewer than two apps: no coverage promise), "prior" (no usable model
-    input: role or global quantiles).
+    that held for the worst training app left out, pipelines.new_app; where training held fewer than two apps,
+    the global reserve, without a coverage promise), "global" (an unseen role, model without role), "prior"
+    (no usable model input: role or global quantiles).
     history says what the stage's input held of its workflow's past (pipelines.history): "full",
     "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
     """
@@ -205,8 +205,7 @@ class Predictor:
         return [self._answer(s, out, i, is_new[i]) for i, s in enumerate(stages)]
 
     def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool) -> Prediction:
-        level = "role" if self.featurizer.known_role(stage.role) and not is_new_app else "global"
-        level = NEW_APP if is_new_app and self.new_app is not None else level
+        level = NEW_APP if is_new_app else "role" if self.featurizer.known_role(stage.role) else "global"
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
                           int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
                           str(out["history"][i]))

@@ -71,12 +71,14 @@ def test_save_and_load_keep_the_level(predictor, stages, held_out_app, tmp_path)
     assert loaded.predict(new) == predictor.predict(new)
 
 
-def test_one_app_in_training_gives_no_level_and_no_promise(stages):
+def test_one_app_in_training_gives_no_level_but_the_answer_is_flagged(stages):
     apps = sorted({s.app for s in stages})
     one = Predictor.train([s for s in stages if s.app == apps[1]], NO_EMBEDDING, FAST_MODEL)
     assert one.new_app is None
-    (answer,) = one.predict([next(s for s in stages if s.app == apps[0])])
-    assert answer.fallback_level == "global"
+    stage = next(s for s in stages if s.app == apps[0])
+    (answer,) = one.predict([stage])
+    (anonymous,) = one.predict([stage.model_copy(update={"app": None})])  # the model's own (global) reserve
+    assert answer.fallback_level == NEW_APP and answer.tokens_reserve == anonymous.tokens_reserve
 
 
 def test_levels_take_the_largest_finite_app_level():
