@@ -39,6 +39,7 @@ from serving.scheduler import Policy, SchedulerConfig
 from serving.sim.arrivals import arrival_times
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.workload import SimWorkflow, trace_workflows
+from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {  # arm -> (scheduler, vLLM policy, prediction source)
@@ -105,8 +106,8 @@ def arm_workflows(base: list[dict], workflows: list[SimWorkflow], preds, schedul
 
 def maestro_config(policy_name: str, step_s: float) -> dict:
     """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps."""
-    policy = SchedulerConfig(policy=policy_name)
-    return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
+    policy, plugin = SchedulerConfig(policy=policy_name), MaestroSchedulerConfig()
+    return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0, "max_hold_s": plugin.max_hold_s / step_s,
             "scheduler": {"policy": policy_name, "batch_max_wait_s": policy.batch_max_wait_s / step_s,
                           "late_max_wait_s": policy.late_max_wait_s / step_s}}
 

@@ -26,6 +26,7 @@ class Decisions:
     num_preempted: int = 0  # victims chosen by predicted remaining work
     num_preempted_unpredicted: int = 0  # victims chosen by vLLM's own rule (no predicted request was running)
     num_requests_held_back: int = 0
+    num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (hold.py)
     _held_ids: set[str] = field(default_factory=set, repr=False)  # live requests held back at least once
 
     def hold_back(self, request_id: str) -> None:

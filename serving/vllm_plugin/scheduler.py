@@ -30,6 +30,7 @@ from serving.admission.projection import GrowingStage, peak_blocks
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions
+from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens,
                                        stage_request)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
@@ -153,6 +154,7 @@ class MaestroScheduler(Scheduler):
         self.maestro_config = MaestroSchedulerConfig.from_additional_config(vllm_config.additional_config)
         self.hints: dict[str, MaestroHints] = {}
         self.decisions = Decisions()
+        self.hold_bound = HoldBound(self.maestro_config.max_hold_s)
         self._logged: dict | None = None
         self._logged_at = 0.0
         self.waiting = MaestroRequestQueue(create_scheduler(self.maestro_config.scheduler), self.waiting, self.hints,
@@ -180,6 +182,7 @@ class MaestroScheduler(Scheduler):
 
     def _free_request(self, request: Request, *args, **kwargs):
         self.hints.pop(request.request_id, None)
+        self.hold_bound.forget(request.request_id)
         self.decisions.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
@@ -197,20 +200,26 @@ class MaestroScheduler(Scheduler):
         finally:
             for request, priority in raised:
                 request.priority = priority
-        self.decisions.num_admitted += sum(1 for r in self.running
-                                           if r.request_id in self.hints and r.request_id not in running_before)
+        admitted = [r.request_id for r in self.running if r.request_id in self.hints and r.request_id not in running_before]
+        for request_id in admitted:
+            self.hold_bound.forget(request_id)
+        self.decisions.num_admitted += len(admitted)
         self._log_decisions()
         return output
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's own check, then admission: a predicted request starts only if its predicted KV need and the running
-        requests' still fit in the free blocks (with nothing running it starts, as vLLM would start it)."""
+        requests' still fit in the free blocks, and no other request is overdue (hold.py); with nothing running it
+        starts, as vLLM would start it."""
         if not super()._handle_blocked_waiting_request(request):
             return False
         hints = self.hints.get(request.request_id)
-        if hints is None or not self.running or self._fits(request, hints):
+        if hints is None or not self.running:
+            return True
+        if not self.hold_bound.is_blocked(request.request_id) and self._fits(request, hints):
             return True
         self.decisions.hold_back(request.request_id)
+        self.decisions.num_overdue += self.hold_bound.hold(request.request_id, self.waiting.now)
         return False
 
     def _fits(self, request: Request, hints: MaestroHints) -> bool:

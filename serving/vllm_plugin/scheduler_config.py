@@ -20,10 +20,15 @@ class MaestroSchedulerConfig:
     # scheduler's step count, for a caller that gives each request its arrival step as `arrival_time` (a step-clock
     # benchmark: the same inputs then give the same decisions); deadlines and predicted service are then in steps.
     clock: str = "wall"
+    # A predicted request held back this long (on the clock above) makes admission drain the running requests for it
+    # (hold.py); None: no bound.
+    max_hold_s: float | None = 30.0
 
     def __post_init__(self):
         if self.decode_s_per_token <= 0 or self.log_period_s < 0:
             raise ValueError(f"{CONFIG_KEY}: decode_s_per_token must be > 0 and log_period_s >= 0")
+        if self.max_hold_s is not None and self.max_hold_s <= 0:
+            raise ValueError(f"{CONFIG_KEY}: max_hold_s must be > 0 or null, got {self.max_hold_s}")
         if self.clock not in ("wall", "step"):
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 

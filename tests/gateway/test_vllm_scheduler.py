@@ -255,6 +255,20 @@ def test_the_victim_is_the_request_with_the_most_predicted_work_left(tmp_path, t
     assert maestro["decisions"]["num_preempted"] == 1
 
 
+def test_a_request_held_back_too_long_gets_the_pool_drained_for_it(tmp_path, tiny_model):
+    # "big", a 200-token prompt (13 blocks, 15 at its end), fits beside one 40-token "small" (4 blocks) but not beside
+    # the three or four that a small every 12 steps keeps running. Without a bound it waits for the stream to end;
+    # with max_hold_s 20 (steps) the smalls after that are held until the running ones end, and it starts. Nothing is
+    # preempted either way.
+    smalls = [request(f"s{i:02d}", 12 * i, 40, {"tokens_pred": 40}) for i in range(26)]
+    requests = [{**request("big", 30, 40, {"tokens_pred": 40}), "prompt_tokens": 200}, *smalls]
+    unbounded, bounded = steps_of(tmp_path, tiny_model, *(
+        {"scheduler": "maestro", "requests": requests, "maestro_config": {"max_hold_s": bound}} for bound in (None, 20)))
+    assert num_preempted(unbounded) == num_preempted(bounded) == 0
+    assert unbounded["finished"][-1] == "big" and unbounded["decisions"]["num_overdue"] == 0
+    assert bounded["finished"].index("big") < len(smalls) // 2 and bounded["decisions"]["num_overdue"] >= 1
+
+
 @pytest.mark.skipif(not AGENT_TRACES.exists(), reason="../shared/data traces are missing")
 def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, tmp_path):
     """A recorded tau2 conversation (tool calls, tool waits) driven through `maestro gateway` to the engine: every

@@ -9,6 +9,7 @@ import pytest
 from serving.gateway.core import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
+from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
                                        num_blocks, output_bounds, remaining_tokens, stage_request)
 from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
@@ -130,3 +131,21 @@ def test_decisions_lines_parse_back_from_a_log():
     [line] = parse_decision_lines(log)
     assert line["step"] == 7 and line["num_held_back"] == 3 and line["num_requests_held_back"] == 2
     assert line["num_preempted"] == 1 and "_held_ids" not in line
+
+
+def test_a_request_held_back_past_the_bound_blocks_the_others_until_it_starts():
+    bound = HoldBound(max_hold_s=10.0)
+    assert not bound.hold("big", 0.0) and not bound.is_blocked("small")
+    assert not bound.hold("big", 9.0)
+    assert bound.hold("big", 10.0)  # overdue: from now on the others wait for it
+    assert bound.is_blocked("small") and not bound.is_blocked("big")
+    assert not bound.hold("other", 0.0) and not bound.hold("other", 50.0)  # one overdue request at a time
+    bound.forget("big")
+    assert not bound.is_blocked("small") and bound.hold("other", 51.0)
+    assert not HoldBound(max_hold_s=None).hold("big", 1e9)
+
+
+def test_the_hold_bound_is_positive_or_none():
+    assert MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"max_hold_s": None}}).max_hold_s is None
+    with pytest.raises(ValueError, match="max_hold_s"):
+        MaestroSchedulerConfig(max_hold_s=0)
