@@ -14,7 +14,7 @@ def test_matrix_path_equals_lightgbm_pandas_path(model_dir, sample_records):
     predictor = Predictor.load(model_dir)
     stages = [StageTrace.model_validate(r) for r in sample_records[:100]]
     stages += [stages[0].model_copy(update={"role": "unseen", "app": "new-app", "model": "other"})]
-    X = predictor.featurizer.transform(stages)
+    X = predictor.featurizer.transform(stages)[predictor.model.feature_names]  # the columns the model reads
     booster = predictor.model.regressor_.booster
     matrix = _as_matrix(X, booster.pandas_categorical)
     classifier = predictor.model.classifier_
@@ -34,7 +34,7 @@ def test_featurizer_matrix_equals_the_frame_path(model_dir, sample_records):
     stages += [stages[0].model_copy(update={"role": "unseen", "app": None, "model": "other", "interactive": None,
                                             "stage_id": "extra"})]
     model = predictor.model
-    X = predictor.featurizer.transform(stages)
+    X = predictor.featurizer.transform(stages)[model.feature_names]  # the columns the model reads
     matrix, roles = predictor.featurizer.matrix(stages, model.feature_names)
     np.testing.assert_array_equal(matrix, _as_matrix(X, model.regressor_.booster.pandas_categorical))
     assert roles == [str(r) for r in X["role"]] and roles[-1] == "unknown"
