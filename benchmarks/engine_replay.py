@@ -205,6 +205,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      f"--kv-tokens to at least {args.max_model_len + BLOCK_SIZE} or lower --max-model-len")
     if (args.traces is None) != (args.model is None):
         parser.error("--traces and --model go together (or neither: the sim replay's split and predictor)")
+    if args.traces is not None and not args.traces.is_file():
+        parser.error(f"--traces {args.traces}: no such file (a JSONL or Parquet file of stage traces)")
+    needs_model = {a for a in args.arms.split(",") if ARMS[a][2] in ("model", "prior")}
+    if args.model is not None and needs_model and not args.model.is_dir():
+        parser.error(f"--model {args.model}: no such directory (`maestro train` writes one); the arms "
+                     f"{', '.join(sorted(needs_model))} read it")
     if not args.vllm_python.exists():
         parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
     return args
