@@ -7,7 +7,7 @@ import pytest
 
 from maestro.cli import main as maestro
 from predictor_service.client import ClientConfig, PredictorClient, to_wire
-from predictor_service.local_server import LocalServer, ServerConfig
+from tests.service.servers import champion_server, registered_store
 
 pytestmark = pytest.mark.slow
 ADMIN_TOKEN = "test-admin-token"
@@ -16,32 +16,13 @@ ADMIN_TOKEN = "test-admin-token"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, model_dir, priors_dir):
     """A tmp MLflow store: version 1 = the two-stage model (champion), version 2 = priors only."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    from pipelines.registry import MODEL_NAME, register_predictor, use_store
-
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root}/mlflow.db"
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    use_store(uri, str(root / "artifacts"))
-    try:
-        for directory in (model_dir, priors_dir):
-            with mlflow.start_run():
-                register_predictor(directory, ["lightgbm"])
-        MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "1")
-    finally:
-        mlflow.set_tracking_uri(previous[0])
-        mlflow.set_registry_uri(previous[1])
-    return uri
+    return registered_store(tmp_path_factory.mktemp("mlflow"), [model_dir, priors_dir])
 
 
 @pytest.fixture(scope="module")
 def server(store, tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
-    env = {"MAESTRO_MODEL": "models:/stage-length@champion", "MLFLOW_TRACKING_URI": store,
-           "MAESTRO_TRACE_DIR": str(root / "observed"), "MAESTRO_ADMIN_TOKEN": ADMIN_TOKEN}
-    with LocalServer(ServerConfig(env=env, log_path=str(root / "server.log"))) as running:
+    with champion_server(store, root, ADMIN_TOKEN) as running:
         running.trace_dir = root / "observed"
         yield running
 

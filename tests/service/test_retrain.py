@@ -15,11 +15,11 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 from predictor_service.coverage import coverage_report
 from predictor_service.deploy import DeployConfig
-from predictor_service.local_server import LocalServer, ServerConfig
 from predictor_service.online import CorrectionConfig, OnlineCorrection
 from predictor_service.retrain import RetrainConfig, resolve_nodes, stage_traces, why_due
 from serving.gateway.traces import TraceWriter
 from tests.pipelines.clone import run, small_clone
+from tests.service.servers import champion_server, registered_store
 
 ADMIN_TOKEN = "test-admin-token-retrain"
 # The tests' fast recipe (tests/service/conftest.py FAST_MODEL), without the embedding, as params.yaml sections.
@@ -92,33 +92,15 @@ def test_coverage_reports_the_groups_past_their_bound():
 def store(tmp_path_factory):
     """A tmp MLflow store whose champion (version 1) answers from per-role priors only, fitted when outputs ran four
     times longer: worse than a model of today's traces on every guarded metric, so the guard's verdict is certain."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    from pipelines.registry import MODEL_NAME, register_predictor, use_store
-
     root = tmp_path_factory.mktemp("mlflow")
     stages = [StageTrace.model_validate({**r, "output_tokens": 4 * r["output_tokens"]}) for r in generate(40, seed=11)]
     priors = Predictor.train(stages, FeaturizerConfig(use_embedding=False), ModelConfig())
-    uri = f"sqlite:///{root}/mlflow.db"
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    use_store(uri, str(root / "artifacts"))
-    try:
-        with mlflow.start_run():
-            register_predictor(priors.save(root / "priors" / "predictor"), ["lightgbm"])
-        MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "1")
-    finally:
-        mlflow.set_tracking_uri(previous[0])
-        mlflow.set_registry_uri(previous[1])
-    return uri
+    return registered_store(root, [priors.save(root / "priors" / "predictor")])
 
 
 @pytest.fixture(scope="module")
 def server(store, tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
-    env = {"MAESTRO_MODEL": "models:/stage-length@champion", "MLFLOW_TRACKING_URI": store,
-           "MAESTRO_TRACE_DIR": str(root / "observed"), "MAESTRO_ADMIN_TOKEN": ADMIN_TOKEN}
-    with LocalServer(ServerConfig(env=env, log_path=str(root / "server.log"))) as running:
+    with champion_server(store, tmp_path_factory.mktemp("server"), ADMIN_TOKEN) as running:
         yield running
 
 
