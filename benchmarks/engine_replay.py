@@ -54,13 +54,18 @@ def scaled(tokens: int, scale: float) -> int:
     return max(1, math.ceil(tokens * scale))
 
 
-def critical_path_steps(workflow: SimWorkflow, stages: list[dict], chunk_tokens: int) -> int:
+def critical_path_steps(stages: list[dict], chunk_tokens: int) -> int:
     """The workflow alone on the engine: per stage, its prefill chunks and a step per output token, then its tool."""
     finish: dict[int, int] = {}
-    for spec in stages:  # stages come in DAG order (parents first)
-        own = math.ceil(spec["prompt_tokens"] / chunk_tokens) + spec["output_tokens"] - 1 + spec["tool_gap_steps"]
-        finish[spec["index"]] = max((finish[p] for p in spec["parents"]), default=0) + own
-    return max(finish.values())
+
+    def finish_of(index: int) -> int:
+        if index not in finish:
+            spec = stages[index]
+            own = math.ceil(spec["prompt_tokens"] / chunk_tokens) + spec["output_tokens"] - 1 + spec["tool_gap_steps"]
+            finish[index] = max((finish_of(p) for p in spec["parents"]), default=0) + own
+        return finish[index]
+
+    return max(finish_of(index) for index in range(len(stages)))
 
 
 def stage_specs(workflow: SimWorkflow, args: argparse.Namespace) -> list[dict]:
@@ -119,7 +124,7 @@ def build_plans(args: argparse.Namespace, traces: Path, model_dir: Path) -> dict
     base = []
     for workflow, at in zip(workflows, arrivals):
         specs = stage_specs(workflow, args)
-        slo = args.slo_scale * critical_path_steps(workflow, specs, args.max_num_batched_tokens)
+        slo = args.slo_scale * critical_path_steps(specs, args.max_num_batched_tokens)
         base.append({"id": workflow.workflow_id, "app": workflow.app, "interactive": workflow.interactive,
                      "arrival_step": int(at), "slo_steps": int(slo), "stages": specs})
     engine = {"model_dir": str(args.llm), "kv_cache_bytes": args.kv_tokens * KV_BYTES_PER_TOKEN,

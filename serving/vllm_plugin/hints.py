@@ -118,7 +118,3 @@ def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens:
 def remaining_tokens(num_output_tokens: int, hints: MaestroHints) -> int:
     """Predicted output tokens still to come: the median given what it has produced, less that."""
     return max(math.ceil(output_bounds(num_output_tokens, hints)[0]) - num_output_tokens, 0)
-
-
-def num_blocks(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)

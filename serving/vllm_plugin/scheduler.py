@@ -260,13 +260,14 @@ class MaestroScheduler(Scheduler):
         """Order the running requests so that vLLM's victim rule (fcfs: the last; priority: the largest priority)
         takes the predicted request with the most predicted work left (module docstring). Returns the requests whose
         priority was raised, with their own, which `schedule` gives back after the step."""
-        predicted = sorted((r for r in self.running if r.request_id in self.hints), key=self._remaining)
-        if not predicted:
+        remaining = {r.request_id: self._remaining(r) for r in self.running if r.request_id in self.hints}
+        if not remaining:
             return []
-        self.running[:] = [r for r in self.running if r.request_id not in self.hints] + predicted
+        predicted = sorted((r for r in self.running if r.request_id in remaining), key=lambda r: remaining[r.request_id])
+        self.running[:] = [r for r in self.running if r.request_id not in remaining] + predicted
         raised = [(request, request.priority) for request in predicted]
         for request in predicted:
-            request.priority = VICTIM_PRIORITY + self._remaining(request)
+            request.priority = VICTIM_PRIORITY + remaining[request.request_id]
         return raised
 
     def _preempt_request(self, request: Request, *args, **kwargs) -> None:

@@ -11,7 +11,7 @@ from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
-                                       num_blocks, output_bounds, remaining_tokens, stage_request)
+                                       output_bounds, remaining_tokens, stage_request)
 from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
 
 
@@ -93,7 +93,6 @@ def test_footprint_is_prompt_and_reserve_capped_by_max_tokens():
     assert footprint_tokens(10, 0, 1000, hints) == 160
     assert footprint_tokens(10, 0, 120, hints) == 130
     assert remaining_tokens(30, hints) == 70
-    assert (num_blocks(128, 128), num_blocks(129, 128), num_blocks(0, 16)) == (1, 2, 0)
 
 
 def test_a_request_that_outlives_its_prediction_is_re_predicted_from_the_tail():
