@@ -19,7 +19,7 @@ from benchmarks.engine_replay import BLOCK_SIZE, KV_BYTES_PER_TOKEN
 from serving.residency import ResidencyConfig
 from serving.sim.costmodel import CostModelConfig, GPUProfile, ModelProfile
 from serving.sim.engine import ClusterConfig, Simulator
-from serving.sim.systems import get_system
+from serving.systems import get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
 REPO = Path(__file__).resolve().parent.parent

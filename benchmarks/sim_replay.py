@@ -36,7 +36,7 @@ from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import Scenario, get_scenario
 from serving.sim.slo import SLOConfig
-from serving.sim.systems import get_system
+from serving.systems import get_system
 from serving.sim.workload import SimWorkflow, reset
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from serving.sim.systems import SYSTEMS
+from serving.systems import SYSTEMS
 
 
 def register(subparsers) -> None:

@@ -31,6 +31,8 @@ class ToolKVConfig:
     max_samples: int = 2000  # Continuum-Dy: CDF window per tool
 
     def __post_init__(self):
+        if isinstance(self.policy, ToolKVPolicy):
+            self.policy = self.policy.value
         if self.policy not in {p.value for p in ToolKVPolicy}:
             raise ValueError(f"unknown tool-KV policy '{self.policy}'; known: "
                              f"{', '.join(p.value for p in ToolKVPolicy)}")

@@ -48,6 +48,8 @@ class SchedulerConfig:
     mars_boost_s: float = 30.0  # MARS: one level up per this many seconds unscheduled
 
     def __post_init__(self):
+        if isinstance(self.policy, Policy):
+            self.policy = self.policy.value
         if self.policy not in {p.value for p in Policy}:
             raise ValueError(f"unknown scheduling policy '{self.policy}'; known policies: "
                              f"{', '.join(p.value for p in Policy)}")
@@ -209,11 +211,11 @@ class KeyedScheduler(Scheduler):
         return len(self._heap)
 
 
-def create_scheduler(config: SchedulerConfig | str) -> Scheduler:
+def create_scheduler(config: SchedulerConfig | Policy | str) -> Scheduler:
     """Build the scheduler for a policy name; ValueError names the known policies."""
     from serving.scheduler import policies, slack
 
-    config = SchedulerConfig(policy=config) if isinstance(config, str) else config
+    config = config if isinstance(config, SchedulerConfig) else SchedulerConfig(policy=config)
     classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
                Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: slack.LeastSlackScheduler,
                Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from serving.sim.costmodel import CostModel
     from serving.sim.engine import ClusterConfig
     from serving.sim.metrics import Recorder
-    from serving.sim.systems import SystemConfig
+    from serving.systems import System
     from serving.sim.workload import SimWorkflow
 
 
@@ -21,7 +21,7 @@ class SimContext(Protocol):
     now: float
     nodes: list[SimNode]
     cluster: ClusterConfig
-    system: SystemConfig
+    system: System
     cost: CostModel
     recorder: Recorder
     tool_kv: ToolKV

@@ -27,7 +27,7 @@ from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
 from serving.sim.slo import stage_unloaded_s
 from serving.sim.slot import node_dispatch_config
-from serving.sim.systems import SystemConfig
+from serving.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
 from serving.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 
@@ -64,7 +64,7 @@ class ClusterConfig:
 
 
 class Simulator:
-    def __init__(self, cluster: ClusterConfig, system: SystemConfig, workflows: list[SimWorkflow]):
+    def __init__(self, cluster: ClusterConfig, system: System, workflows: list[SimWorkflow]):
         self.cluster, self.system, self.workflows = cluster, system, workflows
         self.cost = CostModel(cluster.cost)
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))

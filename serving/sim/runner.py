@@ -13,7 +13,7 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.scenarios import Regime, Scenario
 from serving.sim.slo import SLOConfig, apply_slo
-from serving.sim.systems import get_system
+from serving.systems import get_system
 from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, map_models, reset, trace_workflows
 
 

@@ -22,7 +22,7 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import apply_prediction
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import get_scenario
-from serving.sim.systems import get_system
+from serving.systems import get_system
 
 MAX_TOKENS = (8, 64, 300, 2000, 4096)
 ROLES = ("coder", "planner", "a-role-never-seen")

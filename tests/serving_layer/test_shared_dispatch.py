@@ -26,14 +26,14 @@ from serving.request import StageRequest
 from serving.scheduler import create_scheduler
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.engine import ClusterConfig, Simulator
-from serving.sim.systems import SystemConfig
+from serving.systems import System, get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
 BLOCK_TOKENS = 128
 MODEL = "llama-3-8b"
 # Every system the gateway runs by policy name: FCFS, and Maestro (least slack, with its batch-cost gate)
-SYSTEMS = [SystemConfig("shared", "fcfs", "predicted", "evict-always", router="fitness"),
-           SystemConfig("shared-maestro", "maestro", "predicted", "evict-always", router="fitness", batch_cost=True)]
+SYSTEMS = [get_system("fcfs").with_overrides(reservation="predicted", router="fitness"),
+           get_system("maestro").with_overrides(admission_headroom_frac=0.0, tool_kv="evict-always")]
 SLO_S = 600.0
 COST = CostModel(CostModelConfig())
 
@@ -41,7 +41,7 @@ COST = CostModel(CostModelConfig())
 class Live:
     """The gateway path: one Dispatcher over gateway Nodes (peak admission: free = unreserved and unused by vLLM)."""
 
-    def __init__(self, node_blocks: dict[str, int], system: SystemConfig):
+    def __init__(self, node_blocks: dict[str, int], system: System):
         self.loop = asyncio.new_event_loop()
         self.nodes = {name: self._node(name, num_blocks) for name, num_blocks in node_blocks.items()}
         self.dispatcher = Dispatcher(create_scheduler(system.scheduler), list(self.nodes.values()), max_queued=64,
@@ -90,7 +90,7 @@ class Live:
 class Simulated:
     """The simulator's path: its routing and per-node fill over SimNodes, the clock set by hand."""
 
-    def __init__(self, node_blocks: dict[str, int], system: SystemConfig):
+    def __init__(self, node_blocks: dict[str, int], system: System):
         cluster = ClusterConfig(num_nodes=len(node_blocks), placement=[(MODEL,)], prefix_caching=False,
                                 show_progress=False)
         cluster.page_bytes = BLOCK_TOKENS * cluster.cost.models[MODEL].kv_bytes_per_token
@@ -140,7 +140,7 @@ ONE_NODE = [("submit", "s1", 6), ("submit", "s2", 6), ("submit", "big", 10), ("s
             ("finish", "s2", 0), ("submit", "s7", 3)]
 
 
-def run(path_cls, node_blocks: dict[str, int], steps: list, system: SystemConfig = SYSTEMS[0]
+def run(path_cls, node_blocks: dict[str, int], steps: list, system: System = SYSTEMS[0]
         ) -> list[dict[str, str | None]]:
     path, states = path_cls(node_blocks, system), []
     for i, (step, name, num_blocks) in enumerate(steps):
@@ -158,7 +158,7 @@ def run(path_cls, node_blocks: dict[str, int], steps: list, system: SystemConfig
 CASES = [({"a": 8, "b": 12, "c": 16}, MULTI_NODE), ({"a": 16, "b": 16}, MULTI_NODE), ({"a": 16}, ONE_NODE)]
 
 
-@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.scheduler)
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.name)
 @pytest.mark.parametrize("node_blocks, steps", CASES)
 def test_gateway_and_simulator_decide_alike(node_blocks, steps, system):
     live, simulated = run(Live, node_blocks, steps, system), run(Simulated, node_blocks, steps, system)

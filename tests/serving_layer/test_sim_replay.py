@@ -9,7 +9,7 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario
 from serving.sim.scenarios import get_scenario
-from serving.sim.systems import SYSTEMS, get_system
+from serving.systems import SYSTEMS, get_system
 
 UNKNOWN = "gpt-4o (user simulator)"
 
