@@ -2,14 +2,15 @@
 
 A `DispatchCore` owns one queue (a policy's `Scheduler`) and an optional session cap (`cap.SessionCap`). `decisions`
 walks it once, in policy order: the head is the first live stage the cap admits; it starts on the fittest node that
-may take it now (`NodeView.refusal` is None; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
+may take it now (`NodeView.admit` answers; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
 nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits and the core backfills: of the next
 `backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
 `backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
 head-of-line again until it goes.
 
-The core only decides: it takes a started or failed stage off the queue and yields a `Decision`; the caller applies it
-(reserves the KV, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
+The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
+node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
+admission, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
 No clock, no I/O: the gateway's async shell and the simulator's event loop both drive it.
 """
 from __future__ import annotations
@@ -30,8 +31,8 @@ class NodeView(Protocol):
 
     name: str
 
-    def refusal(self, request: StageRequest) -> str | None:
-        """Why the stage may not start here now (None: it may)."""
+    def admit(self, request: StageRequest) -> object | None:
+        """What the node computed to let the stage start here now (None: it may not), for the caller to start it with."""
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Whether waiting could let the stage start here (False: it never will, as things are)."""
@@ -59,6 +60,7 @@ class Decision:
     outcome: Outcome
     request: StageRequest
     node: NodeView | None = None
+    admission: object = None  # the node's answer to `NodeView.admit`, with START
     is_backfill: bool = False
 
 
@@ -112,15 +114,18 @@ class DispatchCore:
     def may_go(self, request: StageRequest, now: float) -> bool:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
-    def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> list[NodeView]:
-        return [v for v in views if v.refusal(request) is None]
+    def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> dict[NodeView, object]:
+        """The nodes that may take the stage now, each with its admission."""
+        admissions = {v: v.admit(request) for v in views}
+        return {v: admission for v, admission in admissions.items() if admission is not None}
 
-    def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+    def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
         """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
-        that may; None if none may."""
+        that may, with its admission; None if none may."""
         fitting = self.fitting(request, views)
         home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
-        return home or choose(request, fitting, self.config)
+        node = home or choose(request, list(fitting), self.config)
+        return (node, fitting[node]) if node is not None else None
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
@@ -139,11 +144,11 @@ class DispatchCore:
                 num_behind += 1
                 if num_behind > self.config.backfill_depth:
                     return
-            node = self.choose_node(request, views)
-            if node is not None:
+            chosen = self.choose_node(request, views)
+            if chosen is not None:
                 for ahead in waiting:
                     self.overtaken[ahead] = self.num_overtaken(ahead) + 1
-                yield self._take(Outcome.START, request, node, is_backfill=bool(waiting))
+                yield self._take(Outcome.START, request, *chosen, is_backfill=bool(waiting))
             elif not waiting and not any(v.may_fit_later(request) for v in views):
                 yield self._take(Outcome.NEVER_FITS, request)
             elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
@@ -151,13 +156,13 @@ class DispatchCore:
             else:
                 waiting.append(request)
 
-    def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None,
+    def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None, admission: object = None,
               is_backfill: bool = False) -> Decision:
         self.remove(request)
         if outcome is Outcome.START:
             self.num_started += 1
             self.num_backfilled += is_backfill
-        return Decision(outcome, request, node, is_backfill)
+        return Decision(outcome, request, node, admission, is_backfill)
 
     def held_back(self, views: Sequence[NodeView], now: float,
                   since: Callable[[StageRequest], float] = lambda r: r.ready_s) -> tuple[bool, float | None]:

@@ -24,30 +24,28 @@ from dataclasses import dataclass
 class GrowingStage:
     """One stage's KV on a node: `prompt_tokens` at `start_s`, then one more token per decoded token.
 
-    A stage whose tokens are streamed back (`progress_s` set) is projected from what it did: `tokens_done`
-    at `progress_s`, then its own measured pace (`tokens_per_s`, or the node's) to its end, without the
-    node's fitted overhead — most of that overhead is before the first token (vLLM's queue, prefill), and
-    the stage's KV goes back at its last chunk.
+    A stage projected from the node's measured streams (`first_token_s` set) grows from its first token at the
+    measured per-stage pace (`tokens_per_s`, or the node's), without the node's fitted overhead — most of that
+    overhead is before the first token (vLLM's queue, prefill), and the stage's KV goes back at its last chunk.
     """
 
     prompt_tokens: int
     output_tokens: int
     start_s: float
-    tokens_done: int = 0
-    progress_s: float | None = None
+    first_token_s: float | None = None
     tokens_per_s: float | None = None
 
     def end_s(self, tokens_per_s: float, overhead_s: float) -> float:
-        if self.progress_s is None:
+        if self.first_token_s is None:
             return self.start_s + overhead_s + self.output_tokens / tokens_per_s
-        return self.progress_s + max(0, self.output_tokens - self.tokens_done) / (self.tokens_per_s or tokens_per_s)
+        return self.first_token_s + self.output_tokens / (self.tokens_per_s or tokens_per_s)
 
     def grown(self, moment_s: float, tokens_per_s: float) -> float:
         """Output tokens held at `moment_s`."""
-        if self.progress_s is None:
+        if self.first_token_s is None:
             return min(self.output_tokens, max(0.0, tokens_per_s * (moment_s - self.start_s)))
         rate = self.tokens_per_s or tokens_per_s
-        return min(max(self.output_tokens, self.tokens_done), self.tokens_done + max(0.0, rate * (moment_s - self.progress_s)))
+        return min(self.output_tokens, max(0.0, rate * (moment_s - self.first_token_s)))
 
 
 def _blocks(num_tokens: float, block_size: int) -> int:
@@ -79,7 +77,7 @@ def _held_by_overran(overran: list[tuple[GrowingStage, float]], measured: tuple[
     checked, unchecked = 0, 0  # peaks of those vLLM was asked about after their end, and of the others
     num_checked = 0
     for stage, end in overran:
-        peak = _blocks(stage.prompt_tokens + max(stage.output_tokens, stage.tokens_done), block_size)
+        peak = _blocks(stage.prompt_tokens + stage.output_tokens, block_size)
         if measured is not None and end <= measured[1]:
             checked, num_checked = checked + peak, num_checked + 1
         else:

@@ -15,12 +15,13 @@ from serving.request import StageRequest
 
 def running_batch(node: Node, now: float) -> RunningBatch | None:
     """The node's running stages as the gate reads them; None until the node has measured its pace."""
-    if not node.running_requests or node.mean_pace <= 0 or not node.recent_paces:
+    pace = node.pace
+    if not node.running_requests or pace.mean_pace <= 0 or not pace.recent_paces:
         return None
-    pace_s, step_s = 1.0 / node.mean_pace, 1.0 / max(node.recent_paces)
+    pace_s, step_s = 1.0 / pace.mean_pace, 1.0 / max(pace.recent_paces)
     requests = list(node.running_requests)
     remaining = [fewest_remaining_tokens(r.tokens_pred, r.tokens_reserve,
-                                  max(0.0, now - node.running_requests[r] - node.first_token_delay_s) / pace_s)
+                                  max(0.0, now - node.running_requests[r] - pace.first_token_delay_s) / pace_s)
                  for r in requests]
     return RunningBatch.of(remaining, [r.deadline_s for r in requests], pace_s, min(step_s, pace_s), now)
 
@@ -30,6 +31,6 @@ def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) 
     batch = running_batch(node, now)
     if batch is None:
         return None
-    stall_s = node.first_token_delay_s
+    stall_s = node.pace.first_token_delay_s
     slack_s = request.deadline_s - now - stall_s - request.tokens_pred * batch.pace_s_per_token
     return None if gate.admits(batch, stall_s, 0.0, request.tokens_pred, slack_s) else "slack"

@@ -62,9 +62,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config = config
         self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
-        self.nodes = [Node(n, self.upstream, config.kv_overcommit, config.kv_admission, config.decode_rate_margin,
-                           config.project_from_progress, config.underoccupied_inflight, config.handover_lead_s,
-                           config.max_inflight_per_node)
+        self.nodes = [Node(n, self.upstream, kv_overcommit=config.kv_overcommit, kv_admission=config.kv_admission,
+                           decode_rate_margin=config.decode_rate_margin, max_inflight=config.max_inflight_per_node)
                       for n in config.nodes]
         self.scheduler_config = config.scheduler_config()
         cap = self._make_cap(config)

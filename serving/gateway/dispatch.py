@@ -2,8 +2,8 @@
 
 A `Job` is one stage's call. `submit` queues it (bounded) in the core, whose policy order, workflow cap, bounded
 backfill and node choice by fitness decide which stage starts where; `pump` applies the core's decisions: a start
-reserves the stage's KV blocks on its node and wakes its handler. Each gateway `Node` is shown to the core through a
-`NodeSlot` (may this stage start here now, and the node's fitness terms).
+reserves the stage's KV blocks on its node, with the admission the node gave the core, and wakes its handler. Each
+gateway `Node` is shown to the core through a `NodeSlot` (may this stage start here now, and the node's fitness terms).
 Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from serving.admission.cap import CapSignals, SessionCap
 from serving.gateway import batch_gate
 from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome
 from serving.gateway.metadata import StageMeta
-from serving.gateway.nodes import Node
+from serving.gateway.nodes import Admission, Node
 from serving.kv import Reservation
 from serving.request import StageRequest
 from serving.routing import FitnessConfig
@@ -72,24 +72,29 @@ class NodeSlot:
     def __init__(self, node: Node, count_refusals: bool = True, gate: BatchCostGate | None = None):
         self.node, self.name, self.count_refusals, self.gate = node, node.name, count_refusals, gate
 
-    def refusal(self, request: StageRequest) -> str | None:
+    def admit(self, request: StageRequest) -> Admission | None:
+        """The node's admission of the stage now; None where it may not start here (failed here before, refused by
+        the node, or by Maestro's batch-cost gate)."""
         job: Job = request.payload
         if self.node.name in job.excluded:
-            return "excluded"
-        prompt, output = request.prompt_tokens, job.reserve_tokens - request.prompt_tokens
-        reason = self.node.check(prompt, output) if self.count_refusals else self.node.refusal(prompt, output)
-        if reason is None and self.gate is not None:
-            reason = batch_gate.refusal(self.gate, self.node, request, time.monotonic())
-        return reason
+            return None
+        now = time.monotonic()
+        admission = self.node.admit(request.prompt_tokens, job.reserve_tokens - request.prompt_tokens, now,
+                                    count_refusal=self.count_refusals)
+        if not admission.is_admitted:
+            return None
+        if self.gate is not None and batch_gate.refusal(self.gate, self.node, request, now) is not None:
+            return None
+        return admission
 
     def may_fit_later(self, request: StageRequest) -> bool:
         node, job = self.node, request.payload
         return node.is_healthy and node.name not in job.excluded and (
-            node.allocator is None or node.can_ever_fit(job.reserve_tokens))
+            node.kv.allocator is None or node.kv.can_ever_fit(job.reserve_tokens))
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         node = self.node
-        return node.num_free_blocks / max(1, node.num_blocks), self.load(), node.num_waiting
+        return node.kv.num_free_blocks / max(1, node.kv.num_blocks), self.load(), node.num_waiting
 
     def load(self) -> float:
         return self.node.num_inflight + self.node.num_waiting
@@ -151,16 +156,17 @@ class Dispatcher:
         now = time.monotonic()
         for decision in self.core.decisions(self.slots(), now):
             job: Job = decision.request.payload
-            if decision.outcome is Outcome.START:
-                self._assign(job, decision.node.node, now)
-            elif decision.outcome is Outcome.NEVER_FITS:
+            if decision.outcome is Outcome.NEVER_FITS:
                 self._fail_unplaceable(job)
+            elif decision.outcome is Outcome.START and not self._assign(job, decision.node.node, decision.admission, now):
+                self.core.add(job.request, job.enqueued_s)  # back in its place: the next pump or recheck tries again
+                break
         if len(self.core):
             self._schedule_recheck()  # projected admission changes with time alone; a cap's place may expire (idle_s)
 
     def choose_node(self, job: Job) -> Node | None:
-        slot = self.core.choose_node(job.request, self.slots())
-        return slot.node if slot is not None else None
+        chosen = self.core.choose_node(job.request, self.slots())
+        return chosen[0].node if chosen is not None else None
 
     def cap_state(self, now: float) -> tuple[bool, float | None]:
         """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no
@@ -203,9 +209,13 @@ class Dispatcher:
             if not job.future.done():
                 job.future.set_exception(NoNode(reason))
 
-    def _assign(self, job: Job, node: Node, now: float) -> None:
-        job.reservation = node.reserve(job.request.prompt_tokens, job.reserve_tokens - job.request.prompt_tokens)
-        job.node = node
+    def _assign(self, job: Job, node: Node, admission: Admission, now: float) -> bool:
+        """Start the job on `node` with the admission the core chose; False (nothing started) when its blocks no
+        longer map there."""
+        reservation = node.reserve(admission)
+        if reservation is None:
+            return False
+        job.reservation, job.node = reservation, node
         job.num_attempts += 1
         job.queue_s += now - job.enqueued_s
         node.num_inflight += 1
@@ -214,6 +224,7 @@ class Dispatcher:
         if self.cap is not None:
             self.cap.started(job.request.workflow_id)
         job.future.set_result(node)
+        return True
 
     def _check_placeable(self, job: Job) -> None:
         error = self._unplaceable(job)
@@ -226,7 +237,7 @@ class Dispatcher:
         if not healthy:
             return NoNode("no healthy vLLM node for this stage" + (
                 f" (failed on {sorted(job.excluded)}; last: {job.last_error})" if job.excluded else ""))
-        if not any(n.allocator is None or n.can_ever_fit(job.reserve_tokens) for n in healthy):
+        if not any(n.kv.allocator is None or n.kv.can_ever_fit(job.reserve_tokens) for n in healthy):
             return NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
                           "lower max_tokens or shorten the prompt", status=413)
         return None

@@ -1,5 +1,5 @@
-"""A gateway node kept in step with its vLLM engine: /metrics parsed and polled, the KV pool sized from vLLM's own
-block count, /v1/models read for the context length; `VllmSync` is `nodes.Node`'s part that does it."""
+"""A gateway node kept in step with its vLLM engine: /metrics parsed and polled, the node's KV budget sized from
+vLLM's own block count, /v1/models read for the context length; `VllmSync` is `nodes.Node`'s part that does it."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,6 @@ import time
 import aiohttp
 
 from serving.gateway.upstream import UpstreamError
-from serving.kv import KVAllocator, KVAllocatorConfig
 
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -38,13 +37,14 @@ VLLM_NULL_BLOCKS = 1  # vLLM v1's BlockPool takes one block as the null block (v
 
 
 class VllmSync:
-    """What a `Node` learns from its engine (a mixin: it reads and sets the node's own fields)."""
+    """What a `Node` learns from its engine (a mixin: it sets the node's health and engine counters, and tells the
+    node's `KVBudget` (`self.kv`) vLLM's usage and block count)."""
 
     def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
         """Take a /metrics answer; `asked_s`: when it was asked for (monotonic; default now)."""
         value = lambda name, default=0.0: samples.get(name, ({}, default))[1]  # noqa: E731
         self.metrics_asked_s = time.monotonic() if asked_s is None else asked_s
-        self.kv_usage = value("vllm:kv_cache_usage_perc", value("vllm:gpu_cache_usage_perc"))
+        self.kv.observe_usage(value("vllm:kv_cache_usage_perc", value("vllm:gpu_cache_usage_perc")))
         self.num_running = int(value("vllm:num_requests_running"))
         self.num_waiting = int(value("vllm:num_requests_waiting"))
         self.num_preemptions = int(value("vllm:num_preemptions_total", value("vllm:num_preemptions")))
@@ -54,19 +54,7 @@ class VllmSync:
             # kv_cache_usage_perc is a share of those; counting the null block would let the projection fill the
             # node one block past what it holds.
             usable = int(info["num_gpu_blocks"]) - VLLM_NULL_BLOCKS
-            self._size_pool(max(1, usable), int(info.get("block_size", self.block_size)))
-
-    def _size_pool(self, num_blocks: int, block_size: int) -> None:
-        if self.allocator is not None and self.num_blocks == num_blocks and self.block_size == block_size:
-            return
-        if self.allocator is not None and self.allocator.backend.num_mapped_pages:
-            return  # keep the live pool while reservations exist; a restart shows up with none
-        # Reservations are for a stage's peak (prompt + whole output), which vLLM reaches only at its last token:
-        # a budget of kv_overcommit × blocks lets more stages run while vLLM's measured use still caps admission.
-        self.block_size, self.num_vllm_blocks = block_size, num_blocks
-        num_budget_blocks = int(num_blocks * self.kv_overcommit)
-        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size,
-                                                       page_bytes=block_size, overcommit=1.0))
+            self.kv.size(max(1, usable), int(info.get("block_size", self.kv.block_size)))
 
     async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
         """Fetch /metrics and return the node's health: up when it answered; down at once when it refuses the

@@ -5,8 +5,8 @@ stage is routed when it becomes ready — to the node holding its session's cont
 core's node choice among the nodes that could start it at once, else among all that run its model — and each node's
 core starts its queue in policy order, gated by the session cap (MARS: the AIMD window), with the gateway's bounded
 backfill. A `SimSlot` (slot.py) answers the core's questions for one node: may this stage start here now (a batch
-slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`), could it ever, and the
-node's fitness terms. What stays here belongs to the clock: starting (prefill, reservation), decode growth and
+slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`, the admission a start
+applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (prefill, reservation), decode growth and
 preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation through `SimContext`: what it
 reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a kept context's TTL armed).
 """
@@ -92,7 +92,7 @@ class Dispatcher:
             stage: SimStage = decision.request.payload
             node.queued_work_s -= decision.request.pred_service_s
             if decision.outcome is Outcome.START:
-                self._start(node, stage)
+                self._start(node, stage, decision.admission)
                 continue
             if decision.outcome is Outcome.DROPPED:
                 sim.recorder.abandoned += 1
@@ -132,10 +132,8 @@ class Dispatcher:
                 free_virtual += reservation.virtual_pages
         return victims if need <= free and virtual <= free_virtual else None
 
-    def _start(self, node: SimNode, stage: SimStage) -> None:
-        victims = self.kv_plan(node, stage)
-        if victims is None:
-            raise RuntimeError(f"stage {stage.stage_id} started on {node.name} without room for its reserve")
+    def _start(self, node: SimNode, stage: SimStage, victims: list[SimStage]) -> None:
+        """Start the stage with the node's admission: the kept KV to reclaim for it (`kv_plan`)."""
         model_cost = node.residency.activate(stage.model, node.busy_models())
         if model_cost:
             node.advance(self.sim.now)

@@ -21,21 +21,27 @@ class SimSlot:
         self.node, self.name, self.dispatcher = node, node.name, dispatcher
         self._batch: tuple[tuple[float, int], RunningBatch] | None = None  # (when, batch version) → the view
 
-    def refusal(self, request: StageRequest) -> str | None:
+    def admit(self, request: StageRequest) -> list[SimStage] | None:
+        """The kept tool-call KV to reclaim so that the stage starts here now (`Dispatcher.kv_plan`): the node's
+        admission, applied when the stage starts; None where it may not start (no batch slot, the model cannot be
+        made resident, no room for its reserve, or Maestro's batch-cost gate holds it back)."""
         node, stage = self.node, request.payload
         if len(node.running) >= self.dispatcher.max_batch_seqs:
-            return "batch"
-        if not node.residency.can_activate(stage.model, node.busy_models()):
-            return "model"
-        if self.dispatcher.kv_plan(node, stage) is None:
-            return "kv"
-        gate = self.dispatcher.batch_gate
-        if gate is None or not node.running:
             return None
+        if not node.residency.can_activate(stage.model, node.busy_models()):
+            return None
+        victims = self.dispatcher.kv_plan(node, stage)
+        return victims if victims is not None and self.batch_gate_admits(stage) else None
+
+    def batch_gate_admits(self, stage: SimStage) -> bool:
+        """Whether Maestro's batch-cost gate (when on) lets the stage join the running batch now."""
+        node, gate = self.node, self.dispatcher.batch_gate
+        if gate is None or not node.running:
+            return True
         pace_s = node.pace_s_per_token(self.dispatcher.sim.now)
         if not gate.is_congested(pace_s, node.step_s()):
-            return None
-        return None if gate.admits(self.running_batch(pace_s), *self.batch_cost(stage, pace_s)) else "slack"
+            return True
+        return gate.admits(self.running_batch(pace_s), *self.batch_cost(stage, pace_s))
 
     def running_batch(self, pace_s: float) -> RunningBatch:
         """The running stages' predicted remaining tokens and slack now (computed once per batch change and time)."""
@@ -93,7 +99,7 @@ class SimSlot:
 
     def can_start_now(self, request: StageRequest) -> bool:
         """Nothing queued ahead of it here, and the core would start it."""
-        return not len(self.node.sched) and self.refusal(request) is None
+        return not len(self.node.sched) and self.admit(request) is not None
 
 
 def node_dispatch_config(router: str, fitness: FitnessConfig) -> DispatchConfig:

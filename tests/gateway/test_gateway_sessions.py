@@ -27,9 +27,9 @@ def test_a_held_context_counts_as_used_until_released():
     assert node.hold("w1", 128 * 5)
     assert node.num_unused_blocks == 11 and node.snapshot()["held_blocks"] == 5
     assert not node.hold("w2", 128 * 12)  # more than is free: nothing held
-    assert node.refusal(128 * 8, 128 * 4) == "vllm_free"  # a stage may not take the held blocks
+    assert node.admit(128 * 8, 128 * 4).refusal == "vllm_free"  # a stage may not take the held blocks
     node.unhold("w1")
-    assert node.num_unused_blocks == 16 and node.refusal(128 * 8, 128 * 4) is None
+    assert node.num_unused_blocks == 16 and node.admit(128 * 8, 128 * 4).is_admitted
 
 
 def test_mars_keeps_a_context_while_reprefill_outlasts_the_predicted_tool_and_learns_the_tool_time():
@@ -38,12 +38,12 @@ def test_mars_keeps_a_context_while_reprefill_outlasts_the_predicted_tool_and_le
     sessions = Sessions("mars", idle_s=60.0, prefill_s_per_token=1e-3)
     assert sessions.arrive("w", 0.0) == ""
     sessions.stage_ended("w", node, 2000, is_tool_call=True, tool_key="app/agent", is_final=False, now=1.0)
-    assert DEFAULT_TOOL_S < 2.0 and node.held == {"w": 16} and sessions.num_in_tool == 1
+    assert DEFAULT_TOOL_S < 2.0 and node.kv.held == {"w": 16} and sessions.num_in_tool == 1
     assert sessions.arrive("w", 4.0) == "a"  # the next call: its context's node, the hold gone, the tool timed
-    assert node.held == {} and sessions.num_in_tool == 0 and sessions.tool_s["app/agent"] == pytest.approx(3.0)
+    assert node.kv.held == {} and sessions.num_in_tool == 0 and sessions.tool_s["app/agent"] == pytest.approx(3.0)
     # the same tool is now predicted to take 3 s, longer than the 2 s re-prefill: evicted
     sessions.stage_ended("w", node, 2000, is_tool_call=True, tool_key="app/agent", is_final=False, now=5.0)
-    assert node.held == {} and (sessions.num_kept, sessions.num_evicted) == (1, 1)
+    assert node.kv.held == {} and (sessions.num_kept, sessions.num_evicted) == (1, 1)
     # a stage that is not a tool call starts no tool phase
     sessions.arrive("w", 6.0)
     sessions.stage_ended("w", node, 100, is_tool_call=False, tool_key="app/agent", is_final=False, now=7.0)
@@ -55,7 +55,7 @@ def test_the_tool_kv_policy_decides(policy, held):
     node = make_node("a", blocks=64)
     sessions = Sessions(policy, prefill_s_per_token=0.0)
     sessions.stage_ended("w", node, 500, is_tool_call=True, tool_key="t", is_final=False, now=0.0)
-    assert bool(node.held) is held
+    assert bool(node.kv.held) is held
 
 
 def test_a_hold_ends_at_its_ttl_and_a_silent_session_ends_giving_back_its_place_in_the_window():
@@ -67,13 +67,13 @@ def test_a_hold_ends_at_its_ttl_and_a_silent_session_ends_giving_back_its_place_
     window.started("w")
     assert not window.admits("other", False, 0.0)  # the window (1) is full
     sessions.stage_ended("w", node, 500, is_tool_call=True, tool_key="t", is_final=False, now=1.0)
-    assert node.held  # keep-always: held for at most idle_s
+    assert node.kv.held  # keep-always: held for at most idle_s
     sessions.expire(5.0, busy=set())
-    assert node.held and "w" in sessions.sessions
+    assert node.kv.held and "w" in sessions.sessions
     sessions.expire(11.0, busy={"w"})  # a call of w is queued or running: not silent
     assert "w" in sessions.sessions
     sessions.expire(11.5, busy=set())
-    assert not node.held and "w" not in sessions.sessions and sessions.num_expired == 1
+    assert not node.kv.held and "w" not in sessions.sessions and sessions.num_expired == 1
     assert window.admits("other", False, 12.0)  # its place went with it
 
 
@@ -88,7 +88,7 @@ def test_the_callers_final_call_ends_the_session():
     node = make_node("a", blocks=64)
     sessions = Sessions("keep-always")
     sessions.stage_ended("w", node, 500, is_tool_call=True, tool_key="t", is_final=True, now=0.0)
-    assert "w" not in sessions.sessions and not node.held and sessions.num_ended == 1
+    assert "w" not in sessions.sessions and not node.kv.held and sessions.num_ended == 1
 
 
 def test_a_policy_name_picks_the_same_session_cap_as_in_the_simulator_and_the_window_follows_vllm_kv():

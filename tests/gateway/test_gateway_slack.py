@@ -48,7 +48,7 @@ def test_a_stage_deadline_is_its_workflows_first_call_plus_the_slo():
 def running_node(deadline_s: float, tokens_pred: int = 200):
     """A node measured at 20 tokens/s per call (the fastest call 50/s: congested), one stage dispatched 1 s ago."""
     node = make_node("a", blocks=64)
-    node.mean_pace, node.recent_paces, node.first_token_delay_s = 20.0, [20.0, 50.0], 0.5
+    node.pace.mean_pace, node.pace.recent_paces, node.pace.first_token_delay_s = 20.0, [20.0, 50.0], 0.5
     now = time.monotonic()
     node.running_requests[StageRequest("w", "s", tokens_pred=tokens_pred, tokens_reserve=tokens_pred,
                                        deadline_s=now + deadline_s)] = now - 1.0
@@ -64,7 +64,7 @@ def test_the_gate_holds_a_stage_back_that_would_push_a_running_one_past_its_dead
     assert batch_gate.refusal(gate, node, candidate, now) is None
     node, now = running_node(deadline_s=float("inf"))  # no SLO: never endangered
     assert batch_gate.refusal(gate, node, candidate, now) is None
-    node.recent_paces.clear()  # nothing measured yet: no evidence to hold anything back on
+    node.pace.recent_paces.clear()  # nothing measured yet: no evidence to hold anything back on
     assert batch_gate.refusal(gate, node, candidate, now) is None
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from pipelines.collect import collect
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
-from serving.gateway.nodes import Node
+from serving.gateway.nodes import Admission, Node, Refusal
 from serving.gateway.vllm_sync import parse_metrics
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
@@ -38,6 +39,12 @@ def make_node(name: str, blocks: int = 16, usage: float = 0.0) -> Node:
     return node
 
 
+def reserve(node: Node, prompt_tokens: int, output_tokens: int):
+    """What the dispatcher does for a stage it starts on `node`: admit, then reserve with that admission."""
+    admission = node.admit(prompt_tokens, output_tokens)
+    return node.reserve(admission) if admission.is_admitted else None
+
+
 def make_job(stage: str, tokens: int, interactive: bool = True, loop=None) -> Job:
     request = StageRequest("w", stage, interactive=interactive, tokens_pred=tokens, pred_service_s=tokens / 50)
     from serving.gateway.metadata import StageMeta
@@ -50,14 +57,14 @@ def make_job(stage: str, tokens: int, interactive: bool = True, loop=None) -> Jo
 
 def test_metrics_size_the_pool_in_vllm_blocks():
     node = make_node("a", blocks=16, usage=0.25)
-    assert (node.num_blocks, node.block_size) == (16, 128)
-    assert node.num_free_blocks == 12  # vLLM's own usage counts even without gateway reservations
-    reservation = node.reserve(128 * 2, 128 * 4)
-    assert reservation is not None and node.num_free_blocks == 10  # max(reserved 6, used 4)
+    assert (node.num_blocks, node.kv.block_size) == (16, 128)
+    assert node.kv.num_free_blocks == 12  # vLLM's own usage counts even without gateway reservations
+    reservation = reserve(node, 128 * 2, 128 * 4)
+    assert reservation is not None and node.kv.num_free_blocks == 10  # max(reserved 6, used 4)
     node.release(reservation)  # vLLM freed them too: its stale usage drops until the next /metrics
-    assert node.num_free_blocks == 16 and node.kv_usage == 0.0
+    assert node.kv.num_free_blocks == 16 and node.kv_usage == 0.0
     node.apply_metrics(parse_metrics(metrics_text(16, 0.25)))
-    assert node.num_free_blocks == 12
+    assert node.kv.num_free_blocks == 12
 
 
 def test_vllms_null_block_is_not_counted_as_room():
@@ -68,7 +75,13 @@ def test_vllms_null_block_is_not_counted_as_room():
     assert 'num_gpu_blocks="16"' in metrics_text(blocks=15) and node.num_blocks == 15
     node.apply_metrics(parse_metrics(metrics_text(blocks=15, usage=14 / 15)))
     assert node.num_unused_blocks == 1
-    assert node.can_fit(128, 0) and not node.can_fit(129, 0)  # one block free: a 2-block prompt waits
+    assert node.admit(128, 0).is_admitted and not node.admit(129, 0).is_admitted  # one block free: a 2-block prompt waits
+
+
+def test_what_if_admissions_count_no_refusals():
+    node = make_node("a", blocks=2)
+    assert not node.admit(128 * 3, 0, count_refusal=False).is_admitted and sum(node.num_refused.values()) == 0
+    assert node.admit(128 * 3, 0).refusal is Refusal.BUDGET and node.num_refused["budget"] == 1
 
 
 def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
@@ -138,18 +151,18 @@ def test_backfill_respects_policy_order_and_skips_cancelled_stages():
 class NodeReadyAt:
     """A node that can take any stage from a given moment on (what projected admission does as stages end)."""
 
-    name, num_blocks, num_free_blocks, num_inflight, num_waiting, is_healthy, allocator = "t", 1, 1, 0, 0, True, None
-    kv_admission = "projected"
+    name, num_inflight, num_waiting, is_healthy, kv_admission = "t", 0, 0, True, "projected"
+    kv = SimpleNamespace(allocator=None, num_blocks=1, num_free_blocks=1)
 
     def __init__(self, ready_s: float):
         self.ready_s = ready_s
         self.running_requests = {}
 
-    def check(self, prompt_tokens: int, output_tokens: int) -> str | None:
-        return None if time.monotonic() >= self.ready_s else "projected"
+    def admit(self, prompt_tokens: int, output_tokens: int, now: float, count_refusal: bool = True) -> Admission:
+        return Admission(prompt_tokens, output_tokens, refusal=None if now >= self.ready_s else Refusal.PROJECTED)
 
-    def reserve(self, prompt_tokens: int, output_tokens: int):
-        return None
+    def reserve(self, admission: Admission) -> object:
+        return object()
 
 
 def test_a_waiting_head_is_rechecked_as_time_passes_without_events():
@@ -269,11 +282,11 @@ def test_overcommit_lets_reservations_exceed_blocks_but_not_vllms_measured_use()
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=1.5)
     node.apply_metrics(parse_metrics(metrics_text(blocks=8)))
     node.is_healthy = True
-    assert node.num_blocks == 8 and node.reserve(128 * 8, 0) is not None
-    assert node.num_free_blocks == 4 and node.reserve(128, 128 * 3) is not None  # 12 of 1.5 × 8 reserved
-    assert not node.can_fit(1, 0)
+    assert node.num_blocks == 8 and reserve(node, 128 * 8, 0) is not None
+    assert node.kv.num_free_blocks == 4 and reserve(node, 128, 128 * 3) is not None  # 12 of 1.5 × 8 reserved
+    assert node.admit(1, 0).refusal is Refusal.BUDGET
     node.apply_metrics(parse_metrics(metrics_text(blocks=8, usage=0.75)))
-    assert node.num_free_blocks == 0
+    assert node.kv.num_free_blocks == 0
 
 
 def test_projection_admits_a_stage_that_needs_the_blocks_only_after_others_end():
@@ -289,52 +302,28 @@ def test_projected_admission_lets_more_stages_in_than_peak_reservations():
     def node(admission: str, overcommit: float) -> Node:
         n = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=overcommit, kv_admission=admission)
         n.apply_metrics(parse_metrics(metrics_text(blocks=8)))
-        n.is_healthy, n.decode_tokens_per_s = True, 100.0
+        n.is_healthy, n.pace.decode_tokens_per_s = True, 100.0
         return n
 
     peak, projected = node("peak", 1.0), node("projected", 2.0)
     for n in (peak, projected):
-        assert n.reserve(128, 128 * 5) is not None  # 6 blocks at its end, in 5 s
-    assert not peak.can_fit(128, 128 * 2)  # 6 + 3 > 8: peak reservations overlap
-    assert projected.can_fit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
-
-
-def test_a_stage_vllm_cannot_start_yet_is_sent_ahead_of_the_first_projected_end():
-    def node(lead_s: float) -> tuple[Node, float]:
-        n = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected",
-                 handover_lead_s=lead_s)
-        n.apply_metrics(parse_metrics(metrics_text(blocks=8)))
-        n.is_healthy, n.decode_tokens_per_s = True, 100.0
-        a, b = n.reserve(384, 128), n.reserve(128, 256)  # A: 3 → 4 blocks; B: 1 → 3 blocks, ends in 2.56 s
-        now = time.monotonic()
-        n.active[a.handle] = GrowingStage(384, 128, start_s=now - 1.2)  # A ends in 0.08 s (1.28 s at 100 tokens/s)
-        n.active[b.handle] = GrowingStage(128, 256, start_s=now)
-        n.kv_usage = 5 / 8  # vLLM has 3 blocks free: no room for a 4-block prompt until A ends
-        return n, now + 0.08
-
-    n, _ = node(0.0)
-    assert n.refusal(512, 128) == "vllm_free"  # off: waits for A's answer at the gateway
-    n, _ = node(0.05)
-    assert n.refusal(512, 128) == "vllm_free"  # A's end is beyond the lead
-    n, a_end = node(0.2)
-    assert n.refusal(256, 768) == "projected"  # vLLM could start this one now (2-block prompt): never ahead
-    reservation = n.reserve(512, 128)  # from A's end: 4 → 5 blocks + B's 2 → 3 ≤ 8
-    assert reservation is not None and n.num_ahead == 1
-    assert n.active[reservation.handle].start_s == pytest.approx(a_end, abs=0.01)  # projected from A's end on
-    assert n.refusal(512, 128) is not None  # a second one does not fit beside it
+        assert reserve(n, 128, 128 * 5) is not None  # 6 blocks at its end, in 5 s
+    assert not peak.admit(128, 128 * 2).is_admitted  # 6 + 3 > 8: peak reservations overlap
+    admission = projected.admit(128, 128)  # ends (2.6 s) well before the first one peaks: 3 + 2 ≤ 8 at any time
+    assert admission.is_admitted and admission.peak_blocks <= 8 and admission.num_blocks == 2
 
 
 def test_decode_pace_starts_slow_takes_the_first_measure_then_averages_then_fits():
-    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected")
-    assert node.decode_tokens_per_s == 10.0  # unmeasured: projections assume long overlaps
-    node.observe_decode(100, 1.0)
-    assert node.decode_tokens_per_s == 80.0  # 100 tokens/s, projected 20 % slower
-    node.observe_decode(200, 1.0)
-    assert node.decode_tokens_per_s == 96.0 and node.call_overhead_s == 0.0
+    pace = Node(NodeConfig("a", "http://a"), upstream=None, kv_admission="projected").pace
+    assert pace.decode_tokens_per_s == 10.0  # unmeasured: projections assume long overlaps
+    pace.observe_decode(100, 1.0)
+    assert pace.decode_tokens_per_s == 80.0  # 100 tokens/s, projected 20 % slower
+    pace.observe_decode(200, 1.0)
+    assert pace.decode_tokens_per_s == 96.0 and pace.call_overhead_s == 0.0
     for tokens in (50, 300, 100, 250, 40, 280):  # 0.2 s per call + 500 tokens/s: the fit takes over
-        node.observe_decode(tokens, 0.2 + tokens / 500)
+        pace.observe_decode(tokens, 0.2 + tokens / 500)
     # the two first calls (1 s each) still weigh in: close to, not exactly, 0.2 s and 500 tokens/s
-    assert 0.1 < node.call_overhead_s * 0.8 < 0.4 and 300 < node.decode_tokens_per_s / 0.8 < 700
+    assert 0.1 < pace.call_overhead_s * 0.8 < 0.4 and 300 < pace.decode_tokens_per_s / 0.8 < 700
 
 
 def test_call_time_fit_splits_the_overhead_from_the_rate():
@@ -481,71 +470,27 @@ def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_un
     assert plain.status_code == 200 and "stream" not in received[-1]  # logprobs: not rebuilt from chunks
 
 
-def test_a_running_stage_is_projected_from_its_streamed_progress():
-    from dataclasses import replace
-
-    # Dispatched at 0, projected at the node's 100 tokens/s plus 0.5 s overhead: it would hold its 12-block
-    # peak until 10.74 s, when the candidate (2 → 10 blocks) has grown to 10 blocks: 22 > 16, refused.
-    running, candidate = GrowingStage(512, 1024, start_s=0.0), GrowingStage(256, 1024, start_s=1.0)
-    assert peak_blocks([running], candidate, 1.0, 100.0, 128, overhead_s=0.5) > 16
-    # Its stream says 300 tokens done at 1.0 s, at 300 tokens/s: it ends at 3.41 s, the candidate fits.
-    live = replace(running, tokens_done=300, progress_s=1.0, tokens_per_s=300.0)
-    assert live.end_s(100.0, 0.5) == pytest.approx(1.0 + 724 / 300)
-    assert peak_blocks([live], candidate, 1.0, 100.0, 128, overhead_s=0.5) <= 16
-
-    node = make_node("a", blocks=16)
-    node.use_progress = True
-    reservation = node.reserve(512, 1024)
-    now = time.monotonic()
-    node.observe_progress(reservation, 301, first_token_s=now - 1.0, max_tokens=1500, now=now)
-    stage = node.active[reservation.handle]
-    assert (stage.tokens_done, stage.progress_s) == (301, now)
-    assert stage.tokens_per_s == pytest.approx(300 * node.decode_rate_margin)  # its own pace, with the margin
-    node.observe_progress(reservation, 1100, first_token_s=now - 1.0, max_tokens=1500, now=now + 2)
-    assert node.active[reservation.handle].output_tokens == 1500  # past its reserve: projected to max_tokens
-    node.observe_progress(reservation, 1200, first_token_s=now + 1.99, max_tokens=1500, now=now + 2)
-    assert node.active[reservation.handle].tokens_per_s is None  # read in one go: no pace of its own (the node's)
-
-
-def test_streamed_progress_reaches_the_node_during_a_call(tmp_path):
-    async def calls(client, gateway):
-        node, seen = gateway.nodes[0], []
-        call = asyncio.ensure_future(client.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}))
-        while not call.done():
-            seen.extend(s.tokens_done for s in node.active.values())
-            await asyncio.sleep(0)
-        return (await call), seen
-
-    response, seen = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005}, stream_upstream=True,
-                                         project_from_progress=True))
-    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 40
-    assert max(seen) >= 20  # vLLM's running count, read from the chunks while it decoded
-
-
-def test_new_stages_are_projected_from_measured_streams_once_there_are_enough():
+def test_an_underoccupied_node_projects_new_stages_from_measured_streams_once_there_are_enough():
     node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected")
     node.apply_metrics(parse_metrics(metrics_text(16, 0.0)))
-    node.is_healthy, node.decode_tokens_per_s, node.call_overhead_s = True, 750.0, 0.6
-    node.use_progress = True
+    node.is_healthy, node.pace.decode_tokens_per_s, node.pace.call_overhead_s = True, 750.0, 0.6
     # Fitted from whole calls under contention: fast growth from dispatch, then the peak held for the overhead.
-    running = node.reserve(512, 512)
-    assert not node.can_fit(768, 384)  # 8 + 9 blocks at its end
+    running = reserve(node, 512, 512)
+    assert node.admit(768, 384).refusal is Refusal.PROJECTED  # 8 + 9 blocks at its end
     for _ in range(8):
         node.observe_stream(first_token_delay_s=0.2, output_tokens=101, decode_s=0.5)
     node.observe_stream(first_token_delay_s=0.2, output_tokens=300, decode_s=0.001)  # read in one go: ignored
     node.observe_stream(first_token_delay_s=0.9, output_tokens=300, decode_s=0.06)  # an outlier: the median holds
-    assert node.num_streams_observed == 9
-    stage = node.new_stage(768, 384, now=10.0)
-    assert stage.progress_s == pytest.approx(10.0 + 0.2 * node.decode_rate_margin)  # first token early ...
-    assert stage.tokens_per_s == pytest.approx(200 * node.decode_rate_margin)  # ... and a slow pace: late end
+    assert node.pace.num_streams_observed == 9
+    stage = node.pace.project(768, 384, now=10.0, from_streams=True)
+    assert stage.first_token_s == pytest.approx(10.0 + 0.2 * node.pace.decode_rate_margin)  # first token early ...
+    assert stage.tokens_per_s == pytest.approx(200 * node.pace.decode_rate_margin)  # ... and a slow pace: late end
     node.release(running)
-    running = node.reserve(512, 512)
-    assert node.can_fit(768, 384)  # the running stage ends (3.4 s) before the candidate outgrows 7 blocks
-    node.use_progress = False
-    node.release(running)
-    node.reserve(512, 512)
-    assert not node.can_fit(768, 384)
+    running = reserve(node, 512, 512)
+    assert node.admit(768, 384).is_admitted  # the running stage ends (3.4 s) before the candidate outgrows 7 blocks
+    node.num_inflight = 2  # not under-occupied: projected from the fitted call time again
+    assert node.admit(768, 384).refusal is Refusal.PROJECTED
+    assert node.num_refused["projected"] == 2
 
 
 def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_the_last(tmp_path):

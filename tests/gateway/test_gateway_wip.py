@@ -144,14 +144,14 @@ def test_the_adaptive_caps_what_ifs_count_no_refusals():
     assert all(j.future.done() for j in running) and not held.future.done()  # held by the cap, not the node
     assert sum(node.num_refused.values()) == 0
     dispatcher.adapt_cap(CapSignals(preemptions={"a": 0}))  # asks whether the held stage would fit now: the node is full, it would not
-    assert dispatcher.cap_state(time.monotonic()) == (False, None) and not node.would_fit(0, 128)
+    assert dispatcher.cap_state(time.monotonic()) == (False, None) and not node.admit(0, 128, count_refusal=False).is_admitted
     assert sum(node.num_refused.values()) == 0
 
 
 def test_what_if_fits_count_no_refusals():
     node = make_node("a", blocks=2)
-    assert not node.would_fit(128 * 3, 0) and sum(node.num_refused.values()) == 0
-    assert not node.can_fit(128 * 3, 0) and sum(node.num_refused.values()) == 1
+    assert not node.admit(128 * 3, 0, count_refusal=False).is_admitted and sum(node.num_refused.values()) == 0
+    assert not node.admit(128 * 3, 0).is_admitted and sum(node.num_refused.values()) == 1
 
 
 def test_cap_config_is_checked_and_the_cap_sends_workflow_rank_as_vllm_priority():
@@ -172,29 +172,3 @@ def test_cap_config_is_checked_and_the_cap_sends_workflow_rank_as_vllm_priority(
     gateway.workflow("first", 0.0)
     gateway.workflow("w", 1.0)
     assert gateway.vllm_priority(job) == BATCH_PRIORITY + 1  # its arrival rank, not its predicted tokens
-
-
-def test_an_underoccupied_node_projects_the_new_stage_from_measured_streams():
-    from serving.gateway.config import NodeConfig
-    from serving.gateway.nodes import Node
-    from serving.gateway.vllm_sync import parse_metrics
-    from .conftest import metrics_text
-
-    node = Node(NodeConfig("a", "http://a"), upstream=None, kv_overcommit=2.0, kv_admission="projected",
-                underoccupied_inflight=2)
-    node.apply_metrics(parse_metrics(metrics_text(16, 0.0)))
-    node.is_healthy, node.decode_tokens_per_s, node.call_overhead_s = True, 750.0, 0.6
-    node.reserve(512, 512)  # 8 blocks at its end, fitted: now + 0.6 + 512 / 750 s
-    node.num_inflight = 1
-    assert not node.can_fit(768, 384)  # too few streams measured yet: fitted, the candidate at 9 blocks by then
-    for _ in range(8):
-        node.observe_stream(first_token_delay_s=0.2, output_tokens=101, decode_s=0.5)  # 200 tokens/s a stage
-    assert node.can_fit(768, 384)  # from streams: ≈ 180 of its tokens by the running stage's end, 8 + 8 blocks
-    node.num_inflight = 2  # not under-occupied: the fitted projection again
-    assert not node.can_fit(768, 384)
-    node.num_inflight, node.underoccupied_inflight = 1, 0  # off
-    assert not node.can_fit(768, 384)
-    with pytest.raises(ValueError, match="underoccupied_inflight"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], underoccupied_inflight=-1)
-    assert Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], underoccupied_inflight=2)
-                   ).nodes[0].underoccupied_inflight == 2

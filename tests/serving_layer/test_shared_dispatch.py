@@ -65,7 +65,7 @@ class Live:
     def poll(self) -> None:
         """A /metrics poll: vLLM holds what the running stages reserved."""
         for node in self.nodes.values():
-            self._report(node, node.num_blocks, node.allocator.backend.num_mapped_pages)
+            self._report(node, node.num_blocks, node.kv.allocator.backend.num_mapped_pages)
         self.dispatcher.pump()
 
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:

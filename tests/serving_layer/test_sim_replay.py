@@ -111,8 +111,8 @@ def test_a_hopping_session_holds_at_most_one_window_slot(monkeypatch):
     visited, most = {}, [0]
     start = Dispatcher._start
 
-    def checked_start(self, node, stage):
-        start(self, node, stage)
+    def checked_start(self, node, stage, victims):
+        start(self, node, stage, victims)
         visited.setdefault(stage.workflow.workflow_id, set()).add(node.index)
         most[0] = max(most[0], max(sum(w in n.cap.session_ids for n in sim.nodes) for w in visited))
 
