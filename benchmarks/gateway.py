@@ -36,6 +36,7 @@ from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
 
 from pipelines.collect import collect  # noqa: E402
 from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from serving.gateway.config import merged  # noqa: E402
 from benchmarks.gateway_runs import (decode_step_ms, handover, preemptions, running_while_busy, sched_delta,  # noqa: E402
                                      schedstat, start_engines, start_gateway, stop, tree)
 
@@ -128,7 +129,8 @@ def pressure_half(mode: str, gateway_fields: dict | None, model: Path, logs: Pat
         if gateway_fields is not None:
             own, nice = (per_mode(value, mode) for value in (args.gateway_session, args.gateway_nice))
             gateway, target = start_gateway([engine], workdir / f"traces-pressure-{index}-{mode}", workdir,
-                                            own_session=own == "own", **{"cpu_nice": int(nice), **gateway_fields})
+                                            own_session=own == "own",
+                                            **merged({"server": {"cpu_nice": int(nice)}}, gateway_fields))
             half["gateway_session"], half["gateway_cpu"] = own, httpx.get(f"{target}/maestro/status").json()["cpu"]
         before = preemptions(engine.url)
         config = drive_config(target, args, num_workflows=args.pressure_workflows,
@@ -229,7 +231,7 @@ def main() -> None:
     parser.add_argument("--pressure-token-scale", type=float, default=1.0)
     parser.add_argument("--pressure-max-tokens", type=int, default=300)
     parser.add_argument("--pressure-gateway", default="{}",
-                        help='gateway config fields for the pressure phase, as JSON (e.g. {"kv_overcommit": 1.25})')
+                        help='gateway config sections for the pressure phase, as JSON (e.g. {"kv": {"overcommit": 1.25}})')
     parser.add_argument("--pressure-gateway2", default="",
                         help="a second gateway config (JSON) for the mode `gateway2` in --pressure-modes")
     parser.add_argument("--pressure-modes", default="direct,gateway,direct",

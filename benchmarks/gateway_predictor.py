@@ -10,7 +10,7 @@ stages answered by the model and by the prior (`fallback_level: prior`, and the 
 the prediction's time (`predict_s`); and the gateway's own counts and its model thread's batch times
 (/maestro/status `predictor`). Arms run interleaved, `--repeats` rounds (the box's load drifts between runs).
 Default arms: the engine at nice 0 and at nice 10. `--arm NAME=JSON` sets others: `engine_nice`,
-`gateway_fields` (e.g. {"cpu_nice": -10}, root), `repo` (the gateway from another checkout, e.g. a `git worktree`).
+`gateway_fields` (config sections, e.g. {"server": {"cpu_nice": -10}}, root), `repo` (the gateway from another checkout, e.g. a `git worktree`).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
 
 from pipelines.collect import collect  # noqa: E402
 from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from serving.gateway.config import merged  # noqa: E402
 
 
 def trace_counts(trace_dir: Path) -> dict:
@@ -68,8 +69,9 @@ def run_arm(name: str, arm: dict, args, tiny: Path, workdir: Path) -> dict:
                                  log_path=str(logs / f"vllm-{name}.log"))).start().wait_ready(600)
     trace_dir = workdir / f"traces-{name}"
     repo = Path(arm.get("repo", REPO)).resolve()
-    fields = {"nodes": [{"name": "node0", "url": engine.url}], "trace_dir": str(trace_dir), "predictor": "local",
-              "predictor_model": str(Path(args.model).resolve()), **arm.get("gateway_fields", {})}
+    fields = merged({"nodes": [{"name": "node0", "url": engine.url}], "traces": {"dir": str(trace_dir)},
+                     "predictor": {"source": "local", "model": str(Path(args.model).resolve())}},
+                    arm.get("gateway_fields", {}))
     load_before = os.getloadavg()[0]
     gateway = GatewayProcess(fields, workdir, repo)
     try:
@@ -95,7 +97,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/gateway_predictor.json")
     parser.add_argument("--workdir", default=None, help="traces, logs, reports (default: a temp dir)")
     parser.add_argument("--arm", action="append", default=[],
-                        help='NAME=JSON, e.g. root=\'{"engine_nice": 0, "gateway_fields": {"cpu_nice": -10}}\' '
+                        help='NAME=JSON, e.g. root=\'{"engine_nice": 0, "gateway_fields": {"server": {"cpu_nice": -10}}}\' '
                              "(repeatable; default: the engine at nice 0 and at nice 10)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, interleaved")
     parser.add_argument("--workflows", type=int, default=25)

@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 import yaml
 
+from serving.gateway.config import merged
 from serving.gateway.vllm_sync import parse_metrics
 from tests.gateway.engines import Engine, EngineConfig, free_port
 
@@ -26,13 +27,13 @@ def start_engines(model: Path, logs: Path, kv_bytes: int, n: int, **kw) -> list[
 
 
 def start_gateway(engines: list[Engine], trace_dir: Path, workdir: Path, own_session: bool = True,
-                  **extra) -> tuple[subprocess.Popen, str]:
+                  **sections) -> tuple[subprocess.Popen, str]:
     """`maestro gateway` in its own session, as a service runs (and as vLLM does here): with the kernel's autogroup
     scheduling on (Linux's default for sessions), a process in the driver's session shares one CPU share with the
     driver and its tool subprocesses, and a task's nice value only counts inside its group."""
     port = free_port()
-    config = {"nodes": [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)], "model": "tiny",
-              "port": port, "trace_dir": str(trace_dir), **extra}
+    config = merged({"nodes": [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)], "model": "tiny",
+                     "server": {"port": port}, "traces": {"dir": str(trace_dir)}}, sections)
     path = workdir / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen([str(REPO / ".venv/bin/maestro"), "gateway", "--config", str(path)],

@@ -51,6 +51,7 @@ from maestro.cli import main as maestro_main  # noqa: E402
 from pipelines.contract import read_traces, write_jsonl  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
 from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from serving.gateway.config import merged  # noqa: E402
 from serving.gateway.vllm_sync import parse_metrics  # noqa: E402
 from benchmarks.live_compare_report import SLO_FACTORS, markdown_table, plot, table, trace_stats  # noqa: E402
 
@@ -135,13 +136,13 @@ def unloaded_s(stages: list[dict], fit: dict) -> float:
 
 
 def gateway_fields(arm: str, engine: Engine, trace_dir: Path, model: Path, service_url: str | None, args) -> dict:
-    fields = {"nodes": [{"name": "node0", "url": engine.url}], "trace_dir": str(trace_dir),
-              "predictor_timeout_s": args.predictor_timeout_s, **json.loads(args.gateway)}
+    predictor = {"timeout_s": args.predictor_timeout_s}
     if arm == "model":
-        fields.update(predictor="local", predictor_model=str(model))
+        predictor.update(source="local", model=str(model))
     elif arm == "service":
-        fields.update(predictor=service_url, predictor_model=str(model))
-    return fields
+        predictor.update(source=service_url, model=str(model))
+    return merged({"nodes": [{"name": "node0", "url": engine.url}], "traces": {"dir": str(trace_dir)},
+                   "predictor": predictor}, json.loads(args.gateway))
 
 
 def run_arm(arm: str, index: int, engine: Engine, picked: Path, model: Path, service_url: str | None, fit: dict,
@@ -225,8 +226,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--slo-factor", type=float, default=3.0)
     parser.add_argument("--predictor-timeout-s", type=float, default=0.5)
-    parser.add_argument("--gateway", default='{"cpu_nice": -10}',
-                        help="extra gateway config fields, as JSON (cpu_nice < 0 needs root; the run records what it got)")
+    parser.add_argument("--gateway", default='{"server": {"cpu_nice": -10}}',
+                        help="extra gateway config sections, as JSON (cpu_nice < 0 needs root; the run records what it "
+                             "got)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args()

@@ -235,9 +235,10 @@ def main() -> None:
     report = {"command": " ".join(sys.argv), "args": vars(args), "workdir": str(work)}
     with LocalServer(ServerConfig(env=service_env, log_path=str(work / "service.log"))) as service:
         engine.wait_ready()
-        gateway, url = start_gateway([engine], work / "traces", work, predictor=service.url, max_queued=args.max_queued,
-                                     request_timeout_s=args.request_timeout_s, metrics_period_s=0.25,
-                                     max_inflight_per_node=args.max_inflight_per_node)
+        gateway, url = start_gateway([engine], work / "traces", work, predictor={"source": service.url},
+                                     limits={"max_queued": args.max_queued, "request_timeout_s": args.request_timeout_s,
+                                             "max_inflight_per_node": args.max_inflight_per_node},
+                                     upstream={"metrics_period_s": 0.25})
         sampler = RssSampler({"gateway": gateway.pid, "service": service.process.pid, "vllm": engine.process.pid})
         sampler.start()
         try:

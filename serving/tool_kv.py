@@ -147,8 +147,8 @@ class InferCeptToolKV(ToolKV):
         return call.reprefill_s * (c + call.other_context_tokens) / (2 * c)
 
 
-def create_tool_kv(config: ToolKVConfig | str) -> ToolKV:
-    config = ToolKVConfig(policy=config) if isinstance(config, str) else config
+def create_tool_kv(config: ToolKVConfig | ToolKVPolicy | str) -> ToolKV:
+    config = config if isinstance(config, ToolKVConfig) else ToolKVConfig(policy=config)
     classes = {ToolKVPolicy.MARS: MarsToolKV, ToolKVPolicy.KEEP_ALWAYS: KeepAlways,
                ToolKVPolicy.EVICT_ALWAYS: EvictAlways, ToolKVPolicy.CONTINUUM: ContinuumToolKV,
                ToolKVPolicy.CONTINUUM_DY: ContinuumDyToolKV, ToolKVPolicy.INFERCEPT: InferCeptToolKV}

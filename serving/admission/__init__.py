@@ -1,7 +1,7 @@
 """Admission and dispatch: may a stage start on a node now, with what reservation, and which stage goes first.
 
 `sizing` sizes a stage's reserve (the one prediction → tokens rule, the reservation modes); `cap` is the
-session-cap interface, with MARS's AIMD window (`aimd`) and the workflow cap (`workflow_cap`) behind it; `dispatch`
+session-cap interface, with MARS's AIMD window (`aimd`) behind it; `dispatch`
 is the dispatch core (queue, cap, backfill, node choice) the gateway and the simulator both drive. Each caller checks
 KV against its own pages: the gateway's `Node` against vLLM's blocks, the simulator's `kv_plan` against its pool.
 """
@@ -9,8 +9,7 @@ from serving.admission.aimd import AIMDConfig, AIMDWindow, SessionWindow
 from serving.admission.cap import CapKind, CapSignals, SessionCap
 from serving.admission.sizing import (DEFAULT_RHO, ReservationMode, is_calibrated, output_tokens_to_map,
                                       reserve_output_tokens)
-from serving.admission.workflow_cap import WorkflowCap
 
 __all__ = ["AIMDConfig", "AIMDWindow", "CapKind", "CapSignals", "DEFAULT_RHO", "ReservationMode",
-           "SessionCap", "SessionWindow", "WorkflowCap", "is_calibrated", "output_tokens_to_map",
+           "SessionCap", "SessionWindow", "is_calibrated", "output_tokens_to_map",
            "reserve_output_tokens"]

@@ -1,5 +1,5 @@
-"""The session cap: which workflows may have stages started now — one interface for MARS's AIMD window and the
-workflow cap, so a policy name picks the same cap in the gateway and the simulator.
+"""The session cap: which workflows may have stages started now — one interface (MARS's AIMD window behind it), so a
+system name picks the same cap in the gateway and the simulator.
 
 Both count workflows, not stages, and are driven through the same calls: `enter` when a stage of a workflow is
 queued, `started` when one starts, `leave` when one ends or is withdrawn, `end` when the workflow ends or moves to
@@ -46,4 +46,3 @@ class SessionCap(Protocol):
 class CapKind(enum.Enum):
     NONE = "none"
     AIMD = "aimd"  # MARS: sessions holding a slot ≤ the AIMD window (serving/admission/aimd.py)
-    WORKFLOW = "workflow"  # the W oldest live workflows (serving/admission/workflow_cap.py)

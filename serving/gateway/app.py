@@ -20,7 +20,7 @@ from serving.gateway.proxy import error_response, handle
 
 def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlette:
     gateway = gateway or Gateway(config)
-    keys = config.read_api_keys()
+    keys = config.server.read_api_keys()
 
     def authorized(endpoint):
         """The endpoint, called with the caller's key id, or 401 for a call without a known key."""

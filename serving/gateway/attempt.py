@@ -39,7 +39,7 @@ def describe(error: BaseException) -> str:
 def upstream_headers(gateway: Gateway, job: Job) -> dict:
     """The request id of the attempt, the trace context vLLM's spans join (the stage's span with otel_spans, else
     the caller's as it came: spans.py), and the stage's prediction as router hints (hints.py)."""
-    hints = hint_headers(gateway.config.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
+    hints = hint_headers(gateway.config.upstream.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
                          job.prediction.p_tool)
     trace_context = gateway.spans.headers(job.span) if job.span is not None else dict(job.meta.trace_context)
     return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **trace_context, **hints}

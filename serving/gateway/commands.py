@@ -26,10 +26,11 @@ def run_gateway(args: argparse.Namespace) -> int:
     from serving.gateway.priority import apply_cpu_nice
 
     config = GatewayConfig.from_file(args.config)
-    config.host = args.host or config.host
-    config.port = args.port or config.port
-    for warning in apply_cpu_nice(config.cpu_nice):
+    server = config.server
+    server.host = args.host or server.host
+    server.port = args.port or server.port
+    for warning in apply_cpu_nice(server.cpu_nice):
         print(f"maestro gateway: {warning}", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
+    uvicorn.run(create_app(config), host=server.host, port=server.port, log_level=args.log_level,
                 access_log=False, timeout_graceful_shutdown=5)
     return 0

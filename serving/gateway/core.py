@@ -17,8 +17,7 @@ from pipelines.contract import prompt_text
 from serving.admission.aimd import AIMDWindow, SessionWindow
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapKind, CapSignals, SessionCap
-from serving.admission.sizing import is_calibrated, reserve_output_tokens
-from serving.admission.workflow_cap import WorkflowCap
+from serving.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
 from serving.gateway.config import GatewayConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.exposition import GatewayMetrics
@@ -60,24 +59,24 @@ class WorkflowState:
 
 class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
-        self.config = config
-        self.upstream = Upstream(config.node_timeout_s, config.connect_timeout_s)
-        self.nodes = [Node(n, self.upstream, kv_overcommit=config.kv_overcommit, kv_admission=config.kv_admission,
-                           decode_rate_margin=config.decode_rate_margin, max_inflight=config.max_inflight_per_node)
+        self.config, self.system = config, config.system.resolve()
+        kv, limits = config.kv, config.limits
+        self.upstream = Upstream(config.upstream.node_timeout_s, config.upstream.connect_timeout_s)
+        self.nodes = [Node(n, self.upstream, kv_overcommit=kv.overcommit, kv_admission=kv.admission,
+                           decode_rate_margin=kv.decode_rate_margin, max_inflight=limits.max_inflight_per_node)
                       for n in config.nodes]
-        self.scheduler_config = config.scheduler_config()
+        self.scheduler_config = config.system.scheduler_config()
         cap = self._make_cap(config)
-        self.sessions = Sessions(config.tool_kv, config.session_idle_s, config.prefill_s_per_token, cap)
-        self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, config.max_queued,
-                                     backfill_depth=config.backfill_depth,
-                                     backfill_max_overtaken=config.backfill_max_overtaken,
-                                     recheck_s=config.admission_recheck_s, cap=cap,
-                                     batch_cost=BatchCostGate() if config.batch_cost else None)
-        self.predictor = predictor or create_predictor(config.predictor, config.predictor_model,
-                                                       config.predictor_timeout_s, config.predictor_startup_timeout_s)
-        self.traces = TraceWriter(config.trace_dir, config.trace_rotate_lines)
-        self.spans = _stage_spans(config.model) if config.otel_spans else None
-        self.sizer = PromptSizer(config.chars_per_token, is_calibrated=config.calibrate_prompt_tokens)
+        self.sessions = Sessions(self.system.tool_kv, config.sessions.idle_s, config.sessions.prefill_s_per_token, cap)
+        self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, limits.max_queued,
+                                     backfill_depth=limits.backfill_depth,
+                                     backfill_max_overtaken=limits.backfill_max_overtaken,
+                                     recheck_s=limits.admission_recheck_s, cap=cap,
+                                     batch_cost=BatchCostGate() if self.system.batch_cost else None)
+        self.predictor = predictor or create_predictor(config.predictor)
+        self.traces = TraceWriter(config.traces.dir, config.traces.rotate_lines)
+        self.spans = _stage_spans(config.model) if config.server.otel_spans else None
+        self.sizer = PromptSizer(kv.chars_per_token, is_calibrated=kv.calibrate_prompt_tokens)
         self.inflight: set[tuple[str, str, str]] = set()
         self.completed: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
@@ -88,12 +87,8 @@ class Gateway:
         self._poller: asyncio.Task | None = None
 
     def _make_cap(self, config: GatewayConfig) -> SessionCap | None:
-        kind = config.cap_kind()
-        if kind is CapKind.WORKFLOW:
-            return WorkflowCap(config.workflow_cap, config.workflow_cap_adaptive, config.workflow_idle_s,
-                               config.workflow_cap_shrink_wait_s, config.workflow_cap_backoff)
-        if kind is CapKind.AIMD:
-            return SessionWindow(AIMDWindow(config.aimd_config(), config.tool_workers), self.kv_usage)
+        if self.system.cap is CapKind.AIMD:
+            return SessionWindow(AIMDWindow(config.sessions.aimd_config(), config.sessions.tool_workers), self.kv_usage)
         return None
 
     def kv_usage(self) -> float:
@@ -119,7 +114,8 @@ class Gateway:
         self.traces.close()
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(n.poll(self.config.connect_timeout_s, self.config.node_down_after_failed_polls)
+        upstream = self.config.upstream
+        await asyncio.gather(*(n.poll(upstream.connect_timeout_s, upstream.node_down_after_failed_polls)
                                for n in self.nodes))
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
@@ -131,7 +127,7 @@ class Gateway:
 
     async def _poll_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.metrics_period_s)
+            await asyncio.sleep(self.config.upstream.metrics_period_s)
             try:
                 await self.poll_once()
             except Exception:  # noqa: BLE001 — the poller must outlive any one bad answer
@@ -155,12 +151,13 @@ class Gateway:
         num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
         prompt_tokens = self.sizer.estimate(num_chars, num_messages)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.output_cap(prompt_tokens))
-        reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, max_tokens,
-                                        is_calibrated=is_calibrated(prediction), rho=self.config.rho)
+        reserve = output_tokens_to_map(self.system.reservation, reserve_output_tokens(
+            prediction.tokens_pred, prediction.tokens_reserve, max_tokens, is_calibrated=is_calibrated(prediction),
+            rho=self.config.kv.rho), max_tokens)
         now = time.monotonic()
         workflow = self.workflow(meta.workflow_key, now)
         home_node = self.sessions.arrive(meta.workflow_key, now)
-        slo_s = meta.slo_s or self.config.slo_s
+        slo_s = meta.slo_s or self.config.system.slo_s
         request = StageRequest(
             workflow_id=meta.workflow_key, stage_id=meta.stage_id, interactive=meta.interactive,
             workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
@@ -179,8 +176,9 @@ class Gateway:
         the smallest context of the nodes (their /v1/models `max_model_len`) leaves less room after the prompt's
         estimate: vLLM refuses a call whose prompt + max_tokens exceeds it."""
         lengths = [n.max_model_len for n in self.nodes if n.max_model_len]
-        room = min(lengths) - prompt_tokens if lengths else self.config.default_max_tokens
-        return max(1, min(self.config.default_max_tokens, room))
+        default = self.config.kv.default_max_tokens
+        room = min(lengths) - prompt_tokens if lengths else default
+        return max(1, min(default, room))
 
     def vllm_priority(self, job: Job) -> int:
         """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
@@ -211,7 +209,7 @@ class Gateway:
 
     def remember(self, key: tuple[str, str, str], response: bytes | None) -> None:
         self.completed[key] = response
-        while len(self.completed) > self.config.completed_cache:
+        while len(self.completed) > self.config.limits.completed_cache:
             self.completed.popitem(last=False)
 
     def record(self, job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> None:
@@ -248,9 +246,7 @@ class Gateway:
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
                 "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
                 "predictor": self.predictor.snapshot(),
-                "sessions": self.sessions.snapshot(),
-                **({"workflow_cap": self.dispatcher.cap.snapshot()} if isinstance(self.dispatcher.cap, WorkflowCap)
-                   else {})}
+                "sessions": self.sessions.snapshot()}
 
 
 def _stage_spans(model: str):

@@ -23,6 +23,7 @@ from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
 from serving.gateway.http_predictor import HttpPredictor
 from serving.gateway.model_thread import ModelWorker
+from serving.gateway.config import PredictorConfig
 
 log = logging.getLogger(__name__)
 # The GIL switch interval while a model thread shares the process with the event loop: a thread waiting for
@@ -130,9 +131,9 @@ class LocalPredictor:
             await asyncio.to_thread(self.worker.stop)
 
 
-def create_predictor(kind: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> StagePredictor:
-    if kind == "local":
-        return LocalPredictor.from_location(model, timeout_s)
-    if kind.startswith(("http://", "https://")):
-        return HttpPredictor.from_url(kind, model, timeout_s, startup_timeout_s)
-    raise ValueError(f"gateway config 'predictor': expected 'local' or an http(s) URL, got {kind!r}")
+def create_predictor(config: PredictorConfig) -> StagePredictor:
+    if config.source == "local":
+        return LocalPredictor.from_location(config.model, config.timeout_s)
+    if config.source.startswith(("http://", "https://")):
+        return HttpPredictor.from_url(config.source, config.model, config.timeout_s, config.startup_timeout_s)
+    raise ValueError(f"gateway config predictor.source: expected 'local' or an http(s) URL, got {config.source!r}")

@@ -47,7 +47,7 @@ async def handle(gateway: Gateway, request: Request, path: str, caller_id: str =
     body the endpoint cannot take is refused with 400 and traced."""
     arrived_s = time.monotonic()
     try:
-        body = await read_call(request, gateway.config.max_body_bytes)
+        body = await read_call(request, gateway.config.server.max_body_bytes)
     except BadRequest as error:
         return error_response(error.status, error.message, "invalid_request_error", param=error.param)
     meta = parse_metadata(request.headers, body, caller_id)
@@ -97,10 +97,10 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
 
     An attempt the deadline cut ends the stage at once, whatever `remaining_s()` says then: the loop's clock fires
     the cut (uvloop's: in whole milliseconds, up to ~1 ms before `time.monotonic()` reaches the deadline)."""
-    if gateway.config.request_timeout_s:
-        job.deadline_s = arrived_s + gateway.config.request_timeout_s
+    if gateway.config.limits.request_timeout_s:
+        job.deadline_s = arrived_s + gateway.config.limits.request_timeout_s
     last_error = ""
-    while job.num_attempts < gateway.config.max_attempts and job.remaining_s() != 0:
+    while job.num_attempts < gateway.config.limits.max_attempts and job.remaining_s() != 0:
         node = await wait_for_node(gateway, request, job, body)
         if isinstance(node, Response):
             gateway.inflight.discard(job.meta.key)
@@ -108,7 +108,7 @@ async def run_job(gateway: Gateway, request: Request, job: Job, path: str, upstr
         if gateway.spans is not None and job.span is None:
             job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
         set_engine_order(gateway, job, node, upstream)
-        add_agent_hints(gateway.config.router_hints, upstream, job.request.tokens_pred, gateway.vllm_priority(job))
+        add_agent_hints(gateway.config.upstream.router_hints, upstream, job.request.tokens_pred, gateway.vllm_priority(job))
         try:
             if upstream.get("stream"):
                 return await open_stream(gateway, request, job, node, path, upstream, body)
@@ -144,7 +144,7 @@ def set_engine_order(gateway: Gateway, job: Job, node: Node, upstream: dict) -> 
 
 def deadline_passed(gateway: Gateway, job: Job, body: dict, where: str) -> Response:
     return fail(gateway, job, body, 504, f"stage {job.meta.label} passed its deadline (request_timeout_s="
-                                         f"{gateway.config.request_timeout_s}) {where}; retry later or raise the deadline")
+                                         f"{gateway.config.limits.request_timeout_s}) {where}; retry later or raise the deadline")
 
 
 def fail(gateway: Gateway, job: Job, body: dict, status: int, message: str, retry_after_s: int | None = None,
@@ -160,7 +160,7 @@ def fail(gateway: Gateway, job: Job, body: dict, status: int, message: str, retr
 async def wait_for_node(gateway: Gateway, request: Request, job: Job, body: dict) -> Node | Response:
     """Submit to the scheduler and wait for a node, or answer 429/503/413 or the client's disconnect."""
     job.future = asyncio.get_running_loop().create_future()
-    retry_after = gateway.config.retry_after_s
+    retry_after = gateway.config.limits.retry_after_s
     try:
         gateway.dispatcher.submit(job, front=job.num_attempts > 0)
     except Full as error:
@@ -210,7 +210,7 @@ async def wait_disconnect(request: Request) -> None:
 
 async def forward_json(gateway, request, job, node, path, upstream, body) -> Response:
     result, kv_usage = CallResult(), node.kv_usage
-    if gateway.config.stream_upstream and can_assemble(body):
+    if gateway.config.upstream.stream and can_assemble(body):
         send = asyncio.ensure_future(post_streamed(gateway, node, path, upstream, job, result))
     else:
         send = asyncio.ensure_future(post(gateway, node, path, upstream, job))

@@ -27,10 +27,7 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
     """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
     (vLLM has freed the request), before the answer is assembled and written; the client gets the
     assembled non-streamed JSON."""
-    track = gateway.config.project_from_progress
-    body = {**upstream, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": track}}
-    if gateway.config.upstream_stream_interval > 1:  # (vLLM takes the larger of this and its --stream-interval)
-        body["stream_interval"] = max(gateway.config.upstream_stream_interval, int(upstream.get("stream_interval") or 1))
+    body = {**upstream, "stream": True, "stream_options": {"include_usage": True}}
     try:
         response = await node.upstream.open_stream(f"{node.url}{path}", body, upstream_headers(gateway, job),
                                                    job.remaining_s())
@@ -62,9 +59,6 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
                                     time.monotonic() - (result.first_token_s or result.started_s))
                 gateway.dispatcher.finish(job)
                 result.released_s = time.monotonic()
-            elif track and assembler.usage:
-                job.node.observe_progress(job.reservation, int(assembler.usage.get("completion_tokens") or 0),
-                                          result.first_token_s, job.request.max_tokens)
         is_complete = True
         assembler.feed_line(buffer)
         if assembler.error is not None:

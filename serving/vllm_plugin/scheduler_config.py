@@ -1,9 +1,10 @@
 """MaestroScheduler's configuration, from vLLM's `--additional-config '{"maestro_scheduler": {...}}'` (no vLLM here)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from serving.scheduler import SchedulerConfig
+from serving.systems import DEFAULT_SYSTEM, get_system
 
 CONFIG_KEY = "maestro_scheduler"
 # pred_service_s of a request whose hints do not say: its predicted tokens at this pace, the gateway's
@@ -13,7 +14,10 @@ DEFAULT_DECODE_S_PER_TOKEN = 0.02
 
 @dataclass
 class MaestroSchedulerConfig:
-    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(policy="maestro"))
+    # The queue order is the system's (serving/systems.py, the gateway's and the simulator's table); `scheduler` sets
+    # the policy's knobs, or another policy.
+    system: str = DEFAULT_SYSTEM
+    scheduler: SchedulerConfig | None = None
     decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
     log_period_s: float = 5.0  # at most one decisions line this often (and one when the engine goes idle)
     # The policy's clock. wall: time.time(), vLLM's `arrival_time` clock (the OpenAI server sets it). step: the
@@ -25,6 +29,12 @@ class MaestroSchedulerConfig:
     max_hold_s: float | None = 30.0
 
     def __post_init__(self):
+        try:
+            system = get_system(self.system)
+        except ValueError as error:
+            raise ValueError(f"{CONFIG_KEY}: system: {error}") from None
+        if self.scheduler is None:
+            self.scheduler = SchedulerConfig(policy=system.scheduler)
         if self.decode_s_per_token <= 0 or self.log_period_s < 0:
             raise ValueError(f"{CONFIG_KEY}: decode_s_per_token must be > 0 and log_period_s >= 0")
         if self.max_hold_s is not None and self.max_hold_s <= 0:

@@ -120,15 +120,15 @@ def test_gateway_config_loads_and_names_the_cluster_services(objects, tmp_path):
 
     data = yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])
     mounted = objects[("Deployment", "maestro-gateway")]["spec"]["template"]["spec"]["containers"][0]
-    assert Path(data["api_keys_file"]).parent.as_posix() in {m["mountPath"] for m in mounted["volumeMounts"]}
+    assert Path(data["server"]["api_keys_file"]).parent.as_posix() in {m["mountPath"] for m in mounted["volumeMounts"]}
     (tmp_path / "keys").write_text("k" * 32 + "\n")  # the Secret's file, as mounted
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump({**data, "api_keys_file": str(tmp_path / "keys")}))
+    path.write_text(yaml.safe_dump({**data, "server": {**data["server"], "api_keys_file": str(tmp_path / "keys")}}))
     config = GatewayConfig.from_file(path)
     vllm = objects[("StatefulSet", "vllm")]["spec"]
     assert [urlsplit(n.url).hostname for n in config.nodes] == [
         f"vllm-{i}.{vllm['serviceName']}" for i in range(vllm["replicas"])]
-    predictor = urlsplit(config.predictor)
+    predictor = urlsplit(config.predictor.source)
     service = objects[("Service", predictor.hostname)]
     assert predictor.port in {p["port"] for p in service["spec"]["ports"]}
     routes = {route.path for route in create_app(config).routes}
@@ -207,7 +207,7 @@ def test_vllm_keeps_its_weights_on_a_volume_with_shared_memory_and_a_token_secre
 
 def test_observed_traces_are_on_persistent_volume_claims(objects):
     directories = {
-        "maestro-gateway": yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["trace_dir"],
+        "maestro-gateway": yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["traces"]["dir"],
         "maestro-predictor": {e["name"]: e.get("value") for e in
                               pod_specs(objects)["maestro-predictor"]["spec"]["containers"][0]["env"]}["MAESTRO_TRACE_DIR"],
     }
@@ -231,7 +231,7 @@ def test_the_retrain_cronjob_runs_maestro_retrain_on_the_gateway_traces_against_
     args = build_parser().parse_args(container["command"][1:])  # what the real CLI makes of it
     assert container["command"][0] == "maestro" and args.command == "retrain" and args.on_drift and args.resolve_nodes
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    gateway_dir = yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["trace_dir"]
+    gateway_dir = yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["traces"]["dir"]
     assert args.traces == gateway_dir and mounts[gateway_dir]["readOnly"] is True
     gateway = serving_pods(objects)["maestro-gateway"]
     gateway_mount = next(m for m in gateway["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == gateway_dir)

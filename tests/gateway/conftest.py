@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from serving.gateway.app import create_app
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, merged
 from serving.gateway.core import Gateway
 
 from .engines import ENGINE_CPU_NICE, Engine, EngineConfig, free_port, has_vllm
@@ -107,16 +107,17 @@ async def fake_nodes(alive: dict[str, bool], **node_kw):
             await runner.cleanup()
 
 
-async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None, node_kw: dict | None = None, **config_kw):
+async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None, node_kw: dict | None = None, **sections):
     """The gateway app in process over vLLM-like nodes (`alive`: name → up?); `calls(client, gateway)` drives it."""
     async with fake_nodes(alive, **(node_kw or {})) as urls:
-        return await serve_app(tmp_path, urls, calls, predictor, **config_kw)
+        return await serve_app(tmp_path, urls, calls, predictor, **sections)
 
 
-async def serve_app(tmp_path, urls: dict[str, str], calls, predictor=None, **config_kw):
-    """The gateway app in process over the nodes `urls` (name → url); `calls(client, gateway)` drives it."""
-    config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], trace_dir=str(tmp_path),
-                           model="tiny", metrics_period_s=60, **config_kw)
+async def serve_app(tmp_path, urls: dict[str, str], calls, predictor=None, **sections):
+    """The gateway app in process over the nodes `urls` (name → url); `calls(client, gateway)` drives it; `sections`
+    are GatewayConfig sections laid over the test defaults."""
+    config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], model="tiny", **merged(
+        {"traces": {"dir": str(tmp_path)}, "upstream": {"metrics_period_s": 60}}, sections))
     gateway = Gateway(config, predictor=predictor)
     app = create_app(config, gateway)
     await gateway.start()

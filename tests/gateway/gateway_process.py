@@ -10,6 +10,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from serving.gateway.config import merged
+
 from .engines import REPO, free_port
 
 
@@ -22,7 +24,8 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir, self.repo = Path(workdir), Path(repo)
         self.config_path = self.workdir / f"gateway-{self.port}.yaml"
-        self.config_path.write_text(yaml.safe_dump({"model": "tiny", **fields, "port": self.port}))
+        config = merged({"model": "tiny"}, merged(fields, {"server": {"port": self.port}}))
+        self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = self.workdir / f"gateway-{self.port}.log"
         self.process: subprocess.Popen | None = None
 

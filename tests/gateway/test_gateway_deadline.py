@@ -22,6 +22,8 @@ import uvloop
 from serving.gateway.predict import LocalPredictor
 from serving.gateway.upstream import Upstream, is_deadline
 
+from serving.gateway.config import merged
+
 from .conftest import fake_nodes, serve_app
 from .faultproxy import Fault, FaultProxy
 
@@ -65,9 +67,10 @@ async def busy(coro):
         ticker.cancel()
 
 
-async def through_faults(tmp_path, faults: list[Fault], calls, num_ports: int = 2, **config_kw):
+async def through_faults(tmp_path, faults: list[Fault], calls, num_ports: int = 2, **sections):
     """The gateway in process over `num_ports` nodes, each a port of one FaultProxy before one vLLM-like node."""
-    config = {"node_timeout_s": NODE_TIMEOUT_S, "request_timeout_s": DEADLINE_S, **config_kw}
+    config = merged({"upstream": {"node_timeout_s": NODE_TIMEOUT_S}, "limits": {"request_timeout_s": DEADLINE_S}},
+                    sections)
     async with fake_nodes({"vllm": True}) as engine:
         with FaultProxy(engine["vllm"], faults, num_ports=num_ports) as proxy:
             urls = {f"node{i}": url for i, url in enumerate(proxy.urls)}
@@ -119,7 +122,7 @@ def test_a_stall_on_any_path_before_the_client_gets_a_byte_is_a_504_at_the_deadl
     stream, stream_upstream, kind, after_events = PATHS[path]
     fault = Fault(kind, after_events=after_events, stall_s=STALL_S, times=2)
     response, elapsed_s = run(loop, through_faults(tmp_path, [fault], timed_call(path, stream),
-                                                   stream_upstream=stream_upstream))
+                                                   upstream={"stream": stream_upstream}))
     assert response.status_code == 504 and "deadline" in response.json()["error"]["message"], response.text
     assert_within_deadline(elapsed_s)
     assert_traced_past_deadline(tmp_path, attempts=1)
@@ -161,7 +164,7 @@ def test_a_stage_queued_behind_a_stalled_one_is_cut_at_its_own_deadline(tmp_path
         return await asyncio.gather(timed_call("first", False)(client, gateway),
                                     timed_call("second", False)(client, gateway))
 
-    answers = run(loop, through_faults(tmp_path, [fault], calls, num_ports=1, max_inflight_per_node=1))
+    answers = run(loop, through_faults(tmp_path, [fault], calls, num_ports=1, limits={"max_inflight_per_node": 1}))
     for response, elapsed_s in answers:
         assert response.status_code == 504, response.text
         assert_within_deadline(elapsed_s)

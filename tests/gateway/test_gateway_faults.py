@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, merged
 
 from .engines import free_port
 from .faultproxy import Fault, FaultProxy
@@ -30,13 +30,14 @@ STALL_S = 30.0  # longer than both: only a timeout ends a stalled attempt
 
 
 @contextlib.contextmanager
-def faulty_gateway(engine, trace_dir: Path, **config_kw):
+def faulty_gateway(engine, trace_dir: Path, **sections):
     """A gateway over two ports of one fault proxy; `send(..., fault=...)` arms the fault for that stage."""
-    config = {"node_timeout_s": NODE_TIMEOUT_S, "request_timeout_s": DEADLINE_S, **config_kw}
+    config = merged({"server": {"port": free_port()}, "traces": {"dir": str(trace_dir)},
+                     "upstream": {"metrics_period_s": 0.2, "node_timeout_s": NODE_TIMEOUT_S},
+                     "limits": {"request_timeout_s": DEADLINE_S}}, sections)
     with FaultProxy(engine.url, num_ports=2) as proxy:
         nodes = [{"name": f"node{i}", "url": url} for i, url in enumerate(proxy.urls)]
-        gateway = GatewayConfig(nodes=nodes, model="tiny", port=free_port(), trace_dir=str(trace_dir),
-                                metrics_period_s=0.2, **config)
+        gateway = GatewayConfig(nodes=nodes, model="tiny", **config)
         with RunningGateway(gateway) as gw:
             yield gw, proxy
 

@@ -106,9 +106,9 @@ def test_overload_of_a_busy_node_answers_429_with_retry_after_from_the_queue_and
     idle: two are refused with 429 + Retry-After at once, the three others run in turn; the node stays healthy."""
     async def run():
         async with serving(busy_vllm(Engine(), tail_delay_s=0.6)) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], trace_dir=str(tmp_path), model="tiny",
-                                   metrics_period_s=0.05, connect_timeout_s=POLL_TIMEOUT_S, max_queued=2,
-                                   kv_admission="peak", kv_overcommit=1.0)
+            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
+                                   upstream={"metrics_period_s": 0.05, "connect_timeout_s": POLL_TIMEOUT_S},
+                                   limits={"max_queued": 2}, kv={"admission": "peak", "overcommit": 1.0}, model="tiny")
             gateway = Gateway(config)
             await gateway.start()
             try:
@@ -139,8 +139,8 @@ def test_a_stage_that_failed_on_every_healthy_node_is_traced_with_the_attempts_r
         app = vllm_like()
         app.middlewares.append(failing)
         async with serving(app) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], trace_dir=str(tmp_path), model="tiny",
-                                   metrics_period_s=60)
+            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
+                                   upstream={"metrics_period_s": 60}, model="tiny")
             gateway = Gateway(config)
             await gateway.start()
             try:
@@ -162,8 +162,9 @@ def test_stages_past_a_nodes_inflight_cap_wait_in_the_bounded_queue_and_overflow
     async def run():
         engine = Engine()
         async with serving(busy_vllm(engine, tail_delay_s=0.3)) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], trace_dir=str(tmp_path), model="tiny",
-                                   metrics_period_s=60, max_queued=1, max_inflight_per_node=1)
+            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
+                                   upstream={"metrics_period_s": 60},
+                                   limits={"max_queued": 1, "max_inflight_per_node": 1}, model="tiny")
             gateway = Gateway(config)
             await gateway.start()
             try:

@@ -22,8 +22,9 @@ HINT_HEADERS = ("x-maestro-osl", "x-maestro-osl-bucket", "x-maestro-reserve", "x
 def forwarded(engine, tmp_path, mode: str) -> list[tuple[dict, dict]]:
     """Two stages (JSON and streamed) through a gateway with `router_hints: mode`: (headers, body) as vLLM got them."""
     with FaultProxy(engine.url) as proxy:
-        config = GatewayConfig(nodes=[{"name": "node0", "url": proxy.urls[0]}], model="tiny", port=free_port(),
-                               trace_dir=str(tmp_path), metrics_period_s=0.2, router_hints=mode)
+        config = GatewayConfig(nodes=[{"name": "node0", "url": proxy.urls[0]}], model="tiny",
+                               server={"port": free_port()}, traces={"dir": str(tmp_path)},
+                               upstream={"metrics_period_s": 0.2, "router_hints": mode})
         with RunningGateway(config) as gw:
             for stage, stream in (("s1", False), ("s2", True)):
                 body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 600,
@@ -63,8 +64,8 @@ def test_router_hints_off_sends_none(vllm_engine, tmp_path):
 
 
 def test_an_unknown_router_hints_mode_names_the_choices():
-    with pytest.raises(ValueError, match=r"router_hints must be one of \['off', 'headers', 'nvext'\]"):
-        GatewayConfig(nodes=[{"name": "n", "url": "http://127.0.0.1:1"}], router_hints="dynamo")
+    with pytest.raises(ValueError, match=r"upstream.router_hints: Input should be 'off', 'headers' or 'nvext'"):
+        GatewayConfig(nodes=[{"name": "n", "url": "http://127.0.0.1:1"}], upstream={"router_hints": "dynamo"})
 
 
 def test_agent_hints_follow_the_gateway_priority_and_keep_the_caller_fields(tmp_path):
@@ -77,7 +78,7 @@ def test_agent_hints_follow_the_gateway_priority_and_keep_the_caller_fields(tmp_
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "nvext": {"session": "x"}}
             assert (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code == 200
 
-    asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}, router_hints="nvext"))
+    asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}, upstream={"router_hints": "nvext"}))
     hints = [body["nvext"]["agent_hints"] for body in received]
     assert [h["priority"] for h in hints] == [-body["priority"] for body in received]
     assert hints[0]["priority"] > hints[1]["priority"]  # the interactive stage first, in Dynamo's order too

@@ -117,7 +117,7 @@ def test_a_body_over_the_limit_is_413_by_content_length_or_by_the_bytes_read(tmp
         small = await client.post(CHAT, json={"messages": USER, "max_tokens": 2})
         return declared, streamed, small
 
-    declared, streamed, small = asyncio.run(run_app(tmp_path, {"a": True}, calls, max_body_bytes=4096))
+    declared, streamed, small = asyncio.run(run_app(tmp_path, {"a": True}, calls, server={"max_body_bytes": 4096}))
     assert declared.status_code == 413 and "4096" in declared.json()["error"]["message"]
     assert streamed.status_code == 413 and "4096" in streamed.json()["error"]["message"]
     assert small.status_code == 200
@@ -144,7 +144,7 @@ def test_api_keys_guard_every_route_but_health_and_scope_idempotency_and_traces(
         return anonymous, health, a1, b1, a2, status
 
     anonymous, health, a1, b1, a2, status = asyncio.run(run_app(
-        traced, {"a": True}, calls, node_kw={"received": received}, api_keys=[KEY_A], api_keys_file=str(key_file)))
+        traced, {"a": True}, calls, node_kw={"received": received}, server={"api_keys": [KEY_A], "api_keys_file": str(key_file)}))
     assert [r.status_code for r in anonymous] == [401] * 6
     assert all(r.json()["error"]["param"] == "Authorization" for r in anonymous)
     assert all(r.headers["www-authenticate"] == "Bearer" for r in anonymous)
@@ -188,12 +188,12 @@ def test_without_keys_calls_are_open_and_traces_carry_no_caller(tmp_path):
 def test_api_key_config_errors_say_what_to_do(tmp_path):
     nodes = [{"name": "a", "url": "http://a"}]
     with pytest.raises(ValueError, match="at least 16 characters"):
-        GatewayConfig(nodes=nodes, api_keys=["short"])
+        GatewayConfig(nodes=nodes, server={"api_keys": ["short"]})
     with pytest.raises(ValueError, match="does not exist"):
-        GatewayConfig(nodes=nodes, api_keys_file=str(tmp_path / "missing"))
+        GatewayConfig(nodes=nodes, server={"api_keys_file": str(tmp_path / "missing")})
     with pytest.raises(ValueError, match="max_body_bytes"):
-        GatewayConfig(nodes=nodes, max_body_bytes=10)
-    assert GatewayConfig(nodes=nodes).host == "127.0.0.1"
+        GatewayConfig(nodes=nodes, server={"max_body_bytes": 10})
+    assert GatewayConfig(nodes=nodes).server.host == "127.0.0.1"
 
 
 def test_every_stage_ends_traced_completed_refused_or_failed(tmp_path):
@@ -204,7 +204,7 @@ def test_every_stage_ends_traced_completed_refused_or_failed(tmp_path):
                                     headers={**batch, "X-Maestro-Workflow": "bad", "X-Maestro-Stage": "s"})
         first = asyncio.ensure_future(client.post(CHAT, json={"messages": USER, "max_tokens": 40},
                                                   headers={**batch, "X-Maestro-Workflow": "w1"}))
-        await asyncio.sleep(0.05)  # w1 runs and holds the cap's one place
+        await asyncio.sleep(0.05)  # w1 runs and holds the node's one place
         second = asyncio.ensure_future(client.post(CHAT, json={"messages": USER, "max_tokens": 2},
                                                    headers={**batch, "X-Maestro-Workflow": "w2"}))
         await asyncio.sleep(0.05)  # w2 waits in the queue, which is now full
@@ -213,7 +213,7 @@ def test_every_stage_ends_traced_completed_refused_or_failed(tmp_path):
         return invalid, full, await first, await second
 
     invalid, full, first, second = asyncio.run(run_app(
-        tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.005}, max_queued=1, workflow_cap=1))
+        tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, limits={"max_queued": 1, "max_inflight_per_node": 1}))
     assert (invalid.status_code, full.status_code, first.status_code, second.status_code) == (400, 429, 200, 200)
     lines = {line["workflow_id"]: line for line in traces(tmp_path)}
     assert {w: line["outcome"] for w, line in lines.items()} == \
@@ -310,8 +310,8 @@ async def _fuzz_target(tmp_path) -> dict:
     """The app over one vLLM-like node, kept up across the property test's examples."""
     nodes = fake_nodes({"a": True})
     urls = await nodes.__aenter__()
-    config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], trace_dir=str(tmp_path), model="tiny",
-                           metrics_period_s=60)
+    config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], traces={"dir": str(tmp_path)},
+                           upstream={"metrics_period_s": 60}, model="tiny")
     gateway = Gateway(config)
     await gateway.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw")

@@ -59,8 +59,9 @@ async def post_stages(client: httpx.AsyncClient, num_stages: int) -> list[httpx.
 def test_the_model_is_warmed_before_the_gateway_is_ready_and_its_answers_are_counted(model_dir, tmp_path):
     async def scenario():
         async with fake_nodes({"a": True}) as urls:
-            config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], model="tiny", metrics_period_s=60,
-                                   trace_dir=str(tmp_path), predictor_model=str(model_dir))
+            config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], model="tiny",
+                                   upstream={"metrics_period_s": 60}, traces={"dir": str(tmp_path)},
+                                   predictor={"model": str(model_dir)})
             gateway = Gateway(config)
             app = create_app(config, gateway)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
@@ -196,8 +197,8 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
 
     engine_session = Path(f"/proc/{vllm_engine.process.pid}/autogroup")
     assert not engine_session.exists() or engine_session.read_text().split()[-1] == str(ENGINE_CPU_NICE)
-    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "trace_dir": str(tmp_path / "traces"),
-              "predictor": "local", "predictor_model": str(embedding_model_dir)}
+    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "traces": {"dir": str(tmp_path / "traces")},
+              "predictor": {"source": "local", "model": str(embedding_model_dir)}}
     with GatewayProcess(fields, tmp_path) as gateway:  # returns once /ready says the model is warm
         config = DriveConfig(target=gateway.url, app="all", num_workflows=12, concurrency=8, token_scale=0.25,
                              max_tokens_cap=48, max_prompt_chars=3000, run_tools=False)

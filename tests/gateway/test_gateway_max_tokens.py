@@ -11,7 +11,7 @@ import pytest
 from pipelines.collect import collect
 from pipelines.contract import prompt_text
 from pipelines.synth import generate
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, KVConfig
 from serving.gateway.core import Gateway
 from serving.gateway.sizing import PromptSizer
 
@@ -23,7 +23,7 @@ HEADERS = {"X-Maestro-Workflow": "w", "X-Maestro-Role": "planner"}
 
 def test_the_cap_is_the_default_less_what_the_smallest_context_leaves():
     gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}],
-                                    default_max_tokens=512))
+                                    kv={"default_max_tokens": 512}))
     assert gateway.output_cap(100) == 512  # no node has listed its context yet
     gateway.nodes[0].max_model_len, gateway.nodes[1].max_model_len = 4096, 2048
     assert (gateway.output_cap(100), gateway.output_cap(1800), gateway.output_cap(3000)) == (512, 248, 1)
@@ -41,7 +41,7 @@ def test_a_chat_call_without_max_tokens_is_sent_with_its_cap_and_a_completion_ca
         return chat, asked, completion
 
     responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
-                                    default_max_tokens=40))
+                                    kv={"default_max_tokens": 40}))
     assert [r.status_code for r in responses] == [200] * 3
     assert received[0]["max_tokens"] == 40 and received[1]["max_tokens"] == 7 and "max_tokens" not in received[2]
 
@@ -57,8 +57,8 @@ def test_on_vllm_a_call_without_max_tokens_gets_its_cap_or_the_room_its_prompt_l
 
     catalog_text = " ".join(prompt_text(r["prompt"]) for r in generate(60, seed=3))
     long_prompt = [{"role": "user", "content": catalog_text[:3 * (2048 - 30 - PromptSizer.template_tokens(1))]}]
-    room = 2048 - PromptSizer(GatewayConfig.chars_per_token).estimate(len(prompt_text(long_prompt)), 1)
-    with gateway_for([vllm_engine], tmp_path, default_max_tokens=64) as gw:
+    room = 2048 - PromptSizer(KVConfig().chars_per_token).estimate(len(prompt_text(long_prompt)), 1)
+    with gateway_for([vllm_engine], tmp_path, kv={"default_max_tokens": 64}) as gw:
         node = until_listed(gw.url)
         answers = {stage: httpx.post(f"{gw.url}{CHAT}", timeout=120, headers={**HEADERS, "X-Maestro-Stage": stage},
                                      json={"messages": messages, "ignore_eos": True})

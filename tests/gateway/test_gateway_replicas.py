@@ -57,9 +57,9 @@ def gateways(vllm_engine, services, model_dir, tmp_path):  # noqa: F811
     try:
         for name in ("a", "b"):
             fields = {"nodes": [{"name": "vllm", "url": vllm_engine.url}],
-                      "trace_dir": str(tmp_path / f"gateway-{name}"),
-                      "predictor": ",".join(s.url for s in services), "predictor_model": str(model_dir),
-                      "predictor_timeout_s": 10.0}
+                      "traces": {"dir": str(tmp_path / f"gateway-{name}")},
+                      "predictor": {"source": ",".join(s.url for s in services), "model": str(model_dir),
+                                    "timeout_s": 10.0}}
             replicas.append(GatewayProcess(fields, tmp_path).start())
         yield [g.wait_ready() for g in replicas]
     finally:

@@ -11,14 +11,25 @@ from serving.admission.aimd import SessionWindow
 from serving.admission.cap import CapSignals
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
-from serving.gateway.metadata import parse_metadata
+from serving.gateway.dispatch import Job
+from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.sessions import DEFAULT_TOOL_S, Sessions
 from serving.gateway.validation import BadRequest, check_headers
+from serving.request import StageRequest
 
 from .test_gateway_units import make_node
-from .test_gateway_wip import job_of
 
 NODES = [{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}]
+
+
+def job_of(workflow: str, arrival: float, stage: str = "s", tokens: int = 128, interactive: bool = False,
+           loop=None) -> Job:
+    request = StageRequest(workflow, stage, interactive=interactive, workflow_arrival_s=arrival, ready_s=arrival,
+                           tokens_pred=tokens, pred_service_s=tokens / 50)
+    job = Job(StageMeta(workflow, stage, interactive=interactive), request, reserve_tokens=tokens)
+    job.future = loop.create_future()
+    request.payload = job
+    return job
 
 
 def test_a_held_context_counts_as_used_until_released():
@@ -60,8 +71,8 @@ def test_the_tool_kv_policy_decides(policy, held):
 
 def test_a_hold_ends_at_its_ttl_and_a_silent_session_ends_giving_back_its_place_in_the_window():
     node = make_node("a", blocks=64)
-    window = Gateway(GatewayConfig(nodes=NODES[:1], policy="mars", aimd={"start_window": 1, "min_window": 1,
-                                                                          "max_window": 1})).dispatcher.cap
+    window = Gateway(GatewayConfig(nodes=NODES[:1], system={"name": "mars"}, sessions={
+        "aimd": {"start_window": 1, "min_window": 1, "max_window": 1}})).dispatcher.cap
     sessions = Sessions("keep-always", idle_s=10.0, cap=window)
     sessions.arrive("w", 0.0)
     window.started("w")
@@ -92,14 +103,14 @@ def test_the_callers_final_call_ends_the_session():
 
 
 def test_a_policy_name_picks_the_same_session_cap_as_in_the_simulator_and_the_window_follows_vllm_kv():
-    assert isinstance(Gateway(GatewayConfig(nodes=NODES, policy="mars")).dispatcher.cap, SessionWindow)
-    assert Gateway(GatewayConfig(nodes=NODES, policy="mars", session_cap="none")).dispatcher.cap is None
-    with pytest.raises(ValueError, match="session_cap"):
-        GatewayConfig(nodes=NODES, session_cap="workflow")  # needs its W
-    with pytest.raises(ValueError, match="unknown aimd fields"):
-        GatewayConfig(nodes=NODES, policy="mars", aimd={"window": 3})
-    gateway = Gateway(GatewayConfig(nodes=NODES, policy="mars", aimd={"start_window": 20, "min_window": 2,
-                                                                       "max_window": 20}))
+    assert isinstance(Gateway(GatewayConfig(nodes=NODES, system={"name": "mars"})).dispatcher.cap, SessionWindow)
+    assert Gateway(GatewayConfig(nodes=NODES, system={"name": "mars", "cap": "none"})).dispatcher.cap is None
+    with pytest.raises(ValueError, match="system.cap"):
+        GatewayConfig(nodes=NODES, system={"cap": "workflow"})  # not a cap
+    with pytest.raises(ValueError, match="sessions.aimd: unknown fields"):
+        GatewayConfig(nodes=NODES, system={"name": "mars"}, sessions={"aimd": {"window": 3}})
+    gateway = Gateway(GatewayConfig(nodes=NODES, system={"name": "mars"}, sessions={
+        "aimd": {"start_window": 20, "min_window": 2, "max_window": 20}}))
     gateway.nodes[:] = [make_node("a", blocks=16, usage=0.9), make_node("b", blocks=16, usage=0.9)]
     assert gateway.kv_usage() == pytest.approx(0.9375)  # whole blocks in use, as the node counts them
     window = gateway.dispatcher.cap
@@ -114,7 +125,7 @@ def test_a_policy_name_picks_the_same_session_cap_as_in_the_simulator_and_the_wi
 
 def test_a_stage_goes_to_the_node_holding_its_session_context_when_it_may_start_there():
     loop = asyncio.new_event_loop()
-    gateway = Gateway(GatewayConfig(nodes=NODES, policy="fcfs"))
+    gateway = Gateway(GatewayConfig(nodes=NODES, system={"name": "fcfs"}))
     busy, home = make_node("a", blocks=64, usage=0.5), make_node("b", blocks=64, usage=0.6)
     gateway.nodes[:] = gateway.dispatcher.nodes[:] = [busy, home]
     first = job_of("w", 0.0, loop=loop)
@@ -148,8 +159,8 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
     traces = tmp_path / "slice.jsonl"
     traces.write_text("\n".join(first_workflows(AGENT, 3)) + "\n")
     # Re-prefilling costs 10 ms a token here, so a context of a few hundred tokens outlasts short tools: kept.
-    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "trace_dir": str(tmp_path / "traces"),
-              "policy": "mars", "prefill_s_per_token": 0.01, "session_idle_s": 60.0}
+    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "traces": {"dir": str(tmp_path / "traces")},
+              "system": {"name": "mars"}, "sessions": {"prefill_s_per_token": 0.01, "idle_s": 60.0}}
     with GatewayProcess(fields, tmp_path) as gateway:
         config = DriveConfig(target=gateway.url, traces=str(traces), num_workflows=3, concurrency=3,
                              max_tokens_cap=8, max_prompt_chars=1500, tool_wait_scale=0.02, max_stages_per_workflow=5)

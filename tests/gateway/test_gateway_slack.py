@@ -27,7 +27,7 @@ def test_the_slo_comes_from_a_header_or_the_body_and_bad_values_name_the_header(
 
 
 def test_a_stage_deadline_is_its_workflows_first_call_plus_the_slo():
-    gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], slo_s=300))
+    gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"slo_s": 300}))
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}
 
     async def prepare():
@@ -42,7 +42,7 @@ def test_a_stage_deadline_is_its_workflows_first_call_plus_the_slo():
     no_slo = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}]))
     assert asyncio.run(no_slo.prepare(StageMeta("v", "s1"), body)).request.deadline_s == float("inf")
     with pytest.raises(ValueError, match="slo_s"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], slo_s=-1)
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"slo_s": -1})
 
 
 def running_node(deadline_s: float, tokens_pred: int = 200):

@@ -21,7 +21,7 @@ CALLER = {"traceparent": f"00-{CALLER_TRACE}-00f067aa0ba902b7-01", "tracestate":
 
 
 def spans_of(tmp_path, bodies: list[dict], headers: dict | None = None, node_headers: list | None = None,
-             **config_kw) -> tuple[list, bool]:
+             **sections) -> tuple[list, bool]:
     """The finished spans of `bodies` sent through the gateway (with `headers`), and whether the config alone made
     spans on; `node_headers` collects the headers of each call the node got."""
     exporter = InMemorySpanExporter()
@@ -36,7 +36,7 @@ def spans_of(tmp_path, bodies: list[dict], headers: dict | None = None, node_hea
                               headers={**STAGE, "X-Maestro-Stage": f"s{i}", **(headers or {})})
         return is_on
 
-    is_on = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"headers": node_headers}, **config_kw))
+    is_on = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"headers": node_headers}, **sections))
     return exporter.get_finished_spans(), is_on
 
 
@@ -50,7 +50,7 @@ def parent_of(traceparent: str) -> tuple[str, str]:
 def test_vllm_gets_the_stage_span_as_parent_and_the_stage_span_joins_the_callers_trace(tmp_path):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     node_headers: list[dict] = []
-    (span,), _ = spans_of(tmp_path, [body], headers=CALLER, node_headers=node_headers, otel_spans=True)
+    (span,), _ = spans_of(tmp_path, [body], headers=CALLER, node_headers=node_headers, server={"otel_spans": True})
     assert f"{span.context.trace_id:032x}" == CALLER_TRACE and f"{span.parent.span_id:016x}" == "00f067aa0ba902b7"
     [sent] = node_headers
     assert parent_of(sent["traceparent"]) == (CALLER_TRACE, f"{span.context.span_id:016x}")
@@ -60,7 +60,7 @@ def test_vllm_gets_the_stage_span_as_parent_and_the_stage_span_joins_the_callers
 def test_without_a_callers_trace_the_stage_span_starts_one_that_vllm_joins(tmp_path):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
     node_headers: list[dict] = []
-    (span,), _ = spans_of(tmp_path, [body], node_headers=node_headers, otel_spans=True)
+    (span,), _ = spans_of(tmp_path, [body], node_headers=node_headers, server={"otel_spans": True})
     assert span.parent is None and span.attributes["maestro.outcome"] == "completed"
     [sent] = node_headers
     assert parent_of(sent["traceparent"]) == (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
@@ -77,7 +77,7 @@ def test_with_spans_off_the_callers_trace_context_reaches_vllm_as_it_came(tmp_pa
 
 def test_a_stage_is_one_genai_client_span(tmp_path):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
-    (span,), is_on = spans_of(tmp_path, [body], otel_spans=True)
+    (span,), is_on = spans_of(tmp_path, [body], server={"otel_spans": True})
     assert is_on and span.name == "chat tiny" and span.kind is SpanKind.CLIENT
     attributes = dict(span.attributes)
     assert {k: attributes[k] for k in ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.request.max_tokens",
@@ -92,7 +92,7 @@ def test_a_stage_is_one_genai_client_span(tmp_path):
 
 
 def test_a_refused_stage_is_an_error_span(tmp_path):
-    (span,), _ = spans_of(tmp_path, [{"messages": []}], otel_spans=True)
+    (span,), _ = spans_of(tmp_path, [{"messages": []}], server={"otel_spans": True})
     assert span.status.status_code is StatusCode.ERROR and span.attributes["error.type"] == "refused"
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from pipelines.collect import collect
 from serving.gateway.config import GatewayConfig, NodeConfig
+from serving.gateway.core import Gateway
 from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Admission, Node, Refusal
@@ -413,7 +414,7 @@ def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_
         tails.clear()
         response, held, answered = asyncio.run(run_app(
             tmp_path / str(stream_upstream), {"a": True}, calls,
-            node_kw={"tail_delay_s": 2.0, "received": received, "tails": tails}, stream_upstream=stream_upstream))
+            node_kw={"tail_delay_s": 2.0, "received": received, "tails": tails}, upstream={"stream": stream_upstream}))
         assert response.status_code == 200 and not answered
         answer = response.json()
         assert answer["choices"][0]["message"]["content"] == "x " * 5 and answer["usage"]["completion_tokens"] == 5
@@ -425,29 +426,6 @@ def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_
             assert stage.model_extra["kv_released_s"] < 1.0 < 2.0 < stage.e2e_s
         else:
             assert "stream" not in received[0] and held == 1  # held until the whole answer is in
-
-
-def test_upstream_stream_interval_goes_only_on_the_gateways_own_streamed_calls(tmp_path):
-    received: list[dict] = []
-
-    async def calls(client, gateway):
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-        plain = await client.post("/v1/chat/completions", json=body, headers={"X-Maestro-Stage": "p"})
-        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True}, headers={"X-Maestro-Stage": "s"})
-        return plain, streamed, gateway.counters["upstream_chunks"]
-
-    for interval, expected in ((8, 8), (0, None), (1, None)):
-        received.clear()
-        plain, streamed, chunks = asyncio.run(run_app(tmp_path / str(interval), {"a": True}, calls,
-                                                      node_kw={"received": received}, upstream_stream_interval=interval,
-                                                      stream_upstream=True))
-        assert plain.status_code == streamed.status_code == 200
-        assert plain.json()["choices"][0]["message"]["content"] == "x " * 3
-        assert received[0]["stream"] is True and received[0].get("stream_interval") == expected
-        assert "stream_interval" not in received[1]  # a streaming client's chunks are as it asked
-        assert chunks >= 4  # the gateway's own streamed call: 3 token chunks + usage (the fake ignores the interval)
-    with pytest.raises(ValueError, match="upstream_stream_interval"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], upstream_stream_interval=-1)
 
 
 def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_unstreamed(tmp_path):
@@ -532,7 +510,7 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
 
     received: list[dict] = []
     gateway, (new2, old2) = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
-                                                policy="predicted-srtf", policy_options={"attained_weight": 1.0}))
+                                                system={"name": "maestro-srtf", "options": {"attained_weight": 1.0}}))
     assert old2.request.attained_service_s == pytest.approx(10 * core.DECODE_S_PER_TOKEN)
     assert new2.request.attained_service_s == pytest.approx(4 * core.DECODE_S_PER_TOKEN)
     assert old2.request.workflow_arrival_s < new2.request.workflow_arrival_s
@@ -544,7 +522,7 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
     assert [gateway.vllm_priority(j) for j in order] == [core.BATCH_PRIORITY, core.BATCH_PRIORITY + 1]
     assert received[0]["priority"] < received[1]["priority"]  # sent as "old" then "new"
 
-    per_stage = core.Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy="maestro"))
+    per_stage = core.Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"name": "maestro"}))
     assert per_stage.vllm_priority(old2) == core.BATCH_PRIORITY + old2.request.tokens_pred  # stage order: tokens
 
     monkeypatch.setattr(core, "MAX_WORKFLOWS", 2)
@@ -554,10 +532,10 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
 
 
 def test_policy_options_are_checked():
-    with pytest.raises(ValueError, match="unknown policy_options"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained": 1})
+    with pytest.raises(ValueError, match="system.options: unknown"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"options": {"attained": 1}})
     with pytest.raises(ValueError, match="attained_weight"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], policy_options={"attained_weight": -1})
+        GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"options": {"attained_weight": -1}})
 
 
 # ---- cpu_nice (priority.py) ------------------------------------------------------------------------------------
@@ -588,8 +566,8 @@ def test_cpu_nice_leaves_a_shared_sessions_autogroup_alone_and_says_so():
 
 
 def test_cpu_nice_out_of_range_is_a_config_error():
-    with pytest.raises(ValueError, match="cpu_nice must be in"):
-        GatewayConfig(nodes=[{"name": "a", "url": "http://127.0.0.1:1"}], cpu_nice=-30)
+    with pytest.raises(ValueError, match="server.cpu_nice"):
+        GatewayConfig(nodes=[{"name": "a", "url": "http://127.0.0.1:1"}], server={"cpu_nice": -30})
 
 
 def test_a_stage_refused_for_a_full_queue_answers_429_with_retry_after_and_is_traced(tmp_path):
@@ -600,11 +578,41 @@ def test_a_stage_refused_for_a_full_queue_answers_429_with_retry_after_and_is_tr
         return await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers={
             "X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"}) for i in range(3)))
 
-    responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, max_queued=1,
-                                    kv_admission="peak", kv_overcommit=1.0))
+    responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, limits={"max_queued": 1},
+                                    kv={"admission": "peak", "overcommit": 1.0}))
     assert sorted(r.status_code for r in responses) == [200, 200, 429]
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["Retry-After"] == "1"
     lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
     assert sorted(line["stage_id"] for line in lines) == ["s0", "s1", "s2"]
     assert [line["error"] for line in lines if "error" in line] == ["refused: gateway queue full (1 stages waiting)"]
+
+
+def test_an_old_flat_config_file_says_where_each_field_went(tmp_path):
+    path = tmp_path / "gw.yaml"
+    path.write_text("nodes: [{name: a, url: 'http://x'}]\npolicy: mars\nkv_admission: peak\nworkflow_cap: 4\n"
+                    "predictor: http://p:3000\n")
+    with pytest.raises(ValueError) as error:
+        GatewayConfig.from_file(path)
+    message = str(error.value)
+    assert "policy → system.name" in message and "kv_admission → kv.admission" in message
+    assert "removed (no gain measured" in message and "workflow_cap" in message
+    assert "predictor: {source: 'http://p:3000'}" in message
+
+
+def test_a_system_name_and_its_overrides_build_the_gateway_from_the_system_table():
+    from serving.admission.sizing import ReservationMode
+    from serving.systems import SYSTEMS
+
+    nodes = [{"name": "a", "url": "http://a"}]
+    for name, system in SYSTEMS.items():
+        gateway = Gateway(GatewayConfig(nodes=nodes, system={"name": name}))
+        assert gateway.system == system and gateway.scheduler_config.policy == system.scheduler.value
+        assert gateway.sessions.policy.config.policy == system.tool_kv.value
+        assert (gateway.dispatcher.batch_cost is not None) == system.batch_cost
+    fcfs = Gateway(GatewayConfig(nodes=nodes, system={"name": "fcfs", "reservation": "predicted"})).system
+    assert fcfs.reservation is ReservationMode.PREDICTED and fcfs.scheduler.value == "fcfs"
+    with pytest.raises(ValueError, match="system.reservation"):
+        GatewayConfig(nodes=nodes, system={"reservation": "lots"})
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        GatewayConfig(nodes=nodes, system={"name": "nope"})

@@ -18,7 +18,7 @@ import uvicorn
 from pipelines.collect import collect
 from serving.driver.runner import DriveConfig, drive
 from serving.gateway.app import create_app
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, merged
 from serving.gateway.vllm_sync import parse_metrics
 
 from .engines import free_port, has_stats_plugin
@@ -31,10 +31,10 @@ class RunningGateway:
 
     def __init__(self, config: GatewayConfig):
         self.config = config
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.server.port,
                                                     log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{config.port}"
+        self.url = f"http://127.0.0.1:{config.server.port}"
 
     def __enter__(self) -> "RunningGateway":
         self.thread.start()
@@ -52,10 +52,11 @@ class RunningGateway:
         self.thread.join(timeout=15)
 
 
-def gateway_for(engines, trace_dir: Path, **kw) -> RunningGateway:
+def gateway_for(engines, trace_dir: Path, **sections) -> RunningGateway:
     nodes = [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)]
-    return RunningGateway(GatewayConfig(nodes=nodes, model="tiny", port=free_port(), trace_dir=str(trace_dir),
-                                        metrics_period_s=0.2, **kw))
+    return RunningGateway(GatewayConfig(nodes=nodes, model="tiny", **merged(
+        {"server": {"port": free_port()}, "traces": {"dir": str(trace_dir)}, "upstream": {"metrics_period_s": 0.2}},
+        sections)))
 
 
 def chat(url: str, stage: str, max_tokens: int, stream: bool = False, **kw) -> httpx.Response:
@@ -84,12 +85,14 @@ def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vll
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 12,
             "temperature": 0.0, "ignore_eos": True}
     own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
-    with gateway_for([vllm_engine], tmp_path, stream_upstream=True) as gw:
+    with gateway_for([vllm_engine], tmp_path, upstream={"stream": True}) as gw:
         assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
         completion = httpx.post(f"{gw.url}/v1/completions", timeout=60,
                                 json={"prompt": "Oslo is", "max_tokens": 6, "temperature": 0.0, "ignore_eos": True})
         status = httpx.get(f"{gw.url}/maestro/status").json()
     assert status["nodes"][0]["inflight"] == 0
+    reported = parse_metrics(httpx.get(f"{vllm_engine.url}/metrics").text)["vllm:cache_config_info"][0]
+    assert status["nodes"][0]["num_blocks"] == int(reported["num_gpu_blocks"]) - 1  # vLLM's null block is no room
     mine, theirs = assembled["choices"][0], own["choices"][0]
     assert mine["message"]["content"] == theirs["message"]["content"]
     assert (mine["finish_reason"], mine["message"]["role"]) == (theirs["finish_reason"], theirs["message"]["role"])
@@ -101,28 +104,6 @@ def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vll
     assert completion.json()["object"] == "text_completion" and completion.json()["choices"][0]["text"]
     traced = {s.prompt_tokens: s for s in collect(tmp_path)[0]}
     assert traced[own["usage"]["prompt_tokens"]].output_tokens == 12
-
-
-def test_upstream_stream_interval_gives_vllms_own_answer_in_fewer_chunks(vllm_engine, tmp_path):
-    """`upstream_stream_interval`: vLLM batches tokens per chunk (request field `stream_interval`); the assembled
-    answer must not change, and the gateway must read about tokens / interval chunks, not one per token."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 64,
-            "temperature": 0.0, "ignore_eos": True}
-    own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
-    chunks = {}
-    for interval in (0, 16):
-        with gateway_for([vllm_engine], tmp_path / str(interval), upstream_stream_interval=interval,
-                         stream_upstream=True) as gw:
-            assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
-            status = httpx.get(f"{gw.url}/maestro/status").json()
-        assert assembled["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
-        assert assembled["usage"]["completion_tokens"] == 64 and status["nodes"][0]["inflight"] == 0
-        chunks[interval] = status["upstream_chunks"]
-    # role, first token, 16-token batches, finish/usage; without an interval vLLM sends a chunk per token, or merges
-    # what piled up while its API server was behind (34 chunks for 64 tokens on the 2-core box)
-    assert chunks[16] <= 64 // 16 + 4 and chunks[16] < chunks[0], chunks
-    reported = parse_metrics(httpx.get(f"{vllm_engine.url}/metrics").text)["vllm:cache_config_info"][0]
-    assert status["nodes"][0]["num_blocks"] == int(reported["num_gpu_blocks"]) - 1  # vLLM's null block is no room
 
 
 def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):

@@ -160,8 +160,8 @@ def test_the_gateway_sends_its_prediction_to_a_node_running_the_plugin(maestro_e
     before = lines[-1] if lines else {"num_predicted": 0, "num_bad_hints": 0}
     with FaultProxy(maestro_engine.url) as proxy:
         node = {"name": "node0", "url": proxy.urls[0], "maestro_scheduler": True}
-        config = GatewayConfig(nodes=[node], model="tiny", port=free_port(), trace_dir=str(tmp_path),
-                               metrics_period_s=0.2, slo_s=30.0)
+        config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
+                               upstream={"metrics_period_s": 0.2}, system={"slo_s": 30.0})
         with RunningGateway(config) as gateway:
             for stage, is_stream in (("s1", False), ("s2", True)):
                 body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 64,
@@ -278,8 +278,9 @@ def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, t
     lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
     before = lines[-1] if lines else {"num_predicted": 0, "num_unpredicted": 0, "num_bad_hints": 0}
     node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
-    config = GatewayConfig(nodes=[node], model="tiny", port=free_port(), trace_dir=str(tmp_path / "traces"),
-                           metrics_period_s=0.2, slo_s=120.0)
+    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()},
+                           traces={"dir": str(tmp_path / "traces")}, upstream={"metrics_period_s": 0.2},
+                           system={"slo_s": 120.0})
     with RunningGateway(config) as gateway:
         drive_config = DriveConfig(target=gateway.url, traces=str(path), num_workflows=1, concurrency=1,
                                    max_tokens_cap=16, max_prompt_chars=1200, tool_wait_scale=0.01,

@@ -148,3 +148,11 @@ def test_the_hold_bound_is_positive_or_none():
     assert MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"max_hold_s": None}}).max_hold_s is None
     with pytest.raises(ValueError, match="max_hold_s"):
         MaestroSchedulerConfig(max_hold_s=0)
+
+
+def test_the_plugin_takes_its_queue_order_from_the_system_table():
+    assert MaestroSchedulerConfig().scheduler.policy == "maestro"
+    config = MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"system": "edf"}})
+    assert config.scheduler.policy == "edf"
+    with pytest.raises(ValueError, match="system: unknown policy"):
+        MaestroSchedulerConfig(system="nope")

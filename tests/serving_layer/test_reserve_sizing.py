@@ -39,7 +39,8 @@ def trained() -> Predictor:
 
 def gateway_jobs(tmp_path, predictor: Predictor | None, rho: float) -> list:
     """The gateway's `prepare` for each role × max_tokens, with the in-process predictor (model or no-model prior)."""
-    config = GatewayConfig(nodes=[NodeConfig("a", "http://127.0.0.1:9")], rho=rho, trace_dir=str(tmp_path / "traces"))
+    config = GatewayConfig(nodes=[NodeConfig("a", "http://127.0.0.1:9")], kv={"rho": rho},
+                           traces={"dir": str(tmp_path / "traces")})
 
     async def prepare_all():
         local = LocalPredictor(predictor, timeout_s=30.0)
