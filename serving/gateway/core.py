@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from pipelines.contract import prompt_text
 from serving.admission.aimd import AIMDWindow, SessionWindow
@@ -30,11 +30,11 @@ from serving.gateway.sessions import Sessions, tool_key
 from serving.gateway.sizing import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
-from serving.request import StageRequest
+from serving.gateway.workflows import SERVICE_PACE, WorkflowState
+from serving.request import WorkflowInfo, stage_request
 from serving.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
-DECODE_S_PER_TOKEN = 0.02  # rough per-token decode time: only orders stages, never promised to anyone
 BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first
 MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recently seen is forgotten first
 
@@ -42,19 +42,6 @@ MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recent
 def vllm_priority_value(is_interactive: bool, rank: int) -> int:
     """vLLM's `priority` of a stage (lower first): interactive before batch, then by `rank` within each."""
     return (0 if is_interactive else BATCH_PRIORITY) + rank
-
-
-@dataclass(slots=True)
-class WorkflowState:
-    """What the gateway knows of a workflow: its first stage's arrival, its arrival rank, the service it got.
-
-    `attained_s` is in the unit of `StageRequest.pred_service_s`: finished stages' output tokens × DECODE_S_PER_TOKEN
-    (not their measured time, which queueing and CPU contention inflate).
-    """
-
-    start_s: float
-    seq: int
-    attained_s: float = 0.0
 
 
 class Gateway:
@@ -156,15 +143,17 @@ class Gateway:
             rho=self.config.kv.rho), max_tokens)
         now = time.monotonic()
         workflow = self.workflow(meta.workflow_key, now)
+        # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
+        # until this call's arrival lets the hold go.
+        is_kv_pinned = any(meta.workflow_key in n.kv.held for n in self.nodes)
         home_node = self.sessions.arrive(meta.workflow_key, now)
         slo_s = meta.slo_s or self.config.system.slo_s
-        request = StageRequest(
-            workflow_id=meta.workflow_key, stage_id=meta.stage_id, interactive=meta.interactive,
-            workflow_arrival_s=workflow.start_s, ready_s=now, attained_service_s=workflow.attained_s,
-            deadline_s=workflow.start_s + slo_s if slo_s else float("inf"),
-            prompt_tokens=prompt_tokens, tokens_pred=min(max_tokens, prediction.tokens_pred), tokens_reserve=reserve,
-            max_tokens=max_tokens, pred_service_s=min(max_tokens, prediction.tokens_pred) * DECODE_S_PER_TOKEN,
-            home_node=home_node)
+        remaining_s = self.dispatcher.remaining_work.estimate(meta.app or "", workflow.next_position())
+        info = WorkflowInfo(meta.workflow_key, workflow.start_s, workflow.start_s + slo_s if slo_s else math.inf,
+                            meta.interactive, workflow.attained_s, remaining_s)
+        request = stage_request(info, meta.stage_id, prompt_tokens=prompt_tokens, tokens_pred=prediction.tokens_pred,
+                                tokens_reserve=reserve, max_tokens=max_tokens, pace=SERVICE_PACE, ready_s=now,
+                                is_kv_pinned=is_kv_pinned, home_node=home_node)
         job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
                   prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
                   num_messages=num_messages)
@@ -220,15 +209,21 @@ class Gateway:
         if self.spans is not None:
             self.spans.emit(record, job.span or self.spans.start(job.meta.trace_context, job.arrival_unix_s))
         node = next((n for n in self.nodes if n.name == node_name), None)
+        key, remaining_work = job.meta.workflow_key, self.dispatcher.remaining_work
         if "output_tokens" not in record:
             if job.meta.final:
-                self.sessions.end(job.meta.workflow_key)
+                self.sessions.end(key)
+                remaining_work.end(key, completed=False)
             return
-        self.sessions.stage_ended(job.meta.workflow_key, node, result.prompt_tokens + result.output_tokens,
+        self.sessions.stage_ended(key, node, result.prompt_tokens + result.output_tokens,
                                   result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
                                   job.meta.final, time.monotonic())
-        if (workflow := self.workflows.get(job.meta.workflow_key)) is not None:
-            workflow.attained_s += result.output_tokens * DECODE_S_PER_TOKEN
+        service_s = SERVICE_PACE.service_s(result.prompt_tokens, result.output_tokens)
+        if (workflow := self.workflows.get(key)) is not None:
+            workflow.attained_s += service_s
+        remaining_work.observe(key, job.meta.app or "", service_s)
+        if job.meta.final:
+            remaining_work.end(key)
         self.predictor.observe(record)
         self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
         if node is not None:

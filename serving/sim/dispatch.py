@@ -20,6 +20,7 @@ from serving.request import StageRequest
 from serving.residency import ModelState
 from serving.sim.context import SimContext
 from serving.sim.node import FINISH, GROW, SimNode
+from serving.sim.pace import ModelPace
 from serving.sim.slot import SimSlot, node_dispatch_config, parent_of
 from serving.sim.workload import SimStage
 from serving.tool_kv import ToolCallContext
@@ -244,7 +245,8 @@ class Dispatcher:
         sim = self.sim
         node.remove_running(stage)
         service_s = sim.now - stage.start_s
-        stage.workflow.attained_service_s += service_s
+        stage.workflow.attained_service_s += ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens,
+                                                                                          stage.output_tokens)
         sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from serving.admission import AIMDConfig, CapSignals
 from serving.kv import KVAllocatorConfig
-from serving.request import StageRequest
+from serving.request import StageRequest, WorkflowInfo, stage_request
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.scheduler.remaining import RemainingWork
@@ -25,6 +25,7 @@ from serving.sim.dispatch import Dispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
+from serving.sim.pace import ModelPace
 from serving.sim.slo import stage_unloaded_s
 from serving.sim.slot import node_dispatch_config
 from serving.systems import System
@@ -173,14 +174,8 @@ class Simulator:
         if workflow.is_dropped:
             return
         stage.ready_s = self.now
-        request = stage.request or self._request(stage)
-        request.ready_s = self.now
+        request = stage.request = self._request(stage)
         node = self.dispatch.route(stage)
-        request.attained_service_s = workflow.attained_service_s
-        request.workflow_remaining_s = self._workflow_remaining_s(stage)
-        # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue
-        parent = workflow.stages[stage.session_parent] if stage.session_parent >= 0 else None
-        request.is_kv_pinned = parent is not None and parent in node.pinned
         self.recorder.stage_ready(len(node.core))
         node.core.add(request, self.now)
         node.queued_work_s += request.pred_service_s
@@ -192,13 +187,18 @@ class Simulator:
         return self.dispatch.is_live(request, now)
 
     def _request(self, stage: SimStage) -> StageRequest:
-        w, model = stage.workflow, self.cost.model(stage.model)
-        pred_s = self.cost.prefill_s(model, stage.prompt_tokens) + self.cost.decode_s(
-            model, stage.tokens_pred, stage.prompt_tokens)
-        stage.request = StageRequest(
-            w.workflow_id, stage.stage_id, stage.model, w.interactive, w.arrival_s, self.now, w.arrival_s + w.slo_s,
-            stage.prompt_tokens, stage.tokens_pred, stage.tokens_reserve, stage.max_tokens, pred_s, payload=stage)
-        return stage.request
+        """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.request`)."""
+        w = stage.workflow
+        info = WorkflowInfo(w.workflow_id, w.arrival_s, w.arrival_s + w.slo_s, w.interactive, w.attained_service_s,
+                            self._workflow_remaining_s(stage))
+        # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
+        # is on the node its stage ran on, where routing sends the session's next stage.
+        parent = w.stages[stage.session_parent] if stage.session_parent >= 0 else None
+        is_pinned = parent is not None and parent.node is not None and parent in parent.node.pinned
+        return stage_request(info, stage.stage_id, prompt_tokens=stage.prompt_tokens, tokens_pred=stage.tokens_pred,
+                             tokens_reserve=stage.tokens_reserve, max_tokens=stage.max_tokens,
+                             pace=ModelPace.of(self.cost, stage.model), ready_s=self.now, model=stage.model,
+                             is_kv_pinned=is_pinned, payload=stage)
 
     def _workflow_remaining_s(self, stage: SimStage) -> float:
         """What the app's ended workflows say is left after this stage (not the replay's own future stages)."""

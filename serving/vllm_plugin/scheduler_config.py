@@ -8,7 +8,7 @@ from serving.systems import DEFAULT_SYSTEM, get_system
 
 CONFIG_KEY = "maestro_scheduler"
 # pred_service_s of a request whose hints do not say: its predicted tokens at this pace, the gateway's
-# DECODE_S_PER_TOKEN (serving/gateway/core.py; a test keeps the two equal, the gateway's imports are not vLLM's)
+# DECODE_S_PER_TOKEN (serving/gateway/workflows.py; a test keeps the two equal, the gateway's imports are not vLLM's)
 DEFAULT_DECODE_S_PER_TOKEN = 0.02
 
 

@@ -23,6 +23,7 @@ from serving.gateway.dispatch import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import parse_metadata
 from serving.gateway.nodes import Admission, Node, Refusal
 from serving.gateway.vllm_sync import parse_metrics
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
 from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks
@@ -98,6 +99,19 @@ def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
         dispatcher.submit(make_job("y", 128 * 2, loop=loop))
     dispatcher.finish(big)
     assert small.future.result() is node
+
+
+def test_a_start_whose_blocks_no_longer_map_puts_the_job_back_in_its_place():
+    loop = asyncio.new_event_loop()
+    node = make_node("a", blocks=4)
+    dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, recheck_s=0)
+    reserve, refusals = node.reserve, [None]  # the first reserve finds the blocks gone (the node changed since admit)
+    node.reserve = lambda admission: refusals.pop() if refusals else reserve(admission)
+    job = make_job("s", 128, loop=loop)
+    dispatcher.submit(job)
+    assert not job.future.done() and len(dispatcher.core) == 1 and node.num_inflight == 0
+    dispatcher.pump()
+    assert job.future.result() is node and job.reservation is not None and node.num_inflight == 1
 
 
 def test_backfill_lets_a_stage_that_fits_pass_a_head_that_does_not():
@@ -491,6 +505,28 @@ def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_t
     assert collect(tmp_path)[0][0].output_tokens == 40
 
 
+def test_a_stage_request_carries_its_workflows_remaining_work_and_kept_context(tmp_path):
+    from serving.gateway.metadata import StageMeta
+
+    async def calls(client, gateway):
+        for w in ("w1", "w2", "w3"):  # three workflows of app x end: 10 output tokens after their first stage
+            for stage, final in (("s1", "false"), ("s2", "true")):
+                response = await client.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, headers={
+                    "X-Maestro-Workflow": w, "X-Maestro-Stage": stage, "X-Maestro-App": "x", "X-Maestro-Final": final})
+                assert response.status_code == 200
+        body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 50}
+        first = await gateway.prepare(StageMeta("w4", "s1", app="x"), body)
+        gateway.nodes[0].hold("w4", 128)  # its context kept on the node during a tool call
+        second = await gateway.prepare(StageMeta("w4", "s2", app="x"), body)
+        return first, second
+
+    first, second = asyncio.run(run_app(tmp_path, {"a": True}, calls))
+    assert first.request.workflow_remaining_s == pytest.approx(10 * DECODE_S_PER_TOKEN)
+    assert second.request.workflow_remaining_s == 0.0  # no ended workflow of x went past its second stage
+    assert not first.request.is_kv_pinned and second.request.is_kv_pinned
+
+
 def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_policy_order(tmp_path, monkeypatch):
     from serving.gateway import core
     from serving.gateway.metadata import StageMeta
@@ -511,8 +547,8 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
     received: list[dict] = []
     gateway, (new2, old2) = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
                                                 system={"name": "maestro-srtf", "options": {"attained_weight": 1.0}}))
-    assert old2.request.attained_service_s == pytest.approx(10 * core.DECODE_S_PER_TOKEN)
-    assert new2.request.attained_service_s == pytest.approx(4 * core.DECODE_S_PER_TOKEN)
+    assert old2.request.attained_service_s == pytest.approx(10 * DECODE_S_PER_TOKEN)
+    assert new2.request.attained_service_s == pytest.approx(4 * DECODE_S_PER_TOKEN)
     assert old2.request.workflow_arrival_s < new2.request.workflow_arrival_s
     scheduler = create_scheduler(gateway.scheduler_config)
     for job in (new2, old2):

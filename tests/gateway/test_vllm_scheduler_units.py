@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from serving.gateway.core import DECODE_S_PER_TOKEN
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.hold import HoldBound

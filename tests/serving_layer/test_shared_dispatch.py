@@ -22,10 +22,11 @@ from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.kv import KVAllocator, KVAllocatorConfig
-from serving.request import StageRequest
+from serving.request import WorkflowInfo, stage_request
 from serving.scheduler import create_scheduler
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.engine import ClusterConfig, Simulator
+from serving.sim.pace import ModelPace
 from serving.systems import System, get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
@@ -69,11 +70,10 @@ class Live:
         self.dispatcher.pump()
 
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
-        model = COST.model(MODEL)  # the simulator's predicted service time, so that both order alike
-        pred_s = COST.prefill_s(model, prompt_tokens) + COST.decode_s(model, reserve_tokens, prompt_tokens)
-        request = StageRequest(name, "s0", MODEL, workflow_arrival_s=now, ready_s=now, deadline_s=now + SLO_S,
-                               prompt_tokens=prompt_tokens, tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens,
-                               max_tokens=4096, pred_service_s=pred_s)
+        # built as both paths build it, at the simulator's pace, so that both order alike
+        request = stage_request(WorkflowInfo(name, now, now + SLO_S), "s0", prompt_tokens=prompt_tokens,
+                                tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=4096,
+                                pace=ModelPace.of(COST, MODEL), ready_s=now, model=MODEL)
         job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + reserve_tokens)
         job.future, request.payload = self.loop.create_future(), job
         self.jobs[name] = job
