@@ -95,10 +95,10 @@ class NodeSlot:
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         node = self.node
-        return node.kv.num_free_blocks / max(1, node.kv.num_blocks), self.load(), node.num_waiting
+        return node.kv.num_free_blocks / max(1, node.kv.num_blocks), self.load(), node.vllm.num_waiting
 
     def load(self) -> float:
-        return self.node.num_inflight + self.node.num_waiting
+        return self.node.num_inflight + self.node.vllm.num_waiting
 
 
 class Dispatcher:

@@ -1,8 +1,8 @@
 """One vLLM node as the gateway sees it, and the one admission question it answers: may this stage start here now?
 
-A `Node` composes its KV budget (kv_budget.py: reservations, vLLM's measured use, held session contexts), its pace
-(pace.py: how fast its calls go, from which a stage's KV over time is projected) and what its engine's /metrics and
-/v1/models say (vllm_sync.py). `admit` decides once and returns an `Admission`, which the dispatcher carries in its
+A `Node` composes its KV budget (`kv`, kv_budget.py: reservations, vLLM's measured use, held session contexts), its
+pace (`pace`, pace.py: how fast its calls go, from which a stage's KV over time is projected) and what its engine's
+/metrics and /v1/models say (`vllm`, vllm_sync.py). `admit` decides once and returns an `Admission`, which the dispatcher carries in its
 decision and hands back to `reserve`.
 
 `kv_admission` "peak" admits a stage when its peak (prompt + output) fits in the budget and in vLLM's free blocks at
@@ -56,7 +56,7 @@ class Admission:
         return self.refusal is None
 
 
-class Node(VllmSync):
+class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
@@ -66,21 +66,12 @@ class Node(VllmSync):
         self.kv_admission = kv_admission
         self.kv = KVBudget(kv_overcommit)
         self.pace = NodePace(decode_rate_margin)
+        self.vllm = VllmSync(self.url, upstream, self.kv)
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.max_inflight = max_inflight  # stages dispatched here at once (0 = no cap)
         self.running_requests: dict = {}  # StageRequest dispatched here → when (monotonic): Maestro's batch gate reads it
         self.num_refused = {r.value: 0 for r in COUNTED_REFUSALS}  # refusals by reason (`/maestro/status`)
-        self.is_healthy = False
-        self.num_running = 0
-        self.num_waiting = 0
-        self.num_preemptions = 0
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
-        self.metrics_asked_s = float("-inf")  # when the /metrics now in use was asked for (monotonic)
-        self.num_failed_polls = 0  # in a row
-        self.num_slow_polls = 0  # timed out while stages were in flight: busy, not down
-        # vLLM's max_model_len (prompt + output), from /v1/models once the node is up; None where it reports none
-        self.max_model_len: int | None = None
-        self.has_listed_models = False  # /v1/models answered since the node (re)started
 
     # ---- the one admission question ---------------------------------------------------------
     def admit(self, prompt_tokens: int, output_tokens: int, now: float | None = None,
@@ -114,7 +105,7 @@ class Node(VllmSync):
         """The most blocks the running stages and this one, starting now, are projected to hold at once."""
         candidate = self.pace.project(prompt_tokens, output_tokens, now,
                                       from_streams=self.num_inflight < UNDEROCCUPIED_INFLIGHT)
-        measured = (self.kv.num_blocks - self.kv.num_unused_blocks, self.metrics_asked_s)
+        measured = (self.kv.num_blocks - self.kv.num_unused_blocks, self.vllm.metrics_asked_s)
         return peak_blocks(list(self.active.values()), candidate, now, self.pace.decode_tokens_per_s,
                            self.kv.block_size, self.pace.call_overhead_s, measured)
 
@@ -134,7 +125,30 @@ class Node(VllmSync):
         self.active.pop(reservation.handle, None)
         self.kv.release(reservation)
 
-    # ---- what other parts of the gateway read -----------------------------------------------
+    # ---- its engine, as other parts of the gateway see it ------------------------------------
+    async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
+        """Ask vLLM's /metrics (`VllmSync.poll`; busy while stages are in flight here); returns the node's health."""
+        return await self.vllm.poll(timeout_s, down_after_failed_polls, is_busy=self.num_inflight > 0)
+
+    def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
+        self.vllm.apply_metrics(samples, asked_s)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.vllm.is_healthy
+
+    @is_healthy.setter
+    def is_healthy(self, is_healthy: bool) -> None:  # a failed forward marks it down until /metrics answers
+        self.vllm.is_healthy = is_healthy
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.vllm.num_preemptions
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.vllm.max_model_len
+
     @property
     def kv_usage(self) -> float:
         return self.kv.kv_usage
@@ -161,9 +175,10 @@ class Node(VllmSync):
         self.pace.observe_stream(first_token_delay_s, output_tokens, decode_s)
 
     def snapshot(self) -> dict:
-        return {"name": self.name, "url": self.url, "healthy": self.is_healthy, "num_blocks": self.kv.num_blocks,
+        vllm = self.vllm
+        return {"name": self.name, "url": self.url, "healthy": vllm.is_healthy, "num_blocks": self.kv.num_blocks,
                 "num_free_blocks": self.kv.num_free_blocks, "kv_usage": round(self.kv.kv_usage, 4),
-                "running": self.num_running, "waiting": self.num_waiting, "inflight": self.num_inflight,
-                "preemptions": self.num_preemptions, "refused": dict(self.num_refused), **self.pace.snapshot(),
-                "failed_polls": self.num_failed_polls, "max_model_len": self.max_model_len,
-                "slow_polls": self.num_slow_polls, "held_blocks": sum(self.kv.held.values())}
+                "running": vllm.num_running, "waiting": vllm.num_waiting, "inflight": self.num_inflight,
+                "preemptions": vllm.num_preemptions, "refused": dict(self.num_refused), **self.pace.snapshot(),
+                "failed_polls": vllm.num_failed_polls, "max_model_len": vllm.max_model_len,
+                "slow_polls": vllm.num_slow_polls, "held_blocks": sum(self.kv.held.values())}

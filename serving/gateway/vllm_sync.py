@@ -8,7 +8,8 @@ import time
 
 import aiohttp
 
-from serving.gateway.upstream import UpstreamError
+from serving.gateway.kv_budget import KVBudget
+from serving.gateway.upstream import Upstream, UpstreamError
 
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -37,8 +38,21 @@ VLLM_NULL_BLOCKS = 1  # vLLM v1's BlockPool takes one block as the null block (v
 
 
 class VllmSync:
-    """What a `Node` learns from its engine (a mixin: it sets the node's health and engine counters, and tells the
-    node's `KVBudget` (`self.kv`) vLLM's usage and block count)."""
+    """A node's engine as its /metrics and /v1/models last said: health, running / waiting / preempted counts, the
+    context length; vLLM's KV usage and block count go to the node's `KVBudget`."""
+
+    def __init__(self, url: str, upstream: Upstream | None, kv: KVBudget):
+        self.url, self.upstream, self.kv = url, upstream, kv
+        self.is_healthy = False
+        self.num_running = 0
+        self.num_waiting = 0
+        self.num_preemptions = 0
+        self.metrics_asked_s = float("-inf")  # when the /metrics now in use was asked for (monotonic)
+        self.num_failed_polls = 0  # in a row
+        self.num_slow_polls = 0  # timed out while stages were in flight: busy, not down
+        # vLLM's max_model_len (prompt + output), from /v1/models once the node is up; None where it reports none
+        self.max_model_len: int | None = None
+        self.has_listed_models = False  # /v1/models answered since the node (re)started
 
     def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
         """Take a /metrics answer; `asked_s`: when it was asked for (monotonic; default now)."""
@@ -56,10 +70,10 @@ class VllmSync:
             usable = int(info["num_gpu_blocks"]) - VLLM_NULL_BLOCKS
             self.kv.size(max(1, usable), int(info.get("block_size", self.kv.block_size)))
 
-    async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
+    async def poll(self, timeout_s: float, down_after_failed_polls: int = 1, is_busy: bool = False) -> bool:
         """Fetch /metrics and return the node's health: up when it answered; down at once when it refuses the
         connection, else after `down_after_failed_polls` failed polls in a row. A poll that times out while the
-        node has stages in flight is not a failure: a busy engine answers /metrics late (its stages' own
+        node is busy (stages in flight) is not a failure: a busy engine answers /metrics late (its stages' own
         timeouts catch a stalled one)."""
         try:
             asked_s = time.monotonic()
@@ -74,7 +88,7 @@ class VllmSync:
             self.is_healthy, self.num_failed_polls = False, self.num_failed_polls + 1
             self.has_listed_models = False  # a restarted engine may serve another context length
         except asyncio.TimeoutError:
-            if self.num_inflight:
+            if is_busy:
                 self.num_slow_polls += 1
             else:
                 self._poll_failed(down_after_failed_polls)

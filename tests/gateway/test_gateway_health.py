@@ -73,11 +73,11 @@ def test_a_node_slow_to_answer_metrics_is_down_only_after_failed_polls_in_a_row_
                 assert await polls(node, 1) == [True]
                 engine.is_stalled, node.num_inflight = True, 2  # busy: late answers are not failures
                 busy = await polls(node, 4)
-                counts = (node.num_failed_polls, node.num_slow_polls)
+                counts = (node.vllm.num_failed_polls, node.vllm.num_slow_polls)
                 node.num_inflight = 0  # idle and not answering: down at the third miss in a row
                 idle = await polls(node, 3)
                 engine.is_stalled = False
-                return busy, counts, idle, await polls(node, 1), node.num_failed_polls
+                return busy, counts, idle, await polls(node, 1), node.vllm.num_failed_polls
             finally:
                 await upstream.close()
 
@@ -124,7 +124,7 @@ def test_overload_of_a_busy_node_answers_429_with_retry_after_from_the_queue_and
     responses, node = asyncio.run(run())
     assert sorted(r.status_code for r in responses) == [200, 200, 200, 429, 429]
     assert all(r.headers["Retry-After"] == "1" for r in responses if r.status_code == 429)
-    assert node.is_healthy and node.num_slow_polls > 0 and node.num_failed_polls == 0
+    assert node.is_healthy and node.vllm.num_slow_polls > 0 and node.vllm.num_failed_polls == 0
     lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
     assert sorted(line["stage_id"] for line in lines) == [f"s{i}" for i in range(5)]
     assert sorted(line["outcome"] for line in lines) == ["completed"] * 3 + ["refused"] * 2

@@ -25,7 +25,7 @@ def test_the_cap_is_the_default_less_what_the_smallest_context_leaves():
     gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}],
                                     kv={"default_max_tokens": 512}))
     assert gateway.output_cap(100) == 512  # no node has listed its context yet
-    gateway.nodes[0].max_model_len, gateway.nodes[1].max_model_len = 4096, 2048
+    gateway.nodes[0].vllm.max_model_len, gateway.nodes[1].vllm.max_model_len = 4096, 2048
     assert (gateway.output_cap(100), gateway.output_cap(1800), gateway.output_cap(3000)) == (512, 248, 1)
 
 

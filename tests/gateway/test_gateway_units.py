@@ -166,8 +166,9 @@ def test_backfill_respects_policy_order_and_skips_cancelled_stages():
 class NodeReadyAt:
     """A node that can take any stage from a given moment on (what projected admission does as stages end)."""
 
-    name, num_inflight, num_waiting, is_healthy, kv_admission = "t", 0, 0, True, "projected"
+    name, num_inflight, is_healthy, kv_admission = "t", 0, True, "projected"
     kv = SimpleNamespace(allocator=None, num_blocks=1, num_free_blocks=1)
+    vllm = SimpleNamespace(num_waiting=0)
 
     def __init__(self, ready_s: float):
         self.ready_s = ready_s
