@@ -32,7 +32,8 @@ class NodeView(Protocol):
     name: str
 
     def admit(self, request: StageRequest) -> object | None:
-        """What the node computed to let the stage start here now (None: it may not), for the caller to start it with."""
+        """What the node computed to let the stage start here now, for the caller to start it with (None: it may
+        not)."""
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Whether waiting could let the stage start here (False: it never will, as things are)."""

@@ -162,7 +162,8 @@ class Dispatcher:
             job: Job = decision.request.payload
             if decision.outcome is Outcome.NEVER_FITS:
                 self._fail_unplaceable(job)
-            elif decision.outcome is Outcome.START and not self._assign(job, decision.node.node, decision.admission, now):
+            elif decision.outcome is Outcome.START and not self._assign(job, decision.node.node, decision.admission,
+                                                                        now):
                 self.core.add(job.request, job.enqueued_s)  # back in its place: the next pump or recheck tries again
                 break
         if len(self.core):

@@ -2,8 +2,8 @@
 
 A `Node` composes its KV budget (`kv`, kv_budget.py: reservations, vLLM's measured use, held session contexts), its
 pace (`pace`, pace.py: how fast its calls go, from which a stage's KV over time is projected) and what its engine's
-/metrics and /v1/models say (`vllm`, vllm_sync.py). `admit` decides once and returns an `Admission`, which the dispatcher carries in its
-decision and hands back to `reserve`.
+/metrics and /v1/models say (`vllm`, vllm_sync.py). `admit` decides once and returns an `Admission`, which the
+dispatcher carries in its decision and hands back to `reserve`.
 
 `kv_admission` "peak" admits a stage when its peak (prompt + output) fits in the budget and in vLLM's free blocks at
 once; "projected" admits it while, with every running stage growing at the node's pace, the node is never overfilled
@@ -26,6 +26,7 @@ from serving.kv import Reservation
 # With fewer stages than this in flight on a node, a new stage is projected from measured streams (pace.py), not from
 # the fitted call time, which grows it too fast from dispatch: admission is less conservative on an under-occupied node.
 UNDEROCCUPIED_INFLIGHT = 2
+KV_ADMISSIONS = ("peak", "projected")  # see the module docstring
 
 
 class Refusal(str, enum.Enum):
@@ -63,13 +64,15 @@ class Node:
                  kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, max_inflight: int = 0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.runs_maestro_scheduler = config.maestro_scheduler
+        if kv_admission not in KV_ADMISSIONS:
+            raise ValueError(f"node {config.name}: kv_admission must be one of {KV_ADMISSIONS}, got {kv_admission!r}")
         self.kv_admission = kv_admission
         self.kv = KVBudget(kv_overcommit)
         self.pace = NodePace(decode_rate_margin)
         self.vllm = VllmSync(self.url, upstream, self.kv)
         self.active: dict[int, GrowingStage] = {}  # reservation handle → the stage's KV over time
         self.max_inflight = max_inflight  # stages dispatched here at once (0 = no cap)
-        self.running_requests: dict = {}  # StageRequest dispatched here → when (monotonic): Maestro's batch gate reads it
+        self.running_requests: dict = {}  # StageRequest dispatched here → when (monotonic), for the batch gate
         self.num_refused = {r.value: 0 for r in COUNTED_REFUSALS}  # refusals by reason (`/maestro/status`)
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
 

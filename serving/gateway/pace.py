@@ -70,6 +70,7 @@ class NodePace:
                             tokens_per_s=self.stage_tokens_per_s * self.decode_rate_margin)
 
     def snapshot(self) -> dict:
-        return {"call_overhead_s": round(self.call_overhead_s, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
+        return {"call_overhead_s": round(self.call_overhead_s, 3),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
                 "first_token_delay_s": round(self.first_token_delay_s, 3),
                 "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed}

@@ -6,9 +6,10 @@ core's node choice among the nodes that could start it at once, else among all t
 core starts its queue in policy order, gated by the session cap (MARS: the AIMD window), with the gateway's bounded
 backfill. A `SimSlot` (slot.py) answers the core's questions for one node: may this stage start here now (a batch
 slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`, the admission a start
-applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (prefill, reservation), decode growth and
-preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation through `SimContext`: what it
-reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a kept context's TTL armed).
+applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (prefill,
+reservation), decode growth and preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation
+through `SimContext`: what it reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a
+kept context's TTL armed).
 """
 from __future__ import annotations
 

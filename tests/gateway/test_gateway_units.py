@@ -77,7 +77,8 @@ def test_vllms_null_block_is_not_counted_as_room():
     assert 'num_gpu_blocks="16"' in metrics_text(blocks=15) and node.num_blocks == 15
     node.apply_metrics(parse_metrics(metrics_text(blocks=15, usage=14 / 15)))
     assert node.num_unused_blocks == 1
-    assert node.admit(128, 0).is_admitted and not node.admit(129, 0).is_admitted  # one block free: a 2-block prompt waits
+    assert node.admit(128, 0).is_admitted
+    assert not node.admit(129, 0).is_admitted  # one block free: a 2-block prompt waits
 
 
 def test_what_if_admissions_count_no_refusals():
