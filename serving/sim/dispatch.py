@@ -20,9 +20,9 @@ from serving.kv import Reservation
 from serving.request import StageRequest
 from serving.residency import ModelState
 from serving.sim.context import SimContext
-from serving.sim.node import FINISH, GROW, SimNode
+from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.pace import ModelPace
-from serving.sim.slot import SimSlot, node_dispatch_config, parent_of
+from serving.sim.slot import SimSlot, parent_of
 from serving.sim.workload import SimStage
 from serving.tool_kv import ToolCallContext
 

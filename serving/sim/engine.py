@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from serving.admission import AIMDConfig, CapSignals
-from serving.kv import KVAllocatorConfig
 from serving.request import StageRequest, WorkflowInfo, stage_request
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
@@ -27,7 +26,6 @@ from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
 from serving.sim.pace import ModelPace
 from serving.sim.slo import stage_unloaded_s
-from serving.sim.slot import node_dispatch_config
 from serving.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
 from serving.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
@@ -69,11 +67,7 @@ class Simulator:
         self.cluster, self.system, self.workflows = cluster, system, workflows
         self.cost = CostModel(cluster.cost)
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
-        kv = KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit)
-        self.nodes = [SimNode(i, self.cost, kv, cluster.residency, system.scheduler, cluster.num_tool_workers,
-                              system.cap, cluster.aimd, cluster.host_cpu, cluster.prefix_caching,
-                              node_dispatch_config(system.router, cluster.fitness), self._is_live)
-                      for i in range(cluster.num_nodes)]
+        self.nodes = [SimNode(i, self.cost, cluster, system, self._is_live) for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
         self.dispatch = Dispatcher(self)
         self.now = 0.0

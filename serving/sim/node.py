@@ -10,15 +10,21 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter, OrderedDict, deque
+from typing import TYPE_CHECKING
 
 from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
 from serving.admission.dispatch import DispatchConfig, DispatchCore
 from serving.kv import KVAllocator, KVAllocatorConfig
-from serving.residency import NodeResidency, ResidencyConfig
+from serving.residency import NodeResidency
+from serving.routing import FitnessConfig
 from serving.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
 from serving.sim.hostcpu import HostCPU
 from serving.sim.prefixcache import PrefixCache
+
+if TYPE_CHECKING:
+    from serving.sim.engine import ClusterConfig
+    from serving.systems import System
 
 FINISH, GROW = 0, 1
 PACE_WINDOW_S = 10.0  # the measured pace is the step clock's rate over about this long
@@ -28,21 +34,19 @@ _TIE = itertools.count()
 class SimNode:
     """One node; its queue is a dispatch core (serving/admission/dispatch.py) over this node."""
 
-    def __init__(self, index: int, cost: CostModel, kv_config: KVAllocatorConfig, residency: ResidencyConfig,
-                 scheduler: str, num_tool_workers: int, cap: str, aimd: AIMDConfig, host_cpu: str = "workers",
-                 prefix_caching: bool = True, dispatch: DispatchConfig | None = None,
+    def __init__(self, index: int, cost: CostModel, cluster: ClusterConfig, system: System,
                  is_live=lambda request, now: True):
         self.index = index
         self.name = f"node{index}"
         self.cost = cost
-        self.alloc = KVAllocator(kv_config)
-        self.sched = create_scheduler(SchedulerConfig(policy=scheduler))
-        self.residency = NodeResidency(residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
-        self.cap = self._make_cap(CapKind(cap), aimd, num_tool_workers)
-        self.core = DispatchCore(self.sched, dispatch, self.cap, is_live)
-        self.num_tool_workers = num_tool_workers
-        self.host = HostCPU(host_cpu, num_tool_workers)
-        self.cache = PrefixCache(prefix_caching)
+        self.alloc = KVAllocator(KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit))
+        self.sched = create_scheduler(SchedulerConfig(policy=system.scheduler))
+        self.residency = NodeResidency(cluster.residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
+        self.num_tool_workers = cluster.num_tool_workers
+        self.cap = self._make_cap(CapKind(system.cap), cluster.aimd, cluster.num_tool_workers)
+        self.core = DispatchCore(self.sched, node_dispatch_config(system.router, cluster.fitness), self.cap, is_live)
+        self.host = HostCPU(cluster.host_cpu, cluster.num_tool_workers)
+        self.cache = PrefixCache(cluster.prefix_caching)
         self.running: dict = {}  # stage -> None, in start order (the preemption order)
         self.pinned: OrderedDict = OrderedDict()  # stage whose tool runs -> its kept Reservation
         self.queued_work_s = 0.0
@@ -158,3 +162,8 @@ class SimNode:
 
     def num_tool_jobs(self) -> int:
         return self.host.num_jobs()
+
+
+def node_dispatch_config(router: str, fitness: FitnessConfig) -> DispatchConfig:
+    """The gateway's dispatch rules (backfill included) on one node's queue, and the system's router."""
+    return DispatchConfig(router=router, fitness=fitness)

@@ -1,12 +1,10 @@
-"""A simulated node as the dispatch core sees it (`admission.dispatch.NodeView`), and the core's rules per node."""
+"""A simulated node as the dispatch core sees it (`admission.dispatch.NodeView`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from serving.admission.batch_cost import RunningBatch, fewest_remaining_tokens
-from serving.admission.dispatch import DispatchConfig
 from serving.request import StageRequest
-from serving.routing import FitnessConfig
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
 
@@ -100,11 +98,6 @@ class SimSlot:
     def can_start_now(self, request: StageRequest) -> bool:
         """Nothing queued ahead of it here, and the core would start it."""
         return not len(self.node.sched) and self.admit(request) is not None
-
-
-def node_dispatch_config(router: str, fitness: FitnessConfig) -> DispatchConfig:
-    """The gateway's dispatch rules (backfill included) on one node's queue, and the system's router."""
-    return DispatchConfig(router=router, fitness=fitness)
 
 
 def parent_of(stage: SimStage) -> SimStage | None:
