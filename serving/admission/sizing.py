@@ -21,7 +21,7 @@ class ReservationMode(enum.Enum):
     ON_DEMAND = "on-demand"  # prompt + one chunk, grown during decode (vLLM paging)
 
 
-class Answer(Protocol):
+class LengthPrediction(Protocol):
     """A predictor's answer as sizing reads it (`pipelines.predictor.Prediction`, the service's `PredictionOut`)."""
 
     tokens_pred: int
@@ -29,7 +29,7 @@ class Answer(Protocol):
     fallback_level: str
 
 
-def is_calibrated(prediction: Answer) -> bool:
+def is_calibrated(prediction: LengthPrediction) -> bool:
     """Whether the prediction's reserve is already a calibrated upper bound.
 
     A model answer (fallback_level "role" or "global") is: its tokens_reserve is the conformal bound (or, for a

@@ -27,7 +27,9 @@ from serving.sim.workload import SimStage
 from serving.tool_kv import ToolCallContext
 
 
-class Dispatcher:
+class SimDispatcher:
+    """The simulator's dispatch (see the module docstring): routing, each node's fill, a stage's clock parts."""
+
     def __init__(self, sim: SimContext):
         self.sim = sim
         self.reservation = ReservationMode(sim.system.reservation)

@@ -20,7 +20,7 @@ from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.scheduler.remaining import RemainingWork
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.dispatch import Dispatcher, leave
+from serving.sim.dispatch import SimDispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
@@ -69,7 +69,7 @@ class Simulator:
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         self.nodes = [SimNode(i, self.cost, cluster, system, self._is_live) for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
-        self.dispatch = Dispatcher(self)
+        self.dispatch = SimDispatcher(self)
         self.now = 0.0
         self.num_events = 0
         self._events: list = []

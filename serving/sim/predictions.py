@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from serving.admission.sizing import DEFAULT_RHO, Answer, is_calibrated, reserve_output_tokens
+from serving.admission.sizing import DEFAULT_RHO, LengthPrediction, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 
@@ -68,7 +68,7 @@ def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
                                                          is_calibrated=True)
 
 
-def apply_prediction(stage: SimStage, prediction: Answer, rho: float = DEFAULT_RHO) -> None:
+def apply_prediction(stage: SimStage, prediction: LengthPrediction, rho: float = DEFAULT_RHO) -> None:
     """Set a stage's tokens_pred / tokens_reserve from a predictor's answer, sized as the gateway sizes it."""
     stage.tokens_pred = int(min(stage.max_tokens, max(1, prediction.tokens_pred)))
     stage.tokens_reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, stage.max_tokens,

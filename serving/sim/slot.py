@@ -9,20 +9,20 @@ from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
 
 if TYPE_CHECKING:
-    from serving.sim.dispatch import Dispatcher
+    from serving.sim.dispatch import SimDispatcher
 
 
 class SimSlot:
     """A simulated node as the dispatch core sees it (`admission.dispatch.NodeView`)."""
 
-    def __init__(self, node: SimNode, dispatcher: Dispatcher):
+    def __init__(self, node: SimNode, dispatcher: SimDispatcher):
         self.node, self.name, self.dispatcher = node, node.name, dispatcher
         self._batch: tuple[tuple[float, int], RunningBatch] | None = None  # (when, batch version) → the view
 
     def admit(self, request: StageRequest) -> list[SimStage] | None:
-        """The kept tool-call KV to reclaim so that the stage starts here now (`Dispatcher.kv_plan`): the node's
-        admission, applied when the stage starts; None where it may not start (no batch slot, the model cannot be
-        made resident, no room for its reserve, or Maestro's batch-cost gate holds it back)."""
+        """The kept tool-call KV to reclaim so that the stage starts here now (`SimDispatcher.kv_plan`): the
+        node's admission, applied when the stage starts; None where it may not start (no batch slot, the model
+        cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it back)."""
         node, stage = self.node, request.payload
         if len(node.running) >= self.dispatcher.max_batch_seqs:
             return None

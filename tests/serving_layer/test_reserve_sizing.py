@@ -17,7 +17,7 @@ from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
 from serving.gateway.metadata import StageMeta
 from serving.gateway.predict import LocalPredictor
-from serving.sim.dispatch import Dispatcher
+from serving.sim.dispatch import SimDispatcher
 from serving.sim.engine import Simulator
 from serving.sim.predictions import apply_prediction
 from serving.sim.runner import RunConfig, build_workload
@@ -62,7 +62,7 @@ def sim_reserves(jobs: list, rho: float) -> list[int]:
     scenario = get_scenario("maestro-paper", 1)
     scenario.cluster.show_progress = False
     workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=1), scenario.regimes[0])
-    dispatch = Dispatcher(Simulator(scenario.cluster, get_system("maestro"), workflows))
+    dispatch = SimDispatcher(Simulator(scenario.cluster, get_system("maestro"), workflows))
     stage = workflows[0].stages[0]
     reserves = []
     for job in jobs:

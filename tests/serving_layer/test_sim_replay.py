@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from serving.sim.dispatch import Dispatcher
+from serving.sim.dispatch import SimDispatcher
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario
@@ -87,7 +87,7 @@ def test_the_reserve_never_exceeds_max_tokens(tmp_path, policy):
                                    scenario.regimes[0])
     long_stage = workflows[0].stages[3]
     assert long_stage.output_tokens == 4500 <= long_stage.max_tokens  # the recorded output bounds the limit
-    dispatch = Dispatcher(Simulator(scenario.cluster, get_system(policy), workflows))
+    dispatch = SimDispatcher(Simulator(scenario.cluster, get_system(policy), workflows))
     for stage in (s for w in workflows for s in w.stages):
         for generated in (0, stage.output_tokens // 2, stage.output_tokens - 1):
             stage.generated_tokens = generated
@@ -109,14 +109,14 @@ def hopping_run(policy="mars", kv_pool_gib=8, nodes=4):
 def test_a_hopping_session_holds_at_most_one_window_slot(monkeypatch):
     sim, workflows = hopping_run()
     visited, most = {}, [0]
-    start = Dispatcher._start
+    start = SimDispatcher._start
 
     def checked_start(self, node, stage, victims):
         start(self, node, stage, victims)
         visited.setdefault(stage.workflow.workflow_id, set()).add(node.index)
         most[0] = max(most[0], max(sum(w in n.cap.session_ids for n in sim.nodes) for w in visited))
 
-    monkeypatch.setattr(Dispatcher, "_start", checked_start)
+    monkeypatch.setattr(SimDispatcher, "_start", checked_start)
     sim.run()
     assert any(len(nodes) > 1 for nodes in visited.values())  # sessions did move between nodes
     assert most[0] == 1
