@@ -47,7 +47,7 @@ class AIMDWindow:
     def __init__(self, config: AIMDConfig, num_tool_workers: int):
         self.config = config
         self.num_tool_workers = max(1, num_tool_workers)
-        self.window = config.start_window
+        self.size = config.start_window  # sessions that may be active, before the KV and CPU caps (`limit`)
         self.is_kv_overloaded = False
         self.is_cpu_overloaded = False
         self.tool_wait_ema_s = 0.0
@@ -60,9 +60,9 @@ class AIMDWindow:
         c = self.config
         self._update_flags(kv_usage, num_tool_jobs / self.num_tool_workers)
         if self.is_kv_overloaded or self.is_cpu_overloaded:
-            self.window = max(c.min_window, int(self.window * c.decrease_factor))
+            self.size = max(c.min_window, int(self.size * c.decrease_factor))
         else:
-            self.window = min(c.max_window, self.window + c.increase)
+            self.size = min(c.max_window, self.size + c.increase)
         return self.limit(kv_usage)
 
     def _update_flags(self, kv_usage: float, jobs_per_worker: float) -> None:
@@ -79,7 +79,7 @@ class AIMDWindow:
     def limit(self, kv_usage: float) -> int:
         """The effective cap: the AIMD window, the KV cap (linear between low and high), the CPU cap."""
         c = self.config
-        cap = self.window
+        cap = self.size
         if c.kv_low < kv_usage < c.kv_high:
             frac = (kv_usage - c.kv_low) / (c.kv_high - c.kv_low)
             cap = min(cap, int(round(c.max_window - frac * (c.max_window - c.min_window))))
@@ -90,15 +90,15 @@ class AIMDWindow:
 
 class SessionWindow:
     """The AIMD window as a session cap: a session takes a slot when its first stage starts and holds it until it
-    ends or moves away; a new session may start only while fewer than `window.limit(kv_usage())` hold one.
+    ends or moves away; a new session may start only while fewer than `aimd.limit(kv_usage())` hold one.
     Interactive sessions are counted like any other (MARS has no such class)."""
 
-    def __init__(self, window: AIMDWindow, kv_usage: Callable[[], float]):
-        self.window, self.kv_usage = window, kv_usage
+    def __init__(self, aimd: AIMDWindow, kv_usage: Callable[[], float]):
+        self.aimd, self.kv_usage = aimd, kv_usage
         self.session_ids: set[str] = set()
 
     def admits(self, workflow_id: str, interactive: bool, now: float) -> bool:
-        return workflow_id in self.session_ids or len(self.session_ids) < self.window.limit(self.kv_usage())
+        return workflow_id in self.session_ids or len(self.session_ids) < self.aimd.limit(self.kv_usage())
 
     def enter(self, workflow_id: str, arrival_s: float) -> None:
         pass
@@ -113,11 +113,11 @@ class SessionWindow:
         self.session_ids.discard(workflow_id)
 
     def adapt(self, signals: CapSignals, now: float) -> None:
-        self.window.update(signals.kv_usage, signals.num_tool_jobs)
+        self.aimd.update(signals.kv_usage, signals.num_tool_jobs)
 
     def observe_tool_wait(self, wait_s: float) -> None:
-        self.window.observe_tool_wait(wait_s)
+        self.aimd.observe_tool_wait(wait_s)
 
     def snapshot(self) -> dict:
-        return {"window": self.window.window, "sessions": len(self.session_ids),
-                "limit": self.window.limit(self.kv_usage())}
+        return {"window": self.aimd.size, "sessions": len(self.session_ids),
+                "limit": self.aimd.limit(self.kv_usage())}

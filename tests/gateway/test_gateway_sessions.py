@@ -116,9 +116,9 @@ def test_a_policy_name_picks_the_same_session_cap_as_in_the_simulator_and_the_wi
     window = gateway.dispatcher.cap
     gateway.dispatcher.nodes[:] = gateway.nodes
     gateway.dispatcher.adapt_cap(CapSignals(kv_usage=gateway.kv_usage()))
-    assert window.window.window == 14  # KV above kv_high: × 0.7
+    assert window.aimd.size == 14  # KV above kv_high: × 0.7
     gateway.dispatcher.adapt_cap(CapSignals(kv_usage=0.1))
-    assert window.window.window == 15  # below kv_low: + 1
+    assert window.aimd.size == 15  # below kv_low: + 1
     gateway.sessions.arrive("w", 0.0)
     assert gateway.status()["sessions"]["cap"]["window"] == 15
 

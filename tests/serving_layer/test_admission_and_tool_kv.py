@@ -10,10 +10,10 @@ from serving.tool_kv import ToolCallContext, ToolKVConfig, create_tool_kv
 def test_aimd_grows_additively_and_shrinks_multiplicatively():
     w = AIMDWindow(AIMDConfig(start_window=20), num_tool_workers=8)
     assert w.update(kv_usage=0.5, num_tool_jobs=0) == 21
-    assert w.window == 21 and w.update(kv_usage=0.95, num_tool_jobs=0) == 14  # int(21 × 0.7)
+    assert w.size == 21 and w.update(kv_usage=0.95, num_tool_jobs=0) == 14  # int(21 × 0.7)
     for _ in range(10):
         w.update(0.95, 0)
-    assert w.window == 4  # never below min
+    assert w.size == 4  # never below min
 
 
 def test_aimd_hysteresis_on_kv():
