@@ -9,11 +9,11 @@ the piecewise-linear total peaks. A stage past its projected end is held at its 
 candidate's end (the rate was optimistic for it).
 
 A call's time is projected as a fixed overhead (HTTP, tokenising, prefill, the answer's way back)
-plus its output at the decode rate (`CallTimeFit`). One pace per node (output / call time) folds
-the overhead into the rate: under KV pressure here short calls measured ~180 tokens/s, long ones
-~450, so a 300-token stage was projected to hold its peak twice as long as it did. The stage is
-taken to grow from its start and to keep its peak through the overhead (both conservative: it
-holds at least what vLLM gives it, for at least as long).
+plus its output at the decode rate (`CallTimeFit`): one pace per node (output / call time) would fold
+the overhead into the rate, which makes short calls look slow and long ones fast, and a long stage
+hold its peak far longer than it does. The stage is taken to grow from its start and to keep its
+peak through the overhead (both conservative: it holds at least what vLLM gives it, for at least as
+long).
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def peak_blocks(stages: list[GrowingStage], candidate: GrowingStage, now_s: floa
 
     `measured` = (blocks vLLM used, when it was asked): a stage past its projected end is held at its
     peak, unless vLLM was asked after that end — then such stages hold together no more than vLLM
-    used then, plus a block each for what they could have grown since. Its answer often comes back
-    a few hundred ms after vLLM freed the blocks (CPU contention), and holding the peak meanwhile idled the node.
+    used then, plus a block each for what they could have grown since: the answer that ends a stage can reach the
+    gateway well after vLLM freed its blocks (CPU contention), and holding its peak meanwhile would idle the node.
     """
     candidate_end = candidate.end_s(tokens_per_s, overhead_s)
     ends = [s.end_s(tokens_per_s, overhead_s) for s in stages]
