@@ -69,20 +69,20 @@ class Decision:
 class DispatchConfig:
     backfill_depth: int = 8  # stages behind a waiting head that may pass it (0 = strict head-of-line)
     backfill_max_overtaken: int = 4  # times one stage may be passed before the queue is strict again
-    router: str = "fitness"
+    router: Router = Router.FITNESS  # (or its value: "fitness", "least-loaded")
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
 
     def __post_init__(self):
         if self.backfill_depth < 0 or self.backfill_max_overtaken < 0:
             raise ValueError("backfill_depth and backfill_max_overtaken must be >= 0")
-        Router(self.router)
+        self.router = Router(self.router)
 
 
 def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
     """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
     if len(views) <= 1:
         return views[0] if views else None
-    if Router(config.router) is Router.LEAST_LOADED:
+    if config.router is Router.LEAST_LOADED:
         return min(views, key=lambda v: v.load())
     terms = [v.fitness_terms(request) for v in views]
     return views[select_node(*zip(*terms), config.fitness)]

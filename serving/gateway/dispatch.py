@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapSignals, SessionCap
 from serving.gateway import batch_gate
-from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome
+from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome, Router
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Admission, Node
 from serving.kv import Reservation
@@ -104,8 +104,8 @@ class NodeSlot:
 class Dispatcher:
     def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
                  backfill_depth: int = 8, backfill_max_overtaken: int = 4, recheck_s: float = 0.02,
-                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None):
-        config = DispatchConfig(backfill_depth, backfill_max_overtaken, "fitness", fitness or FitnessConfig())
+                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None, router: Router = Router.FITNESS):
+        config = DispatchConfig(backfill_depth, backfill_max_overtaken, router, fitness or FitnessConfig())
         self.core = DispatchCore(scheduler, config, cap, is_live=lambda request, now: not request.payload.future.done())
         self.scheduler, self.nodes, self.max_queued, self.cap = scheduler, nodes, max_queued, cap
         self.recheck_s = recheck_s

@@ -13,7 +13,7 @@ from collections import Counter, OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
-from serving.admission.dispatch import DispatchConfig, DispatchCore
+from serving.admission.dispatch import DispatchConfig, DispatchCore, Router
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.residency import NodeResidency
 from serving.routing import FitnessConfig
@@ -164,6 +164,6 @@ class SimNode:
         return self.host.num_jobs()
 
 
-def node_dispatch_config(router: str, fitness: FitnessConfig) -> DispatchConfig:
+def node_dispatch_config(router: Router, fitness: FitnessConfig) -> DispatchConfig:
     """The gateway's dispatch rules (backfill included) on one node's queue, and the system's router."""
     return DispatchConfig(router=router, fitness=fitness)
