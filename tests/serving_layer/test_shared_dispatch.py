@@ -1,5 +1,9 @@
 """The gateway and the simulator make the same admit / wait / node decisions: both drive one dispatch core.
 
+Every system of the table (serving/systems.py) runs on both paths from its parts: its queue order, router, session cap,
+batch-cost gate and reservation mode (what a starting stage maps); the admission headroom, which only the simulator
+keeps, is 0 on both.
+
 The same stages, in the same order, meet the same node states on both paths: live, the gateway `Dispatcher` with
 gateway `Node`s whose vLLM metrics are set by hand (no server; vLLM's KV usage follows the reservations, as when each
 stage holds its reserve); simulated, the simulator's `make_ready`/`finish` on `SimNode`s whose KV pools have the same
@@ -16,7 +20,9 @@ import asyncio
 
 import pytest
 
+from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionWindow
 from serving.admission.batch_cost import BatchCostGate
+from serving.admission.sizing import output_tokens_to_map
 from serving.gateway.config import NodeConfig
 from serving.gateway.dispatch import Dispatcher, Job
 from serving.gateway.metadata import StageMeta
@@ -27,14 +33,14 @@ from serving.scheduler import create_scheduler
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.pace import ModelPace
+from serving.systems import SYSTEMS as TABLE
 from serving.systems import System, get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
 BLOCK_TOKENS = 128
 MODEL = "llama-3-8b"
-# Every system the gateway runs by policy name: FCFS, and Maestro (least slack, with its batch-cost gate)
-SYSTEMS = [get_system("fcfs").with_overrides(reservation="predicted", router="fitness"),
-           get_system("maestro").with_overrides(admission_headroom_frac=0.0, tool_kv="evict-always")]
+SYSTEMS = [system.with_overrides(admission_headroom_frac=0.0) for system in TABLE.values()]
+FITNESS_SYSTEM = get_system("maestro-srtf")  # the sequences' own checks below read node choice by fitness
 SLO_S = 600.0
 COST = CostModel(CostModelConfig())
 
@@ -43,10 +49,12 @@ class Live:
     """The gateway path: one Dispatcher over gateway Nodes (peak admission: free = unreserved and unused by vLLM)."""
 
     def __init__(self, node_blocks: dict[str, int], system: System):
-        self.loop = asyncio.new_event_loop()
+        self.loop, self.system = asyncio.new_event_loop(), system
         self.nodes = {name: self._node(name, num_blocks) for name, num_blocks in node_blocks.items()}
+        cap = SessionWindow(AIMDWindow(AIMDConfig(), 8), self.kv_usage) if system.cap is CapKind.AIMD else None
         self.dispatcher = Dispatcher(create_scheduler(system.scheduler), list(self.nodes.values()), max_queued=64,
-                                     recheck_s=0, batch_cost=BatchCostGate() if system.batch_cost else None)
+                                     recheck_s=0, cap=cap, batch_cost=BatchCostGate() if system.batch_cost else None,
+                                     router=system.router)
         self.jobs: dict[str, Job] = {}
 
     @staticmethod
@@ -63,6 +71,10 @@ class Live:
                             "vllm:cache_config_info": ({"num_gpu_blocks": str(num_blocks + 1),
                                                         "block_size": str(BLOCK_TOKENS)}, 1.0)})
 
+    def kv_usage(self) -> float:
+        return sum(n.num_blocks - n.num_unused_blocks for n in self.nodes.values()) / sum(
+            n.num_blocks for n in self.nodes.values())
+
     def poll(self) -> None:
         """A /metrics poll: vLLM holds what the running stages reserved."""
         for node in self.nodes.values():
@@ -72,9 +84,10 @@ class Live:
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
         # built as both paths build it, at the simulator's pace, so that both order alike
         request = stage_request(WorkflowInfo(name, now, now + SLO_S), "s0", prompt_tokens=prompt_tokens,
-                                tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=4096,
+                                tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=reserve_tokens,
                                 pace=ModelPace.of(COST, MODEL), ready_s=now, model=MODEL)
-        job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + reserve_tokens)
+        mapped = output_tokens_to_map(self.system.reservation, reserve_tokens, reserve_tokens)  # as the gateway maps
+        job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + mapped)
         job.future, request.payload = self.loop.create_future(), job
         self.jobs[name] = job
         self.dispatcher.submit(job)
@@ -92,7 +105,7 @@ class Simulated:
 
     def __init__(self, node_blocks: dict[str, int], system: System):
         cluster = ClusterConfig(num_nodes=len(node_blocks), placement=[(MODEL,)], prefix_caching=False,
-                                show_progress=False)
+                                show_progress=False, grow_chunk_tokens=1)  # on demand: a token at a time, as live
         cluster.page_bytes = BLOCK_TOKENS * cluster.cost.models[MODEL].kv_bytes_per_token
         cluster.kv_pool_bytes = max(node_blocks.values()) * cluster.page_bytes
         self.sim = Simulator(cluster, system, [])
@@ -108,7 +121,7 @@ class Simulated:
     def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
         workflow = SimWorkflow(name, "shared", interactive=False, slo_s=SLO_S, arrival_s=now)
         stage = SimStage(workflow, 0, "s0", "agent", MODEL, [], output_tokens=reserve_tokens, is_tool_call=False,
-                         prompt_tokens=prompt_tokens, max_tokens=4096, tokens_pred=reserve_tokens,
+                         prompt_tokens=prompt_tokens, max_tokens=reserve_tokens, tokens_pred=reserve_tokens,
                          tokens_reserve=reserve_tokens)
         workflow.stages, workflow.num_stages_left = [stage], 1
         self.stages[name] = stage
@@ -127,8 +140,9 @@ class Simulated:
 
 
 def blocks(n: int) -> tuple[int, int]:
-    """(prompt, reserve) tokens of a stage that needs n blocks: one block of prompt, the rest reserved output."""
-    return BLOCK_TOKENS, (n - 1) * BLOCK_TOKENS
+    """(prompt, reserve) tokens of a stage that maps n blocks under every reservation mode: its prompt fills n − 1
+    blocks and a token, its reserve (= max_tokens) the rest of the last block, and on demand it maps one token."""
+    return (n - 1) * BLOCK_TOKENS + 1, BLOCK_TOKENS - 1
 
 
 # (step, stage, blocks it needs); "finish" ends a running stage, "poll" reads vLLM's /metrics.
@@ -140,7 +154,7 @@ ONE_NODE = [("submit", "s1", 6), ("submit", "s2", 6), ("submit", "big", 10), ("s
             ("finish", "s2", 0), ("submit", "s7", 3)]
 
 
-def run(path_cls, node_blocks: dict[str, int], steps: list, system: System = SYSTEMS[0]
+def run(path_cls, node_blocks: dict[str, int], steps: list, system: System = FITNESS_SYSTEM
         ) -> list[dict[str, str | None]]:
     path, states = path_cls(node_blocks, system), []
     for i, (step, name, num_blocks) in enumerate(steps):
