@@ -15,7 +15,7 @@ from maestro.keys import ANONYMOUS, caller_key_id
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.exposition import MEDIA_TYPE
-from serving.gateway.proxy import error_response, handle
+from serving.gateway.call import StageCall, error_response
 
 
 def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlette:
@@ -43,10 +43,10 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
             await gateway.stop()
 
     async def chat(request: Request, caller_id: str):
-        return await handle(gateway, request, "/v1/chat/completions", caller_id)
+        return await StageCall(gateway, request, "/v1/chat/completions", caller_id).respond()
 
     async def completions(request: Request, caller_id: str):
-        return await handle(gateway, request, "/v1/completions", caller_id)
+        return await StageCall(gateway, request, "/v1/completions", caller_id).respond()
 
     async def models(request: Request, caller_id: str):
         for node in gateway.nodes:

@@ -126,7 +126,7 @@ class KVConfig(Section):
     decode_rate_margin: float = Field(0.8, ge=0.2, le=1.5)  # projected: calls last 1 / margin × their fitted time
     rho: float = Field(DEFAULT_RHO, ge=0, le=1)  # margin on a prior's reserve (× 1 + rho; admission/sizing.py)
     chars_per_token: float = Field(3.0, gt=0)  # prompt-token estimate until calibrated on vLLM's usage
-    calibrate_prompt_tokens: bool = True  # learn chars/token from vLLM's prompt_tokens (sizing.PromptSizer)
+    calibrate_prompt_tokens: bool = True  # learn chars/token from vLLM's prompt_tokens (prompt_tokens.PromptSizer)
     default_max_tokens: int = Field(1024, ge=1)  # a chat call without max_tokens is sized to and sent with this
 
 

@@ -1,7 +1,7 @@
 """The Gateway object: nodes, dispatcher, predictor and trace writer, plus the /metrics poller.
 
 `prepare(kind, body, headers)` turns a call into a `Job` (predict → reserve size → StageRequest);
-`proxy.py` forwards it; `record(job, result)` writes its one trace line and observes the outcome.
+`call.py` (`StageCall`) forwards it; `record(job, result)` writes its one trace line and observes the outcome.
 Per workflow (bounded, least recently seen dropped first) it keeps when its first stage came, its place in
 arrival order and the service its finished stages received, so the policy can order workflows, not only stages.
 """
@@ -27,7 +27,7 @@ from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.priority import current_cpu_nice
 from serving.gateway.sessions import Sessions, tool_key
-from serving.gateway.sizing import PromptSizer
+from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
@@ -161,7 +161,7 @@ class Gateway:
         return job
 
     def output_cap(self, prompt_tokens: int) -> int:
-        """A call without max_tokens is sized to, and sent with (proxy.forward_body), `default_max_tokens`, less where
+        """A call without max_tokens is sized to, and sent with (call.forward_body), `default_max_tokens`, less where
         the smallest context of the nodes (their /v1/models `max_model_len`) leaves less room after the prompt's
         estimate: vLLM refuses a call whose prompt + max_tokens exceeds it."""
         lengths = [n.max_model_len for n in self.nodes if n.max_model_len]

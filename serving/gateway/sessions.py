@@ -39,7 +39,7 @@ class Session:
 class Sessions:
     def __init__(self, tool_kv: str = "mars", idle_s: float = 30.0, prefill_s_per_token: float = 1e-4,
                  cap: SessionCap | None = None):
-        self.policy = create_tool_kv(tool_kv)
+        self.tool_kv = create_tool_kv(tool_kv)
         self.idle_s, self.prefill_s_per_token, self.cap = idle_s, prefill_s_per_token, cap
         self.sessions: dict[str, Session] = {}
         self.tool_times = ToolTimes()  # by (app, role) of the stage that called the tool
@@ -55,7 +55,7 @@ class Sessions:
             return ""
         if session.tool_since_s is not None:
             self.tool_times.observe(session.tool_key, now - session.tool_since_s)
-            self.policy.observe(session.tool_key, now - session.tool_since_s)
+            self.tool_kv.observe(session.tool_key, now - session.tool_since_s)
             session.tool_since_s = None
         self._unhold(workflow_key, session)
         session.last_seen_s = now
@@ -72,7 +72,7 @@ class Sessions:
         if not is_tool_call or node is None:
             return
         session.tool_key, session.tool_since_s = tool_key, now
-        ttl = self.policy.ttl_s(ToolCallContext(tool_key, context_tokens, context_tokens * self.prefill_s_per_token,
+        ttl = self.tool_kv.ttl_s(ToolCallContext(tool_key, context_tokens, context_tokens * self.prefill_s_per_token,
                                                 self.tool_times.get(tool_key, DEFAULT_TOOL_S)))
         if ttl <= 0:
             self.num_evicted += 1
@@ -120,7 +120,7 @@ class Sessions:
         session.hold_until_s = 0.0
 
     def snapshot(self) -> dict:
-        return {"tool_kv": self.policy.config.policy, "sessions": len(self.sessions), "in_tool": self.num_in_tool,
+        return {"tool_kv": self.tool_kv.config.policy, "sessions": len(self.sessions), "in_tool": self.num_in_tool,
                 "kept": self.num_kept, "evicted": self.num_evicted, "hold_refused": self.num_hold_refused,
                 "ended": self.num_ended, "expired": self.num_expired,
                 "tool_s": {k: round(v, 3) for k, v in sorted(self.tool_s.items())[:50]},

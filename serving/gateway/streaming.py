@@ -15,19 +15,18 @@ import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from serving.gateway.attempt import NodeFailed, attempt_failed, describe, end_stream, upstream_headers
-from serving.gateway.core import Gateway
-from serving.gateway.dispatch import Job
+from serving.gateway.call import StageCall
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, StreamAssembler
-from serving.gateway.upstream import Answer, UpstreamError, is_deadline
+from serving.gateway.upstream import Reply, UpstreamError, is_deadline
 
 
-async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict, job: Job,
-                        result: CallResult) -> tuple[Answer, dict | None]:
+async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tuple[Reply, dict | None]:
     """A non-streaming client's call sent to vLLM streamed: the KV reservation goes back at the last chunk
     (vLLM has freed the request), before the answer is assembled and written; the client gets the
     assembled non-streamed JSON."""
-    body = {**upstream, "stream": True, "stream_options": {"include_usage": True}}
+    gateway, job, path = call.gateway, call.job, call.path
+    body = {**call.upstream, "stream": True, "stream_options": {"include_usage": True}}
     try:
         response = await node.upstream.open_stream(f"{node.url}{path}", body, upstream_headers(gateway, job),
                                                    job.remaining_s())
@@ -38,17 +37,17 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         if response.status >= 500:
             raise NodeFailed(f"HTTP {response.status}: {(await response.read())[:200]!r}")
         if response.status != 200:
-            answer = Answer(response.status, await response.read())
+            answer = Reply(response.status, await response.read())
             is_complete = True
             return answer, None
-        assembler = StreamAssembler(is_chat="chat" in path, num_choices=int(upstream.get("n") or 1))
+        assembler = StreamAssembler(is_chat="chat" in path, num_choices=int(call.upstream.get("n") or 1))
         decoder, buffer = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
         async for raw in response.content.iter_any():
             buffer += decoder.decode(raw)
             *lines, buffer = buffer.split("\n")
             for line in lines:
                 if assembler.feed_line(line) is not None:
-                    gateway.counters["upstream_chunks"] += 1
+                    call.count("upstream_chunks")
                     if result.first_token_s is None and assembler.choices:
                         result.mark_token()
             if job.node is None:
@@ -66,17 +65,19 @@ async def post_streamed(gateway: Gateway, node: Node, path: str, upstream: dict,
         if not assembler.is_finished:
             raise NodeFailed("vLLM's stream ended before its last chunk")
         parsed = assembler.response()
-        return Answer(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
+        return Reply(200, json.dumps(parsed, separators=(",", ":")).encode()), parsed
     except UpstreamError as error:
         raise attempt_failed(error, "failed mid-stream") from None
     finally:
         end_stream(response, is_complete)
 
 
-async def open_stream(gateway, request, job, node, path, upstream, body) -> Response:
+async def open_stream(call: StageCall, node: Node) -> Response:
     """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
+    gateway, job = call.gateway, call.job
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", upstream, upstream_headers(gateway, job),
+        response = await node.upstream.open_stream(f"{node.url}{call.path}", call.upstream,
+                                                   upstream_headers(gateway, job),
                                                    job.remaining_s())
     except UpstreamError as error:
         raise attempt_failed(error, "before its stream's headers") from None
@@ -86,12 +87,10 @@ async def open_stream(gateway, request, job, node, path, upstream, body) -> Resp
     if response.status != 200:
         content = await response.read()
         response.release()
-        gateway.dispatcher.finish(job)
-        gateway.record(job, body, CallResult(error=f"vLLM answered {response.status}"), node.name, node.kv_usage)
-        gateway.inflight.discard(job.meta.key)
+        call.end(CallResult(error=f"vLLM answered {response.status}"), node, node.kv_usage)
         return Response(content, response.status, media_type="application/json")
     first = await read_first_event(response)
-    relay = relay_stream(gateway, job, node, response, body, first)
+    relay = relay_stream(call, node, response, first)
     return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
 
 
@@ -113,10 +112,10 @@ async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp.ClientResponse, body: dict,
-                       first: bytes = b""):
+async def relay_stream(call: StageCall, node: Node, response: aiohttp.ClientResponse, first: bytes = b""):
     """Relay whole SSE events to the client; a node failing mid-stream, or a stream ending without `[DONE]`,
     ends it with an error event (a partial event is dropped, so the client's stream stays well-formed)."""
+    gateway, job = call.gateway, call.job
     result, kv_usage, pending = CallResult(), node.kv_usage, ""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     is_complete = False
@@ -140,13 +139,10 @@ async def relay_stream(gateway: Gateway, job: Job, node: Node, response: aiohttp
         yield sse_error(result.error, 504 if is_deadline(error) else 502)
     except BaseException:
         result.error = "client disconnected"
-        gateway.counters["cancelled"] += 1
         raise
     finally:
-        gateway.counters["failed"] += result.error is not None and result.error != "client disconnected"
-        gateway.dispatcher.finish(job)
-        gateway.inflight.discard(job.meta.key)
-        gateway.record(job, body, result, node.name, kv_usage)
+        counter = "cancelled" if result.error == "client disconnected" else "failed" if result.error else None
+        call.end(result, node, kv_usage, counter=counter)
         end_stream(response, is_complete)
 
 

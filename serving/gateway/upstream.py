@@ -25,7 +25,7 @@ KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True)
-class Answer:
+class Reply:
     """A whole (non-streamed) answer: status and body bytes, relayed as they came."""
 
     status_code: int
@@ -55,10 +55,10 @@ class Upstream:
         if self.session is not None:
             await self.session.close()
 
-    async def get(self, url: str, timeout_s: float | None = None) -> Answer:
+    async def get(self, url: str, timeout_s: float | None = None) -> Reply:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         async with self.session.get(url, timeout=timeout) as response:
-            return Answer(response.status, await response.read())
+            return Reply(response.status, await response.read())
 
     def call_timeout(self, remaining_s: float | None) -> aiohttp.ClientTimeout:
         """The pool's stall and connect timeouts, the whole call (body included) bounded by `remaining_s`.
@@ -73,10 +73,10 @@ class Upstream:
         return aiohttp.ClientTimeout(total=remaining_s, sock_read=self.timeout.sock_read,
                                      sock_connect=self.timeout.sock_connect, ceil_threshold=math.inf)
 
-    async def post_json(self, url: str, body: dict, headers: dict, remaining_s: float | None = None) -> Answer:
+    async def post_json(self, url: str, body: dict, headers: dict, remaining_s: float | None = None) -> Reply:
         async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
                                      timeout=self.call_timeout(remaining_s)) as response:
-            return Answer(response.status, await response.read())
+            return Reply(response.status, await response.read())
 
     async def open_stream(self, url: str, body: dict, headers: dict,
                           remaining_s: float | None = None) -> aiohttp.ClientResponse:

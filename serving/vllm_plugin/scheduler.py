@@ -231,9 +231,10 @@ class MaestroScheduler(Scheduler):
         # A resumed (preempted) request starts again from its prompt and what it had produced.
         candidate = GrowingStage(prompt_tokens=max(request.num_tokens - shared_tokens, 0), start_s=0.0,
                                  output_tokens=self._output_tokens_at_end(request, hints) - request.num_output_tokens)
-        growing = [GrowingStage(prompt_tokens=r.num_prompt_tokens, start_s=0.0, tokens_done=r.num_output_tokens,
-                                output_tokens=self._output_tokens_at_end(r, self.hints[r.request_id]),
-                                progress_s=0.0, tokens_per_s=1.0) for r in running]
+        # A running request holds its prompt and what it produced, and grows a token a step from now to its end.
+        growing = [GrowingStage(prompt_tokens=r.num_prompt_tokens + r.num_output_tokens, start_s=0.0, first_token_s=0.0,
+                                output_tokens=max(0, self._output_tokens_at_end(r, self.hints[r.request_id])
+                                                  - r.num_output_tokens), tokens_per_s=1.0) for r in running]
         held = sum(len(self.kv_cache_manager.get_block_ids(r.request_id)[0]) for r in running)
         peak = peak_blocks(growing, candidate, now_s=0.0, tokens_per_s=1.0, block_size=self.block_size)
         return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks()

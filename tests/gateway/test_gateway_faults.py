@@ -153,7 +153,7 @@ def test_a_stage_past_its_deadline_fails_with_504_and_is_traced(vllm_engine, tmp
     trace. (test_gateway_deadline.py has these paths in process, under clocks that fire timers early.)"""
     stream, kind, after_events = DEADLINE_PATHS[path]
     faults = [Fault(kind, after_events=after_events, stall_s=STALL_S, times=2)]
-    config = {"node_timeout_s": STALL_S, "request_timeout_s": LATE_DEADLINE_S}
+    config = {"upstream": {"node_timeout_s": STALL_S}, "limits": {"request_timeout_s": LATE_DEADLINE_S}}
     with faulty_gateway(vllm_engine, tmp_path, **config) as (gw, proxy):
         response, elapsed_s = send(gw, proxy, "late", stream=stream, fault=faults[0])
     if after_events:

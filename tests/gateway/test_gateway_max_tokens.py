@@ -13,7 +13,7 @@ from pipelines.contract import prompt_text
 from pipelines.synth import generate
 from serving.gateway.config import GatewayConfig, KVConfig
 from serving.gateway.core import Gateway
-from serving.gateway.sizing import PromptSizer
+from serving.gateway.prompt_tokens import PromptSizer
 
 from .conftest import run_app
 

@@ -27,7 +27,7 @@ from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
 from serving.admission.projection import CallTimeFit, GrowingStage, peak_blocks
-from serving.gateway.sizing import PromptSizer
+from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.request import StageRequest
 from serving.scheduler import create_scheduler
@@ -646,7 +646,7 @@ def test_a_system_name_and_its_overrides_build_the_gateway_from_the_system_table
     for name, system in SYSTEMS.items():
         gateway = Gateway(GatewayConfig(nodes=nodes, system={"name": name}))
         assert gateway.system == system and gateway.scheduler_config.policy == system.scheduler.value
-        assert gateway.sessions.policy.config.policy == system.tool_kv.value
+        assert gateway.sessions.tool_kv.config.policy == system.tool_kv.value
         assert (gateway.dispatcher.batch_cost is not None) == system.batch_cost
     fcfs = Gateway(GatewayConfig(nodes=nodes, system={"name": "fcfs", "reservation": "predicted"})).system
     assert fcfs.reservation is ReservationMode.PREDICTED and fcfs.scheduler.value == "fcfs"

@@ -1,0 +1,279 @@
+"""One call through the gateway, as one object: body → stage → prediction → queue → node → vLLM → trace.
+
+`StageCall.respond()` reads and checks the call, has the gateway predict and size it (`Gateway.prepare`), queues it
+(`Dispatcher`), forwards it to the node the dispatcher chose (JSON here, streams in streaming.py) and retries on
+another node (5xx, connection failure, a stall past `node_timeout_s`) while nothing has reached the client yet. With
+`limits.request_timeout_s` the stage's deadline runs from its arrival: the queue wait, every attempt and the wait for
+the predictor's history are cut at it, an attempt it cuts is not retried, and a stage past it fails with 504.
+
+Every stage leaves through `end()`, once: its counter, its node's reservation given back, its one trace line
+(completed, failed with its reason, or refused) and its idempotency key released. A client that disconnects cancels
+its queued job or closes the upstream request, which makes vLLM abort it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serving.gateway.attempt import DeadlinePassed, NodeFailed, attempt_failed, upstream_headers
+from serving.gateway.core import Gateway
+from serving.gateway.dispatch import Full, Job, NoNode
+from serving.gateway.hints import add_agent_hints
+from serving.gateway.metadata import StageMeta, parse_metadata
+from serving.gateway.nodes import Node
+from serving.gateway.outcome import CallResult, can_assemble
+from serving.gateway.upstream import Reply, UpstreamError
+from serving.gateway.validation import BadRequest, check_body, read_call
+from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
+
+
+def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
+                   param: str | None = None) -> JSONResponse:
+    """An OpenAI-style error; `param` names the request field at fault."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status,
+                        headers=headers)
+
+
+class StageCall:
+    """One /v1/chat/completions or /v1/completions call; `caller_id` is the API key's id ("" without keys)."""
+
+    def __init__(self, gateway: Gateway, request: Request, path: str, caller_id: str = ""):
+        self.gateway, self.request, self.path, self.caller_id = gateway, request, path, caller_id
+        self.arrived_s = time.monotonic()
+        self.body: dict = {}
+        self.meta: StageMeta | None = None
+        self.job: Job | None = None
+        self.upstream: dict = {}  # the body vLLM gets
+        self.has_ended = False
+
+    # ---- the way in -----------------------------------------------------------------------------------------
+    async def respond(self) -> Response:
+        """A body too big, not JSON or with bad workflow metadata is refused untraced (no stage to name); a stage
+        whose body the endpoint cannot take is refused with 400 and traced."""
+        gateway = self.gateway
+        try:
+            self.body = await read_call(self.request, gateway.config.server.max_body_bytes)
+        except BadRequest as error:
+            return error_response(error.status, error.message, "invalid_request_error", param=error.param)
+        self.meta = meta = parse_metadata(self.request.headers, self.body, self.caller_id)
+        self.count("requests")
+        if meta.key in gateway.inflight:
+            return error_response(409, f"stage {meta.label} is already running; stage ids are idempotency keys",
+                                  "conflict")
+        if gateway.completed.get(meta.key) is not None and not self.body.get("stream"):
+            self.count("replayed")
+            return Response(gateway.completed[meta.key], media_type="application/json",
+                            headers={"X-Maestro-Replay": "1"})
+        gateway.inflight.add(meta.key)
+        try:
+            check_body(self.path, self.body)
+        except BadRequest as error:
+            self.job = Job(meta=meta, request=None, reserve_tokens=0)  # no prediction: traced as refused
+            return self.fail(error.status, error.message, param=error.param, counter="rejected_invalid")
+        response = None
+        try:
+            self.job = await gateway.prepare(meta, self.body)
+            self.upstream = forward_body(gateway, self.body, self.job.request.max_tokens)
+            response = await self.attempts()
+            return response
+        finally:
+            if not isinstance(response, StreamingResponse):  # (a stream's relay ends the call when it is done)
+                gateway.inflight.discard(meta.key)  # released by end(); here also when something raised
+
+    async def attempts(self) -> Response:
+        """Queue, dispatch and forward, retrying on node failure up to max_attempts within the stage's deadline.
+
+        An attempt the deadline cut ends the stage at once, whatever `remaining_s()` says then: the loop's clock fires
+        the cut (uvloop's: in whole milliseconds, up to ~1 ms before `time.monotonic()` reaches the deadline)."""
+        from serving.gateway.streaming import open_stream
+
+        gateway, job, limits = self.gateway, self.job, self.gateway.config.limits
+        if limits.request_timeout_s:
+            job.deadline_s = self.arrived_s + limits.request_timeout_s
+        last_error = ""
+        while job.num_attempts < limits.max_attempts and job.remaining_s() != 0:
+            node = await self.wait_for_node()
+            if isinstance(node, Response):
+                return node
+            if gateway.spans is not None and job.span is None:
+                job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
+            self.set_engine_order(node)
+            try:
+                if self.upstream.get("stream"):
+                    return await open_stream(self, node)
+                return await self.forward_json(node)
+            except DeadlinePassed as error:
+                gateway.dispatcher.finish(job)
+                return self.deadline_passed(f"on {node.name}, {error}")
+            except NodeFailed as error:
+                last_error = job.last_error = f"{node.name}: {error}"
+                job.excluded.add(node.name)
+                gateway.dispatcher.finish(job)
+                self.count("retries")
+        if job.remaining_s() == 0:
+            return self.deadline_passed(f"after {job.num_attempts} attempt(s) ({last_error})")
+        return self.fail(502, f"stage {job.meta.label} failed on every node tried ({last_error}); "
+                              "retry later or check the vLLM nodes")
+
+    def set_engine_order(self, node: Node) -> None:
+        """What the node orders the stage by: its prediction where the node runs Maestro's scheduler, else vLLM's
+        `priority` (set afresh on every attempt: a retry may go to the other kind of node); and the router hints."""
+        gateway, job, upstream = self.gateway, self.job, self.upstream
+        priority = gateway.vllm_priority(job)
+        xargs = {k: v for k, v in (upstream.get("vllm_xargs") or {}).items() if k != XARGS_KEY}
+        if node.runs_maestro_scheduler:
+            upstream.pop("priority", None)
+            xargs.update(hints_for_stage(job.request, time.monotonic()).to_xargs())
+        else:
+            upstream["priority"] = priority
+        if xargs:
+            upstream["vllm_xargs"] = xargs
+        else:
+            upstream.pop("vllm_xargs", None)
+        add_agent_hints(gateway.config.upstream.router_hints, upstream, job.request.tokens_pred, priority)
+
+    # ---- waiting for a node ---------------------------------------------------------------------------------
+    async def wait_for_node(self) -> Node | Response:
+        """Submit to the scheduler and wait for a node, or answer 429/503/413 or the client's disconnect."""
+        gateway, job = self.gateway, self.job
+        job.future = asyncio.get_running_loop().create_future()
+        retry_after = gateway.config.limits.retry_after_s
+        try:
+            gateway.dispatcher.submit(job, front=job.num_attempts > 0)
+        except Full as error:
+            self.end(CallResult(error=f"refused: {error}"), counter="rejected_full")
+            return error_response(429, f"{error}; retry after {retry_after} s", "rate_limited", retry_after)
+        except NoNode as error:
+            self.count("rejected_no_node")
+            return self.no_node(error)
+        if not job.future.done():
+            disconnect = asyncio.ensure_future(wait_disconnect(self.request))
+            done, _ = await asyncio.wait({job.future, disconnect}, timeout=job.remaining_s(),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            disconnect.cancel()
+            if not job.future.done():
+                job.future.cancel()
+                gateway.dispatcher.withdraw(job)
+                if disconnect not in done:
+                    return self.deadline_passed("while queued")
+                self.end(CallResult(error="client disconnected while queued"), counter="cancelled")
+                return error_response(499, "client disconnected while queued", "cancelled")
+        try:
+            return job.future.result()
+        except NoNode as error:
+            return self.no_node(error)
+
+    def no_node(self, error: NoNode) -> Response:
+        """503 with Retry-After (no healthy node now), or 413 (no node could ever hold the stage's KV)."""
+        if error.status == 413:
+            return self.fail(413, str(error), param="max_tokens")
+        return self.fail(error.status, str(error), self.gateway.config.limits.retry_after_s)
+
+    # ---- a JSON answer --------------------------------------------------------------------------------------
+    async def forward_json(self, node: Node) -> Response:
+        from serving.gateway.streaming import post_streamed
+
+        gateway, job = self.gateway, self.job
+        result, kv_usage = CallResult(), node.kv_usage
+        if gateway.config.upstream.stream and can_assemble(self.body):
+            send = asyncio.ensure_future(post_streamed(self, node, result))
+        else:
+            send = asyncio.ensure_future(self.post(node))
+        disconnect = asyncio.ensure_future(wait_disconnect(self.request))
+        await asyncio.wait({send, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if not send.done():  # client left: closing the connection makes vLLM abort the request
+            send.cancel()
+            result.error = "client disconnected"
+            self.end(result, node, kv_usage, counter="cancelled")
+            return error_response(499, "client disconnected", "cancelled")
+        disconnect.cancel()
+        response, parsed = send.result()  # NodeFailed propagates to the retry loop
+        if response.status_code != 200:
+            result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
+            self.end(result, node, kv_usage)
+            return Response(response.content, response.status_code, media_type="application/json")
+        result.read_response(parsed if parsed is not None else json.loads(response.content))
+        self.end(result, node, kv_usage, answer=response.content)
+        await self.settled()
+        # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
+        return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
+
+    async def post(self, node: Node) -> tuple[Reply, None]:
+        try:
+            response = await node.upstream.post_json(f"{node.url}{self.path}", self.upstream,
+                                                     upstream_headers(self.gateway, self.job), self.job.remaining_s())
+        except UpstreamError as error:
+            raise attempt_failed(error, "before its answer") from None
+        if response.status_code >= 500:
+            raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+        return response, None
+
+    async def settled(self) -> None:
+        """Wait, within the stage's deadline, until the predictor's history has this stage: the caller's next stage,
+        through any replica, is predicted with it."""
+        try:
+            await asyncio.wait_for(self.gateway.predictor.settled(), self.job.remaining_s())
+        except asyncio.TimeoutError:
+            pass
+
+    # ---- the way out ----------------------------------------------------------------------------------------
+    def count(self, counter: str) -> None:
+        """The one place a call moves the gateway's counters (/maestro/status, /metrics)."""
+        self.gateway.counters[counter] += 1
+
+    def end(self, result: CallResult, node: Node | None = None, kv_usage: float | None = None,
+            counter: str | None = None, answer: bytes | None = None) -> None:
+        """The stage is over: counted (`counter`), its node's reservation given back, its trace line written, its
+        answer remembered for replays, its idempotency key released. Only the first call does anything."""
+        if self.has_ended:
+            return
+        self.has_ended = True
+        gateway, job = self.gateway, self.job
+        if counter is not None:
+            self.count(counter)
+        if job.request is not None:
+            gateway.dispatcher.finish(job)
+        gateway.record(job, self.body, result, node.name if node is not None else None, kv_usage)
+        if answer is not None:
+            gateway.remember(job.meta.key, answer)
+        gateway.inflight.discard(job.meta.key)
+
+    def fail(self, status: int, message: str, retry_after_s: int | None = None, param: str | None = None,
+             counter: str | None = None) -> Response:
+        """End the stage with an error: counted as failed (and as `counter`), traced with its reason."""
+        if counter is not None:
+            self.count(counter)
+        self.end(CallResult(error=message), counter="failed")
+        kind = "upstream_error" if status >= 500 else "invalid_request_error" if status == 400 else "rejected"
+        return error_response(status, message, kind, retry_after_s, param)
+
+    def deadline_passed(self, where: str) -> Response:
+        return self.fail(504, f"stage {self.job.meta.label} passed its deadline (request_timeout_s="
+                              f"{self.gateway.config.limits.request_timeout_s}) {where}; retry later or raise the "
+                              "deadline")
+
+
+def forward_body(gateway: Gateway, body: dict, max_tokens: int) -> dict:
+    """The body vLLM gets; a chat call without a token limit is sent with the one its reservation was sized to
+    (`Gateway.output_cap`): vLLM's own is the whole context. A completion call's (vLLM's 16) is left to vLLM."""
+    upstream = {k: v for k, v in body.items() if k != "metadata"}
+    if "messages" in body and not upstream.get("max_tokens") and not upstream.get("max_completion_tokens"):
+        upstream["max_tokens"] = max_tokens
+    if not upstream.get("model") and gateway.config.model:
+        upstream["model"] = gateway.config.model
+    if upstream.get("stream"):
+        upstream["stream_options"] = {**(upstream.get("stream_options") or {}), "include_usage": True}
+    return upstream
+
+
+async def wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
