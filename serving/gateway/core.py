@@ -59,7 +59,8 @@ class Gateway:
                                      backfill_depth=limits.backfill_depth,
                                      backfill_max_overtaken=limits.backfill_max_overtaken,
                                      recheck_s=limits.admission_recheck_s, cap=cap,
-                                     batch_cost=BatchCostGate() if self.system.batch_cost else None)
+                                     batch_cost=BatchCostGate() if self.system.batch_cost else None,
+                                     router=self.system.router)
         self.predictor = predictor or create_predictor(config.predictor)
         self.traces = TraceWriter(config.traces.dir, config.traces.rotate_lines)
         self.spans = _stage_spans(config.model) if config.server.otel_spans else None

@@ -648,6 +648,7 @@ def test_a_system_name_and_its_overrides_build_the_gateway_from_the_system_table
         assert gateway.system == system and gateway.scheduler_config.policy == system.scheduler.value
         assert gateway.sessions.tool_kv.config.policy == system.tool_kv.value
         assert (gateway.dispatcher.batch_cost is not None) == system.batch_cost
+        assert gateway.dispatcher.core.config.router is system.router
     fcfs = Gateway(GatewayConfig(nodes=nodes, system={"name": "fcfs", "reservation": "predicted"})).system
     assert fcfs.reservation is ReservationMode.PREDICTED and fcfs.scheduler.value == "fcfs"
     with pytest.raises(ValueError, match="system.reservation"):
