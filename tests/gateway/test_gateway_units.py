@@ -638,6 +638,10 @@ def test_an_old_flat_config_file_says_where_each_field_went(tmp_path):
     assert "predictor: {source: 'http://p:3000'}" in message
 
 
+def test_the_config_reads_as_a_few_sections():
+    assert len(GatewayConfig.model_fields) <= 12  # nodes, model and sections; a new knob goes in its section
+
+
 def test_a_system_name_and_its_overrides_build_the_gateway_from_the_system_table():
     from serving.admission.sizing import ReservationMode
     from serving.systems import SYSTEMS
