@@ -1,8 +1,9 @@
 """The gateway and the simulator make the same admit / wait / node decisions: both drive one dispatch core.
 
-Every system of the table (serving/systems.py) runs on both paths from its parts: its queue order, router, session cap,
-batch-cost gate and reservation mode (what a starting stage maps); the admission headroom, which only the simulator
-keeps, is 0 on both.
+Every system of the table (serving/systems.py) runs on both paths by its name: live, a `Gateway` configured with
+`system: {name: ...}` (its queue order, router, session cap, batch-cost gate, and the reservation mode that says what a
+starting stage maps); simulated, the `Simulator` with the same `System`. The admission headroom, which only the
+simulator keeps, is 0 on both.
 
 The same stages, in the same order, meet the same node states on both paths: live, the gateway `Dispatcher` with
 gateway `Node`s whose vLLM metrics are set by hand (no server; vLLM's KV usage follows the reservations, as when each
@@ -20,16 +21,14 @@ import asyncio
 
 import pytest
 
-from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionWindow
-from serving.admission.batch_cost import BatchCostGate
 from serving.admission.sizing import output_tokens_to_map
-from serving.gateway.config import NodeConfig
-from serving.gateway.dispatch import Dispatcher, Job
+from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
+from serving.gateway.dispatch import Job
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.request import WorkflowInfo, stage_request
-from serving.scheduler import create_scheduler
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.pace import ModelPace
@@ -46,23 +45,21 @@ COST = CostModel(CostModelConfig())
 
 
 class Live:
-    """The gateway path: one Dispatcher over gateway Nodes (peak admission: free = unreserved and unused by vLLM)."""
+    """The gateway path: a Gateway's dispatcher over its nodes (peak admission: free = unreserved and unused by
+    vLLM), their vLLM metrics set by hand."""
 
     def __init__(self, node_blocks: dict[str, int], system: System):
-        self.loop, self.system = asyncio.new_event_loop(), system
-        self.nodes = {name: self._node(name, num_blocks) for name, num_blocks in node_blocks.items()}
-        cap = SessionWindow(AIMDWindow(AIMDConfig(), 8), self.kv_usage) if system.cap is CapKind.AIMD else None
-        self.dispatcher = Dispatcher(create_scheduler(system.scheduler), list(self.nodes.values()), max_queued=64,
-                                     recheck_s=0, cap=cap, batch_cost=BatchCostGate() if system.batch_cost else None,
-                                     router=system.router)
+        self.loop = asyncio.new_event_loop()
+        self.gateway = Gateway(GatewayConfig(
+            nodes=[{"name": name, "url": f"http://{name}"} for name in node_blocks],
+            system={"name": system.name, "admission_headroom_frac": system.admission_headroom_frac},
+            kv={"admission": "peak", "overcommit": 1.0}, limits={"admission_recheck_s": 0, "max_queued": 64}))
+        self.system, self.dispatcher = self.gateway.system, self.gateway.dispatcher
+        self.nodes = {node.name: node for node in self.gateway.nodes}
+        for node, num_blocks in zip(self.gateway.nodes, node_blocks.values()):
+            Live._report(node, num_blocks, 0)
+            node.is_healthy = True
         self.jobs: dict[str, Job] = {}
-
-    @staticmethod
-    def _node(name: str, num_blocks: int) -> Node:
-        node = Node(NodeConfig(name, f"http://{name}"), upstream=None)
-        Live._report(node, num_blocks, 0)
-        node.is_healthy = True
-        return node
 
     @staticmethod
     def _report(node: Node, num_blocks: int, used_blocks: int) -> None:
@@ -70,10 +67,6 @@ class Live:
         node.apply_metrics({"vllm:kv_cache_usage_perc": ({}, used_blocks / num_blocks),
                             "vllm:cache_config_info": ({"num_gpu_blocks": str(num_blocks + 1),
                                                         "block_size": str(BLOCK_TOKENS)}, 1.0)})
-
-    def kv_usage(self) -> float:
-        return sum(n.num_blocks - n.num_unused_blocks for n in self.nodes.values()) / sum(
-            n.num_blocks for n in self.nodes.values())
 
     def poll(self) -> None:
         """A /metrics poll: vLLM holds what the running stages reserved."""
