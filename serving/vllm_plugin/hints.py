@@ -63,7 +63,7 @@ def hints_from_extra_args(extra_args: dict | None) -> MaestroHints | None:
         raise ValueError(f"extra_args[{XARGS_KEY!r}] is not a valid Maestro prediction ({error}): {raw!r}") from None
 
 
-def stage_request(request_id: str, arrival_s: float, num_prompt_tokens: int, max_tokens: int, hints: MaestroHints,
+def request_from_hints(request_id: str, arrival_s: float, num_prompt_tokens: int, max_tokens: int, hints: MaestroHints,
                   decode_s_per_token: float) -> StageRequest:
     """The policy's view of a waiting vLLM request (times on the clock of vLLM's `arrival_time`)."""
     pred_service_s = hints.pred_service_s
@@ -77,7 +77,7 @@ def stage_request(request_id: str, arrival_s: float, num_prompt_tokens: int, max
 
 
 def hints_for_stage(stage: StageRequest, now_s: float) -> MaestroHints:
-    """The hints a stage is sent to an engine with (the inverse of `stage_request`); its deadline counted from
+    """The hints a stage is sent to an engine with (the inverse of `request_from_hints`); its deadline counted from
     `now_s`, on the stage's own clock."""
     return MaestroHints(tokens_pred=stage.tokens_pred, tokens_reserve=stage.tokens_reserve,
                         pred_service_s=stage.pred_service_s, workflow_remaining_s=stage.workflow_remaining_s,

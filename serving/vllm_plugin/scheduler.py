@@ -32,7 +32,7 @@ from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions
 from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens,
-                                       stage_request)
+                                       request_from_hints)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
 # Under vLLM's logger tree, so the engine's log shows these lines with vLLM's own.
@@ -65,8 +65,8 @@ class MaestroRequestQueue(RequestQueue):
             return
         if request.request_id in self.stages:
             raise RuntimeError(f"{request.request_id} queued twice")
-        stage = stage_request(request.request_id, request.arrival_time, request.num_prompt_tokens,
-                              request.max_tokens, hints, self.decode_s_per_token)
+        stage = request_from_hints(request.request_id, request.arrival_time, request.num_prompt_tokens,
+                                   request.max_tokens, hints, self.decode_s_per_token)
         stage.payload = request
         self.stages[request.request_id] = stage
         self.policy.add(stage, self.now)

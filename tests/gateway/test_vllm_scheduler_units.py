@@ -11,7 +11,7 @@ from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
-                                       output_bounds, remaining_tokens, stage_request)
+                                       output_bounds, remaining_tokens, request_from_hints)
 from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
 
 
@@ -43,21 +43,21 @@ def test_malformed_hints_are_a_value_error_that_names_the_field(raw):
 
 
 def test_stage_request_puts_the_relative_deadline_on_the_engine_clock():
-    stage = stage_request("r1", 1000.0, 12, 256, MaestroHints(tokens_pred=50, deadline_s=30.0, workflow="w"), 0.02)
+    stage = request_from_hints("r1", 1000.0, 12, 256, MaestroHints(tokens_pred=50, deadline_s=30.0, workflow="w"), 0.02)
     assert (stage.workflow_id, stage.stage_id, stage.ready_s, stage.deadline_s) == ("w", "r1", 1000.0, 1030.0)
     assert stage.pred_service_s == pytest.approx(1.0) and stage.prompt_tokens == 12
-    capped = stage_request("r2", 0.0, 1, 10, MaestroHints(tokens_pred=50), 0.02)
+    capped = request_from_hints("r2", 0.0, 1, 10, MaestroHints(tokens_pred=50), 0.02)
     assert capped.pred_service_s == pytest.approx(0.2) and capped.workflow_id == "r2"
 
 
 def test_a_stage_travels_to_the_engine_and_back_with_its_deadline_relative():
-    stage = stage_request("r1", 100.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5,
+    stage = request_from_hints("r1", 100.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5,
                                                               workflow_remaining_s=4.0, deadline_s=30.0,
                                                               interactive=True, workflow="w"), 0.02)
     hints = hints_for_stage(stage, now_s=110.0)
     assert hints == MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5, workflow_remaining_s=4.0,
                                  deadline_s=20.0, interactive=True, workflow="w")
-    no_deadline = stage_request("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5), 0.02)
+    no_deadline = request_from_hints("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5), 0.02)
     assert hints_for_stage(no_deadline, 3.0).deadline_s == math.inf
 
 
@@ -81,8 +81,8 @@ def test_config_errors_name_what_is_wrong(raw, match):
 
 def test_stage_requests_order_by_the_policy_object():
     policy = create_scheduler("maestro")
-    urgent = stage_request("urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=2.0), 0.02)
-    relaxed = stage_request("relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.02)
+    urgent = request_from_hints("urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=2.0), 0.02)
+    relaxed = request_from_hints("relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.02)
     for stage in (relaxed, urgent):
         policy.add(stage, 5.0)
     assert [s.stage_id for s in policy.in_order(5.0)] == ["urgent", "relaxed"]
