@@ -22,7 +22,7 @@ class Source(str, Enum):
     """Who answered a stage's prediction: the model, or the prior and why."""
 
     MODEL = "model"
-    TIMEOUT = "timeout"  # the model gave no answer within predictor_timeout_s
+    TIMEOUT = "timeout"  # the model gave no answer within predictor.timeout_s
     ERROR = "error"  # the model or the service failed on this call
     UNAVAILABLE = "unavailable"  # the service failed lately: the client answers locally during its cooldown
     NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)

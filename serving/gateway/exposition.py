@@ -18,7 +18,7 @@ PREFIX = "maestro_gateway"
 MEDIA_TYPE = CONTENT_TYPE_LATEST
 # Seconds, from a few milliseconds (a queue that is empty, a short TTFT) to a long answer of a slow CPU engine.
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-# The prediction: the priors answer in well under a millisecond, the model within predictor_timeout_s.
+# The prediction: the priors answer in well under a millisecond, the model within predictor.timeout_s.
 PREDICT_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # trace field → (histogram name, help, buckets); a stage's line without the field is not observed there.
 HISTOGRAMS = {
