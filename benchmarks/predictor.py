@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -60,8 +61,9 @@ TEST_FRACTION = 0.3
 # scores of the training side only; then 5 reserve variants (the bound model's quantile × the calibration
 # groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets; then 8
 # prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py); then, for an app never seen,
-# the own-turn features and the new-app reserve level (pipelines/EXPERIMENTS.md, 2026-12-02).
-VARIANTS_TRIED = 61
+# the own-turn features and the new-app reserve level; then 7 more for the static embedding and the regressors'
+# size, chosen by the same inner CV (pipelines/EXPERIMENTS.md, 2026-12-02).
+VARIANTS_TRIED = 68
 FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 
@@ -71,9 +73,12 @@ def recipes() -> dict:
     plain_features = replace(ours[0], feature_set="basic", history_copies=False,
                              embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
     seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
-    embedding = {kind: replace(ours[0], embedder=replace(ours[0].embedder, kind=kind)) for kind in ("static", "minilm")}
-    return {"maestro": ours, "maestro-static": (embedding["static"], ours[1]),
-            "maestro-minilm": (embedding["minilm"], ours[1]), "straightforward": (plain_features, seed_recipe)}
+    # each embedding with the classifier inner CV chose for it: MiniLM's columns read by the tool-call classifier,
+    # the static embedding's not (pipelines/EXPERIMENTS.md, 2026-12-02)
+    embedding = {kind: (replace(ours[0], embedder=replace(ours[0].embedder, kind=kind)),
+                        replace(ours[1], classifier_embedding=kind == "minilm")) for kind in ("static", "minilm")}
+    return {"maestro": ours, "maestro-static": embedding["static"], "maestro-minilm": embedding["minilm"],
+            "straightforward": (plain_features, seed_recipe)}
 
 
 def read_stages(path: Path) -> list[StageTrace]:
@@ -185,7 +190,8 @@ def speed(stages: list[StageTrace], names: list[str]) -> dict:
     torch.set_num_threads(1)  # one thread, like the LightGBM boosters (params.yaml num_threads: 1)
     train_idx, test_idx = locked_split(stages, TEST_FRACTION)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
-    out = {"test_stages": len(test), "minilm_encode_ms": minilm_encode_ms(test)}
+    out = {"test_stages": len(test), "load_1min_before": round(os.getloadavg()[0], 2),
+           "minilm_encode_ms": minilm_encode_ms(test)}
     for name in names:
         features, model = recipes()[name]
         started = time.perf_counter()
@@ -193,6 +199,7 @@ def speed(stages: list[StageTrace], names: list[str]) -> dict:
         out[name] = {"train_s": round(time.perf_counter() - started, 1),
                      "latency_ms": latency_ms(predictor, test),
                      "throughput_stages_per_s": throughput(predictor, test)}
+    out["load_1min_after"] = round(os.getloadavg()[0], 2)
     encode, cold = out["minilm_encode_ms"], out["maestro-static"]["latency_ms"]["cold"]
     out["headline"] = {"maestro_static_cold_ms": cold, "minilm_encode_ms": encode,
                        "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},

@@ -24,7 +24,7 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold
 
 from benchmarks.predictor import DATA, TEST_FRACTION, predictions_frame, read_stages, recipes, score
-from pipelines.embedding import Embedder
+from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.features import Featurizer
 from pipelines.featurize import locked_split
 from pipelines.history import without_labels
@@ -43,6 +43,19 @@ VARIANTS = {
     "static corpus-sif teacher-fit 256": dict(embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3,
                                                             fit_to_teacher=True)),
     "static plain teacher-fit 256": dict(embedder=dict(kind="static", weighting="none", fit_to_teacher=True)),
+    "static zipf-sif teacher-fit ridge1 windows24": dict(embedder=dict(kind="static", weighting="zipf",
+                                                                      fit_to_teacher=True, ridge=1.0,
+                                                                      teacher_windows=24)),
+    "static zipf-sif teacher-fit ridge1 tails": dict(embedder=dict(kind="static", weighting="zipf",
+                                                                   fit_to_teacher=True, ridge=1.0)),
+    "static zipf-sif 256 normalized": dict(embedder=dict(kind="static", weighting="zipf", normalize=True)),
+    "static zipf-sif 256 classifier without it": dict(embedder=dict(kind="static", weighting="zipf"),
+                                                      model=dict(classifier_embedding=False)),
+    # the regressors' size (the boosters' cost), with the static embedding
+    "static zipf-sif 256 regressors 200x0.125": dict(embedder=dict(kind="static", weighting="zipf"),
+                                                     model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
+    "static zipf-sif 256 regressors 100x0.25": dict(embedder=dict(kind="static", weighting="zipf"),
+                                                    model=dict(regressor=dict(n_estimators=100, learning_rate=0.25))),
     "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",
                                                                    sif_coefficient=1e-3)),
     "static corpus-sif 256 pca8": dict(pca_dims=8, embedder=dict(kind="static", weighting="corpus",
@@ -54,7 +67,9 @@ def variant_config(name: str):
     features, model = recipes()["maestro"]
     change = dict(VARIANTS[name])
     embedder = replace(features.embedder, **change.pop("embedder", {}))
-    return replace(features, embedder=embedder, **change), model
+    model_change = {k: {**getattr(model, k), **v} if isinstance(v, dict) else v
+                    for k, v in change.pop("model", {}).items()}
+    return replace(features, embedder=embedder, **change), replace(model, **model_change)
 
 
 def embedding_cost_ms(featurizer: Featurizer, stages: list) -> dict:
@@ -76,11 +91,15 @@ def cross_validate(data: str, names: list[str], folds: int = 3) -> dict:
     train = [stages[i] for i in locked_split(stages, TEST_FRACTION)[0]]
     groups = label_frame(train)["group"].to_numpy()
     splits = list(GroupKFold(folds).split(train, groups=groups))
-    out = {}
+    out, teachers = {}, {}
     for name in names:
         features, model = variant_config(name)
-        # one embedder (and MiniLM teacher) per variant: MiniLM's cache serves every fold
-        embedder, teacher = Featurizer(features).embedder, Embedder(replace(features.embedder, kind="minilm"))
+        # one MiniLM per segment config, its cache serving every fold and variant (the teacher, and the embedder
+        # of the MiniLM variant)
+        teacher_config = replace(EmbedderConfig(), tail_chars=features.embedder.tail_chars,
+                                 max_seq_length=features.embedder.max_seq_length)
+        teacher = teachers.setdefault(teacher_config, Embedder(teacher_config))
+        embedder = teacher if features.embedder == teacher_config else Featurizer(features).embedder
         frames, baselines, cost, started = {"with_history": [], "without_history": []}, [], None, time.perf_counter()
         for fold, (inner, held) in enumerate(splits):
             fit_on, score_on = [train[i] for i in inner], [train[i] for i in held]

@@ -4,7 +4,7 @@ read): the bound model's quantile × the calibration groups' minimum size.
 For each data set, the locked split's training side is cut into 3 task-grouped folds; Maestro's recipe
 (params.yaml) is trained on two and scored on the third, with and without history. Fitting the reserve is the
 model's last step, so each fold's model is fitted once and only its reserve is refitted per variant (the inputs
-of `TwoStageModel._fit_reserve` are recorded at the first fit). Figures pooled over the folds: the share of
+of `TwoStageModel.fit_reserve` are recorded at the first fit, by a subclass). Figures pooled over the folds: the share of
 stages above the reserve, the reserve's waste against the per-role p90's, and the worst (fold, app) share above.
 
     python -m benchmarks.reserve_cv [--data dev agent] [--out benchmarks/results/reserve_cv.json]
@@ -21,17 +21,26 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold
 
 from benchmarks.predictor import DATA, TEST_FRACTION, predictions_frame, read_stages, recipes
+from pipelines.features import Featurizer
 from pipelines.featurize import locked_split
 from pipelines.history import without_labels
 from pipelines.metrics import role_baselines
 from pipelines.model import TwoStageModel
-from pipelines.predictor import Predictor, label_frame
+from pipelines.predictor import Predictor, label_frame, training_frame
 
 VARIANTS = {"q0.955 m40": dict(bound_quantile=None, min_group_calibration=40),
             "q0.9 m40": dict(bound_quantile=0.9, min_group_calibration=40),
             "q0.8 m40": dict(bound_quantile=0.8, min_group_calibration=40),
             "q0.955 m100": dict(bound_quantile=None, min_group_calibration=100),
             "q0.9 m100": dict(bound_quantile=0.9, min_group_calibration=100)}
+
+
+class ReserveRecorder(TwoStageModel):
+    """TwoStageModel keeping the inputs of its reserve fit, so that the reserve alone can be refitted."""
+
+    def fit_reserve(self, *inputs) -> None:
+        self.reserve_inputs = inputs
+        super().fit_reserve(*inputs)
 
 
 def waste(frame: pd.DataFrame) -> float:
@@ -43,31 +52,23 @@ def cross_validate(data: str, folds: int = 3) -> dict:
     train = [stages[i] for i in locked_split(stages, TEST_FRACTION)[0]]
     groups = label_frame(train)["group"].to_numpy()
     features, model = recipes()["maestro"]
-    recorded, fit_reserve = {}, TwoStageModel._fit_reserve
-
-    def record(self, *args):
-        recorded["args"] = args
-        return fit_reserve(self, *args)
-
     rows = []
-    TwoStageModel._fit_reserve = record
-    try:
-        for fold, (inner, held) in enumerate(GroupKFold(folds).split(train, groups=groups)):
-            fit_on, score_on = [train[i] for i in inner], [train[i] for i in held]
-            predictor = Predictor.train(fit_on, features, model)
-            labels = label_frame(score_on)
-            p90 = role_baselines(label_frame(fit_on), labels, model.rho, model.alpha)["role_p90"]
-            for name, change in VARIANTS.items():
-                predictor.model.config = replace(model, **change)
-                fit_reserve(predictor.model, *recorded["args"])
-                for condition, part in (("with_history", score_on), ("without_history", map(without_labels, score_on))):
-                    frame = predictions_frame(predictor, list(part), labels)
-                    above = frame["tokens"] > frame["tokens_reserve"]
-                    rows.append({"variant": name, "condition": condition, "fold": fold, "n": len(frame),
-                                 "above": int(above.sum()), "waste": waste(frame), "p90_waste": waste(p90),
-                                 "worst_app_above": float(above.groupby(frame["app"]).mean().max())})
-    finally:
-        TwoStageModel._fit_reserve = fit_reserve
+    for fold, (inner, held) in enumerate(GroupKFold(folds).split(train, groups=groups)):
+        fit_on, score_on = [train[i] for i in inner], [train[i] for i in held]
+        featurizer = Featurizer(features).fit(fit_on)
+        recorder = ReserveRecorder(model)
+        predictor = Predictor.fit(featurizer, *training_frame(featurizer, fit_on, model.seed), model=recorder)
+        labels = label_frame(score_on)
+        p90 = role_baselines(label_frame(fit_on), labels, model.rho, model.alpha)["role_p90"]
+        for name, change in VARIANTS.items():
+            recorder.config = replace(model, **change)
+            recorder.fit_reserve(*recorder.reserve_inputs)
+            for condition, part in (("with_history", score_on), ("without_history", map(without_labels, score_on))):
+                frame = predictions_frame(predictor, list(part), labels)
+                above = frame["tokens"] > frame["tokens_reserve"]
+                rows.append({"variant": name, "condition": condition, "fold": fold, "n": len(frame),
+                             "above": int(above.sum()), "waste": waste(frame), "p90_waste": waste(p90),
+                             "worst_app_above": float(above.groupby(frame["app"]).mean().max())})
     table = pd.DataFrame(rows)
     return {f"{v} {c}": {"above": round(g["above"].sum() / g["n"].sum(), 4),
                          "waste_x_role_p90": round(g["waste"].sum() / g["p90_waste"].sum(), 3),

@@ -28,14 +28,14 @@ import numpy as np
 import pandas as pd
 from distributed import Client, LocalCluster, wait
 from lightgbm.dask import DaskLGBMClassifier, DaskLGBMRegressor
-from sklearn.isotonic import IsotonicRegression
 
 from pipelines.dask_features import (LABEL_PREFIX, feature_frame, fit_featurizer, fold_of, is_trace_parquet,
                                      read_trace_parquet, to_trace_parquet, worker_cache)
 from pipelines.embedding import Embedder, make_embedder
 from pipelines.features import UNKNOWN, FeaturizerConfig
-from pipelines.model import (ModelConfig, SigmoidCalibrator, TwoStageModel, _Regressor, calibrate_groups,
-                             lgb_params, regression_objective)
+from pipelines.boosters import Regressor, raw_score
+from pipelines.calibration import calibrate_groups, calibration_keys, new_calibrator
+from pipelines.model import ModelConfig, TwoStageModel, classifier_columns, lgb_params, regression_objective
 from pipelines.new_app import NEW_APP_ONLY
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor, fit_priors
 
@@ -153,6 +153,7 @@ class DaskTwoStage:
 
     def _fit_classifier(self, model: TwoStageModel, frame: dd.DataFrame, features: list[str]):
         cfg = self.config
+        features = classifier_columns(features, cfg)
         tool_rate = float(frame[IS_TOOL].mean().compute())
         if tool_rate in (0.0, 1.0):  # one class only: a constant, as TwoStageModel does
             models = {f: tool_rate for f in range(cfg.folds)}
@@ -161,10 +162,9 @@ class DaskTwoStage:
             fit = lambda fold: self._train(DaskLGBMClassifier, cfg.classifier, {"objective": "binary"}, frame,
                                            features, IS_TOOL, fold)
             models, full = self._per_fold(fit), fit(None)
-        frame = _add_column(frame, "raw_oof", models, features, TwoStageModel._raw_score)
+        frame = _add_column(frame, "raw_oof", models, features, raw_score)
         raw, y = dd.compute(frame["raw_oof"], frame[IS_TOOL])
-        calibrator = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
-                      IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1))
+        calibrator = new_calibrator(cfg.calibration)
         model.calibrator_ = calibrator.fit(raw.to_numpy(), y.to_numpy())
         p_tool = frame["raw_oof"].map_partitions(_calibrated, model.calibrator_, meta=("p_tool", float))
         return full, frame.assign(p_tool=p_tool).persist()
@@ -182,7 +182,7 @@ class DaskTwoStage:
         def fit(fold):
             boosters = [self._train(DaskLGBMRegressor, {**cfg.regressor, "seed": cfg.seed + b}, objective, frame,
                                     features, LOG, fold, base(fold)) for b in range(cfg.regressor_bags)]
-            return _Regressor(boosters[0], base(fold), boosters[1:])
+            return Regressor(boosters[0], base(fold), boosters[1:])
 
         models, full = self._per_fold(fit), fit(None)
         return full, _add_column(frame, "log_pred", models, features, lambda m, X: m.predict(X))
@@ -194,11 +194,11 @@ class DaskTwoStage:
         return full, _add_column(frame, "upper_oof", models, features, lambda m, X: m.predict(X))
 
     def _calibrate_reserve(self, model: TwoStageModel, local: pd.DataFrame) -> None:
-        """TwoStageModel._fit_reserve's conformal levels, on the out-of-fold misses brought to the client."""
+        """TwoStageModel.fit_reserve's conformal levels, on the out-of-fold misses brought to the client."""
         scores = (local[LOG] - local["upper_oof"]).to_numpy()
-        roles = local["role"].astype(str).tolist()  # after dropout, as TwoStageModel._fit_reserve reads them
+        roles = local["role"].astype(str).tolist()  # after dropout, as TwoStageModel.fit_reserve reads them
         model.global_q_, model.group_q_ = calibrate_groups(
-            scores, TwoStageModel._group_keys(roles, local["p_tool"].to_numpy()), self.config)
+            scores, calibration_keys(roles, local["p_tool"].to_numpy()), self.config)
 
 
 # ---- the predictor -----------------------------------------------------------------------------------

@@ -40,19 +40,42 @@ class EmbedderConfig:
     # static: map the mean vectors onto MiniLM's own vectors of the training segments (ridge regression, folded
     # into the table like the PCA): the teacher's geometry on this domain, at the same cost a text
     fit_to_teacher: bool = False
+    # static: each text's mean vector scaled to unit length before the PCA, as MiniLM's last module (Normalize)
+    # does to its own; the PCA then follows as a 384 × pca_dims product instead of being folded into the table
+    normalize: bool = False
     ridge: float = 0.01  # the ridge penalty, relative to the mean variance of the static vectors
+    # static, fit_to_teacher: the fit's corpus is each training prompt's last `teacher_windows` segments, their ends
+    # `teacher_stride` characters apart (1: the tails alone; a few hundred distinct tails overfit 384×384 weights)
+    teacher_windows: int = 1
+    teacher_stride: int = 64
 
     def __post_init__(self) -> None:
         if self.tail_chars < 0 or self.max_seq_length < 8 or self.batch_size < 1:
             raise ValueError(f"invalid EmbedderConfig {self}: tail_chars ≥ 0, max_seq_length ≥ 8, batch_size ≥ 1")
         if self.kind not in EMBEDDING_KINDS:
             raise ValueError(f"embedding kind must be one of {EMBEDDING_KINDS}, got {self.kind!r}")
+        if self.normalize and self.fit_to_teacher:
+            raise ValueError("normalize and fit_to_teacher do not combine: the teacher fit is folded into the rows")
+        if self.teacher_windows < 1 or self.teacher_stride < 1 or self.ridge <= 0:
+            raise ValueError(f"teacher_windows ≥ 1, teacher_stride ≥ 1 and ridge > 0, got {self}")
         if self.weighting not in STATIC_WEIGHTINGS or self.sif_coefficient <= 0:
             raise ValueError(f"weighting must be one of {STATIC_WEIGHTINGS} and sif_coefficient > 0, got {self}")
 
     def segment(self, text: str) -> str:
         """The part of a prompt that is embedded: its last `tail_chars` characters (all of it at 0)."""
         return text[-self.tail_chars:] if self.tail_chars else text
+
+    def teacher_corpus(self, texts: list[str]) -> list[str]:
+        """What a static embedding is fitted to the teacher on: each text's segment, then the segments ending
+        `teacher_stride`, 2 × `teacher_stride`, ... characters before it, `teacher_windows` in all; distinct."""
+        corpus = {}
+        for text in texts:
+            for k in range(self.teacher_windows if self.tail_chars else 1):
+                end = len(text) - k * self.teacher_stride
+                if end <= 0 or (k and end < self.tail_chars // 2):
+                    break
+                corpus.setdefault(self.segment(text[:end]), None)
+        return list(corpus)
 
 
 def model_path() -> str:

@@ -19,6 +19,9 @@ from pipelines.stage_features import (BASIC_COLUMNS, CATEGORICAL, UNKNOWN, Stage
 from pipelines.static_embedding import StaticEmbedder
 
 
+EMBEDDING_PREFIX = "emb_"  # the embedding's PCA columns: emb_0, emb_1, ...
+
+
 def frequent_categories(counts: pd.Series, min_count: int) -> list[str]:
     """A categorical column's categories: the values seen at least `min_count` times (value → count), then UNKNOWN."""
     frequent = {str(v) for v in counts[counts >= min_count].index} - {UNKNOWN}
@@ -88,7 +91,8 @@ class Featurizer:
             return static
         if self.teacher is None:
             self.teacher = Embedder(replace(self.config.embedder, kind="minilm"))
-        return static.fitted_to(texts, self.teacher.embed(texts, progress=progress))
+        corpus = self.config.embedder.teacher_corpus(texts)
+        return static.fitted_to(corpus, self.teacher.embed(corpus, progress=progress))
 
     def transform(self, stages: list[StageTrace], progress: bool = False) -> pd.DataFrame:
         if not hasattr(self, "categories_"):
@@ -142,7 +146,7 @@ class Featurizer:
 
     @functools.cached_property
     def _embedding_names(self) -> list[str]:
-        return [f"emb_{i}" for i in range(self.pca_.n_components_)]
+        return [f"{EMBEDDING_PREFIX}{i}" for i in range(self.pca_.n_components_)]
 
     @functools.cached_property
     def _category_codes(self) -> dict[str, tuple[dict, pd.CategoricalDtype]]:

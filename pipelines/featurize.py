@@ -32,7 +32,10 @@ def featurizer_config(params: dict) -> FeaturizerConfig:
     embedder = EmbedderConfig(kind=params.get("embedding", "minilm"), tail_chars=params["tail_chars"],
                               max_seq_length=params["max_seq_length"],
                               weighting=params.get("static_weighting", "zipf"),
-                              fit_to_teacher=params.get("fit_to_teacher", False))
+                              normalize=params.get("static_normalize", False),
+                              fit_to_teacher=params.get("fit_to_teacher", False),
+                              ridge=params.get("teacher_ridge", EmbedderConfig.ridge),
+                              teacher_windows=params.get("teacher_windows", EmbedderConfig.teacher_windows))
     return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
                             embedder=embedder, use_embedding=params.get("use_embedding", True),
                             history_copies=params.get("history_copies", True))

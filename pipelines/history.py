@@ -39,6 +39,8 @@ def history_conditions(column: Callable[[str], np.ndarray | None], n: int) -> np
     values = [column(name) for name in CONDITION_COLUMNS]
     if any(v is None for v in values):
         return np.full(n, "full", dtype=object)
+    if n == 1:  # a live call: the same rules on four floats, without numpy's per-call overhead
+        return np.array([_condition(*(float(v[0]) for v in values))], dtype=object)
     table = np.array(values, np.float64).reshape(len(values), n)  # one array: a live call has one row
     table[np.isnan(table)] = -1.0
     in_degree, ancestors, known, parent_tokens = table
@@ -46,3 +48,12 @@ def history_conditions(column: Callable[[str], np.ndarray | None], n: int) -> np
     none = has_parents & (known <= 0) & (parent_tokens < 0)
     full = ~has_parents | ((known >= ancestors) & (ancestors >= in_degree))
     return np.where(none, "none", np.where(full, "full", "partial")).astype(object)
+
+
+def _condition(in_degree: float, ancestors: float, known: float, parent_tokens: float) -> str:
+    """history_conditions of one row (NaN counts as -1, as there)."""
+    in_degree, ancestors, known, parent_tokens = (-1.0 if v != v else v for v in (in_degree, ancestors, known,
+                                                                                 parent_tokens))
+    if in_degree > 0 and known <= 0 and parent_tokens < 0:
+        return "none"
+    return "full" if in_degree <= 0 or (known >= ancestors and ancestors >= in_degree) else "partial"

@@ -7,7 +7,7 @@ import pandas as pd
 from scipy.stats import kendalltau
 from sklearn.metrics import r2_score, roc_auc_score
 
-from pipelines.model import conformal_quantile
+from pipelines.calibration import conformal_quantile
 
 
 def expected_calibration_error(is_tool: np.ndarray, p_tool: np.ndarray, bins: int = 10) -> float:

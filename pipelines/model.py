@@ -20,19 +20,22 @@ their history hidden) are predicted out of fold and calibrated on, never fitted 
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 from dataclasses import dataclass, field
 
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
-from sklearn.isotonic import IsotonicRegression
-from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
-from pipelines.features import UNKNOWN
+from pipelines.boosters import Regressor, RowPredictor, as_matrix, raw_score
+from pipelines.calibration import (SigmoidCalibrator, app_keys, calibrate_groups, calibrate_scores, calibration_keys,
+                                   new_calibrator)
+from pipelines.features import EMBEDDING_PREFIX, UNKNOWN
 from pipelines.history import history_conditions
+
+# Predictors pickled before pipelines/boosters.py and pipelines/calibration.py existed look these classes up here:
+# SigmoidCalibrator (imported above) and the bagged regressor under its old name.
+_Regressor = Regressor
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class ModelConfig:
     # regressors averaged (in log space) for the point prediction, seeds seed..seed+bags-1: bagging and
     # random thresholds differ per member, so the average is steadier than any one
     regressor_bags: int = 1
+    # whether the tool-call classifier reads the prompt embedding's columns (emb_*); the regressors and the bound
+    # read them either way
+    classifier_embedding: bool = True
 
     @property
     def bound_level(self) -> float:
@@ -112,13 +118,6 @@ def regression_objective(loss: str, under_weight: float) -> dict:
     return {"objective": asymmetric_l2(under_weight)}
 
 
-def conformal_quantile(scores: np.ndarray, alpha: float) -> float:
-    """Split-conformal level: the ⌈(n+1)(1−α)⌉-th smallest score (inf when n is too small)."""
-    n = len(scores)
-    rank = int(np.ceil((n + 1) * (1 - alpha)))
-    return float(np.sort(scores)[rank - 1]) if 0 < rank <= n else float("inf")
-
-
 def lgb_params(params: dict, config: ModelConfig, **extra) -> dict:
     """LightGBM's parameters of one of the config's models: `params` less n_estimators, shared settings, `extra`."""
     out = {k: v for k, v in params.items() if k != "n_estimators"}
@@ -143,11 +142,11 @@ class TwoStageModel:
         y_log, y_tool = np.log1p(np.asarray(tokens, float)), np.asarray(is_tool, int)
         folds = [(train[fitted[train]], test) for train, test in
                  GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups)]
-        raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X.iloc[tr], y_tool[tr]),
-                            lambda m, te: self._raw_score(m, X.iloc[te]))
-        self.calibrator_ = (SigmoidCalibrator() if cfg.calibration == "sigmoid" else
-                            IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)).fit(raw_oof, y_tool)
-        self.classifier_ = self._fit_classifier(X[fitted], y_tool[fitted])
+        X1 = X[classifier_columns(list(X.columns), cfg)]
+        raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X1.iloc[tr], y_tool[tr]),
+                            lambda m, te: raw_score(m, X1.iloc[te]))
+        self.calibrator_ = new_calibrator(cfg.calibration).fit(raw_oof, y_tool)
+        self.classifier_ = self._fit_classifier(X1[fitted], y_tool[fitted])
         X2 = X.assign(p_tool=self.calibrator_.predict(raw_oof))
         pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
                              lambda m, te: m.predict(X2.iloc[te]))
@@ -155,7 +154,7 @@ class TwoStageModel:
         history = history_conditions(lambda c: X[c].to_numpy(float) if c in X else None, len(X))
         self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles,
                                   "history": history})
-        self._fit_reserve(X2, y_log, folds, fitted, history)
+        self.fit_reserve(X2, y_log, folds, fitted, history)
         return self
 
     @staticmethod
@@ -179,51 +178,36 @@ class TwoStageModel:
         params = lgb_params(self.config.classifier, self.config, objective="binary")
         return lgb.train(params, lgb.Dataset(X, y), num_boost_round=self.config.classifier["n_estimators"])
 
-    @staticmethod
-    def _raw_score(model, X: pd.DataFrame) -> np.ndarray:
-        return np.full(len(X), model) if isinstance(model, float) else model.predict(X)
-
-    def _fit_regressor(self, X: pd.DataFrame, y_log: np.ndarray) -> "_Regressor":
+    def _fit_regressor(self, X: pd.DataFrame, y_log: np.ndarray) -> Regressor:
         cfg = self.config
         base = float(np.mean(y_log))
         params = lgb_params(cfg.regressor, cfg, **regression_objective(cfg.loss, cfg.under_weight))
         boosters = [lgb.train({**params, "seed": cfg.seed + b}, lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base)),
                               num_boost_round=cfg.regressor["n_estimators"]) for b in range(cfg.regressor_bags)]
-        return _Regressor(boosters[0], base, boosters[1:])
+        return Regressor(boosters[0], base, boosters[1:])
 
-    def _fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds, fitted: np.ndarray,
-                     history: np.ndarray) -> None:
+    def fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds, fitted: np.ndarray,
+                    history: np.ndarray) -> None:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
-        misses calibrated per group, so that each group's share above its reserve is ≤ α."""
+        misses calibrated per group, so that each group's share above its reserve is ≤ α. fit() calls it last
+        with the frame with p_tool, log labels, folds, fitted rows and history conditions; calling it again with
+        another config refits the reserve alone (benchmarks/reserve_cv.py)."""
         cfg = self.config
         params = lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
                                     num_boost_round=cfg.quantile["n_estimators"])
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
         self.upper_ = fit(np.flatnonzero(fitted))
-        apps = _app_codes(X2["app"].cat.codes.to_numpy(float)) if "app" in X2 else None
+        apps = app_keys(X2["app"].cat.codes.to_numpy(float)) if "app" in X2 else None
         self.global_q_, self.group_q_ = calibrate_groups(
-            y_log - upper_oof, self._group_keys(_roles(X2), X2["p_tool"].to_numpy(), apps, history), cfg)
-
-    @staticmethod
-    def _group_keys(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
-                    history: np.ndarray | None = None) -> list[np.ndarray]:
-        """Calibration groups from most to least specific, each within a history condition ("full" where
-        not given): (app, role, mode) → (app, role) → (role, mode) → role → app → mode → the condition.
-        One array of keys per level (group_keys of each row)."""
-        history = ["full"] * len(roles) if history is None else history
-        modes = ["tool" if p >= 0.5 else "text" for p in np.asarray(p_tool, float)]
-        app_of = [None] * len(roles) if apps is None else apps
-        rows = [group_keys(str(h), str(r), m, None if a is None else str(a))
-                for h, r, m, a in zip(history, roles, modes, app_of)]
-        return [np.array(level, dtype=object) for level in zip(*rows)] if rows else []
+            y_log - upper_oof, calibration_keys(_roles(X2), X2["p_tool"].to_numpy(), apps, history), cfg)
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
         """Predict for a feature frame (Featurizer.transform)."""
         if not hasattr(self, "regressor_"):
             raise RuntimeError("TwoStageModel is not fitted: call fit() first")
-        return self.predict_matrix(_as_matrix(X, self.regressor_.booster.pandas_categorical), _roles(X))
+        return self.predict_matrix(as_matrix(X, self.regressor_.booster.pandas_categorical), _roles(X))
 
     @property
     def feature_names(self) -> list[str]:
@@ -236,10 +220,10 @@ class TwoStageModel:
     def predict_matrix(self, matrix: np.ndarray, roles: list[str]) -> dict[str, np.ndarray]:
         """Predict for the float matrix LightGBM reads (columns `feature_names`, categoricals as codes)
         and each row's role category. One call per booster for the whole matrix (one row through
-        LightGBM's single-row C API: _Rows); LightGBM's own pandas conversion, per call, costs more
+        LightGBM's single-row C API: RowPredictor); LightGBM's own pandas conversion, per call, costs more
         than the trees themselves on a live service's small batches."""
         rows = self._rows
-        p_tool = calibrate_scores(self.calibrator_, rows["classifier"](matrix))
+        p_tool = calibrate_scores(self.calibrator_, rows["classifier"](self._classifier_matrix(matrix)))
         matrix2 = np.column_stack([matrix, p_tool])
         log_pred = sum(predict(matrix2) for predict in rows["regressors"]) / len(rows["regressors"])
         tokens_pred = np.expm1(log_pred + self.regressor_.base)
@@ -248,23 +232,34 @@ class TwoStageModel:
         if self.config.reserve_method == "rho":
             reserve = tokens_pred * (1 + self.config.rho)
         else:
-            apps = None if column("app") is None else _app_codes(column("app"))
+            apps = None if column("app") is None else app_keys(column("app"))
             reserve = np.expm1(rows["upper"](matrix2) + self._quantiles(roles, p_tool, apps, history))
         return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred),
                 "history": history}
 
     @property
     def _rows(self) -> dict:
-        """The boosters as _Rows, made on first use (not pickled: they hold LightGBM handles)."""
+        """The boosters as RowPredictors, made on first use (not pickled: they hold LightGBM handles)."""
         rows = self.__dict__.get("_row_predictors")
         if rows is None:
             classifier = self.classifier_
             rows = self.__dict__["_row_predictors"] = {
                 "classifier": (lambda m: np.full(len(m), classifier)) if isinstance(classifier, float)
-                else _Rows(classifier),
-                "regressors": [_Rows(b) for b in self.regressor_.boosters],
-                "upper": _Rows(self.upper_) if hasattr(self, "upper_") else None}
+                else RowPredictor(classifier),
+                "regressors": [RowPredictor(b) for b in self.regressor_.boosters],
+                "upper": RowPredictor(self.upper_) if hasattr(self, "upper_") else None}
         return rows
+
+    def _classifier_matrix(self, matrix: np.ndarray) -> np.ndarray:
+        """The columns of `matrix` the classifier was trained on (all of them, or all but the embedding's)."""
+        index = self.__dict__.get("_classifier_index")
+        if index is None:
+            names = (self.feature_names if isinstance(self.classifier_, float) else
+                     self.classifier_.feature_name())
+            position = {name: i for i, name in enumerate(self.feature_names)}
+            index = self.__dict__["_classifier_index"] = (None if names == self.feature_names else
+                                                          np.array([position[n] for n in names]))
+        return matrix if index is None else matrix[:, index]
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_row_predictors"}
@@ -279,136 +274,16 @@ class TwoStageModel:
     def _quantiles(self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
                    history: np.ndarray | None = None) -> np.ndarray:
         """Each row's calibrated level: that of its most specific group with one, else the global one."""
-        levels, groups = self._group_keys(roles, p_tool, apps, history), self.group_q_
+        levels, groups = calibration_keys(roles, p_tool, apps, history), self.group_q_
         found = (next((q for q in map(groups.get, keys) if q is not None and q == q), self.global_q_)
                  for keys in zip(*levels))  # q == q: a NaN level counts as none
         return np.fromiter(found, np.float64, len(roles))
 
 
-_LEVELS = (("app", "role", "mode"), ("app", "role"), ("role", "mode"), ("role",), ("app",), ("mode",), ())
-
-
-def group_keys(history: str, role: str, mode: str, app: str | None = None) -> list[str]:
-    """One row's calibration-group keys, most specific first, e.g. "full|app=2|role=coder|mode=tool"; the
-    levels naming the app are left out where the model reads no app."""
-    parts = {"role": role, "mode": mode} if app is None else {"app": app, "role": role, "mode": mode}
-    return [history + "".join(f"|{name}={parts[name]}" for name in level)
-            for level in _LEVELS if all(name in parts for name in level)]
-
-
-def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: ModelConfig) -> tuple[float, dict]:
-    """Split-conformal levels of out-of-fold scores (log actual − log bound): over all rows, and per
-    group key of each level (TwoStageModel._group_keys) with at least `min_group_calibration` rows."""
-    groups = {}
-    for level_keys in levels:
-        for key in set(level_keys):
-            member = scores[level_keys == key]
-            if len(member) >= config.min_group_calibration:
-                groups[key] = conformal_quantile(member, config.alpha)
-    return conformal_quantile(scores, config.alpha), groups
-
-
-def _app_codes(codes: np.ndarray) -> np.ndarray:
-    """App category codes as calibration-key text (the same in the frame and the matrix path)."""
-    return np.array(["-" if np.isnan(c) else str(int(c)) for c in codes], dtype=object)
-
-
-class SigmoidCalibrator:
-    """Platt scaling of a probability score: p = σ(a·logit(raw) + b), fitted by logistic regression on
-    out-of-fold scores. Strictly increasing for a > 0, so the ranking (AUC) of the raw score is kept;
-    a constant (the base rate) when the labels hold one class only."""
-
-    def fit(self, raw: np.ndarray, y: np.ndarray) -> "SigmoidCalibrator":
-        y = np.asarray(y, int)
-        rate = float(np.clip(y.mean(), 1e-6, 1 - 1e-6)) if len(y) else 0.5
-        self.coef_, self.intercept_ = 0.0, float(np.log(rate / (1 - rate)))
-        if len(set(y)) > 1:
-            fit = LogisticRegression(C=1e6).fit(self._logit(raw).reshape(-1, 1), y)
-            self.coef_, self.intercept_ = float(fit.coef_[0, 0]), float(fit.intercept_[0])
-        return self
-
-    @staticmethod
-    def _logit(raw: np.ndarray) -> np.ndarray:
-        p = np.clip(np.asarray(raw, np.float64), 1e-9, 1 - 1e-9)
-        return np.log(p / (1 - p))
-
-    def predict(self, raw: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-(self.coef_ * self._logit(raw) + self.intercept_)))
-
-
-def calibrate_scores(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: np.ndarray) -> np.ndarray:
-    """P(tool call) from the classifier's raw scores, through the fitted calibrator."""
-    if isinstance(calibrator, SigmoidCalibrator):
-        return calibrator.predict(raw)
-    # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
-    return np.interp(np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_,
-                     calibrator.y_thresholds_)
+def classifier_columns(columns: list[str], config: ModelConfig) -> list[str]:
+    """The feature columns the tool-call classifier is trained on."""
+    return columns if config.classifier_embedding else [c for c in columns if not c.startswith(EMBEDDING_PREFIX)]
 
 
 def _roles(X: pd.DataFrame) -> list[str]:
     return [str(r) for r in X["role"].to_numpy(dtype=object)]
-
-
-def _as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
-    """The matrix LightGBM builds from a frame: categoricals as codes of their training categories
-    (`categories`, in column order), unknown or missing values as NaN, everything as float64."""
-    is_categorical = np.array([isinstance(dtype, pd.CategoricalDtype) for dtype in X.dtypes], bool)
-    matrix = np.empty(X.shape, np.float64)
-    numeric = np.flatnonzero(~is_categorical)
-    if len(numeric):
-        matrix[:, numeric] = X.iloc[:, numeric].to_numpy(dtype=np.float64, na_value=np.nan)
-    for j, known in zip(np.flatnonzero(is_categorical), categories or []):
-        column = X.iloc[:, j]
-        if list(column.cat.categories) != list(known):
-            column = column.cat.set_categories(known)
-        codes = column.cat.codes.to_numpy()
-        matrix[:, j] = np.where(codes < 0, np.nan, codes)
-    return matrix
-
-
-class _Rows:
-    """Booster.predict for float64 matrices of the booster's columns. One row goes through LightGBM's single-row
-    C API, its set-up (config, thread count) done once here: Booster.predict spends ~30 µs a call on checks and
-    set-up, more than the trees take for one row. More rows: one Booster.predict call."""
-
-    def __init__(self, booster: lgb.Booster):
-        from lightgbm.basic import _LIB, _c_str, _safe_call
-
-        self.booster, self._lib, self._check = booster, _LIB, _safe_call
-        self._config = ctypes.c_void_p()
-        _safe_call(_LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
-            booster._handle, ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(-1),  # normal prediction, every tree
-            ctypes.c_int(1), ctypes.c_int32(booster.num_feature()), _c_str("num_threads=1"),  # float64 rows
-            ctypes.byref(self._config)))
-        self._out = np.zeros(1, np.float64)
-        self._out_pointer = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
-        self._out_len = ctypes.c_int64()
-        self._lock = threading.Lock()  # one output buffer and one fast config: one row at a time
-
-    def __call__(self, matrix: np.ndarray) -> np.ndarray:
-        if len(matrix) != 1:
-            return self.booster.predict(matrix)
-        row = np.ascontiguousarray(matrix[0], np.float64)
-        with self._lock:
-            self._check(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
-                self._config, ctypes.c_void_p(row.ctypes.data), ctypes.byref(self._out_len), self._out_pointer))
-            return self._out.copy()
-
-    def __del__(self) -> None:
-        if getattr(self, "_config", None) is not None and self._config.value:
-            self._lib.LGBM_FastConfigFree(self._config)
-
-
-@dataclass
-class _Regressor:
-    """One booster, or the mean of several (`booster` and `more`), on top of a constant `base`."""
-    booster: lgb.Booster
-    base: float
-    more: list = field(default_factory=list)
-
-    @property
-    def boosters(self) -> list[lgb.Booster]:
-        return [self.booster, *getattr(self, "more", [])]  # models saved before bagging have no `more`
-
-    def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
-        return sum(booster.predict(X) for booster in self.boosters) / len(self.boosters) + self.base

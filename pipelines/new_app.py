@@ -19,9 +19,10 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from pipelines.calibration import calibrate_scores, conformal_quantile
 from pipelines.features import UNKNOWN
 from pipelines.history import HISTORY_CONDITIONS
-from pipelines.model import TwoStageModel, calibrate_scores, conformal_quantile, lgb_params
+from pipelines.model import TwoStageModel, lgb_params
 from pipelines.turn_features import OWN_TURN_COLUMNS
 
 NEW_APP = "new_app"  # the fallback level of an answer for an app training never saw

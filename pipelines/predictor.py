@@ -170,18 +170,19 @@ class Predictor:
 
     @classmethod
     def fit(cls, featurizer: Featurizer | None, X: pd.DataFrame | None, labels: pd.DataFrame,
-            model_config: ModelConfig | None = None) -> "Predictor":
+            model_config: ModelConfig | None = None, model: TwoStageModel | None = None) -> "Predictor":
         """Fit model and priors on a feature frame (the DVC train stage starts here); `labels` may carry
-        the history copies of training_frame (`copy`, `calibrate_only`)."""
-        model_config = model_config or ModelConfig()
+        the history copies of training_frame (`copy`, `calibrate_only`). `model`: an unfitted TwoStageModel
+        (a subclass) to fit instead of TwoStageModel(model_config)."""
+        model_config = model.config if model is not None else model_config or ModelConfig()
         stages = labels[labels["copy"].eq("full")] if "copy" in labels else labels
         priors = fit_priors(stages, model_config.alpha)
         meta = {"num_train_stages": len(stages), "num_train_rows": len(labels), "alpha": model_config.alpha}
         if featurizer is None or len(stages) < MIN_STAGES_FOR_MODEL:
             return cls(None, None, priors, {**meta, "model": "priors-only"})
-        model = TwoStageModel(model_config).fit(model_frame(X), labels["tokens"].to_numpy(),
-                                                labels["is_tool"].to_numpy(), labels["group"].to_numpy(),
-                                                labels.get("calibrate_only"))
+        model = (model or TwoStageModel(model_config)).fit(
+            model_frame(X), labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(), labels["group"].to_numpy(),
+            labels.get("calibrate_only"))
         new_app = fit_new_app_levels(model, X, labels)
         meta = {**meta, "model": "two-stage", **({"new_app": new_app.describe()} if new_app else {})}
         return cls(featurizer, model, priors, meta, new_app)
@@ -192,8 +193,7 @@ class Predictor:
             return []
         if self.model is None:
             return [self.prior(s) for s in stages]
-        names = self.model.feature_names
-        columns = names + [c for c in self.new_app.columns if c not in names] if self.new_app is not None else names
+        names, columns = self.model.feature_names, self._columns
         matrix, roles = self.featurizer.matrix(stages, columns, history)
         out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
         apps = self.featurizer.categories_["app"]
@@ -203,6 +203,16 @@ class Predictor:
             reserve[is_new] = new_app_reserves(self.new_app, matrix, columns, out, is_new)
             out = {**out, "tokens_reserve": reserve}
         return [self._answer(s, out, i, is_new[i]) for i, s in enumerate(stages)]
+
+    @property
+    def _columns(self) -> list[str]:
+        """The featurizer's columns a prediction reads: the model's, then the new-app bound's others."""
+        columns = self.__dict__.get("_read_columns")
+        if columns is None:  # asked on every live call
+            names = self.model.feature_names
+            extra = [c for c in self.new_app.columns if c not in set(names)] if self.new_app is not None else []
+            columns = self.__dict__["_read_columns"] = names + extra
+        return columns
 
     def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool) -> Prediction:
         level = NEW_APP if is_new_app else "role" if self.featurizer.known_role(stage.role) else "global"

@@ -145,9 +145,11 @@ class StaticEmbedder:
     product. Its state (table, offset, tokenizer) travels inside the predictor's artifact."""
 
     def __init__(self, config: EmbedderConfig, table: np.ndarray | None = None, offset: np.ndarray | None = None,
-                 tokenizer_json: str | None = None, cache: str | Path | None = None):
+                 tokenizer_json: str | None = None, cache: str | Path | None = None,
+                 head: tuple[np.ndarray, np.ndarray] | None = None):
         self.config, self.cache = config, cache
         self._table, self._offset, self._tokenizer_json = table, offset, tokenizer_json
+        self.head = head  # (W, b): x ↦ x·W + b after the unit scaling of config.normalize (not foldable)
         self._tokenizer = self._python_tokenizer = None
 
     @classmethod
@@ -194,10 +196,22 @@ class StaticEmbedder:
         return self.mean_rows(self.token_ids(texts))
 
     def mean_rows(self, ids: list[list[int]]) -> np.ndarray:
+        vectors = self._means(ids)
+        if self.config.normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        if self.head is not None:
+            vectors = vectors @ self.head[0] + self.head[1]
+        return vectors
+
+    def _means(self, ids: list[list[int]]) -> np.ndarray:
         table = self.table
-        if len(ids) == 1:
-            row = table[ids[0]].mean(axis=0) if ids[0] else np.zeros(table.shape[1], np.float32)
-            return (row - self.offset).reshape(1, -1)
+        if len(ids) == 1:  # the live path: take/sum/divide in place, ~half of ndarray.mean's overhead
+            if not ids[0]:
+                return -self.offset.reshape(1, -1)
+            row = table.take(ids[0], axis=0).sum(axis=0)
+            row /= len(ids[0])
+            row -= self.offset
+            return row.reshape(1, -1)
         counts = np.fromiter(map(len, ids), np.int64, len(ids))
         out = np.zeros((len(ids), table.shape[1]), np.float32)
         filled = counts > 0
@@ -227,9 +241,12 @@ class StaticEmbedder:
         return StaticEmbedder(self.config, table, self._offset, self._tokenizer_json)
 
     def projected(self, pca) -> "StaticEmbedder":
-        """This embedder followed by a fitted sklearn PCA: x ↦ (x − μ)·P."""
+        """This embedder followed by a fitted sklearn PCA: x ↦ (x − μ)·P (after the unit scaling, if any)."""
         projection = pca.components_.T.astype(np.float32)
-        return self.linear(projection, -(pca.mean_ @ projection))
+        bias = -(pca.mean_ @ projection).astype(np.float32)
+        if self.config.normalize:
+            return StaticEmbedder(self.config, self.table, self._offset, self._tokenizer_json, head=(projection, bias))
+        return self.linear(projection, bias)
 
     def fitted_to(self, texts: list[str], targets: np.ndarray) -> "StaticEmbedder":
         """This embedder followed by the ridge regression of `targets` (the teacher's vectors of `texts`) on
@@ -250,8 +267,8 @@ class StaticEmbedder:
 
     def state(self) -> dict:
         return {"config": self.config, "table": self.table, "offset": self.offset,
-                "tokenizer": self._tokenizer_json or _tokenizer_json()}
+                "tokenizer": self._tokenizer_json or _tokenizer_json(), "head": self.head}
 
     @classmethod
     def from_state(cls, state: dict) -> "StaticEmbedder":
-        return cls(state["config"], state["table"], state["offset"], state["tokenizer"])
+        return cls(state["config"], state["table"], state["offset"], state["tokenizer"], head=state.get("head"))

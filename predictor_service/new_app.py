@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipelines.contract import StageTrace
-from pipelines.model import conformal_quantile
+from pipelines.calibration import conformal_quantile
 from pipelines.new_app import NEW_APP
 from pipelines.predictor import Prediction
 

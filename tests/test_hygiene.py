@@ -15,17 +15,9 @@ MAX_MODULE_LINES = 300
 SESSION_NUMBER = re.compile(r"\bsessions?\s*#?\s*\d", re.IGNORECASE)
 
 # Not yet done; each entry goes when its work lands (test_pending_entries_are_still_needed checks).
-PENDING_SPLIT: dict[str, str] = {
-    "pipelines/model.py": "its pickled classes need a plan for predictors already saved before a split (issue 26)",
-}
+PENDING_SPLIT: dict[str, str] = {}
 # (module, private name it reaches for) → why it still does
-_NEEDS_MODEL = "needs public names in pipelines/model.py (issue 26)"
-PENDING_PRIVATE: dict[tuple[str, str], str] = {
-    ("pipelines/dask_train.py", "_Regressor"): _NEEDS_MODEL,
-    ("pipelines/dask_train.py", "_raw_score"): _NEEDS_MODEL,
-    ("pipelines/dask_train.py", "_group_keys"): _NEEDS_MODEL,
-    ("benchmarks/reserve_cv.py", "_fit_reserve"): "a public reserve hook on TwoStageModel; " + _NEEDS_MODEL,
-}
+PENDING_PRIVATE: dict[tuple[str, str], str] = {}
 
 
 def source_modules() -> list[Path]:

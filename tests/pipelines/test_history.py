@@ -8,7 +8,7 @@ import pytest
 from pipelines.contract import StageTrace, read_traces
 from pipelines.features import FeaturizerConfig, structural_frame
 from pipelines.featurize import locked_split
-from pipelines.history import HISTORY_CONDITIONS, history_conditions, without_labels
+from pipelines.history import CONDITION_COLUMNS, HISTORY_CONDITIONS, history_conditions, without_labels
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor, label_frame
 from tests.conftest import SHARED_DATA
@@ -36,6 +36,15 @@ def test_a_stage_knows_which_history_it_was_predicted_with():
     assert _conditions(alone) == ["none"]
     told = alone[0].model_copy(update={"parent_output_tokens": 20})  # a caller sent the parent's length
     assert _conditions([told]) == ["partial"]
+
+
+def test_one_row_gets_the_condition_the_vectorised_rules_give():
+    values = [np.nan, -1.0, 0.0, 1.0, 2.0, 3.0]
+    grid = np.array(np.meshgrid(values, values, values, values)).reshape(4, -1)
+    column = lambda table: lambda name: table[CONDITION_COLUMNS.index(name)]
+    many = history_conditions(column(grid), grid.shape[1])
+    one = [history_conditions(column(grid[:, [i]]), 1)[0] for i in range(grid.shape[1])]
+    assert list(many) == one and set(one) == set(HISTORY_CONDITIONS)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from pipelines.metrics import expected_calibration_error
-from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, conformal_quantile, regression_objective
+from pipelines.calibration import conformal_quantile
+from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, regression_objective
 
 
 def test_asymmetric_loss_penalises_under_estimation_more():
@@ -142,3 +143,41 @@ def test_role_conformal_baseline_keeps_the_miss_rate_per_role_and_falls_back_for
     # a training set too small for any promise: the largest training output, never inf or NaN
     tiny = role_baselines(train.head(5), fresh, rho=0.2, alpha=0.05)["role_conformal"]["tokens_reserve"]
     assert np.all(tiny == train.head(5)["tokens"].max())
+
+
+def test_a_classifier_without_the_embedding_reads_only_the_other_columns_on_every_path():
+    X, tokens, is_tool, groups = synthetic_frame(600)
+    X = X.assign(emb_0=np.random.default_rng(2).normal(size=len(X)), emb_1=0.0)
+    small = dict(classifier=dict(n_estimators=20), quantile=dict(n_estimators=20), regressor=dict(n_estimators=20))
+    model = TwoStageModel(ModelConfig(classifier_embedding=False, **small)).fit(X, tokens, is_tool, groups)
+    assert model.classifier_.feature_name() == ["role", "items", "noise"]
+    assert model.feature_names == ["role", "items", "noise", "emb_0", "emb_1"]  # the regressors still read them
+    out = model.predict(X)
+    matrix = np.column_stack([X["role"].cat.codes.to_numpy(float), X[["items", "noise", "emb_0", "emb_1"]].to_numpy()])
+    raw = model.classifier_.predict(matrix[:, :3])
+    np.testing.assert_array_equal(out["p_tool"], model.calibrator_.predict(raw))
+    one = model.predict_matrix(matrix[:1], ["caller"])
+    assert one["p_tool"][0] == pytest.approx(out["p_tool"][0], abs=1e-12)
+    with_embedding = TwoStageModel(ModelConfig(**small)).fit(X, tokens, is_tool, groups)
+    assert with_embedding.classifier_.feature_name() == model.feature_names
+
+
+def test_a_model_pickled_before_the_split_of_this_module_still_loads():
+    """Predictors saved before pipelines/boosters.py and pipelines/calibration.py name their classes in
+    pipelines.model (the bagged regressor as _Regressor): unpickling them must find the same classes."""
+    import pickle
+
+    from pipelines.boosters import Regressor
+    from pipelines.calibration import SigmoidCalibrator
+
+    X, tokens, is_tool, groups = synthetic_frame(400)
+    small = dict(classifier=dict(n_estimators=10), quantile=dict(n_estimators=10), regressor=dict(n_estimators=10))
+    model = TwoStageModel(ModelConfig(**small)).fit(X, tokens, is_tool, groups)
+    data = pickle.dumps(model, protocol=2)  # protocol 2 names each class as text: "module\nname\n"
+    old = (data.replace(b"pipelines.boosters\nRegressor\n", b"pipelines.model\n_Regressor\n")
+           .replace(b"pipelines.calibration\nSigmoidCalibrator\n", b"pipelines.model\nSigmoidCalibrator\n"))
+    assert old != data and b"pipelines.boosters\nRegressor" not in old
+    loaded = pickle.loads(old)
+    assert isinstance(loaded.regressor_, Regressor) and isinstance(loaded.calibrator_, SigmoidCalibrator)
+    for key, values in model.predict(X).items():
+        np.testing.assert_array_equal(loaded.predict(X)[key], values)

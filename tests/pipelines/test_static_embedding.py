@@ -12,7 +12,7 @@ from pipelines.embedding import EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder, teacher_table
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.stage_features import _BREVITY, _JSON, _NEEDLES, _Cues
-from pipelines.model import _Rows
+from pipelines.boosters import RowPredictor
 
 STATIC = EmbedderConfig(kind="static")
 VOCAB = 30522  # MiniLM's WordPiece vocabulary
@@ -89,6 +89,15 @@ def test_the_teacher_fit_maps_static_vectors_onto_the_teachers():
     assert np.allclose(fitted.embed(texts), targets, atol=1e-3)
 
 
+def test_the_teacher_corpus_is_each_prompts_tail_then_the_segments_before_it():
+    config = EmbedderConfig(kind="static", tail_chars=10, teacher_windows=3, teacher_stride=4)
+    text = "abcdefghijklmnopqrstuvwxyz"
+    assert config.teacher_corpus([text, "short", text]) == ["qrstuvwxyz", "mnopqrstuv", "ijklmnopqr", "short"]
+    assert EmbedderConfig(kind="static", tail_chars=10).teacher_corpus([text]) == ["qrstuvwxyz"]
+    # a prompt shorter than the stride gives its tail alone; a window never shorter than half a segment
+    assert config.teacher_corpus(["abc", "abcdefghijk"]) == ["abc", "bcdefghijk", "abcdefg"]
+
+
 def test_a_static_featurizer_travels_in_its_state_and_answers_the_same():
     stages = [stage(i, f"Write the {['tests', 'docs', 'code'][i % 3]} for module {i}. Answer in JSON.")
               for i in range(40)]
@@ -109,7 +118,7 @@ def test_one_row_through_the_single_row_api_equals_booster_predict():
     X[rng.random(X.shape) < 0.1] = np.nan
     y = np.nan_to_num(X[:, 0]) * 2 + rng.normal(size=400)
     booster = lgb.train({"verbosity": -1, "num_threads": 1, "extra_trees": True}, lgb.Dataset(X, y), 50)
-    rows = _Rows(booster)
+    rows = RowPredictor(booster)
     one = np.concatenate([rows(X[i:i + 1]) for i in range(len(X))])
     assert np.array_equal(one, booster.predict(X)) and np.array_equal(rows(X), booster.predict(X))
 
@@ -165,3 +174,18 @@ def test_a_static_predictor_carries_its_table_and_answers_the_same_after_load(tm
     assert loaded.featurizer.static_.table.shape == (VOCAB, 8)
     assert loaded.predict(stages[-50:]) == predictor.predict(stages[-50:])
     assert [loaded.predict([s]) for s in stages[-20:]] == [predictor.predict([s]) for s in stages[-20:]]
+
+
+def test_a_normalized_static_embedding_scales_each_mean_to_unit_length_before_its_pca():
+    config = EmbedderConfig(kind="static", normalize=True)
+    embedder = random_static(config)
+    texts = ["list 7 hotels in json", "a much longer prompt " * 20, "", "short"]
+    means = random_static().embed(texts)
+    norms = np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+    assert np.allclose(embedder.embed(texts), means / norms, atol=1e-6)
+    pca = PCA(n_components=3, random_state=0).fit(embedder.embed(texts * 3 + ["other words", "more text here"]))
+    projected = StaticEmbedder.from_state(embedder.projected(pca).state())
+    assert np.allclose(projected.embed(texts), pca.transform(means / norms), atol=1e-5)
+    assert np.allclose(projected.embed([texts[1]]), pca.transform(means[1:2] / norms[1:2]), atol=1e-5)
+    with pytest.raises(ValueError, match="normalize and fit_to_teacher"):
+        EmbedderConfig(kind="static", normalize=True, fit_to_teacher=True)
