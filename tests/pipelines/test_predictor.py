@@ -116,3 +116,28 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     assert scored["model"]["n"] == len(read_traces(fresh).stages) and scored["unpredicted_stages"] == 0
     assert set(scored["targets"]) == {"auc", "mae_vs_role_median", "kendall_tau", "under_rate",
                                       "over_reservation_vs_role_p90"}
+
+
+def test_a_model_subclass_fitted_by_predictor_fit_can_refit_its_reserve_alone(sample_stages):
+    """Predictor.fit(model=...) fits the given TwoStageModel; its fit_reserve is the hook a subclass uses to keep
+    the reserve's inputs (benchmarks/reserve_cv.py), and calling it again with another config moves the levels."""
+    from dataclasses import replace
+
+    from pipelines.features import Featurizer
+    from pipelines.model import TwoStageModel
+    from pipelines.predictor import training_frame
+
+    class Recorder(TwoStageModel):
+        def fit_reserve(self, *inputs) -> None:
+            self.inputs = inputs
+            super().fit_reserve(*inputs)
+
+    stages = sample_stages[:600]
+    featurizer = Featurizer(NO_EMBEDDING).fit(stages)
+    recorder = Recorder(FAST_MODEL)
+    fitted = Predictor.fit(featurizer, *training_frame(featurizer, stages), model=recorder)
+    assert fitted.model is recorder and len(recorder.inputs) == 5
+    level = recorder.global_q_
+    recorder.config = replace(FAST_MODEL, alpha=0.2)
+    recorder.fit_reserve(*recorder.inputs)
+    assert recorder.global_q_ < level  # a looser promise, a lower level
