@@ -2,16 +2,13 @@
 
 Stage 1, LightGBM classifier for P(tool call), calibrated on out-of-fold scores (folds grouped by
 workflow/task) by a sigmoid (Platt) on the raw score's logit: strictly increasing, so it keeps the
-classifier's ranking, where isotonic regression's flat steps tie most scores (on the dev traces AUC
-0.943 isotonic vs 0.969 sigmoid, same classifier). Stage 2, LightGBM on log(1+tokens) with an asymmetric
-loss in which under-estimation weighs `under_weight` times more, and the calibrated p_tool as a
-feature. The loss is absolute (`pinball`: the w/(1+w) quantile) or squared (`squared`: an expectile,
-the seed recipe); on the real dev traces pinball ranks better (Kendall τ 0.55 vs 0.53) and has a
-lower MAE (0.73× vs 0.76× the per-role median), as heavy-tailed lengths would suggest. The regressor
-draws its split thresholds at random (LightGBM extra_trees) and the point prediction averages
-`regressor_bags` of them (seeds differ): with ~1k training stages its variance is what costs ranking
-(dev traces, 5 grouped splits, with the prompt-opening features: Kendall τ 0.583 → 0.608, MAE 0.656× →
-0.621× the per-role median, `python benchmarks/predictor.py`).
+classifier's ranking, where isotonic regression's flat steps tie most scores. Stage 2, LightGBM on
+log(1+tokens) with an asymmetric loss in which under-estimation weighs `under_weight` times more, and the
+calibrated p_tool as a feature. The loss is absolute (`pinball`: the w/(1+w) quantile) or squared (`squared`:
+an expectile, the seed recipe); heavy-tailed lengths favour the absolute one. The regressor draws its split
+thresholds at random (LightGBM extra_trees) and the point prediction averages `regressor_bags` of them (seeds
+differ): with ~1k training stages its variance is what costs ranking. What each choice measured:
+pipelines/EXPERIMENTS.md, "What moved the figures".
 Reserve: conformalised quantile regression (a LightGBM (1−α)-quantile model whose out-of-fold
 misses are calibrated per group: history condition × app × role × mode, falling back to coarser
 groups), so that at most `alpha` of stages exceed their reserve in each history condition; every
@@ -53,8 +50,8 @@ class ModelConfig:
     role_dropout: float = 0.1  # rows trained with role="unknown" so unseen roles have a learnt fallback
     calibration: str = "sigmoid"  # sigmoid (Platt: keeps the ranking) | isotonic (steps: ties scores)
     seed: int = 0
-    # LightGBM threads. One by default: on a shared 2-core machine, two OpenMP threads spin-waiting on
-    # each other made one training 13× slower (154 s vs 12 s) while other work ran; alone they save little.
+    # LightGBM threads. One by default: OpenMP threads spin-waiting on each other stall a training when other
+    # work shares the cores (pipelines/EXPERIMENTS.md)
     num_threads: int = 1
     classifier: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=31,
                                                           min_child_samples=10, subsample=0.8, subsample_freq=1,
@@ -62,8 +59,7 @@ class ModelConfig:
     quantile: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
                                                         min_child_samples=20, subsample=0.8, subsample_freq=1,
                                                         colsample_bytree=0.8))
-    # extra_trees: split thresholds drawn at random, a variance cut for ~1k training stages (dev traces,
-    # 5 grouped splits, regressor only: Kendall τ 0.589 → 0.599, MAE 0.654× → 0.638× role median, 5 bags)
+    # extra_trees: split thresholds drawn at random, a variance cut for ~1k training stages
     regressor: dict = field(default_factory=lambda: dict(n_estimators=500, learning_rate=0.05, num_leaves=31,
                                                          min_child_samples=10, subsample=0.8, subsample_freq=1,
                                                          colsample_bytree=0.8, extra_trees=True))
