@@ -61,9 +61,9 @@ TEST_FRACTION = 0.3
 # scores of the training side only; then 5 reserve variants (the bound model's quantile × the calibration
 # groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets; then 8
 # prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py); then, for an app never seen,
-# the own-turn features and the new-app reserve level; then 7 more for the static embedding and the regressors'
+# the own-turn features and the new-app reserve level; then 8 more for the static embedding and the regressors'
 # size, chosen by the same inner CV (pipelines/EXPERIMENTS.md, 2026-12-02).
-VARIANTS_TRIED = 68
+VARIANTS_TRIED = 69
 FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 

@@ -54,6 +54,8 @@ VARIANTS = {
     # the regressors' size (the boosters' cost), with the static embedding
     "static zipf-sif 256 regressors 200x0.125": dict(embedder=dict(kind="static", weighting="zipf"),
                                                      model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
+    "minilm regressors 200x0.125": dict(embedder=dict(kind="minilm"),
+                                        model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
     "static zipf-sif 256 regressors 100x0.25": dict(embedder=dict(kind="static", weighting="zipf"),
                                                     model=dict(regressor=dict(n_estimators=100, learning_rate=0.25))),
     "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",
