@@ -23,6 +23,7 @@ each test prompt's segment, all in the same run. Held out, the two embeddings ar
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
     python benchmarks/predictor.py --data agent --leave-one-app-out --held-out-recipes   # an app never seen, alone
+    python benchmarks/predictor.py --data dev --unseen FILE_OR_DIR   # trained on all the dev traces, scored on FILE
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm]
 """
 from __future__ import annotations
@@ -252,11 +253,18 @@ def main() -> None:
     parser.add_argument("--held-out-recipes", nargs="*", choices=list(recipes()),
                         default=["maestro-static", "maestro-minilm", "straightforward"],
                         help="the recipes trained on each data set's train side and scored on its test side")
+    parser.add_argument("--unseen", help="traces out of the project's reach (a JSONL file or a folder): each recipe "
+                        "trained on all of each --data set instead of its locked split's train side, scored on these")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "predictor.json"))
     args = parser.parse_args()
     result = {"variants_tried": VARIANTS_TRIED, "test_fraction": TEST_FRACTION, "held_out": {}}
     for data in args.data:
         stages = read_stages(DATA[data])
+        if args.unseen:
+            unseen = read_stages(Path(args.unseen))
+            result["held_out"][f"{data}-trained, unseen"] = {"train_stages": len(stages), "test_stages": len(unseen),
+                                                             **held_out(stages, unseen, tuple(args.held_out_recipes))}
+            continue
         train_idx, test_idx = locked_split(stages, TEST_FRACTION)
         train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
         result["held_out"][data] = {"train_stages": len(train), "test_stages": len(test),
