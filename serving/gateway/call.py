@@ -26,6 +26,7 @@ from serving.gateway.hints import add_agent_hints
 from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, can_assemble
+from serving.gateway.streaming import open_stream, post_streamed
 from serving.gateway.upstream import Reply, UpstreamError
 from serving.gateway.validation import BadRequest, check_body, read_call
 from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
@@ -90,8 +91,6 @@ class StageCall:
 
         An attempt the deadline cut ends the stage at once, whatever `remaining_s()` says then: the loop's clock fires
         the cut (uvloop's: in whole milliseconds, up to ~1 ms before `time.monotonic()` reaches the deadline)."""
-        from serving.gateway.streaming import open_stream
-
         gateway, job, limits = self.gateway, self.job, self.gateway.config.limits
         if limits.request_timeout_s:
             job.deadline_s = self.arrived_s + limits.request_timeout_s
@@ -176,8 +175,6 @@ class StageCall:
 
     # ---- a JSON answer --------------------------------------------------------------------------------------
     async def forward_json(self, node: Node) -> Response:
-        from serving.gateway.streaming import post_streamed
-
         gateway, job = self.gateway, self.job
         result, kv_usage = CallResult(), node.kv_usage
         if gateway.config.upstream.stream and can_assemble(self.body):

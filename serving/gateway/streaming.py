@@ -10,15 +10,18 @@ from __future__ import annotations
 import codecs
 import json
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from serving.gateway.attempt import NodeFailed, attempt_failed, describe, end_stream, upstream_headers
-from serving.gateway.call import StageCall
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, StreamAssembler
 from serving.gateway.upstream import Reply, UpstreamError, is_deadline
+
+if TYPE_CHECKING:
+    from serving.gateway.call import StageCall
 
 
 async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tuple[Reply, dict | None]:
