@@ -12,7 +12,6 @@ vLLM's paged, on-demand allocation.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 
 from serving.admission.cap import CapKind
@@ -43,25 +42,11 @@ class System:
             raise ValueError(f"system '{self.name}': admission_headroom_frac must be in [0, 1)")
 
     def with_overrides(self, **changes) -> "System":
-        """This system with some parts changed; values may be the enums' names as strings ("fcfs", "on-demand")."""
+        """This system with some of its parts (enum members, as the gateway config parses them) changed."""
         known = {f.name for f in dataclasses.fields(self)} - {"name"}
         if unknown := sorted(set(changes) - known):
             raise ValueError(f"system '{self.name}': unknown part(s) {unknown}; known: {sorted(known)}")
-        parsed = {}
-        for part, value in changes.items():
-            kind = {f.name: f.type for f in dataclasses.fields(self)}[part]
-            enum_type = {"Policy": Policy, "ReservationMode": ReservationMode, "ToolKVPolicy": ToolKVPolicy,
-                         "Router": Router, "CapKind": CapKind}.get(kind)
-            parsed[part] = as_member(enum_type, value, part) if enum_type is not None else value
-        return dataclasses.replace(self, **parsed)
-
-
-def as_member(enum_type: type[enum.Enum], value, part: str) -> enum.Enum:
-    """`value` (a member or its value) as a member of `enum_type`; a clear error naming `part` otherwise."""
-    try:
-        return value if isinstance(value, enum_type) else enum_type(value)
-    except ValueError:
-        raise ValueError(f"{part} must be one of {[m.value for m in enum_type]}, got {value!r}") from None
+        return dataclasses.replace(self, **changes)
 
 
 _P, _R, _T = Policy, ReservationMode, ToolKVPolicy

@@ -23,7 +23,7 @@ from serving.systems import DEFAULT_SYSTEM, System, get_system
 from serving.tool_kv import ToolKVPolicy
 from serving.gateway.legacy import moved_keys
 
-STRICT = ConfigDict(extra="forbid", frozen=False)
+STRICT = ConfigDict(extra="forbid")
 
 
 @dataclass(config=STRICT)
