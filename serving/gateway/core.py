@@ -32,6 +32,7 @@ from serving.gateway.traces import TraceWriter
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
 from serving.request import WorkflowInfo, stage_request
+from serving.scheduler.remaining import RemainingWork
 from serving.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class Gateway:
                                      recheck_s=limits.admission_recheck_s, cap=cap,
                                      batch_cost=BatchCostGate() if self.system.batch_cost else None,
                                      router=self.system.router)
+        # What each app's workflows needed after each of their stages: a stage's `workflow_remaining_s`, which the
+        # policies read (fed here by prepare and record, as the simulator feeds its own).
+        self.remaining_work = RemainingWork()
         self.predictor = predictor or create_predictor(config.predictor)
         self.traces = TraceWriter(config.traces.dir, config.traces.rotate_lines)
         self.spans = _stage_spans(config.model) if config.server.otel_spans else None
@@ -149,7 +153,7 @@ class Gateway:
         is_kv_pinned = any(meta.workflow_key in n.kv.held for n in self.nodes)
         home_node = self.sessions.arrive(meta.workflow_key, now)
         slo_s = meta.slo_s or self.config.system.slo_s
-        remaining_s = self.dispatcher.remaining_work.estimate(meta.app or "", workflow.next_position())
+        remaining_s = self.remaining_work.estimate(meta.app or "", workflow.next_position())
         info = WorkflowInfo(meta.workflow_key, workflow.start_s, workflow.start_s + slo_s if slo_s else math.inf,
                             meta.interactive, workflow.attained_s, remaining_s)
         request = stage_request(info, meta.stage_id, prompt_tokens=prompt_tokens, tokens_pred=prediction.tokens_pred,
@@ -210,7 +214,7 @@ class Gateway:
         if self.spans is not None:
             self.spans.emit(record, job.span or self.spans.start(job.meta.trace_context, job.arrival_unix_s))
         node = next((n for n in self.nodes if n.name == node_name), None)
-        key, remaining_work = job.meta.workflow_key, self.dispatcher.remaining_work
+        key, remaining_work = job.meta.workflow_key, self.remaining_work
         if "output_tokens" not in record:
             if job.meta.final:
                 self.sessions.end(key)

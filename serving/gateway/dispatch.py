@@ -21,7 +21,6 @@ from serving.gateway.nodes import Admission, Node
 from serving.kv import Reservation
 from serving.request import StageRequest
 from serving.routing import FitnessConfig
-from serving.scheduler.remaining import RemainingWork
 from serving.scheduler import Scheduler
 
 
@@ -110,9 +109,6 @@ class Dispatcher:
         self.scheduler, self.nodes, self.max_queued, self.cap = scheduler, nodes, max_queued, cap
         self.recheck_s = recheck_s
         self.batch_cost = batch_cost  # Maestro's gate on what a stage costs a node's running stages (batch_gate.py)
-        # What each app's workflows needed after each of their stages: a queued stage's `workflow_remaining_s`, which
-        # the policies read (fed by the gateway's prepare and record, as the simulator feeds its own).
-        self.remaining_work = RemainingWork()
         self._recheck: asyncio.TimerHandle | None = None
         self.num_dispatched = 0
 
