@@ -104,10 +104,6 @@ class PredictorConfig(Section):
     # A stage's prediction waits this long for the model (local: its thread; http: the service), then the prior
     # answers (counted by reason in /maestro/status, `prediction_source` in the trace).
     timeout_s: float = Field(0.5, gt=0)
-    # local: a model whose one-stage CPU cost, measured at start on cold prompts, is at most this answers on the event
-    # loop itself: no thread hand-off to wait for, so no deadline to miss (the static embedding: ~1 ms; MiniLM's
-    # ~15-30 ms keeps its thread). 0 = always the thread.
-    inline_below_ms: float = Field(5.0, ge=0)
     # At start: a local model is warmed (no limit: a failure stops the start); a service gets this long to report
     # ready and answer one stage, else the gateway starts on the prior, not ready.
     startup_timeout_s: float = Field(30.0, ge=0)

@@ -38,28 +38,6 @@ class BatchTime:
     cpu_s: float
 
 
-class BatchTimes:
-    """The latest model passes' `BatchTime`s, summarized as p50 / p99 (ms) of each part for /maestro/status."""
-
-    def __init__(self, num_kept: int = NUM_TIMED_BATCHES):
-        self.times: deque[BatchTime] = deque(maxlen=num_kept)
-        self.num_passes = 0  # all passes, not only those kept
-
-    def add(self, queued_s: float, started_s: float, started_cpu_s: float) -> None:
-        """A pass that began at `started_s` (time.monotonic) / `started_cpu_s` (time.thread_time) ends now."""
-        self.times.append(BatchTime(queued_s, time.monotonic() - started_s, time.thread_time() - started_cpu_s))
-        self.num_passes += 1
-
-    def summary(self) -> dict:
-        if not self.times:
-            return {}
-        summary = {}
-        for what in ("queued", "wall", "cpu"):
-            times_ms = np.array([getattr(t, f"{what}_s") for t in self.times]) * 1000
-            summary[f"{what}_ms"] = {f"p{q}": round(float(np.percentile(times_ms, q)), 1) for q in (50, 99)}
-        return summary
-
-
 class ModelWorker:
     """The trained model's own thread. The calls that arrived while it was busy go through the model together
     (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed.
@@ -73,7 +51,7 @@ class ModelWorker:
         self.predict_batch = predict_batch
         self.max_batch_stages = max_batch_stages
         self.num_batches = self.num_expired = 0
-        self.batch_times = BatchTimes()
+        self.batch_times: deque[BatchTime] = deque(maxlen=NUM_TIMED_BATCHES)
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -137,7 +115,18 @@ class ModelWorker:
             self.num_batches += 1
             started_s, started_cpu_s = time.monotonic(), time.thread_time()
             self._predict(parsed)
-            self.batch_times.add(started_s - min(c.submitted_s for c, _ in parsed), started_s, started_cpu_s)
+            self.batch_times.append(BatchTime(started_s - min(c.submitted_s for c, _ in parsed),
+                                              time.monotonic() - started_s, time.thread_time() - started_cpu_s))
+
+    def time_summary(self) -> dict:
+        """p50 / p99 (ms) of the latest batches' queue wait, wall time and CPU time (`BatchTime`)."""
+        if not self.batch_times:
+            return {}
+        summary = {}
+        for what in ("queued", "wall", "cpu"):
+            times_ms = np.array([getattr(t, f"{what}_s") for t in self.batch_times]) * 1000
+            summary[f"{what}_ms"] = {f"p{q}": round(float(np.percentile(times_ms, q)), 1) for q in (50, 99)}
+        return summary
 
     def _predict(self, parsed: list[tuple[_Call, list[StageTrace]]]) -> None:
         """One model pass for all the calls; if it raises, one pass per call: a stage the model chokes on fails

@@ -2,9 +2,9 @@
 observe(finished stage) feeds it; every answer says who gave it (`answers.Source`) and is counted.
 
 Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the event loop
-builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor`, loaded
-and warmed before the gateway takes calls, runs on the event loop itself when its measured cost is small, else on
-its own thread (`ModelWorker`) within a deadline; without one, its priors answer. `http_predictor.HttpPredictor` calls predictor_service/ instead; `create_predictor` picks one by name.
+builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
+on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
+answer. `http_predictor.HttpPredictor` calls predictor_service/ instead; `create_predictor` picks one by name.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
 from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
 from serving.gateway.http_predictor import HttpPredictor
-from serving.gateway.model_thread import BatchTimes, ModelWorker
+from serving.gateway.model_thread import ModelWorker
 from serving.gateway.config import PredictorConfig
 
 log = logging.getLogger(__name__)
@@ -30,24 +30,15 @@ log = logging.getLogger(__name__)
 # the GIL gets it after at most this long (Python's default, 5 ms, is paid at every one of the model's
 # GIL hand-backs while the loop is busy: serving/gateway/README.md, "The trained predictor live").
 SWITCH_INTERVAL_S = 0.0005
-# Cold prompts the start predicts, one at a time, to measure the model's one-stage CPU cost (their median). ~600
-# characters each: longer than the 256-character tail the embedding reads, so it is paid in full.
-COST_PROBES = tuple(f"probe {i}: " + " ".join(f"read section {i}.{j} of the report and list what it asks of us;"
-                                              for j in range(10)) for i in range(7))
 
 
 class LocalPredictor:
-    """In-process predictor: a trained model, else the priors. A model whose one-stage CPU cost (measured by
-    `start`) is at most `inline_below_ms` answers on the event loop: a millisecond there beats a hand-off to a
-    thread that a busy box may not run for hundreds of them. A dearer one answers on its own thread
-    (`ModelWorker`) within `timeout_s`, which keeps the event loop free while it works."""
+    """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
 
-    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local",
-                 inline_below_ms: float = 5.0):
+    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local"):
         self.predictor = predictor or Predictor(None, None, {"": NO_MODEL_PRIOR})
         self.fallback = LocalFallback(self.predictor.priors)
         self.timeout_s = timeout_s
-        self.inline_below_ms = inline_below_ms
         self.num_observed = 0
         self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
         self.counts = AnswerCounts(what)
@@ -57,57 +48,40 @@ class LocalPredictor:
         self.worker = ModelWorker(self._parse, self._predict_batch) if self.has_model else None
         self.is_ready = not self.has_model  # a model is ready once start() has warmed it
         self.warmup_s: float | None = None
-        self.cold_cpu_ms: float | None = None  # one cold stage's CPU, measured at start
-        self.inline = False  # answers on the event loop (set by start)
-        self.inline_times = BatchTimes()
 
     @classmethod
-    def from_location(cls, location: str, timeout_s: float, inline_below_ms: float = 5.0) -> "LocalPredictor":
+    def from_location(cls, location: str, timeout_s: float) -> "LocalPredictor":
         if not location:
             return cls(timeout_s=timeout_s)
-        return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}",
-                   inline_below_ms=inline_below_ms)
+        return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}")
 
     async def start(self) -> None:
-        """Warm the model off the event loop (MiniLM and the trees load lazily: seconds) before the first call,
-        measure what a cold stage costs, and answer inline or start the model's thread accordingly."""
+        """Warm the model on its thread (MiniLM and the trees load lazily: seconds) before the first call."""
         if self.worker is None or self.is_ready:
             return
         started = time.monotonic()
         try:
-            self.cold_cpu_ms = await asyncio.to_thread(self._warm_up)
+            await asyncio.wrap_future(self.worker.start(self._warm_up))
         except Exception as error:
             raise RuntimeError(f"gateway config 'predictor_model': {self.counts.what} failed its warm-up prediction "
                                f"({type(error).__name__}: {error}); retrain it or fix the path") from error
-        self.inline = self.cold_cpu_ms <= self.inline_below_ms
-        if not self.inline:
-            await asyncio.wrap_future(self.worker.start(lambda: None))
-            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.warmup_s = round(time.monotonic() - started, 3)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.is_ready = True
 
-    def _warm_up(self) -> float:
-        """Load and warm the model; return the median CPU ms of one cold stage (`COST_PROBES`)."""
+    def _warm_up(self) -> None:
         featurizer = self.predictor.featurizer
         if featurizer is not None and featurizer.config.use_embedding:
             import torch
 
             torch.set_num_threads(1)  # one stage's MiniLM pass: more threads only contend with vLLM for cores
         self.predictor.predict([WARMUP_STAGE.model_copy()])
-        cpu_ms = []
-        for i, prompt in enumerate(COST_PROBES):
-            started_cpu_s = time.thread_time()
-            self.predictor.predict([WARMUP_STAGE.model_copy(update={"workflow_id": f"probe{i}", "prompt": prompt})])
-            cpu_ms.append((time.thread_time() - started_cpu_s) * 1000)
-        return round(float(sorted(cpu_ms)[len(cpu_ms) // 2]), 3)
 
     async def predict(self, stages: list[dict]) -> list[StageAnswer]:
         if self.worker is None:
             return self._prior(stages, Source.NO_MODEL)
         if not self.is_ready:
             return self._prior(stages, Source.ERROR, "the model is not warmed up: the gateway was not started")
-        if self.inline:
-            return self._predict_inline(stages)
         try:
             answers = await asyncio.wait_for(self.worker.submit(stages, time.monotonic() + self.timeout_s),
                                              self.timeout_s)
@@ -115,16 +89,6 @@ class LocalPredictor:
             return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s")
         except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
             return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
-        self.counts.add(Source.MODEL, len(answers))
-        return [StageAnswer(p, Source.MODEL) for p in answers]
-
-    def _predict_inline(self, stages: list[dict]) -> list[StageAnswer]:
-        started_s, started_cpu_s = time.monotonic(), time.thread_time()
-        try:
-            answers = self._predict_batch(self._parse(stages))
-        except Exception as error:  # noqa: BLE001 — as on the thread: the call falls back to the priors
-            return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
-        self.inline_times.add(0.0, started_s, started_cpu_s)
         self.counts.add(Source.MODEL, len(answers))
         return [StageAnswer(p, Source.MODEL) for p in answers]
 
@@ -157,16 +121,10 @@ class LocalPredictor:
 
     def snapshot(self) -> dict:
         worker = self.worker
-        base = {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
-                "timeout_s": self.timeout_s, **self.counts.snapshot()}
-        if worker is None:
-            return base
-        if self.inline:
-            return {**base, "answers_on": "event loop", "cold_cpu_ms": self.cold_cpu_ms,
-                    "model_batches": self.inline_times.num_passes, "model_batch_time": self.inline_times.summary()}
-        return {**base, "answers_on": "model thread", "cold_cpu_ms": self.cold_cpu_ms,
-                "model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired,
-                "model_batch_time": worker.batch_times.summary()}
+        return {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
+                "timeout_s": self.timeout_s, **self.counts.snapshot(),
+                **({"model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired,
+                    "model_batch_time": worker.time_summary()} if worker else {})}
 
     async def aclose(self) -> None:
         if self.worker is not None:
@@ -175,7 +133,7 @@ class LocalPredictor:
 
 def create_predictor(config: PredictorConfig) -> StagePredictor:
     if config.source == "local":
-        return LocalPredictor.from_location(config.model, config.timeout_s, config.inline_below_ms)
+        return LocalPredictor.from_location(config.model, config.timeout_s)
     if config.source.startswith(("http://", "https://")):
         return HttpPredictor.from_url(config.source, config.model, config.timeout_s, config.startup_timeout_s)
     raise ValueError(f"gateway config predictor.source: expected 'local' or an http(s) URL, got {config.source!r}")

@@ -126,8 +126,7 @@ def test_fallbacks_are_counted_by_reason_and_the_first_of_each_is_a_warning(mode
         finally:
             await predictor.aclose()
 
-    predictors = {"slow": LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=0.05,
-                                         inline_below_ms=0),  # (its sleep costs no CPU: it would answer inline)
+    predictors = {"slow": LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=0.05),
                   "failing": LocalPredictor(Failing(loaded.featurizer, loaded.model, loaded.priors)),
                   "none": LocalPredictor(timeout_s=0.05)}
     Stalling.delay_s = 0.0  # (its warm-up need not wait)
@@ -223,8 +222,7 @@ def test_a_stage_gets_the_same_answer_alone_as_batched_with_its_siblings(model_d
     siblings = [{**stage(i), "workflow_id": "w", "stage_id": f"c{i}", "parent_ids": ["0"]} for i in (1, 2)]
 
     async def scenario():
-        predictor = LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=5,
-                                   inline_below_ms=0)
+        predictor = LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=5)
         Stalling.delay_s = 0.0
         await predictor.start()
         predictor.observe(planner)
@@ -245,27 +243,3 @@ def test_a_stage_gets_the_same_answer_alone_as_batched_with_its_siblings(model_d
     assert num_batches == 2  # the busy call, then both siblings in one pass
     assert [a.prediction for [a] in together] == [a.prediction for [a] in alone]
     assert {a.source for [a] in together + alone} == {Source.MODEL}
-
-
-def test_a_cheap_model_answers_on_the_event_loop_and_a_dear_one_on_its_thread_with_the_same_answers(model_dir):
-    """`start` measures a cold stage's CPU: under `inline_below_ms` the model answers inline (no thread started),
-    above it on its thread; the answers are the same either way, and both are counted and timed."""
-    stages = [stage(i) for i in range(3)]
-
-    async def answers(predictor: LocalPredictor):
-        await predictor.start()
-        try:
-            return await predictor.predict(stages), predictor.snapshot(), predictor.worker._thread
-        finally:
-            await predictor.aclose()
-
-    inline, inline_status, inline_thread = asyncio.run(answers(LocalPredictor(Predictor.load(model_dir))))
-    threaded, thread_status, thread = asyncio.run(answers(LocalPredictor(Predictor.load(model_dir),
-                                                                         inline_below_ms=0)))
-    assert 0 < inline_status["cold_cpu_ms"] <= 5.0  # the tree-only test model: well under a millisecond or two
-    assert (inline_status["answers_on"], inline_thread) == ("event loop", None)
-    assert thread_status["answers_on"] == "model thread" and thread is not None
-    assert [a.prediction for a in inline] == [a.prediction for a in threaded]
-    for status in (inline_status, thread_status):
-        assert status["answered_by_model"] == 3 and status["model_batches"] == 1
-        assert status["model_batch_time"]["cpu_ms"]["p50"] > 0
