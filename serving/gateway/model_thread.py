@@ -30,12 +30,23 @@ class _Call:
 
 @dataclass(frozen=True, slots=True)
 class BatchTime:
-    """Where a model pass's time went: the oldest call's wait for the thread, the pass's wall time, and the CPU
-    the thread got during it (wall − CPU: waiting for a core or for the GIL)."""
+    """Where a model pass's time went: the oldest call's wait for the thread, the pass's wall time, the CPU the
+    thread got during it, and its wait in the kernel's run queue for a core (Linux; NaN elsewhere). What the wall
+    time holds beyond CPU and run queue is mostly the wait for the GIL."""
 
     queued_s: float
     wall_s: float
     cpu_s: float
+    runqueue_s: float
+
+
+def runqueue_s() -> float:
+    """The calling thread's total wait for a core so far (/proc/thread-self/schedstat's second field, ns)."""
+    try:
+        with open("/proc/thread-self/schedstat") as schedstat:
+            return int(schedstat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 class ModelWorker:
@@ -113,19 +124,21 @@ class ModelWorker:
                 _settle(call.future, error)
         if parsed:
             self.num_batches += 1
-            started_s, started_cpu_s = time.monotonic(), time.thread_time()
+            started_s, started_cpu_s, started_runqueue_s = time.monotonic(), time.thread_time(), runqueue_s()
             self._predict(parsed)
             self.batch_times.append(BatchTime(started_s - min(c.submitted_s for c, _ in parsed),
-                                              time.monotonic() - started_s, time.thread_time() - started_cpu_s))
+                                              time.monotonic() - started_s, time.thread_time() - started_cpu_s,
+                                              runqueue_s() - started_runqueue_s))
 
     def time_summary(self) -> dict:
-        """p50 / p99 (ms) of the latest batches' queue wait, wall time and CPU time (`BatchTime`)."""
+        """p50 / p99 (ms) of the latest batches' queue wait, wall time, CPU time and run-queue wait (`BatchTime`)."""
         if not self.batch_times:
             return {}
         summary = {}
-        for what in ("queued", "wall", "cpu"):
+        for what in ("queued", "wall", "cpu", "runqueue"):
             times_ms = np.array([getattr(t, f"{what}_s") for t in self.batch_times]) * 1000
-            summary[f"{what}_ms"] = {f"p{q}": round(float(np.percentile(times_ms, q)), 1) for q in (50, 99)}
+            if not np.isnan(times_ms).all():
+                summary[f"{what}_ms"] = {f"p{q}": round(float(np.nanpercentile(times_ms, q)), 1) for q in (50, 99)}
         return summary
 
     def _predict(self, parsed: list[tuple[_Call, list[StageTrace]]]) -> None:

@@ -176,6 +176,9 @@ def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_the
     assert batches == [["w0"], ["w2", "w3", "w4"]]
     assert worker.num_batches == 2 and worker.num_expired == 1 and not expired.done()
     assert [len(r) for r in results] == [1, 1, 1, 1]
+    first_pass = worker.batch_times[0]  # its wait for `release` is neither CPU nor a wait for a core
+    assert 0 <= first_pass.cpu_s <= first_pass.wall_s and 0 <= first_pass.runqueue_s <= first_pass.wall_s + 1e-3
+    assert set(worker.time_summary()) == {"queued_ms", "wall_ms", "cpu_ms", "runqueue_ms"}
 
 
 @pytest.fixture(scope="module")
