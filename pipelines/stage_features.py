@@ -20,23 +20,24 @@ from pipelines.turn_features import own_turn_features
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
 UNKNOWN = "unknown"
-_INT = re.compile(r"\b\d{1,3}\b")
-_JSON = re.compile(r"\bjson\b", re.I)
-_TOOL_RESULT = re.compile(r"(tool|function)[ _](result|response|output)|response from calling tool|\"role\": \"tool\"", re.I)
-_DONE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
-_BREVITY = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
-_DETAIL = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
-_QUESTION = re.compile(r"\?\s*\S{0,40}$")
-_SUGGESTED_CALL = re.compile(r"suggested (tool|function) call", re.I)
-_TOOL_RESPONSE = re.compile(r"response from calling (tool|function)", re.I)
+SMALL_INT_CUE = re.compile(r"\b\d{1,3}\b")
+JSON_CUE = re.compile(r"\bjson\b", re.I)
+TOOL_RESULT_CUE = re.compile(r"(tool|function)[ _](result|response|output)|response from calling tool"
+                             r"|\"role\": \"tool\"", re.I)
+DONE_CUE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
+BREVITY_CUE = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
+DETAIL_CUE = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
+QUESTION_CUE = re.compile(r"\?\s*\S{0,40}$")
+SUGGESTED_CALL_CUE = re.compile(r"suggested (tool|function) call", re.I)
+TOOL_RESPONSE_CUE = re.compile(r"response from calling (tool|function)", re.I)
 # Literals one of which (lowercased) every match of a pattern above holds: where the lowercased text holds
 # none of them the pattern cannot match, and `in` is ~50× cheaper than a case-insensitive regex scan.
-_NEEDLES = {_JSON: ("json",), _TOOL_RESULT: ("tool", "function"),
-            _DONE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
-            _BREVITY: ("brief", "short", "concise", "one line", "single word", "only"),
-            _DETAIL: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
-            _SUGGESTED_CALL: ("suggested",), _TOOL_RESPONSE: ("response from calling",), _QUESTION: ("?",)}
-_CUT = "[...]"  # where a trace producer cut the middle out of a long prompt
+_NEEDLES = {JSON_CUE: ("json",), TOOL_RESULT_CUE: ("tool", "function"),
+            DONE_CUE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
+            BREVITY_CUE: ("brief", "short", "concise", "one line", "single word", "only"),
+            DETAIL_CUE: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
+            SUGGESTED_CALL_CUE: ("suggested",), TOOL_RESPONSE_CUE: ("response from calling",), QUESTION_CUE: ("?",)}
+CUT_MARK = "[...]"  # where a trace producer cut the middle out of a long prompt
 MAX_ANCESTORS = 256  # deep loops: the history that matters is near, don't walk the whole chain
 
 
@@ -44,7 +45,7 @@ def _messages(stage: StageTrace) -> list[dict]:
     return stage.prompt if isinstance(stage.prompt, list) else []
 
 
-def _tool_results_since_user(messages: list[dict]) -> int:
+def tool_results_since_user(messages: list[dict]) -> int:
     count = 0
     for message in reversed(messages):
         if message.get("role") == "user":
@@ -55,14 +56,14 @@ def _tool_results_since_user(messages: list[dict]) -> int:
 
 # The non-ASCII letters a case-insensitive pattern matches to ASCII ones (re's docs); text holding one is
 # scanned by every pattern, as lowercasing would not show the needle they stand in.
-_ASCII_FOLDS = re.compile("[\u0130\u0131\u017f\u212a]")
+ASCII_FOLDS = re.compile("[\u0130\u0131\u017f\u212a]")
 
 
 class _Cues:
     """The cue patterns over one piece of text: each run only where its needles leave a match possible."""
 
     def __init__(self, text: str):
-        self.text, self.lower = text, None if _ASCII_FOLDS.search(text) else text.lower()
+        self.text, self.lower = text, None if ASCII_FOLDS.search(text) else text.lower()
 
     def _possible(self, pattern: re.Pattern) -> bool:
         return self.lower is None or any(needle in self.lower for needle in _NEEDLES[pattern])
@@ -80,8 +81,8 @@ def _text_features(stage: StageTrace, text: str) -> dict:
     last_content = str(last.get("content") or "") if messages else text
     tail = _Cues(text[-500:])
     end = _Cues(text[-300:])
-    cut = text.rfind(_CUT)
-    numbers = [int(n) for n in _INT.findall(tail.text) if int(n) <= 100]
+    cut = text.rfind(CUT_MARK)
+    numbers = [int(n) for n in SMALL_INT_CUE.findall(tail.text) if int(n) <= 100]
     head, opening = text[:200], text.lstrip()[:12].lower()
     return {
         "prompt_chars": len(text),
@@ -90,25 +91,25 @@ def _text_features(stage: StageTrace, text: str) -> dict:
         "num_tool_messages": sum(1 for m in messages if m.get("role") in TOOL_ROLES),
         # The turn: how many tool results the agent has gathered since the user last spoke (an agent
         # looks things up, then answers), and how many times the user has spoken.
-        "tool_results_since_user": _tool_results_since_user(messages),
+        "tool_results_since_user": tool_results_since_user(messages),
         "num_user_messages": sum(1 for m in messages if m.get("role") == "user"),
         "last_message_role": str(last.get("role", "text")) if messages else "text",
         "last_message_chars": len(last_content),
         "tail_max_int": max(numbers) if numbers else -1,
         "tail_num_ints": len(numbers),
-        "tail_mentions_json": tail.found(_JSON),
-        "tail_tool_result": tail.found(_TOOL_RESULT),
-        "tail_done_marker": tail.found(_DONE),
-        "tail_brevity_words": tail.count(_BREVITY),
-        "tail_detail_words": tail.count(_DETAIL),
+        "tail_mentions_json": tail.found(JSON_CUE),
+        "tail_tool_result": tail.found(TOOL_RESULT_CUE),
+        "tail_done_marker": tail.found(DONE_CUE),
+        "tail_brevity_words": tail.count(BREVITY_CUE),
+        "tail_detail_words": tail.count(DETAIL_CUE),
         "num_code_fences": text.count("```"),
         "num_lines": text.count("\n"),
-        "tail_question": _Cues(end.text.rstrip()).found(_QUESTION),
+        "tail_question": _Cues(end.text.rstrip()).found(QUESTION_CUE),
         "tail_question_marks": end.text.count("?"),
-        "tail_suggested_call": end.found(_SUGGESTED_CALL),
-        "prompt_is_tool_response": _Cues(head).found(_TOOL_RESPONSE),
+        "tail_suggested_call": end.found(SUGGESTED_CALL_CUE),
+        "prompt_is_tool_response": _Cues(head).found(TOOL_RESPONSE_CUE),
         "prompt_truncated": int(cut >= 0),
-        "tail_after_cut_chars": len(text) - cut - len(_CUT) if cut >= 0 else len(text),
+        "tail_after_cut_chars": len(text) - cut - len(CUT_MARK) if cut >= 0 else len(text),
         # What the prompt opens with says which turn of a phase this is: a role's bracketed system
         # preamble, code handed over (a rewrite follows), a review comment, a done marker.
         "head_code_fence": int("```" in head),
@@ -126,7 +127,7 @@ def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) 
     if explicit is not None and not tokens:
         tokens = list(explicit) if isinstance(explicit, list) else [explicit]
     tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
-    ancestors = _ancestors(stage, ids)
+    ancestors = ancestors_of(stage, ids)
     history = _history_features(stage, ancestors, parents)
     return {
         "parent_tokens_max": max(tokens) if tokens else np.nan,
@@ -137,7 +138,7 @@ def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) 
     }
 
 
-def _ancestors(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> list[StageTrace]:
+def ancestors_of(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> list[StageTrace]:
     """Ancestors in the same workflow, nearest first (breadth-first through parent_ids)."""
     out, frontier, seen = [], list(stage.parent_ids or []), set()
     while frontier and len(seen) < MAX_ANCESTORS:
@@ -221,9 +222,22 @@ class StageHistory:
 
 def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
                     texts: list[str] | None = None) -> list[dict]:
-    """One dict per stage of structure + prompt-text features (categoricals as plain strings).
+    """One dict per stage of structure + prompt-text features (categoricals as plain strings): the live path.
     `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
-    `texts`: their prompt_text(), where the caller has them already."""
+    `texts`: their prompt_text(), where the caller has them already. Several stages are featurized together
+    (pipelines.batch_features: the same values, numbers as floats); one alone, as stage_rows does."""
+    if len(stages) < 2:
+        return stage_rows(stages, known, texts)
+    from pipelines.batch_features import structural_columns  # it builds on this module's cues
+
+    columns = structural_columns(stages, known, texts)
+    values = [column if isinstance(column, list) else column.tolist() for column in columns.values()]
+    return [dict(zip(columns, row)) for row in zip(*values)]
+
+
+def stage_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
+               texts: list[str] | None = None) -> list[dict]:
+    """structural_rows one stage at a time, each value of its own type (ints stay ints): what frames read."""
     derive_structure(stages, known)
     ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})
@@ -239,8 +253,8 @@ def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTr
 
 
 def structural_frame(stages: list[StageTrace], texts: list[str] | None = None) -> pd.DataFrame:
-    """structural_rows as a frame: what training and evaluation read."""
-    return pd.DataFrame(structural_rows(stages, texts=texts))
+    """stage_rows as a frame: what training and evaluation read."""
+    return pd.DataFrame(stage_rows(stages, texts=texts))
 
 
 # The seed recipe's structural features; "full" adds prompt-text and parent signals on top.
