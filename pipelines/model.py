@@ -69,6 +69,8 @@ class ModelConfig:
     # whether the tool-call classifier reads the prompt embedding's columns (emb_*); the regressors and the bound
     # read them either way
     classifier_embedding: bool = True
+    # save the boosters compiled to native code beside the predictor (pipelines.compiled_trees; the `fast` extra)
+    compile_trees: bool = False
 
     @property
     def bound_level(self) -> float:
@@ -245,6 +247,12 @@ class TwoStageModel:
                 "regressors": [RowPredictor(b) for b in self.regressor_.boosters],
                 "upper": RowPredictor(self.upper_) if hasattr(self, "upper_") else None}
         return rows
+
+    def use_row_predictors(self, classifier=None, regressors: list | None = None, upper=None) -> None:
+        """Answer through these callables (a float64 matrix → predictions, as RowPredictor) where given, e.g.
+        the compiled boosters of pipelines.compiled_trees; LightGBM's RowPredictors elsewhere."""
+        given = {"classifier": classifier, "regressors": regressors, "upper": upper}
+        self.__dict__["_row_predictors"] = {**self._rows, **{k: v for k, v in given.items() if v is not None}}
 
     def _classifier_matrix(self, matrix: np.ndarray) -> np.ndarray:
         """The columns of `matrix` the classifier was trained on (all of them, or all but the embedding's)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import joblib
 import numpy as np
 import pandas as pd
 
+from pipelines import compiled_trees
 from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
@@ -193,7 +195,7 @@ class Predictor:
             return []
         if self.model is None:
             return [self.prior(s) for s in stages]
-        names, columns = self.model.feature_names, self._columns
+        names, columns = self.model.feature_names, self.read_columns
         matrix, roles = self.featurizer.matrix(stages, columns, history)
         out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
         apps = self.featurizer.categories_["app"]
@@ -205,7 +207,7 @@ class Predictor:
         return [self._answer(s, out, i, is_new[i]) for i, s in enumerate(stages)]
 
     @property
-    def _columns(self) -> list[str]:
+    def read_columns(self) -> list[str]:
         """The featurizer's columns a prediction reads: the model's, then the new-app bound's others."""
         columns = self.__dict__.get("_read_columns")
         if columns is None:  # asked on every live call
@@ -234,6 +236,11 @@ class Predictor:
         joblib.dump({"featurizer": state, "model": self.model, "new_app": self.new_app}, directory / "predictor.joblib")
         (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
+        shutil.rmtree(directory / compiled_trees.DIRECTORY, ignore_errors=True)  # a library of an earlier save
+        if self.model is not None and getattr(self.model.config, "compile_trees", False):
+            manifest = compiled_trees.compile_boosters(compiled_trees.model_boosters(self.model),
+                                                       directory / compiled_trees.DIRECTORY, meta["artifact_sha256"])
+            meta["compiled_trees"] = {k: manifest[k] for k in ("compile_s", "tl2cgen", "treelite", "machine")}
         (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return directory
 
@@ -245,11 +252,13 @@ class Predictor:
         The files are checked against `expected_sha256` and the checksum save() recorded before
         anything is unpickled; a mismatch raises ArtifactMismatch."""
         directory = _resolve(str(location))
-        verify_artifact(directory, expected_sha256, require_checksum)
+        digest = verify_artifact(directory, expected_sha256, require_checksum)
         state = joblib.load(directory / "predictor.joblib")
         featurizer = Featurizer.from_state(state["featurizer"]) if state["featurizer"] is not None else None
         priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}
         meta = json.loads((directory / "meta.json").read_text())
+        if state["model"] is not None:  # the compiled boosters saved beside it, where usable on this machine
+            compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest)
         return cls(featurizer, state["model"], priors, meta, state.get("new_app"))
 
 
