@@ -124,11 +124,12 @@ class ModelWorker:
                 _settle(call.future, error)
         if parsed:
             self.num_batches += 1
+            # the run queue is read inside the wall clock's span: reading it (a file) may wait for the GIL again
             started_s, started_cpu_s, started_runqueue_s = time.monotonic(), time.thread_time(), runqueue_s()
             self._predict(parsed)
+            cpu_s, waited_s = time.thread_time() - started_cpu_s, runqueue_s() - started_runqueue_s
             self.batch_times.append(BatchTime(started_s - min(c.submitted_s for c, _ in parsed),
-                                              time.monotonic() - started_s, time.thread_time() - started_cpu_s,
-                                              runqueue_s() - started_runqueue_s))
+                                              time.monotonic() - started_s, cpu_s, waited_s))
 
     def time_summary(self) -> dict:
         """p50 / p99 (ms) of the latest batches' queue wait, wall time, CPU time and run-queue wait (`BatchTime`)."""
