@@ -43,6 +43,20 @@ def calibration_keys(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | No
     return [np.array(level, dtype=object) for level in zip(*rows)] if rows else []
 
 
+def group_levels(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None, history: np.ndarray | None,
+                 groups: dict[str, float], global_level: float) -> np.ndarray:
+    """Each row's calibrated level: that of its most specific group (calibration_keys' order) with one, else
+    `global_level`; the groups are looked up once per distinct (condition, role, mode, app) of the rows."""
+    n = len(roles)
+    history = ["full"] * n if history is None else history
+    modes = ["tool" if p >= 0.5 else "text" for p in np.asarray(p_tool, float).tolist()]
+    rows = [(str(h), str(r), m, None if a is None else str(a))
+            for h, r, m, a in zip(history, roles, modes, [None] * n if apps is None else apps)]
+    levels = {row: next((q for q in map(groups.get, group_keys(*row)) if q is not None and q == q), global_level)
+              for row in set(rows)}  # q == q: a NaN level counts as none
+    return np.fromiter(map(levels.__getitem__, rows), np.float64, n)
+
+
 def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: "ModelConfig") -> tuple[float, dict]:
     """Split-conformal levels of out-of-fold scores (log actual − log bound): over all rows, and per
     group key of each level (calibration_keys) with at least `min_group_calibration` rows."""

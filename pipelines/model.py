@@ -26,7 +26,7 @@ from sklearn.model_selection import GroupKFold
 
 from pipelines.boosters import Regressor, RowPredictor, as_matrix, raw_score
 from pipelines.calibration import (SigmoidCalibrator, app_keys, calibrate_groups, calibrate_scores, calibration_keys,
-                                   new_calibrator)
+                                   group_levels, new_calibrator)
 from pipelines.features import EMBEDDING_PREFIX, UNKNOWN
 from pipelines.history import history_conditions
 
@@ -278,10 +278,7 @@ class TwoStageModel:
     def _quantiles(self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
                    history: np.ndarray | None = None) -> np.ndarray:
         """Each row's calibrated level: that of its most specific group with one, else the global one."""
-        levels, groups = calibration_keys(roles, p_tool, apps, history), self.group_q_
-        found = (next((q for q in map(groups.get, keys) if q is not None and q == q), self.global_q_)
-                 for keys in zip(*levels))  # q == q: a NaN level counts as none
-        return np.fromiter(found, np.float64, len(roles))
+        return group_levels(roles, p_tool, apps, history, self.group_q_, self.global_q_)
 
 
 def classifier_columns(columns: list[str], config: ModelConfig) -> list[str]:
