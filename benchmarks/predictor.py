@@ -24,7 +24,7 @@ each test prompt's segment, all in the same run. Held out, the two embeddings ar
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
     python benchmarks/predictor.py --data agent --leave-one-app-out --held-out-recipes   # an app never seen, alone
     python benchmarks/predictor.py --data dev --unseen FILE_OR_DIR   # trained on all the dev traces, scored on FILE
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm]
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor.py --data --speed [--speed-recipes maestro-minilm] [--compiled-trees]
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from pipelines.train import model_config
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a file: benchmarks/new_app.py by its package name
-from benchmarks import new_app  # noqa: E402
+from benchmarks import new_app, predictor_batch  # noqa: E402
 
 DATA = {"dev": REPO.parent / "shared" / "data" / "dev-traces",
         "agent": REPO.parent / "shared" / "data" / "agent-traces"}
@@ -182,10 +182,11 @@ def minilm_encode_ms(stages: list[StageTrace]) -> dict:
     return percentiles_ms(times)
 
 
-def speed(stages: list[StageTrace], names: list[str]) -> dict:
-    """Training time, cold and warm single-stage latency and batched throughput of each recipe, and one MiniLM
-    encode, on the locked split's test side of `stages` (the dev traces), in one run; the headline is
-    Maestro's cold latency as a multiple of the MiniLM encode."""
+def speed(stages: list[StageTrace], names: list[str], compiled_trees: bool = False) -> dict:
+    """Training time, cold and warm single-stage latency and batched throughput of each recipe (and its batch
+    part by part), and one MiniLM encode, on the locked split's test side of `stages` (the dev traces), in one run;
+    the headline is Maestro's cold latency as a multiple of the MiniLM encode. `compiled_trees`: the static
+    recipe's boosters compiled as well, against LightGBM's (benchmarks/predictor_batch.py)."""
     import torch
 
     torch.set_num_threads(1)  # one thread, like the LightGBM boosters (params.yaml num_threads: 1)
@@ -195,11 +196,15 @@ def speed(stages: list[StageTrace], names: list[str]) -> dict:
            "minilm_encode_ms": minilm_encode_ms(test)}
     for name in names:
         features, model = recipes()[name]
+        compile_here = compiled_trees and name == "maestro-static"
         started = time.perf_counter()
-        predictor = Predictor.train(train, features, model)
+        predictor = Predictor.train(train, features, replace(model, compile_trees=compile_here))
         out[name] = {"train_s": round(time.perf_counter() - started, 1),
                      "latency_ms": latency_ms(predictor, test),
-                     "throughput_stages_per_s": throughput(predictor, test)}
+                     "throughput_stages_per_s": throughput(predictor, test),
+                     "batch_parts_us": predictor_batch.parts_us(predictor, test)}
+        if compile_here:
+            out[name]["compiled_trees"] = predictor_batch.compiled_arm(predictor, test)
     out["load_1min_after"] = round(os.getloadavg()[0], 2)
     encode, cold = out["minilm_encode_ms"], out["maestro-static"]["latency_ms"]["cold"]
     out["headline"] = {"maestro_static_cold_ms": cold, "minilm_encode_ms": encode,
@@ -250,6 +255,8 @@ def main() -> None:
     parser.add_argument("--speed-recipes", nargs="+", choices=list(recipes()),
                         default=["maestro-static", "maestro-minilm", "straightforward"],
                         help="the recipes --speed measures (maestro-static always; straightforward takes minutes)")
+    parser.add_argument("--compiled-trees", action="store_true",
+                        help="--speed also compiles the static recipe's boosters (the fast extra, gcc) against LightGBM's")
     parser.add_argument("--held-out-recipes", nargs="*", choices=list(recipes()),
                         default=["maestro-static", "maestro-minilm", "straightforward"],
                         help="the recipes trained on each data set's train side and scored on its test side")
@@ -275,7 +282,7 @@ def main() -> None:
             new_app.plot(apps, Path(args.out).parent / f"new_app_replay_{data}.png")
     if args.speed:
         names = ["maestro-static", *(r for r in args.speed_recipes if r != "maestro-static")]
-        result["speed"] = speed(read_stages(DEV_TRACES), names)
+        result["speed"] = speed(read_stages(DEV_TRACES), names, args.compiled_trees)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
