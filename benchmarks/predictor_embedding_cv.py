@@ -1,12 +1,12 @@
 """The prompt embedding chosen by inner grouped CV on the training side of the locked split (its test side is
-never read): MiniLM (the teacher), no embedding, or static embeddings distilled from MiniLM, each beside what
-one embedding of a prompt costs.
+never read): MiniLM (the teacher), no embedding, or static embeddings distilled from MiniLM, with or without the
+supervised lexical scores (pipelines.lexical), each beside what one prompt's embedding and scores cost.
 
 For each data set, the locked split's training side is cut into 3 task-grouped folds; Maestro's recipe
 (params.yaml) with each variant's embedding is trained on two and scored on the third, with and without
 history. Figures pooled over the folds, overall and per app: AUC, Kendall τ, the share above the reserve, the
 reserve's waste against the per-role p90's. Cost: one prompt's embedding (segment → PCA vector) on a cold
-cache, p50 / p99 over the held-out prompts of the first fold, measured in the same run.
+cache, and its lexical scores, p50 / p99 over the held-out prompts of the first fold, measured in the same run.
 
     python -m benchmarks.predictor_embedding_cv [--data dev agent] [--variants NAME ...]
         [--out benchmarks/results/predictor_embedding_cv.json]
@@ -28,6 +28,7 @@ from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.features import Featurizer
 from pipelines.featurize import locked_split
 from pipelines.history import without_labels
+from pipelines.lexical import LexicalConfig
 from pipelines.metrics import role_baselines
 from pipelines.predictor import Predictor, label_frame, training_frame
 
@@ -58,6 +59,15 @@ VARIANTS = {
                                         model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
     "static zipf-sif 256 regressors 100x0.25": dict(embedder=dict(kind="static", weighting="zipf"),
                                                     model=dict(regressor=dict(n_estimators=100, learning_rate=0.25))),
+    # the supervised lexical scores (pipelines.lexical) beside an embedding
+    "static zipf-sif 256 classifier without it + lexical": dict(embedder=dict(kind="static", weighting="zipf"),
+                                                                model=dict(classifier_embedding=False),
+                                                                lexical=LexicalConfig()),
+    "static zipf-sif 256 classifier without it + lexical 1024": dict(embedder=dict(kind="static", weighting="zipf"),
+                                                                     model=dict(classifier_embedding=False),
+                                                                     lexical=LexicalConfig(tail_chars=1024)),
+    "minilm + lexical": dict(embedder=dict(kind="minilm"), lexical=LexicalConfig()),
+    "none + lexical": dict(use_embedding=False, lexical=LexicalConfig()),
     "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",
                                                                    sif_coefficient=1e-3)),
     "static corpus-sif 256 pca8": dict(pca_dims=8, embedder=dict(kind="static", weighting="corpus",
@@ -88,6 +98,19 @@ def embedding_cost_ms(featurizer: Featurizer, stages: list) -> dict:
     return {"p50": round(float(np.percentile(times, 50)), 3), "p99": round(float(np.percentile(times, 99)), 3)}
 
 
+def lexical_cost_ms(featurizer: Featurizer, stages: list) -> dict:
+    """One prompt's lexical scores at a time (nothing is cached: every call is cold): p50 / p99 in milliseconds."""
+    if featurizer.config.lexical is None:
+        return {"p50": 0.0, "p99": 0.0}
+    times = []
+    for stage in stages:
+        text = stage.prompt_text()
+        started = time.perf_counter()
+        featurizer.lexical_scores([stage], [text])
+        times.append((time.perf_counter() - started) * 1000)
+    return {"p50": round(float(np.percentile(times, 50)), 3), "p99": round(float(np.percentile(times, 99)), 3)}
+
+
 def cross_validate(data: str, names: list[str], folds: int = 3) -> dict:
     stages = read_stages(DATA[data])
     train = [stages[i] for i in locked_split(stages, TEST_FRACTION)[0]]
@@ -112,11 +135,11 @@ def cross_validate(data: str, names: list[str], folds: int = 3) -> dict:
             for condition, part in (("with_history", score_on), ("without_history", map(without_labels, score_on))):
                 frames[condition].append(predictions_frame(predictor, list(part), labels))
             if cost is None:
-                cost = embedding_cost_ms(featurizer, score_on[:300])
+                cost = (embedding_cost_ms(featurizer, score_on[:300]), lexical_cost_ms(featurizer, score_on[:300]))
         pooled = {b: pd.concat([fold[b] for fold in baselines], ignore_index=True) for b in baselines[0]}
-        out[name] = {"embedding_ms": cost, "seconds": round(time.perf_counter() - started, 1),
+        out[name] = {"embedding_ms": cost[0], "lexical_ms": cost[1], "seconds": round(time.perf_counter() - started, 1),
                      **{c: score(pd.concat(f, ignore_index=True), pooled) for c, f in frames.items()}}
-        print(data, name, json.dumps({k: out[name][k] for k in ("embedding_ms", "seconds")}),
+        print(data, name, json.dumps({k: out[name][k] for k in ("embedding_ms", "lexical_ms", "seconds")}),
               {c: {k: out[name][c][k] for k in ("auc", "kendall_tau", "under_rate", "over_reservation_vs_role_p90")}
                for c in frames}, flush=True)
     return out

@@ -1,4 +1,5 @@
-"""Stage features: the structural and prompt-text ones (pipelines.stage_features), an embedding → PCA.
+"""Stage features: the structural and prompt-text ones (pipelines.stage_features), an embedding → PCA, and
+optionally the supervised lexical scores (pipelines.lexical).
 
 The Featurizer learns the categories and the PCA on training stages and turns stages into the
 model's feature frame (training) or float matrix (the live path).
@@ -12,8 +13,9 @@ import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
-from pipelines.contract import StageTrace
+from pipelines.contract import StageTrace, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
+from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
 from pipelines.stage_features import (BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame,
                                       structural_rows)
 from pipelines.static_embedding import StaticEmbedder
@@ -37,6 +39,7 @@ class FeaturizerConfig:
     use_embedding: bool = True
     # training rows also in the "none" and "partial" history conditions (pipelines.history)
     history_copies: bool = True
+    lexical: LexicalConfig | None = None  # the supervised lexical scores (pipelines.lexical); None: not made
 
     def __post_init__(self) -> None:
         if self.feature_set not in ("full", "basic"):
@@ -65,7 +68,32 @@ class Featurizer:
             self.__dict__.pop(cached, None)
         if self.config.use_embedding:
             self.fit_embedding([s.prompt_text() for s in stages], progress)
+        if self.config.lexical is not None:
+            self.fit_lexical(stages)
         return self
+
+    def fit_lexical(self, stages: list[StageTrace]) -> "Featurizer":
+        """The lexical models, on the labelled stages, by task; their out-of-fold scores kept (in memory, not in
+        state()) for transform to give these same stages, so the boosters train on scores that never saw the
+        stage's own label."""
+        labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
+        self.lexical_ = LexicalModel(self.config.lexical).fit(
+            [s.prompt_text() for s in labelled], np.array([s.output_tokens for s in labelled]),
+            np.array([bool(s.is_tool_call) for s in labelled]), np.array([task_id(s) for s in labelled]))
+        self._lexical_oof = {(s.workflow_id, s.stage_id): row for s, row in zip(labelled, self.lexical_.oof_)}
+        return self
+
+    def lexical_scores(self, stages: list[StageTrace], texts: list[str]) -> np.ndarray:
+        """LEXICAL_COLUMNS' values of `stages` (their prompt `texts`): a training stage's out-of-fold scores,
+        any other's from the models fitted on all training stages."""
+        if not hasattr(self, "lexical_"):
+            raise RuntimeError("the featurizer's lexical model is not fitted: Featurizer.fit fits it")
+        scores = self.lexical_.score(texts)
+        oof = self.__dict__.get("_lexical_oof")
+        if oof:
+            for i, stage in enumerate(stages):
+                scores[i] = oof.get((stage.workflow_id, stage.stage_id), scores[i])
+        return scores
 
     def fit_embedding(self, texts: list[str], progress: bool = False) -> "Featurizer":
         """The PCA of the training prompts' embedding; for a static one, first its token weights (and its fit
@@ -104,6 +132,8 @@ class Featurizer:
         for column in self.categories_:
             if column in frame:
                 frame[column] = self._categorical(column, frame[column].to_numpy(dtype=object))
+        if self.config.lexical is not None:
+            frame[list(LEXICAL_COLUMNS)] = self.lexical_scores(stages, texts)
         if self.config.use_embedding:
             reduced = self.embed(texts, progress)
             frame = pd.concat([frame, pd.DataFrame(reduced, columns=self._embedding_names, index=frame.index)], axis=1)
@@ -122,6 +152,9 @@ class Featurizer:
             for column, (index, _) in self._category_codes.items():
                 row[column] = index.get(row[column], index[UNKNOWN])
             roles.append(self.categories_["role"][row["role"]])
+        if self.config.lexical is not None:
+            for row, scores in zip(rows, self.lexical_scores(stages, texts)):
+                row.update(zip(LEXICAL_COLUMNS, scores.tolist()))
         if self.config.use_embedding:
             for row, vector in zip(rows, self.embed(texts, progress=False)):
                 row.update(zip(self._embedding_names, vector.tolist()))
@@ -163,10 +196,12 @@ class Featurizer:
         return pd.Categorical.from_codes(codes, dtype=dtype)
 
     def state(self) -> dict:
-        """What fit() learnt, picklable without MiniLM (a static embedding's fitted table is part of it)."""
+        """What fit() learnt, picklable without MiniLM (a static embedding's fitted table and the lexical models'
+        weights are part of it; the training stages' out-of-fold lexical scores are not)."""
         static = self.static_.state() if hasattr(self, "static_") else None
+        lexical = self.lexical_.state() if hasattr(self, "lexical_") else None
         return {"config": self.config, "categories": self.categories_, "pca": getattr(self, "pca_", None),
-                "static": static}
+                "static": static, "lexical": lexical}
 
     @classmethod
     def from_state(cls, state: dict, embedder: Embedder | StaticEmbedder | None = None) -> "Featurizer":
@@ -176,6 +211,8 @@ class Featurizer:
             featurizer.pca_ = state["pca"]
         if state.get("static") is not None:
             featurizer.static_ = StaticEmbedder.from_state(state["static"])
+        if state.get("lexical") is not None:  # absent from a featurizer saved before pipelines.lexical
+            featurizer.lexical_ = LexicalModel.from_state(state["lexical"])
         return featurizer
 
     def known_role(self, role: str) -> bool:

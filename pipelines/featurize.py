@@ -8,6 +8,8 @@ only prompts it has not seen. With `embedding: static` the embedding is MiniLM d
 token (pipelines.static_embedding.StaticEmbedder): the distilled table is kept in `static/` (distilled again
 only when the packaged MiniLM or the recipe changes; empty with `embedding: minilm`), weighted and PCA-folded
 on the training side, and saved inside `featurizer.joblib`, so the predictor the train stage saves carries it.
+With `lexical: true` the features gain the supervised lexical scores (pipelines.lexical): out of fold on the
+training side, from the models fitted on all of it on the test side; their weights are saved the same way.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from sklearn.model_selection import GroupShuffleSplit
 from pipelines.contract import StageTrace, read_traces, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.lexical import LexicalConfig
 from pipelines.params import load_params
 from pipelines.predictor import evaluation_frame, training_frame
 
@@ -38,7 +41,8 @@ def featurizer_config(params: dict) -> FeaturizerConfig:
                               teacher_windows=params.get("teacher_windows", EmbedderConfig.teacher_windows))
     return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
                             embedder=embedder, use_embedding=params.get("use_embedding", True),
-                            history_copies=params.get("history_copies", True))
+                            history_copies=params.get("history_copies", True),
+                            lexical=LexicalConfig() if params.get("lexical", False) else None)
 
 
 def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
