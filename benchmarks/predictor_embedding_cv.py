@@ -66,6 +66,9 @@ VARIANTS = {
     "static zipf-sif 256 classifier without it + lexical 1024": dict(embedder=dict(kind="static", weighting="zipf"),
                                                                      model=dict(classifier_embedding=False),
                                                                      lexical=LexicalConfig(tail_chars=1024)),
+    "static zipf-sif 256 classifier without it + lexical 1024 per app": dict(
+        embedder=dict(kind="static", weighting="zipf"), model=dict(classifier_embedding=False),
+        lexical=LexicalConfig(tail_chars=1024, per_app=True)),
     "minilm + lexical": dict(embedder=dict(kind="minilm"), lexical=LexicalConfig()),
     "none + lexical": dict(use_embedding=False, lexical=LexicalConfig()),
     "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",

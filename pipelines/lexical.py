@@ -41,6 +41,10 @@ class LexicalConfig:
     ridge: float = 1.0  # the length model's L2 penalty
     tool_c: float = 3.0  # the tool-call model's inverse L2 penalty
     folds: int = 5  # task-grouped folds for the training rows' out-of-fold scores
+    # each n-gram also in a bucket of its own for the stage's app, beside the shared one: the models can weigh a
+    # phrase per app where the apps disagree on it (an app training never saw has buckets no training row set:
+    # its scores rest on the shared weights)
+    per_app: bool = False
 
     def __post_init__(self) -> None:
         if self.tail_chars < 0 or self.num_buckets < 2 or self.folds < 2:
@@ -80,21 +84,26 @@ def _word_ngram_hashes(text: str, order: int) -> np.ndarray:
     return np.concatenate([words + _WORD_SEED, (words[:-1] * _PRIME + words[1:]) * _PRIME + _BIGRAM_SEED])
 
 
-def bucket_ids(text: str, config: LexicalConfig) -> np.ndarray:
-    """The bucket of each of a text's n-grams (int64), a bucket once for each n-gram in it."""
+def bucket_ids(text: str, config: LexicalConfig, app: str | None = None) -> np.ndarray:
+    """The bucket of each of a text's n-grams (int64), a bucket once for each n-gram in it; with `per_app`
+    and an `app`, then the bucket of each n-gram for that app."""
     tail = (text[-config.tail_chars:] if config.tail_chars else text).lower()
     codes = np.frombuffer(tail.encode("utf-8", "replace"), np.uint8).astype(np.uint64)
     parts = _char_ngram_hashes(codes, config.char_ngrams)
     if config.word_ngrams:
         parts.append(_word_ngram_hashes(tail, config.word_ngrams))
     hashes = _mixed(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+    if config.per_app and app:
+        seed = np.full(1, zlib.crc32(app.encode()), np.uint64) * _MIX  # an array: numpy wraps it without a warning
+        hashes = np.concatenate([hashes, _mixed(hashes ^ seed)])
     return (hashes % np.uint64(config.num_buckets)).astype(np.int64)
 
 
-def design_matrix(texts: list[str], config: LexicalConfig) -> sparse.csr_matrix:
+def design_matrix(texts: list[str], config: LexicalConfig, apps: list[str | None] | None = None
+                  ) -> sparse.csr_matrix:
     """Texts as rows over the buckets: each bucket's count of n-grams over √(the row's n-grams), what score()
     sums (counts, not distinct buckets: numpy's unique would be half a row's cost on the live path)."""
-    ids = [bucket_ids(t, config) for t in texts]
+    ids = [bucket_ids(t, config, a) for t, a in zip(texts, apps or [None] * len(texts))]
     lengths = np.array([len(i) for i in ids])
     values = np.repeat(1.0 / np.sqrt(np.maximum(lengths, 1)), lengths)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
@@ -129,9 +138,11 @@ class LexicalModel:
     def __init__(self, config: LexicalConfig | None = None):
         self.config = config or LexicalConfig()
 
-    def fit(self, texts: list[str], tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray) -> "LexicalModel":
-        """`groups`: each row's task; no fold splits one, so a row's out-of-fold score never saw its own task."""
-        X = design_matrix(texts, self.config)
+    def fit(self, texts: list[str], tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray,
+            apps: list[str | None] | None = None) -> "LexicalModel":
+        """`groups`: each row's task; no fold splits one, so a row's out-of-fold score never saw its own task.
+        `apps`: each row's app (read with `per_app`)."""
+        X = design_matrix(texts, self.config, apps)
         log_tokens = np.log1p(np.asarray(tokens, np.float64))
         is_tool = np.asarray(is_tool, int)
         num_groups = len(set(groups))
@@ -144,13 +155,13 @@ class LexicalModel:
         self.weights_, self.bias_ = _fit_weights(X, log_tokens, is_tool, self.config)
         return self
 
-    def score(self, texts: list[str]) -> np.ndarray:
+    def score(self, texts: list[str], apps: list[str | None] | None = None) -> np.ndarray:
         """Each text's predicted log(1 + tokens) and tool-call log-odds, from the models fitted on all rows."""
         if not hasattr(self, "weights_"):
             raise RuntimeError("LexicalModel is not fitted: call fit() on training texts first")
         out = np.empty((len(texts), 2), np.float32)
-        for row, text in enumerate(texts):
-            ids = bucket_ids(text, self.config)
+        for row, (text, app) in enumerate(zip(texts, apps or [None] * len(texts))):
+            ids = bucket_ids(text, self.config, app)
             out[row] = self.bias_ + (self.weights_[ids].sum(axis=0) / np.sqrt(len(ids)) if len(ids) else 0.0)
         return out
 

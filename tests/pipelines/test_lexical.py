@@ -116,3 +116,18 @@ def test_an_unfitted_lexical_model_says_so():
         LexicalModel().score(["text"])
     with pytest.raises(ValueError, match="at least 2 tasks"):
         LexicalModel().fit(["a", "b"], np.array([1, 2]), np.array([True, False]), np.array(["t", "t"]))
+
+
+def test_per_app_buckets_learn_a_phrase_the_apps_read_oppositely():
+    rng = np.random.default_rng(3)
+    words = ["alpha", "bravo", "delta", "kilo", "lima", "oscar", "tango", "zulu"]
+    n = 800
+    apps = np.array(["triage", "retail"])[rng.integers(0, 2, n)]
+    urgent = rng.random(n) < 0.5
+    texts = [" ".join(rng.choice(words, 12)) + (" urgent case" if u else " routine case") for u in urgent]
+    long = urgent == (apps == "triage")  # "urgent" means a long answer in one app, a short one in the other
+    tokens = np.where(long, 400, 40) * rng.lognormal(0, 0.2, n)
+    is_tool, groups = ~long, np.arange(n) // 4
+    for per_app, low, high in ((False, -0.1, 0.1), (True, 0.5, 1.0)):
+        model = LexicalModel(LexicalConfig(per_app=per_app)).fit(texts, tokens, is_tool, groups, list(apps))
+        assert low < kendalltau(model.oof_[:, 0], tokens).statistic < high, per_app
