@@ -12,7 +12,8 @@ import numpy as np
 
 from pipelines.contract import StageTrace
 from pipelines.predictor import Predictor
-from pipelines.stage_features import stage_rows, structural_rows
+from pipelines.batch_features import structural_columns
+from pipelines.stage_features import stage_rows
 
 
 def _median_us(call, num_stages: int, before=lambda: None, passes: int = 3) -> float:
@@ -27,8 +28,8 @@ def _median_us(call, num_stages: int, before=lambda: None, passes: int = 3) -> f
 
 def parts_us(predictor: Predictor, test: list[StageTrace]) -> dict:
     """µs a stage of one batch of `test`, part by part (medians of 3): the structural and text features one
-    stage at a time (stage_rows, the path before the batch one) and as the live path makes them (structural_rows:
-    pipelines.batch_features), the whole featurizer (Featurizer.matrix, the embedding in it), the boosters and
+    stage at a time (stage_rows, the path before the batch one) and as the live path makes them
+    (structural_columns), the whole featurizer (Featurizer.matrix, the embedding in it), the boosters and
     calibration (TwoStageModel.predict_matrix), and predict as a whole."""
     texts = [s.prompt_text() for s in test]
     columns, names = predictor.read_columns, predictor.model.feature_names
@@ -36,7 +37,7 @@ def parts_us(predictor: Predictor, test: list[StageTrace]) -> dict:
     embedder, n = predictor.featurizer.embedder, len(test)
     cold = getattr(embedder, "clear_cache", lambda: None)  # MiniLM's cache: every prompt new, as live
     return {"structural_one_by_one": _median_us(lambda: stage_rows(test, None, texts), n),
-            "structural_batch": _median_us(lambda: structural_rows(test, None, texts), n),
+            "structural_batch": _median_us(lambda: structural_columns(test, None, texts), n),
             "embedding": _median_us(lambda: predictor.featurizer.embed(texts), n, cold),
             "featurizer": _median_us(lambda: predictor.featurizer.matrix(test, columns), n, cold),
             "model": _median_us(lambda: predictor.model.predict_matrix(matrix[:, :len(names)], roles), n),

@@ -18,7 +18,7 @@ import numpy as np
 from pipelines.contract import TOOL_ROLES, StageTrace
 from pipelines.stage_features import (ASCII_FOLDS, BREVITY_CUE, CUT_MARK, DETAIL_CUE, DONE_CUE, JSON_CUE,
                                       QUESTION_CUE, SUGGESTED_CALL_CUE, TOOL_RESPONSE_CUE, TOOL_RESULT_CUE, UNKNOWN,
-                                      ancestors_of, tool_results_since_user)
+                                      ancestors_of, stage_rows, tool_results_since_user)
 from pipelines.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
@@ -192,7 +192,11 @@ def _parent_values(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) ->
 
 def structural_columns(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
                        texts: list[str] | None = None) -> dict[str, np.ndarray | list]:
-    """stage_features.structural_rows as columns: numbers as float64 arrays, the categoricals as lists of text."""
+    """stage_features.stage_rows as columns (the live path, Featurizer.matrix): numbers as float64 arrays, the
+    categoricals as lists of text. One stage alone goes through stage_rows: its dict costs less than the arrays."""
+    if len(stages) < 2:
+        rows = stage_rows(stages, known, texts)
+        return {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
     derive_structure(stages, known)
     ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})

@@ -16,8 +16,8 @@ from sklearn.decomposition import PCA
 from pipelines.contract import StageTrace, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
-from pipelines.stage_features import (BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame,
-                                      structural_rows)
+from pipelines.batch_features import structural_columns
+from pipelines.stage_features import BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame
 from pipelines.static_embedding import StaticEmbedder
 
 
@@ -147,23 +147,20 @@ class Featurizer:
         built without pandas: on a one-stage call pandas' frame machinery costs more than the trees.
         `history`: finished stages of the same workflows, standing in for ancestors not in `stages`."""
         texts = [s.prompt_text() for s in stages]
-        rows = structural_rows(stages, history.known(stages) if history is not None else None, texts)
-        roles = []
-        for row in rows:
-            for column, (index, _) in self._category_codes.items():
-                row[column] = index.get(row[column], index[UNKNOWN])
-            roles.append(self.categories_["role"][row["role"]])
+        values = structural_columns(stages, history.known(stages) if history is not None else None, texts)
+        for column, (index, _) in self._category_codes.items():
+            values[column] = [index.get(v, index[UNKNOWN]) for v in values[column]]
+        roles = [self.categories_["role"][code] for code in values["role"]]
         if self.config.lexical is not None:
-            for row, scores in zip(rows, self.lexical_scores(stages, texts)):
-                row.update(zip(LEXICAL_COLUMNS, scores.tolist()))
+            values.update(zip(LEXICAL_COLUMNS, self.lexical_scores(stages, texts).T))
         if self.config.use_embedding:
-            for row, vector in zip(rows, self.embed(texts, progress=False)):
-                row.update(zip(self._embedding_names, vector.tolist()))
-        missing = [c for c in columns if c not in rows[0]] if rows else []
+            values.update(zip(self._embedding_names, self.embed(texts, progress=False).T))
+        missing = [c for c in columns if c not in values] if stages else []
         if missing:
             raise ValueError(f"the model reads features {missing} that this featurizer does not make: "
                              "model and featurizer come from different trainings; retrain or reload both")
-        return np.array([[row[c] for c in columns] for row in rows], np.float64).reshape(len(rows), len(columns)), roles
+        matrix = [np.asarray(values[c], np.float64) for c in columns] if stages else []
+        return (np.column_stack(matrix) if matrix else np.zeros((len(stages), len(columns)))), roles
 
     def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """The prompt texts' embedding projected by the fitted PCA, as float32 (what the model was trained on)."""

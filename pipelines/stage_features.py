@@ -220,24 +220,12 @@ class StageHistory:
             return sum(len(w) for w in self._workflows.values())
 
 
-def structural_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
-                    texts: list[str] | None = None) -> list[dict]:
-    """One dict per stage of structure + prompt-text features (categoricals as plain strings): the live path.
-    `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
-    `texts`: their prompt_text(), where the caller has them already. Several stages are featurized together
-    (pipelines.batch_features: the same values, numbers as floats); one alone, as stage_rows does."""
-    if len(stages) < 2:
-        return stage_rows(stages, known, texts)
-    from pipelines.batch_features import structural_columns  # it builds on this module's cues
-
-    columns = structural_columns(stages, known, texts)
-    values = [column if isinstance(column, list) else column.tolist() for column in columns.values()]
-    return [dict(zip(columns, row)) for row in zip(*values)]
-
-
 def stage_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
                texts: list[str] | None = None) -> list[dict]:
-    """structural_rows one stage at a time, each value of its own type (ints stay ints): what frames read."""
+    """One dict per stage of structure + prompt-text features (categoricals as plain strings), each value of its
+    own type (ints stay ints): what frames read, and the live path for one stage (batch_features.structural_columns
+    for more). `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
+    `texts`: their prompt_text(), where the caller has them already."""
     derive_structure(stages, known)
     ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})

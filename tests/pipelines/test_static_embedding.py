@@ -11,7 +11,7 @@ from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder, teacher_table
 from pipelines.features import Featurizer, FeaturizerConfig
-from pipelines.stage_features import _BREVITY, _JSON, _NEEDLES, _Cues
+from pipelines.stage_features import BREVITY_CUE, JSON_CUE, _NEEDLES, _Cues
 from pipelines.boosters import RowPredictor
 
 STATIC = EmbedderConfig(kind="static")
@@ -130,8 +130,9 @@ def test_cue_needles_skip_only_patterns_that_cannot_match():
         cues = _Cues(text)
         for pattern in _NEEDLES:
             assert cues.found(pattern) == int(pattern.search(text) is not None), (text, pattern)
-        assert cues.count(_BREVITY) == len(_BREVITY.findall(text)) and cues.found(_JSON) == int(bool(_JSON.search(text)))
-    assert _Cues("ſhort").count(_BREVITY) == 1  # re's case folding of ſ to s is kept
+        assert cues.count(BREVITY_CUE) == len(BREVITY_CUE.findall(text))
+        assert cues.found(JSON_CUE) == int(bool(JSON_CUE.search(text)))
+    assert _Cues("ſhort").count(BREVITY_CUE) == 1  # re's case folding of ſ to s is kept
 
 
 @pytest.mark.slow
