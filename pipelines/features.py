@@ -152,15 +152,15 @@ class Featurizer:
             values[column] = [index.get(v, index[UNKNOWN]) for v in values[column]]
         roles = [self.categories_["role"][code] for code in values["role"]]
         if self.config.lexical is not None:
-            values.update(zip(LEXICAL_COLUMNS, self.lexical_scores(stages, texts).T))
+            values.update(zip(LEXICAL_COLUMNS, self.lexical_scores(stages, texts).T.tolist()))
         if self.config.use_embedding:
-            values.update(zip(self._embedding_names, self.embed(texts, progress=False).T))
+            values.update(zip(self._embedding_names, self.embed(texts, progress=False).T.tolist()))
         missing = [c for c in columns if c not in values] if stages else []
         if missing:
             raise ValueError(f"the model reads features {missing} that this featurizer does not make: "
                              "model and featurizer come from different trainings; retrain or reload both")
-        matrix = [np.asarray(values[c], np.float64) for c in columns] if stages else []
-        return (np.column_stack(matrix) if matrix else np.zeros((len(stages), len(columns)))), roles
+        matrix = np.array([values.get(c, ()) for c in columns], np.float64).reshape(len(columns), len(stages))
+        return np.ascontiguousarray(matrix.T), roles
 
     def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """The prompt texts' embedding projected by the fitted PCA, as float32 (what the model was trained on)."""
