@@ -69,6 +69,10 @@ VARIANTS = {
     "static zipf-sif 256 classifier without it + lexical 1024 per app": dict(
         embedder=dict(kind="static", weighting="zipf"), model=dict(classifier_embedding=False),
         lexical=LexicalConfig(tail_chars=1024, per_app=True)),
+    "static zipf-sif 256 pca8 classifier without it + lexical": dict(pca_dims=8,
+                                                                     embedder=dict(kind="static", weighting="zipf"),
+                                                                     model=dict(classifier_embedding=False),
+                                                                     lexical=LexicalConfig()),
     "minilm + lexical": dict(embedder=dict(kind="minilm"), lexical=LexicalConfig()),
     "none + lexical": dict(use_embedding=False, lexical=LexicalConfig()),
     "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",
