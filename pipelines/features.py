@@ -58,7 +58,7 @@ class Featurizer:
                  teacher: Embedder | None = None):
         self.config = config or FeaturizerConfig()
         self.embedder = embedder or make_embedder(self.config.embedder)
-        self.teacher = teacher  # MiniLM, for a static embedding fitted to it
+        self.teacher = teacher  # MiniLM, for a static embedding fitted to it or the lexical targets
 
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
         frame = structural_frame(stages)
@@ -77,10 +77,13 @@ class Featurizer:
         state()) for transform to give these same stages, so the boosters train on scores that never saw the
         stage's own label."""
         labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
+        texts = [s.prompt_text() for s in labelled]
+        if self.config.lexical.teacher and self.teacher is None:  # MiniLM, for the length model's targets only
+            self.teacher = Embedder(replace(self.config.embedder, kind="minilm"))
         self.lexical_ = LexicalModel(self.config.lexical).fit(
-            [s.prompt_text() for s in labelled], np.array([s.output_tokens for s in labelled]),
+            texts, np.array([s.output_tokens for s in labelled]),
             np.array([bool(s.is_tool_call) for s in labelled]), np.array([task_id(s) for s in labelled]),
-            [s.app for s in labelled])
+            [s.app for s in labelled], self.teacher.embed(texts) if self.config.lexical.teacher else None)
         self._lexical_oof = {(s.workflow_id, s.stage_id): row for s, row in zip(labelled, self.lexical_.oof_)}
         return self
 

@@ -12,6 +12,12 @@ For the training rows the scores are out of fold: each row's comes from models f
 folds, so the boosters never read a score fitted to the row's own label (a fitted ridge remembers its training
 labels, and trees would learn to trust it more than it deserves on a prompt never seen). New prompts are
 scored by the models fitted on every training row.
+
+With a teacher (`LexicalConfig.teacher`, training only), the length model is fitted not to the labels alone but to
+the mean of each row's log(1 + tokens) and a teacher's prediction of it: a ridge regression on the row's MiniLM
+vector (not the full MiniLM recipe), its predictions out of fold by task, and within each of the lexical model's
+folds fitted on that fold's training rows alone, so a row's out-of-fold score still never reads its own task's
+labels. MiniLM is never run to score a prompt: the fitted weights are the same n-gram table.
 """
 from __future__ import annotations
 
@@ -45,8 +51,14 @@ class LexicalConfig:
     # phrase per app where the apps disagree on it (an app training never saw has buckets no training row set:
     # its scores rest on the shared weights)
     per_app: bool = False
+    # "minilm": the length model's target is the mean of the label's log(1 + tokens) and the out-of-fold prediction
+    # of a ridge (penalty `teacher_ridge`) on the row's MiniLM vector (fit's teacher_vectors); None: the labels
+    teacher: str | None = None
+    teacher_ridge: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.teacher not in (None, "minilm") or self.teacher_ridge <= 0:
+            raise ValueError(f"invalid LexicalConfig {self}: teacher None or 'minilm', teacher_ridge > 0")
         if self.tail_chars < 0 or self.num_buckets < 2 or self.folds < 2:
             raise ValueError(f"invalid LexicalConfig {self}: tail_chars ≥ 0, num_buckets ≥ 2, folds ≥ 2")
         if any(n < 1 for n in self.char_ngrams) or self.word_ngrams not in (0, 1, 2):
@@ -129,19 +141,44 @@ def _fit_weights(X: sparse.csr_matrix, log_tokens: np.ndarray, is_tool: np.ndarr
     return weights, bias
 
 
+def teacher_predictions(vectors: np.ndarray, log_tokens: np.ndarray, groups: np.ndarray, config: LexicalConfig
+                        ) -> np.ndarray:
+    """Each row's log(1 + tokens) as a ridge on the teacher's vectors predicts it, out of fold by task (`folds`
+    task-grouped folds): a row's prediction never read its own task's labels."""
+    out = np.zeros(len(log_tokens))
+    folds = GroupKFold(n_splits=min(config.folds, len(set(groups))))
+    for train, held in folds.split(vectors, groups=groups):
+        out[held] = Ridge(alpha=config.teacher_ridge).fit(vectors[train], log_tokens[train]).predict(vectors[held])
+    return out
+
+
+def length_targets(log_tokens: np.ndarray, groups: np.ndarray, vectors: np.ndarray | None,
+                   config: LexicalConfig) -> np.ndarray:
+    """The length model's target over these rows: the labels, or with a teacher their mean with its out-of-fold
+    predictions (fitted on these rows alone; the labels alone where they hold fewer than 2 tasks)."""
+    if config.teacher is None or len(set(groups)) < 2:
+        return log_tokens
+    return 0.5 * (log_tokens + teacher_predictions(vectors, log_tokens, groups, config))
+
+
 class LexicalModel:
     """fit(texts, tokens, is_tool, groups) → score(texts): (n, 2) float32, LEXICAL_COLUMNS' values.
 
     After fit, `oof_` holds the training rows' out-of-fold scores (not part of state(): a loaded model
-    scores every text with the weights fitted on all training rows)."""
+    scores every text with the weights fitted on all training rows), and with a teacher `teacher_` its
+    out-of-fold predictions over all training rows (the final fit's targets are their mean with the labels)."""
 
     def __init__(self, config: LexicalConfig | None = None):
         self.config = config or LexicalConfig()
 
     def fit(self, texts: list[str], tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray,
-            apps: list[str | None] | None = None) -> "LexicalModel":
+            apps: list[str | None] | None = None, teacher_vectors: np.ndarray | None = None) -> "LexicalModel":
         """`groups`: each row's task; no fold splits one, so a row's out-of-fold score never saw its own task.
-        `apps`: each row's app (read with `per_app`)."""
+        `apps`: each row's app (read with `per_app`); `teacher_vectors`: each row's MiniLM vector (with a teacher)."""
+        if self.config.teacher is not None and (teacher_vectors is None or len(teacher_vectors) != len(texts)):
+            raise ValueError(f"LexicalConfig.teacher={self.config.teacher!r} needs one teacher vector per text")
+        vectors = None if self.config.teacher is None else np.asarray(teacher_vectors, np.float64)
+        groups = np.asarray(groups)
         X = design_matrix(texts, self.config, apps)
         log_tokens = np.log1p(np.asarray(tokens, np.float64))
         is_tool = np.asarray(is_tool, int)
@@ -150,9 +187,14 @@ class LexicalModel:
             raise ValueError(f"the lexical model needs training stages of at least 2 tasks, got {num_groups}")
         self.oof_ = np.zeros((len(texts), 2), np.float32)
         for train, held in GroupKFold(n_splits=min(self.config.folds, num_groups)).split(X, groups=groups):
-            weights, bias = _fit_weights(X[train], log_tokens[train], is_tool[train], self.config)
+            targets = length_targets(log_tokens[train], groups[train], None if vectors is None else vectors[train],
+                                     self.config)
+            weights, bias = _fit_weights(X[train], targets, is_tool[train], self.config)
             self.oof_[held] = X[held] @ weights + bias
-        self.weights_, self.bias_ = _fit_weights(X, log_tokens, is_tool, self.config)
+        if vectors is not None:
+            self.teacher_ = teacher_predictions(vectors, log_tokens, groups, self.config)
+        targets = log_tokens if vectors is None else 0.5 * (log_tokens + self.teacher_)
+        self.weights_, self.bias_ = _fit_weights(X, targets, is_tool, self.config)
         return self
 
     def score(self, texts: list[str], apps: list[str | None] | None = None) -> np.ndarray:

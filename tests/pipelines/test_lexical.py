@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import kendalltau
+from sklearn.linear_model import Ridge
 from sklearn.metrics import roc_auc_score
 
 from pipelines.contract import StageTrace, task_id
@@ -131,3 +132,51 @@ def test_per_app_buckets_learn_a_phrase_the_apps_read_oppositely():
     for per_app, low, high in ((False, -0.1, 0.1), (True, 0.5, 1.0)):
         model = LexicalModel(LexicalConfig(per_app=per_app)).fit(texts, tokens, is_tool, groups, list(apps))
         assert low < kendalltau(model.oof_[:, 0], tokens).statistic < high, per_app
+
+
+def test_the_teachers_targets_and_the_scores_fitted_to_them_never_read_a_rows_own_task(stages):
+    texts, tokens, is_tool, groups = columns(stages[:600])
+    # a stand-in for MiniLM's vectors: a fixed random projection of each text's n-grams (a function of the text)
+    projection = np.random.default_rng(5).normal(size=(2 ** 10, 24))
+    vectors = design_matrix(texts, LexicalConfig(num_buckets=2 ** 10)) @ projection
+    config = LexicalConfig(teacher="minilm")
+    model = LexicalModel(config).fit(texts, tokens, is_tool, groups, teacher_vectors=vectors)
+    assert kendalltau(model.teacher_, tokens).statistic > 0.2  # the teacher reads the lengths from the vectors
+    task = groups == groups[0]
+    changed = LexicalModel(config).fit(texts, np.where(task, tokens * 20, tokens), is_tool, groups,
+                                       teacher_vectors=vectors)
+    np.testing.assert_array_equal(changed.teacher_[task], model.teacher_[task])
+    assert not np.allclose(changed.teacher_[~task], model.teacher_[~task])
+    np.testing.assert_array_equal(changed.oof_[task], model.oof_[task])  # nor, through the teacher, the scores
+    # the final fit's length model is the ridge on the mean of the labels and the teacher's predictions
+    X = design_matrix(texts, config)
+    ridge = np.array([Ridge(alpha=config.ridge).fit(X, y).coef_ for y in (np.log1p(tokens), model.teacher_)])
+    np.testing.assert_allclose(model.weights_[:, 0], ridge.mean(axis=0), atol=2e-4)  # the solver's tolerance
+    assert not np.allclose(model.weights_[:, 0], ridge[0], atol=2e-3)
+    plain = LexicalModel().fit(texts, tokens, is_tool, groups)
+    assert not np.allclose(plain.oof_[:, 0], model.oof_[:, 0], atol=1e-3)
+    np.testing.assert_array_equal(plain.oof_[:, 1], model.oof_[:, 1])  # the tool-call model reads the labels alone
+    with pytest.raises(ValueError, match="teacher vector per text"):
+        LexicalModel(config).fit(texts, tokens, is_tool, groups)
+
+
+class _ProjectionTeacher:
+    """Stands in for MiniLM: a fixed random projection of each text's n-grams."""
+
+    def __init__(self):
+        self.projection, self.calls = np.random.default_rng(5).normal(size=(2 ** 10, 24)), 0
+
+    def embed(self, texts):
+        self.calls += 1
+        return design_matrix(texts, LexicalConfig(num_buckets=2 ** 10)) @ self.projection
+
+
+def test_the_featurizer_fits_the_lexical_scores_to_its_teacher_and_scores_without_it(stages):
+    teacher = _ProjectionTeacher()
+    config = FeaturizerConfig(use_embedding=False, lexical=LexicalConfig(teacher="minilm"))
+    featurizer = Featurizer(config, teacher=teacher).fit(stages[:600])
+    assert teacher.calls == 1 and len(featurizer.lexical_.teacher_) == len(featurizer.lexical_.oof_)
+    loaded = Featurizer.from_state(pickle.loads(pickle.dumps(featurizer.state())))
+    assert loaded.teacher is None  # scoring never needs MiniLM
+    np.testing.assert_array_equal(loaded.transform(stages[600:700])[list(LEXICAL_COLUMNS)].to_numpy(np.float32),
+                                  featurizer.lexical_.score([s.prompt_text() for s in stages[600:700]]))
