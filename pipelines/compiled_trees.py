@@ -78,9 +78,14 @@ def _digest(path: Path) -> str:
 def compile_boosters(boosters: dict, directory: Path, model_sha256: str) -> dict:
     """Build one library per LightGBM booster of `boosters` (name → Booster) into `directory`, and the
     manifest tying them to the predictor files they came from (`model_sha256`). Returns the manifest."""
-    import tl2cgen
-    import treelite
-
+    try:
+        import tl2cgen
+        import treelite
+    except ImportError as error:
+        raise ImportError(f"train.compile_trees needs the fast extra ({error}): pip install -e '.[fast]', and gcc; "
+                          "or set train.compile_trees: false") from error
+    if shutil.which("gcc") is None:
+        raise RuntimeError("train.compile_trees needs gcc on PATH to build the boosters; or set it to false")
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     started, files = time.perf_counter(), {}
