@@ -63,8 +63,9 @@ TEST_FRACTION = 0.3
 # groups' minimum size), chosen by 3-fold inner grouped CV on the training sides of both data sets; then 8
 # prompt embeddings, chosen the same way (benchmarks/predictor_embedding_cv.py); then, for an app never seen,
 # the own-turn features and the new-app reserve level; then 8 more for the static embedding and the regressors'
-# size, chosen by the same inner CV (pipelines/EXPERIMENTS.md, 2026-12-02).
-VARIANTS_TRIED = 69
+# size, chosen by the same inner CV (pipelines/EXPERIMENTS.md, 2026-12-02); then 7 for the supervised lexical
+# scores beside it (70-76, the same inner CV; none met the bar, so none reached the locked split).
+VARIANTS_TRIED = 76
 FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reservation_vs_role_p90")
 
 
