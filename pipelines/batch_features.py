@@ -18,7 +18,7 @@ import numpy as np
 from pipelines.contract import TOOL_ROLES, StageTrace
 from pipelines.stage_features import (ASCII_FOLDS, BREVITY_CUE, CUT_MARK, DETAIL_CUE, DONE_CUE, JSON_CUE,
                                       QUESTION_CUE, SUGGESTED_CALL_CUE, TOOL_RESPONSE_CUE, TOOL_RESULT_CUE, UNKNOWN,
-                                      ancestors_of, stage_rows, tool_results_since_user)
+                                      ancestors_of, parent_outcomes, stage_rows, tool_results_since_user)
 from pipelines.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
@@ -168,12 +168,7 @@ PARENT_COLUMNS = ("parent_tokens_max", "parent_tokens_sum", "parent_was_tool", "
 
 
 def _parent_values(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> tuple:
-    parents = [ids.get((stage.workflow_id, p)) for p in (stage.parent_ids or [])]
-    tokens = [p.output_tokens for p in parents if p is not None and p.output_tokens is not None]
-    explicit = (stage.model_extra or {}).get("parent_output_tokens")
-    if explicit is not None and not tokens:
-        tokens = list(explicit) if isinstance(explicit, list) else [explicit]
-    tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
+    parents, tokens, tools = parent_outcomes(stage, ids)
     ancestors = ancestors_of(stage, ids) if stage.parent_ids else []
     same = [a for a in ancestors if a.role == stage.role]
     same_tokens = [a.output_tokens for a in same if a.output_tokens is not None]

@@ -120,13 +120,20 @@ def _text_features(stage: StageTrace, text: str) -> dict:
     }
 
 
-def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> dict:
+def parent_outcomes(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> tuple[list, list, list]:
+    """The stage's parents as known (None: not seen), their output tokens (else the trace's own
+    `parent_output_tokens`) and their tool-call flags."""
     parents = [ids.get((stage.workflow_id, p)) for p in (stage.parent_ids or [])]
     tokens = [p.output_tokens for p in parents if p is not None and p.output_tokens is not None]
     explicit = (stage.model_extra or {}).get("parent_output_tokens")
     if explicit is not None and not tokens:
         tokens = list(explicit) if isinstance(explicit, list) else [explicit]
     tools = [p.is_tool_call for p in parents if p is not None and p.is_tool_call is not None]
+    return parents, tokens, tools
+
+
+def _parent_features(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> dict:
+    parents, tokens, tools = parent_outcomes(stage, ids)
     ancestors = ancestors_of(stage, ids)
     history = _history_features(stage, ancestors, parents)
     return {
