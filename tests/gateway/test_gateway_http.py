@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from maestro.keys import key_id
@@ -292,8 +292,12 @@ def fuzz_target(tmp_path_factory):
 def test_no_body_or_header_makes_a_5xx_and_every_4xx_names_a_field(fuzz_target, field):
     loop, client = fuzz_target
 
-    @settings(max_examples=12 if field else 40, deadline=None, suppress_health_check=list(HealthCheck))
+    # derandomize: the same examples every run, so CI cannot turn red by the draw; the explicit example is one a
+    # random draw once found (a body key holding a "." is named whole, not cut at its dot)
+    @settings(max_examples=12 if field else 40, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
     @given(call=calls(field))
+    @example(call=("/v1/chat/completions", {"A.": {"\ud800": None}, "messages": [{"role": "user"}]}, {}))
     def check(call):
         path, body, headers = call
         response = loop.run_until_complete(client.post(path, content=json.dumps(body).encode(), headers=headers))
@@ -301,7 +305,8 @@ def test_no_body_or_header_makes_a_5xx_and_every_4xx_names_a_field(fuzz_target, 
         if response.status_code >= 400:
             param = response.json()["error"]["param"]
             named = {*body, *(h.lower() for h in headers), "messages", "prompt", "max_tokens"}
-            assert param and (re.split(r"[.\[]", param)[0] in named or param.lower() in named), response.text
+            assert param and (param in named or param.lower() in named or re.split(r"[.\[]", param)[0] in named), \
+                response.text
 
     check()
 

@@ -19,7 +19,8 @@ def test_the_levels_of_distinct_groups_are_the_per_row_lookups():
     history = rng.choice(["full", "partial", "none"], n).astype(object)
     p_tool = np.where(rng.random(n) < 0.05, np.nan, rng.random(n))
     keys = {k for level in calibration_keys(roles, p_tool, apps, history) for k in level}
-    groups = {k: (np.nan if rng.random() < 0.2 else float(rng.normal())) for k in keys if rng.random() < 0.5}
+    # sorted: a set's order follows the process's string hashing, and the draws below must not
+    groups = {k: (np.nan if rng.random() < 0.2 else float(rng.normal())) for k in sorted(keys) if rng.random() < 0.5}
     for a, h in ((apps, history), (None, history), (apps, None), (None, None)):
         expected = per_row(roles, p_tool, a, h, groups, 0.7)
         np.testing.assert_array_equal(group_levels(roles, p_tool, a, h, groups, 0.7), expected)
