@@ -122,11 +122,14 @@ def lexical_cost_ms(featurizer: Featurizer, stages: list) -> dict:
     return {"p50": round(float(np.percentile(times, 50)), 3), "p99": round(float(np.percentile(times, 99)), 3)}
 
 
-def cross_validate(data: str, names: list[str], folds: int = 3) -> dict:
+def cross_validate(data: str, names: list[str], folds: int = 3, fold_seed: int | None = None) -> dict:
+    """`fold_seed`: None, the fixed task-grouped folds every earlier run used; a number, tasks shuffled into folds
+    by it (the folds' spread: run the references again with the same seed)."""
     stages = read_stages(DATA[data])
     train = [stages[i] for i in locked_split(stages, TEST_FRACTION)[0]]
     groups = label_frame(train)["group"].to_numpy()
-    splits = list(GroupKFold(folds).split(train, groups=groups))
+    grouped = GroupKFold(folds) if fold_seed is None else GroupKFold(folds, shuffle=True, random_state=fold_seed)
+    splits = list(grouped.split(train, groups=groups))
     out, teachers = {}, {}
     for name in names:
         features, model = variant_config(name)
@@ -160,10 +163,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--fold-seed", type=int, default=None, help="shuffle tasks into folds by this seed")
     parser.add_argument("--out", default="benchmarks/results/predictor_embedding_cv.json")
     args = parser.parse_args()
-    result = {"variants": {name: VARIANTS[name] for name in args.variants}, "folds": 3,
-              **{data: cross_validate(data, args.variants) for data in args.data}}
+    result = {"variants": {name: VARIANTS[name] for name in args.variants}, "folds": 3, "fold_seed": args.fold_seed,
+              **{data: cross_validate(data, args.variants, fold_seed=args.fold_seed) for data in args.data}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
 
