@@ -96,8 +96,10 @@ class SimDispatcher:
             stage: SimStage = decision.request.payload
             node.queued_work_s -= decision.request.pred_service_s
             if decision.outcome is Outcome.START:
+                sim.recorder.decision("start", sim.now, stage, node.index)
                 self._start(node, stage, decision.admission)
                 continue
+            sim.recorder.decision(decision.outcome.name.lower(), sim.now, stage, node.index)
             if decision.outcome is Outcome.DROPPED:
                 sim.recorder.abandoned += 1
             else:
@@ -247,6 +249,7 @@ class SimDispatcher:
     def finish(self, node: SimNode, stage: SimStage) -> None:
         sim = self.sim
         node.remove_running(stage)
+        stage.finished_s = sim.now
         service_s = sim.now - stage.start_s
         stage.workflow.attained_service_s += ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens,
                                                                                           stage.output_tokens)
@@ -264,12 +267,12 @@ class SimDispatcher:
     def _keep_or_evict(self, node: SimNode, stage: SimStage) -> None:
         sim, model = self.sim, self.sim.cost.model(stage.model)
         context = stage.prompt_tokens + stage.output_tokens
-        has_session_child = any(stage.workflow.stages[c].session_parent == stage.index for c in stage.children)
-        ttl = 0.0
-        if has_session_child:
-            ttl = sim.tool_kv.ttl_s(ToolCallContext(
-                stage.tool_name, context, sim.cost.prefill_s(model, context), sim.predicted_tool_s(stage.tool_name),
-                node.other_context_tokens(), sim.evicted_wait_ema_s))
+        # A tool call means its session continues with the tool's result: that is all a live system knows here (not
+        # whether the replayed workflow has a next turn of this session).
+        ttl = sim.tool_kv.ttl_s(ToolCallContext(
+            stage.tool_name, context, sim.cost.prefill_s(model, context), sim.predicted_tool_s(stage.tool_name),
+            node.other_context_tokens(), sim.evicted_wait_ema_s))
+        sim.recorder.decision("keep" if ttl > 0 else "evict", sim.now, stage, node.index)
         if ttl <= 0:
             node.release(stage, stage.reservation)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -63,19 +64,28 @@ class ClusterConfig:
 
 
 class Simulator:
-    def __init__(self, cluster: ClusterConfig, system: System, workflows: list[SimWorkflow]):
+    """`predict_ready`: sets a stage's prediction when it becomes ready (`serving.sim.ready`); without it, the
+    predictions already on the stages stand. `remaining_work`: what estimates a workflow's work after a stage (the
+    history of ended workflows by default). `log_decisions`: keep every decision in `recorder.decisions`."""
+
+    def __init__(self, cluster: ClusterConfig, system: System, workflows: list[SimWorkflow],
+                 predict_ready: Callable[[SimStage], None] | None = None, remaining_work: RemainingWork | None = None,
+                 log_decisions: bool = False):
         self.cluster, self.system, self.workflows = cluster, system, workflows
+        self.predict_ready = predict_ready
         self.cost = CostModel(cluster.cost)
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         self.nodes = [SimNode(i, self.cost, cluster, system, self._is_live) for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
+        if log_decisions:
+            self.recorder.decisions = []
         self.dispatch = SimDispatcher(self)
         self.now = 0.0
         self.num_events = 0
         self._events: list = []
         self._tie = itertools.count()
         self.tool_times = ToolTimes()
-        self.remaining_work = RemainingWork()
+        self.remaining_work = remaining_work or RemainingWork()
         self.stage_ema_s = 1.0
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
@@ -168,6 +178,8 @@ class Simulator:
         if workflow.is_dropped:
             return
         stage.ready_s = self.now
+        if self.predict_ready is not None:
+            self.predict_ready(stage)
         request = stage.request = self._request(stage)
         node = self.dispatch.route(stage)
         self.recorder.stage_ready(len(node.core))

@@ -24,6 +24,12 @@ class Recorder:
         self.num_ready = 0  # stages that became ready
         self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)
         self.summary: dict = {}
+        self.decisions: list[tuple] | None = None  # set to [] to log every decision (the referee's leak test)
+
+    def decision(self, kind: str, now: float, stage, node: int) -> None:
+        """Log one decision — a stage started, dropped, its KV kept or evicted at a tool call — where logging is on."""
+        if self.decisions is not None:
+            self.decisions.append((now, kind, stage.workflow.workflow_id, stage.stage_id, node))
 
     def stage_ready(self, queue_length: int) -> None:
         self.num_ready += 1

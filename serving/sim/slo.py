@@ -87,3 +87,48 @@ def apply_slo(workflows: list[SimWorkflow], cost: CostModel, config: SLOConfig) 
         unloaded = [medians[w.app] for w in workflows]
     for workflow, seconds in zip(workflows, unloaded):
         workflow.slo_s = config.slo_scale * seconds
+
+
+@dataclass(frozen=True)
+class SLOTable:
+    """SLOs fixed before any replayed workflow arrives: one per (app, class), from the *training* side only.
+
+    `by_app[app][class]` = scale × the median unloaded latency of that app's training workflows of that class
+    ("interactive" or "batch"); a workflow of an app (or class) training never saw gets `global_s` = scale × the
+    median over all training workflows. Nothing of a replayed workflow's own stages enters its deadline — a user
+    could state it up front. `ceiling` says what share of a replay can meet its SLO at all (alone on the cluster).
+    """
+
+    scale: float
+    by_app: dict[str, dict[str, float]]
+    global_s: float
+
+    @classmethod
+    def fit(cls, train: list[SimWorkflow], cost: CostModel, scale: float) -> "SLOTable":
+        if not train:
+            raise ValueError("SLOTable.fit: no training workflows to fix SLOs from")
+        groups: dict[str, dict[str, list[float]]] = {}
+        unloaded = [unloaded_latency_s(w, cost) for w in train]
+        for workflow, seconds in zip(train, unloaded):
+            groups.setdefault(workflow.app, {}).setdefault(slo_class(workflow), []).append(seconds)
+        by_app = {app: {c: scale * float(np.median(v)) for c, v in classes.items()} for app, classes in groups.items()}
+        return cls(scale, by_app, scale * float(np.median(unloaded)))
+
+    def slo_s(self, workflow: SimWorkflow) -> float:
+        return self.by_app.get(workflow.app, {}).get(slo_class(workflow), self.global_s)
+
+    def apply(self, workflows: list[SimWorkflow]) -> None:
+        for workflow in workflows:
+            workflow.slo_s = self.slo_s(workflow)
+
+    def ceiling(self, workflows: list[SimWorkflow], cost: CostModel) -> float:
+        """The share of `workflows` whose unloaded latency fits their SLO: what no schedule can beat."""
+        fits = [unloaded_latency_s(w, cost) <= self.slo_s(w) for w in workflows]
+        return float(np.mean(fits)) if fits else 0.0
+
+    def to_json(self) -> dict:
+        return {"mode": "per-app-from-train", "scale": self.scale, "by_app": self.by_app, "global": self.global_s}
+
+
+def slo_class(workflow: SimWorkflow) -> str:
+    return "interactive" if workflow.interactive else "batch"

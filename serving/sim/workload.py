@@ -54,6 +54,7 @@ class SimStage:
     v_start: float = 0.0
     start_s: float = 0.0
     tool_submit_s: float = 0.0
+    finished_s: float = -1.0  # when its LLM call ended (its outcome known to a live gateway)
     is_oom: bool = False
 
 
@@ -71,6 +72,7 @@ class SimWorkflow:
     is_dropped: bool = False
     attained_service_s: float = 0.0
     session_node: object = None  # the node whose AIMD window slot the session holds now
+    source_id: str = ""  # the replayed file's workflow id (a replay's copies are suffixed `#pass`)
 
 
 def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
@@ -148,7 +150,9 @@ def _trace_workflow(workflow_id: str, rows: list[dict]) -> SimWorkflow:
     app = APPS.get(rows[0].get("app") or "")
     interactive = bool(rows[0].get("interactive")) if app is None else app.interactive
     slo = app.slo_s if app else DEFAULT_SLO_S[interactive]
-    return _link(SimWorkflow(workflow_id, rows[0].get("app") or "trace", interactive, slo), rows)
+    workflow = SimWorkflow(workflow_id, rows[0].get("app") or "trace", interactive, slo,
+                           source_id=str(rows[0]["workflow_id"]))
+    return _link(workflow, rows)
 
 
 def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_model: str,
@@ -221,3 +225,4 @@ def reset(workflows: list[SimWorkflow]) -> None:
             s.num_parents_left, s.generated_tokens, s.ready_s, s.first_start_s = len(s.parents), 0, -1.0, -1.0
             s.queue_wait_s, s.peak_pages, s.maxlen_pages, s.node, s.request, s.reservation = 0.0, 0, 0, None, None, None
             s.epoch, s.v_start, s.start_s, s.tool_submit_s, s.is_oom = 0, 0.0, 0.0, 0.0, False
+            s.finished_s = -1.0

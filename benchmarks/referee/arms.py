@@ -1,0 +1,62 @@
+"""What each arm of the referee is: a system, the prediction source it is fed, and any part switched off.
+
+    fcfs, edf, srtf            the baselines as systems (`serving.systems`): max-len reservation, no prediction read
+    edf+admission              the Maestro system with only its order set to EDF, fed the trained model
+    maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
+    maestro[SOURCE/ABL,...]    ... with parts off: no-gate (no batch-cost gate), no-order (EDF order), no-reserve
+                               (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate)
+
+Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
+which none of them reads for its order or its reservation.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from serving.scheduler import Policy
+from serving.systems import System, get_system
+
+BASELINES = ("fcfs", "edf", "srtf")
+DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
+                "maestro[oracle]")
+ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining")
+_MAESTRO = re.compile(r"^maestro\[(model|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    system: System
+    source: str
+    reserve_source: str | None = None  # the reserve from another source (ablation no-reserve)
+    remaining: bool = True  # the workflow's remaining-work estimate read (ablation no-remaining: 0)
+
+    @property
+    def needs_model(self) -> bool:
+        return self.source in ("model", "prior")
+
+
+def parse_arm(name: str) -> Arm:
+    if name in BASELINES:
+        return Arm(name, get_system(name), "none")
+    maestro = get_system("maestro")
+    if name == "edf+admission":
+        return Arm(name, maestro.with_overrides(scheduler=Policy.EDF), "model")
+    match = _MAESTRO.match(name)
+    if not match:
+        raise ValueError(f"unknown arm '{name}'; known: {', '.join(BASELINES)}, edf+admission, "
+                         f"maestro[model|prior|none|oracle|noiseσ] with optional /{','.join(ABLATIONS)}")
+    source, ablations = match.group(1), [a for a in (match.group(2) or "").split(",") if a]
+    if unknown := [a for a in ablations if a not in ABLATIONS]:
+        raise ValueError(f"arm '{name}': unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}")
+    system = maestro
+    if "no-gate" in ablations:
+        system = system.with_overrides(batch_cost=False)
+    if "no-order" in ablations:
+        system = system.with_overrides(scheduler=Policy.EDF)
+    return Arm(name, system, source, "none" if "no-reserve" in ablations else None, "no-remaining" not in ablations)
+
+
+def parse_arms(text: str) -> list[Arm]:
+    return [parse_arm(name.strip()) for name in text.split(",") if name.strip()]

@@ -1,0 +1,168 @@
+"""The referee's runs: one replayed side at several rates and seeds, every arm on the same workflows.
+
+Per seed: the held-out workflows cycled to `--workflows` in a seeded order, Poisson arrivals, tool times drawn from
+the stated distribution (`serving.sim.tooltime`), the per-app SLOs fixed from the training side
+(`serving.sim.slo.SLOTable`). Per arm: the system, fed predictions made at readiness (`serving.sim.ready`).
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.referee.arms import Arm
+from benchmarks.referee.stats import Outcomes
+from pipelines.contract import StageTrace
+from serving.scheduler.remaining import RemainingWork
+from serving.sim.arrivals import arrival_times
+from serving.sim.costmodel import CostModel
+from serving.sim.engine import Simulator
+from serving.sim.ready import ReadyPredictions, base_id
+from serving.sim.scenarios import get_scenario
+from serving.sim.slo import SLOTable
+from serving.sim.tooltime import ToolTimes
+from serving.sim.workload import SimWorkflow, map_models, reset, trace_workflows
+
+MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model (as benchmarks.sim_replay)
+    "gpt-4.1": "llama-3-8b", "gpt-4.1-2025-04-14": "llama-3-8b", "gpt-4.1-mini": "llama-3-8b",
+    "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b", "gpt-4o": "mistral-7b",
+    "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",
+    "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b"}
+COUNTERS = ("num_preemptions", "num_demoted", "num_refused_by_batch_cost", "num_abandoned", "oom_rate",
+            "kv_reserved_frac_vs_maxlen")
+
+
+class NoRemaining(RemainingWork):
+    """The ablation that reads no estimate of a workflow's work after the current stage."""
+
+    def estimate(self, app: str, position: int) -> float:
+        return 0.0
+
+
+@dataclass
+class Replay:
+    """The replayed side of one split, with its SLOs and each arm's predictions (cached across rates and seeds)."""
+
+    train: list[StageTrace]
+    test: list[StageTrace]
+    model_dir: Path | None
+    nodes: int = 8
+    workflows: int = 1600
+    slo_scale: float = 5.0
+    tool_times: ToolTimes = field(default_factory=ToolTimes)
+    sources: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.scenario = get_scenario("maestro-paper", self.nodes)
+        self.scenario.cluster.show_progress = False
+        self.cost = CostModel(self.scenario.cluster.cost)
+        self.default_model = self.scenario.cluster.placement[0][0]
+        train = self._workflows(self.train, None, seed=0)
+        self.slo = SLOTable.fit(train, self.cost, self.slo_scale)
+        self.base = self._workflows(self.test, None, seed=0)
+        self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
+
+    def _workflows(self, stages: list[StageTrace], count: int | None, seed: int) -> list[SimWorkflow]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unmapped trace models run as the default model
+            workflows = trace_workflows(stages, self.default_model, count, seed)
+            map_models(workflows, self.scenario.cluster.cost.models, self.default_model, MODEL_MAP)
+        self.tool_times.draw(workflows, seed)
+        return workflows
+
+    def workload(self, rate: float, seed: int) -> list[SimWorkflow]:
+        workflows = self._workflows(self.test, self.workflows, seed)
+        self.slo.apply(workflows)
+        for workflow, at in zip(workflows, arrival_times("poisson", len(workflows), rate, seed)):
+            workflow.arrival_s = float(at)
+        return workflows
+
+    def ceiling(self, seed: int) -> float:
+        return self.slo.ceiling(self._workflows(self.test, None, seed), self.cost)
+
+    def source(self, name: str, seed: int) -> ReadyPredictions:
+        """The arm's prediction source, built and prewarmed once (noise: once per seed)."""
+        key = (name, seed if name.startswith("noise") else 0)
+        if key not in self.sources:
+            margin = self.model_margin() if name in ("oracle",) or name.startswith("noise") else 1.0
+            predictions = ReadyPredictions(name, self.model_dir, seed=key[1], margin=margin)
+            predictions.prewarm([s for w in self.base for s in w.stages])
+            self.sources[key] = predictions
+        return self.sources[key]
+
+    def model_margin(self) -> float:
+        """The trained model's median reserve ÷ prediction: the oracle's and the noise arms' reserve margin."""
+        if self.model_dir is None:
+            return 1.0
+        model = self.source("model", 0)
+        ratios = [reserve / max(1, pred) for pred, reserve in model.cache.values()]
+        return float(np.median(ratios))
+
+    def run(self, arm: Arm, workflows: list[SimWorkflow], seed: int, log_decisions: bool = False) -> Outcomes:
+        reset(workflows)
+        predict = self.source(arm.source, seed)
+        if arm.reserve_source:
+            reserve = self.source(arm.reserve_source, seed)
+
+            def predict_ready(stage, point=predict, reserve=reserve):
+                reserve(stage)
+                kept = stage.tokens_reserve
+                point(stage)
+                stage.tokens_reserve = kept
+        else:
+            predict_ready = predict
+        sim = Simulator(self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready,
+                        remaining_work=None if arm.remaining else NoRemaining(), log_decisions=log_decisions)
+        summary = sim.run().summary
+        done = np.array([w.done_s >= 0 and not w.is_dropped for w in workflows])
+        e2e = np.array([w.done_s - w.arrival_s if d else math.inf for w, d in zip(workflows, done)])
+        met = done & (e2e <= np.array([w.slo_s for w in workflows]))
+        clusters = np.array([self.clusters[base_id(w)] for w in workflows])
+        extra = {k: summary[k] for k in COUNTERS}
+        if log_decisions:
+            extra["decisions"] = sim.recorder.decisions
+        return Outcomes(met, e2e, clusters, extra)
+
+
+def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.5, 0.3), iterations: int = 6) -> list[float]:
+    """Arrival rates where EDF attains about each target × the ceiling (seed 0; bisection in log space)."""
+    from benchmarks.referee.arms import parse_arm
+
+    edf, cache = parse_arm("edf"), {}
+
+    def attained(rate: float) -> float:
+        if rate not in cache:
+            cache[rate] = float(replay.run(edf, replay.workload(rate, 0), 0).met.mean())
+        return cache[rate]
+
+    rates, low, high = [], 0.25, 64.0
+    for target in tqdm(targets, desc="capacity (EDF)", unit="target"):
+        lo, hi = low, high
+        for _ in range(iterations):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if attained(mid) > target * ceiling else (lo, mid)
+        rates.append(round(math.sqrt(lo * hi), 2))
+        low = lo
+    return rates
+
+
+def run_grid(replay: Replay, arms: list[Arm], rates: list[float], seeds: int) -> dict[str, dict[str, list]]:
+    """`out[rate][arm]` = the arm's `Outcomes` per seed; a progress bar over the runs."""
+    out: dict[str, dict[str, list]] = {str(rate): {arm.name: [] for arm in arms} for rate in rates}
+    bar = tqdm(total=len(rates) * seeds * len(arms), desc="referee", unit="run")
+    started = time.perf_counter()
+    for rate in rates:
+        for seed in range(seeds):
+            workflows = replay.workload(rate, seed)
+            for arm in arms:
+                bar.set_postfix_str(f"{rate}/s seed {seed} {arm.name}")
+                out[str(rate)][arm.name].append(replay.run(arm, workflows, seed))
+                bar.update(1)
+    bar.close()
+    print(f"grid: {len(rates) * seeds * len(arms)} runs in {time.perf_counter() - started:.0f} s")
+    return out

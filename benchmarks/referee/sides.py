@@ -1,0 +1,85 @@
+"""Which tasks the referee trains on, tunes on and reports on.
+
+Tasks (not stages, not workflows) are split, so that no task has stages on two sides: `train` (70 %) fits the
+predictor and fixes the SLOs; the other 30 % are replayed, halved by a hash of the task id into `dev` (for choosing
+policies) and `locked` (reported once per change). Both splits hash the task id (`pipelines.featurize.locked_split`),
+so a task's side never depends on the rest of the data or a seed. `--folds K` instead assigns the tasks to K folds by
+the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.contract import StageTrace, read_traces, task_id, write_jsonl
+from pipelines.featurize import locked_split
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+DEFAULT_TRACES = (SHARED / "dev-traces" / "dev_traces.jsonl", *sorted((SHARED / "agent-traces").glob("*.jsonl")))
+SIDES = ("dev", "locked")
+
+
+@dataclass
+class Split:
+    """One train side and the replayed side it is judged on."""
+
+    name: str
+    train: list[StageTrace]
+    test: list[StageTrace]
+
+    def write(self, work: Path) -> tuple[Path, Path]:
+        work.mkdir(parents=True, exist_ok=True)
+        train, test = work / "train.jsonl", work / "test.jsonl"
+        write_jsonl(self.train, train)
+        write_jsonl(self.test, test)
+        return train, test
+
+
+def read_all(paths) -> list[StageTrace]:
+    stages = []
+    for path in paths:
+        result = read_traces(path)
+        if result.errors:
+            print(result.report(limit=3))
+        stages += result.stages
+    return stages
+
+
+def task_bucket(stage: StageTrace, buckets: int, salt: str) -> int:
+    """A task's bucket by a salted hash of its id: stable whatever else is in the data."""
+    return int(hashlib.sha256(f"{salt}:{task_id(stage)}".encode()).hexdigest(), 16) % buckets
+
+
+def side_split(stages: list[StageTrace], side: str, test_fraction: float = 0.3) -> Split:
+    """The train side and one half (`dev` or `locked`) of the held-out tasks."""
+    if side not in SIDES:
+        raise ValueError(f"--side must be one of {', '.join(SIDES)}, got '{side}'")
+    train_idx, test_idx = locked_split(stages, test_fraction)
+    held = [stages[i] for i in test_idx]
+    want = SIDES.index(side)
+    return Split(side, [stages[i] for i in train_idx], [s for s in held if task_bucket(s, 2, "referee-side") == want])
+
+
+def fold_splits(stages: list[StageTrace], folds: int) -> list[Split]:
+    """K task folds: each replayed with a predictor trained on the others."""
+    if folds < 2:
+        raise ValueError(f"--folds must be >= 2, got {folds}")
+    bucket = [task_bucket(s, folds, "referee-fold") for s in stages]
+    splits = []
+    for k in range(folds):
+        train = [s for s, b in zip(stages, bucket) if b != k]
+        test = [s for s, b in zip(stages, bucket) if b == k]
+        if not train or not test:
+            raise ValueError(f"fold {k} of {folds} has no tasks on one side: use fewer folds")
+        splits.append(Split(f"fold{k}", train, test))
+    return splits
+
+
+def train_model(train: Path, out: Path, retrain: bool = False) -> Path:
+    """The predictor trained on `train` with `maestro train` (reused when `out` exists, unless `retrain`)."""
+    if retrain or not (out / "predictor.joblib").exists():
+        from maestro.cli import main as maestro
+
+        maestro(["train", "--traces", str(train), "--out", str(out)])
+    return out

@@ -1,0 +1,163 @@
+"""Predictions made when a stage becomes ready, from what a live gateway has at that moment.
+
+A stage is predicted from its own request and its finished ancestors' outcomes — the history the gateway's
+`StageHistory` holds once their `/observe` has arrived — never from a stage that has not run, nor from its own
+outcome. Answers are cached by (stage, finished ancestors): a replay cycles the same workflows many times, and in a
+DAG a stage is ready only once every ancestor has finished, so the key repeats and predicting at readiness costs one
+predictor call per distinct key. `prewarm` fills the cache in batches with that key; a readiness call computes a
+miss on its own.
+
+Sources (the referee's arms): `model` (the trained predictor, sized as the gateway sizes its answers), `prior` (its
+per-role priors: median, (1 − α) quantile, × (1 + rho) as the gateway sizes a prior), `none` (one constant for every
+stage: the no-model prior), `oracle` (the stage's true length, its reserve the true length × `margin`, the model's
+own median reserve ÷ prediction where the referee has a model: the same calibrated margin), `noiseσ` (true ×
+exp(ε), ε ~ N(0, σ²) drawn from the stage's key and the seed, so the same stage gets the same draw in every run).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from serving.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
+from serving.sim.workload import SimStage, SimWorkflow, to_contract
+
+SOURCES = ("model", "prior", "none", "oracle", "noise")
+
+
+def base_id(workflow: SimWorkflow) -> str:
+    """The replayed file's workflow id (the same for every copy a replay makes of it)."""
+    return workflow.source_id or workflow.workflow_id
+
+
+def finished_ancestors(stage: SimStage) -> frozenset[str]:
+    """Ids of the stage's ancestors whose LLM call has ended (`finished_s`): at readiness, all of them."""
+    out, frontier, stages = set(), list(stage.parents), stage.workflow.stages
+    while frontier:
+        parent = stages[frontier.pop()]
+        if parent.stage_id not in out and parent.finished_s >= 0:
+            out.add(parent.stage_id)
+            frontier.extend(parent.parents)
+    return frozenset(out)
+
+
+class ReadyPredictions:
+    """Sets a ready stage's `tokens_pred` / `tokens_reserve` from one source (see the module docstring)."""
+
+    def __init__(self, source: str, model_dir: str | Path | None = None, seed: int = 0, margin: float = 1.0,
+                 rho: float = DEFAULT_RHO, reserve_from: ReadyPredictions | None = None):
+        name = "noise" if source.startswith("noise") else source
+        if name not in SOURCES:
+            raise ValueError(f"unknown prediction source '{source}'; known: {', '.join(SOURCES)} (noise as noiseσ)")
+        if name in ("model", "prior") and not model_dir:
+            raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
+        self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
+        self.sigma = float(source[len("noise"):] or 0.5) if name == "noise" else 0.0
+        self.reserve_from = reserve_from  # ablation: the reserve from another source, the point from this one
+        self.cache: dict[tuple, tuple[int, int]] = {}
+        self.num_calls = 0
+        self._predictor = self._priors = None
+        if name == "model":
+            from pipelines.predictor import Predictor  # lazily: the trained predictor is optional here
+
+            self._predictor = Predictor.load(model_dir)
+        if name in ("prior", "none"):
+            from pipelines.predictor import NO_MODEL_PRIOR, Prior
+
+            priors = {}
+            if name == "prior":
+                priors = {r: Prior(**v) for r, v in json.loads((Path(model_dir) / "priors.json").read_text()).items()}
+            self._priors, self._no_model = priors, NO_MODEL_PRIOR
+
+    def __call__(self, stage: SimStage) -> None:
+        key = (base_id(stage.workflow), stage.stage_id, finished_ancestors(stage))
+        answer = self.cache.get(key)
+        if answer is None:
+            answer = self.cache[key] = self._answer([stage], [key[2]])[0]
+        stage.tokens_pred, stage.tokens_reserve = answer
+        if self.reserve_from is not None:
+            self.reserve_from(stage)
+            stage.tokens_pred = answer[0]
+
+    def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
+        """Answer every distinct stage once, keyed as at readiness (all its ancestors finished)."""
+        todo: dict[tuple, SimStage] = {}
+        for stage in stages:
+            key = (base_id(stage.workflow), stage.stage_id, all_ancestors(stage))
+            if key not in self.cache:
+                todo.setdefault(key, stage)
+        keys = list(todo)
+        for start in range(0, len(keys), batch_size):
+            chunk = keys[start:start + batch_size]
+            answers = self._answer([todo[k] for k in chunk], [k[2] for k in chunk])
+            self.cache.update(zip(chunk, answers))
+        if self.reserve_from is not None:
+            self.reserve_from.prewarm(stages, batch_size)
+
+    # --- the sources ---------------------------------------------------------------------------
+    def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:
+        self.num_calls += len(stages)
+        if self.name == "model":
+            return self._from_model(stages, known)
+        out = []
+        for stage in stages:
+            if self.name in ("prior", "none"):
+                prior = self._priors.get(stage.role) or self._priors.get("") or self._no_model
+                pred, reserve, calibrated = round(prior.tokens_median), math.ceil(prior.tokens_upper), False
+            else:
+                pred = reserve = stage.output_tokens
+                if self.name == "noise":
+                    pred = stage.output_tokens * math.exp(self.sigma * _normal(stage, self.seed))
+                reserve = pred * self.margin
+                calibrated = True
+            out.append(self._sized(stage, pred, reserve, calibrated))
+        return out
+
+    def _sized(self, stage: SimStage, pred: float, reserve: float, calibrated: bool) -> tuple[int, int]:
+        tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
+        return tokens_pred, reserve_output_tokens(tokens_pred, math.ceil(reserve), stage.max_tokens,
+                                                  is_calibrated=calibrated, rho=self.rho)
+
+    def _from_model(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:
+        """One predictor call for the batch: each stage in a workflow of its own (`@` its index in the batch) that
+        holds its finished ancestors as history (`StageHistory`), as the gateway's history holds them live."""
+        from pipelines.stage_features import StageHistory
+
+        history, rows = StageHistory(max_workflows=len(stages) + 1), []
+        for i, (stage, ancestors) in enumerate(zip(stages, known)):
+            alias = f"{base_id(stage.workflow)}@{i}"
+            finished = [s for s in stage.workflow.stages if s.stage_id in ancestors]
+            history.add([labelled(s, alias) for s in finished])
+            rows.append(to_contract(stage).model_copy(update={"workflow_id": alias}))
+        answers = self._predictor.predict(rows, history)
+        return [self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)) for s, a in zip(stages, answers)]
+
+
+def all_ancestors(stage: SimStage) -> frozenset[str]:
+    """Every ancestor's id: the finished ancestors of a stage that is ready."""
+    out, frontier, stages = set(), list(stage.parents), stage.workflow.stages
+    while frontier:
+        parent = stages[frontier.pop()]
+        if parent.stage_id not in out:
+            out.add(parent.stage_id)
+            frontier.extend(parent.parents)
+    return frozenset(out)
+
+
+def labelled(stage: SimStage, workflow_id: str):
+    """A finished stage as the gateway observes it: its request and its outcome (the trace row's labels)."""
+    from pipelines.contract import StageTrace
+
+    row = {k: v for k, v in (stage.source or {}).items() if v is not None}
+    row.update(workflow_id=workflow_id, output_tokens=stage.output_tokens, is_tool_call=stage.is_tool_call)
+    row.setdefault("prompt", "")
+    return StageTrace.model_validate(row)
+
+
+def _normal(stage: SimStage, seed: int) -> float:
+    """A standard normal draw fixed by the stage and the seed (not by the order stages are asked in)."""
+    digest = hashlib.sha256(f"{seed}:{base_id(stage.workflow)}:{stage.stage_id}".encode()).digest()
+    return float(np.random.default_rng(int.from_bytes(digest[:8], "little")).normal())
