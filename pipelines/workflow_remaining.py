@@ -1,0 +1,230 @@
+"""The workflow-level predictor: when a stage becomes ready, its workflow's remaining LLM calls and output tokens,
+as a median and a calibrated (1 − α) upper bound.
+
+Targets and features: pipelines.workflow_features. Per target, two LightGBM quantile regressors on log(1 + target),
+the median and the (1 − α) quantile; the upper one's out-of-fold misses (folds grouped by task) are calibrated by
+split conformal per history condition × app, falling back to the condition, then to all rows
+(pipelines.calibration), so that at most α of stages exceed it in each. The prompt's tail is read through the
+hashed n-grams of pipelines.lexical, scored by ridges fitted to these targets: out of fold for training rows. Training
+rows come twice, as they are and, for stages with parents, with every label of the workflow hidden ("none"),
+so both history conditions are fitted and calibrated.
+
+Who answers (`wf_fallback_level`): "app", the model, for an app seen in training; "position", for an app training
+never saw (or too little data for a model), the per-position table over all apps (PositionTable: no coverage
+promise for an app it never saw); "prior", with no data at all, WORKFLOW_PRIOR.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import lightgbm as lgb
+import numpy as np
+from sklearn.model_selection import GroupKFold
+
+from pipelines.boosters import RowPredictor
+from pipelines.calibration import calibrate_groups
+from pipelines.contract import StageTrace, parse_record, task_id
+from pipelines.features import StageHistory
+from pipelines.history import history_conditions, without_labels
+from pipelines.lexical import LexicalConfig
+from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, workflow_rows
+from pipelines.workflow_store import load_state, save_state
+from pipelines.workflow_table import WORKFLOW_PRIOR, PositionTable
+
+TARGETS = ("calls", "tokens")
+LEVELS = ("app", "position", "prior")
+MIN_STAGES_FOR_MODEL = 50  # below this (or under 2 tasks) the position table answers every stage
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    alpha: float = 0.045  # the share of stages allowed above the upper bound (params.yaml train.alpha)
+    folds: int = 5  # task-grouped folds for the upper bound's out-of-fold misses
+    min_group_calibration: int = 100  # rows a (condition, app) group needs for its own conformal level
+    min_position_count: int = 20  # stages a position of the fallback table needs (later ones are pooled)
+    lexical: bool = True  # the prompt tail's lexical scores fitted to the targets
+    booster: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
+                                                       min_child_samples=20, subsample=0.8, subsample_freq=1,
+                                                       colsample_bytree=0.8))
+    seed: int = 0
+    num_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"WorkflowConfig.alpha must be in (0, 0.5), got {self.alpha}")
+        if self.folds < 2 or self.min_group_calibration < 1 or self.min_position_count < 1:
+            raise ValueError(f"invalid WorkflowConfig: folds ≥ 2, min_group_calibration ≥ 1 and "
+                             f"min_position_count ≥ 1 (got {self.folds}, {self.min_group_calibration}, "
+                             f"{self.min_position_count})")
+
+
+@dataclass(frozen=True)
+class WorkflowPrediction:
+    """A workflow's remaining work as seen from one of its stages when it becomes ready: the stages with a larger
+    call_index (any role) and their output tokens, median and (1 − α) upper bound; which level answered, and the
+    history condition (pipelines.history) the answer was made in."""
+
+    workflow_id: str
+    stage_id: str
+    wf_remaining_calls: float
+    wf_remaining_tokens: float
+    wf_remaining_calls_upper: int
+    wf_remaining_tokens_upper: int
+    wf_fallback_level: str
+    wf_history: str = "full"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def as_stages(stages: list) -> list[StageTrace]:
+    """Stages as given, or dicts validated by the contract (an error names the field at fault)."""
+    return [s if isinstance(s, StageTrace) else parse_record(s) for s in stages]
+
+
+class WorkflowRemainingModel:
+    """fit(stages) → predict(stages, history) → list[WorkflowPrediction]; save(dir) / load(dir)."""
+
+    def __init__(self, config: WorkflowConfig | None = None):
+        self.config = config or WorkflowConfig()
+
+    # ---- fitting ------------------------------------------------------------------------
+    def fit(self, stages: list[StageTrace], progress: bool = False) -> "WorkflowRemainingModel":
+        """Fit on finished workflows: every stage labelled (`output_tokens`), whole workflows only."""
+        stages = as_stages(stages)
+        targets = dict(zip(TARGETS, remaining_targets(stages)))
+        self.table_ = PositionTable.fit([s.call_index for s in stages], targets, self.config)
+        groups = np.array([task_id(s) for s in stages])
+        self.boosters_ = None
+        if len(stages) < MIN_STAGES_FOR_MODEL or len(set(groups)) < 2:
+            return self
+        texts = [s.prompt_text() for s in stages]
+        self.lexical_ = (TailScores(LexicalConfig(folds=self.config.folds)).fit(
+            texts, np.column_stack([np.log1p(targets[k]) for k in TARGETS]), groups) if self.config.lexical else None)
+        has_parents = np.array([bool(s.parent_ids) for s in stages])
+        hidden = [without_labels(s) for s in stages]
+        rows = workflow_rows(stages, texts=texts) + [r for r, p in zip(workflow_rows(hidden, texts=texts),
+                                                                         has_parents) if p]
+        self.encoder_ = RowEncoder().fit(rows)
+        copies = np.concatenate([np.arange(len(stages)), np.flatnonzero(has_parents)])
+        X = self._with_lexical(self.encoder_.matrix(rows), self._training_scores(copies))
+        self._fit_boosters(X, {k: np.log1p(v[copies]) for k, v in targets.items()}, groups[copies])
+        return self
+
+    def _training_scores(self, copies: np.ndarray) -> np.ndarray | None:
+        if self.lexical_ is None:
+            return None
+        return self.lexical_.oof_[copies]
+
+    def _with_lexical(self, matrix: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        return matrix if scores is None else np.column_stack([matrix, scores])
+
+    def _fit_boosters(self, X: np.ndarray, y_log: dict[str, np.ndarray], groups: np.ndarray) -> None:
+        cfg = self.config
+        params = {"verbosity": -1, "seed": cfg.seed, "num_threads": cfg.num_threads, "objective": "quantile",
+                  **{k: v for k, v in cfg.booster.items() if k != "n_estimators"}}
+        rounds, categorical = cfg.booster["n_estimators"], self.encoder_.categorical_indices
+        fit = lambda idx, y, q: lgb.train({**params, "alpha": q}, lgb.Dataset(
+            X[idx], y[idx], categorical_feature=categorical, free_raw_data=False), num_boost_round=rounds)
+        conditions = self._conditions(X)
+        apps = X[:, self.encoder_.columns_.index("app")]
+        folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
+        everything = np.arange(len(X))
+        self.boosters_, self.levels_ = {}, {}
+        for name, y in y_log.items():
+            upper_oof = np.zeros(len(X))
+            for train, held in folds:
+                upper_oof[held] = fit(train, y, 1 - cfg.alpha).predict(X[held])
+            self.boosters_[name] = (fit(everything, y, 0.5), fit(everything, y, 1 - cfg.alpha))
+            self.levels_[name] = calibrate_groups(y - upper_oof, calibration_keys(conditions, apps), cfg)
+
+    def _conditions(self, X: np.ndarray) -> np.ndarray:
+        index = {c: i for i, c in enumerate(self.encoder_.columns_)}
+        return history_conditions(lambda c: X[:, index[c]] if c in index else None, len(X))
+
+    # ---- prediction -----------------------------------------------------------------------
+    def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowPrediction]:
+        """Answers for `stages` (contract stages, or dicts validated as such); their finished ancestors come
+        from the same list or from `history` (the finished stages of live workflows)."""
+        if not hasattr(self, "table_"):
+            raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
+        stages = as_stages(stages)
+        if not stages:
+            return []
+        known = history.known(stages) if history is not None else None
+        if self.boosters_ is None:  # the table reads the position alone: no history
+            return [self._table_answer(s, "none") for s in stages]
+        texts = [s.prompt_text() for s in stages]
+        rows = workflow_rows(stages, known, texts)
+        X = self.encoder_.matrix(rows)
+        if self.lexical_ is not None:
+            X = self._with_lexical(X, self.lexical_.score(texts))
+        conditions = self._conditions(X)
+        out = self.predict_matrix(X, conditions)
+        return [self._answer(s, out, i, str(conditions[i])) for i, s in enumerate(stages)]
+
+    def predict_matrix(self, X: np.ndarray, conditions: np.ndarray) -> dict[str, np.ndarray]:
+        """Median and calibrated upper bound of each target for feature rows (the encoder's columns, then the
+        lexical scores)."""
+        apps = X[:, self.encoder_.columns_.index("app")]
+        keys = calibration_keys(conditions, apps)
+        out = {}
+        for name, (median, upper) in self._rows.items():
+            global_level, groups = self.levels_[name]
+            level = np.array([next((groups[k] for k in row if k in groups), global_level) for row in zip(*keys)])
+            out[name] = np.maximum(np.expm1(median(X)), 0.0)
+            out[f"{name}_upper"] = np.maximum(np.expm1(upper(X) + level), out[name])
+        return out
+
+    @property
+    def _rows(self) -> dict:
+        """The boosters as RowPredictors (one row through LightGBM's single-row C API), made on first use."""
+        rows = self.__dict__.get("_row_predictors")
+        if rows is None:
+            rows = self.__dict__["_row_predictors"] = {
+                name: tuple(RowPredictor(b) for b in pair) for name, pair in self.boosters_.items()}
+        return rows
+
+    def _answer(self, stage: StageTrace, out: dict, i: int, condition: str) -> WorkflowPrediction:
+        if not self.encoder_.knows("app", stage.app or "unknown"):
+            return self._table_answer(stage, condition)
+        return WorkflowPrediction(stage.workflow_id, stage.stage_id, round(float(out["calls"][i]), 2),
+                                  round(float(out["tokens"][i]), 1), int(np.ceil(out["calls_upper"][i] - 1e-9)),
+                                  int(np.ceil(out["tokens_upper"][i] - 1e-9)), "app", condition)
+
+    def _table_answer(self, stage: StageTrace, condition: str) -> WorkflowPrediction:
+        calls, tokens = self.table_.lookup(stage.call_index or 0)
+        return WorkflowPrediction(stage.workflow_id, stage.stage_id, calls.median, tokens.median,
+                                  int(np.ceil(calls.upper)), int(np.ceil(tokens.upper)), "position", condition)
+
+    @staticmethod
+    def prior(stage: StageTrace) -> WorkflowPrediction:
+        """The answer with no model and no data: WORKFLOW_PRIOR, not calibrated."""
+        calls, tokens = WORKFLOW_PRIOR
+        return WorkflowPrediction(stage.workflow_id, stage.stage_id, calls.median, tokens.median,
+                                  int(calls.upper), int(tokens.upper), "prior", "none")
+
+    # ---- persistence ------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_row_predictors"}
+
+    def save(self, directory) -> None:
+        """Into a predictor's model directory, beside the stage model (pipelines.workflow_store's files)."""
+        if not hasattr(self, "table_"):
+            raise RuntimeError("WorkflowRemainingModel is not fitted: nothing to save")
+        save_state(self, directory, {"config": asdict(self.config), "has_model": self.boosters_ is not None})
+
+    @classmethod
+    def load(cls, directory) -> "WorkflowRemainingModel":
+        """What save() wrote, checked against its recorded checksum before it is unpickled."""
+        model = load_state(directory)
+        if not isinstance(model, cls):
+            raise TypeError(f"{directory} holds a {type(model).__name__}, not a WorkflowRemainingModel")
+        return model
+
+
+def calibration_keys(conditions: np.ndarray, apps: np.ndarray) -> list[np.ndarray]:
+    """Conformal groups from most to least specific: history condition × app, then the condition."""
+    app_text = ["-" if a != a else str(int(a)) for a in apps]
+    return [np.array([f"{c}|app={a}" for c, a in zip(conditions, app_text)], dtype=object),
+            np.array([str(c) for c in conditions], dtype=object)]
