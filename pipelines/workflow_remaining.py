@@ -27,6 +27,7 @@ from pipelines.contract import StageTrace, parse_record, task_id
 from pipelines.features import StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
+from pipelines.structure import derive_structure
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, workflow_rows
 from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import WORKFLOW_PRIOR, PositionTable
@@ -91,7 +92,7 @@ class WorkflowRemainingModel:
     # ---- fitting ------------------------------------------------------------------------
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "WorkflowRemainingModel":
         """Fit on finished workflows: every stage labelled (`output_tokens`), whole workflows only."""
-        stages = as_stages(stages)
+        stages = derive_structure(as_stages(stages))
         targets = dict(zip(TARGETS, remaining_targets(stages)))
         self.table_ = PositionTable.fit([s.call_index for s in stages], targets, self.config)
         groups = np.array([task_id(s) for s in stages])

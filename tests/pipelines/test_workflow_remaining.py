@@ -1,0 +1,125 @@
+"""The workflow-level predictor: no future leak, the upper bound's coverage on held-out tasks, save/load, the
+new-app fallback, errors that name the field. Synthetic workflows (pipelines.synth), a few seconds a fit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.contract import parse_record, task_id
+from pipelines.features import StageHistory
+from pipelines.structure import derive_structure
+from pipelines.synth import generate
+from pipelines.workflow_features import known_history, remaining_targets, workflow_rows
+from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
+
+CONFIG = WorkflowConfig(folds=3, booster=dict(n_estimators=120, learning_rate=0.08, num_leaves=15,
+                                               min_child_samples=20))
+
+
+def synthetic(num_stages: int, seed: int) -> list:
+    stages = [parse_record(r) for r in generate(num_stages, seed)]
+    return derive_structure(stages)
+
+
+@pytest.fixture(scope="module")
+def split():
+    stages = synthetic(2400, 11)
+    held = {t for i, t in enumerate(sorted({task_id(s) for s in stages})) if i % 3 == 0}
+    train = [s for s in stages if task_id(s) not in held]
+    test = [s for s in stages if task_id(s) in held]
+    return train, test
+
+
+@pytest.fixture(scope="module")
+def model(split):
+    return WorkflowRemainingModel(CONFIG).fit(split[0])
+
+
+def test_targets_count_later_calls_of_any_role():
+    stages = synthetic(60, 1)
+    calls, tokens = remaining_targets(stages)
+    first = [i for i, s in enumerate(stages) if s.workflow_id == stages[0].workflow_id]
+    assert calls[first[0]] == len(first) - 1
+    assert tokens[first[0]] == sum(stages[i].output_tokens for i in first[1:])
+    assert calls[first[-1]] == 0 and tokens[first[-1]] == 0
+
+
+def test_history_is_ancestors_and_stages_that_ended_before():
+    rows = [dict(stage_id="0", parent_ids=[], arrival_s=0.0, e2e_s=1.0),
+            dict(stage_id="1", parent_ids=["0"], arrival_s=1.0, e2e_s=5.0),  # a branch still running at 2.0
+            dict(stage_id="2", parent_ids=["0"], arrival_s=2.0, e2e_s=1.0),
+            dict(stage_id="3", parent_ids=["2"], arrival_s=7.0, e2e_s=1.0)]  # stage 1 ended at 6.0: known
+    stages = derive_structure([parse_record({"workflow_id": "w", "role": "r", "prompt": "p", "output_tokens": 5,
+                                             "is_tool_call": False, **r}) for r in rows])
+    ids = {(s.workflow_id, s.stage_id): s for s in stages}
+    assert [s.stage_id for s in known_history(stages[2], ids)] == ["0"]
+    assert [s.stage_id for s in known_history(stages[3], ids)] == ["0", "1", "2"]
+    untimed = [s.model_copy(update={"arrival_s": None}) for s in stages]
+    ids = {(s.workflow_id, s.stage_id): s for s in untimed}
+    assert [s.stage_id for s in known_history(untimed[3], ids)] == ["0", "2"]
+
+
+def test_no_future_leak(model, split):
+    workflow = [s for s in split[1] if s.workflow_id == split[1][0].workflow_id]
+    cut = len(workflow) // 2
+    changed = workflow[:cut] + [s.model_copy(update={"output_tokens": s.output_tokens * 7 + 3,
+                                                     "is_tool_call": not s.is_tool_call, "e2e_s": None})
+                                for s in workflow[cut:]]
+    copies = [[s.model_copy() for s in w] for w in (workflow, changed)]
+    rows = [workflow_rows(c)[:cut] for c in copies]
+    assert [list(map(str, r.values())) for r in rows[0]] == [list(map(str, r.values())) for r in rows[1]]
+    answers = [model.predict(c)[:cut] for c in copies]
+    assert answers[0] == answers[1]
+
+
+def test_upper_bound_covers_held_out_tasks(model, split):
+    test = split[1]
+    calls, tokens = remaining_targets(test)
+    answers = model.predict(test)
+    over_calls = np.mean(calls > np.array([a.wf_remaining_calls_upper for a in answers]))
+    over_tokens = np.mean(tokens > np.array([a.wf_remaining_tokens_upper for a in answers]))
+    assert {a.wf_fallback_level for a in answers} == {"app"}
+    assert over_calls <= CONFIG.alpha + 0.03 and over_tokens <= CONFIG.alpha + 0.03
+
+
+def test_live_path_matches_batch(model, split):
+    workflow = [s for s in split[1] if s.workflow_id == split[1][5].workflow_id]
+    stage = workflow[-1]
+    history = StageHistory()
+    history.add(workflow[:-1])
+    alone = stage.model_copy(update={"output_tokens": None, "is_tool_call": None})
+    assert model.predict([alone], history)[0] == model.predict(workflow)[-1]
+
+
+def test_save_load_round_trip(model, split, tmp_path):
+    model.save(tmp_path)
+    loaded = WorkflowRemainingModel.load(tmp_path)
+    assert loaded.predict(split[1][:40]) == model.predict(split[1][:40])
+    (tmp_path / "workflow_remaining.joblib").write_bytes(b"changed")
+    with pytest.raises(ValueError, match="sha256"):
+        WorkflowRemainingModel.load(tmp_path)
+
+
+def test_new_app_answered_by_position_table(model, split):
+    stages = [s.model_copy(update={"app": "never_seen"}) for s in split[1][:30]]
+    answers = model.predict(stages)
+    assert {a.wf_fallback_level for a in answers} == {"position"}
+    assert all(a.wf_remaining_calls_upper >= a.wf_remaining_calls for a in answers)
+
+
+def test_too_little_data_and_no_data():
+    few = synthetic(30, 4)
+    model = WorkflowRemainingModel(CONFIG).fit(few)
+    assert {a.wf_fallback_level for a in model.predict(few)} == {"position"}
+    assert WorkflowRemainingModel.prior(few[0]).wf_fallback_level == "prior"
+
+
+def test_bad_input_names_the_field(model):
+    with pytest.raises(ValueError, match="output_tokens"):
+        WorkflowRemainingModel(CONFIG).fit([{"workflow_id": "w", "stage_id": "0", "role": "a", "prompt": "x"}])
+    with pytest.raises(ValueError, match="field 'role'"):
+        model.predict([{"workflow_id": "w", "stage_id": "0", "prompt": "x"}])
+    with pytest.raises(ValueError, match="alpha"):
+        WorkflowConfig(alpha=0.7)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        WorkflowRemainingModel().predict([])
