@@ -19,13 +19,14 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from maestro.prediction import FallbackLevel
 from pipelines.calibration import calibrate_scores, conformal_quantile
 from pipelines.features import UNKNOWN
 from pipelines.history import HISTORY_CONDITIONS
 from pipelines.model import TwoStageModel, lgb_params
 from pipelines.turn_features import OWN_TURN_COLUMNS
 
-NEW_APP = "new_app"  # the fallback level of an answer for an app training never saw
+NEW_APP = FallbackLevel.NEW_APP  # the fallback level of an answer for an app training never saw
 MIN_APP_ROWS = 50  # an app with fewer training rows is not left out on its own: its level would be noise
 # Read by a new app's bound only: in the two-stage model they cost a seen app's coverage (pipelines/EXPERIMENTS.md)
 NEW_APP_ONLY = OWN_TURN_COLUMNS

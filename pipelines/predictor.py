@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,14 +12,14 @@ import joblib
 import numpy as np
 import pandas as pd
 
+from maestro.prediction import FallbackLevel, Prediction
 from pipelines import compiled_trees
 from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
-from pipelines.new_app import NEW_APP, NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
+from pipelines.new_app import NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
 
-FALLBACK_LEVELS = ("role", NEW_APP, "global", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
 ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)
 
@@ -55,32 +56,6 @@ def verify_artifact(directory: Path, expected_sha256: str | None = None, require
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """What the scheduler learns about a stage before it runs.
-
-    tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound
-    to reserve KV for; fallback_level says which level answered: "role" (role and app seen in training),
-    "new_app" (an app named that training never saw: the reserve from its own bound model, lifted to the level
-    that held for the worst training app left out, pipelines.new_app; where training held fewer than two apps,
-    the global reserve, without a coverage promise), "global" (an unseen role, model without role), "prior"
-    (no usable model input: role or global quantiles).
-    history says what the stage's input held of its workflow's past (pipelines.history): "full",
-    "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition.
-    """
-
-    workflow_id: str
-    stage_id: str
-    p_tool: float
-    tokens_pred: int
-    tokens_reserve: int
-    fallback_level: str
-    history: str = "full"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class Prior:
     """Empirical answer for a role (or for everything): median length, tool rate, (1−α) quantile."""
 
@@ -91,6 +66,11 @@ class Prior:
     @classmethod
     def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> "Prior":
         return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
+
+    def answer(self, workflow_id: str, stage_id: str) -> Prediction:
+        """This prior as a stage's prediction: its median, its quantile as the (uncalibrated) reserve, no history."""
+        return Prediction(workflow_id, stage_id, round(self.p_tool, 4), int(round(self.tokens_median)),
+                          math.ceil(self.tokens_upper), FallbackLevel.PRIOR, "none")
 
 
 # The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
@@ -217,16 +197,15 @@ class Predictor:
         return columns
 
     def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool) -> Prediction:
-        level = NEW_APP if is_new_app else "role" if self.featurizer.known_role(stage.role) else "global"
+        level = (FallbackLevel.NEW_APP if is_new_app else FallbackLevel.ROLE if self.featurizer.known_role(stage.role)
+                 else FallbackLevel.GLOBAL)
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
                           int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
                           str(out["history"][i]))
 
     def prior(self, stage: StageTrace) -> Prediction:
         """The answer without a model: the role's empirical quantiles, else the global ones."""
-        prior = self.priors.get(stage.role, self.priors[""])
-        return Prediction(stage.workflow_id, stage.stage_id, round(prior.p_tool, 4), int(round(prior.tokens_median)),
-                          int(np.ceil(prior.tokens_upper)), "prior", "none")
+        return self.priors.get(stage.role, self.priors[""]).answer(stage.workflow_id, stage.stage_id)
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

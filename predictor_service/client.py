@@ -2,15 +2,14 @@
 
 Scheduling never waits on the predictor: a call returns within `timeout_s` (plus a little thread
 hand-off), and when the service is slow, down or refuses the request, each stage gets the prior
-(per-role from a local Predictor's priors, else `pipelines.predictor.NO_MODEL_PRIOR`) flagged `source="local-fallback"`,
-`fallback_level="prior"`. After a failure the client answers locally for `cooldown_s` without
-touching the network, so a dead node costs nothing per call.
+(per-role from a local Predictor's priors, else `pipelines.predictor.NO_MODEL_PRIOR`), its source
+`Source.LOCAL_FALLBACK` and its level `FallbackLevel.PRIOR`. After a failure the client answers locally for
+`cooldown_s` without touching the network, so a dead node costs nothing per call.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Iterable
 import httpx
 from pydantic import TypeAdapter
 
+from maestro.prediction import Prediction, Source
 from pipelines.contract import StageTrace
 from pipelines.predictor import NO_MODEL_PRIOR, Prior
 from predictor_service.replicas import split_urls
@@ -59,12 +59,13 @@ class LocalFallback:
         self.priors = dict(priors or {})
         self.priors.setdefault("", NO_MODEL_PRIOR)
 
-    def answer(self, stage: dict) -> PredictionOut:
+    def predict(self, stage: dict) -> Prediction:
         prior = self.priors.get(str(stage.get("role")), self.priors[""])
-        return PredictionOut(workflow_id=str(stage.get("workflow_id")), stage_id=str(stage.get("stage_id")),
-                             p_tool=round(prior.p_tool, 4), tokens_pred=int(round(prior.tokens_median)),
-                             tokens_reserve=int(math.ceil(prior.tokens_upper)), fallback_level="prior", history="none",
-                             model_version="local", source="local-fallback")
+        return prior.answer(str(stage.get("workflow_id")), str(stage.get("stage_id")))
+
+    def answer(self, stage: dict) -> PredictionOut:
+        """The prior's answer as the service's would read: model_version "local", source "local-fallback"."""
+        return PredictionOut.of(self.predict(stage), model_version="local", source=Source.LOCAL_FALLBACK)
 
 
 def to_wire(stage: StageTrace | dict) -> dict:

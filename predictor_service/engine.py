@@ -10,14 +10,13 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
 
 from maestro.keys import ANONYMOUS
+from maestro.prediction import FallbackLevel, Prediction, Source
 from pipelines.contract import StageTrace
 from pipelines.features import StageHistory
-from pipelines.new_app import NEW_APP
-from pipelines.predictor import Prediction, Predictor
+from pipelines.predictor import Predictor
 from predictor_service import loading
 from predictor_service.config import ServiceConfig
 from predictor_service.online import OnlineCorrection, coverage_group
@@ -38,15 +37,15 @@ class ActiveModel:
 
 
 def safe_predict(predictor: Predictor, stages: list[StageTrace],
-                 history: StageHistory | None = None) -> list[tuple[Prediction, str]]:
-    """Model answers, or for a stage the model chokes on, its prior (source 'error-fallback')."""
+                 history: StageHistory | None = None) -> list[tuple[Prediction, Source]]:
+    """Model answers, or for a stage the model chokes on, its prior (`Source.ERROR_FALLBACK`)."""
     try:
-        return [(p, "model") for p in predictor.predict(stages, history)]
+        return [(p, Source.MODEL) for p in predictor.predict(stages, history)]
     except Exception:  # a stage the model cannot handle must not fail the batch it rides in
         if len(stages) == 1:
             logger.exception("prediction failed for stage %s/%s; answered with the prior",
                              stages[0].workflow_id, stages[0].stage_id)
-            return [(predictor.prior(stages[0]), "error-fallback")]
+            return [(predictor.prior(stages[0]), Source.ERROR_FALLBACK)]
         return [answer for stage in stages for answer in safe_predict(predictor, [stage], history)]
 
 
@@ -68,33 +67,21 @@ def promised_miss_rate(predictor: Predictor) -> float:
     return predictor.model.config.alpha if predictor.model is not None else 0.05
 
 
-class Served(NamedTuple):
-    """What the model answered a stage, before the online correction."""
-    tokens_pred: int
-    tokens_reserve: int
-    history: str
-    fallback_level: str
-
-    @classmethod
-    def of(cls, p: Prediction) -> "Served":
-        return cls(p.tokens_pred, p.tokens_reserve, p.history, p.fallback_level)
-
-
 class RecentPredictions:
-    """The uncorrected answers served lately (Served), by (workflow_id, stage_id), bounded."""
+    """The model's answers served lately, before the online correction, by (workflow_id, stage_id), bounded."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], Served] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], Prediction] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, items: list[tuple[tuple[str, str], Served]]) -> None:
+    def put(self, items: list[tuple[tuple[str, str], Prediction]]) -> None:
         with self._lock:
             self._items.update(items)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def pop(self, key: tuple[str, str]) -> Served | None:
+    def pop(self, key: tuple[str, str]) -> Prediction | None:
         with self._lock:
             return self._items.pop(key, None)
 
@@ -145,32 +132,32 @@ class PredictorEngine:
     def predict(self, stages: list[StageTrace]) -> list[PredictionOut]:
         active = self.active  # one read: the whole batch is answered by one model
         raw = safe_predict(active.predictor, stages, self.history)
-        self._recent.put([((s.workflow_id, s.stage_id), Served.of(p)) for s, (p, _) in zip(stages, raw)])
+        self._recent.put([((s.workflow_id, s.stage_id), p) for s, (p, _) in zip(stages, raw)])
         answers = [self._out(p, source, stage, active) for (p, source), stage in zip(raw, stages)]
         self.counters.count_predictions(answers)
         return answers
 
     @staticmethod
-    def _out(p: Prediction, source: str, stage: StageTrace, active: ActiveModel) -> PredictionOut:
+    def _out(p: Prediction, source: Source, stage: StageTrace, active: ActiveModel) -> PredictionOut:
         tokens_pred, tokens_reserve, factor, reserve_factor = active.corrections.apply(
             stage.role, p.tokens_pred, p.tokens_reserve, coverage_group(stage.app, stage.role, p.history),
-            p.fallback_level == NEW_APP)
-        return PredictionOut(workflow_id=p.workflow_id, stage_id=p.stage_id, p_tool=p.p_tool, tokens_pred=tokens_pred,
-                             tokens_reserve=tokens_reserve, fallback_level=p.fallback_level, history=p.history,
-                             model_version=active.source.version,
-                             correction=round(factor, 4), reserve_correction=round(reserve_factor, 4), source=source)
+            p.fallback_level is FallbackLevel.NEW_APP)
+        return PredictionOut.of(replace(p, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve),
+                                model_version=active.source.version, correction=round(factor, 4),
+                                reserve_correction=round(reserve_factor, 4), source=source)
 
     # ---- observe ------------------------------------------------------------------------
     def observe(self, stages: list[StageTrace], api_key_id: str = ANONYMOUS) -> ObserveResponse:
         active = self.active
         served = self._served_predictions(stages, active)
-        for stage, (predicted, reserve, history, level) in zip(stages, served):
-            active.corrections.update(stage.role, predicted, stage.output_tokens, reserve,
-                                      coverage_group(stage.app, stage.role, history), level == NEW_APP)
+        for stage, p in zip(stages, served):
+            active.corrections.update(stage.role, p.tokens_pred, stage.output_tokens, p.tokens_reserve,
+                                      coverage_group(stage.app, stage.role, p.history),
+                                      p.fallback_level is FallbackLevel.NEW_APP)
         self.history.add(stages)
         if self.trace_log is not None:
-            extra = [{"served_tokens_pred": p, "served_tokens_reserve": r,
-                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p, r, *_ in served]
+            extra = [{"served_tokens_pred": p.tokens_pred, "served_tokens_reserve": p.tokens_reserve,
+                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p in served]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)
@@ -183,14 +170,14 @@ class PredictorEngine:
         """Add finished stages to the workflow history only (a replica's backup copy of another's workflows)."""
         self.history.add(stages)
 
-    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[Served]:
+    def _served_predictions(self, stages: list[StageTrace], active: ActiveModel) -> list[Prediction]:
         """The uncorrected answer each stage got; re-predicted when it was not served here lately."""
         served = [self._recent.pop((s.workflow_id, s.stage_id)) for s in stages]
         missing = [i for i, p in enumerate(served) if p is None]
         if missing:
             unlabelled = [stages[i].model_copy(update={"output_tokens": None, "is_tool_call": None}) for i in missing]
             for i, (p, _) in zip(missing, safe_predict(active.predictor, unlabelled, self.history)):
-                served[i] = Served.of(p)
+                served[i] = p
         return served
 
     # ---- reload -------------------------------------------------------------------------

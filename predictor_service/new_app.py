@@ -19,10 +19,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from maestro.prediction import FallbackLevel, Prediction
 from pipelines.contract import StageTrace
 from pipelines.calibration import conformal_quantile
-from pipelines.new_app import NEW_APP
-from pipelines.predictor import Prediction
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ class NewAppReserves:
         self._lock = threading.Lock()
 
     def serve(self, stages: list[StageTrace], answers: list[Prediction]) -> list[Prediction]:
-        return [self._serve(s, a) if a.fallback_level == NEW_APP else a for s, a in zip(stages, answers)]
+        return [self._serve(s, a) if a.fallback_level is FallbackLevel.NEW_APP else a for s, a in zip(stages, answers)]
 
     def _serve(self, stage: StageTrace, answer: Prediction) -> Prediction:
         app = stage.app or "unknown"

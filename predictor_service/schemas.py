@@ -7,18 +7,18 @@ to stay under them.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import MISSING, asdict, fields
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
+from maestro.prediction import Prediction, Source
 from pipelines.contract import StageTrace, derive_structure, prompt_text
-from pipelines.predictor import FALLBACK_LEVELS
 
 MAX_STAGES_PER_REQUEST = 256
 MAX_PROMPT_CHARS = 100_000
 MAX_PROMPT_MESSAGES = 2_048
 LABEL_FIELDS = ("output_tokens", "is_tool_call")
-SOURCES = ("model", "error-fallback", "local-fallback")
 
 
 def _check_prompt_size(prompt: Any) -> Any:
@@ -74,20 +74,36 @@ class PredictRequest(BaseModel):
         return self
 
 
-class PredictionOut(BaseModel):
-    """One answer of /predict. tokens_pred / tokens_reserve already include the online factors shown."""
+def dataclass_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """A dataclass's fields as pydantic field definitions (type, default), so a wire model is built from them."""
+    types = get_type_hints(cls)
+    return {f.name: (types[f.name], ... if f.default is MISSING else f.default) for f in fields(cls)}
 
-    workflow_id: str
-    stage_id: str
-    p_tool: float
-    tokens_pred: int
-    tokens_reserve: int
-    fallback_level: str  # role | new_app | global | prior: which level of the fallback chain answered
-    history: str = "full"  # full | partial | none: how much of the workflow's past the stage's input held
-    model_version: str
-    correction: float = 1.0  # online per-role factor applied to the model's tokens (1.0 = none)
-    reserve_correction: float = 1.0  # online per-role factor applied to the model's reserve (1.0 = none)
-    source: str = "model"  # model | error-fallback (model raised; prior) | local-fallback (client-side prior)
+
+PREDICTION_FIELDS = dataclass_fields(Prediction)
+
+
+class ServedPrediction(BaseModel):
+    """The way between /predict's answer (`PredictionOut`) and the one `Prediction` type it is built from."""
+
+    @classmethod
+    def of(cls, prediction: Prediction, **served: Any) -> "ServedPrediction":
+        """The answer that serves `prediction`; `served`: model_version and the service's other fields."""
+        return cls(**asdict(prediction), **served)
+
+    def prediction(self) -> Prediction:
+        return Prediction(**{name: getattr(self, name) for name in PREDICTION_FIELDS})
+
+
+PredictionOut = create_model(
+    "PredictionOut", __base__=ServedPrediction,
+    __doc__="One answer of /predict: a `Prediction`'s fields, then which model served it, how, and the online "
+            "factors its tokens_pred / tokens_reserve already include.",
+    **PREDICTION_FIELDS,
+    model_version=(str, ...),
+    correction=(float, Field(1.0, description="online per-role factor applied to the model's tokens (1.0 = none)")),
+    reserve_correction=(float, Field(1.0, description="online per-role factor applied to the model's reserve")),
+    source=(Source, Source.MODEL))
 
 
 class ObserveRequest(BaseModel):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Protocol
+
+from maestro.prediction import FallbackLevel, Prediction
 
 DEFAULT_RHO = 0.2  # margin on a reserve that no calibration stands behind: reserve × (1 + rho)
 
@@ -21,23 +22,14 @@ class ReservationMode(enum.Enum):
     ON_DEMAND = "on-demand"  # prompt + one chunk, grown during decode (vLLM paging)
 
 
-class LengthPrediction(Protocol):
-    """A predictor's answer as sizing reads it (`pipelines.predictor.Prediction`, the service's `PredictionOut`)."""
-
-    tokens_pred: int
-    tokens_reserve: int
-    fallback_level: str
+LengthPrediction = Prediction  # the simulator's name for the type sizing reads
 
 
-def is_calibrated(prediction: LengthPrediction) -> bool:
-    """Whether the prediction's reserve is already a calibrated upper bound.
+def is_calibrated(prediction: Prediction) -> bool:
+    """Whether the prediction's reserve is already a calibrated upper bound (`FallbackLevel.is_calibrated`).
 
-    A model answer (fallback_level "role" or "global") is: its tokens_reserve is the conformal bound (or, for a
-    model trained with reserve_method "rho", a bound with its margin already in). A prior answer
-    (fallback_level "prior") is not: it is a role's empirical quantile or the no-model prior, with no conformal
-    calibration behind it, so the margin rho applies to it.
-    """
-    return prediction.fallback_level != "prior"
+    Reads only `fallback_level`, a `FallbackLevel` or its value (a trace line's, say)."""
+    return FallbackLevel(prediction.fallback_level).is_calibrated
 
 
 def reserve_output_tokens(tokens_pred: int, tokens_reserve: int, max_tokens: int, *, is_calibrated: bool,

@@ -1,39 +1,29 @@
-"""What the gateway's predictors share: who answered a stage (`Source`), the answer, the counts of answers by
-source, the `StagePredictor` interface (predict.py's LocalPredictor, http_predictor.py's HttpPredictor), and the
-finished-stage row both observe."""
+"""What the gateway's predictors share: a stage's answer (its `Prediction` and the `Source` that gave it), the
+counts of answers by source, the `StagePredictor` interface (predict.py's LocalPredictor, http_predictor.py's
+HttpPredictor), and the finished-stage row both observe."""
 from __future__ import annotations
 
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
+from maestro.prediction import Prediction, Source
 from pipelines.contract import StageTrace
-from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor, Prior
-from predictor_service.schemas import PredictionOut
+from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 
 log = logging.getLogger(__name__)
 # What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
 OBSERVED_FIELDS = frozenset(StageTrace.model_fields) - {"in_degree", "out_degree"}
-
-
-class Source(str, Enum):
-    """Who answered a stage's prediction: the model, or the prior and why."""
-
-    MODEL = "model"
-    TIMEOUT = "timeout"  # the model gave no answer within predictor.timeout_s
-    ERROR = "error"  # the model or the service failed on this call
-    UNAVAILABLE = "unavailable"  # the service failed lately: the client answers locally during its cooldown
-    NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)
-
-
-FALLBACKS = tuple(s for s in Source if s is not Source.MODEL)
+# Why the gateway served a prior: the service's own names for its fallbacks become one of these (http_predictor.py).
+FALLBACKS = (Source.TIMEOUT, Source.ERROR, Source.UNAVAILABLE, Source.NO_MODEL)
 
 
 @dataclass(frozen=True, slots=True)
 class StageAnswer:
-    prediction: Prediction | PredictionOut
+    """A stage's prediction as the gateway serves it, and who gave it."""
+
+    prediction: Prediction
     source: Source
 
 

@@ -12,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
+from maestro.prediction import Prediction
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapSignals, SessionCap
 from serving.gateway import batch_gate
@@ -43,8 +44,8 @@ class Job:
     meta: StageMeta
     request: StageRequest
     reserve_tokens: int
-    prediction: object = None  # pipelines.predictor.Prediction
-    prediction_source: str = ""  # predict.Source: "model", or why the prior answered
+    prediction: Prediction | None = None  # None for a call refused before it was predicted
+    prediction_source: str = ""  # maestro.prediction.Source: "model", or why the prior answered
     predict_s: float = 0.0  # time the prediction took, deadline included
     future: asyncio.Future | None = None
     arrival_unix_s: float = field(default_factory=time.time)

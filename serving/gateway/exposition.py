@@ -12,7 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from serving.gateway.answers import Source
+from maestro.prediction import Source
+from serving.gateway.answers import FALLBACKS
 
 PREFIX = "maestro_gateway"
 MEDIA_TYPE = CONTENT_TYPE_LATEST
@@ -62,7 +63,7 @@ class _GatewayCounters(Collector):
         predictions = CounterMetricFamily(
             f"{PREFIX}_stage_predictions", "Stages predicted, by who answered: the model, or the prior and why "
             "(timeout, error, ...)", labels=["source"])
-        for source in Source:
+        for source in (Source.MODEL, *FALLBACKS):
             predictions.add_metric([source.value], counts[source])
         yield predictions
         yield GaugeMetricFamily(f"{PREFIX}_predictor_ready", "1 once the predictor is warmed up (local) or "

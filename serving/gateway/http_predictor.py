@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from maestro.prediction import FallbackLevel, Source
 from predictor_service.async_client import AsyncPredictorClient
 from predictor_service.client import ClientConfig, LocalFallback
 from predictor_service.schemas import PredictionOut
-from serving.gateway.answers import AnswerCounts, Source, StageAnswer, model_priors, observed_row
+from serving.gateway.answers import AnswerCounts, StageAnswer, model_priors, observed_row
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ class HttpPredictor:
         fallback = {"timeout": Source.TIMEOUT, "cooldown": Source.UNAVAILABLE}.get(reason, Source.ERROR)
         out = []
         for answer in answers:
-            is_local = answer.source == "local-fallback"
-            out.append(StageAnswer(answer, fallback if is_local else _service_source(answer)))
+            is_local = answer.source is Source.LOCAL_FALLBACK
+            out.append(StageAnswer(answer.prediction(), fallback if is_local else gateway_source(answer)))
             self.counts.add(out[-1].source, 1, self.client.breaker.last_error if is_local
                             else "the service answered from its prior")
         if reason is None:
@@ -137,8 +138,9 @@ class HttpPredictor:
         await self.client.aclose()
 
 
-def _service_source(answer: PredictionOut) -> Source:
-    """The service's own fallbacks: a stage its model raised on, or a service without a model."""
-    if answer.source == "error-fallback":
+def gateway_source(answer: PredictionOut) -> Source:
+    """The gateway's name for a service's answer: a stage its model raised on, a service without a model, or
+    the model."""
+    if answer.source is Source.ERROR_FALLBACK:
         return Source.ERROR
-    return Source.NO_MODEL if answer.fallback_level == "prior" else Source.MODEL
+    return Source.NO_MODEL if answer.fallback_level is FallbackLevel.PRIOR else Source.MODEL

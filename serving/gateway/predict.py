@@ -1,5 +1,5 @@
 """The predictor as the gateway sees it: start() makes it ready, predict(stages) answers within a deadline,
-observe(finished stage) feeds it; every answer says who gave it (`answers.Source`) and is counted.
+observe(finished stage) feeds it; every answer says who gave it (`maestro.prediction.Source`) and is counted.
 
 Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the event loop
 builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
@@ -13,9 +13,10 @@ import logging
 import sys
 import time
 
+from maestro.prediction import Prediction
 from pipelines.contract import StageTrace
 from pipelines.features import StageHistory
-from pipelines.predictor import NO_MODEL_PRIOR, Prediction, Predictor
+from pipelines.predictor import NO_MODEL_PRIOR, Predictor
 from pipelines.structure import derive_structure
 from predictor_service.client import LocalFallback
 from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
@@ -103,7 +104,7 @@ class LocalPredictor:
 
     def _prior(self, stages: list[dict], source: Source, cause: str = "") -> list[StageAnswer]:
         self.counts.add(source, len(stages), cause)
-        return [StageAnswer(self.fallback.answer(s), source) for s in stages]
+        return [StageAnswer(self.fallback.predict(s), source) for s in stages]
 
     def observe(self, stage: dict) -> None:
         self.num_observed += 1

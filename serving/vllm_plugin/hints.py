@@ -5,6 +5,10 @@ str | int | float | list, so the object travels as JSON text); offline, `Samplin
 may hold the dict itself. Both become `request.sampling_params.extra_args` inside the engine.
 
 Plain Python (no vLLM), so the gateway, the tests and the scheduler share this one definition of the message.
+The hints are a `StageRequest` (the scheduler's view of a stage) as the engine reads it, not the predictor's answer
+(`maestro.prediction.Prediction`): their tokens_reserve is the reserve as sized for the stage
+(serving/admission/sizing.py). `hints_for_stage` and `request_from_hints` convert; maestro/README.md lists the
+shapes a prediction takes by layer.
 """
 from __future__ import annotations
 

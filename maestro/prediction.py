@@ -1,0 +1,82 @@
+"""A stage's prediction: the one type every part passes on, from `Predictor.predict` to the scheduler and the engine.
+
+Pure dataclasses and enums (no pandas, LightGBM or pydantic), so the training side, the predictor service, the
+gateway, the simulator and the vLLM plugin (which runs in vLLM's own environment) all import this one definition.
+The enums are `StrEnum`s: what travels (JSON, traces, metric labels) is their value, the same string as a plain
+str, and a plain str is accepted wherever one is built.
+
+Where a layer needs another shape, it holds or converts this one (maestro/README.md lists them by layer).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+
+class FallbackLevel(StrEnum):
+    """Which level of the predictor's fallback chain answered a stage."""
+
+    ROLE = "role"  # the model, with the stage's role and app seen in training
+    # an app that training never saw: the reserve from its own bound model, lifted to the level that held for the
+    # worst training app left out (pipelines/new_app.py); where training held fewer than two apps, the global
+    # reserve, without a coverage promise
+    NEW_APP = "new_app"
+    GLOBAL = "global"  # the model without the role: a role that training never saw
+    PRIOR = "prior"  # no usable model input: the role's empirical quantiles, else the global ones
+
+    @property
+    def is_calibrated(self) -> bool:
+        """Whether a reserve answered at this level is already a calibrated upper bound.
+
+        A model's is: its tokens_reserve is the conformal bound (or, for a model trained with reserve_method
+        "rho", a bound with its margin already in). A prior's is not: it is a role's empirical quantile or the
+        no-model prior, with no conformal calibration behind it, so sizing adds the margin rho to it
+        (serving/admission/sizing.py).
+        """
+        return self is not FallbackLevel.PRIOR
+
+
+class Source(StrEnum):
+    """Who answered a stage's prediction: the model, or a prior and why.
+
+    The predictor service says `model` or `error-fallback`, its client `local-fallback`; the gateway, which sees
+    both its own predictor and the service's answers, names the reason for every prior it serves.
+    """
+
+    MODEL = "model"
+    ERROR_FALLBACK = "error-fallback"  # the service's model raised on this stage: the service answered with its prior
+    LOCAL_FALLBACK = "local-fallback"  # the service was slow, down or refused: its client answered with the prior
+    TIMEOUT = "timeout"  # the model gave no answer within the gateway's predictor.timeout_s
+    ERROR = "error"  # the model or the service failed on this call
+    UNAVAILABLE = "unavailable"  # the service failed lately: its client answers locally during its cooldown
+    NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the scheduler learns about a stage before it runs.
+
+    tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound to reserve KV
+    for (see `FallbackLevel.is_calibrated`); fallback_level says which level answered. history says what the
+    stage's input held of its workflow's past (pipelines/history.py): "full", "partial" or "none" (also for a
+    prior, which reads no history); the reserve is calibrated per condition.
+    """
+
+    workflow_id: str
+    stage_id: str
+    p_tool: float
+    tokens_pred: int
+    tokens_reserve: int
+    fallback_level: FallbackLevel
+    history: str = "full"
+
+    def __post_init__(self):
+        object.__setattr__(self, "fallback_level", FallbackLevel(self.fallback_level))
+
+    @property
+    def is_calibrated(self) -> bool:
+        return self.fallback_level.is_calibrated
+
+    def to_dict(self) -> dict:
+        """The prediction as plain JSON values (`maestro predict --out` writes one per line)."""
+        return {**asdict(self), "fallback_level": self.fallback_level.value}
