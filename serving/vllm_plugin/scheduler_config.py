@@ -1,15 +1,14 @@
 """MaestroScheduler's configuration, from vLLM's `--additional-config '{"maestro_scheduler": {...}}'` (no vLLM here)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
+from serving.gateway.config import SessionsConfig
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.scheduler import SchedulerConfig
 from serving.systems import DEFAULT_SYSTEM, get_system
 
 CONFIG_KEY = "maestro_scheduler"
-# pred_service_s of a request whose hints do not say: its predicted tokens at this pace, the gateway's
-# DECODE_S_PER_TOKEN (serving/gateway/workflows.py; a test keeps the two equal, the gateway's imports are not vLLM's)
-DEFAULT_DECODE_S_PER_TOKEN = 0.02
 
 
 @dataclass
@@ -18,15 +17,22 @@ class MaestroSchedulerConfig:
     # the policy's knobs, or another policy.
     system: str = DEFAULT_SYSTEM
     scheduler: SchedulerConfig | None = None
-    decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
+    # pred_service_s of a request whose hints do not say: its predicted tokens at the gateway's pace
+    decode_s_per_token: float = DECODE_S_PER_TOKEN
     log_period_s: float = 5.0  # at most one decisions line this often (and one when the engine goes idle)
     # The policy's clock. wall: time.time(), vLLM's `arrival_time` clock (the OpenAI server sets it). step: the
     # scheduler's step count, for a caller that gives each request its arrival step as `arrival_time` (a step-clock
     # benchmark: the same inputs then give the same decisions); deadlines and predicted service are then in steps.
     clock: str = "wall"
     # A predicted request held back this long (on the clock above) makes admission drain the running requests for it
-    # (hold.py); None: no bound.
+    # (wait_bound.py); None: no bound.
     max_hold_s: float | None = 30.0
+    # A session's KV across its tool call (session_kv.py), by the system's tool-KV policy: re-prefilling a context
+    # costs this much per token (the gateway's figure, on the clock above), and where the policy keeps it until the
+    # tool returns, it is held for hold_factor × the predicted tool time (a prediction is a typical time: a tool
+    # somewhat slower still finds its context).
+    prefill_s_per_token: float = field(default_factory=lambda: SessionsConfig().prefill_s_per_token)
+    tool_hold_factor: float = 2.0
 
     def __post_init__(self):
         try:
@@ -39,6 +45,8 @@ class MaestroSchedulerConfig:
             raise ValueError(f"{CONFIG_KEY}: decode_s_per_token must be > 0 and log_period_s >= 0")
         if self.max_hold_s is not None and self.max_hold_s <= 0:
             raise ValueError(f"{CONFIG_KEY}: max_hold_s must be > 0 or null, got {self.max_hold_s}")
+        if self.prefill_s_per_token < 0 or self.tool_hold_factor <= 0:
+            raise ValueError(f"{CONFIG_KEY}: prefill_s_per_token must be >= 0 and tool_hold_factor > 0")
         if self.clock not in ("wall", "step"):
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 

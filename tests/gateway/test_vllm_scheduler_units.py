@@ -1,4 +1,4 @@
-"""The vLLM-free parts of Maestro's vLLM scheduler: the hints message, KV arithmetic, decisions lines."""
+"""The vLLM-free parts of Maestro's vLLM scheduler: the hints messages, KV arithmetic, config, decisions lines."""
 from __future__ import annotations
 
 import math
@@ -6,13 +6,15 @@ import math
 import numpy as np
 import pytest
 
+from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
-from serving.vllm_plugin.hold import HoldBound
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
                                        output_bounds, remaining_tokens, request_from_hints)
-from serving.vllm_plugin.scheduler_config import DEFAULT_DECODE_S_PER_TOKEN, MaestroSchedulerConfig
+from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
+from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
+from serving.vllm_plugin.wait_bound import HoldBound
 
 
 def test_hints_round_trip_through_vllm_xargs_as_json_text():
@@ -61,8 +63,33 @@ def test_a_stage_travels_to_the_engine_and_back_with_its_deadline_relative():
     assert hints_for_stage(no_deadline, 3.0).deadline_s == math.inf
 
 
-def test_the_default_pace_is_the_gateways():
-    assert DEFAULT_DECODE_S_PER_TOKEN == DECODE_S_PER_TOKEN
+def test_the_default_paces_are_the_gateways():
+    config = MaestroSchedulerConfig()
+    assert config.decode_s_per_token == DECODE_S_PER_TOKEN
+    assert config.prefill_s_per_token == SessionsConfig().prefill_s_per_token
+
+
+def test_a_session_hint_round_trips_through_vllm_xargs_as_flat_values():
+    hint = SessionHint("wf-3", tool_s=2.5)
+    xargs = hint.to_xargs()
+    assert all(isinstance(v, (str, float)) for v in xargs.values())  # vLLM's vllm_xargs value types
+    assert session_hint_from_extra_args(xargs | {"maestro": "{}"}) == hint
+    assert session_hint_from_extra_args({"maestro_session": "wf-3"}) == SessionHint("wf-3", 0.0)
+    assert session_hint_from_extra_args({"maestro_tool_s": 2.0}) is None  # no session: nothing to continue
+
+
+@pytest.mark.parametrize("extra_args, key", [({"maestro_session": ""}, "maestro_session"),
+                                             ({"maestro_session": 7}, "maestro_session"),
+                                             ({"maestro_session": "s", "maestro_tool_s": -1}, "maestro_tool_s"),
+                                             ({"maestro_session": "s", "maestro_tool_s": "2"}, "maestro_tool_s")])
+def test_a_malformed_session_hint_names_its_key(extra_args, key):
+    with pytest.raises(ValueError, match=key):
+        session_hint_from_extra_args(extra_args)
+
+
+def test_the_tool_hold_settings_are_checked():
+    with pytest.raises(ValueError, match="tool_hold_factor"):
+        MaestroSchedulerConfig(tool_hold_factor=0)
 
 
 def test_config_comes_from_vllms_additional_config():
