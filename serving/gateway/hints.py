@@ -12,6 +12,10 @@ from enum import Enum
 from predictor_service.route_hints import osl_bucket
 
 
+# What `headers` sends: predicted output tokens, their bucket, output tokens reserved, tool-call probability.
+HINT_HEADERS = ("x-maestro-osl", "x-maestro-osl-bucket", "x-maestro-reserve", "x-maestro-p-tool")
+
+
 class RouterHints(str, Enum):
     OFF = "off"
     HEADERS = "headers"
@@ -23,8 +27,7 @@ def hint_headers(mode: RouterHints, tokens_pred: int, reserve_tokens: int, p_too
     reserved), -p-tool (tool-call probability)."""
     if mode is RouterHints.OFF:
         return {}
-    return {"x-maestro-osl": str(tokens_pred), "x-maestro-osl-bucket": osl_bucket(tokens_pred),
-            "x-maestro-reserve": str(reserve_tokens), "x-maestro-p-tool": f"{p_tool:.3f}"}
+    return dict(zip(HINT_HEADERS, (str(tokens_pred), osl_bucket(tokens_pred), str(reserve_tokens), f"{p_tool:.3f}")))
 
 
 def add_agent_hints(mode: RouterHints, body: dict, tokens_pred: int, vllm_priority: int) -> None:

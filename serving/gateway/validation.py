@@ -6,12 +6,14 @@ are allowed and forwarded as they came. Every refusal is a `BadRequest` naming t
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from serving.gateway.hints import HINT_HEADERS
 from serving.gateway.metadata import BOOLEAN_KEYS, FALSE_WORDS, HEADERS, TRUE_WORDS
 
 MAX_ID_CHARS = 256
@@ -190,7 +192,9 @@ def check_body(path: str, body: dict) -> None:
 
 
 def check_headers(headers) -> None:
-    """X-Maestro-* headers: ids without control characters (≤ 256), a boolean word, a bounded parents list."""
+    """X-Maestro-* headers: each one the gateway knows; ids without control characters (≤ 256), a boolean word, a
+    bounded parents list."""
+    check_header_names(headers.keys())
     for key, name in HEADERS.items():
         value = headers.get(name)
         if value is None:
@@ -206,8 +210,27 @@ def check_headers(headers) -> None:
         else:
             expected = None if is_id(value) else f"an id of 1 to {MAX_ID_CHARS} characters, no control characters"
         if expected:
-            canonical = "-".join(part.capitalize() for part in name.split("-"))
+            canonical = header_name(name)
             raise BadRequest(400, canonical, f"header {canonical}: expected {expected}, got {_short(value)}")
+
+
+def check_header_names(names) -> None:
+    """Refuse an X-Maestro-* header the gateway does not know: misspelt, it would be ignored, and every call of
+    its workflow would become a one-stage workflow of its own. The router hints a gateway sends on (hints.py)
+    pass, for a gateway behind another."""
+    known, prefix = (*HEADERS.values(), *HINT_HEADERS), "x-maestro-"
+    suffixes = [name.removeprefix(prefix) for name in HEADERS.values()]
+    for name in (n.lower() for n in names):
+        if name.startswith(prefix) and name not in known:
+            close = difflib.get_close_matches(name.removeprefix(prefix), suffixes, n=1)
+            guess = f" (did you mean {header_name(prefix + close[0])}?)" if close else ""
+            raise BadRequest(400, header_name(name), f"header {header_name(name)}: not a Maestro header{guess}; "
+                             f"the known ones are {', '.join(map(header_name, HEADERS.values()))}")
+
+
+def header_name(name: str) -> str:
+    """A header's name as people write it: x-maestro-stage → X-Maestro-Stage."""
+    return "-".join(part.capitalize() for part in name.split("-"))
 
 
 def _is_positive_number(value: str) -> bool:

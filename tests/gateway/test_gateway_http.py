@@ -91,6 +91,29 @@ def test_a_body_that_is_no_json_object_or_bad_headers_are_400(tmp_path, content,
     assert num_traced == 0  # no stage to name: nothing traced
 
 
+def test_a_misspelt_maestro_header_is_400_naming_it_and_the_known_ones(tmp_path):
+    """An OpenAI client given X-Maestro-Workflow-Id for X-Maestro-Workflow: refused, not run as a workflow of one."""
+    received = []
+    misspelt = {"X-Maestro-Workflow-Id": "w1", "X-Maestro-Stage-Id": "s1"}
+
+    async def calls(client, gateway):
+        refused = await client.post(CHAT, json={"messages": USER}, headers=misspelt)
+        spelt = await client.post(CHAT, json={"messages": USER}, headers={"X-Maestro-Workflow": "w1",
+                                                                            "X-Maestro-Stage": "s1"})
+        # the router hints a gateway in front sends on (gateway/hints.py) are Maestro's own: they pass
+        hinted = await client.post(CHAT, json={"messages": USER}, headers={"X-Maestro-Osl": "12"})
+        return refused, spelt, hinted, gateway.traces.num_lines
+
+    refused, spelt, hinted, num_traced = asyncio.run(run_app(tmp_path, {"a": True}, calls,
+                                                             node_kw={"received": received}))
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] in misspelt
+    assert "did you mean X-Maestro-Workflow?" in error["message"] or "did you mean X-Maestro-Stage?" in error["message"]
+    assert "X-Maestro-Workflow, X-Maestro-Stage, X-Maestro-Role" in error["message"]
+    assert spelt.status_code == hinted.status_code == 200
+    assert len(received) == num_traced == 2  # the refused call reached no node and named no stage
+
+
 def test_a_valid_body_reaches_vllm_with_its_extra_fields(tmp_path):
     received = []
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u"}],
