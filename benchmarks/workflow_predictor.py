@@ -46,6 +46,9 @@ VARIANTS = {
     "leaves 31": dict(booster=dict(num_leaves=31, min_child_samples=10)),
     "600 rounds x 0.025": dict(booster=dict(n_estimators=600, learning_rate=0.025)),
     "calibration groups 40": dict(min_group_calibration=40),
+    "position medians": dict(position_medians=True),
+    "tail 1024": dict(tail_chars=1024),
+    "calibrated at 0.75 alpha": dict(calibration_share=0.75),
 }
 
 
@@ -54,6 +57,8 @@ def variant_config(name: str) -> WorkflowConfig:
     base = WorkflowConfig(alpha=alpha)
     change = dict(VARIANTS[name])
     booster = {**base.booster, **change.pop("booster", {})}
+    if "calibration_share" in change:  # calibrated to this share of train.alpha
+        change["calibration_alpha"] = change.pop("calibration_share") * alpha
     return replace(base, booster=booster, **change)
 
 

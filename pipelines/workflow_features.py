@@ -83,15 +83,16 @@ def so_far_features(stage: StageTrace, history: list[StageTrace]) -> dict:
     tokens = [s.output_tokens for s in history]
     tools = [bool(s.is_tool_call) for s in history if s.is_tool_call is not None]
     recent = tools[-RECENT_CALLS:]
+    mean = lambda values: sum(values) / len(values) if values else np.nan  # a live call: plain floats
     return {
         "history_calls": len(history),
         "history_tool_calls": float(sum(tools)) if tools else np.nan,
-        "history_tool_rate": float(np.mean(tools)) if tools else np.nan,
+        "history_tool_rate": mean(tools),
         "history_tokens_sum": float(sum(tokens)) if tokens else np.nan,
-        "history_tokens_mean": float(np.mean(tokens)) if tokens else np.nan,
+        "history_tokens_mean": mean(tokens),
         "history_tokens_last": float(tokens[-1]) if tokens else np.nan,
         "history_same_role_calls": sum(s.role == stage.role for s in history),
-        "history_recent_tool_rate": float(np.mean(recent)) if recent else np.nan,
+        "history_recent_tool_rate": mean(recent),
         "elapsed_s": elapsed_s(stage, history),
     }
 

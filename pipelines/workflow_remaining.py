@@ -15,7 +15,7 @@ promise for an app it never saw); "prior", with no data at all, WORKFLOW_PRIOR.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import lightgbm as lgb
 import numpy as np
@@ -24,13 +24,13 @@ from sklearn.model_selection import GroupKFold
 from pipelines.boosters import RowPredictor
 from pipelines.calibration import calibrate_groups
 from pipelines.contract import StageTrace, parse_record, task_id
-from pipelines.features import StageHistory
+from pipelines.features import UNKNOWN, StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
 from pipelines.structure import derive_structure
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, workflow_rows
 from pipelines.workflow_store import load_state, save_state
-from pipelines.workflow_table import WORKFLOW_PRIOR, PositionTable
+from pipelines.workflow_table import WORKFLOW_PRIOR, AppPositionMedians, PositionTable
 
 TARGETS = ("calls", "tokens")
 LEVELS = ("app", "position", "prior")
@@ -44,6 +44,11 @@ class WorkflowConfig:
     min_group_calibration: int = 100  # rows a (condition, app) group needs for its own conformal level
     min_position_count: int = 20  # stages a position of the fallback table needs (later ones are pooled)
     lexical: bool = True  # the prompt tail's lexical scores fitted to the targets
+    position_medians: bool = False  # the per-(app, position) medians and the app's median length as features
+    tail_chars: int = 256  # the prompt's last characters the tail scores read
+    # the miss rate the upper bound's conformal levels are calibrated to, below alpha where new tasks miss more
+    # than the training side's folds show; None: alpha
+    calibration_alpha: float | None = None
     booster: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
                                                        min_child_samples=20, subsample=0.8, subsample_freq=1,
                                                        colsample_bytree=0.8))
@@ -53,6 +58,8 @@ class WorkflowConfig:
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
             raise ValueError(f"WorkflowConfig.alpha must be in (0, 0.5), got {self.alpha}")
+        if self.calibration_alpha is not None and not 0 < self.calibration_alpha <= self.alpha:
+            raise ValueError(f"WorkflowConfig.calibration_alpha must be in (0, alpha], got {self.calibration_alpha}")
         if self.folds < 2 or self.min_group_calibration < 1 or self.min_position_count < 1:
             raise ValueError(f"invalid WorkflowConfig: folds ≥ 2, min_group_calibration ≥ 1 and "
                              f"min_position_count ≥ 1 (got {self.folds}, {self.min_group_calibration}, "
@@ -100,25 +107,22 @@ class WorkflowRemainingModel:
         if len(stages) < MIN_STAGES_FOR_MODEL or len(set(groups)) < 2:
             return self
         texts = [s.prompt_text() for s in stages]
-        self.lexical_ = (TailScores(LexicalConfig(folds=self.config.folds)).fit(
+        self.lexical_ = (TailScores(LexicalConfig(tail_chars=self.config.tail_chars, folds=self.config.folds)).fit(
             texts, np.column_stack([np.log1p(targets[k]) for k in TARGETS]), groups) if self.config.lexical else None)
+        apps, positions = [s.app or UNKNOWN for s in stages], [s.call_index for s in stages]
+        self.medians_ = AppPositionMedians.fit(apps, positions, targets) if self.config.position_medians else None
+        folds = list(GroupKFold(n_splits=min(self.config.folds, len(set(groups)))).split(stages, groups=groups))
+        extra = [self.lexical_.oof_ if self.lexical_ is not None else None,
+                 AppPositionMedians.out_of_fold(apps, positions, targets, folds) if self.medians_ else None]
         has_parents = np.array([bool(s.parent_ids) for s in stages])
         hidden = [without_labels(s) for s in stages]
         rows = workflow_rows(stages, texts=texts) + [r for r, p in zip(workflow_rows(hidden, texts=texts),
                                                                          has_parents) if p]
         self.encoder_ = RowEncoder().fit(rows)
         copies = np.concatenate([np.arange(len(stages)), np.flatnonzero(has_parents)])
-        X = self._with_lexical(self.encoder_.matrix(rows), self._training_scores(copies))
+        X = np.column_stack([self.encoder_.matrix(rows), *(e[copies] for e in extra if e is not None)])
         self._fit_boosters(X, {k: np.log1p(v[copies]) for k, v in targets.items()}, groups[copies])
         return self
-
-    def _training_scores(self, copies: np.ndarray) -> np.ndarray | None:
-        if self.lexical_ is None:
-            return None
-        return self.lexical_.oof_[copies]
-
-    def _with_lexical(self, matrix: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
-        return matrix if scores is None else np.column_stack([matrix, scores])
 
     def _fit_boosters(self, X: np.ndarray, y_log: dict[str, np.ndarray], groups: np.ndarray) -> None:
         cfg = self.config
@@ -137,7 +141,8 @@ class WorkflowRemainingModel:
             for train, held in folds:
                 upper_oof[held] = fit(train, y, 1 - cfg.alpha).predict(X[held])
             self.boosters_[name] = (fit(everything, y, 0.5), fit(everything, y, 1 - cfg.alpha))
-            self.levels_[name] = calibrate_groups(y - upper_oof, calibration_keys(conditions, apps), cfg)
+            self.levels_[name] = calibrate_groups(y - upper_oof, calibration_keys(conditions, apps),
+                                                  replace(cfg, alpha=cfg.calibration_alpha or cfg.alpha))
 
     def _conditions(self, X: np.ndarray) -> np.ndarray:
         index = {c: i for i, c in enumerate(self.encoder_.columns_)}
@@ -157,16 +162,17 @@ class WorkflowRemainingModel:
             return [self._table_answer(s, "none") for s in stages]
         texts = [s.prompt_text() for s in stages]
         rows = workflow_rows(stages, known, texts)
-        X = self.encoder_.matrix(rows)
-        if self.lexical_ is not None:
-            X = self._with_lexical(X, self.lexical_.score(texts))
+        extra = [self.lexical_.score(texts) if self.lexical_ is not None else None,
+                 self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
+                 if self.medians_ is not None else None]
+        X = np.column_stack([self.encoder_.matrix(rows), *(e for e in extra if e is not None)])
         conditions = self._conditions(X)
         out = self.predict_matrix(X, conditions)
         return [self._answer(s, out, i, str(conditions[i])) for i, s in enumerate(stages)]
 
     def predict_matrix(self, X: np.ndarray, conditions: np.ndarray) -> dict[str, np.ndarray]:
         """Median and calibrated upper bound of each target for feature rows (the encoder's columns, then the
-        lexical scores)."""
+        tail scores and the position medians where the config asks for them)."""
         apps = X[:, self.encoder_.columns_.index("app")]
         keys = calibration_keys(conditions, apps)
         out = {}
@@ -187,7 +193,7 @@ class WorkflowRemainingModel:
         return rows
 
     def _answer(self, stage: StageTrace, out: dict, i: int, condition: str) -> WorkflowPrediction:
-        if not self.encoder_.knows("app", stage.app or "unknown"):
+        if not self.encoder_.knows("app", stage.app or UNKNOWN):
             return self._table_answer(stage, condition)
         return WorkflowPrediction(stage.workflow_id, stage.stage_id, round(float(out["calls"][i]), 2),
                                   round(float(out["tokens"][i]), 1), int(np.ceil(out["calls_upper"][i] - 1e-9)),

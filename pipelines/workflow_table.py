@@ -53,3 +53,40 @@ class PositionTable:
     def lookup(self, position: int) -> tuple[Quantiles, Quantiles]:
         """(remaining calls, remaining tokens) at a call_index."""
         return self.rows_[min(max(position, 0), len(self.rows_) - 1)]
+
+
+class AppPositionMedians:
+    """The per-(app, position) medians of remaining calls and tokens and the app's median number of calls, as
+    features (POSITION_COLUMNS): the no-model answer, handed to the trees to refine. NaN where training never saw
+    the app, or the app at that position."""
+
+    @classmethod
+    def fit(cls, apps: list[str], positions: list[int], targets: dict[str, np.ndarray]) -> "AppPositionMedians":
+        table = cls()
+        cells: dict[tuple[str, int], list[int]] = {}
+        for i, key in enumerate(zip(apps, positions)):
+            cells.setdefault(key, []).append(i)
+        table.cells_ = {key: (float(np.median(targets["calls"][rows])), float(np.median(targets["tokens"][rows])))
+                        for key, rows in cells.items()}
+        table.lengths_ = {app: median[0] + 1 for (app, position), median in table.cells_.items() if position == 0}
+        return table
+
+    def lookup(self, apps: list[str], positions: list[int]) -> np.ndarray:
+        """(n, 3): log1p of the cell's calls and tokens medians, and the app's median length."""
+        out = np.full((len(apps), 3), np.nan)
+        for i, key in enumerate(zip(apps, positions)):
+            if key in self.cells_:
+                out[i, :2] = np.log1p(self.cells_[key])
+            out[i, 2] = self.lengths_.get(key[0], np.nan)
+        return out
+
+    @classmethod
+    def out_of_fold(cls, apps: list[str], positions: list[int], targets: dict[str, np.ndarray],
+                    folds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """lookup() of each row from the medians of the other folds (its own task's labels never read)."""
+        out = np.full((len(apps), 3), np.nan)
+        for train, held in folds:
+            table = cls.fit([apps[i] for i in train], [positions[i] for i in train],
+                            {k: v[train] for k, v in targets.items()})
+            out[held] = table.lookup([apps[i] for i in held], [positions[i] for i in held])
+        return out
