@@ -87,7 +87,7 @@ class ServedPrediction(BaseModel):
     """The way between /predict's answer (`PredictionOut`) and the one `Prediction` type it is built from."""
 
     @classmethod
-    def of(cls, prediction: Prediction, **served: Any) -> "ServedPrediction":
+    def of(cls, prediction: Prediction, **served: Any) -> ServedPrediction:
         """The answer that serves `prediction`; `served`: model_version and the service's other fields."""
         return cls(**asdict(prediction), **served)
 

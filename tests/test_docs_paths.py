@@ -6,8 +6,8 @@ path, per line of a README.md (anywhere in the source folders) or a docs/*.md:
   the document (`gateway/core.py` in serving/README.md);
 - a dotted module path (`serving.vllm_plugin.scheduler.MaestroScheduler`, `python -m benchmarks.referee`): its
   longest prefix that is a module or package must exist, and the next name must appear in that module's source;
-- a backticked file name `name.py`: in the folder a table row starts with (a row `| sim/ | ... pace.py` in backticks), beside
-  the document, at the root, or else anywhere in the source folders.
+- a backticked file name `name.py`: in the folder that starts its table row (`pace.py` in the row of `sim/`), else
+  beside the document or at the root; outside a folder's row, also anywhere in the source folders.
 Benchmark results (benchmarks/results/) are outputs, written when a benchmark runs: not checked.
 """
 from __future__ import annotations

@@ -11,7 +11,6 @@ from enum import Enum
 
 from predictor_service.route_hints import osl_bucket
 
-
 # What `headers` sends: predicted output tokens, their bucket, output tokens reserved, tool-call probability.
 HINT_HEADERS = ("x-maestro-osl", "x-maestro-osl-bucket", "x-maestro-reserve", "x-maestro-p-tool")
 
