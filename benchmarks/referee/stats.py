@@ -48,8 +48,7 @@ def interval(point: float, draws: np.ndarray) -> dict:
     def clean(x: float) -> float | None:
         return None if not np.isfinite(x) else round(float(x), 4)
 
-    with np.errstate(invalid="ignore"):
-        lo, hi = np.percentile(draws, [2.5, 97.5]) if not np.isnan(draws).any() else (np.nan, np.nan)
+    lo, hi = np.percentile(draws, [2.5, 97.5]) if not np.isnan(draws).any() else (np.nan, np.nan)
     return {"mean": clean(point), "lo": clean(lo), "hi": clean(hi)}
 
 
@@ -69,8 +68,9 @@ def summarize(by_arm: dict[str, list[Outcomes]], pairs: list[tuple[str, str]], d
             boot[arm, name] = np.mean([stat(by_arm[arm][s], weights[s]) for s in range(seeds)], axis=0)
     results = {arm: {name: interval(point[arm, name], boot[arm, name]) for name in STATS} for arm in arms}
     differences = {}
-    for a, b in pairs:
-        if a in by_arm and b in by_arm:
-            differences[f"{a} - {b}"] = {name: interval(point[a, name] - point[b, name],
-                                                        boot[a, name] - boot[b, name]) for name in STATS}
+    with np.errstate(invalid="ignore"):  # inf − inf (both p95s unfinished) is nan, reported as null
+        for a, b in pairs:
+            if a in by_arm and b in by_arm:
+                differences[f"{a} - {b}"] = {name: interval(point[a, name] - point[b, name],
+                                                            boot[a, name] - boot[b, name]) for name in STATS}
     return results, differences

@@ -12,7 +12,9 @@ def test_the_replay_runs_every_arm_at_a_rate_and_reports_their_quality(dev_trace
     report = run_all(replay, [0.2], args)
     row = report["results"]["scaled"]["0.2"]
     assert set(row) == {"edf", "edf@16", "maestro[oracle]", "maestro[noise0.5]", "maestro[none]"}
-    assert all(0 <= r["slo_attainment"] <= 1 and r["oom_rate"] == 0 for r in row.values())
+    assert all(r["oom_rate"] == 0 for r in row.values())
+    # 24 workflows on 2 nodes at 0.2/s is a light load: under deadlines of 5 x their own unloaded latency, all make it
+    assert all(r["slo_attainment"] == 1.0 for r in row.values())
     assert row["maestro[oracle]"]["kv_reserved_frac_vs_maxlen"] < row["edf"]["kv_reserved_frac_vs_maxlen"] == 1.0
     q = report["quality"]
     assert q["oracle"]["kendall_tau"] == 1.0 and q["oracle"]["mae_tokens"] == 0

@@ -8,6 +8,7 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario, write_outputs
 from serving.sim.scenarios import get_scenario
+from serving.sim.slo import unloaded_latency_s
 from serving.systems import SYSTEMS, get_system
 from serving.sim.workload import reset
 
@@ -38,7 +39,11 @@ def test_every_policy_completes_a_small_workload(policy):
     summary = sim.run().summary
     finished = sum(w.done_s >= 0 for w in workflows) + sum(w.is_dropped for w in workflows)
     assert finished == len(workflows)
-    assert 0.0 <= summary["slo_attainment"] <= 1.0 and 0.0 < summary["kv_reserved_frac_vs_maxlen"] <= 1.0
+    met = [w for w in workflows if not w.is_dropped and 0 <= w.done_s - w.arrival_s <= w.slo_s]
+    assert summary["slo_attainment"] == len(met) / len(workflows)
+    cost = CostModel(scenario.cluster.cost)  # no schedule beats a workflow's unloaded latency (its lower bound)
+    assert all(w.done_s - w.arrival_s >= unloaded_latency_s(w, cost) - 1e-6 for w in met)
+    assert 0.0 < summary["kv_reserved_frac_vs_maxlen"] <= 1.0
     for node in sim.nodes:  # the nodes that ran: every page they handed out came back
         assert node.alloc.num_free_pages == node.alloc.num_physical_pages
 
