@@ -44,6 +44,15 @@ def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced:
     return low - produced if produced < low else step_tokens
 
 
+def candidate_cost(deadline_s: float, now: float, stall_s: float, added_step_s: float, tokens_pred: float,
+                   produced: float, pace_s_per_token: float) -> tuple[float, float, float, float]:
+    """What `BatchCostGate.admits` reads of a candidate, computed one way for the simulator, the gateway and the
+    vLLM plugin: (its prefill stall, the seconds it adds to each decode step, its predicted output tokens, its own
+    slack if it started now at the node's measured pace, counting only the tokens it has still to produce)."""
+    left = max(1.0, tokens_pred - produced)
+    return stall_s, added_step_s, tokens_pred, deadline_s - now - stall_s - left * pace_s_per_token
+
+
 @dataclass
 class BatchCostConfig:
     slack_share: float = 1.0  # the share of a running stage's slack that one admission may use up

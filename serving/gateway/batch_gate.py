@@ -8,7 +8,7 @@ ever endangered, and without measurements the gate admits: it only holds back wo
 """
 from __future__ import annotations
 
-from serving.admission.batch_cost import BatchCostGate, RunningBatch, fewest_remaining_tokens
+from serving.admission.batch_cost import BatchCostGate, RunningBatch, candidate_cost, fewest_remaining_tokens
 from serving.gateway.nodes import Node
 from serving.request import StageRequest
 
@@ -31,6 +31,7 @@ def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) 
     batch = running_batch(node, now)
     if batch is None:
         return None
-    stall_s = node.pace.first_token_delay_s
-    slack_s = request.deadline_s - now - stall_s - request.tokens_pred * batch.pace_s_per_token
-    return None if gate.admits(batch, stall_s, 0.0, request.tokens_pred, slack_s) else "slack"
+    # Live, a node's added step time is not measured apart from its pace (which the stalls already stretch): 0.
+    cost = candidate_cost(request.deadline_s, now, node.pace.first_token_delay_s, 0.0, request.tokens_pred, 0,
+                          batch.pace_s_per_token)
+    return None if gate.admits(batch, *cost) else "slack"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.admission.batch_cost import RunningBatch, fewest_remaining_tokens
+from serving.admission.batch_cost import RunningBatch, candidate_cost, fewest_remaining_tokens
 from serving.request import StageRequest
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
@@ -70,10 +70,8 @@ class SimSlot:
         if stage.model not in node.busy_models():
             added += cost.weight_read_s(model)
         stall = cost.prefill_s(model, context - cached, cached)
-        now, request = self.dispatcher.sim.now, stage.request
-        left = max(1, stage.tokens_pred - stage.generated_tokens)
-        slack = request.deadline_s - now - stall - left * pace_s
-        return stall, added, stage.tokens_pred, slack
+        return candidate_cost(stage.request.deadline_s, self.dispatcher.sim.now, stall, added, stage.tokens_pred,
+                              stage.generated_tokens, pace_s)
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Only if something runs here, or KV other than the stage's own context is kept here."""
