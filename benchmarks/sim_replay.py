@@ -1,5 +1,8 @@
 r"""Replayed real workflows across loads: the baselines, and Maestro fed predictions of every quality.
 
+Legacy: its SLOs are computed from the replayed workflows' own true lengths and its predictions are made up front;
+serving claims are measured by `python -m benchmarks.referee` (no future, the same information for every arm).
+
     .venv/bin/python -m benchmarks.sim_replay [--rates auto | 3,4,5] [--slo scaled,scaled-app] \
         [--arms oracle,model,noise0.25,noise0.5,noise1,prior,none] [--baselines fcfs,edf,srtf] \
         [--out benchmarks/results/sim_replay.json] [--retrain]
