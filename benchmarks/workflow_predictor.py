@@ -49,6 +49,9 @@ VARIANTS = {
     "position medians": dict(position_medians=True),
     "tail 1024": dict(tail_chars=1024),
     "calibrated at 0.75 alpha": dict(calibration_share=0.75),
+    "calibrated per position band": dict(calibration_bands=(3, 10, 25)),
+    "tail 1024, calibrated per position band at 0.75 alpha": dict(tail_chars=1024, calibration_bands=(3, 10, 25),
+                                                                  calibration_share=0.75),
 }
 
 

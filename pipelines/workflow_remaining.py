@@ -49,6 +49,9 @@ class WorkflowConfig:
     # the miss rate the upper bound's conformal levels are calibrated to, below alpha where new tasks miss more
     # than the training side's folds show; None: alpha
     calibration_alpha: float | None = None
+    # call_index bounds of the position bands the upper bound is also calibrated per (within condition × app);
+    # empty: no bands
+    calibration_bands: tuple[int, ...] = ()
     booster: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
                                                        min_child_samples=20, subsample=0.8, subsample_freq=1,
                                                        colsample_bytree=0.8))
@@ -132,7 +135,7 @@ class WorkflowRemainingModel:
         fit = lambda idx, y, q: lgb.train({**params, "alpha": q}, lgb.Dataset(
             X[idx], y[idx], categorical_feature=categorical, free_raw_data=False), num_boost_round=rounds)
         conditions = self._conditions(X)
-        apps = X[:, self.encoder_.columns_.index("app")]
+        keys = self._keys(X, conditions)
         folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
         everything = np.arange(len(X))
         self.boosters_, self.levels_ = {}, {}
@@ -141,8 +144,13 @@ class WorkflowRemainingModel:
             for train, held in folds:
                 upper_oof[held] = fit(train, y, 1 - cfg.alpha).predict(X[held])
             self.boosters_[name] = (fit(everything, y, 0.5), fit(everything, y, 1 - cfg.alpha))
-            self.levels_[name] = calibrate_groups(y - upper_oof, calibration_keys(conditions, apps),
+            self.levels_[name] = calibrate_groups(y - upper_oof, keys,
                                                   replace(cfg, alpha=cfg.calibration_alpha or cfg.alpha))
+
+    def _keys(self, X: np.ndarray, conditions: np.ndarray) -> list[np.ndarray]:
+        column = lambda name: X[:, self.encoder_.columns_.index(name)]
+        return calibration_keys(conditions, column("app"), column("call_index"),
+                                self.config.calibration_bands)
 
     def _conditions(self, X: np.ndarray) -> np.ndarray:
         index = {c: i for i, c in enumerate(self.encoder_.columns_)}
@@ -173,8 +181,7 @@ class WorkflowRemainingModel:
     def predict_matrix(self, X: np.ndarray, conditions: np.ndarray) -> dict[str, np.ndarray]:
         """Median and calibrated upper bound of each target for feature rows (the encoder's columns, then the
         tail scores and the position medians where the config asks for them)."""
-        apps = X[:, self.encoder_.columns_.index("app")]
-        keys = calibration_keys(conditions, apps)
+        keys = self._keys(X, conditions)
         out = {}
         for name, (median, upper) in self._rows.items():
             global_level, groups = self.levels_[name]
@@ -230,8 +237,14 @@ class WorkflowRemainingModel:
         return model
 
 
-def calibration_keys(conditions: np.ndarray, apps: np.ndarray) -> list[np.ndarray]:
-    """Conformal groups from most to least specific: history condition × app, then the condition."""
+def calibration_keys(conditions: np.ndarray, apps: np.ndarray, positions: np.ndarray | None = None,
+                     bands: tuple[int, ...] = ()) -> list[np.ndarray]:
+    """Conformal groups from most to least specific: history condition × app × position band (where `bands`
+    are given: call_index below each bound, then beyond the last), condition × app, then the condition."""
     app_text = ["-" if a != a else str(int(a)) for a in apps]
-    return [np.array([f"{c}|app={a}" for c, a in zip(conditions, app_text)], dtype=object),
+    keys = [np.array([f"{c}|app={a}" for c, a in zip(conditions, app_text)], dtype=object),
             np.array([str(c) for c in conditions], dtype=object)]
+    if bands and positions is not None:
+        band = np.searchsorted(np.asarray(bands), np.nan_to_num(positions, nan=0.0), side="right")
+        keys.insert(0, np.array([f"{k}|band={b}" for k, b in zip(keys[0], band)], dtype=object))
+    return keys
