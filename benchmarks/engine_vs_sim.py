@@ -1,13 +1,16 @@
 r"""The simulator checked against the real engine: the engine replay's workload through `serving.sim`, side by side.
 
-    .venv/bin/python -m benchmarks.engine_vs_sim [--engine benchmarks/results/engine_replay.json]
+    .venv/bin/python -m benchmarks.engine_vs_sim --engine OUT.json --run RATE-SEED
 
-Reads the engine replay's report and the plans it ran (the same workflows, arrivals, tool gaps, SLOs and each arm's
-predictions), and runs them on one simulated node whose cost profile is fitted to the engine's step clock: a decode
-step costs one step whatever the batch, a prefill costs its tokens over the engine's prefill chunk, the KV pool and
-block are the engine's. Each engine arm runs as the simulator's system of the same kind: vLLM fcfs as `vllm`
-(on-demand KV, preempt on overflow), Maestro's arms as `maestro` fed the same predictions. vLLM `priority` has no
-simulated counterpart. Figures are in engine steps. Writes JSON and a Markdown table next to `--out`.
+Reads one run of the referee's engine mode (`python -m benchmarks.referee --engine --json OUT.json`: the plans and
+step records in OUT/RATE-SEED/, the same workflows, arrivals, tool gaps, deadlines and each arm's predictions), and
+runs the plans on one simulated node whose cost profile is fitted to the engine's step clock
+(`benchmarks.engine_replay.step_cost`: a decode step costs one step whatever the batch, a prefill costs its tokens
+over the engine's prefill chunk; the KV pool and block are the engine's). Each engine arm runs as the simulator's
+system of the same kind: `vllm-fcfs` as `vllm` (on-demand KV, preempt on overflow), Maestro's arms as `maestro` fed
+the same predictions. vLLM's priority arms have no simulated counterpart. Figures are in engine steps, over the
+measured workflows of the run; preemptions over the whole run (the engine's stops once the measured workflows ended,
+the simulator's runs every workflow to its end). Writes JSON and a Markdown table next to `--out`.
 """
 from __future__ import annotations
 
@@ -15,34 +18,29 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.engine_replay import BLOCK_SIZE, KV_BYTES_PER_TOKEN
+import numpy as np
+
+from benchmarks.engine_replay import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
+from benchmarks.engine_report import run_figures
 from serving.residency import ResidencyConfig
-from serving.sim.costmodel import CostModelConfig, GPUProfile, ModelProfile
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.systems import get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
 REPO = Path(__file__).resolve().parent.parent
-SIM_SYSTEM = {"fcfs": "vllm", "maestro": "maestro", "maestro-oracle": "maestro", "maestro-prior": "maestro",
-              "maestro-none": "maestro"}
-MODEL = "engine-tiny"
-LINEAR_PARAMS = 1e6  # the fitted profile's FLOPs per prefill token are 2 × this; only their ratio to the GPU's counts
+
+
+def sim_system(arm: str) -> str | None:
+    return "vllm" if arm == "vllm-fcfs" else "maestro" if arm.startswith("maestro[") else None
 
 
 def fitted_cluster(config: dict) -> ClusterConfig:
-    """One node whose step takes `step_s` and whose prefill runs `max_num_batched_tokens` a step (the engine's)."""
-    step_s, chunk = config["step_s"], config["max_num_batched_tokens"]
-    # KV bytes a token as the tiny model's (2 × 1 layer × 1 head × head_dim × 2 B); attention width 1, so prefill
-    # is the linear part alone.
-    model = ModelProfile(MODEL, LINEAR_PARAMS, LINEAR_PARAMS, num_layers=1, hidden_size=1, num_kv_heads=1,
-                         head_dim=KV_BYTES_PER_TOKEN // 4, weight_bytes_per_param=1e-9)
-    gpu = GPUProfile("engine-steps", hbm_bytes=64e9, hbm_bytes_per_s=1e18, peak_flops=2 * LINEAR_PARAMS * chunk / step_s)
-    cost = CostModelConfig(gpu="engine-steps", prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=step_s,
-                           models={MODEL: model}, gpus={"engine-steps": gpu})
+    """One node on the engine's step clock (`step_cost`), with the engine's KV pool, block and batch limit."""
+    engine = EngineConfig(**config)
     block_bytes = BLOCK_SIZE * KV_BYTES_PER_TOKEN  # vLLM pages with no virtual range per request: overcommit is moot
-    return ClusterConfig(num_nodes=1, cost=cost, kv_pool_bytes=config["kv_tokens"] * KV_BYTES_PER_TOKEN - block_bytes,
-                         page_bytes=block_bytes, overcommit=1000.0, placement=[(MODEL,)],
-                         max_batch_seqs=config["max_num_seqs"], residency=ResidencyConfig(gpu_weight_budget_bytes=1 << 30),
+    return ClusterConfig(num_nodes=1, cost=step_cost(engine), kv_pool_bytes=engine.kv_tokens * KV_BYTES_PER_TOKEN
+                         - block_bytes, page_bytes=block_bytes, overcommit=1000.0, placement=[(MODEL,)],
+                         max_batch_seqs=engine.max_num_seqs, residency=ResidencyConfig(gpu_weight_budget_bytes=1 << 30),
                          grow_chunk_tokens=BLOCK_SIZE, num_tool_workers=4096, show_progress=False)  # the replay gives every tool call its own time
 
 
@@ -65,33 +63,41 @@ def sim_workflows(plan: dict, step_s: float) -> list[SimWorkflow]:
     return workflows
 
 
+def latency_figures(met, latency_steps, preemptions: int) -> dict:
+    return {"preemptions": preemptions, "slo_attainment": float(np.mean(met)),
+            "workflow_latency_steps": {"mean": float(np.mean(latency_steps)),
+                                       "p95": float(np.percentile(latency_steps, 95))}}
+
+
 def simulate(plan: dict, config: dict) -> dict:
-    step_s = config["step_s"]
-    system = SIM_SYSTEM[plan["arm"]["name"]]
-    summary = Simulator(fitted_cluster(config), get_system(system), sim_workflows(plan, step_s)).run().summary
-    return {"system": system, "preemptions": summary["num_preemptions"], "slo_attainment": summary["slo_attainment"],
-            "workflow_latency_steps": {"mean": summary["e2e_s"]["mean"] / step_s,
-                                       "p95": summary["e2e_s"]["p95"] / step_s},
-            "makespan_steps": summary["makespan_s"] / step_s}
+    """The plan on the fitted node; figures over the plan's measured workflows, as the engine's."""
+    step_s, system = config["step_s"], sim_system(plan["arm"]["name"])
+    workflows = sim_workflows(plan, step_s)
+    summary = Simulator(fitted_cluster(config), get_system(system), workflows).run().summary
+    first, last = plan["measured"]
+    measured = workflows[first:last]
+    latency = [(w.done_s - w.arrival_s) / step_s if w.done_s >= 0 else np.inf for w in measured]
+    met = [w.done_s >= 0 and w.done_s - w.arrival_s <= w.slo_s for w in measured]
+    return {"system": system, **latency_figures(met, latency, summary["num_preemptions"])}
 
 
-def rank(rows: dict, key: str) -> list[str]:
-    return sorted(rows, key=lambda arm: rows[arm][key])
+def rank(rows: dict) -> list[str]:
+    return sorted(rows, key=lambda arm: rows[arm]["workflow_latency_steps"]["p95"])
 
 
-def compare(report: dict, work: Path) -> dict:
+def compare(config: dict, run: Path) -> dict:
     engine, sim = {}, {}
-    for arm, figures in report["arms"].items():
-        if arm not in SIM_SYSTEM:
+    for plan_path in sorted(run.glob("plan_*.json")):
+        plan = json.loads(plan_path.read_text())
+        arm = plan["arm"]["name"]
+        if sim_system(arm) is None:
             continue
-        plan = json.loads((work / f"plan_{arm}.json").read_text())
-        sim[arm] = simulate(plan, report["config"])
-        engine[arm] = {"preemptions": figures["preemptions"], "slo_attainment": figures["slo_attainment"],
-                       "workflow_latency_steps": figures["workflow_latency_steps"]}
-    p95 = {a: {"p95": r["workflow_latency_steps"]["p95"]} for a, r in engine.items()}
-    sim_p95 = {a: {"p95": r["workflow_latency_steps"]["p95"]} for a, r in sim.items()}
-    return {"engine": engine, "sim": sim, "ranking_by_workflow_p95": {"engine": rank(p95, "p95"),
-                                                                       "sim": rank(sim_p95, "p95")}}
+        steps = json.loads((run / f"steps_{arm}.json").read_text())
+        figures = run_figures(plan, steps)
+        preemptions = sum(r["num_preemptions"] for records in steps["stages"] for r in records)
+        engine[arm] = latency_figures(figures["met"], figures["latency_steps"], preemptions)
+        sim[arm] = simulate(plan, config)
+    return {"engine": engine, "sim": sim, "ranking_by_workflow_p95": {"engine": rank(engine), "sim": rank(sim)}}
 
 
 def table(result: dict) -> str:
@@ -111,16 +117,18 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay.json",
-                        help="the engine replay's report; its plans are in the folder of the same name (default: "
+    parser.add_argument("--engine", type=Path, default=REPO / "benchmarks" / "results" / "referee_engine.json",
+                        help="the referee's engine report; its runs are in the folder of the same name (default: "
                              "%(default)s)")
-    parser.add_argument("--out", type=Path, default=None, help="(default: next to --engine, *_vs_sim.json)")
+    parser.add_argument("--run", required=True, help="which run: RATE-SEED (a folder under the report's)")
+    parser.add_argument("--out", type=Path, default=None, help="(default: next to --engine, *_vs_sim_RUN.json)")
     args = parser.parse_args(argv)
-    if not args.engine.exists():
-        parser.error(f"--engine {args.engine} not found: run `python -m benchmarks.engine_replay` first")
-    report = json.loads(args.engine.read_text())
-    result = compare(report, args.engine.with_suffix(""))
-    out = args.out or args.engine.with_name(args.engine.stem + "_vs_sim.json")
+    run = args.engine.with_suffix("") / args.run
+    if not args.engine.exists() or not run.is_dir():
+        parser.error(f"--engine {args.engine} / --run {args.run}: not found; run `python -m benchmarks.referee "
+                     f"--engine --json {args.engine}` first")
+    result = compare(json.loads(args.engine.read_text())["engine"]["engine"], run)
+    out = args.out or args.engine.with_name(f"{args.engine.stem}_vs_sim_{args.run}.json")
     out.write_text(json.dumps(result, indent=2))
     text = table(result)
     out.with_suffix(".md").write_text(text + "\n")

