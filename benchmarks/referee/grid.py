@@ -22,7 +22,7 @@ from serving.scheduler.remaining import RemainingWork
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
-from serving.sim.ready import ReadyPredictions, base_id
+from serving.sim.ready import ReadyPredictions, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimes
@@ -33,6 +33,7 @@ MODEL_MAP = {  # trace model -> cost profile: each large family on its own place
     "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b", "gpt-4o": "mistral-7b",
     "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",
     "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b"}
+MARGIN_WORKFLOWS = 120  # training workflows the oracle's reserve margin is measured on
 COUNTERS = ("num_preemptions", "num_demoted", "num_refused_by_batch_cost", "num_abandoned", "oom_rate",
             "kv_reserved_frac_vs_maxlen")
 
@@ -62,8 +63,9 @@ class Replay:
         self.scenario.cluster.show_progress = False
         self.cost = CostModel(self.scenario.cluster.cost)
         self.default_model = self.scenario.cluster.placement[0][0]
-        train = self._workflows(self.train, None, seed=0)
-        self.slo = SLOTable.fit(train, self.cost, self.slo_scale)
+        self.train_workflows = self._workflows(self.train, None, seed=0)
+        self.slo = SLOTable.fit(self.train_workflows, self.cost, self.slo_scale)
+        self.margin: float | None = None
         self.base = self._workflows(self.test, None, seed=0)
         self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
 
@@ -96,12 +98,10 @@ class Replay:
         return self.sources[key]
 
     def model_margin(self) -> float:
-        """The trained model's median reserve ÷ prediction: the oracle's and the noise arms' reserve margin."""
-        if self.model_dir is None:
-            return 1.0
-        model = self.source("model", 0)
-        ratios = [reserve / max(1, pred) for pred, reserve in model.cache.values()]
-        return float(np.median(ratios))
+        """The oracle's and the noise arms' reserve margin, from the model on (a sample of) the training side."""
+        if self.margin is None:
+            self.margin = reserve_margin(self.model_dir, self.train_workflows[:MARGIN_WORKFLOWS])
+        return self.margin
 
     def run(self, arm: Arm, workflows: list[SimWorkflow], seed: int, log_decisions: bool = False) -> Outcomes:
         reset(workflows)

@@ -161,3 +161,13 @@ def _normal(stage: SimStage, seed: int) -> float:
     """A standard normal draw fixed by the stage and the seed (not by the order stages are asked in)."""
     digest = hashlib.sha256(f"{seed}:{base_id(stage.workflow)}:{stage.stage_id}".encode()).digest()
     return float(np.random.default_rng(int.from_bytes(digest[:8], "little")).normal())
+
+
+def reserve_margin(model_dir: str | Path | None, workflows: list[SimWorkflow]) -> float:
+    """The trained model's median reserve ÷ prediction over `workflows` — the training side's, never the replayed
+    one, whose later stages would otherwise move every oracle reserve: the oracle's and the noise arms' margin."""
+    if model_dir is None:
+        return 1.0
+    model = ReadyPredictions("model", model_dir)
+    model.prewarm([s for w in workflows for s in w.stages])
+    return float(np.median([reserve / max(1, pred) for pred, reserve in model.cache.values()]))
