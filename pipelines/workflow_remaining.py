@@ -45,13 +45,13 @@ class WorkflowConfig:
     min_position_count: int = 20  # stages a position of the fallback table needs (later ones are pooled)
     lexical: bool = True  # the prompt tail's lexical scores fitted to the targets
     position_medians: bool = False  # the per-(app, position) medians and the app's median length as features
-    tail_chars: int = 256  # the prompt's last characters the tail scores read
-    # the miss rate the upper bound's conformal levels are calibrated to, below alpha where new tasks miss more
-    # than the training side's folds show; None: alpha
-    calibration_alpha: float | None = None
+    tail_chars: int = 1024  # the prompt's last characters the tail scores read
+    # the upper bound's conformal levels aim at this share of alpha: new tasks miss more than the training side's
+    # task folds show (a workflow's stages miss together, and an app has a few dozen tasks)
+    calibration_share: float = 0.75
     # call_index bounds of the position bands the upper bound is also calibrated per (within condition × app);
     # empty: no bands
-    calibration_bands: tuple[int, ...] = ()
+    calibration_bands: tuple[int, ...] = (3, 10, 25)
     booster: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
                                                        min_child_samples=20, subsample=0.8, subsample_freq=1,
                                                        colsample_bytree=0.8))
@@ -61,8 +61,8 @@ class WorkflowConfig:
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
             raise ValueError(f"WorkflowConfig.alpha must be in (0, 0.5), got {self.alpha}")
-        if self.calibration_alpha is not None and not 0 < self.calibration_alpha <= self.alpha:
-            raise ValueError(f"WorkflowConfig.calibration_alpha must be in (0, alpha], got {self.calibration_alpha}")
+        if not 0 < self.calibration_share <= 1:
+            raise ValueError(f"WorkflowConfig.calibration_share must be in (0, 1], got {self.calibration_share}")
         if self.folds < 2 or self.min_group_calibration < 1 or self.min_position_count < 1:
             raise ValueError(f"invalid WorkflowConfig: folds ≥ 2, min_group_calibration ≥ 1 and "
                              f"min_position_count ≥ 1 (got {self.folds}, {self.min_group_calibration}, "
@@ -145,7 +145,7 @@ class WorkflowRemainingModel:
                 upper_oof[held] = fit(train, y, 1 - cfg.alpha).predict(X[held])
             self.boosters_[name] = (fit(everything, y, 0.5), fit(everything, y, 1 - cfg.alpha))
             self.levels_[name] = calibrate_groups(y - upper_oof, keys,
-                                                  replace(cfg, alpha=cfg.calibration_alpha or cfg.alpha))
+                                                  replace(cfg, alpha=cfg.calibration_share * cfg.alpha))
 
     def _keys(self, X: np.ndarray, conditions: np.ndarray) -> list[np.ndarray]:
         column = lambda name: X[:, self.encoder_.columns_.index(name)]
