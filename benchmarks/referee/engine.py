@@ -43,7 +43,10 @@ from pipelines.contract import read_traces
 REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
 VARIANTS_TRIED = 0
-DEFAULT_RATES = "60,90"  # per 1,000 steps: vllm-fcfs preempts at both on the default engine
+# The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
+# steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
+# 25-block pool full, 1 preemption), not at 50.
+DEFAULT_RATES = "100,150"
 
 
 def mean_of(values: np.ndarray, clusters: np.ndarray) -> Outcomes:
@@ -129,14 +132,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--rates", default=DEFAULT_RATES, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
     add("--seeds", type=int, default=3)
     add("--arms", default=",".join(DEFAULT_ARMS))
-    add("--arrival-steps", type=int, default=5000, help="steps over which workflows arrive (default: %(default)s)")
+    add("--arrival-steps", type=int, default=400, help="steps over which workflows arrive (default: %(default)s)")
     add("--slo-scale", type=float, default=5.0)
-    add("--kv-tokens", type=int, default=6144, help="the engine's KV pool in tokens (default: %(default)s)")
-    add("--token-scale", type=float, default=0.25, help="every token count × this (default: %(default)s)")
-    add("--step-s", type=float, default=0.04, help="seconds a step stands for (default: %(default)s)")
+    add("--kv-tokens", type=int, default=800, help="the engine's KV pool in tokens (default: %(default)s)")
+    add("--token-scale", type=float, default=0.05, help="every token count × this (default: %(default)s)")
+    add("--step-s", type=float, default=0.2, help="seconds a step stands for (default: %(default)s)")
     add("--max-num-seqs", type=int, default=64)
-    add("--max-num-batched-tokens", type=int, default=512, help="the prefill chunk (default: %(default)s)")
-    add("--max-model-len", type=int, default=4096)
+    add("--max-num-batched-tokens", type=int, default=256, help="the prefill chunk (default: %(default)s)")
+    add("--max-model-len", type=int, default=768)
     add("--policy", default="maestro", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
