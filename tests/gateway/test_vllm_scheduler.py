@@ -21,6 +21,7 @@ from serving.driver.runner import drive
 from serving.gateway.config import GatewayConfig
 from serving.vllm_plugin.decisions import parse_decision_lines
 from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
+from serving.vllm_plugin.session_kv import SessionHint
 
 from .engines import ENGINE_CPU_NICE, REPO, Engine, EngineConfig, free_port, has_stats_plugin, has_vllm
 from .faultproxy import FaultProxy
@@ -37,6 +38,9 @@ LONG = 1400  # 12 blocks with PROMPT
 # one-token prompt ("hello"), with or without this scheduler.
 PROMPT = "Plan a three-day trip to Oslo for a family of four in July, with museums and a fjord cruise."
 SCHEDULER_CLS = "serving.vllm_plugin.scheduler.MaestroScheduler"
+# Re-prefill counted at 50 ms a token (the gateway's default is 0.1 ms): MARS then keeps a 400-token context across a
+# 2 s tool, on the wall clock the engine's scheduler runs on.
+PREFILL_S_PER_TOKEN = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def maestro_engine(tiny_model, tmp_path_factory):
         pytest.skip("maestro-vllm-stats is not installed in .venv-vllm: run scripts/setup-vllm.sh")
     logs = tmp_path_factory.mktemp("maestro-scheduler")
     extra = ("--scheduler-cls", SCHEDULER_CLS, "--additional-config",
-             json.dumps({"maestro_scheduler": {"log_period_s": 1.0}}))
+             json.dumps({"maestro_scheduler": {"log_period_s": 1.0, "prefill_s_per_token": PREFILL_S_PER_TOKEN}}))
     config = EngineConfig(str(tiny_model), max_model_len=1536, kv_cache_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
                           max_num_seqs=8, extra_args=extra, log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE,
                           env={"PYTHONPATH": str(REPO), "MAESTRO_VLLM_STATS_DIR": str(logs / "stats")})
@@ -200,3 +204,38 @@ def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, t
     after = decisions_when(maestro_engine, lambda d: d["num_predicted"] == before["num_predicted"] + num_stages)
     assert (after["num_unpredicted"], after["num_bad_hints"]) == (before["num_unpredicted"], before["num_bad_hints"])
     assert after["num_admitted"] >= before.get("num_admitted", 0) + num_stages
+
+
+def prefix_cache_hits(engine: Engine) -> float:
+    """vLLM's /metrics counter of prompt tokens found in the prefix cache."""
+    text = httpx.get(f"{engine.url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+def test_a_tool_calling_session_finds_its_held_context_through_the_gateway(maestro_engine, tmp_path):
+    """Turn 1 of a session says it ends in a 2 s tool call (`maestro_session`, `maestro_tool_s` in vllm_xargs, passed on
+    by `maestro gateway`); the engine holds its context; turn 2 (turn 1's prompt and answer, then the tool's result)
+    starts on the held blocks: the hold and the hit in the plugin's decisions, the hit tokens on vLLM's /metrics."""
+    lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
+    before = lines[-1] if lines else {}
+    hits_before = prefix_cache_hits(maestro_engine)
+    prompt = " ".join([PROMPT] * 20)  # about 400 tokens: 3 full blocks of 128
+    node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
+    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
+                           upstream={"metrics_period_s": 0.2}, system={"slo_s": 60.0})
+    with RunningGateway(config) as gateway:
+        answers = []
+        for stage, (text, tool_s) in enumerate([(prompt, 2.0), (None, 0.0)]):
+            text = text or f"{prompt}{answers[0]} Tool result: 12 flights found."
+            body = {"model": "tiny", "prompt": text, "max_tokens": 16, "ignore_eos": True,
+                    "vllm_xargs": SessionHint("wf-tool", tool_s).to_xargs()}
+            headers = {"X-Maestro-Workflow": "wf-tool", "X-Maestro-Stage": f"turn{stage}", "X-Maestro-Role": "agent"}
+            response = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=300)
+            assert response.status_code == 200, response.text
+            answers.append(response.json()["choices"][0]["text"])
+    after = decisions_when(maestro_engine, lambda d: d.get("num_kv_hits", 0) > before.get("num_kv_hits", 0))
+    assert after["num_kv_kept"] == before.get("num_kv_kept", 0) + 1
+    hit_tokens = after["num_kv_hit_tokens"] - before.get("num_kv_hit_tokens", 0)
+    assert hit_tokens >= 3 * 128
+    assert prefix_cache_hits(maestro_engine) - hits_before >= hit_tokens
