@@ -14,7 +14,7 @@ What every arm is told, and from where (nothing of a stage that has not run, not
 - **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock): `RemainingWork` fed
   with the training side's workflows, all ended before the replay starts, read at the stage's position; never a sum
   over the replayed workflow's own later stages. It is not updated during the run.
-- **Tool time**: drawn from `ToolTimes` (seconds, then steps at `step_s`), the same draws for every arm of a seed.
+- **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a seed.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from serving.scheduler import SchedulerConfig
 from serving.scheduler.remaining import RemainingWork
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
-from serving.sim.ready import ReadyPredictions
+from serving.sim.ready import ReadyPredictions, reserve_margin
 from serving.sim.slo import SLOTable, stage_unloaded_s
-from serving.sim.tooltime import ToolTimes
+from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, trace_workflows
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
@@ -155,9 +155,9 @@ class EngineWorkload:
     predictions (sources built once, prewarmed on the held-out workflows), and one plan per arm, rate and seed."""
 
     def __init__(self, train: list[StageTrace], test: list[StageTrace], model_dir, config: EngineConfig,
-                 slo_scale: float = 5.0, tool_times: ToolTimes | None = None):
+                 slo_scale: float = 5.0, tool_times: ToolTimeDistribution | None = None):
         self.train, self.test, self.model_dir, self.config = train, test, model_dir, config
-        self.tool_times = tool_times or ToolTimes()
+        self.tool_times = tool_times or ToolTimeDistribution()
         self.cost = CostModel(step_cost(config))
         trained = self.workflows(train, None, 0)
         self.slo = SLOTable.fit(trained, self.cost, slo_scale)
@@ -199,14 +199,7 @@ class EngineWorkload:
     def model_margin(self) -> float:
         """The trained model's median reserve ÷ prediction on training workflows: the oracle's reserve margin (1
         without a model). Not on the replayed side, whose later stages would then move every oracle reserve."""
-        if self.model_dir is None:
-            return 1.0
-        model, sample = ReadyPredictions("model", self.model_dir), trace_workflows(self.train, MODEL)[:MARGIN_WORKFLOWS]
-        for workflow in sample:
-            at_readiness(workflow)
-        model.prewarm([s for w in sample for s in w.stages])
-        ratios = sorted(reserve / max(1, pred) for pred, reserve in model.cache.values())
-        return ratios[len(ratios) // 2]
+        return reserve_margin(self.model_dir, trace_workflows(self.train, MODEL)[:MARGIN_WORKFLOWS])
 
     def plans(self, arms: list[EngineArm], rate: float, seed: int, count: int, llm: str) -> dict[str, dict]:
         """One plan per arm: the same workflows, arrivals (Poisson at `rate` per 1,000 steps), tool gaps and

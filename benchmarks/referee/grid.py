@@ -25,7 +25,7 @@ from serving.sim.engine import Simulator
 from serving.sim.ready import ReadyPredictions, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import SLOTable
-from serving.sim.tooltime import ToolTimes
+from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, map_models, reset, trace_workflows
 
 MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model (as benchmarks.sim_replay)
@@ -55,7 +55,7 @@ class Replay:
     nodes: int = 8
     workflows: int = 1600
     slo_scale: float = 5.0
-    tool_times: ToolTimes = field(default_factory=ToolTimes)
+    tool_times: ToolTimeDistribution = field(default_factory=ToolTimeDistribution)
     sources: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -91,7 +91,7 @@ class Replay:
         """The arm's prediction source, built and prewarmed once (noise: once per seed)."""
         key = (name, seed if name.startswith("noise") else 0)
         if key not in self.sources:
-            margin = self.model_margin() if name in ("oracle",) or name.startswith("noise") else 1.0
+            margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
             predictions = ReadyPredictions(name, self.model_dir, seed=key[1], margin=margin)
             predictions.prewarm([s for w in self.base for s in w.stages])
             self.sources[key] = predictions
@@ -147,6 +147,9 @@ def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.5, 0.3), it
             mid = math.sqrt(lo * hi)
             lo, hi = (mid, hi) if attained(mid) > target * ceiling else (lo, mid)
         rates.append(round(math.sqrt(lo * hi), 2))
+        if hi >= high:
+            print(f"capacity: EDF stays above {target} × the ceiling up to {high}/s; the rate for that target is "
+                  "the search's upper bound")
         low = lo
     return rates
 

@@ -48,7 +48,7 @@ class ReadyPredictions:
     """Sets a ready stage's `tokens_pred` / `tokens_reserve` from one source (see the module docstring)."""
 
     def __init__(self, source: str, model_dir: str | Path | None = None, seed: int = 0, margin: float = 1.0,
-                 rho: float = DEFAULT_RHO, reserve_from: ReadyPredictions | None = None):
+                 rho: float = DEFAULT_RHO):
         name = "noise" if source.startswith("noise") else source
         if name not in SOURCES:
             raise ValueError(f"unknown prediction source '{source}'; known: {', '.join(SOURCES)} (noise as noiseσ)")
@@ -56,7 +56,6 @@ class ReadyPredictions:
             raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
         self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
         self.sigma = float(source[len("noise"):] or 0.5) if name == "noise" else 0.0
-        self.reserve_from = reserve_from  # ablation: the reserve from another source, the point from this one
         self.cache: dict[tuple, tuple[int, int]] = {}
         self.num_calls = 0
         self._predictor = self._priors = None
@@ -78,9 +77,6 @@ class ReadyPredictions:
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
         stage.tokens_pred, stage.tokens_reserve = answer
-        if self.reserve_from is not None:
-            self.reserve_from(stage)
-            stage.tokens_pred = answer[0]
 
     def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
         """Answer every distinct stage once, keyed as at readiness (all its ancestors finished)."""
@@ -94,8 +90,6 @@ class ReadyPredictions:
             chunk = keys[start:start + batch_size]
             answers = self._answer([todo[k] for k in chunk], [k[2] for k in chunk])
             self.cache.update(zip(chunk, answers))
-        if self.reserve_from is not None:
-            self.reserve_from.prewarm(stages, batch_size)
 
     # --- the sources ---------------------------------------------------------------------------
     def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:

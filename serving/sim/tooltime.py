@@ -18,7 +18,7 @@ from serving.sim.workload import SimWorkflow
 
 
 @dataclass(frozen=True)
-class ToolTimes:
+class ToolTimeDistribution:
     median_s: float = 1.0  # an API or database call of a tau2-style agent: about a second
     sigma: float = 1.0  # its spread: a tenth to ten times the median within ±2.3σ
 

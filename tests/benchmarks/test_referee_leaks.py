@@ -92,11 +92,26 @@ def test_the_check_catches_deadlines_from_true_lengths(replay):
     assert any(leaks)
 
 
-def test_a_model_prediction_reads_finished_ancestors_only(replay, tmp_path):
-    """The trained model's answer at readiness is the same whatever the stage's later stages (and its own) did."""
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A small predictor without embeddings (trains in seconds)."""
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
     fast = ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))
-    model_dir = Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(tmp_path / "model")
+    return Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(
+        tmp_path_factory.mktemp("model") / "predictor")
+
+
+def test_the_oracle_margin_reads_the_training_side_only(replay, model_dir):
+    """The oracle's (and the noise arms') reserve margin is the model's on training workflows: replayed workflows
+    that ran three times longer leave it as it was."""
+    longer = [s.model_copy(update={"output_tokens": 3 * s.output_tokens}) for s in replay.test]
+    margins = [Replay(replay.train, test, model_dir, nodes=NODES, workflows=WORKFLOWS).model_margin()
+               for test in (replay.test, longer)]
+    assert margins[0] == margins[1] > 1.0
+
+
+def test_a_model_prediction_reads_finished_ancestors_only(replay, model_dir):
+    """The trained model's answer at readiness is the same whatever the stage's later stages (and its own) did."""
     chain = next(w for w in replay.workload(RATE, 0) if len(w.stages) >= 4)
     first = ReadyPredictions("model", model_dir)
     first.prewarm(chain.stages)
