@@ -17,6 +17,8 @@ CHECKSUM_TAG = "predictor_sha256"  # model-version tag: the predictor files' dig
 
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # the model's code (models-from-code)
+# The packages the model's code imports, logged with it: pipelines/ and maestro/ (the prediction type it answers in).
+CODE_PATHS = [str(PYFUNC_CODE.parent), str(PYFUNC_CODE.parent.parent / "maestro")]
 # A made-up stage, not one from the traces: the example is stored with every model version, and traces hold
 # users' prompts.
 INPUT_EXAMPLE = pd.DataFrame([
@@ -54,10 +56,10 @@ def signature() -> ModelSignature:
 
 def log_predictor(directory: str | Path, pip_requirements: list[str], params: dict | None = None) -> ModelInfo:
     """Log a saved predictor as a pyfunc model of the active run (models-from-code, with its signature, an input
-    example and the pipelines/ package as code), registered as MODEL_NAME; `params`: the recipe, shown on the
+    example and the pipelines/ and maestro/ packages as code), registered as MODEL_NAME; `params`: the recipe, shown on the
     logged model too. The logged model's info."""
     return mlflow.pyfunc.log_model(name="predictor", python_model=str(PYFUNC_CODE),
-                                   artifacts={"predictor": str(directory)}, code_paths=[str(PYFUNC_CODE.parent)],
+                                   artifacts={"predictor": str(directory)}, code_paths=CODE_PATHS,
                                    signature=signature(), input_example=INPUT_EXAMPLE, params=params,
                                    registered_model_name=MODEL_NAME, pip_requirements=pip_requirements)
 
