@@ -155,9 +155,9 @@ class Replay:
         pool = self.scheduler.kv_cache_manager.block_pool
         self.steps.append((self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running),
                            produced))
-        if done:
-            self.engine.abort_request([s.request_id for s in done if s.request_id in self.scheduler.requests],
-                                      internal=True)
+        for stage in done:  # one at a time: vLLM frees a batch of aborts in a set's order, which varies by run
+            if stage.request_id in self.scheduler.requests:
+                self.engine.abort_request([stage.request_id], internal=True)
         for stage in done:
             self._finish(stage)
 

@@ -71,7 +71,7 @@ def dead_paths(document: Path, text: str | None = None) -> list[str]:
         for match in SLASHED.finditer(line):
             path = match.group(1).rstrip(".,:;")
             target = slashed_target(document, path)
-            if target is not None and not target.resolve().relative_to(ROOT).as_posix().startswith(OUTPUTS):
+            if target is not None and not (target.resolve().relative_to(ROOT).as_posix() + "/").startswith(OUTPUTS):
                 dead += [f"{where} {path}"] if not target.exists() else []
         dead += [f"{where} {m.group(1)}" for m in DOTTED.finditer(line) if not dotted_exists(m.group(1))]
         row = ROW_FOLDER.match(line)
