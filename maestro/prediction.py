@@ -9,7 +9,7 @@ Where a layer needs another shape, it holds or converts this one (maestro/README
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
 
@@ -52,14 +52,60 @@ class Source(StrEnum):
     NO_MODEL = "no_model"  # no trained model configured (or the service serves priors only)
 
 
+class WorkflowFallbackLevel(StrEnum):
+    """Which level of the workflow-level predictor (pipelines/workflow_remaining.py) answered."""
+
+    APP = "app"  # the model, for an app seen in training
+    POSITION = "position"  # an app training never saw (or too little data): the per-position table over all apps
+    PRIOR = "prior"  # no workflow model at all: WORKFLOW_PRIOR
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkflowRemaining:
+    """A workflow's remaining work seen from one of its stages when it becomes ready: the stages after it (a larger
+    call_index, any role) and their output tokens, median and (1 − α) upper bound, and which level answered.
+
+    The defaults are the answer with no workflow model: a guess, not calibrated on anything (WORKFLOW_PRIOR).
+    Keyword-only, so `Prediction`, which carries these fields after its own, is still built positionally.
+    """
+
+    wf_remaining_calls: float = 4.0
+    wf_remaining_tokens: float = 400.0
+    wf_remaining_calls_upper: int = 32
+    wf_remaining_tokens_upper: int = 8000
+    wf_fallback_level: WorkflowFallbackLevel = WorkflowFallbackLevel.PRIOR
+
+    def __post_init__(self):
+        object.__setattr__(self, "wf_fallback_level", WorkflowFallbackLevel(self.wf_fallback_level))
+
+    def remaining_fields(self) -> dict:
+        """The workflow fields alone (of a `Prediction`, too), by name: `Prediction(..., **w.remaining_fields())`."""
+        return {name: getattr(self, name) for name in WORKFLOW_FIELDS}
+
+    def to_dict(self) -> dict:
+        """The fields as plain JSON values, a prediction's own first, then the workflow's."""
+        ordered = sorted(fields(self), key=lambda f: f.kw_only)  # a stable sort: declaration order otherwise
+        return {f.name: _plain(getattr(self, f.name)) for f in ordered}
+
+
+WORKFLOW_FIELDS = tuple(f.name for f in fields(WorkflowRemaining))
+# The answer with no workflow model (a predictor saved before it had one, the client's local fallback).
+WORKFLOW_PRIOR = WorkflowRemaining()
+
+
+def _plain(value):
+    return value.value if isinstance(value, StrEnum) else value
+
+
 @dataclass(frozen=True)
-class Prediction:
+class Prediction(WorkflowRemaining):
     """What the scheduler learns about a stage before it runs.
 
     tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound to reserve KV
     for (see `FallbackLevel.is_calibrated`); fallback_level says which level answered. history says what the
     stage's input held of its workflow's past (pipelines/history.py): "full", "partial" or "none" (also for a
-    prior, which reads no history); the reserve is calibrated per condition.
+    prior, which reads no history); the reserve is calibrated per condition. The `wf_*` fields (WorkflowRemaining,
+    keyword-only) are the stage's workflow's remaining work; left out, they are WORKFLOW_PRIOR's.
     """
 
     workflow_id: str
@@ -71,12 +117,9 @@ class Prediction:
     history: str = "full"
 
     def __post_init__(self):
+        super().__post_init__()
         object.__setattr__(self, "fallback_level", FallbackLevel(self.fallback_level))
 
     @property
     def is_calibrated(self) -> bool:
         return self.fallback_level.is_calibrated
-
-    def to_dict(self) -> dict:
-        """The prediction as plain JSON values (`maestro predict --out` writes one per line)."""
-        return {**asdict(self), "fallback_level": self.fallback_level.value}

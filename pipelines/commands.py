@@ -17,7 +17,7 @@ from pipelines.params import load_params
 from pipelines.metrics import TARGETS, VERDICTS, score_frames, scoring_frames
 from pipelines.plots import write_plots
 from pipelines.predictor import Predictor, label_frame
-from pipelines.train import model_config
+from pipelines.train import model_config, workflow_config
 
 DEFAULT_PARAMS = Path(__file__).resolve().parent.parent / "params.yaml"
 
@@ -31,12 +31,13 @@ def _read(path: str):
 def _train(args: argparse.Namespace) -> Predictor:
     features = featurizer_config(load_params("featurize", args.params))
     model = model_config(load_params("train", args.params))
-    if args.dask:
+    if args.dask:  # the stage model only: its answers' workflow fields are the prior (maestro.prediction)
         from pipelines.dask_train import DaskTrainConfig, train_predictor
 
         config = DaskTrainConfig(args.dask, embedding_cache=args.embedding_cache)
         return train_predictor(args.traces, features, model, config)
-    return Predictor.train(_read(args.traces), features, model, progress=True)
+    workflow = workflow_config(load_params("workflow", args.params, default={}))
+    return Predictor.train(_read(args.traces), features, model, progress=True, workflow_config=workflow)
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -151,7 +152,8 @@ def register(subparsers) -> None:
     train = subparsers.add_parser("train", help="train the stage-length predictor on a trace file")
     train.add_argument("--traces", required=True, help="contract JSONL or Parquet file of labelled stages")
     train.add_argument("--out", required=True, help="directory to write the predictor to")
-    train.add_argument("--params", default=str(DEFAULT_PARAMS), help="params.yaml with featurize/train sections")
+    train.add_argument("--params", default=str(DEFAULT_PARAMS),
+                       help="params.yaml with featurize/train (and workflow) sections")
     train.add_argument("--dask", metavar="local:N|tcp://HOST:PORT", help="train on a Dask cluster: N local worker "
                        "processes or a running scheduler; --traces may then be a directory of trace files or of "
                        "trace Parquet (pipelines/dask_features.py)")

@@ -5,7 +5,9 @@ label stripped ("without_history": what a stage sent alone gets).
 Writes metrics.json (DVC metrics: the headline figures the targets name, per condition), the
 detail (every metric, the baselines, per-app / per-role breakdowns) to metrics_detail.json, CSVs
 for `dvc plots` and PNGs (calibration curve, predicted vs actual, error by role) that `register`
-also logs to MLflow.
+also logs to MLflow. The workflow-level model is scored on the test split's stages (read from the traces) in the
+same two conditions (pipelines.workflow_metrics): its headline under `workflow` in each condition of metrics.json,
+its detail under `workflow` in metrics_detail.json.
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipelines.contract import read_traces
 from pipelines.metrics import (VERDICTS, baseline_predictions, grouped_quality, quality, ratio, target_checks,
                                target_ratios)
 from pipelines.plots import write_plots
 from pipelines.new_app import model_frame
-from pipelines.predictor import Predictor
+from pipelines.predictor import Predictor, select_stages
+from pipelines.workflow_metrics import evaluate_workflow
 
 
 def model_predictions(predictor: Predictor, X: pd.DataFrame, labels: pd.DataFrame, rho: float) -> dict:
@@ -77,10 +81,24 @@ def evaluate_condition(predictor: Predictor, X_train, train_labels, X_test, test
     return metrics, breakdown, frames
 
 
+def add_workflow(metrics: dict, detail: dict, predictor: Predictor, traces: str, train_labels, test_labels) -> None:
+    """The workflow model's figures per condition into `metrics` (its headline) and `detail` (all of them)."""
+    if predictor.workflow is None:  # a predictor saved without one
+        return
+    stages = read_traces(traces).stages
+    scored = evaluate_workflow(predictor.workflow, select_stages(stages, train_labels),
+                               select_stages(stages, test_labels))
+    for name, figures in scored.items():
+        if name in metrics:
+            metrics[name]["workflow"], detail[name]["workflow"] = figures["headline"], figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="models/predictor")
     parser.add_argument("--features", default="data/features")
+    parser.add_argument("--traces", default="data/traces/collected.jsonl",
+                        help="the traces featurize split: the workflow model is scored on the test stages")
     parser.add_argument("--metrics", default="metrics.json")
     parser.add_argument("--detail", default="data/eval/metrics_detail.json")
     parser.add_argument("--out", default="data/eval")
@@ -90,8 +108,10 @@ def main() -> None:
     predictor = Predictor.load(args.model)
     if predictor.model is None:
         raise SystemExit("the trained predictor has no model (too few stages): nothing to evaluate")
-    metrics, detail, frames = evaluate(predictor, read("train_X.parquet"), read("train_labels.parquet"),
-                                       read("test_X.parquet"), read("test_labels.parquet"))
+    train_labels, test_labels = read("train_labels.parquet"), read("test_labels.parquet")
+    metrics, detail, frames = evaluate(predictor, read("train_X.parquet"), train_labels, read("test_X.parquet"),
+                                       test_labels)
+    add_workflow(metrics, detail, predictor, args.traces, train_labels, test_labels)
     out.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1))
     Path(args.detail).write_text(json.dumps(detail, indent=1))
@@ -104,6 +124,8 @@ def main() -> None:
               f"{r['over_reservation_vs_role_conformal']}× the per-role conformal level at the same α)")
         print("  targets on this test split: " + ", ".join(f"{metric} {VERDICTS[ok]}"
                                                          for metric, ok in target_checks(m, r).items()))
+        if "workflow" in metrics[name]:
+            print("  workflow: " + ", ".join(f"{k} {v}" for k, v in metrics[name]["workflow"].items()))
 
 
 if __name__ == "__main__":

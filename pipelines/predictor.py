@@ -1,7 +1,6 @@
 """The stage-length predictor as used at run time: one loader, shared by CLI, service, simulator and tests."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -12,47 +11,18 @@ import joblib
 import numpy as np
 import pandas as pd
 
-from maestro.prediction import FallbackLevel, Prediction
+from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
 from pipelines import compiled_trees
+# ArtifactMismatch: what load() raises on changed files, importable with the loader
+from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
 from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
 from pipelines.new_app import NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
+from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
-ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)
-
-
-class ArtifactMismatch(ValueError):
-    """A predictor's files do not match the checksum recorded for them; refused before anything is deserialised."""
-
-
-def artifact_digest(directory: str | Path) -> str:
-    """SHA-256 over a saved predictor's files (names and bytes): what save() and registration record."""
-    digest = hashlib.sha256()
-    for name in ARTIFACT_FILES:
-        digest.update(name.encode())
-        digest.update((Path(directory) / name).read_bytes())
-    return digest.hexdigest()
-
-
-def verify_artifact(directory: Path, expected_sha256: str | None = None, require: bool = False) -> str:
-    """Check the files against the checksum given (e.g. the registry's) and the one meta.json records.
-
-    `require`: refuse a predictor with no checksum to check against. Returns the files' digest."""
-    meta = json.loads((directory / "meta.json").read_text()) if (directory / "meta.json").exists() else {}
-    checks = {"given": expected_sha256, "recorded in meta.json": meta.get("artifact_sha256")}
-    checks = {where: value for where, value in checks.items() if value}
-    if require and not checks:
-        raise ArtifactMismatch("the predictor has no recorded checksum: save it again with this version "
-                               "(`maestro train` or `dvc repro`), or register it with `dvc repro`")
-    actual = artifact_digest(directory)
-    for where, value in checks.items():
-        if value != actual:
-            raise ArtifactMismatch(f"the predictor's files do not match the checksum {where}: "
-                                   "they changed after they were saved; not loading them")
-    return actual
 
 
 @dataclass(frozen=True)
@@ -67,10 +37,11 @@ class Prior:
     def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> "Prior":
         return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
 
-    def answer(self, workflow_id: str, stage_id: str) -> Prediction:
-        """This prior as a stage's prediction: its median, its quantile as the (uncalibrated) reserve, no history."""
+    def answer(self, workflow_id: str, stage_id: str, remaining: WorkflowRemaining = WORKFLOW_PRIOR) -> Prediction:
+        """This prior as a stage's prediction: its median, its quantile as the (uncalibrated) reserve, no history;
+        `remaining`: the workflow fields."""
         return Prediction(workflow_id, stage_id, round(self.p_tool, 4), int(round(self.tokens_median)),
-                          math.ceil(self.tokens_upper), FallbackLevel.PRIOR, "none")
+                          math.ceil(self.tokens_upper), FallbackLevel.PRIOR, "none", **remaining.remaining_fields())
 
 
 # The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
@@ -86,6 +57,14 @@ def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
         "role": [s.role for s in stages], "app": [s.app or UNKNOWN for s in stages],
         "group": [task_id(s) for s in stages], "tokens": [s.output_tokens for s in stages],
         "is_tool": [bool(s.is_tool_call) for s in stages]})
+
+
+def select_stages(stages: list[StageTrace], labels: pd.DataFrame) -> list[StageTrace]:
+    """The stages among `stages` that a label frame holds (its stages as they are: the "full" copy where it has
+    copies), in the order of `stages`: a split's stages back from its labels."""
+    rows = labels[labels["copy"].eq("full")] if "copy" in labels else labels
+    wanted = set(zip(rows["workflow_id"].astype(str), rows["stage_id"].astype(str)))
+    return [s for s in stages if (s.workflow_id, s.stage_id) in wanted]
 
 
 def training_frame(featurizer: Featurizer, stages: list[StageTrace], seed: int = 0,
@@ -129,26 +108,39 @@ def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[s
 
 
 class Predictor:
-    """Featurizer + two-stage model + priors; predicts for any contract stages, labelled or not."""
+    """Featurizer + two-stage model + priors, and the workflow-level model; predicts for any contract stages,
+    labelled or not."""
 
     def __init__(self, featurizer: Featurizer | None, model: TwoStageModel | None, priors: dict[str, Prior],
-                 meta: dict | None = None, new_app: NewAppLevels | None = None):
+                 meta: dict | None = None, new_app: NewAppLevels | None = None,
+                 workflow: WorkflowRemainingModel | None = None):
         self.featurizer, self.model, self.priors, self.new_app = featurizer, model, priors, new_app
+        self.workflow = workflow  # None: every answer's workflow fields are WORKFLOW_PRIOR
         self.meta = meta or {}
 
     @classmethod
     def train(cls, stages: list[StageTrace], featurizer_config: FeaturizerConfig | None = None,
-              model_config: ModelConfig | None = None, progress: bool = False) -> "Predictor":
-        """Fit featurizer, model and priors on the labelled stages among `stages`."""
+              model_config: ModelConfig | None = None, progress: bool = False,
+              workflow_config: WorkflowConfig | None = None) -> "Predictor":
+        """Fit featurizer, model and priors, and the workflow-level model, on the labelled stages among `stages`."""
         labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
         if not labelled:
             raise ValueError("no labelled stages: training needs output_tokens and is_tool_call on each stage")
         labels = label_frame(labelled)
         if len(labelled) < MIN_STAGES_FOR_MODEL:
-            return cls.fit(None, None, labels, model_config)
+            return cls.fit(None, None, labels, model_config).fit_workflow(labelled, workflow_config)
         featurizer = Featurizer(featurizer_config).fit(labelled, progress=progress)
         seed = model_config.seed if model_config is not None else 0
-        return cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
+        predictor = cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
+        return predictor.fit_workflow(labelled, workflow_config)
+
+    def fit_workflow(self, stages: list[StageTrace], config: WorkflowConfig | None = None) -> "Predictor":
+        """Fit the workflow-level model on finished, labelled workflows (the stage model's training stages) and keep
+        it: predict() answers the `wf_*` fields from it. The DVC train stage calls it after fit()."""
+        self.workflow = WorkflowRemainingModel(config).fit(stages)
+        self.meta["workflow"] = {"model": "boosters" if self.workflow.boosters_ is not None else "position-table",
+                                 "num_train_stages": len(stages)}
+        return self
 
     @classmethod
     def fit(cls, featurizer: Featurizer | None, X: pd.DataFrame | None, labels: pd.DataFrame,
@@ -173,8 +165,10 @@ class Predictor:
         """Answers for `stages`; their ancestors' outcomes come from the same list or from `history`."""
         if not stages:
             return []
+        remaining = self.remaining(stages, history)
         if self.model is None:
-            return [self.prior(s) for s in stages]
+            return [self.priors.get(s.role, self.priors[""]).answer(s.workflow_id, s.stage_id, w)
+                    for s, w in zip(stages, remaining)]
         names, columns = self.model.feature_names, self.read_columns
         matrix, roles = self.featurizer.matrix(stages, columns, history)
         out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
@@ -184,7 +178,13 @@ class Predictor:
             reserve = out["tokens_reserve"].copy()
             reserve[is_new] = new_app_reserves(self.new_app, matrix, columns, out, is_new)
             out = {**out, "tokens_reserve": reserve}
-        return [self._answer(s, out, i, is_new[i]) for i, s in enumerate(stages)]
+        return [self._answer(s, out, i, is_new[i], remaining[i]) for i, s in enumerate(stages)]
+
+    def remaining(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowRemaining]:
+        """The workflow fields of each stage's answer: the workflow model's, WORKFLOW_PRIOR where there is none."""
+        if self.workflow is None:
+            return [WORKFLOW_PRIOR] * len(stages)
+        return self.workflow.predict(stages, history)
 
     @property
     def read_columns(self) -> list[str]:
@@ -196,16 +196,20 @@ class Predictor:
             columns = self.__dict__["_read_columns"] = names + extra
         return columns
 
-    def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool) -> Prediction:
+    def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool, remaining: WorkflowRemaining
+                ) -> Prediction:
         level = (FallbackLevel.NEW_APP if is_new_app else FallbackLevel.ROLE if self.featurizer.known_role(stage.role)
                  else FallbackLevel.GLOBAL)
         return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
                           int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
-                          str(out["history"][i]))
+                          str(out["history"][i]), **remaining.remaining_fields())
 
     def prior(self, stage: StageTrace) -> Prediction:
-        """The answer without a model: the role's empirical quantiles, else the global ones."""
-        return self.priors.get(stage.role, self.priors[""]).answer(stage.workflow_id, stage.stage_id)
+        """The answer without a model (also where the model failed on the stage): the role's empirical quantiles,
+        else the global ones; the workflow fields from the workflow model's per-position table, which reads the
+        stage's position alone, else WORKFLOW_PRIOR."""
+        remaining = self.workflow.fallback(stage) if self.workflow is not None else WORKFLOW_PRIOR
+        return self.priors.get(stage.role, self.priors[""]).answer(stage.workflow_id, stage.stage_id, remaining)
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
@@ -214,6 +218,9 @@ class Predictor:
         state = self.featurizer.state() if self.featurizer is not None else None
         joblib.dump({"featurizer": state, "model": self.model, "new_app": self.new_app}, directory / "predictor.joblib")
         (directory / "priors.json").write_text(json.dumps({k: asdict(v) for k, v in self.priors.items()}, indent=1))
+        shutil.rmtree(directory / WORKFLOW_DIR, ignore_errors=True)  # an earlier save's
+        if self.workflow is not None:
+            self.workflow.save(directory / WORKFLOW_DIR)
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
         shutil.rmtree(directory / compiled_trees.DIRECTORY, ignore_errors=True)  # a library of an earlier save
         if self.model is not None and getattr(self.model.config, "compile_trees", False):
@@ -229,7 +236,8 @@ class Predictor:
         """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion.
 
         The files are checked against `expected_sha256` and the checksum save() recorded before
-        anything is unpickled; a mismatch raises ArtifactMismatch."""
+        anything is unpickled; a mismatch raises ArtifactMismatch. A directory saved before predictors had a
+        workflow model (no `workflow/`) loads without one: its answers carry WORKFLOW_PRIOR."""
         directory = _resolve(str(location))
         digest = verify_artifact(directory, expected_sha256, require_checksum)
         state = joblib.load(directory / "predictor.joblib")
@@ -238,7 +246,9 @@ class Predictor:
         meta = json.loads((directory / "meta.json").read_text())
         if state["model"] is not None:  # the compiled boosters saved beside it, where usable on this machine
             compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest)
-        return cls(featurizer, state["model"], priors, meta, state.get("new_app"))
+        has_workflow = (directory / WORKFLOW_DIR).exists()
+        workflow = WorkflowRemainingModel.load(directory / WORKFLOW_DIR) if has_workflow else None
+        return cls(featurizer, state["model"], priors, meta, state.get("new_app"), workflow)
 
 
 def _resolve(location: str) -> Path:

@@ -19,7 +19,8 @@ def _present(value) -> bool:
 
 
 class StageLengthPyfunc(PythonModel):
-    """A frame of contract stages (DESIGN §3; labels ignored) in, a frame of predictions out."""
+    """A frame of contract stages (DESIGN §3; labels ignored) in, a frame of predictions out: one row per stage,
+    `Prediction.to_dict()`'s columns (the stage's, then its workflow's remaining work, `wf_*`)."""
 
     def load_context(self, context) -> None:
         from pipelines.predictor import Predictor

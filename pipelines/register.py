@@ -1,5 +1,8 @@
 """DVC stage `register`: log the run to MLflow, register `stage-length`, move `champion` if not worse.
 
+The logged model is the whole saved predictor directory, the workflow-level model (`workflow/`) with it; the
+evaluate stage's figures go with it, the workflow model's as `workflow.<condition>.<figure>`.
+
 The champion is re-scored on this run's test split (same stages for both), so the comparison is
 fair even when the data changed since the champion was trained. `register.promote` says whether this
 run may move `champion` at all: `auto` lets `dvc repro` ship and keeps `dvc exp run` from shipping.
@@ -113,7 +116,8 @@ def main() -> None:
     allowed, held = may_promote(params.get("promote", "auto"))
     use_store(params["tracking_uri"], params["artifact_root"])
     client = MlflowClient()
-    metrics = json.loads(Path(args.metrics).read_text())["with_history"]
+    detail = json.loads(Path(args.metrics).read_text())
+    metrics = detail["with_history"]
     test_labels = pd.read_parquet(Path(args.features) / "test_labels.parquet")
     champion = champion_quality(client, args.traces, test_labels, Path(args.features) / "embeddings.npz")
     all_params = {section: load_params(section) for section in ("collect", "featurize", "train", "register")}
@@ -127,6 +131,8 @@ def main() -> None:
         mlflow.log_metrics(flat("", {"model": metrics["model"], "ratios": metrics["ratios"],
                                      "baselines": metrics["baselines"]}, numbers_only=True),
                            model_id=info.model_id, dataset=test)
+        workflow = {name: d["workflow"]["headline"] for name, d in detail.items() if "workflow" in d}
+        mlflow.log_metrics(flat("workflow", workflow, numbers_only=True), model_id=info.model_id, dataset=test)
         mlflow.set_tags({"data_hash": file_hash(args.traces), "collect.source": all_params["collect"]["source"]})
         for png in sorted(Path(args.plots).glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")

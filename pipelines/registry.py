@@ -33,7 +33,8 @@ INPUT_EXAMPLE = pd.DataFrame([
 
 def signature() -> ModelSignature:
     """The model's wire format: contract stages in (DESIGN §3: ids, role and prompt required; the prompt a text or
-    a list of OpenAI-style messages), one prediction per stage out.
+    a list of OpenAI-style messages), one prediction per stage out (`Prediction.to_dict()`: the stage's fields, then
+    its workflow's remaining work, the `wf_*` fields).
 
     Where some stages of a batch lack an optional field, its frame column holds NaN, which MLflow's long and array
     checks refuse (and it will not take ints as doubles): counts and name lists are therefore Any here, and the
@@ -50,7 +51,10 @@ def signature() -> ModelSignature:
     outputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
                       ColSpec(DataType.double, "p_tool"), ColSpec(DataType.long, "tokens_pred"),
                       ColSpec(DataType.long, "tokens_reserve"), ColSpec(DataType.string, "fallback_level"),
-                      ColSpec(DataType.string, "history")])
+                      ColSpec(DataType.string, "history"),
+                      *(ColSpec(DataType.double, n) for n in ("wf_remaining_calls", "wf_remaining_tokens")),
+                      *(ColSpec(DataType.long, n) for n in ("wf_remaining_calls_upper", "wf_remaining_tokens_upper")),
+                      ColSpec(DataType.string, "wf_fallback_level")])
     return ModelSignature(inputs, outputs)
 
 
@@ -73,7 +77,7 @@ def tag_checksum(info: ModelInfo, directory: str | Path) -> str:
     """Record the predictor files' digest on the version `info` registered (loading checks it); the version."""
     from mlflow import MlflowClient
 
-    from pipelines.predictor import artifact_digest
+    from pipelines.artifact import artifact_digest
 
     version = str(info.registered_model_version)
     MlflowClient().set_model_version_tag(MODEL_NAME, version, CHECKSUM_TAG, artifact_digest(directory))

@@ -1,21 +1,38 @@
-"""DVC stage `train`: fit the two-stage model and priors on the training features; save the predictor."""
+"""DVC stage `train`: fit the two-stage model and priors on the training features, and the workflow-level model on
+the same training stages (read from the traces); save the predictor."""
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 
 import joblib
 import pandas as pd
 
+from pipelines.contract import read_traces
 from pipelines.features import Featurizer
 from pipelines.model import ModelConfig
 from pipelines.params import load_params
-from pipelines.predictor import Predictor
+from pipelines.predictor import Predictor, select_stages
+from pipelines.workflow_remaining import WorkflowConfig
 
 
 def model_config(params: dict) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in params.items() if k != "dask"})  # `dask`: where to train, not how
+
+
+def workflow_config(params: dict) -> WorkflowConfig:
+    """params.yaml `workflow:` over WorkflowConfig's defaults (`booster`: the keys given replace those keys)."""
+    known = {f.name for f in fields(WorkflowConfig)}
+    if set(params) - known:
+        raise ValueError(f"params.yaml workflow: unknown keys {sorted(set(params) - known)}; known: {sorted(known)}")
+    base, change = WorkflowConfig(), dict(params)
+    if "booster" in change:
+        change["booster"] = {**base.booster, **change["booster"]}
+    if "calibration_bands" in change:
+        change["calibration_bands"] = tuple(change["calibration_bands"])
+    return replace(base, **change)
 
 
 def fit(featurizer: Featurizer, X: pd.DataFrame, labels: pd.DataFrame, params: dict) -> Predictor:
@@ -34,6 +51,8 @@ def fit(featurizer: Featurizer, X: pd.DataFrame, labels: pd.DataFrame, params: d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--features", default="data/features")
+    parser.add_argument("--traces", default="data/traces/collected.jsonl",
+                        help="the traces featurize split: the workflow model is fitted on the training stages")
     parser.add_argument("--out", default="models/predictor")
     args = parser.parse_args()
     features = Path(args.features)
@@ -42,7 +61,9 @@ def main() -> None:
     labels = pd.read_parquet(features / "train_labels.parquet")
     started = time.perf_counter()
     predictor = fit(featurizer, X, labels, load_params("train"))
-    predictor.meta["train_seconds"] = round(time.perf_counter() - started, 2)
+    stages = select_stages(read_traces(args.traces).stages, labels)
+    predictor.fit_workflow(stages, workflow_config(load_params("workflow")))
+    predictor.meta["train_seconds"] = round(time.perf_counter() - started, 2)  # both models
     predictor.save(args.out)
     print(f"trained on {len(labels)} stages in {predictor.meta['train_seconds']} s → {args.out}")
 

@@ -1,6 +1,6 @@
 """How well a workflow predictor ranks and bounds remaining work, per app and pooled, against the answers that
 need no model: the per-(app, position) median of the training side, and the app's median length minus the
-position."""
+position. `evaluate_workflow` is what the DVC evaluate stage reports (metrics.json: its `headline`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -85,3 +85,29 @@ def score(frame: pd.DataFrame, base: dict[str, pd.DataFrame]) -> dict:
                 **{name: quality(b.loc[rows], reference) for name, b in base.items()}}
     return {"pooled": table(frame.index),
             "by_app": {str(app): table(rows.index) for app, rows in frame.groupby("app")}}
+
+
+def evaluate_workflow(model, train: list[StageTrace], test: list[StageTrace]) -> dict:
+    """Per condition ("with_history", "without_history"): score() of `model` on the test stages beside the
+    baselines fitted on the training stages, and its headline."""
+    truth = truth_frame(test)
+    base = baselines(truth_frame(train), truth)
+    out = {}
+    for condition in CONDITIONS:
+        scored = score(model_frame(model, test, truth, condition), base)
+        out[condition] = {"headline": headline(scored), **scored}
+    return out
+
+
+def headline(scored: dict) -> dict:
+    """The figures metrics.json shows: Kendall τ pooled over stages, MAE as a multiple of the position median's,
+    and the share of stages above the upper bound, pooled and in the app with the largest share."""
+    pooled, apps = scored["pooled"]["model"], [part["model"] for part in scored["by_app"].values()]
+    worst = lambda key: max((q[key] for q in apps if q.get(key) is not None), default=None)
+    out = {}
+    for target in ("calls", "tokens"):
+        out[f"tau_{target}"] = pooled[f"tau_{target}"]
+        out[f"mae_{target}_vs_position_median"] = pooled.get(f"mae_{target}_vs_position_median")
+        out[f"above_{target}"] = pooled.get(f"over_{target}")
+        out[f"above_{target}_worst_app"] = worst(f"over_{target}")
+    return out

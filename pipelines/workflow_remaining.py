@@ -9,9 +9,10 @@ hashed n-grams of pipelines.lexical, scored by ridges fitted to these targets: o
 rows come twice, as they are and, for stages with parents, with every label of the workflow hidden ("none"),
 so both history conditions are fitted and calibrated.
 
-Who answers (`wf_fallback_level`): "app", the model, for an app seen in training; "position", for an app training
-never saw (or too little data for a model), the per-position table over all apps (PositionTable: no coverage
-promise for an app it never saw); "prior", with no data at all, WORKFLOW_PRIOR.
+Answers are `maestro.prediction.WorkflowRemaining` (the `wf_*` fields every `Prediction` carries). Who answers
+(`wf_fallback_level`): "app", the model, for an app seen in training; "position", for an app training never saw (or
+too little data for a model), the per-position table over all apps (PositionTable: no coverage promise for an app
+it never saw); "prior", with no model at all, maestro.prediction.WORKFLOW_PRIOR.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
+from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
 from pipelines.boosters import RowPredictor
 from pipelines.calibration import calibrate_groups
 from pipelines.contract import StageTrace, parse_record, task_id
@@ -30,7 +32,7 @@ from pipelines.lexical import LexicalConfig
 from pipelines.structure import derive_structure
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, workflow_rows
 from pipelines.workflow_store import load_state, save_state
-from pipelines.workflow_table import WORKFLOW_PRIOR, AppPositionMedians, PositionTable
+from pipelines.workflow_table import AppPositionMedians, PositionTable
 
 TARGETS = ("calls", "tokens")
 LEVELS = ("app", "position", "prior")
@@ -39,7 +41,7 @@ MIN_STAGES_FOR_MODEL = 50  # below this (or under 2 tasks) the position table an
 
 @dataclass(frozen=True)
 class WorkflowConfig:
-    alpha: float = 0.045  # the share of stages allowed above the upper bound (params.yaml train.alpha)
+    alpha: float = 0.045  # the share of stages allowed above the upper bound (as params.yaml train.alpha)
     folds: int = 5  # task-grouped folds for the upper bound's out-of-fold misses
     min_group_calibration: int = 100  # rows a (condition, app) group needs for its own conformal level
     min_position_count: int = 20  # stages a position of the fallback table needs (later ones are pooled)
@@ -69,32 +71,13 @@ class WorkflowConfig:
                              f"{self.min_position_count})")
 
 
-@dataclass(frozen=True)
-class WorkflowPrediction:
-    """A workflow's remaining work as seen from one of its stages when it becomes ready: the stages with a larger
-    call_index (any role) and their output tokens, median and (1 − α) upper bound; which level answered, and the
-    history condition (pipelines.history) the answer was made in."""
-
-    workflow_id: str
-    stage_id: str
-    wf_remaining_calls: float
-    wf_remaining_tokens: float
-    wf_remaining_calls_upper: int
-    wf_remaining_tokens_upper: int
-    wf_fallback_level: str
-    wf_history: str = "full"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def as_stages(stages: list) -> list[StageTrace]:
     """Stages as given, or dicts validated by the contract (an error names the field at fault)."""
     return [s if isinstance(s, StageTrace) else parse_record(s) for s in stages]
 
 
 class WorkflowRemainingModel:
-    """fit(stages) → predict(stages, history) → list[WorkflowPrediction]; save(dir) / load(dir)."""
+    """fit(stages) → predict(stages, history) → list[WorkflowRemaining]; save(dir) / load(dir)."""
 
     def __init__(self, config: WorkflowConfig | None = None):
         self.config = config or WorkflowConfig()
@@ -157,9 +140,9 @@ class WorkflowRemainingModel:
         return history_conditions(lambda c: X[:, index[c]] if c in index else None, len(X))
 
     # ---- prediction -----------------------------------------------------------------------
-    def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowPrediction]:
-        """Answers for `stages` (contract stages, or dicts validated as such); their finished ancestors come
-        from the same list or from `history` (the finished stages of live workflows)."""
+    def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowRemaining]:
+        """Answers for `stages`, in their order (contract stages, or dicts validated as such); their finished
+        ancestors come from the same list or from `history` (the finished stages of live workflows)."""
         if not hasattr(self, "table_"):
             raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
         stages = as_stages(stages)
@@ -167,16 +150,15 @@ class WorkflowRemainingModel:
             return []
         known = history.known(stages) if history is not None else None
         if self.boosters_ is None:  # the table reads the position alone: no history
-            return [self._table_answer(s, "none") for s in stages]
+            return [self.fallback(s) for s in stages]
         texts = [s.prompt_text() for s in stages]
         rows = workflow_rows(stages, known, texts)
         extra = [self.lexical_.score(texts) if self.lexical_ is not None else None,
                  self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
                  if self.medians_ is not None else None]
         X = np.column_stack([self.encoder_.matrix(rows), *(e for e in extra if e is not None)])
-        conditions = self._conditions(X)
-        out = self.predict_matrix(X, conditions)
-        return [self._answer(s, out, i, str(conditions[i])) for i, s in enumerate(stages)]
+        out = self.predict_matrix(X, self._conditions(X))
+        return [self._answer(s, out, i) for i, s in enumerate(stages)]
 
     def predict_matrix(self, X: np.ndarray, conditions: np.ndarray) -> dict[str, np.ndarray]:
         """Median and calibrated upper bound of each target for feature rows (the encoder's columns, then the
@@ -199,24 +181,25 @@ class WorkflowRemainingModel:
                 name: tuple(RowPredictor(b) for b in pair) for name, pair in self.boosters_.items()}
         return rows
 
-    def _answer(self, stage: StageTrace, out: dict, i: int, condition: str) -> WorkflowPrediction:
+    def _answer(self, stage: StageTrace, out: dict, i: int) -> WorkflowRemaining:
         if not self.encoder_.knows("app", stage.app or UNKNOWN):
-            return self._table_answer(stage, condition)
-        return WorkflowPrediction(stage.workflow_id, stage.stage_id, round(float(out["calls"][i]), 2),
-                                  round(float(out["tokens"][i]), 1), int(np.ceil(out["calls_upper"][i] - 1e-9)),
-                                  int(np.ceil(out["tokens_upper"][i] - 1e-9)), "app", condition)
+            return self.fallback(stage)
+        return WorkflowRemaining(
+            wf_remaining_calls=round(float(out["calls"][i]), 2), wf_remaining_tokens=round(float(out["tokens"][i]), 1),
+            wf_remaining_calls_upper=int(np.ceil(out["calls_upper"][i] - 1e-9)),
+            wf_remaining_tokens_upper=int(np.ceil(out["tokens_upper"][i] - 1e-9)),
+            wf_fallback_level=WorkflowFallbackLevel.APP)
 
-    def _table_answer(self, stage: StageTrace, condition: str) -> WorkflowPrediction:
+    def fallback(self, stage: StageTrace) -> WorkflowRemaining:
+        """The per-position table's answer, read from the stage's call_index alone (no history, no model): for an
+        app training never saw, and where the model cannot answer."""
+        if not hasattr(self, "table_"):
+            raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
         calls, tokens = self.table_.lookup(stage.call_index or 0)
-        return WorkflowPrediction(stage.workflow_id, stage.stage_id, calls.median, tokens.median,
-                                  int(np.ceil(calls.upper)), int(np.ceil(tokens.upper)), "position", condition)
-
-    @staticmethod
-    def prior(stage: StageTrace) -> WorkflowPrediction:
-        """The answer with no model and no data: WORKFLOW_PRIOR, not calibrated."""
-        calls, tokens = WORKFLOW_PRIOR
-        return WorkflowPrediction(stage.workflow_id, stage.stage_id, calls.median, tokens.median,
-                                  int(calls.upper), int(tokens.upper), "prior", "none")
+        return WorkflowRemaining(wf_remaining_calls=calls.median, wf_remaining_tokens=tokens.median,
+                                 wf_remaining_calls_upper=int(np.ceil(calls.upper)),
+                                 wf_remaining_tokens_upper=int(np.ceil(tokens.upper)),
+                                 wf_fallback_level=WorkflowFallbackLevel.POSITION)
 
     # ---- persistence ------------------------------------------------------------------------
     def __getstate__(self) -> dict:

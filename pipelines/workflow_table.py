@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from maestro.prediction import WORKFLOW_PRIOR
+
 
 @dataclass(frozen=True)
 class Quantiles:
@@ -22,9 +24,9 @@ class Quantiles:
         return cls(round(float(np.median(values)), 2), float(np.quantile(values, level, method="higher")))
 
 
-# The answer with no data: an agent workflow's remaining calls and tokens, as a scheduler without a model
-# should guess them. Not calibrated on anything.
-WORKFLOW_PRIOR = (Quantiles(4.0, 32.0), Quantiles(400.0, 8000.0))
+# The table's row with no data: maestro.prediction's WORKFLOW_PRIOR (remaining calls, remaining tokens).
+PRIOR_ROW = (Quantiles(WORKFLOW_PRIOR.wf_remaining_calls, WORKFLOW_PRIOR.wf_remaining_calls_upper),
+             Quantiles(WORKFLOW_PRIOR.wf_remaining_tokens, WORKFLOW_PRIOR.wf_remaining_tokens_upper))
 
 
 class PositionTable:
@@ -37,7 +39,7 @@ class PositionTable:
         table = cls()
         positions = np.asarray(positions, int)
         if not len(positions):
-            table.rows_ = [WORKFLOW_PRIOR]
+            table.rows_ = [PRIOR_ROW]
             return table
         counts = np.bincount(positions)
         last = max((p for p, n in enumerate(counts) if n >= config.min_position_count), default=0)

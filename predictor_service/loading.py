@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.predictor import ArtifactMismatch, Predictor, artifact_digest
+from pipelines.artifact import ArtifactMismatch, artifact_digest
+from pipelines.predictor import Predictor
 from pipelines.registry import CHECKSUM_TAG, MODEL_NAME, registered_checksum
 
 _ALIAS = re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/]+)$")

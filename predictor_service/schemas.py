@@ -75,9 +75,11 @@ class PredictRequest(BaseModel):
 
 
 def dataclass_fields(cls: type) -> dict[str, tuple[Any, Any]]:
-    """A dataclass's fields as pydantic field definitions (type, default), so a wire model is built from them."""
+    """A dataclass's fields as pydantic field definitions (type, default), so a wire model is built from them; the
+    keyword-only ones (a `Prediction`'s workflow fields, declared on its base) last, as its __init__ takes them."""
     types = get_type_hints(cls)
-    return {f.name: (types[f.name], ... if f.default is MISSING else f.default) for f in fields(cls)}
+    ordered = sorted(fields(cls), key=lambda f: f.kw_only)  # a stable sort: declaration order otherwise
+    return {f.name: (types[f.name], ... if f.default is MISSING else f.default) for f in ordered}
 
 
 PREDICTION_FIELDS = dataclass_fields(Prediction)
@@ -97,8 +99,9 @@ class ServedPrediction(BaseModel):
 
 PredictionOut = create_model(
     "PredictionOut", __base__=ServedPrediction,
-    __doc__="One answer of /predict: a `Prediction`'s fields, then which model served it, how, and the online "
-            "factors its tokens_pred / tokens_reserve already include.",
+    __doc__="One answer of /predict: a `Prediction`'s fields (the stage's, then its workflow's remaining work, "
+            "`wf_*`), then which model served it, how, and the online factors its tokens_pred / tokens_reserve "
+            "already include.",
     **PREDICTION_FIELDS,
     model_version=(str, ...),
     correction=(float, Field(1.0, description="online per-role factor applied to the model's tokens (1.0 = none)")),

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from maestro.keys import caller_key_id
-from pipelines.predictor import ArtifactMismatch
+from pipelines.artifact import ArtifactMismatch
 from predictor_service.config import ServiceConfig
 from predictor_service.coverage import coverage_report
 from predictor_service.engine import PredictorEngine
