@@ -15,12 +15,15 @@ batch back, and a candidate that would itself miss by waiting for the next runni
 Holding back stops the stalls, so the pace recovers and the gate opens again; meanwhile a queue forms and its order
 (least slack first) decides who goes next. The gate acts only on a congested node (pace ≥ `min_stretch` × step).
 
-The node's pace is the caller's: the simulator's cost model, or live the engine's measured step time. The gate itself
-is pure arithmetic over arrays, shared by the simulator, the gateway and the in-engine scheduler.
+Every runtime describes its node the same way, as a `NodeState` (its running stages, its pace, its step, what a
+prefill stalls), and a stage that asks to join as a `Candidate`; `gate_inputs` turns the two into what the gate reads,
+one way for all: the simulator (its clock and cost model), the gateway (what its calls measured) and the vLLM plugin
+(its requests and the steps it timed). Where a runtime lacks a measurement, `NodeState`'s documented default applies.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -42,15 +45,6 @@ def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced:
     prediction with a tight reserve (the true length) keeps its full weight."""
     low = tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1)
     return low - produced if produced < low else step_tokens
-
-
-def candidate_cost(deadline_s: float, now: float, stall_s: float, added_step_s: float, tokens_pred: float,
-                   produced: float, pace_s_per_token: float) -> tuple[float, float, float, float]:
-    """What `BatchCostGate.admits` reads of a candidate, computed one way for the simulator, the gateway and the
-    vLLM plugin: (its prefill stall, the seconds it adds to each decode step, its predicted output tokens, its own
-    slack if it started now at the node's measured pace, counting only the tokens it has still to produce)."""
-    left = max(1.0, tokens_pred - produced)
-    return stall_s, added_step_s, tokens_pred, deadline_s - now - stall_s - left * pace_s_per_token
 
 
 @dataclass
@@ -92,6 +86,104 @@ class RunningBatch:
         return float(self.remaining_tokens.min()) * self.pace_s_per_token
 
 
+# A candidate's added step time where the runtime does not measure it apart from the pace (the gateway, the plugin):
+# a step's cost of one more sequence then shows up in the measured pace, as the prefill stalls do.
+UNMEASURED_ADDED_STEP_S = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningStage:
+    """A stage running on a node, as every runtime describes it to the gate."""
+
+    tokens_pred: float
+    tokens_reserve: float
+    deadline_s: float
+    started_s: float  # when it started there (its prefill began)
+    produced: float | None = None  # output tokens so far; None: not counted (`NodeState` estimates them)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as every runtime describes it to the gate, at `now`.
+
+    `pace_s_per_token`: seconds per output token of a running stage lately, prefill stalls included (0: not measured
+    yet; the gate then admits: it holds work back only on evidence). `step_s`: the bare decode step (never taken
+    above the pace). `prefill_s`: what a prefill stalls the running stages for (live: dispatch → first token).
+    `backlog_s`: what the prefills already under way still stall every running stage for.
+
+    Defaults, the same for every runtime that lacks the measurement:
+    - a stage's `produced` not counted: its first token comes `prefill_s` after its start, then one every
+      `pace_s_per_token`;
+    - `backlog_s` None: until the last first token still to come, among the stages that have produced none.
+    """
+
+    now: float
+    running: tuple[RunningStage, ...]
+    pace_s_per_token: float
+    step_s: float
+    prefill_s: float = 0.0
+    backlog_s: float | None = None
+
+    @property
+    def bare_step_s(self) -> float:
+        return min(self.step_s, self.pace_s_per_token)
+
+    @cached_property
+    def batch(self) -> RunningBatch | None:
+        """The running stages as the gate reads them; None when nothing runs or the pace is not measured."""
+        pace_s = self.pace_s_per_token
+        if not self.running or pace_s <= 0:
+            return None
+        first_tokens_s = [s.started_s + self.prefill_s for s in self.running]
+        produced = [max(0.0, self.now - first) / pace_s if s.produced is None else s.produced
+                    for s, first in zip(self.running, first_tokens_s)]
+        backlog_s = self.backlog_s
+        if backlog_s is None:
+            backlog_s = max([first - self.now for first, n in zip(first_tokens_s, produced) if n <= 0], default=0.0)
+        remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n)
+                     for s, n in zip(self.running, produced)]
+        deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
+        return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A stage asking to join a node's running batch. `stall_s`: its prefill's stall (None: the node's `prefill_s`);
+    `added_step_s`: what it adds to each decode step (None: `UNMEASURED_ADDED_STEP_S`); `produced`: output tokens it
+    has already (a preempted stage's)."""
+
+    deadline_s: float
+    tokens_pred: float
+    produced: float = 0.0
+    stall_s: float | None = None
+    added_step_s: float | None = None
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """What `BatchCostGate.admits` reads: the running batch, and the candidate's stall, added step time, predicted
+    tokens still to come and own slack (if it started now, at the node's measured pace)."""
+
+    batch: RunningBatch
+    stall_s: float
+    added_step_s: float
+    candidate_tokens: float
+    candidate_slack_s: float
+
+
+def gate_inputs(node: NodeState, candidate: Candidate) -> GateInputs | None:
+    """What the gate reads of `candidate` joining `node` now, one way for every runtime; None where nothing runs there
+    or its pace is not measured (the gate admits)."""
+    batch = node.batch
+    if batch is None:
+        return None
+    stall_s = node.prefill_s if candidate.stall_s is None else candidate.stall_s
+    added_s = UNMEASURED_ADDED_STEP_S if candidate.added_step_s is None else candidate.added_step_s
+    left = max(1.0, candidate.tokens_pred - candidate.produced)
+    slack_s = candidate.deadline_s - node.now - stall_s - left * batch.pace_s_per_token
+    return GateInputs(batch, stall_s, added_s, left, slack_s)
+
+
 class BatchCostGate:
     """May a candidate join this batch without pushing a running stage past its deadline (module docstring)."""
 
@@ -115,3 +207,12 @@ class BatchCostGate:
         is_ok = not endangered.any() or candidate_slack_s < batch.next_end_s()
         self.num_refused += not is_ok
         return is_ok
+
+    def admits_candidate(self, node: NodeState, candidate: Candidate) -> bool:
+        """Whether `candidate` may join `node`'s running batch now: the one entry of the simulator, the gateway and
+        the vLLM plugin (`gate_inputs`, then `admits`)."""
+        if not node.running or not self.is_congested(node.pace_s_per_token, node.bare_step_s):
+            return True
+        inputs = gate_inputs(node, candidate)
+        return inputs is None or self.admits(inputs.batch, inputs.stall_s, inputs.added_step_s,
+                                             inputs.candidate_tokens, inputs.candidate_slack_s)

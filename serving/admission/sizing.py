@@ -62,3 +62,9 @@ def output_tokens_to_map(mode: ReservationMode, reserve_tokens: int, max_tokens:
     else:
         extra = reserve_tokens - generated_tokens
     return max(1, min(left, extra))
+
+
+def headroom_pages(admission_headroom_frac: float, num_pages: int) -> int:
+    """Pages of a node's pool of `num_pages` that admission keeps free (`System.admission_headroom_frac`): a stage
+    starts only if what it maps now, and these, fit in the free pages."""
+    return int(admission_headroom_frac * num_pages)

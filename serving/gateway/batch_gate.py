@@ -1,37 +1,36 @@
-"""Maestro's batch-cost gate live (serving/admission/batch_cost.py): a vLLM node's running stages and measured pace.
+"""Maestro's batch-cost gate live (serving/admission/batch_cost.py): a vLLM node described from what its calls measured.
 
-The simulator reads its cost model; here the node's own measurements stand in: the pace of its finished calls
-(output tokens ÷ call time, prefill and queueing in vLLM included) is what a running stage gets now, the fastest of
-its recent calls is the bare step, and dispatch → first token is what a new stage's prefill stalls the others for.
-A running stage's progress is its time since dispatch at that pace. Without deadlines (no SLO given) no stage is
-ever endangered, and without measurements the gate admits: it only holds back work on evidence.
+The simulator reads its clock and cost model; here the node's own measurements stand in: the pace of its finished
+calls (output tokens ÷ call time, prefill and queueing in vLLM included) is what a running stage gets now, the fastest
+of its recent calls is the bare step, and dispatch → first token is what a new stage's prefill stalls the others for.
+The gateway does not count a running stage's tokens, nor time a step apart from the pace: `NodeState`'s defaults
+estimate the first from the stage's dispatch, and take no added step time for the second. Without deadlines (no SLO
+given) no stage is ever endangered, and without measurements the gate admits: it only holds back work on evidence.
 """
 from __future__ import annotations
 
-from serving.admission.batch_cost import BatchCostGate, RunningBatch, candidate_cost, fewest_remaining_tokens
+from serving.admission.batch_cost import BatchCostGate, Candidate, NodeState, RunningStage
 from serving.gateway.nodes import Node
 from serving.request import StageRequest
 
 
-def running_batch(node: Node, now: float) -> RunningBatch | None:
-    """The node's running stages as the gate reads them; None until the node has measured its pace."""
+def node_state(node: Node, now: float) -> NodeState:
+    """The node as the gate reads it: its running stages (each since its dispatch), its measured pace."""
     pace = node.pace
-    if not node.running_requests or pace.mean_pace <= 0 or not pace.recent_paces:
-        return None
-    pace_s, step_s = 1.0 / pace.mean_pace, 1.0 / max(pace.recent_paces)
-    requests = list(node.running_requests)
-    remaining = [fewest_remaining_tokens(r.tokens_pred, r.tokens_reserve,
-                                  max(0.0, now - node.running_requests[r] - pace.first_token_delay_s) / pace_s)
-                 for r in requests]
-    return RunningBatch.of(remaining, [r.deadline_s for r in requests], pace_s, min(step_s, pace_s), now)
+    is_measured = pace.mean_pace > 0 and bool(pace.recent_paces)
+    running = tuple(RunningStage(r.tokens_pred, r.tokens_reserve, r.deadline_s, started_s)
+                    for r, started_s in node.running_requests.items())
+    return NodeState(now, running, 1.0 / pace.mean_pace if is_measured else 0.0,
+                     1.0 / max(pace.recent_paces) if is_measured else 0.0, pace.first_token_delay_s)
+
+
+def candidate(request: StageRequest) -> Candidate:
+    """A queued stage asking to start: its deadline and predicted output (its stall: the node's first-token delay)."""
+    return Candidate(request.deadline_s, request.tokens_pred)
 
 
 def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) -> str | None:
     """"slack" when starting `request` on `node` now would push a running stage past its deadline, else None."""
-    batch = running_batch(node, now)
-    if batch is None:
+    if not node.running_requests:
         return None
-    # Live, a node's added step time is not measured apart from its pace (which the stalls already stretch): 0.
-    cost = candidate_cost(request.deadline_s, now, node.pace.first_token_delay_s, 0.0, request.tokens_pred, 0,
-                          batch.pace_s_per_token)
-    return None if gate.admits(batch, *cost) else "slack"
+    return None if gate.admits_candidate(node_state(node, now), candidate(request)) else "slack"

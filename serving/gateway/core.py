@@ -51,7 +51,8 @@ class Gateway:
         kv, limits = config.kv, config.limits
         self.upstream = Upstream(config.upstream.node_timeout_s, config.upstream.connect_timeout_s)
         self.nodes = [Node(n, self.upstream, kv_overcommit=kv.overcommit, kv_admission=kv.admission,
-                           decode_rate_margin=kv.decode_rate_margin, max_inflight=limits.max_inflight_per_node)
+                           decode_rate_margin=kv.decode_rate_margin, max_inflight=limits.max_inflight_per_node,
+                           admission_headroom_frac=self.system.admission_headroom_frac)
                       for n in config.nodes]
         self.scheduler_config = config.system.scheduler_config()
         cap = self._make_cap(config)

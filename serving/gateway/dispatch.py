@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from maestro.prediction import Prediction
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.cap import CapSignals, SessionCap
-from serving.gateway import batch_gate
 from serving.admission.dispatch import DispatchConfig, DispatchCore, Outcome, Router
+from serving.gateway import batch_gate
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Admission, Node
 from serving.kv import Reservation
@@ -70,8 +71,9 @@ class Job:
 class NodeSlot:
     """A gateway `Node` as the dispatch core sees it (`admission.dispatch.NodeView`)."""
 
-    def __init__(self, node: Node, count_refusals: bool = True, gate: BatchCostGate | None = None):
-        self.node, self.name, self.count_refusals, self.gate = node, node.name, count_refusals, gate
+    def __init__(self, node: Node, count_refusals: bool = True, gate: BatchCostGate | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.node, self.name, self.count_refusals, self.gate, self.clock = node, node.name, count_refusals, gate, clock
 
     def admit(self, request: StageRequest) -> Admission | None:
         """The node's admission of the stage now; None where it may not start here (failed here before, refused by
@@ -79,7 +81,7 @@ class NodeSlot:
         job: Job = request.payload
         if self.node.name in job.excluded:
             return None
-        now = time.monotonic()
+        now = self.clock()
         admission = self.node.admit(request.prompt_tokens, job.reserve_tokens - request.prompt_tokens, now,
                                     count_refusal=self.count_refusals)
         if not admission.is_admitted:
@@ -104,11 +106,13 @@ class NodeSlot:
 class Dispatcher:
     def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
                  backfill_depth: int = 8, backfill_max_overtaken: int = 4, recheck_s: float = 0.02,
-                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None, router: Router = Router.FITNESS):
+                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None,
+                 router: Router = Router.FITNESS, clock: Callable[[], float] = time.monotonic):
         config = DispatchConfig(backfill_depth, backfill_max_overtaken, router, fitness or FitnessConfig())
         self.core = DispatchCore(scheduler, config, cap, is_live=lambda request, now: not request.payload.future.done())
         self.scheduler, self.nodes, self.max_queued, self.cap = scheduler, nodes, max_queued, cap
         self.recheck_s = recheck_s
+        self.clock = clock  # monotonic seconds: when stages queue, start and are judged
         self.batch_cost = batch_cost  # Maestro's gate on what a stage costs a node's running stages (batch_gate.py)
         self._recheck: asyncio.TimerHandle | None = None
         self.num_dispatched = 0
@@ -122,7 +126,7 @@ class Dispatcher:
         if not front and len(self.core) >= self.max_queued:
             raise Full(f"gateway queue full ({self.max_queued} stages waiting)")
         self._check_placeable(job)
-        job.enqueued_s = time.monotonic()
+        job.enqueued_s = self.clock()
         if self.cap is not None and not job.in_cap:
             job.in_cap = True
             self.cap.enter(job.request.workflow_id, job.request.workflow_arrival_s)
@@ -147,14 +151,14 @@ class Dispatcher:
     def _leave_cap(self, job: Job) -> None:
         if job.in_cap:
             job.in_cap = False
-            self.cap.leave(job.request.workflow_id, time.monotonic())
+            self.cap.leave(job.request.workflow_id, self.clock())
 
     def slots(self, count_refusals: bool = True) -> list[NodeSlot]:
-        return [NodeSlot(n, count_refusals, self.batch_cost) for n in self.nodes]
+        return [NodeSlot(n, count_refusals, self.batch_cost, self.clock) for n in self.nodes]
 
     def pump(self) -> None:
         """Apply the core's decisions (starts in policy order, then backfill) until the head must wait."""
-        now = time.monotonic()
+        now = self.clock()
         for decision in self.core.decisions(self.slots(), now):
             job: Job = decision.request.payload
             if decision.outcome is Outcome.NEVER_FITS:
@@ -180,7 +184,7 @@ class Dispatcher:
         now allows."""
         if self.cap is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         held_fitting, waiting_since = self.cap_state(now)
         self.cap.adapt(replace(signals, held_fitting=held_fitting, waiting_since=waiting_since), now)
         self.pump()
@@ -203,7 +207,7 @@ class Dispatcher:
         self.pump()
 
     def fail_all_queued(self, reason: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for request in list(self.scheduler.in_order(now)):
             self.core.remove(request)
             job = request.payload

@@ -7,7 +7,8 @@ dispatcher carries in its decision and hands back to `reserve`.
 
 `kv_admission` "peak" admits a stage when its peak (prompt + output) fits in the budget and in vLLM's free blocks at
 once; "projected" admits it while, with every running stage growing at the node's pace, the node is never overfilled
-before it ends (admission/projection.py).
+before it ends (admission/projection.py). Either way the system's admission headroom (`headroom_pages`, as the
+simulator keeps it) stays free: the blocks a stage takes from vLLM now, and the node's projected peak, leave it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from serving.admission.projection import GrowingStage, peak_blocks
+from serving.admission.sizing import headroom_pages
 from serving.gateway.config import NodeConfig
 from serving.gateway.kv_budget import KVBudget
 from serving.gateway.pace import DECODE_RATE_MARGIN, NodePace
@@ -61,12 +63,14 @@ class Node:
     """A vLLM engine behind the gateway."""
 
     def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, max_inflight: int = 0):
+                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, max_inflight: int = 0,
+                 admission_headroom_frac: float = 0.0):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.runs_maestro_scheduler = config.maestro_scheduler
         if kv_admission not in KV_ADMISSIONS:
             raise ValueError(f"node {config.name}: kv_admission must be one of {KV_ADMISSIONS}, got {kv_admission!r}")
         self.kv_admission = kv_admission
+        self.admission_headroom_frac = admission_headroom_frac  # share of vLLM's blocks admission keeps free
         self.kv = KVBudget(kv_overcommit)
         self.pace = NodePace(decode_rate_margin)
         self.vllm = VllmSync(self.url, upstream, self.kv)
@@ -95,14 +99,15 @@ class Node:
         num_blocks = kv.blocks_for(prompt_tokens + output_tokens)
         if num_blocks > kv.num_unreserved_blocks:
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=Refusal.BUDGET)
+        headroom = headroom_pages(self.admission_headroom_frac, kv.num_blocks)
         if self.kv_admission == "peak":
-            fits = num_blocks <= kv.num_unused_blocks
+            fits = num_blocks + headroom <= kv.num_unused_blocks
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=None if fits else Refusal.VLLM_FREE)
-        if kv.blocks_for(prompt_tokens) > kv.num_unused_blocks:
+        if kv.blocks_for(prompt_tokens) + headroom > kv.num_unused_blocks:
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=Refusal.VLLM_FREE)
         peak = self.projected_peak_blocks(prompt_tokens, output_tokens, now)
         return Admission(prompt_tokens, output_tokens, num_blocks, peak,
-                         refusal=None if peak <= kv.num_blocks else Refusal.PROJECTED)
+                         refusal=None if peak + headroom <= kv.num_blocks else Refusal.PROJECTED)
 
     def projected_peak_blocks(self, prompt_tokens: int, output_tokens: int, now: float) -> int:
         """The most blocks the running stages and this one, starting now, are projected to hold at once."""

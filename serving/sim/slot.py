@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.admission.batch_cost import RunningBatch, candidate_cost, fewest_remaining_tokens
+from serving.admission.batch_cost import Candidate, NodeState, RunningStage
 from serving.request import StageRequest
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
@@ -17,7 +17,7 @@ class SimSlot:
 
     def __init__(self, node: SimNode, dispatcher: SimDispatcher):
         self.node, self.name, self.dispatcher = node, node.name, dispatcher
-        self._batch: tuple[tuple[float, int], RunningBatch] | None = None  # (when, batch version) → the view
+        self._state: tuple[tuple[float, int], NodeState] | None = None  # (when, batch version) → the view
 
     def admit(self, request: StageRequest) -> list[SimStage] | None:
         """The kept tool-call KV to reclaim so that the stage starts here now (`SimDispatcher.kv_plan`): the
@@ -36,29 +36,27 @@ class SimSlot:
         node, gate = self.node, self.dispatcher.batch_gate
         if gate is None or not node.running:
             return True
-        pace_s = node.pace_s_per_token(self.dispatcher.sim.now)
-        if not gate.is_congested(pace_s, node.step_s()):
-            return True
-        return gate.admits(self.running_batch(pace_s), *self.batch_cost(stage, pace_s))
+        if not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now), node.step_s()):
+            return True  # (the gate's own first test, before the node is described)
+        return gate.admits_candidate(self.node_state(), self.candidate(stage))
 
-    def running_batch(self, pace_s: float) -> RunningBatch:
-        """The running stages' predicted remaining tokens and slack now (computed once per batch change and time)."""
+    def node_state(self) -> NodeState:
+        """The node as the gate reads it now, from its clock: each running stage's tokens so far on the step clock,
+        the step clock's measured pace, the cost model's step, the prefills under way (built once per batch change
+        and time)."""
         node, now = self.node, self.dispatcher.sim.now
         version = (now, node.num_batch_changes)
-        if self._batch is None or self._batch[0] != version:
+        if self._state is None or self._state[0] != version:
             v = node.v_at(now)
-            stages = list(node.running)
-            remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve,
-                                                 s.generated_tokens + v - s.v_start)
-                         for s in stages]
-            backlog_s = max(0.0, node.stall_end_s - now)  # prefills already started stall every running stage
-            deadlines = [s.request.deadline_s - backlog_s for s in stages]
-            self._batch = version, RunningBatch.of(remaining, deadlines, pace_s, node.step_s(), now)
-        return self._batch[1]
+            running = tuple(RunningStage(s.tokens_pred, s.tokens_reserve, s.request.deadline_s, s.start_s,
+                                         s.generated_tokens + v - s.v_start) for s in node.running)
+            self._state = version, NodeState(now, running, node.pace_s_per_token(now), node.step_s(),
+                                             backlog_s=max(0.0, node.stall_end_s - now))
+        return self._state[1]
 
-    def batch_cost(self, stage: SimStage, pace_s: float) -> tuple[float, float, float, float]:
-        """(prefill stall, seconds added to each decode step, predicted output tokens, its own slack) of starting
-        `stage` here now."""
+    def candidate(self, stage: SimStage) -> Candidate:
+        """Starting `stage` here now, from the cost model: its prefill (less its session's cached context) and the
+        KV (and weights, for a model not running here) it adds to each decode step."""
         node, cost = self.node, self.dispatcher.sim.cost
         model = cost.model(stage.model)
         parent = parent_of(stage)
@@ -70,8 +68,7 @@ class SimSlot:
         if stage.model not in node.busy_models():
             added += cost.weight_read_s(model)
         stall = cost.prefill_s(model, context - cached, cached)
-        return candidate_cost(stage.request.deadline_s, self.dispatcher.sim.now, stall, added, stage.tokens_pred,
-                              stage.generated_tokens, pace_s)
+        return Candidate(stage.request.deadline_s, stage.tokens_pred, stage.generated_tokens, stall, added)
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Only if something runs here, or KV other than the stage's own context is kept here."""
