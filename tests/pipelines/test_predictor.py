@@ -1,9 +1,13 @@
+import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 from maestro.cli import main as maestro
+from maestro.prediction import WORKFLOW_FIELDS, WORKFLOW_PRIOR
+from pipelines.artifact import ArtifactMismatch
 from pipelines.contract import StageTrace, read_traces, write_jsonl
 from pipelines.features import FeaturizerConfig, StageHistory
 from pipelines.model import ModelConfig
@@ -76,10 +80,63 @@ def test_unlabelled_training_data_is_refused(sample_stages):
 
 def test_save_load_round_trip_gives_the_same_answers(predictor, sample_stages, tmp_path):
     predictor.save(tmp_path / "p")
+    assert (tmp_path / "p" / "workflow" / "workflow_remaining.joblib").exists()
     loaded = Predictor.load(tmp_path / "p")
-    assert loaded.predict(sample_stages[:20]) == predictor.predict(sample_stages[:20])
+    answers = loaded.predict(sample_stages[:20])
+    assert answers == predictor.predict(sample_stages[:20])  # the wf_* fields too: dataclass equality
+    assert {a.wf_fallback_level for a in answers} == {"app"}
     with pytest.raises(FileNotFoundError, match="maestro train"):
         Predictor.load(tmp_path)
+
+
+def test_every_answer_carries_its_workflows_remaining_work(predictor, sample_stages):
+    """The model's answers from the workflow model (its remaining calls and tokens, the bound above the median);
+    an app training never saw, the error fallback and a predictor too small for a model from its position table."""
+    answers = predictor.predict(sample_stages[:60])
+    assert {a.wf_fallback_level for a in answers} == {"app"}
+    assert all(a.wf_remaining_calls_upper >= a.wf_remaining_calls >= 0 and
+               a.wf_remaining_tokens_upper >= a.wf_remaining_tokens >= 0 for a in answers)
+    assert len({a.wf_remaining_tokens for a in answers}) > 10  # read from each stage, not one constant
+    expected = predictor.workflow.predict(sample_stages[:60])
+    assert [a.remaining_fields() for a in answers] == [w.remaining_fields() for w in expected]
+    stranger = sample_stages[0].model_copy(update={"app": "an app nobody trained on", "workflow_id": "new-app"})
+    assert predictor.predict([stranger])[0].wf_fallback_level == "position"
+    assert predictor.prior(sample_stages[3]).wf_fallback_level == "position"  # where the model failed on a stage
+    tiny = Predictor.train(sample_stages[: MIN_STAGES_FOR_MODEL - 1], NO_EMBEDDING, FAST_MODEL)
+    assert {(a.fallback_level, a.wf_fallback_level) for a in tiny.predict(sample_stages[:5])} == {("prior", "position")}
+
+
+def old_format_digest(directory) -> str:
+    """The checksum as predictors saved before the workflow model recorded it: over these two files alone."""
+    digest = hashlib.sha256()
+    for name in ("predictor.joblib", "priors.json"):
+        digest.update(name.encode())
+        digest.update((directory / name).read_bytes())
+    return digest.hexdigest()
+
+
+def test_a_predictor_saved_without_a_workflow_model_loads_and_answers_the_prior(predictor, sample_stages, tmp_path):
+    directory = predictor.save(tmp_path / "old")
+    shutil.rmtree(directory / "workflow")
+    meta = json.loads((directory / "meta.json").read_text())
+    (directory / "meta.json").write_text(json.dumps({**meta, "artifact_sha256": old_format_digest(directory)}))
+    old = Predictor.load(directory, expected_sha256=old_format_digest(directory))
+    assert old.workflow is None
+    answers = old.predict(sample_stages[:10])
+    assert {a.fallback_level for a in answers} == {"role"}  # the stage model answers as before
+    assert {tuple(a.remaining_fields().items()) for a in answers} == {tuple(WORKFLOW_PRIOR.remaining_fields().items())}
+    assert old.prior(sample_stages[0]).wf_fallback_level == "prior"
+
+
+def test_the_checksum_covers_the_workflow_model(predictor, tmp_path):
+    directory = predictor.save(tmp_path / "p")
+    shutil.copytree(directory, tmp_path / "changed")
+    (tmp_path / "changed" / "workflow" / "workflow_remaining.json").write_text("{}")
+    with pytest.raises(ArtifactMismatch, match="checksum recorded in meta.json"):
+        Predictor.load(tmp_path / "changed")
+    shutil.rmtree(directory / "workflow")  # a saved model's workflow model taken away: not the predictor saved
+    with pytest.raises(ArtifactMismatch, match="checksum recorded in meta.json"):
+        Predictor.load(directory)
 
 
 def test_reserve_keeps_its_promise_on_fresh_workflows(predictor):
@@ -103,7 +160,9 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     stages = read_traces(traces).stages
     assert len(rows) == len(stages)
     assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level",
-                            "history"}
+                            "history", *WORKFLOW_FIELDS}
+    assert {r["wf_fallback_level"] for r in rows} == {"app"}  # `maestro train` fitted the workflow model too
+    assert all(r["wf_remaining_tokens_upper"] >= r["wf_remaining_tokens"] for r in rows)
     assert [(r["workflow_id"], r["stage_id"]) for r in rows] == [(s.workflow_id, s.stage_id) for s in stages]
     fresh = tmp_path / "fresh.jsonl"
     write_jsonl(generate(200, seed=3), fresh)

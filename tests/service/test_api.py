@@ -2,7 +2,7 @@
 import pytest
 from pipelines.collect import collect
 from predictor_service.schemas import MAX_PROMPT_CHARS, MAX_STAGES_PER_REQUEST, PredictionOut
-from predictor_service.client import to_wire as unlabelled
+from predictor_service.client import parse_answers, to_wire as unlabelled
 
 
 def first_error(response) -> dict:
@@ -21,6 +21,27 @@ def test_predict_answers_every_stage_with_the_model_version(api, sample_records)
     assert all(0 <= a.p_tool <= 1 and a.tokens_reserve >= a.tokens_pred >= 0 for a in answers)
     unbatched = api.post("/predict_unbatched", json={"stages": stages}).json()
     assert unbatched == response.json()
+
+
+def test_predict_answers_carry_the_workflows_remaining_work(api, sample_records, model_dir):
+    """Every answer carries the workflow model's fields, the same as the predictor in-process gives, and the client
+    reads them into the one Prediction type; an app training never saw is answered by the position table."""
+    from pipelines.contract import StageTrace
+    from pipelines.predictor import Predictor
+
+    workflow = [r for r in sample_records if r["workflow_id"] == sample_records[0]["workflow_id"]]
+    stages = [unlabelled(r) for r in workflow]
+    response = api.post("/predict", json={"stages": stages})
+    assert response.status_code == 200, response.text
+    answers = [a.prediction() for a in parse_answers(response, stages)]
+    offline = Predictor.load(model_dir).predict([StageTrace.model_validate(s) for s in stages])
+    assert [a.remaining_fields() for a in answers] == [p.remaining_fields() for p in offline]
+    assert {a.wf_fallback_level for a in answers} == {"app"}
+    assert answers[0].wf_remaining_calls > answers[-1].wf_remaining_calls  # less work left further on
+    assert all(a.wf_remaining_tokens_upper >= a.wf_remaining_tokens for a in answers)
+    (stranger,) = api.post("/predict", json={"stages": [dict(stages[0], app="an-app-nobody-trained-on",
+                                                                 workflow_id="new-app")]}).json()
+    assert stranger["wf_fallback_level"] == "position"
 
 
 def test_unseen_role_answers_through_the_fallback_chain(api, sample_records):
@@ -119,6 +140,7 @@ def test_reload_swaps_the_model_and_a_bad_one_leaves_it_serving(api, admin, prio
     try:
         (answer,) = api.post("/predict", json={"stages": [unlabelled(sample_records[0])]}).json()
         assert answer["fallback_level"] == "prior" and answer["model_version"] == response.json()["model_version"]
+        assert answer["wf_fallback_level"] == "position"  # its workflow model: too few stages for boosters
     finally:
         reloaded = api.post("/admin/reload", json={"model": str(model_dir)}, headers=admin)
         assert reloaded.json()["model_version"] == before
@@ -129,7 +151,9 @@ def test_a_stage_predicted_after_its_parents_were_observed_sees_them(api, sample
     ancestors, as it would be beside them in a trace file (here: the same p_tool as the whole workflow
     predicted in-process; the online correction scales tokens only)."""
     from pipelines.contract import StageTrace
+    from pipelines.features import StageHistory
     from pipelines.predictor import Predictor
+    from predictor_service.schemas import ObserveRequest, PredictRequest
 
     workflows = {}
     for record in sample_records[200:]:
@@ -138,4 +162,15 @@ def test_a_stage_predicted_after_its_parents_were_observed_sees_them(api, sample
     assert api.post("/observe", json={"stages": workflow[:-1]}).status_code == 200
     (answer,) = api.post("/predict", json={"stages": [unlabelled(workflow[-1])]}).json()
     offline = [StageTrace.model_validate(r) for r in workflow[:-1]] + [StageTrace.model_validate(unlabelled(workflow[-1]))]
-    assert answer["p_tool"] == Predictor.load(model_dir).predict(offline)[-1].p_tool
+    predictor = Predictor.load(model_dir)
+    assert answer["p_tool"] == predictor.predict(offline)[-1].p_tool
+    # The workflow fields from the observed ancestors too: the in-process predictor given the stage as /predict
+    # parses it (its structure derived within its request) and the observed stages as history.
+    history = StageHistory()
+    history.add(ObserveRequest(stages=workflow[:-1]).stages)
+    (parsed,) = PredictRequest(stages=[unlabelled(workflow[-1])]).stages
+    (expected,) = predictor.predict([parsed], history)
+    (alone,) = predictor.predict(PredictRequest(stages=[unlabelled(workflow[-1])]).stages)
+    wf = {k: v for k, v in expected.to_dict().items() if k.startswith("wf_")}
+    assert {k: answer[k] for k in wf} == wf and wf["wf_fallback_level"] == "app"
+    assert expected.remaining_fields() != alone.remaining_fields()  # the history changed the answer

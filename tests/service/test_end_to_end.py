@@ -72,6 +72,7 @@ def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(serv
     with PredictorClient(ClientConfig(url=server.url, timeout_s=10)) as client:
         answers = client.predict(stages[:5] + [dict(stages[0], role="never-seen-role")])
         assert [a.model_version for a in answers] == ["1"] * 6 and answers[-1].fallback_level == "global"
+        assert {a.wf_fallback_level for a in answers} == {"app"}  # the registered model's workflow/ came with it
         assert client.observe(sample_records[:10])
     assert any(server.trace_dir.glob("*.jsonl"))
     assert "maestro_predictor_stages" in httpx.get(f"{server.url}/metrics").text

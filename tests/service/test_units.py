@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.online_correction import replay
+from maestro.prediction import WORKFLOW_PRIOR
 from pipelines.collect import collect
 from pipelines.contract import StageTrace
 from pipelines.predictor import Prior
@@ -160,6 +161,7 @@ FALLBACK = LocalFallback({"writer": Prior(p_tool=0.1, tokens_median=300, tokens_
 
 def check_fallback(answers):
     assert all(a.source == "local-fallback" and a.fallback_level == "prior" and a.history == "none" for a in answers)
+    assert all(a.prediction().remaining_fields() == WORKFLOW_PRIOR.remaining_fields() for a in answers)
     assert (answers[1].tokens_pred, answers[1].tokens_reserve) == (300, 901)  # the role's prior
     assert answers[0].tokens_pred == 256  # unknown role: the static global prior
 
