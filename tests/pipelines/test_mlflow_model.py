@@ -56,6 +56,7 @@ def test_the_metrics_belong_to_the_logged_model_and_its_test_data(client, champi
     model = client.get_logged_model(champion.source.removeprefix("models:/"))  # MLflow 3: models:/<model_id>
     metrics = {m.key: m for m in model.metrics}
     assert metrics["model.auc"].value > 0.8 and metrics["model.auc"].dataset_name == "traces-test"
+    assert metrics["workflow.without_history.tau_calls"].value > 0.3  # the workflow model's figures beside them
     assert model.params["train.loss"] == "pinball"
 
 
@@ -67,7 +68,7 @@ def test_the_model_is_code_with_a_signature_and_an_example(client, champion):
     flavor = info.flavors["python_function"]
     assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model" and flavor["code"] == "code"
     assert info.signature.inputs.input_names()[:4] == ["workflow_id", "stage_id", "role", "prompt"]
-    assert "tokens_reserve" in info.signature.outputs.input_names()
+    assert {"tokens_reserve", "wf_remaining_tokens_upper"} <= set(info.signature.outputs.input_names())
     assert info.saved_input_example_info["type"] == "dataframe"
 
 
@@ -77,7 +78,9 @@ sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "_
 sys.path = [p for p in sys.path if p not in ("", {repo!r})]
 import json, mlflow, pandas as pd
 model = mlflow.pyfunc.load_model({uri!r})
-print(model.predict(pd.DataFrame(json.loads({example!r})))["tokens_pred"].tolist())
+answers = model.predict(pd.DataFrame(json.loads({example!r})))
+print(answers["tokens_pred"].tolist())
+print(json.dumps(answers["wf_fallback_level"].tolist()))
 print(sys.modules["pipelines"].__file__)
 """
 
@@ -93,8 +96,9 @@ def test_the_model_loads_where_the_repository_is_not_installed(reproduced, tmp_p
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    predictions, module = done.stdout.strip().splitlines()[-2:]
+    predictions, levels, module = done.stdout.strip().splitlines()[-3:]
     assert len(json.loads(predictions)) == len(INPUT_EXAMPLE)
+    assert json.loads(levels) == ["app"] * len(INPUT_EXAMPLE)  # the logged artifact holds the workflow model
     assert "/code/pipelines/" in module, module
 
 
