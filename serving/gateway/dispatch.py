@@ -93,7 +93,7 @@ class NodeSlot:
     def may_fit_later(self, request: StageRequest) -> bool:
         node, job = self.node, request.payload
         return node.is_healthy and node.name not in job.excluded and (
-            node.kv.allocator is None or node.kv.can_ever_fit(job.reserve_tokens))
+            node.kv.allocator is None or node.can_ever_fit(job.reserve_tokens))
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         node = self.node
@@ -243,7 +243,7 @@ class Dispatcher:
         if not healthy:
             return NoNode("no healthy vLLM node for this stage" + (
                 f" (failed on {sorted(job.excluded)}; last: {job.last_error})" if job.excluded else ""))
-        if not any(n.kv.allocator is None or n.kv.can_ever_fit(job.reserve_tokens) for n in healthy):
+        if not any(n.kv.allocator is None or n.can_ever_fit(job.reserve_tokens) for n in healthy):
             return NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
                           "lower max_tokens or shorten the prompt", status=413)
         return None

@@ -8,7 +8,8 @@ dispatcher carries in its decision and hands back to `reserve`.
 `kv_admission` "peak" admits a stage when its peak (prompt + output) fits in the budget and in vLLM's free blocks at
 once; "projected" admits it while, with every running stage growing at the node's pace, the node is never overfilled
 before it ends (admission/projection.py). Either way the system's admission headroom (`headroom_pages`, as the
-simulator keeps it) stays free: the blocks a stage takes from vLLM now, and the node's projected peak, leave it.
+simulator keeps it) stays free: the blocks a stage reserves or takes from vLLM now, and the node's projected peak,
+leave it.
 """
 from __future__ import annotations
 
@@ -96,10 +97,9 @@ class Node:
             return Admission(prompt_tokens, output_tokens, refusal=Refusal.UNAVAILABLE)
         if self.max_inflight and self.num_inflight >= self.max_inflight:
             return Admission(prompt_tokens, output_tokens, refusal=Refusal.INFLIGHT)
-        num_blocks = kv.blocks_for(prompt_tokens + output_tokens)
-        if num_blocks > kv.num_unreserved_blocks:
+        num_blocks, headroom = kv.blocks_for(prompt_tokens + output_tokens), self.headroom_blocks
+        if num_blocks + headroom > kv.num_unreserved_blocks:
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=Refusal.BUDGET)
-        headroom = headroom_pages(self.admission_headroom_frac, kv.num_blocks)
         if self.kv_admission == "peak":
             fits = num_blocks + headroom <= kv.num_unused_blocks
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=None if fits else Refusal.VLLM_FREE)
@@ -108,6 +108,16 @@ class Node:
         peak = self.projected_peak_blocks(prompt_tokens, output_tokens, now)
         return Admission(prompt_tokens, output_tokens, num_blocks, peak,
                          refusal=None if peak + headroom <= kv.num_blocks else Refusal.PROJECTED)
+
+    @property
+    def headroom_blocks(self) -> int:
+        """Blocks admission keeps free here (the system's `admission_headroom_frac` of vLLM's blocks)."""
+        return headroom_pages(self.admission_headroom_frac, self.kv.num_blocks)
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a stage of `num_tokens` could start here with nothing else running (the headroom kept free)."""
+        kv = self.kv
+        return kv.allocator is not None and kv.blocks_for(num_tokens) + self.headroom_blocks <= kv.num_blocks
 
     def projected_peak_blocks(self, prompt_tokens: int, output_tokens: int, now: float) -> int:
         """The most blocks the running stages and this one, starting now, are projected to hold at once."""

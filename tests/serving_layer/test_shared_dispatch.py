@@ -1,14 +1,20 @@
 """The gateway and the simulator make the same admit / wait / node decisions: both drive one dispatch core.
 
 Every system of the table (serving/systems.py) runs on both paths by its name: live, a `Gateway` configured with
-`system: {name: ...}` (its queue order, router, session cap, batch-cost gate, and the reservation mode that says what a
-starting stage maps); simulated, the `Simulator` with the same `System`. The admission headroom, which only the
-simulator keeps, is 0 on both.
+`system: {name: ...}` (its queue order, router, session cap, batch-cost gate, admission headroom, and the reservation
+mode that says what a starting stage maps); simulated, the `Simulator` with the same `System`.
 
-The same stages, in the same order, meet the same node states on both paths: live, the gateway `Dispatcher` with
-gateway `Node`s whose vLLM metrics are set by hand (no server; vLLM's KV usage follows the reservations, as when each
-stage holds its reserve); simulated, the simulator's `make_ready`/`finish` on `SimNode`s whose KV pools have the same
-sizes. After every step each stage is running on a node or waiting, and the two paths must agree.
+The same stages, in the same order, meet the same node states on both paths: live, the gateway `Dispatcher` on the
+test's clock with gateway `Node`s whose vLLM metrics are set by hand (no server; vLLM's KV usage follows the
+reservations, as when each stage holds its reserve); simulated, the simulator's `make_ready`/`finish` on `SimNode`s
+whose KV pools have the same sizes. After every step each stage is running on a node or waiting, and the two paths
+must agree.
+
+The batch-cost gate engages in its own sequence (`GATE_STEPS`): tight SLOs on one node whose prefills stall its
+decoding. Before each step the gateway's node is given what the simulated node shows as measurements: its pace (the
+step clock's rate, stalls included), its bare step and the prefill's stall as the delay to a first token; the GPU's
+decode step is its fixed overhead (`GATE_COST`), so a stage adds no step time there, as the gateway assumes. Both
+paths then give the gate the same inputs, and it holds the same stages back.
 
 The simulator keeps one queue per node (a stage is routed when it becomes ready) where the gateway keeps one queue for
 all nodes (a stage is placed when it starts); they decide alike while no stage waits on a node that another stage
@@ -18,9 +24,13 @@ one node, where both queues are the same.
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import deque
 
+import numpy as np
 import pytest
 
+from serving.admission.batch_cost import BatchCostGate
 from serving.admission.sizing import output_tokens_to_map
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
@@ -29,32 +39,34 @@ from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
 from serving.kv import KVAllocator, KVAllocatorConfig
 from serving.request import WorkflowInfo, stage_request
-from serving.sim.costmodel import CostModel, CostModelConfig
+from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.pace import ModelPace
+from serving.sim.workload import SimStage, SimWorkflow
 from serving.systems import SYSTEMS as TABLE
 from serving.systems import System, get_system
-from serving.sim.workload import SimStage, SimWorkflow
 
 BLOCK_TOKENS = 128
 MODEL = "llama-3-8b"
-SYSTEMS = [system.with_overrides(admission_headroom_frac=0.0) for system in TABLE.values()]
+SYSTEMS = list(TABLE.values())
 FITNESS_SYSTEM = get_system("maestro-srtf")  # the sequences' own checks below read node choice by fitness
 SLO_S = 600.0
-COST = CostModel(CostModelConfig())
 
 
 class Live:
     """The gateway path: a Gateway's dispatcher over its nodes (peak admission: free = unreserved and unused by
-    vLLM), their vLLM metrics set by hand."""
+    vLLM), on the test's clock, their vLLM metrics and measured pace set by hand."""
 
-    def __init__(self, node_blocks: dict[str, int], system: System):
+    def __init__(self, node_blocks: dict[str, int], system: System, cost: CostModelConfig | None = None):
+        self.pace = ModelPace.of(CostModel(cost or CostModelConfig()), MODEL)
+        self.now = 0.0
         self.loop = asyncio.new_event_loop()
         self.gateway = Gateway(GatewayConfig(
             nodes=[{"name": name, "url": f"http://{name}"} for name in node_blocks],
             system={"name": system.name, "admission_headroom_frac": system.admission_headroom_frac},
             kv={"admission": "peak", "overcommit": 1.0}, limits={"admission_recheck_s": 0, "max_queued": 64}))
         self.system, self.dispatcher = self.gateway.system, self.gateway.dispatcher
+        self.dispatcher.clock = lambda: self.now
         self.nodes = {node.name: node for node in self.gateway.nodes}
         for node, num_blocks in zip(self.gateway.nodes, node_blocks.values()):
             Live._report(node, num_blocks, 0)
@@ -68,17 +80,26 @@ class Live:
                             "vllm:cache_config_info": ({"num_gpu_blocks": str(num_blocks + 1),
                                                         "block_size": str(BLOCK_TOKENS)}, 1.0)})
 
-    def poll(self) -> None:
+    def measure(self, pace_s_per_token: float, step_s: float, first_token_delay_s: float) -> None:
+        """What the nodes' finished calls measured: the pace of a running stage, the fastest call's, the delay to a
+        first token."""
+        for node in self.nodes.values():
+            node.pace.mean_pace, node.pace.recent_paces = 1.0 / pace_s_per_token, deque([1.0 / step_s])
+            node.pace.first_token_delay_s = first_token_delay_s
+
+    def poll(self, now: float) -> None:
         """A /metrics poll: vLLM holds what the running stages reserved."""
+        self.now = now
         for node in self.nodes.values():
             self._report(node, node.num_blocks, node.kv.allocator.backend.num_mapped_pages)
         self.dispatcher.pump()
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
+    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S) -> None:
         # built as both paths build it, at the simulator's pace, so that both order alike
-        request = stage_request(WorkflowInfo(name, now, now + SLO_S), "s0", prompt_tokens=prompt_tokens,
+        self.now = now
+        request = stage_request(WorkflowInfo(name, now, now + slo_s), "s0", prompt_tokens=prompt_tokens,
                                 tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=reserve_tokens,
-                                pace=ModelPace.of(COST, MODEL), ready_s=now, model=MODEL)
+                                pace=self.pace, ready_s=now, model=MODEL)
         mapped = output_tokens_to_map(self.system.reservation, reserve_tokens, reserve_tokens)  # as the gateway maps
         job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + mapped)
         job.future, request.payload = self.loop.create_future(), job
@@ -86,6 +107,7 @@ class Live:
         self.dispatcher.submit(job)
 
     def finish(self, name: str, now: float) -> None:
+        self.now = now
         self.dispatcher.finish(self.jobs.pop(name))
 
     def state(self) -> dict[str, str | None]:
@@ -96,9 +118,10 @@ class Live:
 class Simulated:
     """The simulator's path: its routing and per-node fill over SimNodes, the clock set by hand."""
 
-    def __init__(self, node_blocks: dict[str, int], system: System):
+    def __init__(self, node_blocks: dict[str, int], system: System, cost: CostModelConfig | None = None):
         cluster = ClusterConfig(num_nodes=len(node_blocks), placement=[(MODEL,)], prefix_caching=False,
-                                show_progress=False, grow_chunk_tokens=1)  # on demand: a token at a time, as live
+                                show_progress=False, grow_chunk_tokens=1,  # on demand: a token at a time, as live
+                                cost=cost or CostModelConfig())
         cluster.page_bytes = BLOCK_TOKENS * cluster.cost.models[MODEL].kv_bytes_per_token
         cluster.kv_pool_bytes = max(node_blocks.values()) * cluster.page_bytes
         self.sim = Simulator(cluster, system, [])
@@ -108,11 +131,11 @@ class Simulated:
             node.alloc = KVAllocator(KVAllocatorConfig(num_blocks * cluster.page_bytes, cluster.page_bytes, 1000.0))
         self.stages: dict[str, SimStage] = {}
 
-    def poll(self) -> None:
+    def poll(self, now: float) -> None:
         pass  # the simulator's nodes are always up to date
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int) -> None:
-        workflow = SimWorkflow(name, "shared", interactive=False, slo_s=SLO_S, arrival_s=now)
+    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S) -> None:
+        workflow = SimWorkflow(name, "shared", interactive=False, slo_s=slo_s, arrival_s=now)
         stage = SimStage(workflow, 0, "s0", "agent", MODEL, [], output_tokens=reserve_tokens, is_tool_call=False,
                          prompt_tokens=prompt_tokens, max_tokens=reserve_tokens, tokens_pred=reserve_tokens,
                          tokens_reserve=reserve_tokens)
@@ -157,7 +180,7 @@ def run(path_cls, node_blocks: dict[str, int], steps: list, system: System = FIT
         elif step == "finish":
             path.finish(name, now)
         else:
-            path.poll()
+            path.poll(now)
         states.append(path.state())
     return states
 
@@ -183,3 +206,87 @@ def test_the_sequences_exercise_node_choice_waiting_and_backfill():
     assert one[2]["big"] is None and one[3]["s3"] == "a"  # the waiting head is passed by a stage that fits
     assert one[-1]["big"] == "a"  # and starts once a finish makes room
 
+
+
+HEADROOM_SYSTEM = FITNESS_SYSTEM.with_overrides(admission_headroom_frac=0.25)  # 2, 3 and 4 blocks of 8, 12, 16
+# One node: "s2" and later "s4" wait for the headroom; two: the headroom sends "s3" to the other node.
+HEADROOM_CASES = [({"a": 16}, [("submit", "s1", 6), ("submit", "s2", 7), ("submit", "s3", 3), ("finish", "s1", 0),
+                               ("poll", "", 0), ("submit", "s4", 5)]),
+                  ({"a": 8, "b": 12}, [("submit", "s1", 2), ("submit", "s2", 3), ("submit", "s3", 5)])]
+
+
+@pytest.mark.parametrize("node_blocks, steps", HEADROOM_CASES)
+def test_both_paths_keep_the_systems_admission_headroom_free(node_blocks, steps):
+    live = run(Live, node_blocks, steps, HEADROOM_SYSTEM)
+    assert live == run(Simulated, node_blocks, steps, HEADROOM_SYSTEM)
+    assert live != run(Live, node_blocks, steps, FITNESS_SYSTEM)  # the headroom changed a decision
+
+
+# A GPU whose decode step is its fixed overhead (memory reads free, prefills not): every step the same, and a stage
+# adds nothing to one, which is what the gateway, measuring only its pace, assumes.
+GATE_COST = CostModelConfig(gpu="flat", gpus={"flat": GPUProfile("flat", 80e9, math.inf, 4.6e12)},
+                            step_overhead_s=2.0 ** -5)
+GATE_PROMPT = 129  # every stage's, so one delay to a first token is every prefill's stall (0.9 s)
+# (time, step, stage, output tokens, SLO): "anchor" runs throughout, past its 1-token prediction on both paths; "warm"
+# stalls the node, so that its pace is measured congested (2.3-2.5 steps a token); "tight" can still make its SLO, but
+# not with another prefill: "late" and "later", which come during its own prefill, wait until it ends.
+GATE_STEPS = [(1.0, "submit", "anchor", 1, SLO_S), (2.0, "submit", "warm", 100, SLO_S), (3.0, "finish", "warm", 0, 0),
+              (4.0, "submit", "tight", 20, 2.5), (4.5, "submit", "late", 50, SLO_S),
+              (4.6, "submit", "later", 30, SLO_S), (5.0, "finish", "tight", 0, 0), (6.0, "finish", "late", 0, 0)]
+
+
+class RecordingGate(BatchCostGate):
+    """The batch-cost gate, keeping what it was given and what it answered."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def admits(self, batch, stall_s, added_step_s, candidate_tokens, candidate_slack_s) -> bool:
+        is_ok = super().admits(batch, stall_s, added_step_s, candidate_tokens, candidate_slack_s)
+        inputs = (batch.remaining_tokens, batch.slack_s, batch.is_savable, batch.pace_s_per_token, batch.step_s,
+                  stall_s, added_step_s, candidate_tokens, candidate_slack_s)
+        call = tuple(np.asarray(x, dtype=float) for x in inputs), is_ok
+        if not self.calls or not _same_call(self.calls[-1], call):  # the simulator asks twice: to route, to start
+            self.calls.append(call)
+        return is_ok
+
+
+def _same_call(one: tuple, other: tuple) -> bool:
+    return one[1] == other[1] and all(np.allclose(a, b, rtol=1e-9, atol=0) and a.shape == b.shape
+                                      for a, b in zip(one[0], other[0]))
+
+
+def run_gate(system: System) -> tuple[list, list, RecordingGate | None, RecordingGate | None]:
+    """`GATE_STEPS` on one node on both paths, the gateway's measurements taken from the simulated node before each
+    step; returns each path's states after every step and its gate."""
+    live, simulated = Live({"a": 16}, system, GATE_COST), Simulated({"a": 16}, system, GATE_COST)
+    gates = (RecordingGate(), RecordingGate()) if system.batch_cost else (None, None)
+    live.dispatcher.batch_cost, simulated.sim.dispatch.batch_gate = gates
+    node, cost = simulated.sim.nodes[0], simulated.sim.cost
+    prefill_s = cost.prefill_s(cost.model(MODEL), GATE_PROMPT)
+    live_states, sim_states = [], []
+    for now, step, name, tokens, slo_s in GATE_STEPS:
+        live.measure(node.pace_s_per_token(now), node.step_s(), prefill_s)
+        for path, states in ((live, live_states), (simulated, sim_states)):
+            if step == "submit":
+                path.submit(name, now, GATE_PROMPT, tokens, slo_s)
+            else:
+                path.finish(name, now)
+            states.append(path.state())
+    return live_states, sim_states, *gates
+
+
+@pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: s.name)
+def test_the_batch_cost_gate_gets_the_same_inputs_and_holds_the_same_stages_back_on_both_paths(system):
+    live_states, sim_states, live_gate, sim_gate = run_gate(system)
+    assert live_states == sim_states
+    if not system.batch_cost:
+        assert live_states[4]["late"] == "a"  # no gate: "late" starts in "tight"'s prefill
+        return
+    assert live_states[4]["late"] is None and live_states[5]["later"] is None  # held back by the gate
+    assert live_states[6] == {"anchor": "a", "late": "a", "later": "a"}  # and started once "tight" ended
+    assert live_gate.num_refused > 0 and sim_gate.num_refused > 0
+    assert len(live_gate.calls) == len(sim_gate.calls)
+    assert all(_same_call(one, other) for one, other in zip(live_gate.calls, sim_gate.calls))
+    assert [is_ok for _, is_ok in live_gate.calls].count(False) == 3  # "late" twice, "later" once
