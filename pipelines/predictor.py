@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -137,9 +138,11 @@ class Predictor:
     def fit_workflow(self, stages: list[StageTrace], config: WorkflowConfig | None = None) -> "Predictor":
         """Fit the workflow-level model on finished, labelled workflows (the stage model's training stages) and keep
         it: predict() answers the `wf_*` fields from it. The DVC train stage calls it after fit()."""
+        started = time.perf_counter()
         self.workflow = WorkflowRemainingModel(config).fit(stages)
         self.meta["workflow"] = {"model": "boosters" if self.workflow.boosters_ is not None else "position-table",
-                                 "num_train_stages": len(stages)}
+                                 "num_train_stages": len(stages),
+                                 "train_seconds": round(time.perf_counter() - started, 2)}
         return self
 
     @classmethod
