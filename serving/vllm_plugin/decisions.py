@@ -27,6 +27,7 @@ class Decisions:
     num_preempted_unpredicted: int = 0  # victims chosen by vLLM's own rule (no predicted request was running)
     num_requests_held_back: int = 0
     num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (wait_bound.py)
+    num_batch_cost_refused: int = 0  # (request, step) pairs the batch-cost gate held back (in num_held_back too)
     # A session's KV across its tool call (session_kv.py): turns whose blocks were kept or let go by the tool-KV rule;
     # next turns that started on held blocks (and the tokens they found there) or found none of them; holds that
     # expired, and holds released first under memory pressure.

@@ -10,6 +10,10 @@ vLLM calls the interface not public, so the seams used are checked when the sche
   largest `(priority, arrival_time)`. Before each step the predicted running requests are moved to the end of
   `self.running` in order of predicted remaining work, and their `priority` raised above any client's by that work, so
   either rule takes the one with the most predicted work left. Without a predicted request running, nothing moves.
+- The batch-cost gate (`serving.admission.batch_cost`, the system's, as the gateway and the simulator run it): in the
+  same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
+  predicted request past its deadline. The engine's pace is the plugin's own timing of `schedule` calls whose
+  `SchedulerOutput.total_num_scheduled_tokens` was not 0 (engine_pace.py).
 - `_free_request`: a finished turn whose session continues after a tool call may have its blocks held (session_kv.py);
   `kv_cache_manager.allocate_slots` returning None (no room): held blocks are released before vLLM preempts or stops
   admitting. `_preempt_request` is wrapped to count victims.
@@ -24,11 +28,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from serving.admission.batch_cost import BatchCostGate, Candidate, NodeState
 from serving.admission.projection import GrowingStage, peak_blocks
 from serving.scheduler import create_scheduler
 from serving.systems import get_system
 from serving.tool_kv import create_tool_kv
 from serving.vllm_plugin.decisions import Decisions
+from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
 from serving.vllm_plugin.hints import MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens
 from serving.vllm_plugin.queue import MaestroRequestQueue
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
@@ -58,13 +64,16 @@ class MaestroMixin:
             raise ValueError(f"{type(self).__name__} counts KV blocks of one cache group (full attention); this model "
                              f"has {len(kv_cache_config.kv_cache_groups)}: serve it without --scheduler-cls")
         config = self.maestro_config = MaestroSchedulerConfig.from_additional_config(vllm_config.additional_config)
+        system = get_system(config.system)
         self.hints: dict[str, MaestroHints] = {}
         self.session_hints: dict[str, SessionHint] = {}
         self.decisions = Decisions()
         self.hold_bound = HoldBound(config.max_hold_s)
         self.session_holds = SessionHolds(self.kv_cache_manager.block_pool,
-                                          create_tool_kv(get_system(config.system).tool_kv), config.prefill_s_per_token,
+                                          create_tool_kv(system.tool_kv), config.prefill_s_per_token,
                                           config.tool_hold_factor, self.decisions)
+        self.batch_gate = BatchCostGate() if system.batch_cost else None
+        self.engine_pace = EnginePace()
         self._logged: dict | None = None
         self._logged_at = 0.0
         self.waiting = MaestroRequestQueue(create_scheduler(config.scheduler), self.waiting, self.hints,
@@ -106,6 +115,7 @@ class MaestroMixin:
 
     def _free_request(self, request: Request, *args, **kwargs):
         self.hints.pop(request.request_id, None)
+        self.engine_pace.forget(request.request_id)
         self.hold_bound.forget(request.request_id)
         self.decisions.forget(request.request_id)
         hint = self.session_hints.pop(request.request_id, None)
@@ -131,8 +141,9 @@ class MaestroMixin:
         return time.time() if self.maestro_config.clock == "wall" else float(self.current_step + 1)
 
     def schedule(self, *args, **kwargs):
-        self.waiting.now = self._clock()
-        self.session_holds.expire(self.waiting.now)
+        self.waiting.now = now = self._clock()
+        self.engine_pace.step_began(now, lambda rid: getattr(self.requests.get(rid), "num_output_tokens", 0))
+        self.session_holds.expire(now)
         running_before = {r.request_id for r in self.running}
         raised = self._rank_victims()
         try:
@@ -142,12 +153,15 @@ class MaestroMixin:
                 request.priority = priority
         for request in self.running:
             if request.request_id not in running_before:
-                self._started(request.request_id)
+                self._started(request)
+        self.engine_pace.step_scheduled(now, output.total_num_scheduled_tokens > 0)
         self._log_decisions()
         return output
 
-    def _started(self, request_id: str) -> None:
+    def _started(self, request: Request) -> None:
         """The request entered `running` in this step (a first start or a resume after preemption)."""
+        request_id = request.request_id
+        self.engine_pace.started(request_id, self.waiting.now, request.num_output_tokens)
         if request_id in self.hints:
             self.hold_bound.forget(request_id)
             self.decisions.num_admitted += 1
@@ -157,14 +171,15 @@ class MaestroMixin:
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's own check, then admission: a predicted request starts only if its predicted KV need and the running
-        requests' still fit in the free blocks, and no other request is overdue (wait_bound.py); with nothing running it
-        starts, as vLLM would start it."""
+        requests' still fit in the free blocks, no other request is overdue (wait_bound.py) and the batch-cost gate
+        lets it in; with nothing running it starts, as vLLM would start it."""
         if not super()._handle_blocked_waiting_request(request):
             return False
         hints = self.hints.get(request.request_id)
         if hints is None or not self.running:
             return True
-        if not self.hold_bound.is_blocked(request.request_id) and self._fits(request, hints):
+        if (not self.hold_bound.is_blocked(request.request_id) and self._fits(request, hints)
+                and self._gate_admits(request, hints)):
             return True
         self.decisions.hold_back(request.request_id)
         self.decisions.num_overdue += self.hold_bound.hold(request.request_id, self.waiting.now)
@@ -188,6 +203,23 @@ class MaestroMixin:
         hint = self.session_hints.get(request.request_id)
         releasable = self.session_holds.num_releasable_blocks(hint.session if hint else None)
         return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks() + releasable
+
+    def _gate_admits(self, request: Request, hints: MaestroHints) -> bool:
+        """Whether the system's batch-cost gate (if it has one) lets the request join the running batch; a refusal
+        is counted."""
+        if self.batch_gate is None:
+            return True
+        is_ok = self.batch_gate.admits_candidate(*self.gate_view(request, hints))
+        self.decisions.num_batch_cost_refused += not is_ok
+        return is_ok
+
+    def gate_view(self, request: Request, hints: MaestroHints) -> tuple[NodeState, Candidate]:
+        """The engine and the request as the batch-cost gate reads them: the predicted running requests (their hints,
+        arrival, tokens so far) and the engine's measured pace (engine_pace.py)."""
+        running = [(r.request_id, self.hints[r.request_id], r.arrival_time, r.num_output_tokens) for r in self.running
+                   if r.request_id in self.hints]
+        return (self.engine_pace.node_state(self.waiting.now, running),
+                gate_candidate(hints, request.arrival_time, request.num_output_tokens))
 
     def _num_shared_hit_blocks(self, request: Request) -> int:
         """Prefix-cache hits that other requests hold: the request needs them without taking a free block. (A hit on

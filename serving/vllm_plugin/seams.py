@@ -11,6 +11,7 @@ import inspect
 
 import vllm
 from vllm.logger import init_logger
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -30,6 +31,7 @@ SCHEDULER_ATTRIBUTES = ("waiting", "running", "requests", "kv_cache_manager", "b
 KV_CACHE_MANAGER_METHODS = {"allocate_slots": ("request", "num_new_tokens"), "get_blocks": ("request_id",),
                             "get_block_ids": ("request_id",), "get_computed_blocks": ("request",)}
 BLOCK_POOL_METHODS = {"touch": ("blocks",), "free_blocks": ("ordered_blocks",), "get_num_free_blocks": ()}
+SCHEDULER_OUTPUT_FIELDS = ("total_num_scheduled_tokens",)  # what `schedule` returns, read to time busy steps
 
 
 class SeamMissing(RuntimeError):
@@ -55,6 +57,8 @@ def find_missing_seams(scheduler: Scheduler) -> list[str]:
     overrides), its attributes, its KV cache manager's and block pool's methods, the waiting queue's interface."""
     missing = missing_methods(Scheduler, "Scheduler", SCHEDULER_METHODS)
     missing += [f"Scheduler.{a}" for a in SCHEDULER_ATTRIBUTES if not hasattr(scheduler, a)]
+    fields = getattr(SchedulerOutput, "__dataclass_fields__", {})
+    missing += [f"SchedulerOutput.{f}" for f in SCHEDULER_OUTPUT_FIELDS if f not in fields]
     manager = getattr(scheduler, "kv_cache_manager", None)
     if manager is not None:
         missing += missing_methods(manager, "KVCacheManager", KV_CACHE_MANAGER_METHODS)

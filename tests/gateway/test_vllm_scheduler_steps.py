@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import astuple
 
+import numpy as np
 import pytest
+
+from serving.admission.batch_cost import Candidate, NodeState, RunningStage, gate_inputs
 
 from .engines import REPO, VLLM_PYTHON, has_vllm
 
@@ -112,3 +116,66 @@ def test_a_request_held_back_too_long_gets_the_pool_drained_for_it(tmp_path, tin
     assert num_preempted(unbounded) == num_preempted(bounded) == 0
     assert unbounded["finished"][-1] == "big" and unbounded["decisions"]["num_overdue"] == 0
     assert bounded["finished"].index("big") < len(smalls) // 2 and bounded["decisions"]["num_overdue"] >= 1
+
+
+# On a fake wall clock a decode step lasts 10 ms and a prompt token's prefill 50 ms more: "tight"'s 10-token prefill
+# makes the pace 5 times the bare step. "late" arrives while "tight" can still make its deadline, by 0.25 s, which
+# late's prefill (0.51 s) would take.
+GATE_SCENARIO = {"wall": {"step_s": 0.01, "prefill_token_s": 0.05},
+                 "requests": [request("tight", 0, 60, {"tokens_pred": 60, "deadline_s": 3.35}),
+                              request("late", 12, 20, {"tokens_pred": 20, "deadline_s": 1000.0})]}
+
+
+def expected_gate_view(result: dict, record: dict) -> tuple[NodeState, Candidate]:
+    """What the plugin should describe at a gate decision, from the run's steps: each step's time, the requests it
+    scheduled (a 10-token prompt is prefilled in its first step; every step then gives a request one token)."""
+    steps, k = result["steps"], record["step"]
+    times = [step["time_s"] for step in steps]
+    busy = [times[j + 1] - times[j] for j in range(k) if steps[j]["scheduled"]][-64:]
+    first = {rid: min(j for j, step in enumerate(steps) if rid in step["scheduled"]) for rid in ("tight", "late")}
+    delays = [times[s + 1] - times[s] for s in first.values() if s + 1 <= k]
+    specs = {spec["id"]: spec for spec in GATE_SCENARIO["requests"]}
+    running = tuple(RunningStage(specs[rid]["hints"]["tokens_pred"], specs[rid]["hints"]["tokens_pred"],
+                                 times[specs[rid]["step"]] + specs[rid]["hints"]["deadline_s"], times[first[rid]],
+                                 sum(rid in step["scheduled"] for step in steps[:k])) for rid in record["running"])
+    node = NodeState(times[k], running, float(np.mean(busy)) if len(busy) >= 8 else 0.0, min(busy),
+                     float(np.median(delays)))
+    late = specs["late"]
+    return node, Candidate(times[late["step"]] + late["hints"]["deadline_s"], late["hints"]["tokens_pred"])
+
+
+CANDIDATE_INPUTS = ("stall_s", "added_step_s", "candidate_tokens", "candidate_slack_s")
+
+
+def numbers(node: NodeState, candidate: Candidate) -> list[float]:
+    """A node state and a candidate as the numbers they hold (None, a default to apply, left out)."""
+    values = [node.now, node.pace_s_per_token, node.step_s, node.prefill_s, node.backlog_s,
+              *(v for stage in node.running for v in astuple(stage)), *astuple(candidate)]
+    return [float(v) for v in values if v is not None]
+
+
+def test_the_plugin_gives_the_batch_cost_gate_what_the_shared_function_computes_from_its_engine(tmp_path, tiny_model):
+    """MaestroScheduler describes its engine to the gate (its requests' hints and tokens, the steps it timed) as the
+    gateway and the simulator describe their nodes; the gate holds "late" back until "tight" has slack to spare."""
+    maestro, srtf, in_async = steps_of(tmp_path, tiny_model, {"scheduler": "maestro", **GATE_SCENARIO},
+                                       {"scheduler": "maestro", "maestro_config": {"system": "maestro-srtf"},
+                                        **GATE_SCENARIO},
+                                       {"scheduler": "maestro", "async": True, **GATE_SCENARIO})
+    records = maestro["gate"]
+    assert [(r["step"], r["running"], r["admitted"]) for r in records] == [
+        (12, ["tight"], False), (13, ["tight"], False), (14, ["tight"], True)]
+    for record in records:
+        node, candidate = expected_gate_view(maestro, record)
+        running = tuple(RunningStage(**stage) for stage in record["node"]["running"])
+        described = NodeState(**{**record["node"], "running": running}), Candidate(**record["candidate"])
+        assert numbers(*described) == pytest.approx(numbers(node, candidate))
+        expected, inputs = gate_inputs(node, candidate), record["inputs"]
+        assert inputs["remaining_tokens"] + inputs["slack_s"] == pytest.approx(
+            expected.batch.remaining_tokens.tolist() + expected.batch.slack_s.tolist())
+        assert [inputs[name] for name in CANDIDATE_INPUTS] == pytest.approx(
+            [getattr(expected, name) for name in CANDIDATE_INPUTS])
+    assert maestro["decisions"]["num_batch_cost_refused"] == 2 and maestro["decisions"]["num_held_back"] == 2
+    started = lambda result: min(j for j, step in enumerate(result["steps"]) if "late" in step["scheduled"])  # noqa: E731
+    assert started(maestro) == 14 and started(srtf) == 12  # without the gate (maestro-srtf) it starts on arrival
+    assert "gate" not in srtf and srtf["decisions"]["num_batch_cost_refused"] == 0
+    assert in_async["decisions"]["num_batch_cost_refused"] > 0  # AsyncScheduler: the same gate, a step's lag

@@ -6,10 +6,12 @@ import math
 import numpy as np
 import pytest
 
+from serving.admission.batch_cost import Candidate
 from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.scheduler import create_scheduler
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
+from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
                                        output_bounds, remaining_tokens, request_from_hints)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
@@ -183,3 +185,26 @@ def test_the_plugin_takes_its_queue_order_from_the_system_table():
     assert config.scheduler.policy == "edf"
     with pytest.raises(ValueError, match="system: unknown policy"):
         MaestroSchedulerConfig(system="nope")
+
+
+def test_the_engine_pace_times_busy_steps_and_first_tokens():
+    pace, tokens = EnginePace(), {"a": 0}
+    pace.step_began(0.0, tokens.get)
+    pace.started("a", 0.0, num_output_tokens=0)
+    pace.step_scheduled(0.0, is_busy=True)  # a's prefill: 0.5 s
+    tokens["a"] = 1
+    for k in range(8):
+        pace.step_began(0.5 + 0.1 * k, tokens.get)
+        pace.step_scheduled(0.5 + 0.1 * k, is_busy=True)
+    assert pace.first_token_delay_s == 0.5 and pace.bare_step_s == pytest.approx(0.1)
+    assert pace.pace_s_per_token == pytest.approx((0.5 + 7 * 0.1) / 8)
+    pace.step_scheduled(1.2, is_busy=False)  # nothing ran: the idle time until the next step is no step
+    pace.step_began(5.0, tokens.get)
+    assert len(pace.recent_steps_s) == 8
+    state = pace.node_state(5.0, [("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9),
+                                  ("b", MaestroHints(tokens_pred=10), 4.0, 0)])
+    assert [(s.deadline_s, s.started_s, s.produced) for s in state.running] == [(30.0, 0.0, 9), (math.inf, 5.0, 0)]
+    assert (state.pace_s_per_token, state.prefill_s) == (pace.pace_s_per_token, 0.5)
+    assert gate_candidate(MaestroHints(tokens_pred=20, deadline_s=3.0), 2.0, 4) == Candidate(5.0, 20, 4)
+    pace.forget("a")
+    assert "a" not in pace.started_s

@@ -17,7 +17,10 @@ prefix cache, counted again after a preemption).
 SCENARIO: {"scheduler": "vllm" | "maestro", "async": bool, "policy": "fcfs" | "priority", "num_blocks": N,
 "max_num_seqs": N, "model_dir": DIR, "maestro_config": {...} (over STEP_CLOCK), "without_seam": NAME (deleted from
 vLLM's Scheduler class first, and vLLM's version set to "vllm_version": the run reports the error that building the
-scheduler raised), "requests": [{"id",
+scheduler raised), "wall": {"step_s": S, "prefill_token_s": P} (Maestro on the wall clock, a fake one on which a
+step lasts S plus P per prompt token it computes; a request arrives at its step's time; each step reports its
+"time_s", and every batch-cost gate decision is reported under "gate": its step, the predicted running request ids,
+the node state and candidate the plugin described, the gate's inputs and its answer), "requests": [{"id",
 "step", "prompt_tokens", "max_tokens", "priority", "hints": {...} | null, "session": {"session", "tool_s"} | null,
 "after": ID, "gap": N}]}. A request with "after" is the next turn of that one's session: it arrives `gap` steps after
 that request finished, its prompt that request's tokens (prompt and output) and then its own `prompt_tokens` new ones.
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import zlib
 from collections import deque
+from dataclasses import asdict
 
 import torch
 import vllm
@@ -42,6 +47,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+import serving.vllm_plugin.scheduler as maestro_scheduler
+from serving.admission.batch_cost import gate_inputs
 from serving.vllm_plugin.scheduler import MaestroAsyncScheduler, MaestroMixin, MaestroScheduler
 from serving.vllm_plugin.seams import SeamMissing
 from serving.vllm_plugin.session_kv import SessionHint
@@ -72,8 +79,37 @@ def make_scheduler(scenario: dict) -> Scheduler:
                structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
 
 
-def make_request(spec: dict, step: int, context: list[int]) -> Request:
-    """The request of `spec` arriving at `step`, its prompt `context` (an earlier turn's tokens) and its own tokens."""
+class FakeTime:
+    """The plugin's `time` module under a scenario's "wall" clock: `time()` is the scenario's, `monotonic` the real."""
+
+    def __init__(self):
+        self.now_s = 1000.0
+        self.monotonic = time.monotonic
+
+    def time(self) -> float:
+        return self.now_s
+
+
+def record_gate(scheduler: MaestroMixin, step: list[int], records: list[dict]) -> None:
+    """Report every decision of the scheduler's batch-cost gate (the scenario's "gate")."""
+    admits = scheduler.batch_gate.admits_candidate
+
+    def recording(node, candidate) -> bool:
+        is_ok, inputs = admits(node, candidate), gate_inputs(node, candidate)
+        running = [r.request_id for r in scheduler.running if r.request_id in scheduler.hints]
+        fields = {"running": running, "node": asdict(node), "candidate": asdict(candidate), "admitted": is_ok}
+        if inputs is not None:
+            flat = {**asdict(inputs.batch), **asdict(inputs)}
+            fields["inputs"] = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in flat.items() if k != "batch"}
+        records.append({"step": step[0], **fields})
+        return is_ok
+
+    scheduler.batch_gate.admits_candidate = recording
+
+
+def make_request(spec: dict, step: int, context: list[int], arrival_s: float) -> Request:
+    """The request of `spec` arriving at `step` (at `arrival_s`), its prompt `context` (an earlier turn's tokens) and
+    its own tokens."""
     extra = {"maestro": spec["hints"]} if spec.get("hints") else {}
     if spec.get("session"):
         extra |= SessionHint(**spec["session"]).to_xargs()
@@ -81,7 +117,7 @@ def make_request(spec: dict, step: int, context: list[int]) -> Request:
     # Distinct prompts (no prefix-cache hits between requests), but for a turn's own context.
     tag = zlib.crc32(spec["id"].encode())
     own = [100 + tag % 1000, 100 + tag // 1000 % 1000] + [1] * (spec["prompt_tokens"] - 2)
-    return Request(spec["id"], context + own, params, None, arrival_time=float(step),
+    return Request(spec["id"], context + own, params, None, arrival_time=arrival_s,
                    priority=spec.get("priority", 0), block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
 
 
@@ -105,27 +141,40 @@ def run(scenario: dict) -> dict:
     if scenario.get("without_seam"):
         delattr(Scheduler, scenario["without_seam"])
         vllm.__version__ = scenario.get("vllm_version", vllm.__version__)
+    wall = scenario.get("wall")
+    clock = FakeTime()
+    if wall:
+        maestro_scheduler.time = clock
+        scenario = {**scenario, "maestro_config": {**scenario.get("maestro_config", {}), "clock": "wall"}}
     try:
         scheduler = make_scheduler(scenario)
     except SeamMissing as error:
         return {"error": str(error)}
+    step_now, gate = [0], []
+    if wall and getattr(scheduler, "batch_gate", None) is not None:
+        record_gate(scheduler, step_now, gate)
     specs = {spec["id"]: spec for spec in scenario["requests"]}
     pending = {rid: spec["step"] for rid, spec in specs.items() if "after" not in spec}
     made: dict[str, Request] = {}
     in_flight = deque()  # (scheduler output, runner output), newest first
     steps, finished, computed, new_tokens = [], [], {}, {}
     for step in range(100_000):
+        step_now[0] = step
         for rid in sorted((r for r, at in pending.items() if at <= step), key=pending.get):
             del pending[rid]
             context = list(made[specs[rid]["after"]].all_token_ids) if "after" in specs[rid] else []
-            made[rid] = make_request(specs[rid], step, context)
+            made[rid] = make_request(specs[rid], step, context, clock.now_s if wall else float(step))
             new_tokens[rid] = made[rid].num_prompt_tokens - len(context)
             scheduler.add_request(made[rid])
         if len(made) == len(specs) and not scheduler.has_requests() and not in_flight:
             break
         output = scheduler.schedule()
         steps.append({"scheduled": dict(output.num_scheduled_tokens), "preempted": sorted(output.preempted_req_ids)})
+        num_computed = sum(computed.values())
         count_prompt_computed(scheduler, output, computed)
+        if wall:
+            steps[-1]["time_s"] = clock.now_s
+            clock.now_s += wall["step_s"] + wall["prefill_token_s"] * (sum(computed.values()) - num_computed)
         # As the engine core: a batch joins those in flight; the oldest one's output is processed once they are as
         # many as the engine keeps in flight, or when nothing new could be scheduled (an empty batch runs nothing).
         if output.total_num_scheduled_tokens:
@@ -144,6 +193,8 @@ def run(scenario: dict) -> dict:
     result = {"steps": steps, "finished": finished, "recomputed": recomputed}
     if isinstance(scheduler, MaestroMixin):
         result["decisions"] = scheduler.decisions.snapshot()
+    if gate:
+        result["gate"] = gate
     return result
 
 

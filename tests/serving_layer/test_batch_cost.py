@@ -1,8 +1,18 @@
 """The batch-cost gate (what one more stage costs the running ones) and the workflows' remaining-work history."""
 import pytest
 
-from serving.admission.batch_cost import (BatchCostConfig, BatchCostGate, RunningBatch, fewest_remaining_tokens,
-                                          remaining_tokens)
+from serving.admission.batch_cost import (
+    UNMEASURED_ADDED_STEP_S,
+    BatchCostConfig,
+    BatchCostGate,
+    Candidate,
+    NodeState,
+    RunningBatch,
+    RunningStage,
+    fewest_remaining_tokens,
+    gate_inputs,
+    remaining_tokens,
+)
 from serving.scheduler.remaining import RemainingWork
 
 STEP_S = 0.02
@@ -66,3 +76,31 @@ def test_remaining_work_is_learnt_from_ended_workflows_of_the_app():
     assert history.estimate("chat", 1) == pytest.approx((3.0 + 0.0) / 2)
     assert history.estimate("chat", 2) == 0.0  # one workflow reached it: too few, and no other app either
     assert history.estimate("unseen-app", 0) == pytest.approx(3.0)  # all apps' table
+
+
+def test_a_node_described_without_token_counts_or_backlog_takes_the_documented_defaults():
+    # pace 3 steps a token; the first stage started 1.5 s ago (first token after 0.5 s: 1 s at 60 ms = 16.7 tokens);
+    # the second 0.2 s ago, its prefill 0.3 s from done: that backlog stalls both.
+    node = NodeState(now=10.0, running=(RunningStage(100, 100, 20.0, started_s=8.5),
+                                        RunningStage(40, 40, 30.0, started_s=9.8)),
+                     pace_s_per_token=STEP_S * 3, step_s=STEP_S, prefill_s=0.5)
+    inputs = gate_inputs(node, Candidate(deadline_s=100.0, tokens_pred=50))
+    assert inputs.batch.remaining_tokens == pytest.approx([100 - 1.0 / 0.06, 40])
+    assert inputs.batch.slack_s == pytest.approx([20 - 0.3 - 10 - (100 - 1.0 / 0.06) * 0.06, 30 - 0.3 - 10 - 40 * 0.06])
+    assert (inputs.stall_s, inputs.added_step_s) == (0.5, UNMEASURED_ADDED_STEP_S)  # the node's prefill; no step cost
+    assert inputs.candidate_slack_s == pytest.approx(100 - 10 - 0.5 - 50 * 0.06)
+    counted = NodeState(10.0, (RunningStage(100, 100, 20.0, 8.5, produced=30),), STEP_S * 3, STEP_S, 0.5, backlog_s=1.0)
+    resumed = Candidate(100.0, 50, produced=20, stall_s=0.1, added_step_s=0.002)  # a preempted stage's
+    assert gate_inputs(counted, resumed).candidate_tokens == 30
+    assert counted.batch.remaining_tokens == pytest.approx([70]) and counted.batch.slack_s == pytest.approx(
+        [20 - 1.0 - 10 - 70 * 0.06])
+
+
+def test_an_unmeasured_or_idle_node_lets_every_candidate_in():
+    gate, candidate = BatchCostGate(), Candidate(deadline_s=1.0, tokens_pred=50, stall_s=100.0)
+    busy = (RunningStage(100, 100, 5.0, 0.0, produced=10),)
+    assert gate_inputs(NodeState(0.0, busy, 0.0, 0.0), candidate) is None  # pace not measured yet
+    assert gate.admits_candidate(NodeState(0.0, busy, 0.0, 0.0), candidate)
+    assert gate.admits_candidate(NodeState(0.0, (), STEP_S * 3, STEP_S), candidate)
+    assert not gate.admits_candidate(NodeState(0.0, busy, STEP_S * 3, STEP_S), Candidate(600.0, 50, stall_s=100.0))
+    assert gate.num_refused == 1
