@@ -14,7 +14,17 @@ What every arm is told, and from where (nothing of a stage that has not run, not
 - **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock): `RemainingWork` fed
   with the training side's workflows, all ended before the replay starts, read at the stage's position; never a sum
   over the replayed workflow's own later stages. It is not updated during the run.
-- **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a seed.
+- **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
+  seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
+- **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
+  carries its session (`maestro_session`: the workflow and the first turn of its chain of same-role tool turns, from
+  its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it
+  does not): what a live gateway knows when the turn ends, which is the only moment the plugin reads it
+  (`serving/vllm_plugin/session_kv.py`); never whether the replay has a next turn. The prediction is the one the
+  simulator makes (`serving.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from the
+  catalog's mean or 1 s), made by `benchmarks/engine_steps.py` on the step clock; the plugin keeps the context by the
+  system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
+  token, takes longer than that).
 """
 from __future__ import annotations
 
@@ -74,10 +84,11 @@ class EngineConfig:
                 "max_num_batched_tokens": self.max_num_batched_tokens, "seed": seed}
 
     def maestro(self) -> dict:
-        """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps."""
+        """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps; re-prefilling a
+        token costs what the step cost model (`step_cost`) says, a prefill chunk a step."""
         policy, plugin = SchedulerConfig(policy=self.policy), MaestroSchedulerConfig()
         return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
-                "max_hold_s": plugin.max_hold_s / self.step_s,
+                "max_hold_s": plugin.max_hold_s / self.step_s, "prefill_s_per_token": 1.0 / self.max_num_batched_tokens,
                 "scheduler": {"policy": self.policy, "batch_max_wait_s": policy.batch_max_wait_s / self.step_s,
                               "late_max_wait_s": policy.late_max_wait_s / self.step_s}}
 
@@ -139,6 +150,21 @@ def at_readiness(workflow: SimWorkflow) -> None:
     the engine replay guarantees when the stage becomes ready (its parents ended, and theirs before them)."""
     for stage in workflow.stages:
         stage.finished_s = 0.0
+
+
+def session_of(stage) -> str:
+    """The session a turn belongs to: its workflow and the first turn of its chain of session parents."""
+    while stage.session_parent >= 0:
+        stage = stage.workflow.stages[stage.session_parent]
+    return f"{stage.workflow.workflow_id}/{stage.index}"
+
+
+def tool_prior_s(tool: str) -> float:
+    """A tool's predicted time before any of its calls has returned, as the simulator predicts it
+    (`serving.sim.engine.Simulator.predicted_tool_s`)."""
+    from pipelines.catalog import TOOLS
+
+    return TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
 
 
 def stage_spec(stage, config: EngineConfig) -> dict:
@@ -238,6 +264,8 @@ class EngineWorkload:
                         spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
                                          "workflow_remaining_s": round(self.remaining.estimate(wf["app"], stage.index), 2),
                                          "interactive": wf["interactive"], "workflow": wf["id"]}
+                        spec["session"] = {"id": session_of(stage), "tool": stage.tool_name,
+                                           "prior_steps": round(tool_prior_s(stage.tool_name) / self.config.step_s, 4)}
                 stages.append(spec)
             out.append({**wf, "stages": stages})
         return out
@@ -247,7 +275,9 @@ class EngineWorkload:
                         "by_app_steps": {app: {c: int(s / self.config.step_s) for c, s in classes.items()}
                                          for app, classes in self.slo.by_app.items()},
                         "global_steps": int(self.slo.global_s / self.config.step_s)},
-                "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})"},
+                "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})",
+                               "predicted": "serving.tool_kv.ToolTimes over the run's returned calls (steps), from "
+                                            "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s"},
                 "engine": asdict(self.config), "steady": list(STEADY),
                 "workflow_remaining_s": "RemainingWork fed with the training side's workflows (all ended before the "
                                         "replay), in steps; maestro arms only"}

@@ -45,7 +45,31 @@ def run_figures(plan: dict, steps: dict) -> dict:
             "all_clusters": np.array([w["cluster"] for w in plan["workflows"]]), "window_steps": window_steps,
             "counters": {"wall_s": steps["wall_s"], "num_engine_steps": steps["num_engine_steps"],
                          "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
-                         "num_held_back": (steps["decisions"] or {}).get("num_held_back")}}
+                         "num_held_back": (steps["decisions"] or {}).get("num_held_back"),
+                         "session_kv": session_kv(steps["decisions"]),
+                         "cached_tokens_check": steps.get("cached_tokens_check")}}
+
+
+def session_kv(decisions: dict | None) -> dict | None:
+    """The plugin's session-KV counts of a run (`serving/vllm_plugin/decisions.py`); None for vLLM's schedulers."""
+    return {key: value for key, value in decisions.items() if key.startswith("num_kv_")} if decisions else None
+
+
+def session_kv_table(report: dict) -> list[str]:
+    """Per rate, the Maestro arms' session-KV counts summed over seeds, whole runs (not the measured window)."""
+    lines = []
+    for rate, by_arm in report["counters"].items():
+        rows = {arm: [c["session_kv"] for c in runs] for arm, runs in by_arm.items() if runs and runs[0]["session_kv"]}
+        if not rows:
+            continue
+        keys = list(next(iter(rows.values()))[0])
+        lines += [f"Session KV across tool calls at {rate} (MaestroScheduler's counts, whole runs, summed over seeds):",
+                  "", "| arm | " + " | ".join(k.removeprefix("num_kv_") for k in keys) + " |",
+                  "|---" * (len(keys) + 1) + "|"]
+        lines += [f"| {arm} | " + " | ".join(str(sum(run[k] for run in runs)) for k in keys) + " |"
+                  for arm, runs in rows.items()]
+        lines.append("")
+    return lines
 
 
 def table(report: dict) -> str:
@@ -60,6 +84,7 @@ def table(report: dict) -> str:
     lines += rate_tables(report, lambda rate, row: f"**{rate} workflows per 1,000 steps**, "
                          f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})",
                          COLUMNS, DIFFERENCE_COLUMNS)
+    lines += session_kv_table(report)
     return "\n".join(lines)
 
 

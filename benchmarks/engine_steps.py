@@ -10,13 +10,20 @@ model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The cloc
 added when its workflow arrives or its parents (and the tool call after one) are done, with `arrival_time` the
 scheduler's step count then; when nothing is in the engine and nothing is ready, the clock jumps to the next arrival
 (no engine step runs, so the scheduler's count stays behind the replay's by the skipped steps, which no live request
-sees). A stage ends when it has produced its recorded output: the harness aborts it after that step, which frees its
-KV as a finish would. The engine sees `max_tokens` = the declared cap and `ignore_eos`; the recorded length reaches
-neither the engine nor the scheduler, only this loop. Prompts are seeded token ids; a stage that continues its
-session (tool loop) starts with its parent's prompt and output, so the prefix cache can hold them; the prompt tokens
-vLLM served from its cache are recorded per stage (`cached_tokens`). The run ends once every measured workflow (the
-plan's `measured` range) has ended and the steady window (`window`, in replay steps) is over; the output tokens each
-stage produced inside the window are recorded (`window_tokens`).
+sees). A stage ends as a real turn ends, inside the step that samples its last token: vLLM finishes it by length
+(`FINISHED_LENGTH_CAPPED`, as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix
+cache; with MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only
+while vLLM reads the step's sampled tokens (`update_from_output`), each running request's `max_tokens` is its recorded
+length; when it schedules, it and MaestroScheduler see `max_tokens` = the declared cap (with `ignore_eos`), so the
+recorded length reaches neither one's decisions. Requests end in the order vLLM iterates that step's batch, so the
+same plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts
+with its parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache
+are recorded per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger
+plugin (`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its
+session and predicted tool time (`benchmarks/engine_replay.py`); the prediction is `ToolTimes` over the tool calls
+that have returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the
+steady window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are
+recorded (`window_tokens`).
 """
 from __future__ import annotations
 
@@ -25,11 +32,14 @@ import itertools
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its scheduler is ours
+os.environ.setdefault("MAESTRO_VLLM_STATS_STEP_EVERY", "1000000000")  # the stat logger's request lines only
 
 VOCAB_LOW, VOCAB_HIGH = 16, 2000  # prompt token ids drawn from here (clear of the tiny tokenizer's special tokens)
 
@@ -43,6 +53,7 @@ class Stage:
     ready_step: int = -1
     finish_step: int = -1
     request_id: str = ""
+    request: object = None  # vLLM's Request, read after it left the scheduler too
     prompt_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     computed_tokens: int = 0  # after the last step: what a preemption in the next one drops
@@ -50,6 +61,7 @@ class Stage:
     num_output_tokens: int = 0
     cached_tokens: int = -1  # prompt tokens served from the prefix cache at its first start (-1: not started)
     window_tokens: int = 0  # output tokens produced inside the plan's steady window
+    tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
 
 
 def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:
@@ -61,6 +73,7 @@ def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None)
 
 
 def build_engine(engine: dict, arm: dict):
+    from maestro_vllm_stats import MaestroStatLogger
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -73,19 +86,26 @@ def build_engine(engine: dict, arm: dict):
                       max_model_len=engine["max_model_len"], max_num_seqs=engine["max_num_seqs"],
                       max_num_batched_tokens=engine["max_num_batched_tokens"], seed=engine["seed"],
                       scheduling_policy=arm["policy"], enable_prefix_caching=True, **extra)
-    return LLMEngine.from_engine_args(args)
+    return LLMEngine.from_engine_args(args, stat_loggers=[MaestroStatLogger])
 
 
 class Replay:
-    """The replay loop for one arm; `run()` returns per-stage and per-step records."""
+    """The replay loop for one arm; `run()` returns per-stage and per-step records. The engine's stat logger writes
+    into `stats_dir`."""
 
-    def __init__(self, plan: dict):
-        self.plan, self.arm = plan, plan["arm"]
+    def __init__(self, plan: dict, stats_dir: Path):
+        from serving.tool_kv import ToolTimes
+
+        shutil.rmtree(stats_dir, ignore_errors=True)
+        os.environ["MAESTRO_VLLM_STATS_DIR"] = str(stats_dir)
+        self.plan, self.arm, self.stats_dir = plan, plan["arm"], stats_dir
         self.engine = build_engine(plan["engine"], self.arm)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
         self.stages = [[Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]]
                        for w, wf in enumerate(plan["workflows"])]
         self.ready: list[tuple[int, int, int, int]] = []  # (ready step, seq, workflow, stage)
+        self.tool_returns: list[tuple[int, int, str, int]] = []  # (return step, seq, tool, steps it ran)
+        self.tool_times = ToolTimes()
         self.live: dict[str, Stage] = {}
         self.by_name: dict[str, Stage] = {}  # the request id this loop gave, as vLLM's outputs name it
         first, last = plan["measured"]
@@ -96,33 +116,65 @@ class Replay:
         self.steps: list[tuple[int, int, int, int]] = []
         self.recomputed_tokens, self.num_finished = 0, 0
         self._seq = itertools.count()
+        self._end_turns_at_recorded_length()
         for w, wf in enumerate(plan["workflows"]):
             for stage in self.stages[w]:
                 if not stage.num_parents_left:
                     self._make_ready(stage, wf["arrival_step"])
 
+    def _end_turns_at_recorded_length(self) -> None:
+        """While vLLM reads a step's sampled tokens, each live request's `max_tokens` is its recorded length, so that
+        vLLM finishes it by length in the step that samples its last token; at any other moment, the declared cap."""
+        update = self.scheduler.update_from_output
+
+        def update_from_output(*args, **kwargs):
+            for stage in self.live.values():
+                stage.request.max_tokens = stage.spec["output_tokens"]
+            try:
+                return update(*args, **kwargs)
+            finally:
+                for stage in self.live.values():
+                    stage.request.max_tokens = stage.spec["max_tokens"]
+
+        self.scheduler.update_from_output = update_from_output
+
     def _make_ready(self, stage: Stage, step: int) -> None:
         stage.ready_step = step
         heapq.heappush(self.ready, (step, next(self._seq), stage.workflow, stage.index))
 
+    def _session_xargs(self, stage: Stage) -> dict:
+        """The turn's session and, where it ends in a tool call, that tool's predicted time in steps: what the gateway
+        knows when the turn ends, the only moment the plugin reads it."""
+        from serving.vllm_plugin.session_kv import SessionHint
+
+        session, spec = stage.spec["session"], stage.spec
+        if spec["is_tool_call"]:
+            stage.tool_pred_steps = round(self.tool_times.get(session["tool"], session["prior_steps"]), 4)
+        return SessionHint(session["id"], stage.tool_pred_steps).to_xargs()
+
     def _inject(self) -> None:
         from vllm import SamplingParams
 
+        while self.tool_returns and self.tool_returns[0][0] <= self.step:
+            _, _, tool, steps = heapq.heappop(self.tool_returns)
+            self.tool_times.observe(tool, steps)
         while self.ready and self.ready[0][0] <= self.step:
             _, _, w, i = heapq.heappop(self.ready)
             stage, spec, wf = self.stages[w][i], self.stages[w][i].spec, self.plan["workflows"][w]
             parent = self.stages[w][spec["session_parent"]] if spec["session_parent"] >= 0 else None
             stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
-            extra = None
+            extra = {}
             if spec.get("hints") is not None:
-                deadline = wf["arrival_step"] + wf["slo_steps"] - self.step
-                extra = {"maestro": {**spec["hints"], "deadline_s": deadline}}
+                extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
+            if spec.get("session") is not None:
+                extra.update(self._session_xargs(stage))
             params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, detokenize=False, temperature=0.0,
-                                    extra_args=extra)
+                                    extra_args=extra or None)
             name = f"{wf['id']}/{spec['id']}"
             stage.request_id = self.engine.add_request(name, {"prompt_token_ids": stage.prompt_ids}, params,
                                                        arrival_time=float(self.step - self.skipped),
                                                        priority=spec.get("priority", 0))
+            stage.request = self.scheduler.requests[stage.request_id]
             self.live[stage.request_id] = self.by_name[name] = stage
 
     def _note_cache_hits(self, outputs) -> None:
@@ -133,14 +185,11 @@ class Replay:
                 stage.cached_tokens = output.num_cached_tokens
 
     def _after_step(self) -> None:
-        """Count preemptions, dropped KV and output tokens; end the stages that produced their recorded output."""
+        """Count preemptions, dropped KV and output tokens; end the stages that vLLM finished in this step."""
         done, produced = [], 0
         in_window = self.window[0] <= self.step < self.window[1]
-        for request_id, stage in self.live.items():
-            request = self.scheduler.requests.get(request_id)
-            if request is None:  # vLLM ended it (its cap or the context): it ends here too
-                done.append(stage)
-                continue
+        for stage in self.live.values():
+            request = stage.request
             if request.num_preemptions > stage.num_preemptions:
                 self.recomputed_tokens += stage.computed_tokens
                 stage.num_preemptions = request.num_preemptions
@@ -149,15 +198,12 @@ class Replay:
             stage.num_output_tokens += new
             produced += new
             stage.window_tokens += new if in_window else 0
-            if request.num_output_tokens >= stage.spec["output_tokens"]:
-                stage.output_ids = list(request.output_token_ids)[:stage.spec["output_tokens"]]
+            if request.is_finished():
+                stage.output_ids = list(request.output_token_ids)
                 done.append(stage)
         pool = self.scheduler.kv_cache_manager.block_pool
         self.steps.append((self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running),
                            produced))
-        for stage in done:  # one at a time: vLLM frees a batch of aborts in a set's order, which varies by run
-            if stage.request_id in self.scheduler.requests:
-                self.engine.abort_request([stage.request_id], internal=True)
         for stage in done:
             self._finish(stage)
 
@@ -169,6 +215,9 @@ class Replay:
         self.num_measured_left -= first <= stage.workflow < last
         if self.num_finished % 100 == 0:
             print(f"[{self.arm['name']}] step {self.step}: {self.num_finished} stages done", file=sys.stderr, flush=True)
+        if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
+            heapq.heappush(self.tool_returns, (self.step + stage.spec["tool_gap_steps"], next(self._seq),
+                                               stage.spec["session"]["tool"], stage.spec["tool_gap_steps"]))
         siblings = self.stages[stage.workflow]
         for child in stage.spec["children"]:
             siblings[child].num_parents_left -= 1
@@ -189,6 +238,17 @@ class Replay:
             self._after_step()
         return self.report(time.perf_counter() - started)
 
+    def cached_tokens_check(self) -> dict:
+        """The stages' `cached_tokens` against the stat-logger plugin's `num_cached_tokens` of each finished request."""
+        logged = {}
+        for path in sorted(self.stats_dir.glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("kind") == "request":
+                    logged[record["request_id"]] = record["num_cached_tokens"]
+        mismatched = [name for name, cached in logged.items() if self.by_name[name].cached_tokens != cached]
+        return {"num_logged": len(logged), "num_mismatched": len(mismatched), "mismatched": mismatched[:5]}
+
     def report(self, wall_s: float) -> dict:
         decisions = getattr(self.scheduler, "decisions", None)
         return {
@@ -196,8 +256,10 @@ class Replay:
             "recomputed_tokens": self.recomputed_tokens, "num_gpu_blocks": self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             "steps": self.steps,
             "stages": [[{"ready_step": s.ready_step, "finish_step": s.finish_step, "num_preemptions": s.num_preemptions,
-                         "cached_tokens": s.cached_tokens, "window_tokens": s.window_tokens} for s in wf]
+                         "cached_tokens": s.cached_tokens, "window_tokens": s.window_tokens,
+                         "tool_pred_steps": s.tool_pred_steps} for s in wf]
                        for wf in self.stages],
+            "cached_tokens_check": self.cached_tokens_check(),
             "decisions": decisions.snapshot() if decisions is not None else None}
 
 
@@ -207,7 +269,7 @@ def main() -> None:
         sys.exit("usage: python -m benchmarks.engine_steps PLAN.json OUT.json [PLAN.json OUT.json ...]")
     for plan_path, out_path in zip(paths[::2], paths[1::2]):
         with open(plan_path) as plan:
-            replay = Replay(json.load(plan))
+            replay = Replay(json.load(plan), Path(out_path).with_suffix(".vllm-stats"))
         report = replay.run()
         replay.engine.engine_core.shutdown()
         with open(out_path, "w") as out:

@@ -3,9 +3,9 @@
 The plans of `python -m benchmarks.referee --engine` (benchmarks/engine_replay.py) are built for real held-out
 workflows with a small trained predictor, for every default arm. Then one chain workflow is changed from a middle stage
 on — its later stages three times longer, or its last stages dropped — and the plans are built again: every stage
-before the cut (its spec, hints, vLLM priority), the workflow's arrival and deadline, and every other workflow must be
-identical. The same check on the plans as the engine replay built them before the referee (a per-workflow deadline
-from every stage's true length; `workflow_remaining_s` the sum of the later stages' predictions) must find a
+before the cut (its spec, hints, session, vLLM priority), the workflow's arrival and deadline, and every other workflow
+must be identical. The same check on the plans as the engine replay built them before the referee (a per-workflow
+deadline from every stage's true length; `workflow_remaining_s` the sum of the later stages' predictions) must find a
 difference: the proof that it can fail. No engine runs here.
 """
 from __future__ import annotations
@@ -155,6 +155,22 @@ def test_every_arm_gets_the_same_deadlines_one_per_app_and_class(original):
     none = {s["hints"]["tokens_pred"] for wf in built["maestro[none]"]["workflows"] for s in wf["stages"]}
     assert len(none) <= 2, "maestro[none] reads no prediction: one constant (capped by a stage's max_tokens)"
     assert all("hints" not in s and "priority" not in s for wf in built["vllm-fcfs"]["workflows"] for s in wf["stages"])
+
+
+def test_only_maestro_arms_carry_sessions_and_a_next_turn_shares_its_parents(original):
+    """vLLM's arms have the prefix cache alone; a Maestro arm's turn names its session, the same as the turn it
+    continues, and a session's first turn names itself."""
+    for arm, plan in original.items():
+        stages = [(wf, s) for wf in plan["workflows"] for s in wf["stages"]]
+        if not arm.startswith("maestro["):
+            assert all("session" not in s for _, s in stages)
+            continue
+        for wf, spec in stages:
+            parent = spec["session_parent"]
+            own = f"{wf['id']}/{spec['index']}"
+            assert spec["session"]["id"] == (wf["stages"][parent]["session"]["id"] if parent >= 0 else own)
+            assert spec["session"]["prior_steps"] > 0
+        assert any(s["session_parent"] >= 0 for _, s in stages), "the replayed side must hold tool loops"
 
 
 def test_figures_from_hand_built_step_records(original):
