@@ -36,6 +36,7 @@ class StageRequest:
     workflow_remaining_s: float = 0.0
     attained_service_s: float = 0.0
     is_preempted: bool = False
+    is_shed: bool = False  # its workflow was triaged out: it cannot make its deadline beside the rest (triage.py)
     is_kv_pinned: bool = False  # the workflow's context is kept on a node for this stage (Continuum ranks it first)
     home_node: str = ""  # the node holding the session's context (prefix cache): the first choice where it may start
     payload: object = field(default=None, repr=False)  # the caller's own object (the simulator's stage)

@@ -33,6 +33,8 @@ class System:
     cap: CapKind = CapKind.NONE  # the session cap (admission/cap.py): none or aimd (MARS's window)
     admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
     batch_cost: bool = False  # admit only what the running stages' slack can afford (admission/batch_cost.py)
+    # with the triage order: a workflow the triage sheds is turned away then, rather than served behind the rest
+    triage_rejects: bool = False
 
     def __post_init__(self):
         if self.reservation is ReservationMode.PROJECTED:
@@ -54,7 +56,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     System("fcfs", _P.FCFS, _R.MAX_LEN, _T.EVICT_ALWAYS),
     System("edf", _P.EDF, _R.MAX_LEN, _T.EVICT_ALWAYS),
     System("srtf", _P.SRTF, _R.MAX_LEN, _T.EVICT_ALWAYS),
-    System("maestro", _P.MAESTRO, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
+    System("maestro", _P.TRIAGE, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
+           batch_cost=True, triage_rejects=True),
+    # Maestro before workflow triage: least predicted slack first, late work demoted, nothing turned away.
+    System("maestro-slack", _P.MAESTRO, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
            batch_cost=True),
     # Maestro before the slack policy: predicted SRTF, every stage whose reserve fits admitted at once.
     System("maestro-srtf", _P.PREDICTED_SRTF, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05),

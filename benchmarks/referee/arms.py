@@ -4,7 +4,9 @@
     edf+admission              the Maestro system with only its order set to EDF, fed the trained model
     maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
     maestro[SOURCE/ABL,...]    ... with parts off: no-gate (no batch-cost gate), no-order (EDF order), no-reserve
-                               (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate)
+                               (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate),
+                               no-reject (shed workflows served behind the rest, not turned away), slack (the order
+                               before triage: least predicted slack first)
 
 Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
 which none of them reads for its order or its reservation.
@@ -20,7 +22,8 @@ from serving.systems import System, get_system
 BASELINES = ("fcfs", "edf", "srtf")
 DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
                 "maestro[oracle]")
-ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining")
+ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack")
+ORDERS = {"no-order": Policy.EDF, "slack": Policy.MAESTRO}
 _MAESTRO = re.compile(r"^maestro\[(model|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
 
 
@@ -53,8 +56,10 @@ def parse_arm(name: str) -> Arm:
     system = maestro
     if "no-gate" in ablations:
         system = system.with_overrides(batch_cost=False)
-    if "no-order" in ablations:
-        system = system.with_overrides(scheduler=Policy.EDF)
+    for order in (a for a in ablations if a in ORDERS):
+        system = system.with_overrides(scheduler=ORDERS[order])
+    if "no-reject" in ablations:
+        system = system.with_overrides(triage_rejects=False)
     return Arm(name, system, source, "none" if "no-reserve" in ablations else None, "no-remaining" not in ablations)
 
 

@@ -18,11 +18,10 @@ from tqdm import tqdm
 from benchmarks.referee.arms import Arm
 from benchmarks.referee.stats import Outcomes
 from pipelines.contract import StageTrace
-from serving.scheduler.remaining import RemainingWork
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
-from serving.sim.ready import ReadyPredictions, base_id, reserve_margin
+from serving.sim.ready import ReadyPredictions, WorkflowPrior, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
@@ -34,15 +33,8 @@ MODEL_MAP = {  # trace model -> cost profile: each large family on its own place
     "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",
     "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b"}
 MARGIN_WORKFLOWS = 120  # training workflows the oracle's reserve margin is measured on
-COUNTERS = ("num_preemptions", "num_demoted", "num_refused_by_batch_cost", "num_abandoned", "oom_rate",
+COUNTERS = ("num_preemptions", "num_demoted", "num_refused_by_batch_cost", "num_abandoned", "num_rejected", "oom_rate",
             "kv_reserved_frac_vs_maxlen")
-
-
-class NoRemaining(RemainingWork):
-    """The ablation that reads no estimate of a workflow's work after the current stage."""
-
-    def estimate(self, app: str, position: int) -> float:
-        return 0.0
 
 
 @dataclass
@@ -66,6 +58,7 @@ class Replay:
         self.train_workflows = self._workflows(self.train, None, seed=0)
         self.slo = SLOTable.fit(self.train_workflows, self.cost, self.slo_scale)
         self.margin: float | None = None
+        self.workflow_prior = WorkflowPrior(self.train)
         self.base = self._workflows(self.test, None, seed=0)
         self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
 
@@ -92,7 +85,8 @@ class Replay:
         key = (name, seed if name.startswith("noise") else 0)
         if key not in self.sources:
             margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
-            predictions = ReadyPredictions(name, self.model_dir, seed=key[1], margin=margin)
+            predictions = ReadyPredictions(name, self.model_dir, seed=key[1], margin=margin,
+                                           workflow_prior=self.workflow_prior)
             predictions.prewarm([s for w in self.base for s in w.stages])
             self.sources[key] = predictions
         return self.sources[key]
@@ -105,19 +99,21 @@ class Replay:
 
     def run(self, arm: Arm, workflows: list[SimWorkflow], seed: int, log_decisions: bool = False) -> Outcomes:
         reset(workflows)
-        predict = self.source(arm.source, seed)
-        if arm.reserve_source:
-            reserve = self.source(arm.reserve_source, seed)
+        point = self.source(arm.source, seed)
+        reserve = self.source(arm.reserve_source, seed) if arm.reserve_source else None
 
-            def predict_ready(stage, point=predict, reserve=reserve):
+        def predict_ready(stage):
+            if reserve is not None:
                 reserve(stage)
                 kept = stage.tokens_reserve
-                point(stage)
+            point(stage)
+            if reserve is not None:
                 stage.tokens_reserve = kept
-        else:
-            predict_ready = predict
+            if not arm.remaining:
+                stage.wf_remaining_calls = stage.wf_remaining_tokens = 0.0
+
         sim = Simulator(self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready,
-                        remaining_work=None if arm.remaining else NoRemaining(), log_decisions=log_decisions)
+                        log_decisions=log_decisions)
         summary = sim.run().summary
         done = np.array([w.done_s >= 0 and not w.is_dropped for w in workflows])
         e2e = np.array([w.done_s - w.arrival_s if d else math.inf for w, d in zip(workflows, done)])

@@ -23,6 +23,7 @@ class Policy(enum.Enum):
     EDF = "edf"
     SRTF = "srtf"  # least attained service: no prediction
     MAESTRO = "maestro"  # least predicted slack: deadline − predicted remaining work (slack.py)
+    TRIAGE = "triage"  # deadline order, workflows the pool cannot also carry shed behind (Moore–Hodgson, triage.py)
     PREDICTED_SRTF = "predicted-srtf"  # workflow-aware SRTF on predicted remaining work
     MARS = "mars"
     CONTINUUM = "continuum"
@@ -213,11 +214,12 @@ class KeyedScheduler(Scheduler):
 
 def create_scheduler(config: SchedulerConfig | Policy | str) -> Scheduler:
     """Build the scheduler for a policy name; ValueError names the known policies."""
-    from serving.scheduler import policies, slack
+    from serving.scheduler import policies, slack, triage
 
     config = config if isinstance(config, SchedulerConfig) else SchedulerConfig(policy=config)
     classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
                Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: slack.LeastSlackScheduler,
+               Policy.TRIAGE: triage.TriageScheduler,
                Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,
                Policy.MARS: policies.MARSScheduler, Policy.CONTINUUM: policies.ContinuumScheduler}
     return classes[Policy(config.policy)](config)

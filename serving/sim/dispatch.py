@@ -47,6 +47,10 @@ class SimDispatcher:
         w, x = request.payload.workflow, self.sim.cluster.abandon_after_slo_x
         return not (w.is_dropped or (x is not None and now - w.arrival_s > x * w.slo_s))
 
+    def is_backlogged(self, model: str) -> bool:
+        """Whether a stage waits on some node that serves `model`."""
+        return any(len(node.core) > 0 for node in self.running_on.get(model, ()))
+
     # --- placement and routing -----------------------------------------------------------------
     def place_models(self) -> None:
         placement = self.sim.cluster.placement
@@ -251,8 +255,10 @@ class SimDispatcher:
         node.remove_running(stage)
         stage.finished_s = sim.now
         service_s = sim.now - stage.start_s
-        stage.workflow.attained_service_s += ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens,
-                                                                                          stage.output_tokens)
+        work_s = ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
+        stage.workflow.attained_service_s += work_s
+        if sim.triage is not None:
+            sim.triage.served(stage.model, work_s, sim.now, self.is_backlogged(stage.model))
         sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:

@@ -19,7 +19,9 @@ from serving.admission import AIMDConfig, CapSignals
 from serving.request import StageRequest, WorkflowInfo, stage_request
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
+from serving.scheduler import Policy
 from serving.scheduler.remaining import RemainingWork
+from serving.scheduler.triage import WorkflowTriage
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.dispatch import SimDispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
@@ -90,6 +92,7 @@ class Simulator:
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
         self.dispatch.place_models()
+        self.triage = WorkflowTriage() if Policy(system.scheduler) is Policy.TRIAGE else None
 
     def push(self, time_s: float, kind: int, obj, tag: int = 0) -> None:
         heapq.heappush(self._events, (time_s, next(self._tie), kind, obj, tag))
@@ -181,6 +184,12 @@ class Simulator:
         if self.predict_ready is not None:
             self.predict_ready(stage)
         request = stage.request = self._request(stage)
+        if self.triage is not None and self.triage.apply(request, self.now, self.dispatch.is_backlogged(
+                stage.model)) and self.system.triage_rejects:
+            self.drop(workflow)  # turned away: its caller is told now, not at its deadline
+            self.recorder.rejected += 1
+            self.recorder.decision("reject", self.now, stage, -1)
+            return
         node = self.dispatch.route(stage)
         self.recorder.stage_ready(len(node.core))
         node.core.add(request, self.now)
@@ -207,9 +216,14 @@ class Simulator:
                              is_kv_pinned=is_pinned, payload=stage)
 
     def _workflow_remaining_s(self, stage: SimStage) -> float:
-        """What the app's ended workflows say is left after this stage (not the replay's own future stages)."""
+        """The work predicted after this stage: from the workflow prediction made at readiness (each later call
+        prefills about this stage's prompt), else what the app's ended workflows say (never the replay's future)."""
         workflow = stage.workflow
         position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
+        if stage.wf_remaining_tokens >= 0:
+            pace = ModelPace.of(self.cost, stage.model)
+            return stage.wf_remaining_calls * pace.service_s(stage.prompt_tokens, 0) + pace.service_s(
+                0, round(stage.wf_remaining_tokens))
         return self.remaining_work.estimate(workflow.app, position)
 
     def children_ready(self, stage: SimStage) -> None:
@@ -228,6 +242,8 @@ class Simulator:
 
     def close(self, workflow: SimWorkflow) -> None:
         leave(workflow)
+        if self.triage is not None:
+            self.triage.end(workflow.workflow_id)
         self.num_open -= 1
 
     def drop(self, workflow: SimWorkflow) -> None:

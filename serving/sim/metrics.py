@@ -20,6 +20,7 @@ class Recorder:
         self.maxlen_pages = 0
         self.preemptions = 0
         self.abandoned = 0
+        self.rejected = 0  # workflows turned away by triage (serving/scheduler/triage.py)
         self.never_fit = 0
         self.num_ready = 0  # stages that became ready
         self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)
@@ -27,7 +28,8 @@ class Recorder:
         self.decisions: list[tuple] | None = None  # set to [] to log every decision (the referee's leak test)
 
     def decision(self, kind: str, now: float, stage, node: int) -> None:
-        """Log one decision — a stage started, dropped, its KV kept or evicted at a tool call — where logging is on."""
+        """Log one decision — a stage started or dropped, a workflow rejected, a KV kept or evicted at a tool call —
+        where logging is on."""
         if self.decisions is not None:
             self.decisions.append((now, kind, stage.workflow.workflow_id, stage.stage_id, node))
 
@@ -64,6 +66,7 @@ class Recorder:
             "num_stages_completed": self.num_stages,
             "num_preemptions": self.preemptions,
             "num_abandoned": self.abandoned,
+            "num_rejected": self.rejected,
             "num_never_fit": self.never_fit,
             "num_events": sim.num_events,
             "queue_nonempty_at_ready": self.num_ready_behind_queue / max(1, self.num_ready),

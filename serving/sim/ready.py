@@ -12,6 +12,11 @@ per-role priors: median, (1 − α) quantile, × (1 + rho) as the gateway sizes 
 stage: the no-model prior), `oracle` (the stage's true length, its reserve the true length × `margin`, the model's
 own median reserve ÷ prediction where the referee has a model: the same calibrated margin), `noiseσ` (true ×
 exp(ε), ε ~ N(0, σ²) drawn from the stage's key and the seed, so the same stage gets the same draw in every run).
+
+Each source also sets the workflow's remaining calls and output tokens after the stage (`wf_remaining_*`, medians):
+the model's workflow answer; for `prior`, the training side's median at the stage's (app, position) (a
+`WorkflowPrior`; 0 where training never saw the cell); nothing (0) for `none`; the truth for `oracle` and the
+noise arms (the workflow's stages with a larger call_index: the only reads of a future stage, and only in these arms).
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ class ReadyPredictions:
     """Sets a ready stage's `tokens_pred` / `tokens_reserve` from one source (see the module docstring)."""
 
     def __init__(self, source: str, model_dir: str | Path | None = None, seed: int = 0, margin: float = 1.0,
-                 rho: float = DEFAULT_RHO):
+                 rho: float = DEFAULT_RHO, workflow_prior: WorkflowPrior | None = None):
         name = "noise" if source.startswith("noise") else source
         if name not in SOURCES:
             raise ValueError(f"unknown prediction source '{source}'; known: {', '.join(SOURCES)} (noise as noiseσ)")
@@ -56,7 +61,10 @@ class ReadyPredictions:
             raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
         self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
         self.sigma = float(source[len("noise"):] or 0.5) if name == "noise" else 0.0
-        self.cache: dict[tuple, tuple[int, int]] = {}
+        self.cache: dict[tuple, tuple[int, int, float, float]] = {}
+        self.workflow_prior = workflow_prior
+        if name == "prior" and workflow_prior is None:
+            raise ValueError("prediction source 'prior' needs the training side's WorkflowPrior")
         self.num_calls = 0
         self._predictor = self._priors = None
         if name == "model":
@@ -76,7 +84,7 @@ class ReadyPredictions:
         answer = self.cache.get(key)
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
-        stage.tokens_pred, stage.tokens_reserve = answer
+        stage.tokens_pred, stage.tokens_reserve, stage.wf_remaining_calls, stage.wf_remaining_tokens = answer
 
     def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
         """Answer every distinct stage once, keyed as at readiness (all its ancestors finished)."""
@@ -92,10 +100,20 @@ class ReadyPredictions:
             self.cache.update(zip(chunk, answers))
 
     # --- the sources ---------------------------------------------------------------------------
-    def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:
+    def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int, float, float]]:
         self.num_calls += len(stages)
         if self.name == "model":
             return self._from_model(stages, known)
+        return [(*pair, *self._workflow_answer(stage)) for pair, stage in zip(self._stage_answers(stages), stages)]
+
+    def _workflow_answer(self, stage: SimStage) -> tuple[float, float]:
+        if self.name == "none":
+            return 0.0, 0.0
+        if self.name == "prior":
+            return self.workflow_prior.lookup(stage)
+        return true_remaining(stage)
+
+    def _stage_answers(self, stages: list[SimStage]) -> list[tuple[int, int]]:
         out = []
         for stage in stages:
             if self.name in ("prior", "none"):
@@ -127,7 +145,32 @@ class ReadyPredictions:
             history.add([labelled(s, alias) for s in finished])
             rows.append(to_contract(stage).model_copy(update={"workflow_id": alias}))
         answers = self._predictor.predict(rows, history)
-        return [self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)) for s, a in zip(stages, answers)]
+        return [(*self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)), float(a.wf_remaining_calls),
+                 float(a.wf_remaining_tokens)) for s, a in zip(stages, answers)]
+
+
+def true_remaining(stage: SimStage) -> tuple[float, float]:
+    """The workflow's stages after this one (a larger call_index): how many, and their output tokens."""
+    index = (stage.source or {}).get("call_index", stage.index)
+    later = [s.output_tokens for s in stage.workflow.stages if (s.source or {}).get("call_index", s.index) > index]
+    return float(len(later)), float(sum(later))
+
+
+class WorkflowPrior:
+    """The no-model workflow answer: the training side's median remaining calls and tokens at the stage's
+    (app, position), 0 where training never saw the cell."""
+
+    def __init__(self, training_stages: list):
+        from pipelines.workflow_features import remaining_targets
+        from pipelines.workflow_table import AppPositionMedians
+
+        calls, tokens = remaining_targets(training_stages)
+        self.table = AppPositionMedians.fit([s.app or "" for s in training_stages],
+                                            [s.call_index for s in training_stages], {"calls": calls, "tokens": tokens})
+
+    def lookup(self, stage: SimStage) -> tuple[float, float]:
+        position = (stage.source or {}).get("call_index", stage.index)
+        return self.table.cells_.get((stage.workflow.app or "", position), (0.0, 0.0))
 
 
 def all_ancestors(stage: SimStage) -> frozenset[str]:
@@ -164,4 +207,4 @@ def reserve_margin(model_dir: str | Path | None, workflows: list[SimWorkflow]) -
         return 1.0
     model = ReadyPredictions("model", model_dir)
     model.prewarm([s for w in workflows for s in w.stages])
-    return float(np.median([reserve / max(1, pred) for pred, reserve in model.cache.values()]))
+    return float(np.median([reserve / max(1, pred) for pred, reserve, *_ in model.cache.values()]))

@@ -38,6 +38,9 @@ class SimStage:
     source: dict | None = None  # the contract row it came from (what a predictor may see)
     tokens_pred: int = 0
     tokens_reserve: int = 0
+    # its workflow's predicted remaining calls and output tokens after it (set at readiness; < 0: none given)
+    wf_remaining_calls: float = -1.0
+    wf_remaining_tokens: float = -1.0
     children: list[int] = field(default_factory=list)
     # Runtime state, owned by the engine.
     num_parents_left: int = 0
@@ -225,4 +228,4 @@ def reset(workflows: list[SimWorkflow]) -> None:
             s.num_parents_left, s.generated_tokens, s.ready_s, s.first_start_s = len(s.parents), 0, -1.0, -1.0
             s.queue_wait_s, s.peak_pages, s.maxlen_pages, s.node, s.request, s.reservation = 0.0, 0, 0, None, None, None
             s.epoch, s.v_start, s.start_s, s.tool_submit_s, s.is_oom = 0, 0.0, 0.0, 0.0, False
-            s.finished_s = -1.0
+            s.finished_s, s.wf_remaining_calls, s.wf_remaining_tokens = -1.0, -1.0, -1.0
