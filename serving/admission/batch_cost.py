@@ -5,7 +5,7 @@ admitted now adds its prefill to every running stage's time once (prefill stalls
 step they share. For a running stage r with m_r predicted decode tokens still to come, a candidate x that prefills in
 `stall_s` and adds `added_step_s` to each step delays r by
 
-    delay_r = stall_s + min(m_r, n_x) · added_step_s            (n_x: x's predicted output tokens)
+    delay_r = stall_s + min(m_r, n_x) · added_step_s            (n_x: x's predicted output tokens still to come)
 
 and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* pace (seconds per token of a running stage,
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
