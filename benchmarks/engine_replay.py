@@ -38,7 +38,7 @@ from serving.scheduler import SchedulerConfig
 from serving.scheduler.remaining import RemainingWork
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
-from serving.sim.ready import ReadyPredictions, reserve_margin
+from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
 from serving.sim.slo import SLOTable, stage_unloaded_s
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, trace_workflows
@@ -215,7 +215,8 @@ class EngineWorkload:
     def source(self, name: str) -> ReadyPredictions:
         if name not in self.sources:
             margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
-            self.sources[name] = ReadyPredictions(name, self.model_dir, margin=margin)
+            prior = WorkflowPrior(self.train) if name == "prior" else None
+            self.sources[name] = ReadyPredictions(name, self.model_dir, margin=margin, workflow_prior=prior)
             base = trace_workflows(self.test, MODEL)
             for workflow in base:
                 at_readiness(workflow)
