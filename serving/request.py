@@ -1,8 +1,9 @@
 """What the scheduler orders: one ready stage of a workflow, with what is known about it before it runs.
 
 The gateway and the simulator build it the same way (`stage_request`): a stage's predicted service and its workflow's
-attained service are both `ServicePace.service_s` of the stage's tokens, so every policy reads one unit live and
-simulated — seconds of a stage alone on a node (no queueing, no batching slowdown).
+attained service are both `ServicePace.service_s` of the stage's tokens, and its workflow's predicted remaining work
+`workflow_remaining_s` of the workflow prediction, so every policy reads one unit live and simulated — seconds of a
+stage alone on a node (no queueing, no batching slowdown).
 """
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ class TokenPace:
 
     def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
         return output_tokens * self.decode_s_per_token
+
+
+def workflow_remaining_s(pace: ServicePace, prompt_tokens: int, wf_remaining_calls: float,
+                         wf_remaining_tokens: float) -> float:
+    """The service a workflow is predicted to need after a stage, from the workflow prediction made when the stage
+    became ready (`maestro.prediction.WorkflowRemaining`): each call still to come prefills about this stage's prompt,
+    and together they produce the remaining output tokens."""
+    return wf_remaining_calls * pace.service_s(prompt_tokens, 0) + pace.service_s(0, round(wf_remaining_tokens))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.dispatch import Outcome, choose
-from serving.admission.sizing import ReservationMode, output_tokens_to_map
+from serving.admission.sizing import ReservationMode, headroom_pages, output_tokens_to_map
 from serving.kv import Reservation
 from serving.request import StageRequest
 from serving.residency import ModelState
@@ -122,8 +122,8 @@ class SimDispatcher:
         fits in free pages and its range in the virtual space; None if it cannot start now. The session's own kept
         context is reused (grown in place when its range is long enough), never reclaimed."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
-        need = alloc.pages_for(self._reserve_tokens(stage), bpt) + int(
-            self.sim.system.admission_headroom_frac * alloc.num_physical_pages)
+        need = alloc.pages_for(self._reserve_tokens(stage), bpt) + headroom_pages(
+            self.sim.system.admission_headroom_frac, alloc.num_physical_pages)
         parent = parent_of(stage)
         kept = node.pinned.get(parent) if parent is not None else None
         free = alloc.num_free_pages + (kept.mapped_pages if kept is not None else 0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from serving.admission import AIMDConfig, CapSignals
-from serving.request import StageRequest, WorkflowInfo, stage_request
+from serving.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
 from serving.residency import ResidencyConfig
 from serving.routing import FitnessConfig
 from serving.scheduler import Policy
@@ -221,9 +221,8 @@ class Simulator:
         workflow = stage.workflow
         position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
         if stage.wf_remaining_tokens >= 0:
-            pace = ModelPace.of(self.cost, stage.model)
-            return stage.wf_remaining_calls * pace.service_s(stage.prompt_tokens, 0) + pace.service_s(
-                0, round(stage.wf_remaining_tokens))
+            return workflow_remaining_s(ModelPace.of(self.cost, stage.model), stage.prompt_tokens,
+                                        stage.wf_remaining_calls, stage.wf_remaining_tokens)
         return self.remaining_work.estimate(workflow.app, position)
 
     def children_ready(self, stage: SimStage) -> None:
