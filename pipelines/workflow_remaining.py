@@ -35,7 +35,6 @@ from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import AppPositionMedians, PositionTable
 
 TARGETS = ("calls", "tokens")
-LEVELS = ("app", "position", "prior")
 MIN_STAGES_FOR_MODEL = 50  # below this (or under 2 tasks) the position table answers every stage
 
 
