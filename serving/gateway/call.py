@@ -33,11 +33,11 @@ from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
 
 
 def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
-                   param: str | None = None) -> JSONResponse:
-    """An OpenAI-style error; `param` names the request field at fault."""
+                   param: str | None = None, **details) -> JSONResponse:
+    """An OpenAI-style error; `param` names the request field at fault, `details` are further fields of it."""
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status,
-                        headers=headers)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status, **details}},
+                        status, headers=headers)
 
 
 class StageCall:
@@ -55,7 +55,8 @@ class StageCall:
     # ---- the way in -----------------------------------------------------------------------------------------
     async def respond(self) -> Response:
         """A body too big, not JSON or with bad workflow metadata is refused untraced (no stage to name); a stage
-        whose body the endpoint cannot take is refused with 400 and traced."""
+        whose body the endpoint cannot take is refused with 400, one of a workflow triage turned away with 503, both
+        traced."""
         gateway = self.gateway
         try:
             self.body = await read_call(self.request, gateway.config.server.max_body_bytes)
@@ -78,7 +79,12 @@ class StageCall:
             return self.fail(error.status, error.message, param=error.param, counter="rejected_invalid")
         response = None
         try:
+            if gateway.triage is not None and gateway.triage.has_rejected(meta.workflow_key):
+                self.job = Job(meta=meta, request=None, reserve_tokens=0)  # turned away before: not predicted again
+                return self.turn_away()
             self.job = await gateway.prepare(meta, self.body)
+            if gateway.turns_away(self.job):
+                return self.turn_away()
             self.upstream = forward_body(gateway, self.body, self.job.request.max_tokens)
             response = await self.attempts()
             return response
@@ -248,6 +254,16 @@ class StageCall:
         self.end(CallResult(error=message), counter="failed")
         kind = "upstream_error" if status >= 500 else "invalid_request_error" if status == 400 else "rejected"
         return error_response(status, message, kind, retry_after_s, param)
+
+    def turn_away(self) -> Response:
+        """503 without Retry-After: triage shed the stage's workflow and the system turns shed workflows away
+        (serving/scheduler/triage.py); the same stage, or a later one of the workflow, would be refused again."""
+        workflow_id = self.meta.workflow_id
+        message = (f"workflow {workflow_id!r} was turned away: beside the workflows already admitted it cannot meet "
+                   "its deadline (its SLO from its first call), so this stage and every later stage of it are refused; "
+                   "start it again as a new workflow (another workflow_id) when the load is lower, or with a longer SLO")
+        self.end(CallResult(error=f"refused: {message}"), counter="rejected_shed")
+        return error_response(503, message, "workflow_rejected", reason="deadline_infeasible", workflow_id=workflow_id)
 
     def deadline_passed(self, where: str) -> Response:
         return self.fail(504, f"stage {self.job.meta.label} passed its deadline (request_timeout_s="

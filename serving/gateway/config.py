@@ -82,9 +82,11 @@ class SystemSection(Section):
     cap: CapKind | None = None
     batch_cost: bool | None = None
     admission_headroom_frac: float | None = None
+    triage_rejects: bool | None = None  # with the triage order: a shed workflow is answered 503 (else served behind)
     options: dict = Field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
     # A workflow's latency objective in seconds from its first call, where its calls state none (X-Maestro-SLO-S or
-    # metadata slo_s); 0 = none. Maestro orders by the slack it leaves and protects running stages' slack.
+    # metadata slo_s); 0 = none. Maestro orders by it, sheds the workflows that cannot meet it beside the rest
+    # (triage) and protects running stages' slack.
     slo_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     def resolve(self) -> System:

@@ -13,6 +13,7 @@ import math
 import time
 from collections import OrderedDict
 
+from maestro.prediction import Prediction, WorkflowFallbackLevel
 from pipelines.contract import prompt_text
 from serving.admission.aimd import AIMDWindow, SessionWindow
 from serving.admission.batch_cost import BatchCostGate
@@ -28,12 +29,13 @@ from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.priority import current_cpu_nice
 from serving.gateway.sessions import Sessions, tool_key
 from serving.gateway.prompt_tokens import PromptSizer
-from serving.gateway.traces import TraceWriter
+from serving.gateway.traces import TraceWriter, trace_record
+from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
-from serving.request import WorkflowInfo, stage_request
+from serving.request import ServicePace, WorkflowInfo, stage_request, workflow_remaining_s
 from serving.scheduler.remaining import RemainingWork
-from serving.scheduler import create_scheduler
+from serving.scheduler import Policy, create_scheduler
 
 log = logging.getLogger(__name__)
 BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first
@@ -63,9 +65,12 @@ class Gateway:
                                      recheck_s=limits.admission_recheck_s, cap=cap,
                                      batch_cost=BatchCostGate() if self.system.batch_cost else None,
                                      router=self.system.router)
-        # What each app's workflows needed after each of their stages: a stage's `workflow_remaining_s`, which the
-        # policies read (fed here by prepare and record, as the simulator feeds its own).
+        # What each app's workflows needed after each of their stages: a stage's `workflow_remaining_s` where its
+        # prediction has no workflow answer (fed here by prepare and record, as the simulator feeds its own).
         self.remaining_work = RemainingWork()
+        self.pace: ServicePace = SERVICE_PACE  # the unit of a stage's predicted, attained and remaining service
+        self.triage = GatewayTriage(self.system.triage_rejects, self.dispatcher) \
+            if Policy(self.scheduler_config.policy) is Policy.TRIAGE else None
         self.predictor = predictor or create_predictor(config.predictor)
         self.traces = TraceWriter(config.traces.dir, config.traces.rotate_lines)
         self.spans = _stage_spans(config.model) if config.server.otel_spans else None
@@ -74,8 +79,9 @@ class Gateway:
         self.completed: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
         self._num_workflows_seen = 0
-        self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0, "retries": 0,
-                         "failed": 0, "cancelled": 0, "replayed": 0, "upstream_chunks": 0}
+        self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0,
+                         "rejected_shed": 0, "retries": 0, "failed": 0, "cancelled": 0, "replayed": 0,
+                         "upstream_chunks": 0}
         self.metrics = GatewayMetrics(self)  # GET /metrics: reads the counters above, observes each trace line
         self._poller: asyncio.Task | None = None
 
@@ -154,17 +160,46 @@ class Gateway:
         is_kv_pinned = any(meta.workflow_key in n.kv.held for n in self.nodes)
         home_node = self.sessions.arrive(meta.workflow_key, now)
         slo_s = meta.slo_s or self.config.system.slo_s
-        remaining_s = self.remaining_work.estimate(meta.app or "", workflow.next_position())
+        remaining_s = self.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", workflow.next_position())
         info = WorkflowInfo(meta.workflow_key, workflow.start_s, workflow.start_s + slo_s if slo_s else math.inf,
                             meta.interactive, workflow.attained_s, remaining_s)
         request = stage_request(info, meta.stage_id, prompt_tokens=prompt_tokens, tokens_pred=prediction.tokens_pred,
-                                tokens_reserve=reserve, max_tokens=max_tokens, pace=SERVICE_PACE, ready_s=now,
+                                tokens_reserve=reserve, max_tokens=max_tokens, pace=self.pace, ready_s=now,
                                 is_kv_pinned=is_kv_pinned, home_node=home_node)
         job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
                   prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
                   num_messages=num_messages)
         request.payload = job
         return job
+
+    def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
+        """A stage's predicted work after it: from its workflow prediction (as the simulator's), or where the answer
+        has none (no workflow model answered: its level is the prior) what the app's ended workflows needed after
+        this position."""
+        if prediction.wf_fallback_level is WorkflowFallbackLevel.PRIOR:
+            return self.remaining_work.estimate(app, position)
+        return workflow_remaining_s(self.pace, prompt_tokens, prediction.wf_remaining_calls,
+                                    prediction.wf_remaining_tokens)
+
+    def turns_away(self, job: Job) -> bool:
+        """Workflow triage on a stage that became ready (triage.py); True where the system turns its workflow away,
+        which then ends here."""
+        if self.triage is None or not self.triage.turns_away(job.request):
+            return False
+        self.end_workflow(job.meta.workflow_key, completed=False)
+        return True
+
+    def end_workflow(self, workflow_key: str, completed: bool) -> None:
+        """The workflow ended (its final stage's call, or turned away): its session, history and triage claim end."""
+        self.sessions.end(workflow_key)
+        self.remaining_work.end(workflow_key, completed=completed)
+        if self.triage is not None:
+            self.triage.end(workflow_key)
+
+    def served(self, job: Job, work_s: float) -> None:
+        """A stage's call ended after `work_s` unloaded seconds: the triage measures the pool's capacity with it."""
+        if self.triage is not None:
+            self.triage.served(job.request, work_s, job.was_backlogged)
 
     def output_cap(self, prompt_tokens: int) -> int:
         """A call without max_tokens is sized to, and sent with (call.forward_body), `default_max_tokens`, less where
@@ -197,7 +232,9 @@ class Gateway:
             state = self.workflows[workflow_id] = WorkflowState(now, self._num_workflows_seen)
             self._num_workflows_seen += 1
             while len(self.workflows) > MAX_WORKFLOWS:
-                self.workflows.popitem(last=False)
+                forgotten, _ = self.workflows.popitem(last=False)
+                if self.triage is not None:
+                    self.triage.end(forgotten)
         else:
             self.workflows.move_to_end(workflow_id)
         return state
@@ -215,21 +252,21 @@ class Gateway:
         if self.spans is not None:
             self.spans.emit(record, job.span or self.spans.start(job.meta.trace_context, job.arrival_unix_s))
         node = next((n for n in self.nodes if n.name == node_name), None)
-        key, remaining_work = job.meta.workflow_key, self.remaining_work
+        key = job.meta.workflow_key
         if "output_tokens" not in record:
             if job.meta.final:
-                self.sessions.end(key)
-                remaining_work.end(key, completed=False)
+                self.end_workflow(key, completed=False)
             return
         self.sessions.stage_ended(key, node, result.prompt_tokens + result.output_tokens,
                                   result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
                                   job.meta.final, time.monotonic())
-        service_s = SERVICE_PACE.service_s(result.prompt_tokens, result.output_tokens)
+        service_s = self.pace.service_s(result.prompt_tokens, result.output_tokens)
         if (workflow := self.workflows.get(key)) is not None:
             workflow.attained_s += service_s
-        remaining_work.observe(key, job.meta.app or "", service_s)
+        self.remaining_work.observe(key, job.meta.app or "", service_s)
+        self.served(job, service_s)
         if job.meta.final:
-            remaining_work.end(key)
+            self.end_workflow(key, completed=True)
         self.predictor.observe(record)
         self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
         if node is not None:
@@ -246,47 +283,11 @@ class Gateway:
                 "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
                 "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
                 "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
-                "predictor": self.predictor.snapshot(),
-                "sessions": self.sessions.snapshot()}
+                "predictor": self.predictor.snapshot(), "sessions": self.sessions.snapshot(),
+                **({"triage": self.triage.snapshot()} if self.triage is not None else {})}
 
 
 def _stage_spans(model: str):
     from serving.gateway.spans import StageSpans  # OpenTelemetry is imported only when spans are on
 
     return StageSpans(model)
-
-
-def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> dict:
-    """The contract line (DESIGN §3) for one call, plus gateway-side extras.
-
-    `outcome`: completed (labelled), failed (it reached a node), or refused (it never did: invalid, queue full,
-    no node, deadline or client gone while queued; `error` says which). A stage refused as invalid has no
-    prediction (`job.prediction` None) and its body is only what the client sent.
-    """
-    meta, prediction, end = job.meta, job.prediction, time.monotonic()
-    tools = body.get("tools") if prediction is not None else None  # (an invalid body's tools may be anything)
-    record = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "app": meta.app,
-              "caller_id": meta.caller_id or None,
-              "model": body.get("model"), "parent_ids": list(meta.parent_ids), "interactive": meta.interactive,
-              "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
-              "n_tools": len(tools or []) or None,
-              "tool_names": [t.get("function", {}).get("name") for t in tools or []] or None,
-              "arrival_s": round(job.arrival_unix_s, 6),
-              "queue_s": round(job.queue_s, 6), "node": node_name, "kv_usage_seen": kv_usage,
-              "attempts": job.num_attempts}
-    if prediction is not None:
-        record.update(tokens_pred=prediction.tokens_pred, tokens_reserve=prediction.tokens_reserve,
-                      p_tool=prediction.p_tool, fallback_level=prediction.fallback_level, history=prediction.history,
-                      prediction_source=job.prediction_source, predict_s=round(job.predict_s, 6),
-                      kv_tokens_reserved=job.reserve_tokens, max_tokens=job.request.max_tokens)
-    if result.error is None and result.output_tokens is not None:
-        record["outcome"] = "completed"
-        record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,
-                      is_tool_call=result.is_tool_call, output_text=result.output_text,
-                      finish_reason=result.finish_reason, e2e_s=round(end - result.started_s, 6),
-                      ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
-                      kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None)
-    else:
-        record["outcome"] = "failed" if job.num_attempts else "refused"
-        record["error"] = result.error or "no usage in vLLM's response"
-    return {k: v for k, v in record.items() if v is not None}

@@ -62,6 +62,7 @@ class Job:
     num_messages: int = 0
     deadline_s: float | None = None  # monotonic; past it the stage fails with 504 (GatewayConfig.request_timeout_s)
     span: object = None  # the stage's OpenTelemetry span from its dispatch on, with otel_spans (spans.StageSpans)
+    was_backlogged: bool = False  # a stage waited in the queue when this one gave its node back (triage's capacity)
 
     def remaining_s(self) -> float | None:
         """Seconds left before the stage's deadline (0 once past it); None without a deadline."""
@@ -138,9 +139,14 @@ class Dispatcher:
         self.core.remove(job.request)
         self._leave_cap(job)
 
+    def is_backlogged(self) -> bool:
+        """Whether a stage waits in the queue: work waits for the nodes (they serve one model: one pool)."""
+        return len(self.core) > 0
+
     def finish(self, job: Job) -> None:
         """Give back the job's KV reservation and let waiting work in."""
         if job.node is not None:
+            job.was_backlogged = self.is_backlogged()
             job.node.release(job.reservation)
             job.node.num_inflight -= 1
             job.node.running_requests.pop(job.request, None)

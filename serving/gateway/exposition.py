@@ -1,10 +1,10 @@
 """The gateway's GET /metrics through prometheus_client: who answered each stage's prediction, readiness, the call
 counters of /maestro/status (read from the gateway at each scrape), and histograms of each stage's times, observed
-from its trace line (core.trace_record) as it is written.
+from its trace line (traces.trace_record) as it is written.
 
 Each Gateway has its own registry (several run in one test process); the series names are those the gateway
 has always exposed (`maestro_gateway_stage_predictions_total{source=…}`, `…_predictor_ready`,
-`…_calls_total{kind=…}`).
+`…_calls_total{kind=…}`), and with the triage order `…_workflows_shed_total` and `…_workflows_rejected_total`.
 """
 from __future__ import annotations
 
@@ -73,3 +73,9 @@ class _GatewayCounters(Collector):
         for name, value in self.gateway.counters.items():
             calls.add_metric([name], value)
         yield calls
+        if (triage := self.gateway.triage) is not None:
+            yield CounterMetricFamily(f"{PREFIX}_workflows_shed", "Workflows the triage shed: beside the admitted ones "
+                                      "they could not meet their deadline", value=triage.num_shed_workflows)
+            yield CounterMetricFamily(f"{PREFIX}_workflows_rejected", "Workflows turned away (503) because the triage "
+                                      "shed them; their stages count as calls of kind rejected_shed",
+                                      value=triage.num_rejected_workflows)

@@ -16,6 +16,11 @@ step clock's rate, stalls included), its bare step and the prefill's stall as th
 decode step is its fixed overhead (`GATE_COST`), so a stage adds no step time there, as the gateway assumes. Both
 paths then give the gate the same inputs, and it holds the same stages back.
 
+Workflow triage runs on both paths too: live, the gateway's (`Gateway.turns_away` when a stage is ready, with its
+`workflow_remaining_s` from the workflow prediction; `served` and `end_workflow` when it finishes), simulated, the
+simulator's; `TRIAGE_STEPS` measures the node's capacity and then sheds, and both paths shed (with the maestro system:
+turn away) the same workflows.
+
 The simulator keeps one queue per node (a stage is routed when it becomes ready) where the gateway keeps one queue for
 all nodes (a stage is placed when it starts); they decide alike while no stage waits on a node that another stage
 could use, which is what the multi-node sequence covers; waiting, backfill and the wake-up at a finish are covered on
@@ -30,6 +35,7 @@ from collections import deque
 import numpy as np
 import pytest
 
+from maestro.prediction import FallbackLevel, Prediction, WorkflowFallbackLevel
 from serving.admission.batch_cost import BatchCostGate
 from serving.admission.sizing import output_tokens_to_map
 from serving.gateway.config import GatewayConfig
@@ -63,15 +69,18 @@ class Live:
         self.loop = asyncio.new_event_loop()
         self.gateway = Gateway(GatewayConfig(
             nodes=[{"name": name, "url": f"http://{name}"} for name in node_blocks],
-            system={"name": system.name, "admission_headroom_frac": system.admission_headroom_frac},
+            system={"name": system.name, "admission_headroom_frac": system.admission_headroom_frac,
+                    "triage_rejects": system.triage_rejects},
             kv={"admission": "peak", "overcommit": 1.0}, limits={"admission_recheck_s": 0, "max_queued": 64}))
         self.system, self.dispatcher = self.gateway.system, self.gateway.dispatcher
         self.dispatcher.clock = lambda: self.now
+        self.gateway.pace = self.pace  # the gateway's unit of service, here the simulated node's
         self.nodes = {node.name: node for node in self.gateway.nodes}
         for node, num_blocks in zip(self.gateway.nodes, node_blocks.values()):
             Live._report(node, num_blocks, 0)
             node.is_healthy = True
         self.jobs: dict[str, Job] = {}
+        self.rejected: set[str] = set()
 
     @staticmethod
     def _report(node: Node, num_blocks: int, used_blocks: int) -> None:
@@ -94,21 +103,39 @@ class Live:
             self._report(node, node.num_blocks, node.kv.allocator.backend.num_mapped_pages)
         self.dispatcher.pump()
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S) -> None:
+    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S,
+               wf: tuple[float, float] | None = None) -> None:
+        """`wf`: the workflow prediction's remaining calls and tokens (None: an answer without one)."""
         # built as both paths build it, at the simulator's pace, so that both order alike
         self.now = now
-        request = stage_request(WorkflowInfo(name, now, now + slo_s), "s0", prompt_tokens=prompt_tokens,
-                                tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens, max_tokens=reserve_tokens,
-                                pace=self.pace, ready_s=now, model=MODEL)
+        level = WorkflowFallbackLevel.PRIOR if wf is None else WorkflowFallbackLevel.APP
+        calls, tokens = wf or (4.0, 400.0)
+        prediction = Prediction(name, "s0", 0.0, reserve_tokens, reserve_tokens, FallbackLevel.ROLE,
+                                wf_remaining_calls=calls, wf_remaining_tokens=tokens, wf_fallback_level=level)
+        remaining_s = self.gateway.workflow_remaining_s(prediction, prompt_tokens, "shared", 0)
+        request = stage_request(WorkflowInfo(name, now, now + slo_s, remaining_s=remaining_s), "s0",
+                                prompt_tokens=prompt_tokens, tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens,
+                                max_tokens=reserve_tokens, pace=self.pace, ready_s=now, model=MODEL)
         mapped = output_tokens_to_map(self.system.reservation, reserve_tokens, reserve_tokens)  # as the gateway maps
-        job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + mapped)
+        job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + mapped, prediction=prediction)
         job.future, request.payload = self.loop.create_future(), job
+        if self.gateway.turns_away(job):  # as call.py asks when the stage is ready
+            self.rejected.add(name)
+            return
         self.jobs[name] = job
         self.dispatcher.submit(job)
 
     def finish(self, name: str, now: float) -> None:
+        """The stage's call ends (its output as predicted), and with it its workflow, as `Gateway.record` sees it."""
         self.now = now
-        self.dispatcher.finish(self.jobs.pop(name))
+        job = self.jobs.pop(name)
+        self.dispatcher.finish(job)
+        self.gateway.served(job, self.gateway.pace.service_s(job.request.prompt_tokens, job.request.tokens_pred))
+        self.gateway.end_workflow(name, completed=True)
+
+    def shed(self) -> set[str]:
+        """Workflows whose queued or running stage the triage left without a deadline."""
+        return {name for name, job in self.jobs.items() if job.request.is_shed}
 
     def state(self) -> dict[str, str | None]:
         return {name: (job.node.name if job.node is not None else None) for name, job in self.jobs.items()
@@ -134,11 +161,14 @@ class Simulated:
     def poll(self, now: float) -> None:
         pass  # the simulator's nodes are always up to date
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S) -> None:
+    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S,
+               wf: tuple[float, float] | None = None) -> None:
         workflow = SimWorkflow(name, "shared", interactive=False, slo_s=slo_s, arrival_s=now)
         stage = SimStage(workflow, 0, "s0", "agent", MODEL, [], output_tokens=reserve_tokens, is_tool_call=False,
                          prompt_tokens=prompt_tokens, max_tokens=reserve_tokens, tokens_pred=reserve_tokens,
                          tokens_reserve=reserve_tokens)
+        if wf is not None:
+            stage.wf_remaining_calls, stage.wf_remaining_tokens = wf
         workflow.stages, workflow.num_stages_left = [stage], 1
         self.stages[name] = stage
         self.sim.now = now
@@ -152,7 +182,15 @@ class Simulated:
 
     def state(self) -> dict[str, str | None]:
         return {name: (self.names[s.node] if s in s.node.running else None) for name, s in self.stages.items()
-                if s.workflow.done_s < 0}
+                if s.workflow.done_s < 0 and not s.workflow.is_dropped}
+
+    @property
+    def rejected(self) -> set[str]:
+        return {name for name, s in self.stages.items() if s.workflow.is_dropped}
+
+    def shed(self) -> set[str]:
+        return {name for name, s in self.stages.items() if s.request is not None and s.request.is_shed
+                and s.workflow.done_s < 0 and not s.workflow.is_dropped}
 
 
 def blocks(n: int) -> tuple[int, int]:
@@ -290,3 +328,47 @@ def test_the_batch_cost_gate_gets_the_same_inputs_and_holds_the_same_stages_back
     assert len(live_gate.calls) == len(sim_gate.calls)
     assert all(_same_call(one, other) for one, other in zip(live_gate.calls, sim_gate.calls))
     assert [is_ok for _, is_ok in live_gate.calls].count(False) == 3  # "late" twice, "later" once
+
+
+# Workflow triage (serving/scheduler/triage.py) on one node of 16 blocks, every stage 4 of them and ~1.9 s of work:
+# "w1"-"w4" fill it and "q1"-"q6" wait (SLO_S); five finishes, 3 s apart with work waiting at each, measure its
+# capacity (~0.77 s of work a second over the first 12 s). Then workflows with tight SLOs and their remaining work
+# predicted arrive while work waits: "fits" can make its deadline beside the rest; "long" (the most remaining work) and
+# "short-slo" (its own stage cannot end in time) cannot; "more" fits once "long" is gone, and "huge" not even then.
+# (step, name, SLO, the workflow prediction's remaining calls and tokens)
+TRIAGE_STEPS = [("submit", f"w{i}", SLO_S, (0.0, 0.0)) for i in range(1, 5)] + [
+    ("submit", f"q{i}", SLO_S, (1.0, 100.0)) for i in range(1, 7)] + [
+    ("finish", "w1", 0, None), ("finish", "w2", 0, None), ("finish", "w3", 0, None), ("finish", "w4", 0, None),
+    ("finish", "q1", 0, None), ("submit", "fits", 20.0, (2.0, 400.0)), ("submit", "long", 20.0, (3.0, 700.0)),
+    ("submit", "more", 25.0, (1.0, 300.0)), ("submit", "short-slo", 1.0, (0.0, 0.0)),
+    ("submit", "huge", 30.0, (6.0, 2000.0)), ("submit", "no-wf", SLO_S, None)]
+TRIAGE_TIMES = [float(i + 1) for i in range(10)] + [11.0, 14.0, 17.0, 20.0, 23.0, 24.0, 24.5, 25.0, 25.5, 26.0, 26.5]
+
+
+def run_triage(path_cls, system: System) -> tuple[object, list]:
+    path, states = path_cls({"a": 16}, system), []
+    for now, (step, name, slo_s, wf) in zip(TRIAGE_TIMES, TRIAGE_STEPS):
+        if step == "submit":
+            path.submit(name, now, *blocks(4), slo_s=slo_s, wf=wf)
+        else:
+            path.finish(name, now)
+        states.append(path.state())
+    return path, states
+
+
+TRIAGE_SYSTEMS = [get_system("maestro"), get_system("maestro").with_overrides(triage_rejects=False)]
+
+
+@pytest.mark.parametrize("system", TRIAGE_SYSTEMS, ids=["rejects", "serves-behind"])
+def test_gateway_and_simulator_shed_the_same_workflows(system):
+    live, live_states = run_triage(Live, system)
+    simulated, sim_states = run_triage(Simulated, system)
+    assert live_states == sim_states
+    assert live.gateway.triage.triage.pools[MODEL].capacity == pytest.approx(
+        simulated.sim.triage.pools[MODEL].capacity, rel=1e-12)
+    if system.triage_rejects:
+        assert live.rejected == simulated.rejected == {"long", "short-slo", "huge"}
+        assert simulated.sim.recorder.rejected == live.gateway.triage.num_rejected_workflows == 3
+    else:
+        assert live.shed() == simulated.shed() == {"long", "short-slo", "huge"}
+        assert not live.rejected and not simulated.rejected

@@ -1,0 +1,69 @@
+"""Workflow triage at the gateway: the one `WorkflowTriage` of serving/scheduler/triage.py, fed as the simulator feeds
+it, and the workflows the system turned away.
+
+`turns_away` when a stage becomes ready (its call is predicted and about to queue); `served` when a stage's call
+ended, with whether a stage waited in the queue when the stage gave its node back (the dispatcher records it before
+the freed room is handed on, as the simulator reads its queues before it fills a node); `end` when a workflow ends,
+is turned away or is forgotten. The gateway's nodes serve one model, so its queue is that model's pool: work waits
+for the pool when any stage waits in the queue.
+
+With `System.triage_rejects` a shed workflow is turned away (call.py answers 503 and names it), and so is every later
+stage of it: the workflow is remembered (the most recent `max_rejected`) and ends at the triage, as the simulator
+drops it. Without, its stages queue behind every on-time stage with no deadline (`WorkflowTriage.apply`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from serving.gateway.dispatch import Dispatcher
+from serving.request import StageRequest
+from serving.scheduler.triage import TriageConfig, WorkflowTriage
+
+MAX_REJECTED = 100_000  # turned-away workflows remembered, so that their later stages are refused too
+
+
+class GatewayTriage:
+    """The triage and the workflows it turned away, on the dispatcher's clock and queue."""
+
+    def __init__(self, is_rejecting: bool, dispatcher: Dispatcher, config: TriageConfig | None = None,
+                 max_rejected: int = MAX_REJECTED):
+        self.triage = WorkflowTriage(config)
+        self.is_rejecting, self.dispatcher = is_rejecting, dispatcher
+        self.rejected: OrderedDict[str, None] = OrderedDict()  # workflow keys turned away, oldest first
+        self.max_rejected = max_rejected
+        self.num_shed_workflows = 0  # workflows the triage shed (turned away or served behind the rest)
+
+    @property
+    def num_rejected_workflows(self) -> int:
+        return self.num_shed_workflows if self.is_rejecting else 0
+
+    def has_rejected(self, workflow_id: str) -> bool:
+        return workflow_id in self.rejected
+
+    def turns_away(self, request: StageRequest) -> bool:
+        """Triage a stage that became ready (a shed workflow's stage is left with no deadline); True where its workflow
+        is turned away, now or before."""
+        workflow_id = request.workflow_id
+        if workflow_id in self.rejected:
+            return True
+        was_shed = workflow_id in self.triage.shed
+        is_shed = self.triage.apply(request, self.dispatcher.clock(), self.dispatcher.is_backlogged())
+        self.num_shed_workflows += is_shed and not was_shed
+        if not (is_shed and self.is_rejecting):
+            return False
+        self.rejected[workflow_id] = None
+        while len(self.rejected) > self.max_rejected:
+            self.rejected.popitem(last=False)
+        return True
+
+    def served(self, request: StageRequest, work_s: float, was_backlogged: bool) -> None:
+        """A stage's call ended after `work_s` unloaded seconds; `was_backlogged`: a stage waited when it ended."""
+        self.triage.served(request.model, work_s, self.dispatcher.clock(), was_backlogged)
+
+    def end(self, workflow_id: str) -> None:
+        self.triage.end(workflow_id)
+
+    def snapshot(self) -> dict:
+        capacity = {model: pool.capacity for model, pool in self.triage.pools.items()}
+        return {"rejects": self.is_rejecting, "shed_workflows": self.num_shed_workflows,
+                "rejected_workflows": self.num_rejected_workflows, "capacity": capacity}
