@@ -133,7 +133,7 @@ class StageCall:
         xargs = {k: v for k, v in (upstream.get("vllm_xargs") or {}).items() if k != XARGS_KEY}
         if node.runs_maestro_scheduler:
             upstream.pop("priority", None)
-            xargs.update(hints_for_stage(job.request, time.monotonic()).to_xargs())
+            xargs.update(hints_for_stage(job.request, time.monotonic(), final=job.meta.final).to_xargs())
         else:
             upstream["priority"] = priority
         if xargs:

@@ -28,6 +28,8 @@ class Decisions:
     num_requests_held_back: int = 0
     num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (wait_bound.py)
     num_batch_cost_refused: int = 0  # (request, step) pairs the batch-cost gate held back (in num_held_back too)
+    # predicted requests of a workflow that workflow triage shed (triage.py): served behind the rest, no deadline
+    num_shed: int = 0
     # A session's KV across its tool call (session_kv.py): turns whose blocks were kept or let go by the tool-KV rule;
     # next turns that started on held blocks (and the tokens they found there) or found none of them; holds that
     # expired, and holds released first under memory pressure.

@@ -27,9 +27,10 @@ class MaestroHints:
     """One stage's prediction as the engine sees it.
 
     `deadline_s` counts seconds from the request's arrival at the engine (vLLM's `arrival_time`), so the sender's and
-    the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` are in the unit of
-    `StageRequest.pred_service_s` (the gateway's predicted seconds); without `pred_service_s` the scheduler derives it
-    from `tokens_pred`.
+    the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` (the workflow's predicted work
+    after this stage) are in the unit of `StageRequest.pred_service_s` (the gateway's predicted seconds); without
+    `pred_service_s` the scheduler derives it from `tokens_pred`. `is_shed`: workflow triage shed the stage's workflow
+    (serving/scheduler/triage.py), so it has no deadline and queues behind; `final`: the workflow's last stage.
     """
 
     tokens_pred: int
@@ -40,6 +41,8 @@ class MaestroHints:
     interactive: bool = False
     workflow: str = ""
     reserve_level: float = 0.95  # the quantile of the output length that tokens_reserve stands at
+    is_shed: bool = False
+    final: bool = False
 
     def __post_init__(self):
         if self.tokens_pred < 0 or self.tokens_reserve < 0:
@@ -77,15 +80,17 @@ def request_from_hints(request_id: str, arrival_s: float, num_prompt_tokens: int
         workflow_id=hints.workflow or request_id, stage_id=request_id, interactive=hints.interactive,
         workflow_arrival_s=arrival_s, ready_s=arrival_s, deadline_s=arrival_s + hints.deadline_s,
         prompt_tokens=num_prompt_tokens, tokens_pred=hints.tokens_pred, tokens_reserve=hints.tokens_reserve,
-        max_tokens=max_tokens, pred_service_s=pred_service_s, workflow_remaining_s=hints.workflow_remaining_s)
+        max_tokens=max_tokens, pred_service_s=pred_service_s, workflow_remaining_s=hints.workflow_remaining_s,
+        is_shed=hints.is_shed)
 
 
-def hints_for_stage(stage: StageRequest, now_s: float) -> MaestroHints:
+def hints_for_stage(stage: StageRequest, now_s: float, final: bool = False) -> MaestroHints:
     """The hints a stage is sent to an engine with (the inverse of `request_from_hints`); its deadline counted from
-    `now_s`, on the stage's own clock."""
+    `now_s`, on the stage's own clock; `final`: the workflow's last stage."""
     return MaestroHints(tokens_pred=stage.tokens_pred, tokens_reserve=stage.tokens_reserve,
                         pred_service_s=stage.pred_service_s, workflow_remaining_s=stage.workflow_remaining_s,
-                        deadline_s=stage.deadline_s - now_s, interactive=stage.interactive, workflow=stage.workflow_id)
+                        deadline_s=stage.deadline_s - now_s, interactive=stage.interactive, workflow=stage.workflow_id,
+                        is_shed=stage.is_shed, final=final)
 
 
 def output_bounds(num_output_tokens: int, hints: MaestroHints) -> tuple[float, float]:

@@ -14,6 +14,8 @@ vLLM calls the interface not public, so the seams used are checked when the sche
   same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
   predicted request past its deadline. The engine's pace is the plugin's own timing of `schedule` calls whose
   `SchedulerOutput.total_num_scheduled_tokens` was not 0 (engine_pace.py).
+- Workflow triage, with the triage order (the `maestro` system's): `add_request` triages a predicted request as its
+  stage becomes ready (triage.py; a shed one queues behind with no deadline), `_free_request` reports its service.
 - `_free_request`: a finished turn whose session continues after a tool call may have its blocks held (session_kv.py);
   `kv_cache_manager.allocate_slots` returning None (no room): held blocks are released before vLLM preempts or stops
   admitting. `_preempt_request` is wrapped to count victims.
@@ -30,7 +32,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from serving.admission.batch_cost import BatchCostGate, Candidate, NodeState
 from serving.admission.projection import GrowingStage, peak_blocks
-from serving.scheduler import create_scheduler
+from serving.scheduler import Policy, create_scheduler
 from serving.systems import get_system
 from serving.tool_kv import create_tool_kv
 from serving.vllm_plugin.decisions import Decisions
@@ -40,6 +42,7 @@ from serving.vllm_plugin.queue import MaestroRequestQueue
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.seams import check_seams
 from serving.vllm_plugin.session_kv import SessionHint, SessionHolds, session_hint_from_extra_args
+from serving.vllm_plugin.triage import EngineTriage
 from serving.vllm_plugin.wait_bound import HoldBound
 
 # Under vLLM's logger tree, so the engine's log shows these lines with vLLM's own.
@@ -73,6 +76,8 @@ class MaestroMixin:
                                           create_tool_kv(system.tool_kv), config.prefill_s_per_token,
                                           config.tool_hold_factor, self.decisions)
         self.batch_gate = BatchCostGate() if system.batch_cost else None
+        self.triage = EngineTriage(config.decode_s_per_token) \
+            if Policy(config.scheduler.policy) is Policy.TRIAGE else None
         self.engine_pace = EnginePace()
         self._logged: dict | None = None
         self._logged_at = 0.0
@@ -85,11 +90,12 @@ class MaestroMixin:
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
             extra_args = request.sampling_params.extra_args if request.sampling_params is not None else None
-            self._read_hints(request.request_id, extra_args)
+            self._read_hints(request, extra_args)
             self._read_session_hint(request.request_id, extra_args)
         super().add_request(request)
 
-    def _read_hints(self, request_id: str, extra_args: dict | None) -> None:
+    def _read_hints(self, request: Request, extra_args: dict | None) -> None:
+        request_id = request.request_id
         try:
             hints = hints_from_extra_args(extra_args)
         except ValueError as error:
@@ -99,8 +105,12 @@ class MaestroMixin:
         if hints is None:
             self.decisions.num_unpredicted += 1
         else:
+            if self.triage is not None:  # the stage became ready here: triaged (a shed one queues behind)
+                hints = self.triage.arrived(request_id, request.arrival_time, request.num_prompt_tokens,
+                                            request.max_tokens, hints, self._clock(), bool(self.waiting.stages))
             self.hints[request_id] = hints
             self.decisions.num_predicted += 1
+            self.decisions.num_shed += hints.is_shed
 
     def _read_session_hint(self, request_id: str, extra_args: dict | None) -> None:
         try:
@@ -114,7 +124,10 @@ class MaestroMixin:
             self.session_holds.claim(hint.session, request_id)
 
     def _free_request(self, request: Request, *args, **kwargs):
-        self.hints.pop(request.request_id, None)
+        hints = self.hints.pop(request.request_id, None)
+        if hints is not None and self.triage is not None:
+            self.triage.finished(request.request_id, hints, request.num_prompt_tokens, request.num_output_tokens,
+                                 self._clock(), bool(self.waiting.stages))
         self.engine_pace.forget(request.request_id)
         self.hold_bound.forget(request.request_id)
         self.decisions.forget(request.request_id)

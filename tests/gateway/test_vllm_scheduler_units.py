@@ -9,13 +9,15 @@ import pytest
 from serving.admission.batch_cost import Candidate
 from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
-from serving.scheduler import create_scheduler
+from serving.scheduler import Policy, create_scheduler
+from serving.systems import DEFAULT_SYSTEM, get_system
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
 from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
                                        output_bounds, remaining_tokens, request_from_hints)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
+from serving.vllm_plugin.triage import POOL, EngineTriage
 from serving.vllm_plugin.wait_bound import HoldBound
 
 
@@ -98,7 +100,8 @@ def test_config_comes_from_vllms_additional_config():
     config = MaestroSchedulerConfig.from_additional_config(
         {"maestro_scheduler": {"scheduler": {"policy": "edf"}, "clock": "step"}, "other_plugin": {}})
     assert config.scheduler.policy == "edf" and config.clock == "step" and config.log_period_s == 5.0
-    assert MaestroSchedulerConfig.from_additional_config(object()).scheduler.policy == "maestro"
+    table_policy = get_system(DEFAULT_SYSTEM).scheduler.value
+    assert MaestroSchedulerConfig.from_additional_config(object()).scheduler.policy == table_policy == "triage"
 
 
 @pytest.mark.parametrize("raw, match", [({"clock": "sundial"}, "clock"), ({"scheduler": {"policy": "x"}}, "policy"),
@@ -180,7 +183,8 @@ def test_the_hold_bound_is_positive_or_none():
 
 
 def test_the_plugin_takes_its_queue_order_from_the_system_table():
-    assert MaestroSchedulerConfig().scheduler.policy == "maestro"
+    assert MaestroSchedulerConfig().scheduler.policy == get_system("maestro").scheduler.value == Policy.TRIAGE.value
+    assert MaestroSchedulerConfig(system="maestro-slack").scheduler.policy == Policy.MAESTRO.value
     config = MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"system": "edf"}})
     assert config.scheduler.policy == "edf"
     with pytest.raises(ValueError, match="system: unknown policy"):
@@ -208,3 +212,41 @@ def test_the_engine_pace_times_busy_steps_and_first_tokens():
     assert gate_candidate(MaestroHints(tokens_pred=20, deadline_s=3.0), 2.0, 4) == Candidate(5.0, 20, 4)
     pace.forget("a")
     assert "a" not in pace.started_s
+
+
+def test_triage_hints_travel_to_the_engine():
+    stage = request_from_hints("r1", 0.0, 12, 256, MaestroHints(tokens_pred=50, workflow="w", is_shed=True), 0.02)
+    assert stage.is_shed and stage.deadline_s == math.inf
+    hints = hints_for_stage(stage, 1.0, final=True)
+    assert hints.is_shed and hints.final and hints_from_extra_args(hints.to_xargs()) == hints
+
+
+def test_the_engine_triage_sheds_a_workflow_that_cannot_make_its_deadline_and_it_queues_behind():
+    triage, decode_s = EngineTriage(DECODE_S_PER_TOKEN), DECODE_S_PER_TOKEN
+    late = MaestroHints(tokens_pred=100, deadline_s=1.0, workflow="late")  # 2 s of work, 1 s left, work waiting
+    on_time = MaestroHints(tokens_pred=100, deadline_s=60.0, workflow="ok")
+    assert triage.arrived("r1", 10.0, 5, 256, on_time, 10.0, is_backlogged=True) == on_time
+    shed = triage.arrived("r2", 10.0, 5, 256, late, 10.0, is_backlogged=True)
+    assert shed.is_shed and shed.deadline_s == math.inf and shed.tokens_pred == 100
+    assert triage.arrived("r3", 11.0, 5, 256, MaestroHints(tokens_pred=1, deadline_s=99.0, workflow="late"), 11.0,
+                          is_backlogged=False).is_shed  # shedding is final: the workflow's later requests too
+    alone = MaestroHints(tokens_pred=100, deadline_s=1.0, workflow="alone")
+    assert not triage.arrived("r4", 10.0, 5, 256, alone, 10.0, is_backlogged=False).is_shed  # nothing waits: kept
+    policy = create_scheduler(get_system("maestro").scheduler.value)
+    for rid, hints in (("r2", shed), ("r1", on_time)):
+        policy.add(request_from_hints(rid, 10.0, 5, 256, hints, decode_s), 10.0)
+    assert [s.stage_id for s in policy.in_order(10.0)] == ["r1", "r2"]
+
+
+def test_the_engine_triage_counts_a_finished_requests_tokens_and_ends_its_workflow_at_its_final_request():
+    triage = EngineTriage(0.5)
+    triage.arrived("r1", 0.0, 5, 256, MaestroHints(tokens_pred=10, deadline_s=60.0, workflow="w"), 0.0, False)
+    triage.finished("r1", MaestroHints(tokens_pred=10, workflow="w"), 5, 8, 1.0, True)
+    pool = triage.triage.pools[POOL]
+    assert pool.window_work_s == 8 * 0.5 and "w" in pool.open  # the workflow goes on
+    triage.finished("r2", MaestroHints(tokens_pred=10, workflow="w", final=True), 5, 2, 2.0, True)
+    assert "w" not in pool.open and pool.window_work_s == 10 * 0.5
+    triage.arrived("r3", 0.0, 5, 256, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.0, False)
+    assert "r3" in pool.open  # no workflow named: the request is its own, and ends with it
+    triage.finished("r3", MaestroHints(tokens_pred=10), 5, 1, 3.0, True)
+    assert "r3" not in pool.open
