@@ -32,7 +32,8 @@ from pipelines.contract import read_traces
 
 # Policy variants tried on this referee (dev side) since it was built: raise it with every variant you try, and report
 # it beside the figures (serving/EXPERIMENTS.md lists them).
-VARIANTS_TRIED = 0
+# 8: the triage variants of 2026-12-03 (serving/EXPERIMENTS.md); the slack order before them was run with 0.
+VARIANTS_TRIED = 8
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from serving.systems import System, get_system
 
 BASELINES = ("fcfs", "edf", "srtf")
 DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
-                "maestro[oracle]")
+                "maestro[oracle]", "maestro[model/slack]")
 ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack")
 ORDERS = {"no-order": Policy.EDF, "slack": Policy.MAESTRO}
 _MAESTRO = re.compile(r"^maestro\[(model|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")

@@ -125,8 +125,10 @@ class Replay:
         return Outcomes(met, e2e, clusters, extra)
 
 
-def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.5, 0.3), iterations: int = 6) -> list[float]:
-    """Arrival rates where EDF attains about each target × the ceiling (seed 0; bisection in log space)."""
+def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.7, 0.5), iterations: int = 6) -> list[float]:
+    """Arrival rates where EDF attains about each target × the ceiling (seed 0; bisection in log space): light, the
+    knee, sustained overload and (EDF keeps about half of the ceiling even when every workflow arrives at once, the
+    replay's fixed number of workflows then being a burst) the search's upper bound."""
     from benchmarks.referee.arms import parse_arm
 
     edf, cache = parse_arm("edf"), {}

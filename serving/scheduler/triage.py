@@ -10,9 +10,9 @@ the admitted set is feasible when, for every w,
 
     Σ_{v: D_v ≤ D_w} W_v  ≤  c · (D_w − now)
 
-and while it is not, the workflow with the largest W among those up to the first violation is shed. A workflow past
-its deadline is shed, and while work waits, one whose ready stage alone cannot end before its deadline (only the
-stage: the workflow's remaining work is a median, and a single workflow may well need less). Shedding is final, and it withdraws
+and while it is not, the workflow with the largest W among those up to the first violation is shed, and so is one
+whose ready stage alone cannot end before its deadline (only the stage: the workflow's remaining work is a median, and
+a single workflow may well need less; past its deadline, it cannot). Shedding is final, and it withdraws
 the workflow's claim to its deadline (`apply`): its stages carry no deadline from then on, so they queue behind every
 on-time stage (`TriageScheduler`) and the batch-cost gate admits one only where it endangers no running stage that can
 still make its deadline. The capacity goes to the workflows that can still be met; the rest end when there is room
@@ -75,9 +75,11 @@ class WorkflowTriage:
         pool = self.pools.setdefault(request.model, _Pool())
         work = request.pred_service_s + request.workflow_remaining_s
         pool.open[workflow] = (request.deadline_s, work)
-        if request.deadline_s <= now or (backlogged and request.pred_service_s > request.deadline_s - now):
+        if not backlogged:
+            return False
+        if request.pred_service_s > request.deadline_s - now:
             self._shed(workflow)
-        elif backlogged and pool.capacity is not None and math.isfinite(request.deadline_s):
+        elif pool.capacity is not None and math.isfinite(request.deadline_s):
             self._moore_hodgson(pool, now)
         return workflow in self.shed
 

@@ -55,7 +55,9 @@ def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():
     assert not any(unmeasured.assess(request(f"w{i}", 20.0, 15.0), now=10.0) for i in range(5))
     triage = measured(capacity=1.0)
     assert not any(triage.assess(request(f"w{i}", 20.0, 15.0), now=10.0, backlogged=False) for i in range(5))
-    assert triage.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)  # past its deadline: lost anyway
+    # past its deadline: lost, but with room for it nobody gains by turning it away; with work waiting, it goes
+    assert not triage.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
+    assert triage.assess(request("late", 9.0, 1.0), now=10.0)
 
 
 def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
