@@ -179,3 +179,21 @@ def test_the_plugin_gives_the_batch_cost_gate_what_the_shared_function_computes_
     assert started(maestro) == 14 and started(srtf) == 12  # without the gate (maestro-srtf) it starts on arrival
     assert "gate" not in srtf and srtf["decisions"]["num_batch_cost_refused"] == 0
     assert in_async["decisions"]["num_batch_cost_refused"] > 0  # AsyncScheduler: the same gate, a step's lag
+
+
+def test_a_request_of_a_workflow_triage_sheds_is_served_behind_without_a_deadline(tmp_path, tiny_model, is_async):
+    # One at a time, on the step clock (a token a step): "lost" comes while "waiter" waits, with 5 steps to its
+    # deadline and 20 of work: the maestro system's triage sheds it (vLLM cannot refuse it: it runs last, the
+    # starvation bound set out of reach). Its workflow's next request, "lost-2", with all the time it needs, is shed
+    # too; maestro-slack sheds nothing.
+    hints = {"waiter": 1000, "lost": 5, "lost-2": 1000, "on-time": 1000}
+    requests = [request("first", 0, 20, {"tokens_pred": 20}),
+                *(request(rid, k + 1, 20, {"tokens_pred": 20, "deadline_s": d, "workflow": rid.split("-")[0]})
+                  for k, (rid, d) in enumerate(hints.items()))]
+    configs = [{"system": system, "scheduler": {"policy": policy, "late_max_wait_s": 1e9}}
+               for system, policy in (("maestro", "triage"), ("maestro-slack", "maestro"))]
+    triage, slack = steps_of(tmp_path, tiny_model, *({"scheduler": "maestro", "max_num_seqs": 1, "requests": requests,
+                                                       "maestro_config": config} for config in configs),
+                             is_async=is_async)
+    assert triage["finished"] == ["first", "waiter", "on-time", "lost", "lost-2"]
+    assert triage["decisions"]["num_shed"] == 2 and slack["decisions"]["num_shed"] == 0
