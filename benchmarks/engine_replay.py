@@ -11,9 +11,11 @@ What every arm is told, and from where (nothing of a stage that has not run, not
 - **Predictions** (`serving.sim.ready.ReadyPredictions`): a stage is predicted from its own request and its finished
   ancestors. The engine makes a stage ready only once every parent has ended, so at readiness every ancestor has:
   the plan asks the source exactly as a readiness call would (`at_readiness`).
-- **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock): `RemainingWork` fed
-  with the training side's workflows, all ended before the replay starts, read at the stage's position; never a sum
-  over the replayed workflow's own later stages. It is not updated during the run.
+- **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock, one a token): the
+  source's workflow answer at readiness (the model's, the training side's (app, position) medians for `prior`, 0 for
+  `none`, the truth for `oracle`), turned into service by `serving.request.workflow_remaining_s` as the gateway and the
+  simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's last
+  stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
 - **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
   seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
 - **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
@@ -35,11 +37,11 @@ from dataclasses import asdict, dataclass
 from pipelines.contract import StageTrace
 from serving.gateway.core import vllm_priority_value
 from serving.scheduler import SchedulerConfig
-from serving.scheduler.remaining import RemainingWork
+from serving.request import TokenPace, workflow_remaining_s
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
-from serving.sim.slo import SLOTable, stage_unloaded_s
+from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, trace_workflows
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
@@ -187,11 +189,6 @@ class EngineWorkload:
         self.cost = CostModel(step_cost(config))
         trained = self.workflows(train, None, 0)
         self.slo = SLOTable.fit(trained, self.cost, slo_scale)
-        self.remaining = RemainingWork()
-        for workflow in trained:
-            for stage in workflow.stages:
-                self.remaining.observe(workflow.workflow_id, workflow.app, self.unloaded_steps(stage))
-            self.remaining.end(workflow.workflow_id)
         self.base = trace_workflows(test, MODEL)
         self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
         self.sources: dict[str, ReadyPredictions] = {}
@@ -202,9 +199,6 @@ class EngineWorkload:
         self.tool_times.draw(workflows, seed)
         scale_tokens(workflows, self.config)
         return workflows
-
-    def unloaded_steps(self, stage) -> float:
-        return stage_unloaded_s(stage, self.cost) / self.config.step_s
 
     def slo_steps(self, workflow: SimWorkflow) -> int:
         return int(self.slo.slo_s(workflow) / self.config.step_s)
@@ -263,7 +257,10 @@ class EngineWorkload:
                         spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
                     if arm.scheduler == "maestro":
                         spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
-                                         "workflow_remaining_s": round(self.remaining.estimate(wf["app"], stage.index), 2),
+                                         "workflow_remaining_s": round(workflow_remaining_s(
+                                             TokenPace(1.0), 0, stage.wf_remaining_calls,
+                                             scaled(stage.wf_remaining_tokens, self.config.token_scale)), 2),
+                                         "final": stage is workflow.stages[-1],
                                          "interactive": wf["interactive"], "workflow": wf["id"]}
                         spec["session"] = {"id": session_of(stage), "tool": stage.tool_name,
                                            "prior_steps": round(tool_prior_s(stage.tool_name) / self.config.step_s, 4)}
@@ -280,5 +277,5 @@ class EngineWorkload:
                                "predicted": "serving.tool_kv.ToolTimes over the run's returned calls (steps), from "
                                             "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s"},
                 "engine": asdict(self.config), "steady": list(STEADY),
-                "workflow_remaining_s": "RemainingWork fed with the training side's workflows (all ended before the "
-                                        "replay), in steps; maestro arms only"}
+                "workflow_remaining_s": "the source's workflow answer at readiness through "
+                                        "serving.request.workflow_remaining_s, in steps; maestro arms only"}
