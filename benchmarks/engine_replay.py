@@ -258,8 +258,8 @@ class EngineWorkload:
                     if arm.scheduler == "maestro":
                         spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
                                          "workflow_remaining_s": round(workflow_remaining_s(
-                                             TokenPace(1.0), 0, stage.wf_remaining_calls,
-                                             scaled(stage.wf_remaining_tokens, self.config.token_scale)), 2),
+                                             TokenPace(1.0), 0, stage.remaining.wf_remaining_calls,
+                                             scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale)), 2),
                                          "final": stage is workflow.stages[-1],
                                          "interactive": wf["interactive"], "workflow": wf["id"]}
                         spec["session"] = {"id": session_of(stage), "tool": stage.tool_name,

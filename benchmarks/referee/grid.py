@@ -21,7 +21,7 @@ from pipelines.contract import StageTrace
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
-from serving.sim.ready import ReadyPredictions, WorkflowPrior, base_id, reserve_margin
+from serving.sim.ready import NOTHING_LEFT, ReadyPredictions, WorkflowPrior, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
@@ -110,7 +110,7 @@ class Replay:
             if reserve is not None:
                 stage.tokens_reserve = kept
             if not arm.remaining:
-                stage.wf_remaining_calls = stage.wf_remaining_tokens = 0.0
+                stage.remaining = NOTHING_LEFT
 
         sim = Simulator(self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready,
                         log_decisions=log_decisions)

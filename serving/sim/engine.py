@@ -220,9 +220,9 @@ class Simulator:
         prefills about this stage's prompt), else what the app's ended workflows say (never the replay's future)."""
         workflow = stage.workflow
         position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
-        if stage.wf_remaining_tokens >= 0:
+        if stage.remaining is not None:
             return workflow_remaining_s(ModelPace.of(self.cost, stage.model), stage.prompt_tokens,
-                                        stage.wf_remaining_calls, stage.wf_remaining_tokens)
+                                        stage.remaining.wf_remaining_calls, stage.remaining.wf_remaining_tokens)
         return self.remaining_work.estimate(workflow.app, position)
 
     def children_ready(self, stage: SimStage) -> None:

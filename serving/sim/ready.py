@@ -13,7 +13,7 @@ stage: the no-model prior), `oracle` (the stage's true length, its reserve the t
 own median reserve ÷ prediction where the referee has a model: the same calibrated margin), `noiseσ` (true ×
 exp(ε), ε ~ N(0, σ²) drawn from the stage's key and the seed, so the same stage gets the same draw in every run).
 
-Each source also sets the workflow's remaining calls and output tokens after the stage (`wf_remaining_*`, medians):
+Each source also sets the workflow's remaining work after the stage (`SimStage.remaining`, a `WorkflowRemaining`):
 the model's workflow answer; for `prior`, the training side's median at the stage's (app, position) (a
 `WorkflowPrior`; 0 where training never saw the cell); nothing (0) for `none`; the truth for `oracle` and the
 noise arms (the workflow's stages with a larger call_index: the only reads of a future stage, and only in these arms).
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
 from serving.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
@@ -61,7 +62,7 @@ class ReadyPredictions:
             raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
         self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
         self.sigma = float(source[len("noise"):] or 0.5) if name == "noise" else 0.0
-        self.cache: dict[tuple, tuple[int, int, float, float]] = {}
+        self.cache: dict[tuple, tuple[int, int, WorkflowRemaining]] = {}
         self.workflow_prior = workflow_prior
         if name == "prior" and workflow_prior is None:
             raise ValueError("prediction source 'prior' needs the training side's WorkflowPrior")
@@ -84,7 +85,7 @@ class ReadyPredictions:
         answer = self.cache.get(key)
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
-        stage.tokens_pred, stage.tokens_reserve, stage.wf_remaining_calls, stage.wf_remaining_tokens = answer
+        stage.tokens_pred, stage.tokens_reserve, stage.remaining = answer
 
     def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
         """Answer every distinct stage once, keyed as at readiness (all its ancestors finished)."""
@@ -100,15 +101,15 @@ class ReadyPredictions:
             self.cache.update(zip(chunk, answers))
 
     # --- the sources ---------------------------------------------------------------------------
-    def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int, float, float]]:
+    def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int, WorkflowRemaining]]:
         self.num_calls += len(stages)
         if self.name == "model":
             return self._from_model(stages, known)
-        return [(*pair, *self._workflow_answer(stage)) for pair, stage in zip(self._stage_answers(stages), stages)]
+        return [(*pair, self._workflow_answer(stage)) for pair, stage in zip(self._stage_answers(stages), stages)]
 
-    def _workflow_answer(self, stage: SimStage) -> tuple[float, float]:
+    def _workflow_answer(self, stage: SimStage) -> WorkflowRemaining:
         if self.name == "none":
-            return 0.0, 0.0
+            return NOTHING_LEFT
         if self.name == "prior":
             return self.workflow_prior.lookup(stage)
         return true_remaining(stage)
@@ -145,15 +146,24 @@ class ReadyPredictions:
             history.add([labelled(s, alias) for s in finished])
             rows.append(to_contract(stage).model_copy(update={"workflow_id": alias}))
         answers = self._predictor.predict(rows, history)
-        return [(*self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)), float(a.wf_remaining_calls),
-                 float(a.wf_remaining_tokens)) for s, a in zip(stages, answers)]
+        return [(*self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)),
+                 WorkflowRemaining(**a.remaining_fields())) for s, a in zip(stages, answers)]
 
 
-def true_remaining(stage: SimStage) -> tuple[float, float]:
+def known_remaining(calls: float, tokens: float, level: WorkflowFallbackLevel) -> WorkflowRemaining:
+    """A workflow answer with no spread: its upper bound is its median."""
+    return WorkflowRemaining(wf_remaining_calls=calls, wf_remaining_tokens=tokens, wf_remaining_calls_upper=math.ceil(
+        calls), wf_remaining_tokens_upper=math.ceil(tokens), wf_fallback_level=level)
+
+
+NOTHING_LEFT = known_remaining(0.0, 0.0, WorkflowFallbackLevel.PRIOR)  # the `none` source reads no workflow
+
+
+def true_remaining(stage: SimStage) -> WorkflowRemaining:
     """The workflow's stages after this one (a larger call_index): how many, and their output tokens."""
     index = (stage.source or {}).get("call_index", stage.index)
     later = [s.output_tokens for s in stage.workflow.stages if (s.source or {}).get("call_index", s.index) > index]
-    return float(len(later)), float(sum(later))
+    return known_remaining(float(len(later)), float(sum(later)), WorkflowFallbackLevel.APP)
 
 
 class WorkflowPrior:
@@ -168,9 +178,10 @@ class WorkflowPrior:
         self.table = AppPositionMedians.fit([s.app or "" for s in training_stages],
                                             [s.call_index for s in training_stages], {"calls": calls, "tokens": tokens})
 
-    def lookup(self, stage: SimStage) -> tuple[float, float]:
+    def lookup(self, stage: SimStage) -> WorkflowRemaining:
         position = (stage.source or {}).get("call_index", stage.index)
-        return self.table.cells_.get((stage.workflow.app or "", position), (0.0, 0.0))
+        calls, tokens = self.table.cells_.get((stage.workflow.app or "", position), (0.0, 0.0))
+        return known_remaining(calls, tokens, WorkflowFallbackLevel.POSITION)
 
 
 def all_ancestors(stage: SimStage) -> frozenset[str]:

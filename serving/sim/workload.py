@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from maestro.prediction import WorkflowRemaining
 from pipelines.catalog import APPS
 from pipelines.contract import StageTrace, prompt_text
 from pipelines.synth import MAX_TOKENS, WorkflowGenerator
@@ -38,9 +39,7 @@ class SimStage:
     source: dict | None = None  # the contract row it came from (what a predictor may see)
     tokens_pred: int = 0
     tokens_reserve: int = 0
-    # its workflow's predicted remaining calls and output tokens after it (set at readiness; < 0: none given)
-    wf_remaining_calls: float = -1.0
-    wf_remaining_tokens: float = -1.0
+    remaining: WorkflowRemaining | None = None  # its workflow's remaining work, predicted at readiness
     children: list[int] = field(default_factory=list)
     # Runtime state, owned by the engine.
     num_parents_left: int = 0
@@ -228,4 +227,4 @@ def reset(workflows: list[SimWorkflow]) -> None:
             s.num_parents_left, s.generated_tokens, s.ready_s, s.first_start_s = len(s.parents), 0, -1.0, -1.0
             s.queue_wait_s, s.peak_pages, s.maxlen_pages, s.node, s.request, s.reservation = 0.0, 0, 0, None, None, None
             s.epoch, s.v_start, s.start_s, s.tool_submit_s, s.is_oom = 0, 0.0, 0.0, 0.0, False
-            s.finished_s, s.wf_remaining_calls, s.wf_remaining_tokens = -1.0, -1.0, -1.0
+            s.finished_s, s.remaining = -1.0, None

@@ -48,6 +48,7 @@ from serving.request import WorkflowInfo, stage_request
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.pace import ModelPace
+from serving.sim.ready import known_remaining
 from serving.sim.workload import SimStage, SimWorkflow
 from serving.systems import SYSTEMS as TABLE
 from serving.systems import System, get_system
@@ -168,7 +169,7 @@ class Simulated:
                          prompt_tokens=prompt_tokens, max_tokens=reserve_tokens, tokens_pred=reserve_tokens,
                          tokens_reserve=reserve_tokens)
         if wf is not None:
-            stage.wf_remaining_calls, stage.wf_remaining_tokens = wf
+            stage.remaining = known_remaining(*wf, WorkflowFallbackLevel.APP)
         workflow.stages, workflow.num_stages_left = [stage], 1
         self.stages[name] = stage
         self.sim.now = now
