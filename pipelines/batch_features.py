@@ -11,6 +11,7 @@ its own, as the per-stage path does.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -18,7 +19,8 @@ import numpy as np
 from pipelines.contract import TOOL_ROLES, StageTrace
 from pipelines.stage_features import (ASCII_FOLDS, BREVITY_CUE, CUT_MARK, DETAIL_CUE, DONE_CUE, JSON_CUE,
                                       QUESTION_CUE, SUGGESTED_CALL_CUE, TOOL_RESPONSE_CUE, TOOL_RESULT_CUE, UNKNOWN,
-                                      ancestors_of, parent_outcomes, stage_rows, tool_results_since_user)
+                                      StageHistory, ancestors_of, parent_outcomes, stage_rows,
+                                      tool_results_since_user)
 from pipelines.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
@@ -203,3 +205,30 @@ def structural_columns(stages: list[StageTrace], known: dict[str, dict[str, Stag
             "n_tools": number([s.n_tools if s.n_tools is not None else len(s.tool_names or []) for s in stages]),
             "interactive": number([s.interactive for s in stages]),
             **text_columns(stages, texts), **parent_columns(stages, ids)}
+
+
+class StageInputs:
+    """What a predictor's models read of a batch of stages, each part made once on first use and shared by the
+    stage model and the workflow model: the finished stages of their workflows the history holds (`known`), the
+    prompt texts, the structural and prompt-text columns (structural_columns, which derives the stages' structure
+    in place), and every stage by (workflow, stage id)."""
+
+    def __init__(self, stages: list[StageTrace], history: StageHistory | None = None):
+        self.stages = stages
+        self.known = history.known(stages) if history is not None else None
+
+    @functools.cached_property
+    def texts(self) -> list[str]:
+        return [s.prompt_text() for s in self.stages]
+
+    @functools.cached_property
+    def columns(self) -> dict[str, np.ndarray | list]:
+        """structural_columns of the stages: read them, never change them (copy the dict to add columns)."""
+        return structural_columns(self.stages, self.known, self.texts)
+
+    @functools.cached_property
+    def ids(self) -> dict[tuple[str, str], StageTrace]:
+        """The known stages and the batch's, by (workflow_id, stage_id)."""
+        ids = {(w, i): s for w, members in (self.known or {}).items() for i, s in members.items()}
+        ids.update({(s.workflow_id, s.stage_id): s for s in self.stages})
+        return ids

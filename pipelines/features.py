@@ -16,7 +16,7 @@ from sklearn.decomposition import PCA
 from pipelines.contract import StageTrace, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
-from pipelines.batch_features import structural_columns
+from pipelines.batch_features import StageInputs
 from pipelines.stage_features import BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame
 from pipelines.static_embedding import StaticEmbedder
 
@@ -149,8 +149,13 @@ class Featurizer:
         category. The same values as transform() gives, categoricals as codes of the fitted categories,
         built without pandas: on a one-stage call pandas' frame machinery costs more than the trees.
         `history`: finished stages of the same workflows, standing in for ancestors not in `stages`."""
-        texts = [s.prompt_text() for s in stages]
-        values = structural_columns(stages, history.known(stages) if history is not None else None, texts)
+        return self.inputs_matrix(StageInputs(stages, history), columns)
+
+    def inputs_matrix(self, inputs: StageInputs, columns: list[str]) -> tuple[np.ndarray, list[str]]:
+        """matrix() of stages whose structure, history and text columns are made already (shared with the
+        workflow model: Predictor.predict)."""
+        stages, texts = inputs.stages, inputs.texts
+        values = dict(inputs.columns)  # the codes and scores below replace entries of this copy alone
         for column, (index, _) in self._category_codes.items():
             values[column] = [index.get(v, index[UNKNOWN]) for v in values[column]]
         roles = [self.categories_["role"][code] for code in values["role"]]

@@ -16,6 +16,7 @@ from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, Workfl
 from pipelines import compiled_trees
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
+from pipelines.batch_features import StageInputs
 from pipelines.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
@@ -168,12 +169,13 @@ class Predictor:
         """Answers for `stages`; their ancestors' outcomes come from the same list or from `history`."""
         if not stages:
             return []
-        remaining = self.remaining(stages, history)
+        inputs = StageInputs(stages, history)  # structure, history and text: made once for both models
+        remaining = self.remaining(inputs)
         if self.model is None:
             return [self.priors.get(s.role, self.priors[""]).answer(s.workflow_id, s.stage_id, w)
                     for s, w in zip(stages, remaining)]
         names, columns = self.model.feature_names, self.read_columns
-        matrix, roles = self.featurizer.matrix(stages, columns, history)
+        matrix, roles = self.featurizer.inputs_matrix(inputs, columns)
         out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
         apps = self.featurizer.categories_["app"]
         is_new = np.array([s.app is not None and (s.app not in apps or s.app == UNKNOWN) for s in stages])
@@ -183,11 +185,11 @@ class Predictor:
             out = {**out, "tokens_reserve": reserve}
         return [self._answer(s, out, i, is_new[i], remaining[i]) for i, s in enumerate(stages)]
 
-    def remaining(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowRemaining]:
+    def remaining(self, inputs: StageInputs) -> list[WorkflowRemaining]:
         """The workflow fields of each stage's answer: the workflow model's, WORKFLOW_PRIOR where there is none."""
         if self.workflow is None:
-            return [WORKFLOW_PRIOR] * len(stages)
-        return self.workflow.predict(stages, history)
+            return [WORKFLOW_PRIOR] * len(inputs.stages)
+        return self.workflow.predict_inputs(inputs)
 
     @property
     def read_columns(self) -> list[str]:

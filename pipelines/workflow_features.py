@@ -110,6 +110,13 @@ def workflow_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrac
     return rows
 
 
+def so_far_columns(stages: list[StageTrace], ids: dict[tuple[str, str], StageTrace]) -> dict[str, list]:
+    """so_far_features of each stage as columns (SO_FAR_COLUMNS), its known history read from `ids` (the stages
+    and the finished ones of their workflows, by (workflow_id, stage_id): StageInputs.ids)."""
+    rows = [so_far_features(stage, known_history(stage, ids)) for stage in stages]
+    return {name: [row[name] for row in rows] for name in SO_FAR_COLUMNS}
+
+
 class RowEncoder:
     """Feature dicts as the float matrix LightGBM reads: the columns fixed at fit, categoricals as codes of the
     values seen in training (an unseen value: NaN, which the trees send down their missing-value branch)."""
@@ -132,6 +139,13 @@ class RowEncoder:
             out[i] = [self.codes_[c].get(str(row[c]), np.nan) if c in self.codes_ else _number(row[c])
                       for c in self.columns_]
         return out
+
+    def columns_matrix(self, columns: dict[str, np.ndarray | list], n: int) -> np.ndarray:
+        """matrix() of `n` rows given as columns (name → n values: StageInputs.columns with the so-far columns):
+        the live path, without a dict per row."""
+        table = [columns[c] if (codes := self.codes_.get(c)) is None else [codes.get(str(v), np.nan) for v in columns[c]]
+                 for c in self.columns_]
+        return np.ascontiguousarray(np.array(table, np.float64).reshape(len(self.columns_), n).T)
 
     def knows(self, column: str, value: str) -> bool:
         return value in self.codes_.get(column, {})

@@ -23,6 +23,7 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 
 from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
+from pipelines.batch_features import StageInputs
 from pipelines.boosters import RowPredictor
 from pipelines.calibration import calibrate_groups
 from pipelines.contract import StageTrace, parse_record, task_id
@@ -30,7 +31,7 @@ from pipelines.features import UNKNOWN, StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
 from pipelines.structure import derive_structure
-from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, workflow_rows
+from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import AppPositionMedians, PositionTable
 
@@ -142,20 +143,24 @@ class WorkflowRemainingModel:
     def predict(self, stages: list[StageTrace], history: StageHistory | None = None) -> list[WorkflowRemaining]:
         """Answers for `stages`, in their order (contract stages, or dicts validated as such); their finished
         ancestors come from the same list or from `history` (the finished stages of live workflows)."""
-        if not hasattr(self, "table_"):
-            raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
+        self._check_fitted()
         stages = as_stages(stages)
-        if not stages:
-            return []
-        known = history.known(stages) if history is not None else None
-        if self.boosters_ is None:  # the table reads the position alone: no history
+        if self.boosters_ is None or not stages:  # the table reads the position alone: no history
             return [self.fallback(s) for s in stages]
-        texts = [s.prompt_text() for s in stages]
-        rows = workflow_rows(stages, known, texts)
-        extra = [self.lexical_.score(texts) if self.lexical_ is not None else None,
+        return self.predict_inputs(StageInputs(stages, history))
+
+    def predict_inputs(self, inputs: StageInputs) -> list[WorkflowRemaining]:
+        """predict() of stages whose structure, history and prompt-text columns may be made already: the stage
+        model's (Predictor.predict makes them once for both)."""
+        self._check_fitted()
+        stages = inputs.stages
+        if self.boosters_ is None or not stages:
+            return [self.fallback(s) for s in stages]
+        columns = {**inputs.columns, **so_far_columns(stages, inputs.ids)}
+        extra = [self.lexical_.score(inputs.texts) if self.lexical_ is not None else None,
                  self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
                  if self.medians_ is not None else None]
-        X = np.column_stack([self.encoder_.matrix(rows), *(e for e in extra if e is not None)])
+        X = np.column_stack([self.encoder_.columns_matrix(columns, len(stages)), *(e for e in extra if e is not None)])
         out = self.predict_matrix(X, self._conditions(X))
         return [self._answer(s, out, i) for i, s in enumerate(stages)]
 
@@ -192,13 +197,16 @@ class WorkflowRemainingModel:
     def fallback(self, stage: StageTrace) -> WorkflowRemaining:
         """The per-position table's answer, read from the stage's call_index alone (no history, no model): for an
         app training never saw, and where the model cannot answer."""
-        if not hasattr(self, "table_"):
-            raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
+        self._check_fitted()
         calls, tokens = self.table_.lookup(stage.call_index or 0)
         return WorkflowRemaining(wf_remaining_calls=calls.median, wf_remaining_tokens=tokens.median,
                                  wf_remaining_calls_upper=int(np.ceil(calls.upper)),
                                  wf_remaining_tokens_upper=int(np.ceil(tokens.upper)),
                                  wf_fallback_level=WorkflowFallbackLevel.POSITION)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "table_"):
+            raise RuntimeError("WorkflowRemainingModel is not fitted: call fit() or load() first")
 
     # ---- persistence ------------------------------------------------------------------------
     def __getstate__(self) -> dict:
