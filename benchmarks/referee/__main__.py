@@ -1,7 +1,8 @@
 r"""The referee: replay held-out workflows under SLOs a live system can know, every arm with the same information.
 
     python -m benchmarks.referee [--train TRAIN.jsonl --test TEST.jsonl | --traces FILE --folds K] [--model DIR] \
-        [--rates auto|R1,R2,...] [--seeds 3] [--arms fcfs,edf,...] [--side dev|locked] [--json OUT]
+        [--rates auto|R1,R2,...] [--seeds 3] [--arms fcfs,edf,...] [--side dev|locked] [--json OUT] \
+        [--compare-model DIR2 --arms ...,maestro[model],maestro[model@compare]]
 
 Without --train/--test it splits ../shared/data's real traces by task: 70 % train, the rest halved into `dev` (choose
 policies here) and `locked` (report once per change). It trains the predictor on the train side with `maestro
@@ -10,6 +11,8 @@ training workflows, and replays the test side's workflows on --nodes simulated n
 for seeds 0..N−1 (arrivals, workflow order, tool times). Predictions are made when a stage becomes ready, from its
 finished ancestors only; nothing reads a future stage or a true length outside the oracle arm (tests/benchmarks/
 test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.5 / 0.3 of the ceiling (seed 0).
+With --compare-model, the arm maestro[model@compare] is Maestro fed that second predictor, and
+`maestro[model] - maestro[model@compare]` is reported: two predictors (recipes) paired on the same workloads and seeds.
 
 Writes OUT (JSON: slo, rates, variants_tried, tool_times, results.<rate>.{ceiling, <arm>}, differences.<rate>),
 OUT.md and OUT.png.
@@ -40,7 +43,7 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
     out = [(a, "edf") for a in arms if a.startswith("maestro[") or a == "edf+admission"]
     out += [("maestro[model]", "maestro[none]"), ("maestro[model]", "maestro[prior]"),
             ("maestro[oracle]", "maestro[none]"), ("maestro[oracle]", "maestro[model]")]
-    out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/")]
+    out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/") or a.startswith("maestro[model@")]
     return out
 
 
@@ -50,7 +53,9 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
     if model_dir is None and any(a.needs_model for a in arms):
         train_path, _ = split.write(work / split.name)
         model_dir = train_model(train_path, work / split.name / "model", args.retrain)
-    replay = Replay(split.train, split.test, model_dir, args.nodes, args.workflows, args.slo_scale)
+    compare_dir = Path(args.compare_model) if args.compare_model else None
+    replay = Replay(split.train, split.test, model_dir, args.nodes, args.workflows, args.slo_scale,
+                    compare_dir=compare_dir)
     ceilings = [replay.ceiling(seed) for seed in range(args.seeds)]
     rates = find_rates(replay, ceilings[0]) if args.rates == "auto" else [float(r) for r in args.rates.split(",")]
     grid = run_grid(replay, arms, rates, args.seeds)
@@ -63,7 +68,8 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
                           for arm, runs in by_arm.items()}
     return {"split": split.name, "slo": replay.slo.to_json(), "rates": rates, "results": results,
             "differences": differences, "counters": counters, "tool_times": replay.tool_times.to_json(),
-            "num_test_workflows": len(replay.base), "model": str(model_dir) if model_dir else None}
+            "num_test_workflows": len(replay.base), "model": str(model_dir) if model_dir else None,
+            "compare_model": str(compare_dir) if compare_dir else None}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--traces", help="with --folds: one file split into K task folds")
     parser.add_argument("--folds", type=int, default=0)
     parser.add_argument("--model", help="a trained predictor directory (default: train one on the train side)")
+    parser.add_argument("--compare-model", help="a second trained predictor, fed to the arm maestro[model@compare] "
+                        "(its difference from maestro[model] is reported, paired on the same workloads)")
     parser.add_argument("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
     parser.add_argument("--rates", default="auto")
     parser.add_argument("--seeds", type=int, default=3)
@@ -95,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--train and --test go together")
     if args.folds and not args.traces:
         parser.error("--folds needs --traces")
+    if not args.compare_model and any(a.needs_compare_model for a in parse_arms(args.arms)):
+        parser.error("the arm maestro[model@compare] needs --compare-model DIR (a second trained predictor)")
     started = time.perf_counter()
     if args.train:
         splits = [Split("given", read_traces(args.train).stages, read_traces(args.test).stages)]

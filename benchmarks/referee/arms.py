@@ -3,6 +3,8 @@
     fcfs, edf, srtf            the baselines as systems (`serving.systems`): max-len reservation, no prediction read
     edf+admission              the Maestro system with only its order set to EDF, fed the trained model
     maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
+    maestro[model@compare]     Maestro fed the predictor of --compare-model instead of --model's (same arms, same
+                               workloads: two predictors paired)
     maestro[SOURCE/ABL,...]    ... with parts off: no-gate (no batch-cost gate), no-order (EDF order), no-reserve
                                (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate),
                                no-reject (shed workflows served behind the rest, not turned away), slack (the order
@@ -24,7 +26,8 @@ DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maest
                 "maestro[oracle]", "maestro[model/slack]")
 ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack")
 ORDERS = {"no-order": Policy.EDF, "slack": Policy.MAESTRO}
-_MAESTRO = re.compile(r"^maestro\[(model|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
+_MAESTRO = re.compile(r"^maestro\[(model(?:@compare)?|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
+COMPARE = "@compare"  # a source read from the --compare-model predictor
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class Arm:
     def needs_model(self) -> bool:
         return self.source in ("model", "prior")
 
+    @property
+    def needs_compare_model(self) -> bool:
+        return self.source.endswith(COMPARE)
+
 
 def parse_arm(name: str) -> Arm:
     if name in BASELINES:
@@ -49,7 +56,8 @@ def parse_arm(name: str) -> Arm:
     match = _MAESTRO.match(name)
     if not match:
         raise ValueError(f"unknown arm '{name}'; known: {', '.join(BASELINES)}, edf+admission, "
-                         f"maestro[model|prior|none|oracle|noiseσ] with optional /{','.join(ABLATIONS)}")
+                         f"maestro[model|model@compare|prior|none|oracle|noiseσ] with optional "
+                         f"/{','.join(ABLATIONS)}")
     source, ablations = match.group(1), [a for a in (match.group(2) or "").split(",") if a]
     if unknown := [a for a in ablations if a not in ABLATIONS]:
         raise ValueError(f"arm '{name}': unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}")

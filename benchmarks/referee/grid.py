@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.referee.arms import Arm
+from benchmarks.referee.arms import COMPARE, Arm
 from benchmarks.referee.stats import Outcomes
 from pipelines.contract import StageTrace
 from serving.sim.arrivals import arrival_times
@@ -49,6 +49,7 @@ class Replay:
     slo_scale: float = 5.0
     tool_times: ToolTimeDistribution = field(default_factory=ToolTimeDistribution)
     sources: dict = field(default_factory=dict)
+    compare_dir: Path | None = None  # the predictor of the `model@compare` source
 
     def __post_init__(self):
         self.scenario = get_scenario("maestro-paper", self.nodes)
@@ -85,8 +86,11 @@ class Replay:
         key = (name, seed if name.startswith("noise") else 0)
         if key not in self.sources:
             margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
-            predictions = ReadyPredictions(name, self.model_dir, seed=key[1], margin=margin,
-                                           workflow_prior=self.workflow_prior)
+            base, compare, _ = name.partition(COMPARE)
+            if compare and self.compare_dir is None:
+                raise ValueError(f"source '{name}' needs a second predictor: give --compare-model DIR")
+            predictions = ReadyPredictions(base, self.compare_dir if compare else self.model_dir, seed=key[1],
+                                           margin=margin, workflow_prior=self.workflow_prior)
             predictions.prewarm([s for w in self.base for s in w.stages])
             self.sources[key] = predictions
         return self.sources[key]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.referee.__main__ import main
+from benchmarks.referee.__main__ import main, pairs
 from benchmarks.referee.arms import parse_arm
 from benchmarks.referee.stats import Outcomes, summarize
 
@@ -68,3 +68,13 @@ def test_arms_are_parsed_and_a_wrong_one_is_named():
         parse_arm("maestro[modle]")
     with pytest.raises(ValueError, match="no-gaet"):
         parse_arm("maestro[model/no-gaet]")
+
+
+def test_a_second_predictor_is_an_arm_of_its_own_and_needs_its_directory(capsys):
+    compare = parse_arm("maestro[model@compare]")
+    assert compare.source == "model@compare" and compare.needs_compare_model and not compare.needs_model
+    assert parse_arm("maestro[model@compare/no-gate]").system.batch_cost is False
+    assert ("maestro[model]", "maestro[model@compare]") in pairs(["edf", "maestro[model]", "maestro[model@compare]"])
+    with pytest.raises(SystemExit):
+        main(["--arms", "edf,maestro[model@compare]", "--model", "unused"])
+    assert "--compare-model" in capsys.readouterr().err
