@@ -29,6 +29,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from maestro.prediction import FallbackLevel  # noqa: E402
 from tests.gateway.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
 from tests.gateway.gateway_process import GatewayProcess  # noqa: E402
 from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
@@ -45,12 +46,13 @@ def trace_counts(trace_dir: Path) -> dict:
     levels = Counter(e.get("fallback_level") for e in extras)
     sources = Counter(e["prediction_source"] for e in extras if "prediction_source" in e)
     predict_ms = np.array([e["predict_s"] * 1000 for e in extras if "predict_s" in e])
-    num_prior = levels.get("prior", 0)
+    prior = FallbackLevel.PRIOR.value  # the level as it travels in a trace's extras (JSON)
+    num_prior = levels.get(prior, 0)
     out = {"num_stages": len(stages), "fallback_level": dict(levels), "prediction_source": dict(sources),
            "model_share": round(1 - num_prior / len(stages), 4) if stages else None,
            "tokens_reserve_median": {
-               kind: float(np.median([e["tokens_reserve"] for e in extras if (e.get("fallback_level") == "prior")
-                                      == (kind == "prior") and "tokens_reserve" in e] or [np.nan]))
+               kind: float(np.median([e["tokens_reserve"] for e in extras if (e.get("fallback_level") == prior)
+                                      == (kind == prior) and "tokens_reserve" in e] or [np.nan]))
                for kind in ("model", "prior")}}
     if len(predict_ms):
         out["predict_ms"] = {f"p{q}": round(float(np.percentile(predict_ms, q)), 2) for q in (50, 90, 99)}
