@@ -108,6 +108,8 @@ def bucket_ids(text: str, config: LexicalConfig, app: str | None = None) -> np.n
     if config.per_app and app:
         seed = np.full(1, zlib.crc32(app.encode()), np.uint64) * _MIX  # an array: numpy wraps it without a warning
         hashes = np.concatenate([hashes, _mixed(hashes ^ seed)])
+    if config.num_buckets & (config.num_buckets - 1) == 0:  # a power of two: the modulo as a mask, ~10× cheaper
+        return (hashes & np.uint64(config.num_buckets - 1)).view(np.int64)
     return (hashes % np.uint64(config.num_buckets)).astype(np.int64)
 
 
@@ -161,7 +163,48 @@ def length_targets(log_tokens: np.ndarray, groups: np.ndarray, vectors: np.ndarr
     return 0.5 * (log_tokens + teacher_predictions(vectors, log_tokens, groups, config))
 
 
-class LexicalModel:
+def pair_table(weights: np.ndarray) -> np.ndarray | None:
+    """A (buckets, 2) weight table as one complex64 a bucket (None for any other width): a text's two sums become
+    one gather and one sum of complex numbers, ~10× cheaper than a gather of rows summed along axis 0."""
+    if weights.ndim != 2 or weights.shape[1] != 2:
+        return None
+    return np.ascontiguousarray(weights, np.float32).view(np.complex64).ravel()
+
+
+class BucketScores:
+    """Scoring for the linear models over hashed n-gram buckets: a text's score is `bias_` plus the sum of its
+    n-grams' rows of `weights_` ((buckets, k) float32) over √(their number). A subclass's fit sets `config` (a
+    LexicalConfig), `weights_` and `bias_`."""
+
+    def score(self, texts: list[str], apps: list[str | None] | None = None) -> np.ndarray:
+        """(len(texts), k) float32 scores; `apps`: each text's app (read where the config is `per_app`)."""
+        if not hasattr(self, "weights_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted: call fit() on training texts first")
+        pairs = self._pairs()
+        out = np.empty((len(texts), len(self.bias_)), np.float32)
+        for row, (text, app) in enumerate(zip(texts, apps or [None] * len(texts))):
+            ids = bucket_ids(text, self.config, app)
+            if not len(ids):
+                out[row] = self.bias_
+            elif pairs is None:
+                out[row] = self.bias_ + self.weights_[ids].sum(axis=0) / np.sqrt(len(ids))
+            else:
+                total = pairs.take(ids).sum() / np.sqrt(len(ids))
+                out[row] = self.bias_ + np.array((total.real, total.imag), np.float32)
+        return out
+
+    def _pairs(self) -> np.ndarray | None:
+        """pair_table of the current weights, made on first use (and again after a refit)."""
+        cached = self.__dict__.get("_pair_table")
+        if cached is None or cached[0] is not self.weights_:
+            cached = self.__dict__["_pair_table"] = (self.weights_, pair_table(self.weights_))
+        return cached[1]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_pair_table"}
+
+
+class LexicalModel(BucketScores):
     """fit(texts, tokens, is_tool, groups) → score(texts): (n, 2) float32, LEXICAL_COLUMNS' values.
 
     After fit, `oof_` holds the training rows' out-of-fold scores (not part of state(): a loaded model
@@ -196,16 +239,6 @@ class LexicalModel:
         targets = log_tokens if vectors is None else 0.5 * (log_tokens + self.teacher_)
         self.weights_, self.bias_ = _fit_weights(X, targets, is_tool, self.config)
         return self
-
-    def score(self, texts: list[str], apps: list[str | None] | None = None) -> np.ndarray:
-        """Each text's predicted log(1 + tokens) and tool-call log-odds, from the models fitted on all rows."""
-        if not hasattr(self, "weights_"):
-            raise RuntimeError("LexicalModel is not fitted: call fit() on training texts first")
-        out = np.empty((len(texts), 2), np.float32)
-        for row, (text, app) in enumerate(zip(texts, apps or [None] * len(texts))):
-            ids = bucket_ids(text, self.config, app)
-            out[row] = self.bias_ + (self.weights_[ids].sum(axis=0) / np.sqrt(len(ids)) if len(ids) else 0.0)
-        return out
 
     def state(self) -> dict:
         """What fit() learnt that scoring needs: the config, the weight table and bias."""

@@ -19,7 +19,7 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import GroupKFold
 
 from pipelines.contract import StageTrace
-from pipelines.lexical import LexicalConfig, bucket_ids, design_matrix
+from pipelines.lexical import BucketScores, LexicalConfig, design_matrix
 from pipelines.stage_features import ancestors_of, stage_rows
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
@@ -155,7 +155,7 @@ def _number(value) -> float:
     return np.nan if value is None else float(value)
 
 
-class TailScores:
+class TailScores(BucketScores):
     """The prompt tail's hashed n-grams (pipelines.lexical's design matrix) read by one ridge regression per
     target, log(1 + remaining calls) and log(1 + remaining tokens): a gather and a sum a prompt. `oof_`: the
     training rows' scores from ridges fitted on the other task-grouped folds (what the boosters are fitted on)."""
@@ -173,10 +173,3 @@ class TailScores:
         ridge = Ridge(alpha=self.config.ridge).fit(X, targets)
         self.weights_, self.bias_ = ridge.coef_.T.astype(np.float32), ridge.intercept_.astype(np.float32)
         return self
-
-    def score(self, texts: list[str]) -> np.ndarray:
-        out = np.empty((len(texts), len(self.bias_)), np.float32)
-        for row, text in enumerate(texts):
-            ids = bucket_ids(text, self.config)
-            out[row] = self.bias_ + (self.weights_[ids].sum(axis=0) / np.sqrt(len(ids)) if len(ids) else 0.0)
-        return out

@@ -16,6 +16,7 @@ it never saw); "prior", with no model at all, maestro.prediction.WORKFLOW_PRIOR.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field, replace
 
 import lightgbm as lgb
@@ -231,10 +232,9 @@ def calibration_keys(conditions: np.ndarray, apps: np.ndarray, positions: np.nda
                      bands: tuple[int, ...] = ()) -> list[np.ndarray]:
     """Conformal groups from most to least specific: history condition × app × position band (where `bands`
     are given: call_index below each bound, then beyond the last), condition × app, then the condition."""
-    app_text = ["-" if a != a else str(int(a)) for a in apps]
-    keys = [np.array([f"{c}|app={a}" for c, a in zip(conditions, app_text)], dtype=object),
-            np.array([str(c) for c in conditions], dtype=object)]
-    if bands and positions is not None:
-        band = np.searchsorted(np.asarray(bands), np.nan_to_num(positions, nan=0.0), side="right")
-        keys.insert(0, np.array([f"{k}|band={b}" for k, b in zip(keys[0], band)], dtype=object))
-    return keys
+    by_app = [f"{c}|app={'-' if a != a else int(a)}" for c, a in zip(conditions, apps.tolist())]
+    keys = [by_app, [str(c) for c in conditions]]
+    if bands and positions is not None:  # a missing position counts as 0
+        band = [bisect.bisect_right(bands, 0.0 if p != p else p) for p in positions.tolist()]
+        keys.insert(0, [f"{k}|band={b}" for k, b in zip(by_app, band)])
+    return [np.array(k, dtype=object) for k in keys]

@@ -2,15 +2,19 @@
 new-app fallback, errors that name the field. Synthetic workflows (pipelines.synth), a few seconds a fit."""
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
 from maestro.prediction import WORKFLOW_PRIOR
+from pipelines.batch_features import StageInputs
 from pipelines.contract import parse_record, task_id
 from pipelines.features import StageHistory
+from pipelines.lexical import LexicalConfig, design_matrix
 from pipelines.structure import derive_structure
 from pipelines.synth import generate
-from pipelines.workflow_features import known_history, remaining_targets, workflow_rows
+from pipelines.workflow_features import TailScores, known_history, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
 CONFIG = WorkflowConfig(folds=3, booster=dict(n_estimators=120, learning_rate=0.08, num_leaves=15,
@@ -90,6 +94,35 @@ def test_live_path_matches_batch(model, split):
     history.add(workflow[:-1])
     alone = stage.model_copy(update={"output_tokens": None, "is_tool_call": None})
     assert model.predict([alone], history)[0] == model.predict(workflow)[-1]
+
+
+def test_the_columns_the_stage_model_shares_encode_as_the_rows_fitted_on(model, split):
+    """The live path reads StageInputs' columns (the stage model's) and the so-far columns: the same matrix as the
+    feature rows the boosters were fitted on, for a batch and for a stage alone beside its finished stages."""
+    test = split[1][:80]
+    inputs = StageInputs([s.model_copy() for s in test])
+    columns = {**inputs.columns, **so_far_columns(inputs.stages, inputs.ids)}
+    np.testing.assert_array_equal(model.encoder_.columns_matrix(columns, len(test)),
+                                  model.encoder_.matrix(workflow_rows([s.model_copy() for s in test])))
+    workflow = [s for s in test if s.workflow_id == test[-1].workflow_id]
+    history = StageHistory()
+    history.add([s.model_copy() for s in workflow[:-1]])
+    alone = StageInputs([workflow[-1].model_copy()], history)
+    columns = {**alone.columns, **so_far_columns(alone.stages, alone.ids)}
+    rows = workflow_rows([workflow[-1].model_copy()], history.known(alone.stages))
+    np.testing.assert_array_equal(model.encoder_.columns_matrix(columns, 1), model.encoder_.matrix(rows))
+
+
+def test_tail_scores_are_their_design_rows_product_with_the_weights_at_any_width():
+    texts = ["Plan the trip, then call search_flights", "", "ab", "Résumé İstanbul " * 200]
+    for width in (2, 3):  # two targets: the complex-pair gather; another width: rows summed
+        rng = np.random.default_rng(width)
+        scores = TailScores(LexicalConfig(tail_chars=1024))
+        scores.weights_ = np.asfortranarray(rng.normal(size=(scores.config.num_buckets, width)), np.float32)
+        scores.bias_ = rng.normal(size=width).astype(np.float32)
+        expected = design_matrix(texts, scores.config) @ scores.weights_ + scores.bias_
+        np.testing.assert_allclose(scores.score(texts), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(pickle.loads(pickle.dumps(scores)).score(texts), scores.score(texts))
 
 
 def test_save_load_round_trip(model, split, tmp_path):
