@@ -14,12 +14,11 @@ overall and per app, beside the per-role baselines (median, p90, and the per-rol
 that promises the model's miss rate). `--leave-one-app-out` also trains Maestro's recipe without
 each app in turn (benchmarks/new_app.py): that app's test side scored from its first stage beside a model
 trained with it, and all its stages replayed through the service's online correction (the curve:
-benchmarks/results/new_app_replay_<data>.png). `--speed` measures training
-time, single-stage latency (cold: a prompt never seen, every cache emptied before the call; warm: the same
-prompts again; with the workflow-level model's answer, and of the stage model alone) and batched throughput on the
-dev traces, for Maestro's recipe with the static embedding
-("maestro-static") and with MiniLM ("maestro-minilm"), and the straightforward one, beside one MiniLM encode of
-each test prompt's segment, all in the same run. Held out, the two embeddings are scored side by side
+benchmarks/results/new_app_replay_<data>.png). `--speed` measures training time, single-stage latency (cold: a
+prompt never seen, every cache emptied before the call; warm: the same prompts again; with the workflow-level model's
+answer, and of the stage model alone) and batched throughput on the dev traces, for Maestro's recipe with the static
+embedding ("maestro-static", the default) and with MiniLM ("maestro-minilm"), and the straightforward one, beside one
+MiniLM encode of each test prompt's segment, all in the same run. Held out, the two embeddings are scored side by side
 (params.yaml otherwise; `--leave-one-app-out` trains params.yaml as it is). Writes JSON.
 
     python benchmarks/predictor.py [--data dev agent] [--leave-one-app-out] [--speed]
@@ -44,6 +43,7 @@ from pipelines.contract import StageTrace, read_traces
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import featurizer_config, locked_split
 from pipelines.history import without_labels
+from pipelines.lexical import LexicalConfig
 from pipelines.metrics import grouped_quality, quality, role_baselines, target_ratios
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
@@ -73,12 +73,13 @@ FIGURES = ("auc", "kendall_tau", "mae_vs_role_median", "under_rate", "over_reser
 def recipes() -> dict:
     params = REPO / "params.yaml"
     ours = (featurizer_config(load_params("featurize", params)), model_config(load_params("train", params)))
-    plain_features = replace(ours[0], feature_set="basic", history_copies=False,
+    plain_features = replace(ours[0], feature_set="basic", history_copies=False, lexical=None,
                              embedder=EmbedderConfig(tail_chars=0, max_seq_length=256))
     seed_recipe = replace(ours[1], reserve_method="rho", calibration="isotonic")
-    # each embedding with the classifier inner CV chose for it: MiniLM's columns read by the tool-call classifier,
-    # the static embedding's not (pipelines/EXPERIMENTS.md, 2026-12-02)
-    embedding = {kind: (replace(ours[0], embedder=replace(ours[0].embedder, kind=kind)),
+    # each embedding as inner CV chose it: MiniLM's columns read by the tool-call classifier, no lexical scores; the
+    # static embedding's not read by it, the lexical scores beside it (pipelines/EXPERIMENTS.md, 2026-12-02)
+    embedding = {kind: (replace(ours[0], embedder=replace(ours[0].embedder, kind=kind),
+                                lexical=(ours[0].lexical or LexicalConfig()) if kind == "static" else None),
                         replace(ours[1], classifier_embedding=kind == "minilm")) for kind in ("static", "minilm")}
     return {"maestro": ours, "maestro-static": embedding["static"], "maestro-minilm": embedding["minilm"],
             "straightforward": (plain_features, seed_recipe)}
