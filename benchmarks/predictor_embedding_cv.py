@@ -87,7 +87,7 @@ VARIANTS = {
 
 
 def variant_config(name: str):
-    features, model = recipes()["maestro"]
+    features, model = recipes()["maestro-minilm"]  # the variants change the MiniLM recipe, whatever the default
     change = dict(VARIANTS[name])
     embedder = replace(features.embedder, **change.pop("embedder", {}))
     model_change = {k: {**getattr(model, k), **v} if isinstance(v, dict) else v
