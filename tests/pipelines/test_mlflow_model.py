@@ -40,7 +40,7 @@ def test_the_run_logs_every_parameter_and_the_traces_as_datasets(client, champio
     run = client.get_run(champion.run_id)
     params = run.data.params
     assert params["train.loss"] == "pinball" and params["train.calibration"] == "sigmoid"
-    assert params["train.reserve_method"] == "conformal" and params["featurize.embedding"] == "minilm"
+    assert params["train.reserve_method"] == "conformal" and params["featurize.embedding"] == "static"
     assert params["featurize.use_embedding"] == "True" and params["collect.source"] == "data/traces/sample.jsonl"
     assert params["train.folds"] == "3" and params["register.promote"] == "auto"
     inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
