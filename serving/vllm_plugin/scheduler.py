@@ -51,8 +51,15 @@ logger = init_logger("vllm.maestro.scheduler")
 # work starts at 2**40), plus its predicted remaining tokens, so vLLM's priority rule preempts predicted work,
 # most left first.
 VICTIM_PRIORITY = 1 << 62
-# A turn that ended on its own (not aborted, not refused) may leave its KV held for its session's next turn.
+# A turn that ended on its own may leave its KV held for its session's next turn; on a stop string vLLM aborts it.
 ENDED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+def turn_ended(request: Request, tool_s: float) -> bool:
+    """Whether a finished request's turn ended, so that its session's KV may be held: by itself, or aborted after
+    some output where a tool call was predicted to follow (the API server aborts a turn whose stop string matched)."""
+    return request.status in ENDED_STATUSES or (request.status == RequestStatus.FINISHED_ABORTED
+                                                and request.num_output_tokens > 0 and tool_s > 0)
 
 
 class MaestroMixin:
@@ -134,7 +141,7 @@ class MaestroMixin:
         hint = self.session_hints.pop(request.request_id, None)
         if hint is not None:
             self.session_holds.forget(hint.session, request.request_id)
-            if request.status in ENDED_STATUSES:
+            if turn_ended(request, hint.tool_s):
                 blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
                 self.session_holds.keep(hint, list(blocks[0]) if blocks else [], request.num_tokens, self._clock())
         return super()._free_request(request, *args, **kwargs)

@@ -65,6 +65,17 @@ def test_a_context_held_across_its_tool_call_is_its_next_turns_prefix_hit(tmp_pa
     assert expired["recomputed"]["t2"] > kept["recomputed"]["t2"]
 
 
+def test_a_turn_ended_by_a_stop_string_is_held_as_one_ended_by_itself(tmp_path, tiny_model, is_async):
+    """vLLM ends a turn on a stop string by aborting it in the engine core: its context is held all the same."""
+    turns = session(TOOL_STEPS, IN_TURN)
+    turns[0] = {**turns[0], "max_tokens": 40, "stop_at": 20}  # the stop string matched at the 20th token
+    vllm, held = steps_of(tmp_path, tiny_model, *({"scheduler": s, "requests": turns, "maestro_config": STEP_PREFILL}
+                                                  for s in ("vllm", "maestro")), is_async=is_async)
+    assert vllm["recomputed"]["t2"] >= CONTEXT_TOKENS  # the prefix cache alone lost it to the requests in between
+    assert kv_counts(held)["kept"] == 1 and kv_counts(held)["hits"] == 1
+    assert held["recomputed"]["t2"] <= 0.3 * vllm["recomputed"]["t2"]
+
+
 def test_held_blocks_are_given_up_first_under_memory_pressure(tmp_path, tiny_model, is_async):
     vllm, maestro = steps_of(tmp_path, tiny_model, *(
         {"scheduler": s, "requests": session(TOOL_STEPS, LARGE), "maestro_config": STEP_PREFILL}

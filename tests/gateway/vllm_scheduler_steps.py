@@ -44,7 +44,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import serving.vllm_plugin.scheduler as maestro_scheduler
@@ -186,6 +186,11 @@ def run(scenario: dict) -> dict:
             engine_outputs = scheduler.update_from_output(*in_flight.pop())
             for outs in engine_outputs.values():
                 finished += [o.request_id for o in outs.outputs if o.finish_reason]
+            # "stop_at": a stop string matched after that many output tokens: the API server aborts the request
+            for rid in [r for r, spec in specs.items() if "stop_at" in spec and r in made and r not in finished
+                        and made[r].num_output_tokens >= spec["stop_at"]]:
+                scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+                finished.append(rid)
             pending |= {rid: step + 1 + spec.get("gap", 0) for rid, spec in specs.items()
                         if spec.get("after") in finished and rid not in made and rid not in pending}
     # Prompt tokens that an earlier turn had computed and this one computed again.
