@@ -13,7 +13,7 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   the plan asks the source exactly as a readiness call would (`at_readiness`).
 - **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock, one a token): the
   source's workflow answer at readiness (the model's, the training side's (app, position) medians for `prior`, 0 for
-  `none`, the truth for `oracle`), turned into service by `serving.request.workflow_remaining_s` as the gateway and the
+  `none`, the truth for `oracle`), turned into service by `serving.core.request.workflow_remaining_s` as the gateway and the
   simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's last
   stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
 - **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
@@ -23,7 +23,7 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it
   does not): what a live gateway knows when the turn ends, which is the only moment the plugin reads it
   (`serving/vllm_plugin/session_kv.py`); never whether the replay has a next turn. The prediction is the one the
-  simulator makes (`serving.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from the
+  simulator makes (`serving.core.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from the
   catalog's mean or 1 s), made by `benchmarks/engine_steps.py` on the step clock; the plugin keeps the context by the
   system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
   token, takes longer than that).
@@ -34,10 +34,10 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from serving.gateway.core import vllm_priority_value
-from serving.scheduler import SchedulerConfig
-from serving.request import TokenPace, workflow_remaining_s
+from serving.core.scheduler import SchedulerConfig
+from serving.core.request import TokenPace, workflow_remaining_s
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
@@ -47,7 +47,7 @@ from serving.sim.workload import SimWorkflow, trace_workflows
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
 BLOCK_SIZE = 32  # the smallest block vLLM-CPU's attention takes (a multiple of 32)
-KV_BYTES_PER_TOKEN = 1024  # the tiny test model (tests/gateway/tiny_model.py): 2 layers × 2 KV heads × 64 × (K, V) × 2 B
+KV_BYTES_PER_TOKEN = 1024  # the tiny test model (tests/serving/tiny_model.py): 2 layers × 2 KV heads × 64 × (K, V) × 2 B
 MODEL = "engine-tiny"  # the step cost model's one model
 LINEAR_PARAMS = 1e6  # the fitted profile's FLOPs per prefill token are 2 × this; only their ratio to the GPU's counts
 # The measured workflows: those arriving between these shares of a run's arrivals. Before them the engine fills; after
@@ -71,7 +71,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # the prefill chunk
     max_model_len: int = 4096
-    policy: str = "maestro"  # the order MaestroScheduler's queue keeps (serving/scheduler)
+    policy: str = "maestro"  # the order MaestroScheduler's queue keeps (serving/core/scheduler)
 
     def __post_init__(self):
         if self.max_model_len > self.kv_tokens - BLOCK_SIZE:
@@ -274,8 +274,8 @@ class EngineWorkload:
                                          for app, classes in self.slo.by_app.items()},
                         "global_steps": int(self.slo.global_s / self.config.step_s)},
                 "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})",
-                               "predicted": "serving.tool_kv.ToolTimes over the run's returned calls (steps), from "
+                               "predicted": "serving.core.tool_kv.ToolTimes over the run's returned calls (steps), from "
                                             "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s"},
                 "engine": asdict(self.config), "steady": list(STEADY),
                 "workflow_remaining_s": "the source's workflow answer at readiness through "
-                                        "serving.request.workflow_remaining_s, in steps; maestro arms only"}
+                                        "serving.core.request.workflow_remaining_s, in steps; maestro arms only"}

@@ -94,7 +94,7 @@ class Replay:
     into `stats_dir`."""
 
     def __init__(self, plan: dict, stats_dir: Path):
-        from serving.tool_kv import ToolTimes
+        from serving.core.tool_kv import ToolTimes
 
         shutil.rmtree(stats_dir, ignore_errors=True)
         os.environ["MAESTRO_VLLM_STATS_DIR"] = str(stats_dir)

@@ -22,9 +22,9 @@ import numpy as np
 
 from benchmarks.engine_replay import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
 from benchmarks.engine_report import run_figures
-from serving.residency import ResidencyConfig
+from serving.core.residency import ResidencyConfig
 from serving.sim.engine import ClusterConfig, Simulator
-from serving.systems import get_system
+from serving.core.systems import get_system
 from serving.sim.workload import SimStage, SimWorkflow
 
 REPO = Path(__file__).resolve().parent.parent

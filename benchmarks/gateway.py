@@ -31,11 +31,11 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.gateway.engines import Engine  # noqa: E402  (our test fixtures)
-from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+from tests.serving.engines import Engine  # noqa: E402  (our test fixtures)
+from tests.serving.tiny_model import build_tiny_model  # noqa: E402
 
 from pipelines.collect import collect  # noqa: E402
-from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
 from benchmarks.gateway_runs import (decode_step_ms, handover, preemptions, running_while_busy, sched_delta,  # noqa: E402
                                      schedstat, start_engines, start_gateway, stop, tree)
@@ -93,7 +93,7 @@ def check_traces(report: dict, trace_dir: Path) -> dict:
 
 
 def train_on(trace_dir: Path, workdir: Path) -> dict:
-    from pipelines.contract import write_jsonl
+    from maestro.contract import write_jsonl
 
     stages, _ = collect(trace_dir)
     collected = workdir / "collected.jsonl"

@@ -30,12 +30,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from maestro.prediction import FallbackLevel  # noqa: E402
-from tests.gateway.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
-from tests.gateway.gateway_process import GatewayProcess  # noqa: E402
-from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+from tests.serving.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
+from tests.serving.gateway_process import GatewayProcess  # noqa: E402
+from tests.serving.tiny_model import build_tiny_model  # noqa: E402
 
 from pipelines.collect import collect  # noqa: E402
-from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from serving.gateway.config import merged
 from serving.gateway.vllm_sync import parse_metrics
-from tests.gateway.engines import Engine, EngineConfig, free_port
+from tests.serving.engines import Engine, EngineConfig, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

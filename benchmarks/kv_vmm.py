@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from benchmarks.serving_core import bench_allocator, write_results
-from serving.kv import KVAllocator, KVAllocatorConfig
-from serving.kv.cuda_vmm import cuda_driver
+from serving.core.kv import KVAllocator, KVAllocatorConfig
+from serving.core.kv.cuda_vmm import cuda_driver
 
 MiB = 1024 ** 2
 

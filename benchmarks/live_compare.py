@@ -42,15 +42,15 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.gateway.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
-from tests.gateway.gateway_process import GatewayProcess  # noqa: E402
-from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+from tests.serving.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
+from tests.serving.gateway_process import GatewayProcess  # noqa: E402
+from tests.serving.tiny_model import build_tiny_model  # noqa: E402
 
 from benchmarks.sim_replay import split  # noqa: E402
 from maestro.cli import main as maestro_main  # noqa: E402
-from pipelines.contract import read_traces, write_jsonl  # noqa: E402
+from maestro.contract import read_traces, write_jsonl  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
-from serving.driver.runner import DriveConfig, drive  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
 from serving.gateway.vllm_sync import parse_metrics  # noqa: E402
 from benchmarks.live_compare_report import SLO_FACTORS, markdown_table, plot, table, trace_stats  # noqa: E402

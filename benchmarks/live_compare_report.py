@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from pipelines.collect import collect
-from serving.admission.sizing import is_calibrated, reserve_output_tokens
+from serving.core.admission.sizing import is_calibrated, reserve_output_tokens
 
 SLO_FACTORS = (2, 3, 5, 10)  # attainment is also reported at these multiples of the unloaded time
 

@@ -30,15 +30,15 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 from benchmarks.gateway_runs import start_gateway, stop  # noqa: E402
-from pipelines.contract import StageTrace  # noqa: E402
+from maestro.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
 from pipelines.model import ModelConfig  # noqa: E402
 from pipelines.predictor import Predictor  # noqa: E402
 from pipelines.synth import generate  # noqa: E402
 from predictor_service.client import to_wire  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
-from tests.gateway.engines import Engine, EngineConfig  # noqa: E402
-from tests.gateway.tiny_model import build_tiny_model  # noqa: E402
+from tests.serving.engines import Engine, EngineConfig  # noqa: E402
+from tests.serving.tiny_model import build_tiny_model  # noqa: E402
 
 RAMP_CONCURRENCY = (1, 4, 16, 48)
 BUSY = (429, 503)

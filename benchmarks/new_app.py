@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.embedding import make_embedder
 from pipelines.features import Featurizer
 from pipelines.history import without_labels

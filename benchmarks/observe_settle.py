@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/observe_settle.py --rounds 6 --calls 20 --out benchmarks/results/observe_settle.json
 
-The gateway app in process over a vLLM-like node that answers at once (tests/gateway/conftest.py), its predictor a
+The gateway app in process over a vLLM-like node that answers at once (tests/serving/gateway/conftest.py), its predictor a
 real `bentoml serve` of a small trained model. Each round drives one chain workflow (stage i's parent is stage
 i − 1, each sent when its parent's answer is in) per arm: `settle` (as the gateway runs) and `no_settle` (the
 answer goes back without waiting; the /observe still leaves at once). Arms alternate order by round. Reported:
@@ -23,9 +23,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.gateway.conftest import run_app  # noqa: E402  (our test fixtures)
+from tests.serving.gateway.conftest import run_app  # noqa: E402  (our test fixtures)
 
-from pipelines.contract import StageTrace  # noqa: E402
+from maestro.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
 from pipelines.model import ModelConfig  # noqa: E402
 from pipelines.predictor import Predictor  # noqa: E402

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from benchmarks.predictor import recipes, split_arguments
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.featurize import grouped_split
 from pipelines.predictor import Predictor
 from predictor_service.engine import oof_bias, promised_miss_rate

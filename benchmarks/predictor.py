@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.contract import StageTrace, read_traces
+from maestro.contract import StageTrace, read_traces
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import featurizer_config, locked_split
 from pipelines.history import without_labels

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.predictor import Predictor
 from pipelines.batch_features import structural_columns
 from pipelines.stage_features import stage_rows

@@ -185,7 +185,7 @@ def against_floor(urls: dict[str, str], singles: list[dict], in_process, rounds:
 
 def in_process_predict(model: str, stages: list[dict]):
     """A callable timing Predictor.predict on one warm stage at a time, no HTTP: the model's share of the floor."""
-    from pipelines.contract import StageTrace
+    from maestro.contract import StageTrace
     from predictor_service import loading
 
     predictor = loading.load(loading.resolve(model))

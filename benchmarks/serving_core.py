@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.kv import KVAllocator, KVAllocatorConfig
-from serving.request import StageRequest
-from serving.scheduler import Policy, create_scheduler
+from serving.core.kv import KVAllocator, KVAllocatorConfig
+from serving.core.request import StageRequest
+from serving.core.scheduler import Policy, create_scheduler
 
 
 def _requests(n: int, rng: np.random.Generator) -> list[StageRequest]:

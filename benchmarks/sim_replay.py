@@ -32,14 +32,14 @@ import numpy as np
 from scipy.stats import kendalltau
 from tqdm import tqdm
 
-from pipelines.contract import read_traces, write_jsonl
+from maestro.contract import read_traces, write_jsonl
 from pipelines.featurize import grouped_split
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import Scenario, get_scenario
 from serving.sim.slo import SLOConfig
-from serving.systems import get_system
+from serving.core.systems import get_system
 from serving.sim.workload import SimWorkflow, reset
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

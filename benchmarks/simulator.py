@@ -15,7 +15,7 @@ from pathlib import Path
 from serving.sim.engine import Simulator
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import get_scenario
-from serving.systems import get_system
+from serving.core.systems import get_system
 from serving.sim.workload import reset
 
 

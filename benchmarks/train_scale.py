@@ -70,7 +70,7 @@ def configs(use_embedding: bool):
 def run_single(traces: Path, use_embedding: bool) -> dict:
     import pandas as pd
 
-    from pipelines.contract import parse_record
+    from maestro.contract import parse_record
     from pipelines.predictor import Predictor
 
     started = time.perf_counter()

@@ -26,7 +26,7 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold
 from tqdm import tqdm
 
-from pipelines.contract import StageTrace, read_traces, task_id
+from maestro.contract import StageTrace, read_traces, task_id
 from pipelines.features import StageHistory
 from pipelines.featurize import locked_split
 from pipelines.params import load_params

@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "serving.commands",
     "serving.gateway.commands",
     "predictor_service.commands",
+    "driver.commands",
 )
 
 

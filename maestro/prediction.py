@@ -31,7 +31,7 @@ class FallbackLevel(StrEnum):
         A model's is: its tokens_reserve is the conformal bound (or, for a model trained with reserve_method
         "rho", a bound with its margin already in). A prior's is not: it is a role's empirical quantile or the
         no-model prior, with no conformal calibration behind it, so sizing adds the margin rho to it
-        (serving/admission/sizing.py).
+        (serving/core/admission/sizing.py).
         """
         return self is not FallbackLevel.PRIOR
 

@@ -16,12 +16,12 @@ import re
 
 import numpy as np
 
-from pipelines.contract import TOOL_ROLES, StageTrace
+from maestro.contract import TOOL_ROLES, StageTrace
 from pipelines.stage_features import (ASCII_FOLDS, BREVITY_CUE, CUT_MARK, DETAIL_CUE, DONE_CUE, JSON_CUE,
                                       QUESTION_CUE, SUGGESTED_CALL_CUE, TOOL_RESPONSE_CUE, TOOL_RESULT_CUE, UNKNOWN,
                                       StageHistory, ancestors_of, parent_outcomes, stage_rows,
                                       tool_results_since_user)
-from pipelines.structure import derive_structure
+from maestro.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
 SEPARATOR = "\x00"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipelines.contract import (LineError, StageIndex, StageTrace, UnreadableTraceFile, line_report, read_traces,
+from maestro.contract import (LineError, StageIndex, StageTrace, UnreadableTraceFile, line_report, read_traces,
                                 write_jsonl)
 from pipelines.params import load_params
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from pipelines.contract import line_report, read_traces
+from maestro.contract import line_report, read_traces
 from pipelines.featurize import featurizer_config
 from pipelines.params import load_params
 from pipelines.metrics import TARGETS, VERDICTS, score_frames, scoring_frames

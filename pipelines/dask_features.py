@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.collect import source_files
-from pipelines.contract import StageTrace, parse_record, read_traces, task_id
-from pipelines.structure import derive_structure
+from maestro.contract import StageTrace, parse_record, read_traces, task_id
+from maestro.structure import derive_structure
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder
 from pipelines.features import CATEGORICAL, Featurizer, FeaturizerConfig, frequent_categories, structural_frame

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.metrics import (VERDICTS, baseline_predictions, grouped_quality, quality, ratio, target_checks,
                                target_ratios)
 from pipelines.plots import write_plots

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
-from pipelines.contract import StageTrace, task_id
+from maestro.contract import StageTrace, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
 from pipelines.batch_features import StageInputs

@@ -23,7 +23,7 @@ import joblib
 import numpy as np
 from sklearn.model_selection import GroupShuffleSplit
 
-from pipelines.contract import StageTrace, read_traces, task_id
+from maestro.contract import StageTrace, read_traces, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.lexical import LexicalConfig

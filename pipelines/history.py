@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 
 HISTORY_CONDITIONS = ("full", "partial", "none")
 LABEL_FIELDS = ("output_tokens", "is_tool_call", "output_text", "finish_reason")

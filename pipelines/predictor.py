@@ -17,7 +17,7 @@ from pipelines import compiled_trees
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
 from pipelines.batch_features import StageInputs
-from pipelines.contract import StageTrace, task_id
+from maestro.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
@@ -48,7 +48,7 @@ class Prior:
 
 # The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
 # predictor client when the service is down and no local priors are given, a predictor fitted on no labels. Its
-# upper bound is not calibrated, so sizing adds the margin rho to it (serving/admission/sizing.py).
+# upper bound is not calibrated, so sizing adds the margin rho to it (serving/core/admission/sizing.py).
 NO_MODEL_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=1024.0)
 
 

@@ -28,7 +28,7 @@ class StageLengthPyfunc(PythonModel):
         self.predictor = Predictor.load(context.artifacts["predictor"])
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from pipelines.contract import parse_record
+        from maestro.contract import parse_record
 
         stages = [parse_record({k: v for k, v in row.items() if _present(v)})
                   for row in model_input.to_dict(orient="records")]

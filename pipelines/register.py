@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from mlflow.data.dataset import Dataset
 from mlflow.exceptions import MlflowException
 
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.embedding import Embedder
 from pipelines.metrics import quality
 from pipelines.params import load_params

@@ -38,7 +38,7 @@ def signature() -> ModelSignature:
 
     Where some stages of a batch lack an optional field, its frame column holds NaN, which MLflow's long and array
     checks refuse (and it will not take ints as doubles): counts and name lists are therefore Any here, and the
-    contract (pipelines/contract.py) checks them when the model parses each stage."""
+    contract (maestro/contract.py) checks them when the model parses each stage."""
     def optional(kind, name: str) -> ColSpec:
         return ColSpec(kind, name, required=False)
 

@@ -14,8 +14,8 @@ from collections import OrderedDict
 import numpy as np
 import pandas as pd
 
-from pipelines.contract import TOOL_ROLES, StageTrace
-from pipelines.structure import derive_structure
+from maestro.contract import TOOL_ROLES, StageTrace
+from maestro.structure import derive_structure
 from pipelines.turn_features import own_turn_features
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")

@@ -10,7 +10,7 @@ from pathlib import Path
 import joblib
 import pandas as pd
 
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.features import Featurizer
 from pipelines.model import ModelConfig
 from pipelines.params import load_params

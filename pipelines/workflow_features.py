@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.linear_model import Ridge
 from sklearn.model_selection import GroupKFold
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.lexical import BucketScores, LexicalConfig, design_matrix
 from pipelines.stage_features import ancestors_of, stage_rows
 
@@ -38,7 +38,7 @@ def remaining_targets(stages: list[StageTrace]) -> tuple[np.ndarray, np.ndarray]
             if getattr(stage, name) is None:
                 raise ValueError(f"stage '{stage.stage_id}' of workflow '{stage.workflow_id}' has no '{name}': the "
                                  "workflow target needs every stage of a workflow finished and ordered (read the "
-                                 "file with pipelines.contract.read_traces, or leave unfinished workflows out)")
+                                 "file with maestro.contract.read_traces, or leave unfinished workflows out)")
         by_workflow.setdefault(stage.workflow_id, []).append((stage.call_index, stage.output_tokens))
     calls, tokens = np.zeros(len(stages)), np.zeros(len(stages))
     for i, stage in enumerate(stages):

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import UNKNOWN
 from pipelines.history import without_labels
 from pipelines.workflow_features import remaining_targets

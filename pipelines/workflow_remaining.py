@@ -27,11 +27,11 @@ from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
 from pipelines.batch_features import StageInputs
 from pipelines.boosters import RowPredictor
 from pipelines.calibration import calibrate_groups
-from pipelines.contract import StageTrace, parse_record, task_id
+from maestro.contract import StageTrace, parse_record, task_id
 from pipelines.features import UNKNOWN, StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
-from pipelines.structure import derive_structure
+from maestro.structure import derive_structure
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import AppPositionMedians, PositionTable

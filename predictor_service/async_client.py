@@ -12,7 +12,7 @@ from typing import Iterable
 
 import httpx
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from predictor_service.client import (LIMITS, Breaker, ClientConfig, LocalFallback, chunks, describe, is_refusal,
                                       parse_answers, to_wire)
 from predictor_service.replicas import Ring

@@ -19,7 +19,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from maestro.prediction import Prediction, Source
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.predictor import NO_MODEL_PRIOR, Prior
 from predictor_service.replicas import split_urls
 from predictor_service.schemas import LABEL_FIELDS, MAX_STAGES_PER_REQUEST, PredictionOut

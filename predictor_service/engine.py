@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from maestro.keys import ANONYMOUS
 from maestro.prediction import FallbackLevel, Prediction, Source
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import StageHistory
 from pipelines.predictor import Predictor
 from predictor_service import loading

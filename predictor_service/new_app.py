@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from maestro.prediction import FallbackLevel, Prediction
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.calibration import conformal_quantile
 
 

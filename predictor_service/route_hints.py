@@ -1,6 +1,6 @@
 """What an external router reads of a prediction: the expected output length, its bucket, the reserve and the
 tool-call probability. One home for the bucket bounds, used by the service's /route_hints and by the gateway's
-request headers (serving/gateway/hints.py), so both say the same bucket for the same stage."""
+request headers (serving/gateway/router_hints.py), so both say the same bucket for the same stage."""
 from __future__ import annotations
 
 from typing import Literal

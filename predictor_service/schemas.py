@@ -1,6 +1,6 @@
 """Wire types of the predictor service, defined once and shared by service, client and tests.
 
-A stage on the wire *is* a contract stage (`pipelines.contract.StageTrace`): /predict takes stages
+A stage on the wire *is* a contract stage (`maestro.contract.StageTrace`): /predict takes stages
 without labels, /observe takes finished stages with their labels and timings. The limits below are
 part of the protocol: the service refuses a request over them and the client splits its batches
 to stay under them.
@@ -13,7 +13,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
 from maestro.prediction import Prediction, Source
-from pipelines.contract import StageTrace, derive_structure, prompt_text
+from maestro.contract import StageTrace, derive_structure, prompt_text
 
 MAX_STAGES_PER_REQUEST = 256
 MAX_PROMPT_CHARS = 100_000

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from serving.systems import SYSTEMS
+from serving.core.systems import SYSTEMS
 
 
 def register(subparsers) -> None:

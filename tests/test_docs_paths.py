@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("maestro", "pipelines", "predictor_service", "serving", "benchmarks", "tests", "scripts", "deploy",
-               "docs")
-PACKAGES = ("maestro", "pipelines", "predictor_service", "serving", "benchmarks", "tests")
+SOURCE_DIRS = ("maestro", "pipelines", "predictor_service", "serving", "driver", "benchmarks", "tests", "scripts",
+               "deploy", "docs")
+PACKAGES = ("maestro", "pipelines", "predictor_service", "serving", "driver", "benchmarks", "tests")
 OUTPUTS = ("benchmarks/results/",)
 SLASHED = re.compile(r"(?<![\w./:~-])((?:[A-Za-z_][\w.-]*/)+[\w.-]*)(?![\w*{<…])")
 DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+)(?![\w./<-])")
@@ -87,15 +87,15 @@ def test_every_path_the_docs_name_exists():
 
 
 def test_the_serving_readme_quotes_maestros_order_as_its_docstring_says_it():
-    """serving/README.md describes Maestro's policy by quoting serving/scheduler/slack.py's docstring: one text."""
-    docstring = ast.get_docstring(ast.parse((ROOT / "serving" / "scheduler" / "slack.py").read_text()))
+    """serving/README.md describes Maestro's policy by quoting serving/core/scheduler/slack.py's docstring: one text."""
+    docstring = ast.get_docstring(ast.parse((ROOT / "serving" / "core" / "scheduler" / "slack.py").read_text()))
     readme = "\n".join(line.removeprefix(">") for line in (ROOT / "serving" / "README.md").read_text().splitlines())
     assert " ".join(docstring.split()) in " ".join(readme.split()), \
-        "serving/README.md's quote of serving/scheduler/slack.py's docstring differs from it: quote it again"
+        "serving/README.md's quote of serving/core/scheduler/slack.py's docstring differs from it: quote it again"
 
 
 def test_the_checker_finds_a_dead_path():
-    lines = ["`serving/no_such_module.py`, `serving/request.py`", "`serving.gateway.no_such_name`, `serving.request`",
+    lines = ["`serving/no_such_module.py`, `serving/core/request.py`", "`serving.gateway.no_such_name`, `serving.core.request`",
              "| `sim/` | `no_such.py`, `engine.py` |"]
     dead = dead_paths(ROOT / "serving" / "README.md", "\n".join(lines))
     assert [entry.split()[-1] for entry in dead] == ["serving/no_such_module.py", "serving.gateway.no_such_name",

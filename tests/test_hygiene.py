@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("maestro", "pipelines", "predictor_service", "serving", "benchmarks")
+SOURCE_DIRS = ("maestro", "pipelines", "predictor_service", "serving", "driver", "benchmarks")
 MAX_MODULE_LINES = 300
 # The word "session" followed by a number: a work session's number means nothing to a reader (date and commit do).
 SESSION_NUMBER = re.compile(r"\bsessions?\s*#?\s*\d", re.IGNORECASE)

@@ -31,7 +31,7 @@ from benchmarks.referee.arms import DEFAULT_ARMS, parse_arms
 from benchmarks.referee.grid import Replay, find_rates, run_grid
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, fold_splits, read_all, side_split, train_model
 from benchmarks.referee.stats import summarize
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 
 # Policy variants tried on this referee (dev side) since it was built: raise it with every variant you try, and report
 # it beside the figures (serving/EXPERIMENTS.md lists them).

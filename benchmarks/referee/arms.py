@@ -1,6 +1,6 @@
 """What each arm of the referee is: a system, the prediction source it is fed, and any part switched off.
 
-    fcfs, edf, srtf            the baselines as systems (`serving.systems`): max-len reservation, no prediction read
+    fcfs, edf, srtf            the baselines as systems (`serving.core.systems`): max-len reservation, no prediction read
     edf+admission              the Maestro system with only its order set to EDF, fed the trained model
     maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
     maestro[model@compare]     Maestro fed the predictor of --compare-model instead of --model's (same arms, same
@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from serving.scheduler import Policy
-from serving.systems import System, get_system
+from serving.core.scheduler import Policy
+from serving.core.systems import System, get_system
 
 BASELINES = ("fcfs", "edf", "srtf")
 DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",

@@ -38,7 +38,7 @@ from benchmarks.engine_replay import DEFAULT_ARMS, EngineConfig, EngineWorkload,
 from benchmarks.engine_report import plot, run_figures, table
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
 from benchmarks.referee.stats import Outcomes, summarize
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 
 REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
@@ -115,7 +115,7 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path) -> dict[str, dic
 def ensure_llm(path: Path, max_model_len: int) -> Path:
     """The tiny test model's directory (config and tokenizer; vLLM loads dummy weights), built if absent."""
     if not (path / "config.json").exists():
-        from tests.gateway.tiny_model import build_tiny_model
+        from tests.serving.tiny_model import build_tiny_model
 
         build_tiny_model(path, max_position_embeddings=max_model_len)
     return path

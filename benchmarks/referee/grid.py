@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from benchmarks.referee.arms import COMPARE, Arm
 from benchmarks.referee.stats import Outcomes
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator

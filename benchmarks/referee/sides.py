@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.contract import StageTrace, read_traces, task_id, write_jsonl
+from maestro.contract import StageTrace, read_traces, task_id, write_jsonl
 from pipelines.featurize import locked_split
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from maestro.prediction import Prediction, Source
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 
 log = logging.getLogger(__name__)

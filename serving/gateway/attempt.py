@@ -6,8 +6,8 @@ import asyncio
 import aiohttp
 
 from serving.gateway.core import Gateway
-from serving.gateway.dispatch import Job
-from serving.gateway.hints import hint_headers
+from serving.gateway.jobs import Job
+from serving.gateway.router_hints import hint_headers
 from serving.gateway.upstream import is_deadline
 
 

@@ -1,4 +1,4 @@
-"""Maestro's batch-cost gate live (serving/admission/batch_cost.py): a vLLM node described from what its calls measured.
+"""Maestro's batch-cost gate live (serving/core/admission/batch_cost.py): a vLLM node described from what its calls measured.
 
 The simulator reads its clock and cost model; here the node's own measurements stand in: the pace of its finished
 calls (output tokens ÷ call time, prefill and queueing in vLLM included) is what a running stage gets now, the fastest
@@ -9,9 +9,9 @@ given) no stage is ever endangered, and without measurements the gate admits: it
 """
 from __future__ import annotations
 
-from serving.admission.batch_cost import BatchCostGate, Candidate, NodeState, RunningStage
+from serving.core.admission.batch_cost import BatchCostGate, Candidate, NodeState, RunningStage
 from serving.gateway.nodes import Node
-from serving.request import StageRequest
+from serving.core.request import StageRequest
 
 
 def node_state(node: Node, now: float) -> NodeState:

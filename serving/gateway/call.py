@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serving.gateway.attempt import DeadlinePassed, NodeFailed, attempt_failed, upstream_headers
 from serving.gateway.core import Gateway
-from serving.gateway.dispatch import Full, Job, NoNode
-from serving.gateway.hints import add_agent_hints
+from serving.gateway.jobs import Full, Job, NoNode
+from serving.gateway.router_hints import add_agent_hints
 from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult, can_assemble
@@ -257,7 +257,7 @@ class StageCall:
 
     def turn_away(self) -> Response:
         """503 without Retry-After: triage shed the stage's workflow and the system turns shed workflows away
-        (serving/scheduler/triage.py); the same stage, or a later one of the workflow, would be refused again."""
+        (serving/core/scheduler/triage.py); the same stage, or a later one of the workflow, would be refused again."""
         workflow_id = self.meta.workflow_id
         message = (f"workflow {workflow_id!r} was turned away: beside the workflows already admitted it cannot meet "
                    "its deadline (its SLO from its first call), so this stage and every later stage of it are refused; "

@@ -13,9 +13,6 @@ def register(subparsers) -> None:
     gateway.add_argument("--port", type=int, default=None, help="override the config's port")
     gateway.add_argument("--log-level", default="warning")
     gateway.set_defaults(func=run_gateway)
-    from serving.driver.commands import register_drive
-
-    register_drive(subparsers)
 
 
 def run_gateway(args: argparse.Namespace) -> int:

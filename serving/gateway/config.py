@@ -1,6 +1,6 @@
 """The gateway's config: nested sections read from a YAML/JSON file and validated once (pydantic).
 
-A file names a `system` (serving/systems.py: what "maestro", "fcfs", "mars", ... mean as a whole) and may override
+A file names a `system` (serving/core/systems.py: what "maestro", "fcfs", "mars", ... mean as a whole) and may override
 its parts; every other section has defaults. serving/gateway/README.md has a sample file.
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.dataclasses import dataclass
 
 from maestro.keys import read_keys
-from serving.admission.aimd import AIMDConfig
-from serving.admission.cap import CapKind
-from serving.admission.dispatch import Router
-from serving.admission.sizing import DEFAULT_RHO, ReservationMode
-from serving.gateway.hints import RouterHints
-from serving.scheduler import Policy, SchedulerConfig
-from serving.systems import DEFAULT_SYSTEM, System, get_system
-from serving.tool_kv import ToolKVPolicy
+from serving.core.admission.aimd import AIMDConfig
+from serving.core.admission.cap import CapKind
+from serving.core.dispatch import Router
+from serving.core.admission.sizing import DEFAULT_RHO, ReservationMode
+from serving.gateway.router_hints import RouterHints
+from serving.core.scheduler import Policy, SchedulerConfig
+from serving.core.systems import DEFAULT_SYSTEM, System, get_system
+from serving.core.tool_kv import ToolKVPolicy
 from serving.gateway.legacy import moved_keys
 
 STRICT = ConfigDict(extra="forbid")
@@ -83,7 +83,7 @@ class SystemSection(Section):
     batch_cost: bool | None = None
     admission_headroom_frac: float | None = None
     triage_rejects: bool | None = None  # with the triage order: a shed workflow is answered 503 (else served behind)
-    options: dict = Field(default_factory=dict)  # serving.scheduler.SchedulerConfig fields, e.g. attained_weight
+    options: dict = Field(default_factory=dict)  # serving.core.scheduler.SchedulerConfig fields, e.g. attained_weight
     # A workflow's latency objective in seconds from its first call, where its calls state none (X-Maestro-SLO-S or
     # metadata slo_s); 0 = none. Maestro orders by it, sheds the workflows that cannot meet it beside the rest
     # (triage) and protects running stages' slack.
@@ -140,7 +140,7 @@ class SessionsConfig(Section):
     tool_workers: int = Field(4, ge=1)  # the callers' tool workers: MARS's CPU pressure is sessions in a tool call
     prefill_s_per_token: float = Field(1e-4, ge=0)
     idle_s: float = Field(30.0, gt=0)
-    aimd: dict = Field(default_factory=dict)  # serving.admission.AIMDConfig fields, e.g. start_window, kv_high
+    aimd: dict = Field(default_factory=dict)  # serving.core.admission.AIMDConfig fields, e.g. start_window, kv_high
 
     def aimd_config(self) -> AIMDConfig:
         known = set(AIMDConfig.__dataclass_fields__)

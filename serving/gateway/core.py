@@ -14,13 +14,13 @@ import time
 from collections import OrderedDict
 
 from maestro.prediction import Prediction, WorkflowFallbackLevel
-from pipelines.contract import prompt_text
-from serving.admission.aimd import AIMDWindow, SessionWindow
-from serving.admission.batch_cost import BatchCostGate
-from serving.admission.cap import CapKind, CapSignals, SessionCap
-from serving.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
+from maestro.contract import prompt_text
+from serving.core.admission.aimd import AIMDWindow, SessionWindow
+from serving.core.admission.batch_cost import BatchCostGate
+from serving.core.admission.cap import CapKind, CapSignals, SessionCap
+from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
 from serving.gateway.config import GatewayConfig
-from serving.gateway.dispatch import Dispatcher, Job
+from serving.gateway.jobs import Dispatcher, Job
 from serving.gateway.exposition import GatewayMetrics
 from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
@@ -33,9 +33,9 @@ from serving.gateway.traces import TraceWriter, trace_record
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
-from serving.request import ServicePace, WorkflowInfo, stage_request, workflow_remaining_s
-from serving.scheduler.remaining import RemainingWork
-from serving.scheduler import Policy, create_scheduler
+from serving.core.request import ServicePace, WorkflowInfo, stage_request, workflow_remaining_s
+from serving.core.scheduler.remaining import RemainingWork
+from serving.core.scheduler import Policy, create_scheduler
 
 log = logging.getLogger(__name__)
 BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from serving.kv import KVAllocator, KVAllocatorConfig, Reservation
+from serving.core.kv import KVAllocator, KVAllocatorConfig, Reservation
 
 
 class KVBudget:

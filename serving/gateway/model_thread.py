@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.predictor import Prediction
 
 MAX_BATCH_STAGES = 64  # stages the model thread predicts in one go (the calls that waited while it was busy)

@@ -17,14 +17,14 @@ import enum
 import time
 from dataclasses import dataclass
 
-from serving.admission.projection import GrowingStage, peak_blocks
-from serving.admission.sizing import headroom_pages
+from serving.core.admission.projection import GrowingStage, peak_blocks
+from serving.core.admission.sizing import headroom_pages
 from serving.gateway.config import NodeConfig
 from serving.gateway.kv_budget import KVBudget
-from serving.gateway.pace import DECODE_RATE_MARGIN, NodePace
+from serving.gateway.node_pace import DECODE_RATE_MARGIN, NodePace
 from serving.gateway.upstream import Upstream
 from serving.gateway.vllm_sync import VllmSync
-from serving.kv import Reservation
+from serving.core.kv import Reservation
 
 # With fewer stages than this in flight on a node, a new stage is projected from measured streams (pace.py), not from
 # the fitted call time, which grows it too fast from dispatch: admission is less conservative on an under-occupied node.

@@ -1,7 +1,7 @@
 """The predictor as the gateway sees it: start() makes it ready, predict(stages) answers within a deadline,
 observe(finished stage) feeds it; every answer says who gave it (`maestro.prediction.Source`) and is counted.
 
-Stages travel as plain dicts with contract fields (`pipelines.contract.StageTrace` names), so the event loop
+Stages travel as plain dicts with contract fields (`maestro.contract.StageTrace` names), so the event loop
 builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
 on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
 answer. `http_predictor.HttpPredictor` calls predictor_service/ instead; `create_predictor` picks one by name.
@@ -14,10 +14,10 @@ import sys
 import time
 
 from maestro.prediction import Prediction
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import StageHistory
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor
-from pipelines.structure import derive_structure
+from maestro.structure import derive_structure
 from predictor_service.client import LocalFallback
 from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
 from predictor_service.new_app import NewAppReserves

@@ -8,7 +8,7 @@ A session is one workflow between and during its calls. The gateway sees each ca
 - **Tool phases.** A stage that ended in a tool call (its answer holds tool_calls, or its caller said
   `x-maestro-tool-call: true`) starts one; the session's next call ends it, and the gap is the
   tool's time, learnt as a moving average per (app, role) of the stage that called it. While the phase lasts, the
-  tool-KV policy (serving/tool_kv.py; MARS: keep while re-prefilling the context would take longer than the tool is
+  tool-KV policy (serving/core/tool_kv.py; MARS: keep while re-prefilling the context would take longer than the tool is
   predicted to run) holds the session's context on its node or lets it go. Held, its blocks count as used there
   (`Node.hold`): the gateway admits no stage into them, so vLLM's prefix cache keeps the context for the next call.
   A hold ends when the session's next call arrives or its TTL passes.
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.admission.cap import SessionCap
+from serving.core.admission.cap import SessionCap
 from serving.gateway.nodes import Node
-from serving.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
+from serving.core.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
 
 DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool calls were never timed
 

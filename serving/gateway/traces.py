@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from serving.gateway.dispatch import Job
+from serving.gateway.jobs import Job
 from serving.gateway.outcome import CallResult
 
 

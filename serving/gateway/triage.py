@@ -1,4 +1,4 @@
-"""Workflow triage at the gateway: the one `WorkflowTriage` of serving/scheduler/triage.py, fed as the simulator feeds
+"""Workflow triage at the gateway: the one `WorkflowTriage` of serving/core/scheduler/triage.py, fed as the simulator feeds
 it, and the workflows the system turned away.
 
 `turns_away` when a stage becomes ready (its call is predicted and about to queue); `served` when a stage's call
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from serving.gateway.dispatch import Dispatcher
-from serving.request import StageRequest
-from serving.scheduler.triage import TriageConfig, WorkflowTriage
+from serving.gateway.jobs import Dispatcher
+from serving.core.request import StageRequest
+from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
 
 MAX_REJECTED = 100_000  # turned-away workflows remembered, so that their later stages are refused too
 

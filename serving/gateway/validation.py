@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from serving.gateway.hints import HINT_HEADERS
+from serving.gateway.router_hints import HINT_HEADERS
 from serving.gateway.metadata import BOOLEAN_KEYS, FALSE_WORDS, HEADERS, TRUE_WORDS
 
 MAX_ID_CHARS = 256

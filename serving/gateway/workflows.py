@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.request import TokenPace
+from serving.core.request import TokenPace
 
 DECODE_S_PER_TOKEN = 0.02  # rough per-token decode time: only orders stages, never promised to anyone
-SERVICE_PACE = TokenPace(DECODE_S_PER_TOKEN)  # a stage's predicted and attained service (serving/request.py)
+SERVICE_PACE = TokenPace(DECODE_S_PER_TOKEN)  # a stage's predicted and attained service (serving/core/request.py)
 
 
 @dataclass(slots=True)
@@ -20,7 +20,7 @@ class WorkflowState:
     start_s: float
     seq: int
     attained_s: float = 0.0
-    num_ready: int = 0  # stages prepared so far: the position of the next one (serving/scheduler/remaining.py)
+    num_ready: int = 0  # stages prepared so far: the position of the next one (serving/core/scheduler/remaining.py)
 
     def next_position(self) -> int:
         self.num_ready += 1

@@ -5,13 +5,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
-from serving.tool_kv import ToolKV
+from serving.core.tool_kv import ToolKV
 
 if TYPE_CHECKING:
     from serving.sim.costmodel import CostModel
     from serving.sim.engine import ClusterConfig
     from serving.sim.metrics import Recorder
-    from serving.systems import System
+    from serving.core.systems import System
     from serving.sim.workload import SimWorkflow
 
 

@@ -15,23 +15,23 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from serving.admission import AIMDConfig, CapSignals
-from serving.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
-from serving.residency import ResidencyConfig
-from serving.routing import FitnessConfig
-from serving.scheduler import Policy
-from serving.scheduler.remaining import RemainingWork
-from serving.scheduler.triage import WorkflowTriage
+from serving.core.admission import AIMDConfig, CapSignals
+from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
+from serving.core.residency import ResidencyConfig
+from serving.core.routing import FitnessConfig
+from serving.core.scheduler import Policy
+from serving.core.scheduler.remaining import RemainingWork
+from serving.core.scheduler.triage import WorkflowTriage
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.dispatch import SimDispatcher, leave
+from serving.sim.cluster import SimDispatcher, leave
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
-from serving.sim.pace import ModelPace
+from serving.sim.gpu_pace import ModelPace
 from serving.sim.slo import stage_unloaded_s
-from serving.systems import System
+from serving.core.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
-from serving.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
+from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 
 ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 
@@ -202,7 +202,7 @@ class Simulator:
         return self.dispatch.is_live(request, now)
 
     def _request(self, stage: SimStage) -> StageRequest:
-        """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.request`)."""
+        """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.core.request`)."""
         w = stage.workflow
         info = WorkflowInfo(w.workflow_id, w.arrival_s, w.arrival_s + w.slo_s, w.interactive, w.attained_service_s,
                             self._workflow_remaining_s(stage))

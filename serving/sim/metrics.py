@@ -20,7 +20,7 @@ class Recorder:
         self.maxlen_pages = 0
         self.preemptions = 0
         self.abandoned = 0
-        self.rejected = 0  # workflows turned away by triage (serving/scheduler/triage.py)
+        self.rejected = 0  # workflows turned away by triage (serving/core/scheduler/triage.py)
         self.never_fit = 0
         self.num_ready = 0  # stages that became ready
         self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)

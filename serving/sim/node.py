@@ -12,19 +12,19 @@ import itertools
 from collections import Counter, OrderedDict, deque
 from typing import TYPE_CHECKING
 
-from serving.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
-from serving.admission.dispatch import DispatchConfig, DispatchCore, Router
-from serving.kv import KVAllocator, KVAllocatorConfig
-from serving.residency import NodeResidency
-from serving.routing import FitnessConfig
-from serving.scheduler import SchedulerConfig, create_scheduler
+from serving.core.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
+from serving.core.dispatch import DispatchConfig, DispatchCore, Router
+from serving.core.kv import KVAllocator, KVAllocatorConfig
+from serving.core.residency import NodeResidency
+from serving.core.routing import FitnessConfig
+from serving.core.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
 from serving.sim.hostcpu import HostCPU
 from serving.sim.prefixcache import PrefixCache
 
 if TYPE_CHECKING:
     from serving.sim.engine import ClusterConfig
-    from serving.systems import System
+    from serving.core.systems import System
 
 FINISH, GROW = 0, 1
 PACE_WINDOW_S = 10.0  # the measured pace is the step clock's rate over about this long
@@ -32,7 +32,7 @@ _TIE = itertools.count()
 
 
 class SimNode:
-    """One node; its queue is a dispatch core (serving/admission/dispatch.py) over this node."""
+    """One node; its queue is a dispatch core (serving/core/dispatch.py) over this node."""
 
     def __init__(self, index: int, cost: CostModel, cluster: ClusterConfig, system: System,
                  is_live=lambda request, now: True):

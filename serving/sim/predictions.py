@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from serving.admission.sizing import DEFAULT_RHO, LengthPrediction, is_calibrated, reserve_output_tokens
+from serving.core.admission.sizing import DEFAULT_RHO, LengthPrediction, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 

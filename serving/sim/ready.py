@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
-from serving.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
+from serving.core.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 SOURCES = ("model", "prior", "none", "oracle", "noise")
@@ -197,7 +197,7 @@ def all_ancestors(stage: SimStage) -> frozenset[str]:
 
 def labelled(stage: SimStage, workflow_id: str):
     """A finished stage as the gateway observes it: its request and its outcome (the trace row's labels)."""
-    from pipelines.contract import StageTrace
+    from maestro.contract import StageTrace
 
     row = {k: v for k, v in (stage.source or {}).items() if v is not None}
     row.update(workflow_id=workflow_id, output_tokens=stage.output_tokens, is_tool_call=stage.is_tool_call)

@@ -13,7 +13,7 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.scenarios import Regime, Scenario
 from serving.sim.slo import SLOConfig, apply_slo
-from serving.systems import get_system
+from serving.core.systems import get_system
 from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, map_models, reset, trace_workflows
 
 
@@ -45,7 +45,7 @@ def default_model(scenario: Scenario) -> str:
 def build_workload(scenario: Scenario, run: RunConfig, regime: Regime) -> list[SimWorkflow]:
     nodes = scenario.cluster.num_nodes
     if run.traces:
-        from pipelines.contract import read_traces
+        from maestro.contract import read_traces
 
         trace = read_traces(run.traces)
         if trace.errors:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.residency import GiB, ResidencyConfig
+from serving.core.residency import GiB, ResidencyConfig
 from serving.sim.costmodel import CostModelConfig
 from serving.sim.engine import ClusterConfig
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.admission.batch_cost import Candidate, NodeState, RunningStage
-from serving.request import StageRequest
+from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
+from serving.core.request import StageRequest
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
 
 if TYPE_CHECKING:
-    from serving.sim.dispatch import SimDispatcher
+    from serving.sim.cluster import SimDispatcher
 
 
 class SimSlot:

@@ -15,7 +15,7 @@ import numpy as np
 
 from maestro.prediction import WorkflowRemaining
 from pipelines.catalog import APPS
-from pipelines.contract import StageTrace, prompt_text
+from maestro.contract import StageTrace, prompt_text
 from pipelines.synth import MAX_TOKENS, WorkflowGenerator
 
 DEFAULT_SLO_S = {True: 30.0, False: 600.0}  # for trace apps the catalog does not know

@@ -7,7 +7,7 @@ may hold the dict itself. Both become `request.sampling_params.extra_args` insid
 Plain Python (no vLLM), so the gateway, the tests and the scheduler share this one definition of the message.
 The hints are a `StageRequest` (the scheduler's view of a stage) as the engine reads it, not the predictor's answer
 (`maestro.prediction.Prediction`): their tokens_reserve is the reserve as sized for the stage
-(serving/admission/sizing.py). `hints_for_stage` and `request_from_hints` convert; maestro/README.md lists the
+(serving/core/admission/sizing.py). `hints_for_stage` and `request_from_hints` convert; maestro/README.md lists the
 shapes a prediction takes by layer.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-from serving.request import StageRequest
+from serving.core.request import StageRequest
 
 XARGS_KEY = "maestro"
 
@@ -30,7 +30,7 @@ class MaestroHints:
     the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` (the workflow's predicted work
     after this stage) are in the unit of `StageRequest.pred_service_s` (the gateway's predicted seconds); without
     `pred_service_s` the scheduler derives it from `tokens_pred`. `is_shed`: workflow triage shed the stage's workflow
-    (serving/scheduler/triage.py), so it has no deadline and queues behind; `final`: the workflow's last stage.
+    (serving/core/scheduler/triage.py), so it has no deadline and queues behind; `final`: the workflow's last stage.
     """
 
     tokens_pred: int

@@ -1,7 +1,7 @@
 """vLLM's waiting queue with Maestro's order for the requests that carry a prediction (scheduler.py).
 
 `schedule()` peeks, pops and prepends to `Scheduler.waiting`; this queue answers those calls with the policy object's
-order (`serving.scheduler.create_scheduler`, the one the gateway and the simulator use) for predicted requests and
+order (`serving.core.scheduler.create_scheduler`, the one the gateway and the simulator use) for predicted requests and
 vLLM's own order (the queue vLLM made for its `--scheduling-policy`) for the others.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
-from serving.request import StageRequest
+from serving.core.request import StageRequest
 from serving.vllm_plugin.hints import MaestroHints, request_from_hints
 
 

@@ -10,7 +10,7 @@ vLLM calls the interface not public, so the seams used are checked when the sche
   largest `(priority, arrival_time)`. Before each step the predicted running requests are moved to the end of
   `self.running` in order of predicted remaining work, and their `priority` raised above any client's by that work, so
   either rule takes the one with the most predicted work left. Without a predicted request running, nothing moves.
-- The batch-cost gate (`serving.admission.batch_cost`, the system's, as the gateway and the simulator run it): in the
+- The batch-cost gate (`serving.core.admission.batch_cost`, the system's, as the gateway and the simulator run it): in the
   same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
   predicted request past its deadline. The engine's pace is the plugin's own timing of `schedule` calls whose
   `SchedulerOutput.total_num_scheduled_tokens` was not 0 (engine_pace.py).
@@ -30,11 +30,11 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from serving.admission.batch_cost import BatchCostGate, Candidate, NodeState
-from serving.admission.projection import GrowingStage, peak_blocks
-from serving.scheduler import Policy, create_scheduler
-from serving.systems import get_system
-from serving.tool_kv import create_tool_kv
+from serving.core.admission.batch_cost import BatchCostGate, Candidate, NodeState
+from serving.core.admission.projection import GrowingStage, peak_blocks
+from serving.core.scheduler import Policy, create_scheduler
+from serving.core.systems import get_system
+from serving.core.tool_kv import create_tool_kv
 from serving.vllm_plugin.decisions import Decisions
 from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
 from serving.vllm_plugin.hints import MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens
@@ -207,7 +207,7 @@ class MaestroMixin:
 
     def _fits(self, request: Request, hints: MaestroHints) -> bool:
         """Whether the blocks that the running predicted requests and this one hold at once, each growing a token a
-        step to its reserve (`serving.admission.projection`), stay within what those requests hold plus the free
+        step to its reserve (`serving.core.admission.projection`), stay within what those requests hold plus the free
         blocks and the blocks held for other sessions (released first when needed), from now until this one ends."""
         running = [r for r in self.running if r.request_id in self.hints]
         shared_tokens = self._num_shared_hit_blocks(request) * self.block_size

@@ -5,15 +5,15 @@ from dataclasses import dataclass, field, fields
 
 from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
-from serving.scheduler import SchedulerConfig
-from serving.systems import DEFAULT_SYSTEM, get_system
+from serving.core.scheduler import SchedulerConfig
+from serving.core.systems import DEFAULT_SYSTEM, get_system
 
 CONFIG_KEY = "maestro_scheduler"
 
 
 @dataclass
 class MaestroSchedulerConfig:
-    # The queue order is the system's (serving/systems.py, the gateway's and the simulator's table); `scheduler` sets
+    # The queue order is the system's (serving/core/systems.py, the gateway's and the simulator's table); `scheduler` sets
     # the policy's knobs, or another policy.
     system: str = DEFAULT_SYSTEM
     scheduler: SchedulerConfig | None = None

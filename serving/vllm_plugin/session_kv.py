@@ -1,4 +1,4 @@
-"""A session's KV kept in vLLM's block pool across its tool call (MARS's rule, `serving/tool_kv.py`).
+"""A session's KV kept in vLLM's block pool across its tool call (MARS's rule, `serving/core/tool_kv.py`).
 
 When a turn of an agent session ends in a tool call, vLLM frees its blocks to the prefix cache, where any request may
 evict them before the session's next turn comes back. A request that says its session continues (`SessionHint`, two
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from serving.tool_kv import ToolCallContext, ToolKV
+from serving.core.tool_kv import ToolCallContext, ToolKV
 from serving.vllm_plugin.decisions import Decisions
 
 SESSION_KEY = "maestro_session"  # vllm_xargs: the session this request is a turn of (str)

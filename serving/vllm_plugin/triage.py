@@ -1,4 +1,4 @@
-"""Workflow triage in the engine: the one `WorkflowTriage` of serving/scheduler/triage.py, which the gateway and the
+"""Workflow triage in the engine: the one `WorkflowTriage` of serving/core/scheduler/triage.py, which the gateway and the
 simulator also run, fed by Maestro's vLLM scheduler (plain Python, no vLLM).
 
 `arrived` when a predicted request enters the engine (a stage became ready there; work waits for the engine while
@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from serving.request import TokenPace
-from serving.scheduler.triage import TriageConfig, WorkflowTriage
+from serving.core.request import TokenPace
+from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
 from serving.vllm_plugin.hints import MaestroHints, request_from_hints
 
 POOL = ""  # the engine's one model

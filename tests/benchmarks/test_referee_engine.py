@@ -20,7 +20,7 @@ from benchmarks.engine_replay import DEFAULT_ARMS, EngineConfig, EngineWorkload,
 from benchmarks.engine_report import run_figures
 from benchmarks.referee.engine import summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor

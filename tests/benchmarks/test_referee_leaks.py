@@ -13,7 +13,7 @@ import pytest
 from benchmarks.referee.arms import parse_arm
 from benchmarks.referee.grid import Replay
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor
 from pipelines.features import FeaturizerConfig

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.batch_features import structural_columns
 from pipelines.boosters import as_matrix
-from pipelines.contract import StageTrace, read_traces
+from maestro.contract import StageTrace, read_traces
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.history import hide_labels
 from pipelines.stage_features import ASCII_FOLDS, stage_rows

@@ -8,7 +8,7 @@ import pytest
 
 from pipelines import collect as collect_stage
 from pipelines.collect import collect
-from pipelines.contract import StageTrace, UnreadableTraceFile, read_traces, write_jsonl
+from maestro.contract import StageTrace, UnreadableTraceFile, read_traces, write_jsonl
 
 
 def stages(workflow: str, n: int = 3) -> list[StageTrace]:

@@ -10,7 +10,7 @@ import pytest
 
 from pipelines import compiled_trees
 from pipelines.boosters import RowPredictor
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import FeaturizerConfig
 from pipelines.history import without_labels
 from pipelines.model import ModelConfig

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.dask_features import (feature_frame, fit_featurizer, is_trace_parquet, labelled_stages,
                                      read_trace_parquet, to_trace_parquet)
 from pipelines.dask_train import DaskTrainConfig, _sklearn_objective, train_predictor

@@ -3,7 +3,7 @@ per-role median on workflows it never saw, and react to what the prompt asks for
 import numpy as np
 import pytest
 
-from pipelines.contract import read_traces
+from maestro.contract import read_traces
 from pipelines.featurize import featurizer_config, grouped_split
 from pipelines.metrics import quality
 from pipelines.params import load_params

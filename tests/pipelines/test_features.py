@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import Featurizer, FeaturizerConfig, structural_frame
 
 

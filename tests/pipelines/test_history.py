@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipelines.contract import StageTrace, read_traces
+from maestro.contract import StageTrace, read_traces
 from pipelines.features import FeaturizerConfig, structural_frame
 from pipelines.featurize import locked_split
 from pipelines.history import CONDITION_COLUMNS, HISTORY_CONDITIONS, history_conditions, without_labels

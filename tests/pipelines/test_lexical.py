@@ -10,7 +10,7 @@ from scipy.stats import kendalltau
 from sklearn.linear_model import Ridge
 from sklearn.metrics import roc_auc_score
 
-from pipelines.contract import StageTrace, task_id
+from maestro.contract import StageTrace, task_id
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel, bucket_ids, design_matrix
 from pipelines.model import ModelConfig

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.contract import StageTrace
+from maestro.contract import StageTrace
 from pipelines.features import UNKNOWN, FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.new_app import NEW_APP, NewAppLevels, as_unseen, levels_of

@@ -8,7 +8,7 @@ import pytest
 from maestro.cli import main as maestro
 from maestro.prediction import WORKFLOW_FIELDS, WORKFLOW_PRIOR
 from pipelines.artifact import ArtifactMismatch
-from pipelines.contract import StageTrace, read_traces, write_jsonl
+from maestro.contract import StageTrace, read_traces, write_jsonl
 from pipelines.features import FeaturizerConfig, StageHistory
 from pipelines.model import ModelConfig
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.decomposition import PCA
 
-from pipelines.contract import StageTrace, read_traces
+from maestro.contract import StageTrace, read_traces
 from pipelines.embedding import EmbedderConfig
 from pipelines.static_embedding import StaticEmbedder, teacher_table
 from pipelines.features import Featurizer, FeaturizerConfig

@@ -1,7 +1,7 @@
 import numpy as np
 
 from pipelines.catalog import APPS, get_app
-from pipelines.contract import parse_record
+from maestro.contract import parse_record
 from pipelines.synth import WorkflowGenerator, generate
 
 

@@ -1,0 +1,182 @@
+"""The dispatch core: which queued stage starts next, and on which node — shared by the gateway and the simulator.
+
+A `DispatchCore` owns one queue (a policy's `Scheduler`) and an optional session cap (`cap.SessionCap`). `decisions`
+walks it once, in policy order: the head is the first live stage the cap admits; it starts on the fittest node that
+may take it now (`NodeView.admit` answers; fitness S(N,T) or least-loaded, `DispatchConfig.router`). When the head fits
+nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits and the core backfills: of the next
+`backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
+`backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
+head-of-line again until it goes.
+
+The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
+node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
+admission, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
+No clock, no I/O: the gateway's async shell and the simulator's event loop both drive it.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from serving.core.admission.cap import SessionCap
+from serving.core.request import StageRequest
+from serving.core.routing import FitnessConfig, select_node
+from serving.core.scheduler import Scheduler
+
+
+class NodeView(Protocol):
+    """What the core needs to know of a node (a gateway `Node`, a simulated node)."""
+
+    name: str
+
+    def admit(self, request: StageRequest) -> object | None:
+        """What the node computed to let the stage start here now, for the caller to start it with (None: it may
+        not)."""
+
+    def may_fit_later(self, request: StageRequest) -> bool:
+        """Whether waiting could let the stage start here (False: it never will, as things are)."""
+
+    def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
+        """(availability: free KV share, ready cost: time or work until the stage could start, degradation)."""
+
+    def load(self) -> float:
+        """Work queued or running here (the least-loaded router's measure)."""
+
+
+class Router(enum.Enum):
+    FITNESS = "fitness"  # S(N,T) = A − λ·T_ready − μ·C_deg (serving/core/routing.py)
+    LEAST_LOADED = "least-loaded"
+
+
+class Outcome(enum.Enum):
+    START = "start"  # start the stage on `Decision.node`
+    NEVER_FITS = "never-fits"  # no node could ever take it: fail it
+    DROPPED = "dropped"  # no longer live (cancelled, abandoned): forget it
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    request: StageRequest
+    node: NodeView | None = None
+    admission: object = None  # the node's answer to `NodeView.admit`, with START
+    is_backfill: bool = False
+
+
+@dataclass
+class DispatchConfig:
+    backfill_depth: int = 8  # stages behind a waiting head that may pass it (0 = strict head-of-line)
+    backfill_max_overtaken: int = 4  # times one stage may be passed before the queue is strict again
+    router: Router = Router.FITNESS  # (or its value: "fitness", "least-loaded")
+    fitness: FitnessConfig = field(default_factory=FitnessConfig)
+
+    def __post_init__(self):
+        if self.backfill_depth < 0 or self.backfill_max_overtaken < 0:
+            raise ValueError("backfill_depth and backfill_max_overtaken must be >= 0")
+        self.router = Router(self.router)
+
+
+def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
+    """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
+    if len(views) <= 1:
+        return views[0] if views else None
+    if config.router is Router.LEAST_LOADED:
+        return min(views, key=lambda v: v.load())
+    terms = [v.fitness_terms(request) for v in views]
+    return views[select_node(*zip(*terms), config.fitness)]
+
+
+class DispatchCore:
+    """One queue, the session cap, backfill and node choice (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, config: DispatchConfig | None = None, cap: SessionCap | None = None,
+                 is_live: Callable[[StageRequest, float], bool] = lambda request, now: True):
+        self.scheduler, self.config, self.cap, self.is_live = scheduler, config or DispatchConfig(), cap, is_live
+        self.overtaken: dict[StageRequest, int] = {}  # times backfill passed a queued stage
+        self.num_started = 0
+        self.num_backfilled = 0
+
+    def __len__(self) -> int:
+        return len(self.scheduler)
+
+    def add(self, request: StageRequest, now: float) -> None:
+        self.scheduler.add(request, now)
+
+    def remove(self, request: StageRequest) -> None:
+        if request.queue_seq >= 0:
+            self.scheduler.remove(request)
+        self.overtaken.pop(request, None)
+
+    def num_overtaken(self, request: StageRequest) -> int:
+        return self.overtaken.get(request, 0)
+
+    def may_go(self, request: StageRequest, now: float) -> bool:
+        return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
+
+    def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> dict[NodeView, object]:
+        """The nodes that may take the stage now, each with its admission."""
+        admissions = {v: v.admit(request) for v in views}
+        return {v: admission for v, admission in admissions.items() if admission is not None}
+
+    def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
+        """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
+        that may, with its admission; None if none may."""
+        fitting = self.fitting(request, views)
+        home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
+        node = home or choose(request, list(fitting), self.config)
+        return (node, fitting[node]) if node is not None else None
+
+    # ---- the decisions ------------------------------------------------------------------------
+    def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
+        """Starts (and failures) in policy order until the head must wait, then backfill; apply each before taking
+        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk."""
+        waiting: list[StageRequest] = []  # admitted stages that could not start, the head first
+        num_behind = 0  # admitted stages examined behind the waiting head
+        for request in self.scheduler.in_order(now):
+            if not self.is_live(request, now):
+                if not waiting:
+                    yield self._take(Outcome.DROPPED, request)
+                continue  # behind a waiting head: dropped when it reaches the head
+            if not self.may_go(request, now):
+                continue
+            if waiting:
+                num_behind += 1
+                if num_behind > self.config.backfill_depth:
+                    return
+            chosen = self.choose_node(request, views)
+            if chosen is not None:
+                for ahead in waiting:
+                    self.overtaken[ahead] = self.num_overtaken(ahead) + 1
+                yield self._take(Outcome.START, request, *chosen, is_backfill=bool(waiting))
+            elif not waiting and not any(v.may_fit_later(request) for v in views):
+                yield self._take(Outcome.NEVER_FITS, request)
+            elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
+                return  # nothing further back may pass this one
+            else:
+                waiting.append(request)
+
+    def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None, admission: object = None,
+              is_backfill: bool = False) -> Decision:
+        self.remove(request)
+        if outcome is Outcome.START:
+            self.num_started += 1
+            self.num_backfilled += is_backfill
+        return Decision(outcome, request, node, admission, is_backfill)
+
+    def held_back(self, views: Sequence[NodeView], now: float,
+                  since: Callable[[StageRequest], float] = lambda r: r.ready_s) -> tuple[bool, float | None]:
+        """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no admitted
+        stage waits, since when the longest-waiting admitted stage has waited: `since(request)`, its ready time by
+        default)."""
+        held, waiting_since = None, None
+        for request in self.scheduler.in_order(now):
+            if not self.is_live(request, now):
+                continue
+            if self.may_go(request, now):
+                waiting_since = min(waiting_since or since(request), since(request))
+            elif held is None:
+                held = request
+        fits = held is not None and waiting_since is None and bool(self.fitting(held, views))
+        return fits, waiting_since

@@ -1,4 +1,0 @@
-"""Stage scheduling policies behind one interface (DESIGN §5)."""
-from serving.scheduler.base import Policy, Scheduler, SchedulerConfig, create_scheduler
-
-__all__ = ["Policy", "Scheduler", "SchedulerConfig", "create_scheduler"]

@@ -1,0 +1,83 @@
+"""Admission (the AIMD window with hysteresis) and the keep/evict decisions during tool calls."""
+import math
+
+import pytest
+
+from serving.core.admission import AIMDConfig, AIMDWindow
+from serving.core.tool_kv import ToolCallContext, ToolKVConfig, create_tool_kv
+
+
+def test_aimd_grows_additively_and_shrinks_multiplicatively():
+    w = AIMDWindow(AIMDConfig(start_window=20), num_tool_workers=8)
+    assert w.update(kv_usage=0.5, num_tool_jobs=0) == 21
+    assert w.size == 21 and w.update(kv_usage=0.95, num_tool_jobs=0) == 14  # int(21 × 0.7)
+    for _ in range(10):
+        w.update(0.95, 0)
+    assert w.size == 4  # never below min
+
+
+def test_aimd_hysteresis_on_kv():
+    w = AIMDWindow(AIMDConfig(), num_tool_workers=8)
+    w.update(0.91, 0)
+    assert w.is_kv_overloaded
+    w.update(0.87, 0)
+    assert w.is_kv_overloaded  # between low and high: stays overloaded
+    w.update(0.84, 0)
+    assert not w.is_kv_overloaded
+
+
+def test_aimd_cpu_pressure_caps_window():
+    w = AIMDWindow(AIMDConfig(), num_tool_workers=4)
+    w.update(0.1, num_tool_jobs=9)  # 2.25 jobs per worker
+    assert w.is_cpu_overloaded and w.limit(0.1) <= math.ceil(4 * 1.5)
+
+
+def test_aimd_config_validates():
+    with pytest.raises(ValueError):
+        AIMDConfig(min_window=10, start_window=5)
+    with pytest.raises(ValueError):
+        AIMDConfig(decrease_factor=1.5)
+
+
+def call(reprefill_s, tool_s, tool="bash", context=1000, other=0, wait=0.0):
+    return ToolCallContext(tool, context, reprefill_s, tool_s, other, wait)
+
+
+def test_mars_keeps_iff_reprefill_exceeds_tool_time():
+    policy = create_tool_kv("mars")
+    assert policy.ttl_s(call(reprefill_s=3.0, tool_s=1.0)) == math.inf
+    assert policy.ttl_s(call(reprefill_s=1.0, tool_s=3.0)) == 0.0
+    assert policy.ttl_s(call(reprefill_s=1.0, tool_s=1.0)) == 0.0  # strictly greater to keep
+
+
+def test_keep_and_evict_always():
+    assert create_tool_kv("keep-always").ttl_s(call(0.0, 100.0)) == math.inf
+    assert create_tool_kv("evict-always").ttl_s(call(100.0, 0.0)) == 0.0
+
+
+def test_continuum_fixed_ttl_unless_tool_average_is_longer():
+    policy = create_tool_kv("continuum")
+    assert policy.ttl_s(call(5.0, 1.0, tool="pytest")) == 2.0
+    for _ in range(5):
+        policy.observe("pytest", 5.0)
+    assert policy.ttl_s(call(5.0, 1.0, tool="pytest")) == 0.0
+    assert policy.ttl_s(call(5.0, 1.0, tool="grep")) == 2.0
+
+
+def test_continuum_dy_cold_start_and_cdf():
+    policy = create_tool_kv(ToolKVConfig(policy="continuum-dy", cold_start_samples=10))
+    assert policy.ttl_s(call(reprefill_s=0.5, tool_s=0)) == 0.0  # B = 0.5 s ≤ 1 s
+    assert policy.ttl_s(call(reprefill_s=math.e ** 2, tool_s=0)) == pytest.approx(2.0)  # ln(B)
+    for d in [0.1] * 90 + [30.0] * 10:
+        policy.observe("bash", d)
+    assert policy.ttl_s(call(reprefill_s=5.0, tool_s=0)) == pytest.approx(0.1)  # covers 90% cheaply, not the tail
+
+
+def test_infercept_formula():
+    policy = create_tool_kv("infercept")
+    assert policy.ttl_s(call(reprefill_s=2.0, tool_s=0, context=1000, other=3000)) == pytest.approx(2.0 * 4000 / 2000)
+
+
+def test_unknown_tool_kv_policy():
+    with pytest.raises(ValueError, match="known"):
+        create_tool_kv("sometimes")

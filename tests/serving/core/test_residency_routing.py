@@ -1,0 +1,67 @@
+"""Model residency transitions with hierarchical LRU, and node selection by S(N,T)."""
+import numpy as np
+import pytest
+
+from serving.core.residency import GiB, ModelState, NodeResidency, ResidencyConfig
+from serving.core.routing import FitnessConfig, robust_minmax, select_node
+
+
+def node(gpu_gib=40, cpu_gib=40, disk_gib=100):
+    r = NodeResidency(ResidencyConfig(gpu_weight_budget_bytes=gpu_gib * GiB, cpu_budget_bytes=cpu_gib * GiB,
+                                      disk_budget_bytes=disk_gib * GiB), {"a": 16 * GiB, "b": 16 * GiB, "c": 30 * GiB})
+    for m in "abc":
+        r.place(m, ModelState.DISK)
+    return r
+
+
+def test_costs_fall_as_the_model_moves_up_the_hierarchy():
+    r = node()
+    costs = {}
+    for state in (ModelState.REMOTE, ModelState.DISK, ModelState.CPU, ModelState.SLEEPING):
+        r.place("a", state)
+        costs[state] = r.ready_cost_s("a")
+    r.place("a", ModelState.RUNNING)
+    assert r.ready_cost_s("a") == 0.0
+    assert costs[ModelState.REMOTE] > costs[ModelState.DISK] > costs[ModelState.CPU] > costs[ModelState.SLEEPING] > 0
+    assert costs[ModelState.CPU] - costs[ModelState.SLEEPING] == pytest.approx(6.5)  # warm-up Sleeping saves
+
+
+def test_activation_demotes_least_recently_used_first():
+    r = node()
+    r.activate("a")
+    r.activate("b")
+    r.touch("a")  # b is now the least recently used
+    assert r.activate("c") is not None
+    assert r.state["c"] is ModelState.RUNNING
+    assert r.state["b"] > ModelState.RUNNING and r.state["a"] > ModelState.RUNNING
+
+
+def test_busy_models_are_never_evicted():
+    r = node()
+    r.activate("a")
+    r.activate("b")
+    assert r.activate("c", busy_models={"a"}) is None
+    assert r.state["a"] is ModelState.RUNNING and r.state["c"] is ModelState.DISK
+
+
+def test_cpu_tier_spills_to_disk():
+    r = node(gpu_gib=31, cpu_gib=16)
+    r.activate("a")
+    r.activate("b")  # a → Sleeping (16 GiB on CPU)
+    r.activate("c", busy_models=set())  # needs the whole GPU: b sleeps, CPU over budget → LRU to disk
+    assert r.tier_bytes(ModelState.CPU) <= 16 * GiB
+    assert ModelState.DISK in (r.state["a"], r.state["b"])
+
+
+def test_robust_minmax_clips_outliers():
+    values = np.r_[np.arange(20.0), 1000.0]
+    scaled = robust_minmax(values)
+    assert scaled.min() == 0 and scaled.max() == 1 and scaled[15] > 0.5  # the outlier does not squash the rest
+    assert not robust_minmax(np.ones(4)).any()
+
+
+def test_select_node_trades_availability_against_readiness_and_degradation():
+    config = FitnessConfig()
+    assert select_node([0.9, 0.5, 0.5], [0, 0, 0], [0, 0, 0], config) == 0
+    assert select_node([0.9, 0.8, 0.1], [30, 0, 0], [0, 0, 0], config) == 1  # cold model costs more than free KV gains
+    assert select_node([0.5, 0.5, 0.5], [0, 0, 0], [1, 0, 1], config) == 1

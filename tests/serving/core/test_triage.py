@@ -1,0 +1,75 @@
+"""Workflow triage: Moore–Hodgson on predicted remaining work, capacity measured only while work waits."""
+import math
+
+from serving.core.request import StageRequest
+from serving.core.scheduler import Policy, SchedulerConfig, create_scheduler
+from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
+
+
+def request(workflow: str, deadline_s: float, work_s: float, ready_s: float = 0.0, model: str = "m") -> StageRequest:
+    """A ready stage of `workflow` whose workflow has `work_s` unloaded seconds left, this stage's 1 s included."""
+    return StageRequest(workflow, f"{workflow}-s", model, deadline_s=deadline_s, ready_s=ready_s, pred_service_s=1.0,
+                        workflow_remaining_s=work_s - 1.0)
+
+
+def measured(capacity: float, model: str = "m") -> WorkflowTriage:
+    """A triage whose pool has served `capacity` unloaded seconds a second over one backlogged window."""
+    triage = WorkflowTriage(TriageConfig(window_s=10.0))
+    triage.served(model, 0.0, 0.0, backlogged=True)
+    triage.served(model, capacity * 10.0, 10.0, backlogged=True)
+    return triage
+
+
+def test_capacity_is_measured_only_over_windows_where_work_waited():
+    triage = WorkflowTriage(TriageConfig(window_s=10.0))
+    triage.served("m", 0.0, 0.0, backlogged=True)
+    triage.served("m", 50.0, 5.0, backlogged=False)  # a moment with room: this window shows load, not capacity
+    triage.served("m", 50.0, 10.0, backlogged=True)
+    assert triage.pools["m"].capacity is None
+    triage.served("m", 40.0, 15.0, backlogged=True)
+    triage.served("m", 40.0, 20.0, backlogged=True)
+    assert math.isclose(triage.pools["m"].capacity, 8.0)
+
+
+def test_a_feasible_set_keeps_everyone():
+    triage = measured(capacity=2.0)
+    # by deadline: 10 s of work by t=20 (capacity 40), 30 by t=30 (60), 50 by t=40 (80)
+    assert not any(triage.assess(request(w, d, work), now=10.0) for w, d, work in
+                   [("a", 20.0, 10.0), ("b", 30.0, 20.0), ("c", 40.0, 20.0)])
+    assert triage.shed == set()
+
+
+def test_when_the_set_cannot_all_make_it_the_longest_goes_not_the_latest():
+    triage = measured(capacity=1.0)
+    triage.assess(request("short-1", 30.0, 5.0), now=10.0)
+    triage.assess(request("long", 35.0, 18.0), now=10.0)
+    # 5 + 18 + 6 = 29 s of work by t=40 with 30 s of capacity: fits; one more short one does not
+    assert not triage.assess(request("short-2", 40.0, 6.0), now=10.0)
+    assert not triage.assess(request("short-3", 41.0, 4.0), now=10.0)
+    assert triage.shed == {"long"}  # Moore–Hodgson: drop the longest so far, keep the most workflows on time
+    assert triage.assess(request("long", 35.0, 17.0), now=11.0)  # final: its next stage is shed too
+
+
+def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():
+    unmeasured = WorkflowTriage()
+    assert not any(unmeasured.assess(request(f"w{i}", 20.0, 15.0), now=10.0) for i in range(5))
+    triage = measured(capacity=1.0)
+    assert not any(triage.assess(request(f"w{i}", 20.0, 15.0), now=10.0, backlogged=False) for i in range(5))
+    # past its deadline: lost, but with room for it nobody gains by turning it away; with work waiting, it goes
+    assert not triage.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
+    assert triage.assess(request("late", 9.0, 1.0), now=10.0)
+
+
+def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
+    triage = measured(capacity=1.0)
+    triage.apply(request("a", 30.0, 15.0), now=10.0)
+    shed = request("b", 25.0, 30.0, ready_s=1.0)
+    assert triage.apply(shed, now=10.0) and shed.is_shed and shed.deadline_s == math.inf
+    scheduler = create_scheduler(SchedulerConfig(policy=Policy.TRIAGE, late_max_wait_s=100.0))
+    on_time = [request("c", 500.0, 2.0, ready_s=9.0), request("d", 400.0, 2.0, ready_s=9.5)]
+    for r in [shed, *on_time]:
+        scheduler.add(r, now=10.0)
+    assert [r.workflow_id for r in scheduler.in_order(10.0)] == ["d", "c", "b"]  # by deadline, the shed one last
+    assert scheduler.pop(102.0).workflow_id == "b"  # ... until it has waited late_max_wait_s
+    triage.end("b")
+    assert "b" not in triage.shed

@@ -1,0 +1,119 @@
+"""Workflow triage live: a stage's remaining work from its workflow prediction, a shed workflow answered 503 with its
+id and why (and so every later stage of it), the counts on /metrics, and the capacity's "work waited at this finish"
+read before the freed room is handed on. (That the gateway and the simulator shed the same workflows:
+tests/serving/core/test_shared_dispatch.py.)"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from maestro.prediction import FallbackLevel, Prediction, WorkflowFallbackLevel
+from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
+from serving.gateway.jobs import Dispatcher
+from serving.gateway.triage import GatewayTriage
+from serving.gateway.workflows import SERVICE_PACE
+from serving.core.request import workflow_remaining_s
+from serving.core.scheduler import create_scheduler
+
+from .conftest import run_app
+from .test_gateway_metrics import samples
+from .test_gateway_units import make_job, make_node
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def stage_headers(workflow: str, stage: str, slo_s: float | None = None) -> dict:
+    return {"X-Maestro-Workflow": workflow, "X-Maestro-Stage": stage, "X-Maestro-Role": "agent",
+            **({"X-Maestro-Slo-S": str(slo_s)} if slo_s else {})}
+
+
+def late_workflow(tmp_path, system: dict):
+    """Workflow "late" (SLO 0.5 s, on each call) sends s1; once its deadline has passed, while "busy-1" runs on the one
+    node (one call at a time, each answered 0.5 s after it came) and "busy-2" waits, it sends s2 and s3; then "other"
+    (no SLO) sends one stage."""
+    async def post(client, workflow: str, stage: str, slo_s: float | None = None):
+        return await client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 4},
+                                 headers=stage_headers(workflow, stage, slo_s))
+
+    async def calls(client, gateway):
+        answers = [await post(client, "late", "s1", 0.5)]
+        busy = [asyncio.create_task(post(client, f"busy-{i}", "s1")) for i in (1, 2)]
+        while not len(gateway.dispatcher.core):  # busy-2 waits for the node: work waits for the pool
+            await asyncio.sleep(0.01)
+        answers += [await post(client, "late", stage, 0.5) for stage in ("s2", "s3")]
+        answers += [*await asyncio.gather(*busy), await post(client, "other", "s1")]
+        return answers, samples((await client.get("/metrics")).text), (await client.get("/maestro/status")).json()
+
+    answers, values, status = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.5},
+                                                  system=system, limits={"max_inflight_per_node": 1}))
+    lines = [json.loads(line) for path in sorted(tmp_path.glob("*.jsonl")) for line in path.read_text().splitlines()]
+    return answers, values, status, {line["stage_id"] + "@" + line["workflow_id"]: line for line in lines}
+
+
+def test_a_shed_workflow_is_answered_503_naming_it_and_so_are_its_later_stages(tmp_path):
+    answers, values, status, lines = late_workflow(tmp_path, {"name": "maestro"})
+    assert [a.status_code for a in answers] == [200, 503, 503, 200, 200, 200]
+    for refused in answers[1:3]:
+        error = refused.json()["error"]
+        assert (error["type"], error["reason"], error["workflow_id"], error["code"]) == (
+            "workflow_rejected", "deadline_infeasible", "late", 503)
+        assert "cannot meet its deadline" in error["message"] and "new workflow" in error["message"]
+        assert "retry-after" not in refused.headers  # retrying the same workflow does not help
+    assert values[("maestro_gateway_workflows_rejected_total", ())] == 1
+    assert values[("maestro_gateway_workflows_shed_total", ())] == 1
+    assert values[("maestro_gateway_calls_total", (("kind", "rejected_shed"),))] == 2
+    assert status["triage"]["rejected_workflows"] == 1 and status["rejected_shed"] == 2
+    assert lines["s2@late"]["outcome"] == lines["s3@late"]["outcome"] == "refused"
+    assert lines["s2@late"]["error"].startswith("refused: workflow 'late' was turned away")
+    assert "tokens_pred" in lines["s2@late"] and "tokens_pred" not in lines["s3@late"]  # not predicted again
+
+
+def test_without_triage_rejects_a_shed_workflow_is_served_behind_the_rest(tmp_path):
+    answers, values, status, _ = late_workflow(tmp_path, {"name": "maestro", "triage_rejects": False})
+    assert [a.status_code for a in answers] == [200] * 6
+    assert values[("maestro_gateway_workflows_shed_total", ())] == 1
+    assert values[("maestro_gateway_workflows_rejected_total", ())] == 0
+    assert status["rejected_shed"] == 0
+
+
+def test_the_slack_system_has_no_triage(tmp_path):
+    answers, values, status, _ = late_workflow(tmp_path, {"name": "maestro-slack"})
+    assert [a.status_code for a in answers] == [200] * 6
+    assert ("maestro_gateway_workflows_rejected_total", ()) not in values and "triage" not in status
+
+
+def prediction(level: WorkflowFallbackLevel) -> Prediction:
+    return Prediction("w", "s", 0.1, 50, 80, FallbackLevel.ROLE, wf_remaining_calls=3.0, wf_remaining_tokens=420.0,
+                      wf_fallback_level=level)
+
+
+def test_a_stages_remaining_work_comes_from_its_workflow_prediction_else_the_history():
+    gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}]))
+    answer = gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.APP), 300, "app", 0)
+    assert answer == workflow_remaining_s(SERVICE_PACE, 300, 3.0, 420.0) == pytest.approx(420 * 0.02)
+    for services in ([1.0, 2.0, 4.0], [1.0, 3.0, 5.0], [1.0, 4.0, 6.0]):  # three ended workflows of "app"
+        for service_s in services:
+            gateway.remaining_work.observe(f"w{services[1]}", "app", service_s)
+        gateway.remaining_work.end(f"w{services[1]}")
+    assert gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.PRIOR), 300, "app", 0) == pytest.approx(
+        (6.0 + 8.0 + 10.0) / 3)  # the prior's guess is not used: what the app's workflows needed after position 0
+
+
+def test_the_capacity_reads_whether_work_waited_before_the_finish_starts_it():
+    node = make_node("a", blocks=16)
+    dispatcher = Dispatcher(create_scheduler("triage"), [node], max_queued=8, recheck_s=0)
+    loop = asyncio.new_event_loop()
+    running, waiting = make_job("s1", 12 * 128, loop=loop), make_job("s2", 12 * 128, loop=loop)
+    dispatcher.submit(running)
+    dispatcher.submit(waiting)
+    assert running.node is node and waiting.node is None
+    dispatcher.finish(running)
+    assert waiting.node is node and running.was_backlogged  # s2 waited when s1 ended, though it starts now
+    dispatcher.finish(waiting)
+    assert not waiting.was_backlogged
+    triage = GatewayTriage(True, dispatcher)
+    triage.served(running.request, 2.0, running.was_backlogged)
+    assert triage.triage.pools[""].window_backlogged
