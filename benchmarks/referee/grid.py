@@ -27,7 +27,7 @@ from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, map_models, reset, trace_workflows
 
-MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model (as benchmarks.sim_replay)
+MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model (as benchmarks.sim.replay)
     "gpt-4.1": "llama-3-8b", "gpt-4.1-2025-04-14": "llama-3-8b", "gpt-4.1-mini": "llama-3-8b",
     "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b", "gpt-4o": "mistral-7b",
     "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",

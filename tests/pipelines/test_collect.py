@@ -6,9 +6,9 @@ import sys
 import pandas as pd
 import pytest
 
-from pipelines import collect as collect_stage
-from pipelines.collect import collect
 from maestro.contract import StageTrace, UnreadableTraceFile, read_traces, write_jsonl
+from pipelines.collect import collect
+from pipelines.stages import collect as collect_stage
 
 
 def stages(workflow: str, n: int = 3) -> list[StageTrace]:

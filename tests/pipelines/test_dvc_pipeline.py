@@ -15,23 +15,31 @@ from tests.pipelines.clone import run
 
 REPO = Path(__file__).resolve().parents[2]
 DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text())
+LIBRARIES = ("pipelines", "maestro")  # the folders a stage's deps name whole
 
 
-def pipelines_imports(module: str) -> set[str]:
-    """The pipelines/ modules a module imports, anywhere in it (function-level imports too)."""
+def source_file(module: str) -> Path | None:
+    """The file of a dotted module name in this repository (a package's __init__.py), or None."""
+    base = REPO.joinpath(*module.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def library_imports(module: str) -> set[str]:
+    """The modules of pipelines/ and maestro/ a module imports, anywhere in it (function-level imports too)."""
     found = set()
-    for node in ast.walk(ast.parse((REPO / "pipelines" / f"{module}.py").read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "pipelines":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipelines."):
-            found.add(node.module.split(".")[1])
+    for node in ast.walk(ast.parse(source_file(module).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIBRARIES:
+            named = {f"{node.module}.{alias.name}" for alias in node.names}  # `from pipelines import dask_train`
+            found |= {node.module} | {m for m in named if source_file(m)}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] in LIBRARIES}
     return found
 
 
 def imported_closure(module: str) -> set[str]:
     seen, todo = {module}, [module]
     while todo:
-        for name in pipelines_imports(todo.pop()) - seen:
+        for name in library_imports(todo.pop()) - seen:
             seen.add(name)
             todo.append(name)
     return seen
@@ -43,11 +51,15 @@ def paths(entries: list) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(DVC_YAML["stages"]))
-def test_each_stage_depends_on_every_pipelines_module_it_runs(name):
+def test_each_stage_runs_its_script_and_depends_on_it_and_the_folders_it_imports(name):
     stage = DVC_YAML["stages"][name]
-    module = stage["cmd"].split()[2].removeprefix("pipelines.")  # python -m pipelines.<module> ...
-    needed = {f"pipelines/{m}.py" for m in imported_closure(module)}
-    assert needed <= set(stage["deps"]), f"stage {name}: add to deps {sorted(needed - set(stage['deps']))}"
+    assert stage["cmd"].split()[:3] == ["python", "-m", f"pipelines.stages.{name}"]
+    script = f"pipelines/stages/{name}.py"
+    folders = {module.split(".")[0] for module in imported_closure(f"pipelines.stages.{name}")}
+    missing = ({script} | folders) - set(stage["deps"])
+    assert not missing, f"stage {name}: add to deps {sorted(missing)}"
+    code = [d for d in stage["deps"] if d.split("/")[0] in LIBRARIES and d != script]
+    assert set(code) == folders, f"stage {name}: name the library folders, not their files: {code}"
 
 
 def test_metrics_and_plots_are_kept_in_git_so_experiments_carry_them():

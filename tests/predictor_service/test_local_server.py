@@ -28,10 +28,10 @@ def test_a_port_taken_before_bentoml_binds_it_is_replaced(model_dir, tmp_path, m
 
 
 def test_the_benchmarks_framework_only_service_is_the_services_bentoml_path_without_a_model(sample_records, tmp_path):
-    """benchmarks/predictor_service.py measures it as BentoML's share of the service's latency: it must batch
+    """benchmarks/service/serve.py measures it as BentoML's share of the service's latency: it must batch
     like /predict, sit behind the same Guard and answer the same schema, one object per stage."""
-    from benchmarks.framework_service import FrameworkOnly
-    from benchmarks.predictor_service import FRAMEWORK_ONLY
+    from benchmarks.service.framework import FrameworkOnly
+    from benchmarks.service.serve import FRAMEWORK_ONLY
     from predictor_service.client import to_wire
     from predictor_service.schemas import PredictionOut
     from predictor_service.service import PredictorService

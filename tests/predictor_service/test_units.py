@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.online_correction import replay
+from benchmarks.service.online_correction import replay
 from maestro.prediction import WORKFLOW_PRIOR
 from pipelines.collect import collect
 from maestro.contract import StageTrace

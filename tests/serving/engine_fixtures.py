@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serving.engines import ENGINE_CPU_NICE, Engine, EngineConfig, has_vllm
-from tests.serving.tiny_model import build_tiny_model
+from driver.testbed.engines import ENGINE_CPU_NICE, Engine, EngineConfig, has_vllm
+from driver.testbed.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import pytest
 
 from serving.gateway.config import GatewayConfig, merged
 
-from tests.serving.engines import free_port
+from driver.testbed.engines import free_port
 from tests.serving.faultproxy import Fault, FaultProxy
 from .test_gateway_vllm import RunningGateway
 

@@ -15,7 +15,7 @@ from serving.gateway.core import Gateway
 from serving.gateway.nodes import Node
 from serving.gateway.upstream import Upstream
 from .conftest import metrics_text, vllm_like
-from tests.serving.engines import free_port
+from driver.testbed.engines import free_port
 
 POLL_TIMEOUT_S = 0.2
 

@@ -12,7 +12,7 @@ from predictor_service.route_hints import osl_bucket
 from serving.gateway.config import GatewayConfig
 
 from .conftest import run_app
-from tests.serving.engines import free_port
+from driver.testbed.engines import free_port
 from tests.serving.faultproxy import FaultProxy
 from .test_gateway_vllm import RunningGateway
 

@@ -28,7 +28,7 @@ from serving.gateway.model_thread import ModelWorker
 from serving.gateway.predict import LocalPredictor, Source
 
 from .conftest import fake_nodes
-from tests.serving.engines import ENGINE_CPU_NICE
+from driver.testbed.engines import ENGINE_CPU_NICE
 
 FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
                          regressor=dict(n_estimators=80, learning_rate=0.1))
@@ -197,7 +197,7 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
     /maestro/status counts what the traces say."""
     from driver.runner import DriveConfig, drive
 
-    from tests.serving.gateway_process import GatewayProcess
+    from driver.testbed.gateway_process import GatewayProcess
 
     engine_session = Path(f"/proc/{vllm_engine.process.pid}/autogroup")
     assert not engine_session.exists() or engine_session.read_text().split()[-1] == str(ENGINE_CPU_NICE)

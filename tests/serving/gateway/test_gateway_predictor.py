@@ -85,7 +85,7 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
 
 
 def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_path):
-    from tests.serving.engines import free_port
+    from driver.testbed.engines import free_port
 
     async def calls(client, gateway):
         responses = await three_stages(client, gateway)

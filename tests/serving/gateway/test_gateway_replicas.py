@@ -24,8 +24,8 @@ from predictor_service.local_server import LocalServer, ServerConfig
 from driver.runner import DriveConfig, drive
 
 from .conftest import fake_nodes
-from tests.serving.engines import free_port
-from tests.serving.gateway_process import GatewayProcess
+from driver.testbed.engines import free_port
+from driver.testbed.gateway_process import GatewayProcess
 from .test_gateway_predictor import model_dir  # noqa: F401 — the small trained predictor the services load
 
 KILL_AFTER_STAGES = 6  # stages completed behind the doomed gateway before it is killed (one at least in flight)

@@ -151,7 +151,7 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
     pytest.importorskip("driver.replay")
     from driver.runner import DriveConfig, drive
 
-    from tests.serving.gateway_process import GatewayProcess
+    from driver.testbed.gateway_process import GatewayProcess
     from tests.driver.test_drive_traces import AGENT, first_workflows
 
     if not AGENT.exists():

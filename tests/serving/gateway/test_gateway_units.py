@@ -583,7 +583,7 @@ _NICE_PROBE = ("import json, sys; from serving.gateway.priority import apply_cpu
 
 def _nice_probe(nice: int, own_session: bool) -> dict:
     done = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(nice)], capture_output=True, text=True, timeout=60,
-                          start_new_session=own_session, cwd=Path(__file__).parents[2], check=True)
+                          start_new_session=own_session, cwd=Path(__file__).parents[3], check=True)
     return json.loads(done.stdout)
 
 

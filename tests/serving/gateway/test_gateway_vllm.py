@@ -21,7 +21,7 @@ from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig, merged
 from serving.gateway.vllm_sync import parse_metrics
 
-from tests.serving.engines import free_port, has_stats_plugin
+from driver.testbed.engines import free_port, has_stats_plugin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

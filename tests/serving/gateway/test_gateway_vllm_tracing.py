@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.serving.engine_fixtures import start_engine
-from tests.serving.engines import free_port
+from driver.testbed.engines import free_port
 from .test_gateway_vllm import gateway_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -7,7 +7,7 @@ import pytest
 from serving.sim.arrivals import arrival_times, replay
 from serving.sim.workload import trace_workflows
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
 def test_poisson_and_bursty_keep_the_mean_rate():

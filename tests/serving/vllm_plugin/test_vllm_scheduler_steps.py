@@ -16,7 +16,7 @@ import pytest
 
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage, gate_inputs
 
-from tests.serving.engines import REPO, VLLM_PYTHON, has_vllm
+from driver.testbed.engines import REPO, VLLM_PYTHON, has_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -1,0 +1,281 @@
+"""The engine replay's plans: held-out workflows as a real vLLM-CPU engine replays them, every arm told the same things.
+
+`benchmarks/engine/steps.py` runs a plan (in `.venv-vllm`); `python -m benchmarks.referee --engine` writes them. The
+clock is the engine step. All token counts (prompt len(text)/4, recorded output, declared cap, predictions) are
+× `token_scale` so that a CPU replays in minutes; the engine sees the declared cap only, never the recorded length.
+
+What every arm is told, and from where (nothing of a stage that has not run, nothing true outside `maestro[oracle]`):
+- **Deadlines**: one SLO per (app, class) from the *training* side (`serving.sim.slo.SLOTable`: scale × the median
+  unloaded critical path of that app's training workflows, tool gaps included), on the step cost model below, in
+  steps; the same for every arm. vLLM's arms are scored against it too, and `vllm-priority-deadline` is fed it.
+- **Predictions** (`serving.sim.ready.ReadyPredictions`): a stage is predicted from its own request and its finished
+  ancestors. The engine makes a stage ready only once every parent has ended, so at readiness every ancestor has:
+  the plan asks the source exactly as a readiness call would (`at_readiness`).
+- **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock, one a token): the
+  source's workflow answer at readiness (the model's, the training side's (app, position) medians for `prior`, 0 for
+  `none`, the truth for `oracle`), turned into service by `serving.core.request.workflow_remaining_s` as the gateway and the
+  simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's last
+  stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
+- **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
+  seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
+- **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
+  carries its session (`maestro_session`: the workflow and the first turn of its chain of same-role tool turns, from
+  its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it
+  does not): what a live gateway knows when the turn ends, which is the only moment the plugin reads it
+  (`serving/vllm_plugin/session_kv.py`); never whether the replay has a next turn. The prediction is the one the
+  simulator makes (`serving.core.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from the
+  catalog's mean or 1 s), made by `benchmarks/engine/steps.py` on the step clock; the plugin keeps the context by the
+  system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
+  token, takes longer than that).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+from maestro.contract import StageTrace
+from serving.gateway.core import vllm_priority_value
+from serving.core.scheduler import SchedulerConfig
+from serving.core.request import TokenPace, workflow_remaining_s
+from serving.sim.arrivals import arrival_times
+from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
+from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
+from serving.sim.slo import SLOTable
+from serving.sim.tooltime import ToolTimeDistribution
+from serving.sim.workload import SimWorkflow, trace_workflows
+from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
+
+BLOCK_SIZE = 32  # the smallest block vLLM-CPU's attention takes (a multiple of 32)
+KV_BYTES_PER_TOKEN = 1024  # the tiny test model (driver/testbed/tiny_model.py): 2 layers × 2 KV heads × 64 × (K, V) × 2 B
+MODEL = "engine-tiny"  # the step cost model's one model
+LINEAR_PARAMS = 1e6  # the fitted profile's FLOPs per prefill token are 2 × this; only their ratio to the GPU's counts
+# The measured workflows: those arriving between these shares of a run's arrivals. Before them the engine fills; after
+# them arrivals go on (the run stops once the measured ones have ended), so that their whole life is under load.
+STEADY = (0.25, 0.6)
+VLLM_ARMS = {"vllm-fcfs": ("fcfs", None), "vllm-priority": ("priority", "rank"),
+             "vllm-priority-deadline": ("priority", "deadline")}
+DEFAULT_ARMS = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline", "maestro[model]", "maestro[prior]",
+                "maestro[none]", "maestro[oracle]")
+MARGIN_WORKFLOWS = 40  # training workflows the oracle's reserve margin is measured on
+MAESTRO_ARM = re.compile(r"maestro\[(model|prior|none|oracle|noise[0-9.]*)\]")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine every arm runs on, and the replay's units."""
+
+    kv_tokens: int = 6144
+    token_scale: float = 0.25
+    step_s: float = 0.04  # seconds a step stands for: tool times and SLO seconds become steps at this
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # the prefill chunk
+    max_model_len: int = 4096
+    policy: str = "maestro"  # the order MaestroScheduler's queue keeps (serving/core/scheduler)
+
+    def __post_init__(self):
+        if self.max_model_len > self.kv_tokens - BLOCK_SIZE:
+            raise ValueError(f"max_model_len {self.max_model_len} must fit in the KV pool less vLLM's null block: "
+                             f"raise kv_tokens to at least {self.max_model_len + BLOCK_SIZE} or lower max_model_len")
+        if self.token_scale <= 0 or self.step_s <= 0:
+            raise ValueError(f"token_scale and step_s must be > 0, got {self.token_scale}, {self.step_s}")
+
+    def engine(self, llm: str, seed: int) -> dict:
+        return {"model_dir": llm, "kv_cache_bytes": self.kv_tokens * KV_BYTES_PER_TOKEN, "block_size": BLOCK_SIZE,
+                "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens, "seed": seed}
+
+    def maestro(self) -> dict:
+        """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps; re-prefilling a
+        token costs what the step cost model (`step_cost`) says, a prefill chunk a step."""
+        policy, plugin = SchedulerConfig(policy=self.policy), MaestroSchedulerConfig()
+        return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
+                "max_hold_s": plugin.max_hold_s / self.step_s, "prefill_s_per_token": 1.0 / self.max_num_batched_tokens,
+                "scheduler": {"policy": self.policy, "batch_max_wait_s": policy.batch_max_wait_s / self.step_s,
+                              "late_max_wait_s": policy.late_max_wait_s / self.step_s}}
+
+
+def step_cost(config: EngineConfig) -> CostModelConfig:
+    """A cost model of the engine's step clock: a decode step costs `step_s` whatever the batch, prefill runs
+    `max_num_batched_tokens` a step; the tiny model's KV bytes a token (attention width 1: prefill is linear)."""
+    step_s, chunk = config.step_s, config.max_num_batched_tokens
+    model = ModelProfile(MODEL, LINEAR_PARAMS, LINEAR_PARAMS, num_layers=1, hidden_size=1, num_kv_heads=1,
+                         head_dim=KV_BYTES_PER_TOKEN // 4, weight_bytes_per_param=1e-9)
+    gpu = GPUProfile("engine-steps", hbm_bytes=64e9, hbm_bytes_per_s=1e18, peak_flops=2 * LINEAR_PARAMS * chunk / step_s)
+    return CostModelConfig(gpu="engine-steps", prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=step_s,
+                           models={MODEL: model}, gpus={"engine-steps": gpu})
+
+
+@dataclass(frozen=True)
+class EngineArm:
+    """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
+    (`maestro`) fed `source`."""
+
+    name: str
+    scheduler: str
+    policy: str
+    source: str | None
+    priority: str | None = None
+
+    @property
+    def needs_model(self) -> bool:
+        return self.source in ("model", "prior")
+
+
+def engine_arm(name: str) -> EngineArm:
+    if name in VLLM_ARMS:
+        policy, priority = VLLM_ARMS[name]
+        return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
+    match = MAESTRO_ARM.fullmatch(name)
+    if not match:
+        raise ValueError(f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, "
+                         f"maestro[model|prior|none|oracle|noiseσ]")
+    return EngineArm(name, "maestro", "priority", match.group(1))
+
+
+def scaled(tokens: float, scale: float) -> int:
+    return max(1, math.ceil(tokens * scale))
+
+
+def scale_tokens(workflows: list[SimWorkflow], config: EngineConfig) -> None:
+    """The workflows as the engine runs them: token counts × token_scale, the declared cap within the context."""
+    for workflow in workflows:
+        for stage in workflow.stages:
+            stage.model = MODEL
+            stage.prompt_tokens = min(scaled(stage.prompt_tokens, config.token_scale), config.max_model_len - 1)
+            stage.max_tokens = min(scaled(stage.max_tokens, config.token_scale), config.max_model_len - stage.prompt_tokens)
+            stage.output_tokens = min(stage.max_tokens, scaled(stage.output_tokens, config.token_scale))
+
+
+def at_readiness(workflow: SimWorkflow) -> None:
+    """Mark every stage's LLM call ended, so that a source asked about a stage sees all its ancestors finished: what
+    the engine replay guarantees when the stage becomes ready (its parents ended, and theirs before them)."""
+    for stage in workflow.stages:
+        stage.finished_s = 0.0
+
+
+def session_of(stage) -> str:
+    """The session a turn belongs to: its workflow and the first turn of its chain of session parents."""
+    while stage.session_parent >= 0:
+        stage = stage.workflow.stages[stage.session_parent]
+    return f"{stage.workflow.workflow_id}/{stage.index}"
+
+
+def tool_prior_s(tool: str) -> float:
+    """A tool's predicted time before any of its calls has returned, as the simulator predicts it
+    (`serving.sim.engine.Simulator.predicted_tool_s`)."""
+    from pipelines.catalog import TOOLS
+
+    return TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
+
+
+def stage_spec(stage, config: EngineConfig) -> dict:
+    """A stage (already scaled) as the engine replay runs it."""
+    return {"index": stage.index, "id": stage.stage_id, "parents": stage.parents, "children": stage.children,
+            "session_parent": stage.session_parent, "prompt_tokens": stage.prompt_tokens,
+            "max_tokens": stage.max_tokens, "output_tokens": stage.output_tokens, "is_tool_call": stage.is_tool_call,
+            "tool_s": round(stage.tool_exec_s, 4) if stage.is_tool_call else 0.0,
+            "tool_gap_steps": round(stage.tool_exec_s / config.step_s) if stage.is_tool_call else 0}
+
+
+class EngineWorkload:
+    """The replayed side of one split on the engine: SLOs and remaining work from the training side, each arm's
+    predictions (sources built once, prewarmed on the held-out workflows), and one plan per arm, rate and seed."""
+
+    def __init__(self, train: list[StageTrace], test: list[StageTrace], model_dir, config: EngineConfig,
+                 slo_scale: float = 5.0, tool_times: ToolTimeDistribution | None = None):
+        self.train, self.test, self.model_dir, self.config = train, test, model_dir, config
+        self.tool_times = tool_times or ToolTimeDistribution()
+        self.cost = CostModel(step_cost(config))
+        trained = self.workflows(train, None, 0)
+        self.slo = SLOTable.fit(trained, self.cost, slo_scale)
+        self.base = trace_workflows(test, MODEL)
+        self.clusters = {w.workflow_id: i for i, w in enumerate(self.base)}
+        self.sources: dict[str, ReadyPredictions] = {}
+
+    def workflows(self, stages: list[StageTrace], count: int | None, seed: int) -> list[SimWorkflow]:
+        """Scaled workflows (the file's, cycled to `count` in a seeded order), tool times drawn for `seed`."""
+        workflows = trace_workflows(stages, MODEL, count, seed)
+        self.tool_times.draw(workflows, seed)
+        scale_tokens(workflows, self.config)
+        return workflows
+
+    def slo_steps(self, workflow: SimWorkflow) -> int:
+        return int(self.slo.slo_s(workflow) / self.config.step_s)
+
+    def ceiling(self, seed: int) -> float:
+        return self.slo.ceiling(self.workflows(self.test, None, seed), self.cost)
+
+    def source(self, name: str) -> ReadyPredictions:
+        if name not in self.sources:
+            margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
+            prior = WorkflowPrior(self.train) if name == "prior" else None
+            self.sources[name] = ReadyPredictions(name, self.model_dir, margin=margin, workflow_prior=prior)
+            base = trace_workflows(self.test, MODEL)
+            for workflow in base:
+                at_readiness(workflow)
+            self.sources[name].prewarm([s for w in base for s in w.stages])
+        return self.sources[name]
+
+    def model_margin(self) -> float:
+        """The trained model's median reserve ÷ prediction on training workflows: the oracle's reserve margin (1
+        without a model). Not on the replayed side, whose later stages would then move every oracle reserve."""
+        return reserve_margin(self.model_dir, trace_workflows(self.train, MODEL)[:MARGIN_WORKFLOWS])
+
+    def plans(self, arms: list[EngineArm], rate: float, seed: int, count: int, llm: str) -> dict[str, dict]:
+        """One plan per arm: the same workflows, arrivals (Poisson at `rate` per 1,000 steps), tool gaps and
+        deadlines; only the scheduler and what it is told differ."""
+        workflows = self.workflows(self.test, count, seed)
+        raw = trace_workflows(self.test, MODEL, count, seed)  # unscaled: what the predictor and the oracle read
+        arrivals = [int(at) for at in arrival_times("poisson", count, rate / 1000.0, seed)]
+        base = [{"id": w.workflow_id, "app": w.app, "interactive": w.interactive, "arrival_step": at,
+                 "slo_steps": self.slo_steps(w), "cluster": self.clusters[w.source_id],
+                 "stages": [stage_spec(s, self.config) for s in w.stages]} for w, at in zip(workflows, arrivals)]
+        first, last = (round(share * count) for share in STEADY)
+        shared = {"engine": self.config.engine(llm, seed), "measured": [first, last],
+                  "window": [arrivals[first], arrivals[min(last, count - 1)]]}
+        return {arm.name: {**shared, "arm": {"name": arm.name, "scheduler": arm.scheduler, "policy": arm.policy,
+                                             "maestro_config": self.config.maestro()},
+                           "workflows": self.told(arm, base, raw)} for arm in arms}
+
+    def told(self, arm: EngineArm, base: list[dict], raw: list[SimWorkflow]) -> list[dict]:
+        """The workflows as `arm` sends them: Maestro's hints, a vLLM priority, or nothing."""
+        predict = self.source(arm.source) if arm.source else None
+        out = []
+        for wf, workflow in zip(base, raw):
+            at_readiness(workflow)
+            stages = []
+            for spec, stage in zip(wf["stages"], workflow.stages):
+                spec = dict(spec)
+                if arm.priority == "deadline":
+                    spec["priority"] = wf["arrival_step"] + wf["slo_steps"]
+                if predict is not None:
+                    predict(stage)
+                    pred = min(spec["max_tokens"], scaled(stage.tokens_pred, self.config.token_scale))
+                    reserve = min(spec["max_tokens"], max(pred, scaled(stage.tokens_reserve, self.config.token_scale)))
+                    if arm.priority == "rank":
+                        spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
+                    if arm.scheduler == "maestro":
+                        spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
+                                         "workflow_remaining_s": round(workflow_remaining_s(
+                                             TokenPace(1.0), 0, stage.remaining.wf_remaining_calls,
+                                             scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale)), 2),
+                                         "final": stage is workflow.stages[-1],
+                                         "interactive": wf["interactive"], "workflow": wf["id"]}
+                        spec["session"] = {"id": session_of(stage), "tool": stage.tool_name,
+                                           "prior_steps": round(tool_prior_s(stage.tool_name) / self.config.step_s, 4)}
+                stages.append(spec)
+            out.append({**wf, "stages": stages})
+        return out
+
+    def describe(self) -> dict:
+        return {"slo": {**self.slo.to_json(), "unit": "seconds at step_s a step",
+                        "by_app_steps": {app: {c: int(s / self.config.step_s) for c, s in classes.items()}
+                                         for app, classes in self.slo.by_app.items()},
+                        "global_steps": int(self.slo.global_s / self.config.step_s)},
+                "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})",
+                               "predicted": "serving.core.tool_kv.ToolTimes over the run's returned calls (steps), from "
+                                            "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s"},
+                "engine": asdict(self.config), "steady": list(STEADY),
+                "workflow_remaining_s": "the source's workflow answer at readiness through "
+                                        "serving.core.request.workflow_remaining_s, in steps; maestro arms only"}

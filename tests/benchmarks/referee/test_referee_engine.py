@@ -1,0 +1,198 @@
+"""The referee's engine replay knows no future: change what a workflow does later, and nothing it is told before changes.
+
+The plans of `python -m benchmarks.referee --engine` (benchmarks/engine/replay.py) are built for real held-out
+workflows with a small trained predictor, for every default arm. Then one chain workflow is changed from a middle stage
+on — its later stages three times longer, or its last stages dropped — and the plans are built again: every stage
+before the cut (its spec, hints, session, vLLM priority), the workflow's arrival and deadline, and every other workflow
+must be identical. The same check on the plans as the engine replay built them before the referee (a per-workflow
+deadline from every stage's true length; `workflow_remaining_s` the sum of the later stages' predictions) must find a
+difference: the proof that it can fail. No engine runs here.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+
+import numpy as np
+import pytest
+
+from benchmarks.engine.replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
+from benchmarks.engine.report import run_figures
+from benchmarks.referee.engine import summarize_rate
+from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
+from maestro.contract import StageTrace
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import Predictor
+from pipelines.synth import generate
+
+RATE, SEED, WORKFLOWS = 20.0, 0, 40
+ARMS = [engine_arm(name) for name in DEFAULT_ARMS]
+
+
+@pytest.fixture(scope="module")
+def sides():
+    if not DEFAULT_TRACES[0].exists():
+        pytest.skip(f"{DEFAULT_TRACES[0]} is missing (../shared/data)")
+    split = side_split(read_all(DEFAULT_TRACES), "dev")
+    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
+    model_dir = tempfile.mkdtemp()
+    Predictor.train(stages, FeaturizerConfig(use_embedding=False), ModelConfig(
+        folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))).save(model_dir)
+    return split, model_dir
+
+
+def chains(test: list[StageTrace], limit: int = 2) -> list[tuple[str, int]]:
+    """(workflow id, cut) for chain workflows of at least 4 stages (each stage's one parent the one before)."""
+    by_workflow: dict[str, list[StageTrace]] = {}
+    for stage in test:
+        by_workflow.setdefault(stage.workflow_id, []).append(stage)
+    out = []
+    for workflow_id, stages in by_workflow.items():
+        ids = [s.stage_id for s in stages]
+        if len(stages) >= 4 and all(s.parent_ids == [ids[i - 1]] for i, s in enumerate(stages) if i):
+            out.append((workflow_id, len(stages) // 2))
+    return out[:limit]
+
+
+def lengthen(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
+    out, position = [], 0
+    for stage in test:
+        if stage.workflow_id == workflow_id:
+            if position >= cut:
+                stage = stage.model_copy(update={"output_tokens": stage.output_tokens * 3})
+            position += 1
+        out.append(stage)
+    return out
+
+
+def truncate(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
+    """Drop the workflow's stages after the `cut`-th."""
+    out, position = [], 0
+    for stage in test:
+        if stage.workflow_id == workflow_id:
+            position += 1
+            if position > cut + 1:
+                continue
+        out.append(stage)
+    return out
+
+
+def plans(split, model_dir, test: list[StageTrace]) -> dict[str, dict]:
+    workload = EngineWorkload(split.train, test, model_dir, EngineConfig())
+    return workload.plans(ARMS, RATE, SEED, WORKFLOWS, "unused")
+
+
+@pytest.fixture(scope="module")
+def original(sides) -> dict[str, dict]:
+    return plans(*sides, sides[0].test)
+
+
+def told_before(plan: dict, workflow_id: str, cut: int) -> list:
+    """Everything the plan tells about stages before the cut of `workflow_id`'s copies, and about every other
+    workflow. maestro[oracle] is told its workflows' true remaining work (the one read of later stages, by
+    definition of that arm): that hint is left out of its comparison."""
+    out = []
+    oracle = plan["arm"]["name"] == "maestro[oracle]"
+    for wf in plan["workflows"]:
+        if wf["id"].split("#")[0] == workflow_id:
+            stages = [{**s, "hints": {k: v for k, v in s["hints"].items() if k != "workflow_remaining_s"}}
+                      if oracle and "hints" in s else s for s in wf["stages"][:cut]]
+            out.append((wf["id"], wf["arrival_step"], wf["slo_steps"], stages))
+        else:
+            out.append(wf)
+    return out
+
+
+def legacy(plan: dict, deadline: bool, future_sum: bool) -> dict:
+    """The plan as the engine replay built it before the referee: with `deadline`, a per-workflow deadline = 5 × the
+    workflow's critical path alone on the engine from every stage's true length; with `future_sum`, Maestro's
+    `workflow_remaining_s` = the sum of the later stages' predicted tokens."""
+    out = {**plan, "workflows": []}
+    for wf in plan["workflows"]:
+        stages, finish = [dict(s) for s in wf["stages"]], {}
+        for spec in stages:  # the stages come in order: parents first
+            own = math.ceil(spec["prompt_tokens"] / 512) + spec["output_tokens"] - 1 + spec["tool_gap_steps"]
+            finish[spec["index"]] = max((finish[p] for p in spec["parents"]), default=0) + own
+        for i, spec in enumerate(stages):
+            if future_sum and "hints" in spec:
+                later = sum(s["hints"]["tokens_pred"] for s in stages[i + 1:])
+                spec["hints"] = {**spec["hints"], "workflow_remaining_s": later}
+        slo = 5 * max(finish.values()) if deadline else wf["slo_steps"]
+        out["workflows"].append({**wf, "slo_steps": slo, "stages": stages})
+    return out
+
+
+@pytest.mark.parametrize("change", [lengthen, truncate])
+def test_no_plan_reads_the_future(sides, original, change):
+    split, model_dir = sides
+    targets = chains(split.test)
+    assert targets, "the replayed side must hold chain workflows to cut"
+    for workflow_id, cut in targets:
+        changed = plans(split, model_dir, change(split.test, workflow_id, cut))
+        for arm in original:
+            assert any(wf["id"].split("#")[0] == workflow_id for wf in original[arm]["workflows"])
+            before, after = told_before(original[arm], workflow_id, cut), told_before(changed[arm], workflow_id, cut)
+            assert before == after, f"{arm}, {change.__name__} of {workflow_id} at {cut}: an earlier plan differs"
+
+
+@pytest.mark.parametrize("change, arm, leak", [(lengthen, "vllm-fcfs", "deadline"),
+                                               (truncate, "maestro[model]", "future_sum")])
+def test_the_check_catches_the_old_deadline_and_the_old_future_sum(sides, original, change, arm, leak):
+    split, model_dir = sides
+    workflow_id, cut = chains(split.test)[0]
+    original = original[arm]
+    changed = plans(split, model_dir, change(split.test, workflow_id, cut))[arm]
+    assert told_before(original, workflow_id, cut) == told_before(changed, workflow_id, cut)
+    old = {"deadline": leak == "deadline", "future_sum": leak == "future_sum"}
+    assert told_before(legacy(original, **old), workflow_id, cut) != told_before(legacy(changed, **old), workflow_id, cut)
+
+
+def test_every_arm_gets_the_same_deadlines_one_per_app_and_class(original):
+    built = original
+    deadlines = {arm: [wf["slo_steps"] for wf in plan["workflows"]] for arm, plan in built.items()}
+    assert len({tuple(d) for d in deadlines.values()}) == 1
+    by_app: dict[str, set] = {}
+    for wf in built["vllm-fcfs"]["workflows"]:
+        by_app.setdefault((wf["app"], wf["interactive"]), set()).add(wf["slo_steps"])
+    assert all(len(slos) == 1 for slos in by_app.values()), "one SLO per (app, class)"
+    none = {s["hints"]["tokens_pred"] for wf in built["maestro[none]"]["workflows"] for s in wf["stages"]}
+    assert len(none) <= 2, "maestro[none] reads no prediction: one constant (capped by a stage's max_tokens)"
+    assert all("hints" not in s and "priority" not in s for wf in built["vllm-fcfs"]["workflows"] for s in wf["stages"])
+
+
+def test_only_maestro_arms_carry_sessions_and_a_next_turn_shares_its_parents(original):
+    """vLLM's arms have the prefix cache alone; a Maestro arm's turn names its session, the same as the turn it
+    continues, and a session's first turn names itself."""
+    for arm, plan in original.items():
+        stages = [(wf, s) for wf in plan["workflows"] for s in wf["stages"]]
+        if not arm.startswith("maestro["):
+            assert all("session" not in s for _, s in stages)
+            continue
+        for wf, spec in stages:
+            parent = spec["session_parent"]
+            own = f"{wf['id']}/{spec['index']}"
+            assert spec["session"]["id"] == (wf["stages"][parent]["session"]["id"] if parent >= 0 else own)
+            assert spec["session"]["prior_steps"] > 0
+        assert any(s["session_parent"] >= 0 for _, s in stages), "the replayed side must hold tool loops"
+
+
+def test_figures_from_hand_built_step_records(original):
+    """Two workflows measured, one met; preemptions and tokens per step as defined."""
+    plan = original["vllm-fcfs"]
+    plan = {**plan, "workflows": plan["workflows"][:4], "measured": [1, 3], "window": [0, 100]}
+    records = []
+    for w, wf in enumerate(plan["workflows"]):
+        finish = wf["arrival_step"] + wf["slo_steps"] - 1 + (0 if w == 1 else 5)  # the first measured one in time
+        records.append([{"ready_step": wf["arrival_step"], "finish_step": finish, "num_preemptions": w,
+                         "cached_tokens": 0, "window_tokens": 10} for _ in wf["stages"]])
+    figures = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
+                                 "decisions": None})
+    assert figures["met"].tolist() == [True, False]
+    assert figures["preemptions"].tolist() == [len(plan["workflows"][1]["stages"]),
+                                               2 * len(plan["workflows"][2]["stages"])]
+    results, differences = summarize_rate({"a": [figures], "b": [figures]}, ["a", "b"], 0.04)
+    total_tokens = 10 * sum(len(wf["stages"]) for wf in plan["workflows"])
+    assert results["a"]["tokens_per_step"]["mean"] == pytest.approx(total_tokens / 100, rel=1e-3)
+    assert results["a"]["slo_attainment"]["mean"] == 0.5 and not differences
+    assert np.isfinite(results["a"]["workflow_p95_steps"]["mean"])
