@@ -94,6 +94,29 @@ def test_the_serving_readme_quotes_maestros_order_as_its_docstring_says_it():
         "serving/README.md's quote of serving/core/scheduler/slack.py's docstring differs from it: quote it again"
 
 
+def test_the_serving_readme_describes_each_policy_by_its_scheduler_class_docstring():
+    """serving/README.md's *Scheduling policies* table: a row per `Policy`, naming the class `create_scheduler` builds
+    for it, the systems that run it, and the first paragraph of the class's docstring, whitespace aside."""
+    import inspect
+
+    from serving.core.scheduler import Policy, create_scheduler
+    from serving.core.systems import SYSTEMS
+
+    text = (ROOT / "serving" / "README.md").read_text().split("## Scheduling policies")[1].split("\n## ")[0]
+    cells = [[" ".join(cell.split()) for cell in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| `")]
+    described = {policy.strip("`"): (name.split()[0], systems, order) for policy, name, systems, order in cells}
+    expected = {}
+    for policy in Policy:
+        cls = type(create_scheduler(policy))
+        systems = ", ".join(f"`{s.name}`" for s in SYSTEMS.values() if s.scheduler is policy) or "–"
+        expected[policy.value] = (f"`{cls.__name__}`", systems, " ".join(inspect.getdoc(cls).split("\n\n")[0].split()))
+    differ = [f"{p}: README {described.get(p)}, code {expected.get(p)}" for p in sorted({*described, *expected})
+              if described.get(p) != expected.get(p)]
+    assert not differ, "serving/README.md's *Scheduling policies* rows differ from the code; copy the code's:\n" + \
+        "\n".join(differ)
+
+
 def test_the_checker_finds_a_dead_path():
     lines = ["`serving/no_such_module.py`, `serving/core/request.py`", "`serving.gateway.no_such_name`, `serving.core.request`",
              "| `sim/` | `no_such.py`, `engine.py` |"]

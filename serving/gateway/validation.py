@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from serving.gateway.router_hints import HINT_HEADERS
-from serving.gateway.metadata import BOOLEAN_KEYS, FALSE_WORDS, HEADERS, TRUE_WORDS
+from serving.gateway.metadata import BOOLEAN_KEYS, FALSE_WORDS, HEADERS, METADATA_KEYS, TRUE_WORDS
 
 MAX_ID_CHARS = 256
 MAX_PARENTS = 1024
@@ -137,6 +137,7 @@ async def read_call(request, max_bytes: int) -> dict:
     check_headers(request.headers)
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise BadRequest(400, "metadata", f"metadata: expected an object, got {_short(body['metadata'])}")
+    check_metadata_keys(body.get("metadata") or {})
     try:
         BodyMetadata.model_validate(body.get("metadata") or {})
     except ValidationError as error:
@@ -215,17 +216,32 @@ def check_headers(headers) -> None:
 
 
 def check_header_names(names) -> None:
-    """Refuse an X-Maestro-* header the gateway does not know: misspelt, it would be ignored, and every call of
-    its workflow would become a one-stage workflow of its own. The router hints a gateway sends on (hints.py)
-    pass, for a gateway behind another."""
+    """Refuse an X-Maestro-* header the gateway does not know (names are case-insensitive): misspelt, it would be
+    ignored, and every call of its workflow would become a one-stage workflow of its own. The router hints a gateway
+    sends on (hints.py) pass, for a gateway behind another."""
     known, prefix = (*HEADERS.values(), *HINT_HEADERS), "x-maestro-"
-    suffixes = [name.removeprefix(prefix) for name in HEADERS.values()]
     for name in (n.lower() for n in names):
         if name.startswith(prefix) and name not in known:
-            close = difflib.get_close_matches(name.removeprefix(prefix), suffixes, n=1)
-            guess = f" (did you mean {header_name(prefix + close[0])}?)" if close else ""
-            raise BadRequest(400, header_name(name), f"header {header_name(name)}: not a Maestro header{guess}; "
-                             f"the known ones are {', '.join(map(header_name, HEADERS.values()))}")
+            suffixes = {header_name(h): h.removeprefix(prefix) for h in HEADERS.values()}
+            raise unknown_name(f"header {header_name(name)}", header_name(name), "a Maestro header",
+                               name.removeprefix(prefix), suffixes)
+
+
+def check_metadata_keys(metadata: dict) -> None:
+    """Refuse a body `metadata` key the gateway does not know: it reads only its own (metadata.METADATA_KEYS) and
+    forwards none, so a misspelt one (`workflowId`) would be lost as a misspelt header would."""
+    known = {key: key for keys in METADATA_KEYS.values() for key in keys}
+    for key in metadata:
+        if key not in known:
+            raise unknown_name(f"metadata.{key}", f"metadata.{key}", "a Maestro metadata key", str(key), known)
+
+
+def unknown_name(where: str, param: str, what: str, name: str, known: dict[str, str]) -> BadRequest:
+    """A 400 for a name the gateway does not know: the closest known one (`known`: display name → what is compared
+    with `name`) and all of them."""
+    close = difflib.get_close_matches(name, list(known.values()), n=1)
+    guess = next((f" (did you mean {shown}?)" for shown, compared in known.items() if close == [compared]), "")
+    return BadRequest(400, param, f"{where}: not {what}{guess}; the known ones are {', '.join(known)}")
 
 
 def header_name(name: str) -> str:

@@ -15,7 +15,7 @@ class FCFSScheduler(KeyedScheduler):
 
 
 class EDFScheduler(KeyedScheduler):
-    """Earliest deadline first; the deadline is the workflow's arrival + its app's SLO."""
+    """Earliest deadline first; the deadline is the workflow's arrival + its SLO."""
 
     def key(self, request: StageRequest):
         return (request.deadline_s, request.ready_s)

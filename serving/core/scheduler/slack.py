@@ -78,7 +78,12 @@ class SlackQueue:
 
 
 class LeastSlackScheduler(Scheduler):
-    """Interactive before batch; within each, least slack first and late work last (see the module docstring)."""
+    """Least predicted slack first (the workflow's deadline − now − its predicted remaining work), a stage whose slack
+    has run out demoted behind the on-time ones; interactive before batch.
+
+    Why one static key orders by slack, the late queue, the starvation bounds and the order without deadlines
+    (predicted SRTF): the module docstring.
+    """
 
     def __init__(self, config: SchedulerConfig):
         super().__init__(config)

@@ -149,7 +149,11 @@ class TriageQueue(SlackQueue):
 
 
 class TriageScheduler(LeastSlackScheduler):
-    """Interactive before batch; within each, earliest deadline first and shed workflows last."""
+    """Earliest deadline first; the stages of workflows that `WorkflowTriage` shed, and stages that can no longer end
+    by their deadline, behind every on-time stage; interactive before batch.
+
+    Late work goes as in `LeastSlackScheduler`; which workflows are shed: the module docstring.
+    """
 
     def __init__(self, config: SchedulerConfig):
         super().__init__(config)

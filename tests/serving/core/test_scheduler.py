@@ -4,7 +4,7 @@ import random
 import pytest
 
 from serving.core.request import StageRequest
-from serving.core.scheduler import SchedulerConfig, create_scheduler
+from serving.core.scheduler import Policy, SchedulerConfig, create_scheduler
 
 
 def req(name, **fields) -> StageRequest:
@@ -75,7 +75,7 @@ def test_continuum_preempted_then_pinned_then_program_arrival():
     assert drain(s) == ["preempted", "pinned", "plain-early"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "predicted-srtf", "mars", "continuum"])
+@pytest.mark.parametrize("policy", [p.value for p in Policy])  # every policy, a new one too
 def test_remove_is_lazy_and_len_is_exact(policy):
     requests = [req(f"w{i}", ready_s=i, deadline_s=i, pred_service_s=i, interactive=i % 2 == 0) for i in range(6)]
     s = fill(policy, requests)
@@ -86,7 +86,7 @@ def test_remove_is_lazy_and_len_is_exact(policy):
     assert drain(s) == ["w3"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "edf", "srtf", "maestro", "predicted-srtf", "mars", "continuum"])
+@pytest.mark.parametrize("policy", [p.value for p in Policy])  # every policy, a new one too
 @pytest.mark.parametrize("now", [0.0, 120.0, 200.0])  # Maestro's batch guard for none, some, all; MARS boosts
 def test_peek_n_lists_what_pop_would_give_without_removing(policy, now):
     rng = random.Random(7)

@@ -49,6 +49,7 @@ BAD_BODIES = [  # (path, body, param, words the message must hold)
     (CHAT, {"messages": USER, "metadata": "w1"}, "metadata", "object"),
     (CHAT, {"messages": USER, "metadata": {"stage_id": {"a": 1}}}, "metadata.stage_id", "string"),
     (CHAT, {"messages": USER, "metadata": {"interactive": "maybe"}}, "metadata.interactive", "true or false"),
+    (CHAT, {"messages": USER, "metadata": {"workflowId": "w1"}}, "metadata.workflowId", "did you mean workflow"),
     (CHAT, {"messages": USER, "note": "\ud800"}, "note", "surrogate"),
     (COMPLETIONS, {"prompt": 5}, "prompt", "string or a list"),
     (COMPLETIONS, {"messages": USER}, "messages", "/v1/chat/completions"),
@@ -98,20 +99,42 @@ def test_a_misspelt_maestro_header_is_400_naming_it_and_the_known_ones(tmp_path)
 
     async def calls(client, gateway):
         refused = await client.post(CHAT, json={"messages": USER}, headers=misspelt)
-        spelt = await client.post(CHAT, json={"messages": USER}, headers={"X-Maestro-Workflow": "w1",
+        left = gateway.counters["requests"], len(gateway.workflows), len(gateway.sessions.sessions)
+        spelt = await client.post(CHAT, json={"messages": USER}, headers={"x-MAESTRO-workflow": "w1",
                                                                             "X-Maestro-Stage": "s1"})
         # the router hints a gateway in front sends on (gateway/hints.py) are Maestro's own: they pass
         hinted = await client.post(CHAT, json={"messages": USER}, headers={"X-Maestro-Osl": "12"})
-        return refused, spelt, hinted, gateway.traces.num_lines
+        return refused, left, spelt, hinted, gateway.traces.num_lines
 
-    refused, spelt, hinted, num_traced = asyncio.run(run_app(tmp_path, {"a": True}, calls,
-                                                             node_kw={"received": received}))
+    refused, left, spelt, hinted, num_traced = asyncio.run(run_app(tmp_path, {"a": True}, calls,
+                                                                   node_kw={"received": received}))
     error = refused.json()["error"]
-    assert refused.status_code == 400 and error["param"] in misspelt
-    assert "did you mean X-Maestro-Workflow?" in error["message"] or "did you mean X-Maestro-Stage?" in error["message"]
-    assert "X-Maestro-Workflow, X-Maestro-Stage, X-Maestro-Role" in error["message"]
+    assert refused.status_code == 400 and error["param"] == "X-Maestro-Workflow-Id"
+    assert error["message"].startswith("header X-Maestro-Workflow-Id: not a Maestro header (did you mean "
+                                       "X-Maestro-Workflow?); the known ones are X-Maestro-Workflow, X-Maestro-Stage,")
+    assert left == (0, 0, 0)  # not counted, no workflow, no session
     assert spelt.status_code == hinted.status_code == 200
     assert len(received) == num_traced == 2  # the refused call reached no node and named no stage
+
+
+def test_the_openai_sdk_with_a_misspelt_maestro_header_gets_an_error_not_an_answer(tmp_path):
+    """As a new user calls it: the OpenAI SDK's `extra_headers` with X-Maestro-Workflow-Id raise BadRequestError."""
+    openai = pytest.importorskip("openai")
+
+    async def calls(client, gateway):
+        sdk = openai.AsyncOpenAI(base_url="http://gw/v1", api_key="unused", http_client=client, max_retries=0)
+        ask = lambda headers: sdk.chat.completions.create(model="tiny", messages=USER, extra_headers=headers)
+        try:
+            await ask({"X-Maestro-Workflow-Id": "w1", "X-Maestro-Stage-Id": "s1"})
+        except openai.BadRequestError as error:
+            refused = error
+        answer = await ask({"X-Maestro-Workflow": "w1", "X-Maestro-Stage": "s1"})
+        return refused, answer, list(gateway.workflows)
+
+    refused, answer, workflows = asyncio.run(run_app(tmp_path, {"a": True}, calls))
+    assert refused.status_code == 400 and refused.body["param"] == "X-Maestro-Workflow-Id"
+    assert "X-Maestro-Workflow," in refused.body["message"]
+    assert answer.choices and workflows == ["w1"]
 
 
 def test_a_valid_body_reaches_vllm_with_its_extra_fields(tmp_path):

@@ -20,7 +20,7 @@ from pipelines.collect import collect
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Dispatcher, Full, Job, NoNode
-from serving.gateway.metadata import parse_metadata
+from serving.gateway.metadata import HEADERS, METADATA_KEYS, parse_metadata
 from serving.gateway.nodes import Admission, Node, Refusal
 from serving.gateway.vllm_sync import parse_metrics
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
@@ -29,6 +29,7 @@ from serving.gateway.priority import current_cpu_nice
 from serving.core.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
+from serving.gateway.validation import BadRequest, BodyMetadata, check_header_names, check_metadata_keys
 from serving.core.request import StageRequest
 from serving.core.scheduler import create_scheduler
 from .conftest import metrics_text, run_app
@@ -225,6 +226,26 @@ def test_metadata_from_headers_body_or_nothing():
         ("w1", "3", ("1", "2"), False, "coder")
     lone = parse_metadata({}, {})
     assert lone.stage_id == "0" and lone.workflow_id.startswith("gw-")
+
+
+def test_the_known_headers_and_metadata_keys_are_declared_once():
+    """validation refuses what metadata.py does not read; BodyMetadata types exactly the keys parse_metadata reads."""
+    assert set(METADATA_KEYS) == set(HEADERS)
+    assert set(BodyMetadata.model_fields) == {key for keys in METADATA_KEYS.values() for key in keys}
+    check_header_names(["X-MAESTRO-WORKFLOW", "x-maestro-slo-s", "X-Maestro-Osl", "Authorization"])
+    with pytest.raises(BadRequest, match="X-Maestro-Workflow-Id: not a Maestro header"):
+        check_header_names(["x-MAESTRO-workflow-ID"])  # header names are case-insensitive
+    check_metadata_keys({"workflow_id": "w", "parent_ids": [], "slo_s": 9})
+    with pytest.raises(BadRequest, match="metadata.role_id: not a Maestro metadata key .did you mean role"):
+        check_metadata_keys({"role_id": "coder"})
+
+
+def test_the_gateway_readme_lists_the_known_headers_and_metadata_keys():
+    """serving/gateway/README.md's *Who a call is* table: one row per fact, its header and its metadata keys."""
+    readme = (Path(__file__).parents[3] / "serving" / "gateway" / "README.md").read_text()
+    rows = [line.split("|")[1:3] for line in readme.splitlines() if line.startswith("| `X-Maestro-")]
+    listed = {header.strip(" `").lower(): tuple(k.strip(" `") for k in keys.split(",")) for header, keys in rows}
+    assert listed == {HEADERS[fact]: keys for fact, keys in METADATA_KEYS.items()}
 
 
 def test_trace_writer_rotates_and_collect_reads_the_directory(tmp_path):
