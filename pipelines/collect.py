@@ -1,4 +1,4 @@
-"""DVC stage `collect`: gather stage traces into one validated contract file.
+"""Gathering stage traces into one validated contract file (the DVC stage: pipelines/stages/collect.py).
 
 `collect.source` is a trace file (the synthetic sample, or any JSONL/Parquet import) or a directory
 of rotating trace files written by the gateway (`*.jsonl`, read in name order). Malformed lines, and
@@ -7,16 +7,12 @@ retention), are reported (stdout and collect_report.json) and skipped; they neve
 """
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from maestro.contract import (LineError, StageIndex, StageTrace, UnreadableTraceFile, line_report, read_traces,
-                                write_jsonl)
-from pipelines.params import load_params
+from maestro.contract import LineError, StageIndex, StageTrace, UnreadableTraceFile, read_traces
 
 
 def source_files(source: str | Path) -> list[Path]:
@@ -79,27 +75,3 @@ def collect_stages(source: str | Path) -> Collected:
 
 def unreadable_files(errors: list[LineError]) -> list[LineError]:
     return [e for e in errors if e.line is None]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="data/traces/collected.jsonl")
-    parser.add_argument("--report", default="data/traces/collect_report.json")
-    args = parser.parse_args()
-    collected = collect_stages(load_params("collect")["source"])
-    stages, errors = collected.stages, collected.errors
-    labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
-    write_jsonl(labelled, args.out)
-    unreadable = unreadable_files(errors)
-    ordered = unreadable + [e for e in errors if e.line is not None]  # whole files first: they lose the most
-    report = {"stages": len(stages), "labelled": len(labelled), "malformed": len(errors) - len(unreadable),
-              "unreadable_files": len(unreadable), "superseded": collected.num_superseded,
-              "errors": [str(e) for e in ordered[:1000]]}
-    Path(args.report).write_text(json.dumps(report, indent=1))
-    print(line_report(f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled "
-                      f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files, "
-                      f"{collected.num_superseded} unfinished lines superseded by a completed retry)", ordered))
-
-
-if __name__ == "__main__":
-    main()

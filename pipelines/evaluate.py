@@ -1,27 +1,20 @@
-"""DVC stage `evaluate`: the model beside its baselines on the held-out test split, in both history
-conditions: the test stages with their ancestors' outcomes known ("with_history"), and with every
-label stripped ("without_history": what a stage sent alone gets).
+"""The model beside its baselines on the held-out test split, in both history conditions: the test stages with their
+ancestors' outcomes known ("with_history"), and with every label stripped ("without_history": what a stage sent
+alone gets).
 
-Writes metrics.json (DVC metrics: the headline figures the targets name, per condition), the
-detail (every metric, the baselines, per-app / per-role breakdowns) to metrics_detail.json, CSVs
-for `dvc plots` and PNGs (calibration curve, predicted vs actual, error by role) that `register`
-also logs to MLflow. The workflow-level model is scored on the test split's stages (read from the traces) in the
-same two conditions (pipelines.workflow_metrics): its headline under `workflow` in each condition of metrics.json,
-its detail under `workflow` in metrics_detail.json.
+`evaluate` gives the headline (the figures the targets name, per condition), the detail (every metric, the
+baselines, per-app / per-role breakdowns) and the frames the plots draw; `add_workflow` adds the workflow-level
+model's figures on the test split's stages (read from the traces) in the same two conditions
+(pipelines.workflow_metrics). The DVC stage that writes them to metrics.json, metrics_detail.json and the plots:
+pipelines/stages/evaluate.py.
 """
 from __future__ import annotations
-
-import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from maestro.contract import read_traces
-from pipelines.metrics import (VERDICTS, baseline_predictions, grouped_quality, quality, ratio, target_checks,
-                               target_ratios)
-from pipelines.plots import write_plots
+from pipelines.metrics import baseline_predictions, grouped_quality, quality, ratio, target_ratios
 from pipelines.new_app import model_frame
 from pipelines.predictor import Predictor, select_stages
 from pipelines.workflow_metrics import evaluate_workflow
@@ -91,42 +84,3 @@ def add_workflow(metrics: dict, detail: dict, predictor: Predictor, traces: str,
     for name, figures in scored.items():
         if name in metrics:
             metrics[name]["workflow"], detail[name]["workflow"] = figures["headline"], figures
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="models/predictor")
-    parser.add_argument("--features", default="data/features")
-    parser.add_argument("--traces", default="data/traces/collected.jsonl",
-                        help="the traces featurize split: the workflow model is scored on the test stages")
-    parser.add_argument("--metrics", default="metrics.json")
-    parser.add_argument("--detail", default="data/eval/metrics_detail.json")
-    parser.add_argument("--out", default="data/eval")
-    args = parser.parse_args()
-    features, out = Path(args.features), Path(args.out)
-    read = lambda name: pd.read_parquet(features / name)
-    predictor = Predictor.load(args.model)
-    if predictor.model is None:
-        raise SystemExit("the trained predictor has no model (too few stages): nothing to evaluate")
-    train_labels, test_labels = read("train_labels.parquet"), read("test_labels.parquet")
-    metrics, detail, frames = evaluate(predictor, read("train_X.parquet"), train_labels, read("test_X.parquet"),
-                                       test_labels)
-    add_workflow(metrics, detail, predictor, args.traces, train_labels, test_labels)
-    out.mkdir(parents=True, exist_ok=True)
-    Path(args.metrics).write_text(json.dumps(metrics, indent=1))
-    Path(args.detail).write_text(json.dumps(detail, indent=1))
-    write_plots(frames, out)
-    for name, d in detail.items():
-        m, r = d["model"], d["ratios"]
-        print(f"{name}: AUC {m['auc']}  MAE {m['mae']:.1f} ({r['mae_vs_role_median']}× role median)  "
-              f"τ {m['kendall_tau']:.3f}  above reserve {m['under_rate']:.3f}  over-reservation "
-              f"{m['over_reservation']:.3f} ({r['over_reservation_vs_role_p90']}× role p90, "
-              f"{r['over_reservation_vs_role_conformal']}× the per-role conformal level at the same α)")
-        print("  targets on this test split: " + ", ".join(f"{metric} {VERDICTS[ok]}"
-                                                         for metric, ok in target_checks(m, r).items()))
-        if "workflow" in metrics[name]:
-            print("  workflow: " + ", ".join(f"{k} {v}" for k, v in metrics[name]["workflow"].items()))
-
-
-if __name__ == "__main__":
-    main()

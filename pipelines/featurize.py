@@ -1,4 +1,5 @@
-"""DVC stage `featurize`: locked train/test split, then structure + prompt embedding → PCA features.
+"""The locked train/test split, then structure + prompt embedding → PCA features (the DVC stage:
+pipelines/stages/featurize.py; `maestro train` reads `featurizer_config` too).
 
 The split keeps every workflow (and every run of the same task) on one side, by a hash of the task
 id (locked: no seed or tuning choice moves a task). Training rows include the history copies
@@ -13,21 +14,17 @@ training side, from the models fitted on all of it on the test side; their weigh
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 from dataclasses import replace
 from pathlib import Path
 
-import joblib
 import numpy as np
 from sklearn.model_selection import GroupShuffleSplit
 
-from maestro.contract import StageTrace, read_traces, task_id
+from maestro.contract import StageTrace, task_id
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.lexical import LexicalConfig
-from pipelines.params import load_params
 from pipelines.predictor import evaluation_frame, training_frame
 
 
@@ -84,30 +81,3 @@ def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None,
     if cache is not None:
         minilm.save_cache(cache)
     return featurizer, frames
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--traces", default="data/traces/collected.jsonl")
-    parser.add_argument("--out", default="data/features")
-    args = parser.parse_args()
-    params = load_params("featurize")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stages = read_traces(args.traces).stages
-    (out / "static").mkdir(exist_ok=True)
-    featurizer, frames = featurize(stages, params, cache=out / "embeddings.npz",
-                                   static_cache=out / "static" / "distilled.npz")
-    for name, (X, labels) in frames.items():
-        X.to_parquet(out / f"{name}_X.parquet")
-        labels.to_parquet(out / f"{name}_labels.parquet")
-    joblib.dump(featurizer.state(), out / "featurizer.joblib")
-    summary = {name: {"stages": int(labels["copy"].eq("full").sum()), "rows": len(labels),
-                      "tasks": int(labels["group"].nunique())}
-               for name, (_, labels) in frames.items()}
-    (out / "split.json").write_text(json.dumps(summary, indent=1))
-    print(f"features written to {out}: {summary}")
-
-
-if __name__ == "__main__":
-    main()

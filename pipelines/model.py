@@ -189,7 +189,7 @@ class TwoStageModel:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α. fit() calls it last
         with the frame with p_tool, log labels, folds, fitted rows and history conditions; calling it again with
-        another config refits the reserve alone (benchmarks/reserve_cv.py)."""
+        another config refits the reserve alone (benchmarks/predictor/reserve_cv.py)."""
         cfg = self.config
         params = lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
         fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),

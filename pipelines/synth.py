@@ -21,13 +21,10 @@ model, so that what a predictor can learn from the prompt is known:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
-import yaml
 from tqdm import tqdm
 
 from pipelines.catalog import APPS, TOOLS, App, Role, StageSpec
@@ -164,22 +161,3 @@ def generate(num_stages: int, seed: int, apps: list[str] | None = None) -> list[
             stages.extend(workflow)
             bar.update(len(workflow))
     return stages
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Write SYNTHETIC sample stage traces (see module docstring).")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="data/traces/sample.jsonl")
-    args = parser.parse_args()
-    params = yaml.safe_load(Path(args.params).read_text())["sample"]
-    stages = generate(params["num_stages"], params["seed"], params.get("apps"))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as handle:
-        for stage in stages:
-            handle.write(json.dumps(stage) + "\n")
-    print(f"wrote {len(stages)} synthetic stages to {out}")
-
-
-if __name__ == "__main__":
-    main()
