@@ -71,7 +71,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # the prefill chunk
     max_model_len: int = 4096
-    policy: str = "maestro"  # the order MaestroScheduler's queue keeps (serving/core/scheduler)
+    policy: str = "least-slack"  # the order MaestroScheduler's queue keeps (serving/core/scheduler)
 
     def __post_init__(self):
         if self.max_model_len > self.kv_tokens - BLOCK_SIZE:

@@ -25,7 +25,7 @@ BASELINES = ("fcfs", "edf", "srtf")
 DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
                 "maestro[oracle]", "maestro[model/slack]")
 ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack")
-ORDERS = {"no-order": Policy.EDF, "slack": Policy.MAESTRO}
+ORDERS = {"no-order": Policy.EDF, "slack": Policy.LEAST_SLACK}
 _MAESTRO = re.compile(r"^maestro\[(model(?:@compare)?|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
 COMPARE = "@compare"  # a source read from the --compare-model predictor
 

@@ -59,7 +59,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     System("maestro", _P.TRIAGE, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
            batch_cost=True, triage_rejects=True),
     # Maestro before workflow triage: least predicted slack first, late work demoted, nothing turned away.
-    System("maestro-slack", _P.MAESTRO, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
+    System("maestro-slack", _P.LEAST_SLACK, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
            batch_cost=True),
     # Maestro before the slack policy: predicted SRTF, every stage whose reserve fits admitted at once.
     System("maestro-srtf", _P.PREDICTED_SRTF, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05),

@@ -22,7 +22,7 @@ class Policy(enum.Enum):
     FCFS = "fcfs"
     EDF = "edf"
     SRTF = "srtf"  # least attained service: no prediction
-    MAESTRO = "maestro"  # least predicted slack: deadline − predicted remaining work (slack.py)
+    LEAST_SLACK = "least-slack"  # least predicted slack: deadline − predicted remaining work (slack.py)
     TRIAGE = "triage"  # deadline order, workflows the pool cannot also carry shed behind (Moore–Hodgson, triage.py)
     PREDICTED_SRTF = "predicted-srtf"  # workflow-aware SRTF on predicted remaining work
     MARS = "mars"
@@ -218,7 +218,7 @@ def create_scheduler(config: SchedulerConfig | Policy | str) -> Scheduler:
 
     config = config if isinstance(config, SchedulerConfig) else SchedulerConfig(policy=config)
     classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
-               Policy.SRTF: policies.SRTFScheduler, Policy.MAESTRO: slack.LeastSlackScheduler,
+               Policy.SRTF: policies.SRTFScheduler, Policy.LEAST_SLACK: slack.LeastSlackScheduler,
                Policy.TRIAGE: triage.TriageScheduler,
                Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,
                Policy.MARS: policies.MARSScheduler, Policy.CONTINUUM: policies.ContinuumScheduler}

@@ -118,19 +118,19 @@ def test_predicted_srtf_attained_weight_finishes_workflows_in_progress_first():
 # ---- Maestro: least predicted slack -------------------------------------------------------------------------
 def test_maestro_least_slack_first_not_earliest_deadline():
     # latest starts: big-stage 100 − 80 = 20, small-stage 50 − 5 = 45: less slack despite the later deadline
-    s = fill("maestro", [req("small-stage", deadline_s=50, pred_service_s=5),
+    s = fill("least-slack", [req("small-stage", deadline_s=50, pred_service_s=5),
                          req("big-stage", deadline_s=100, pred_service_s=80)])
     assert drain(s, now=0) == ["big-stage", "small-stage"]
     # the workflow's predicted remaining work counts with its weight (0 by default: the stage's own work only)
     requests = [req("small-job", deadline_s=50, pred_service_s=5),
                 req("big-job", deadline_s=100, pred_service_s=30, workflow_remaining_s=50)]
-    assert drain(fill("maestro", requests)) == ["small-job", "big-job"]  # 45 < 70
-    assert drain(fill("maestro", requests, slack_workflow_weight=1.0)) == ["big-job", "small-job"]  # 20 < 45
+    assert drain(fill("least-slack", requests)) == ["small-job", "big-job"]  # 45 < 70
+    assert drain(fill("least-slack", requests, slack_workflow_weight=1.0)) == ["big-job", "small-job"]  # 20 < 45
     assert drain(fill("edf", [req("small-job", deadline_s=50), req("big-job", deadline_s=100)])) == ["small-job", "big-job"]
 
 
 def test_maestro_demotes_work_that_can_no_longer_make_it_and_counts_it():
-    s = fill("maestro", [req("hopeless", deadline_s=10, pred_service_s=20),  # latest start −10: late at once
+    s = fill("least-slack", [req("hopeless", deadline_s=10, pred_service_s=20),  # latest start −10: late at once
                          req("tight", deadline_s=30, pred_service_s=20),  # latest start 10
                          req("loose", deadline_s=100, pred_service_s=20)])  # 80
     assert s.peek(0).workflow_id == "tight" and s.num_demoted == 1
@@ -140,23 +140,23 @@ def test_maestro_demotes_work_that_can_no_longer_make_it_and_counts_it():
 
 
 def test_maestro_late_work_does_not_starve():
-    s = fill("maestro", [req("late", deadline_s=1, pred_service_s=5, ready_s=0),
+    s = fill("least-slack", [req("late", deadline_s=1, pred_service_s=5, ready_s=0),
                          req("on-time", deadline_s=1000, pred_service_s=5, ready_s=0)], late_max_wait_s=30)
     assert s.peek(10).workflow_id == "on-time"
     assert s.peek(30).workflow_id == "late"
 
 
 def test_maestro_interactive_before_batch_with_a_wait_bound():
-    s = fill("maestro", [req("batch-urgent", deadline_s=10, pred_service_s=5, ready_s=0),
+    s = fill("least-slack", [req("batch-urgent", deadline_s=10, pred_service_s=5, ready_s=0),
                          req("interactive", interactive=True, deadline_s=500, ready_s=0)], batch_max_wait_s=60)
     assert s.peek(1).workflow_id == "interactive"
     assert s.peek(60).workflow_id == "batch-urgent"
 
 
 def test_maestro_without_deadlines_orders_by_predicted_remaining_work_with_aging():
-    s = fill("maestro", [req("long", pred_service_s=9, ready_s=0), req("short", pred_service_s=1, ready_s=0),
+    s = fill("least-slack", [req("long", pred_service_s=9, ready_s=0), req("short", pred_service_s=1, ready_s=0),
                          req("short-more-to-come", pred_service_s=1, workflow_remaining_s=20, ready_s=0)])
     assert drain(s) == ["short", "long", "short-more-to-come"]
-    s = fill("maestro", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5)],
+    s = fill("least-slack", [req("young-short", pred_service_s=1, ready_s=100), req("old-long", pred_service_s=5)],
              aging_per_s=0.1)
     assert drain(s, now=100) == ["old-long", "young-short"]  # 5 + 0 < 1 + 10

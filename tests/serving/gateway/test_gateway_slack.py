@@ -70,7 +70,7 @@ def test_the_gate_holds_a_stage_back_that_would_push_a_running_one_past_its_dead
 
 def test_the_dispatcher_keeps_a_stage_waiting_behind_the_gate_and_starts_it_when_the_running_one_ends():
     node, _ = running_node(deadline_s=9.8)
-    dispatcher = Dispatcher(create_scheduler("maestro"), [node], max_queued=8, recheck_s=0, batch_cost=BatchCostGate())
+    dispatcher = Dispatcher(create_scheduler("least-slack"), [node], max_queued=8, recheck_s=0, batch_cost=BatchCostGate())
     loop = asyncio.new_event_loop()
     request = StageRequest("v", "s", tokens_pred=50, tokens_reserve=50, prompt_tokens=16,
                            deadline_s=time.monotonic() + 600)

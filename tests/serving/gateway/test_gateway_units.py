@@ -91,7 +91,7 @@ def test_what_if_admissions_count_no_refusals():
 def test_dispatcher_admits_only_what_fits_and_wakes_the_queue_on_finish():
     loop = asyncio.new_event_loop()
     node = make_node("a", blocks=4)
-    dispatcher = Dispatcher(create_scheduler("maestro"), [node], max_queued=2)
+    dispatcher = Dispatcher(create_scheduler("least-slack"), [node], max_queued=2)
     big, small = make_job("big", 128 * 3, loop=loop), make_job("small", 128 * 2, loop=loop)
     dispatcher.submit(big)
     dispatcher.submit(small)

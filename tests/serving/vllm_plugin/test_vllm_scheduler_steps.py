@@ -68,7 +68,7 @@ def test_predicted_requests_start_in_the_policys_order(tmp_path, tiny_model, is_
     deadlines = {"first": None, "late": 3000, "urgent": 1000, "middle": 2000, "lost": 5}
     requests = [request(rid, k, 20, {"tokens_pred": 20} | ({"deadline_s": d} if d else {}))
                 for k, (rid, d) in enumerate(deadlines.items())]
-    no_wait_bound = {"scheduler": {"policy": "maestro", "late_max_wait_s": 1e9}}
+    no_wait_bound = {"scheduler": {"policy": "least-slack", "late_max_wait_s": 1e9}}
     [vllm, maestro] = steps_of(tmp_path, tiny_model, *({"scheduler": s, "max_num_seqs": 1, "requests": requests,
                                                         "maestro_config": no_wait_bound} for s in ("vllm", "maestro")),
                                is_async=is_async)

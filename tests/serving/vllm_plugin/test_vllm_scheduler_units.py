@@ -112,7 +112,7 @@ def test_config_errors_name_what_is_wrong(raw, match):
 
 
 def test_stage_requests_order_by_the_policy_object():
-    policy = create_scheduler("maestro")
+    policy = create_scheduler("least-slack")
     urgent = request_from_hints("urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=2.0), 0.02)
     relaxed = request_from_hints("relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.02)
     for stage in (relaxed, urgent):
@@ -184,7 +184,7 @@ def test_the_hold_bound_is_positive_or_none():
 
 def test_the_plugin_takes_its_queue_order_from_the_system_table():
     assert MaestroSchedulerConfig().scheduler.policy == get_system("maestro").scheduler.value == Policy.TRIAGE.value
-    assert MaestroSchedulerConfig(system="maestro-slack").scheduler.policy == Policy.MAESTRO.value
+    assert MaestroSchedulerConfig(system="maestro-slack").scheduler.policy == Policy.LEAST_SLACK.value
     config = MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"system": "edf"}})
     assert config.scheduler.policy == "edf"
     with pytest.raises(ValueError, match="system: unknown policy"):
