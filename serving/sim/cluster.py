@@ -22,6 +22,7 @@ from serving.core.residency import ModelState
 from serving.sim.context import SimContext
 from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.gpu_pace import ModelPace
+from serving.sim.sessions import occupy, session_home
 from serving.sim.slot import SimSlot, parent_of
 from serving.sim.workload import SimStage
 from serving.core.tool_kv import ToolCallContext
@@ -71,26 +72,12 @@ class SimDispatcher:
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
         that could start it at once, else among all that run its model."""
-        home = self._session_home(stage)
+        home = session_home(stage, self.slots)
         if home is not None:
             return home
         slots = [self.slots[n] for n in self.running_on.get(stage.model) or self.sim.nodes]
         now = [s for s in slots if s.can_start_now(stage.request)]
         return choose(stage.request, now or slots, self.config).node
-
-    def _session_home(self, stage: SimStage) -> SimNode | None:
-        """The node holding the session's context, when its next stage should go there (session affinity).
-
-        It does while the context's KV is kept or still in the prefix cache there; once overwritten, only
-        if the node could start the stage at once.
-        """
-        parent = parent_of(stage)
-        node = parent.node if parent is not None else None
-        if node is None:
-            return None
-        if parent in node.pinned or parent in node.cache:
-            return node
-        return node if self.slots[node].can_start_now(stage.request) else None
 
     # --- admission and start -------------------------------------------------------------------
     def fill(self, node: SimNode) -> None:
@@ -195,17 +182,8 @@ class SimDispatcher:
         node.advance(sim.now)
         node.stall(sim.now, sim.cost.prefill_s(model, context - cached_tokens, cached_tokens))
         node.add_running(stage, context)
-        self._occupy(node, stage.workflow)
+        occupy(node, stage.workflow)
         self._arm(node, stage)
-
-    @staticmethod
-    def _occupy(node: SimNode, workflow) -> None:
-        """A session holds its cap's place on the node it runs on now; moving gives the old node's back."""
-        if workflow.session_node is not node:
-            leave(workflow)
-            workflow.session_node = node
-        if node.cap is not None:
-            node.cap.started(workflow.workflow_id)
 
     def _arm(self, node: SimNode, stage: SimStage) -> None:
         left = stage.output_tokens - stage.generated_tokens
@@ -286,11 +264,3 @@ class SimDispatcher:
         node.pinned[stage] = stage.reservation
         sim.arm_ttl(stage, ttl)
 
-
-def leave(workflow) -> None:
-    """Give back the cap's place a session holds (it moved, ended or was dropped)."""
-    node = workflow.session_node
-    if node is not None:
-        if node.cap is not None:
-            node.cap.end(workflow.workflow_id)
-        workflow.session_node = None

@@ -23,11 +23,12 @@ from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
 from serving.core.scheduler.triage import WorkflowTriage
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.cluster import SimDispatcher, leave
+from serving.sim.cluster import SimDispatcher
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
 from serving.sim.gpu_pace import ModelPace
+from serving.sim.sessions import leave
 from serving.sim.slo import stage_unloaded_s
 from serving.core.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
