@@ -7,7 +7,7 @@ Two corrections per role, learnt from the stages the service observes (served an
   margin for each role: that margin is not drift). It acts only on the part of the mean that stands
   out from its own noise, beyond `significance` standard errors of the EWMA. Without that dead zone
   and with one global margin, replaying held-out dev workflows in order, the correction chased
-  between-workflow noise: MAE +18 %, over-reservation +22 % (`benchmarks/online_correction.py`).
+  between-workflow noise: MAE +18 %, over-reservation +22 % (`benchmarks/service/online_correction.py`).
 - reserve: the tokens factor, times an adaptive-conformal shift (Gibbs & Candès, 2021) kept per
   coverage group (app, role, history condition: `coverage_group`; the role alone when a caller gives
   no group): each observed stage above its served reserve raises the group's log shift by step·(1−α),

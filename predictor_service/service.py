@@ -70,7 +70,7 @@ def service_metrics() -> dict:
 # One worker, one model thread: on 2 cores, batching concurrent requests beats running them side by side, and
 # one worker keeps one workflow history and one online correction. No access log: at thousands of calls a second
 # it costs more than it tells (/metrics counts requests). Bound to 127.0.0.1 unless `bentoml serve --host` says
-# otherwise. Shared with the benchmark's framework-only service (benchmarks/framework_service.py).
+# otherwise. Shared with the benchmark's framework-only service (benchmarks/service/framework.py).
 SERVICE_OPTIONS = dict(workers=1, threads=1, traffic={"timeout": 30}, http={"host": "127.0.0.1"},
                        logging={"access": {"enabled": False}}, tracing={"excluded_urls": "/predict,/predict_unbatched"})
 # /predict's adaptive batching: concurrent requests join the batch after the one running.
