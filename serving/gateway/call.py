@@ -1,7 +1,7 @@
 """One call through the gateway, as one object: body → stage → prediction → queue → node → vLLM → trace.
 
 `StageCall.respond()` reads and checks the call, has the gateway predict and size it (`Gateway.prepare`), queues it
-(`Dispatcher`), forwards it to the node the dispatcher chose (JSON here, streams in streaming.py) and retries on
+(`Dispatcher`), forwards it to the node the dispatcher chose (forward.py; streams in streaming.py) and retries on
 another node (5xx, connection failure, a stall past `node_timeout_s`) while nothing has reached the client yet. With
 `limits.request_timeout_s` the stage's deadline runs from its arrival: the queue wait, every attempt and the wait for
 the predictor's history are cut at it, an attempt it cuts is not retried, and a stage past it fails with 504.
@@ -13,23 +13,20 @@ its queued job or closes the upstream request, which makes vLLM abort it.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.gateway.attempt import DeadlinePassed, NodeFailed, attempt_failed, upstream_headers
+from serving.gateway.attempt import DeadlinePassed, NodeFailed
 from serving.gateway.core import Gateway
+from serving.gateway.forward import forward_body, forward_json, set_engine_order, wait_disconnect
 from serving.gateway.jobs import Full, Job, NoNode
-from serving.gateway.router_hints import add_agent_hints
 from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.nodes import Node
-from serving.gateway.outcome import CallResult, can_assemble
-from serving.gateway.streaming import open_stream, post_streamed
-from serving.gateway.upstream import Reply, UpstreamError
+from serving.gateway.outcome import CallResult
+from serving.gateway.streaming import open_stream
 from serving.gateway.validation import BadRequest, check_body, read_call
-from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
 
 
 def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
@@ -107,11 +104,11 @@ class StageCall:
                 return node
             if gateway.spans is not None and job.span is None:
                 job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
-            self.set_engine_order(node)
+            set_engine_order(self.upstream, gateway, job, node)
             try:
                 if self.upstream.get("stream"):
                     return await open_stream(self, node)
-                return await self.forward_json(node)
+                return await forward_json(self, node)
             except DeadlinePassed as error:
                 gateway.dispatcher.finish(job)
                 return self.deadline_passed(f"on {node.name}, {error}")
@@ -124,23 +121,6 @@ class StageCall:
             return self.deadline_passed(f"after {job.num_attempts} attempt(s) ({last_error})")
         return self.fail(502, f"stage {job.meta.label} failed on every node tried ({last_error}); "
                               "retry later or check the vLLM nodes")
-
-    def set_engine_order(self, node: Node) -> None:
-        """What the node orders the stage by: its prediction where the node runs Maestro's scheduler, else vLLM's
-        `priority` (set afresh on every attempt: a retry may go to the other kind of node); and the router hints."""
-        gateway, job, upstream = self.gateway, self.job, self.upstream
-        priority = gateway.vllm_priority(job)
-        xargs = {k: v for k, v in (upstream.get("vllm_xargs") or {}).items() if k != XARGS_KEY}
-        if node.runs_maestro_scheduler:
-            upstream.pop("priority", None)
-            xargs.update(hints_for_stage(job.request, time.monotonic(), final=job.meta.final).to_xargs())
-        else:
-            upstream["priority"] = priority
-        if xargs:
-            upstream["vllm_xargs"] = xargs
-        else:
-            upstream.pop("vllm_xargs", None)
-        add_agent_hints(gateway.config.upstream.router_hints, upstream, job.request.tokens_pred, priority)
 
     # ---- waiting for a node ---------------------------------------------------------------------------------
     async def wait_for_node(self) -> Node | Response:
@@ -166,8 +146,7 @@ class StageCall:
                 gateway.dispatcher.withdraw(job)
                 if disconnect not in done:
                     return self.deadline_passed("while queued")
-                self.end(CallResult(error="client disconnected while queued"), counter="cancelled")
-                return error_response(499, "client disconnected while queued", "cancelled")
+                return self.cancelled(CallResult(error="client disconnected while queued"))
         try:
             return job.future.result()
         except NoNode as error:
@@ -178,51 +157,6 @@ class StageCall:
         if error.status == 413:
             return self.fail(413, str(error), param="max_tokens")
         return self.fail(error.status, str(error), self.gateway.config.limits.retry_after_s)
-
-    # ---- a JSON answer --------------------------------------------------------------------------------------
-    async def forward_json(self, node: Node) -> Response:
-        gateway, job = self.gateway, self.job
-        result, kv_usage = CallResult(), node.kv_usage
-        if gateway.config.upstream.stream and can_assemble(self.body):
-            send = asyncio.ensure_future(post_streamed(self, node, result))
-        else:
-            send = asyncio.ensure_future(self.post(node))
-        disconnect = asyncio.ensure_future(wait_disconnect(self.request))
-        await asyncio.wait({send, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        if not send.done():  # client left: closing the connection makes vLLM abort the request
-            send.cancel()
-            result.error = "client disconnected"
-            self.end(result, node, kv_usage, counter="cancelled")
-            return error_response(499, "client disconnected", "cancelled")
-        disconnect.cancel()
-        response, parsed = send.result()  # NodeFailed propagates to the retry loop
-        if response.status_code != 200:
-            result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
-            self.end(result, node, kv_usage)
-            return Response(response.content, response.status_code, media_type="application/json")
-        result.read_response(parsed if parsed is not None else json.loads(response.content))
-        self.end(result, node, kv_usage, answer=response.content)
-        await self.settled()
-        # vLLM's bytes go back as they came: parsing once for the trace is needed, re-encoding is not.
-        return Response(response.content, media_type="application/json", headers={"X-Maestro-Node": node.name})
-
-    async def post(self, node: Node) -> tuple[Reply, None]:
-        try:
-            response = await node.upstream.post_json(f"{node.url}{self.path}", self.upstream,
-                                                     upstream_headers(self.gateway, self.job), self.job.remaining_s())
-        except UpstreamError as error:
-            raise attempt_failed(error, "before its answer") from None
-        if response.status_code >= 500:
-            raise NodeFailed(f"HTTP {response.status_code}: {response.text[:200]}")
-        return response, None
-
-    async def settled(self) -> None:
-        """Wait, within the stage's deadline, until the predictor's history has this stage: the caller's next stage,
-        through any replica, is predicted with it."""
-        try:
-            await asyncio.wait_for(self.gateway.predictor.settled(), self.job.remaining_s())
-        except asyncio.TimeoutError:
-            pass
 
     # ---- the way out ----------------------------------------------------------------------------------------
     def count(self, counter: str) -> None:
@@ -255,6 +189,11 @@ class StageCall:
         kind = "upstream_error" if status >= 500 else "invalid_request_error" if status == 400 else "rejected"
         return error_response(status, message, kind, retry_after_s, param)
 
+    def cancelled(self, result: CallResult, node: Node | None = None, kv_usage: float | None = None) -> Response:
+        """End the stage its client left (counted as cancelled, traced with `result.error`): 499."""
+        self.end(result, node, kv_usage, counter="cancelled")
+        return error_response(499, result.error, "cancelled")
+
     def turn_away(self) -> Response:
         """503 without Retry-After: triage shed the stage's workflow and the system turns shed workflows away
         (serving/core/scheduler/triage.py); the same stage, or a later one of the workflow, would be refused again."""
@@ -269,24 +208,3 @@ class StageCall:
         return self.fail(504, f"stage {self.job.meta.label} passed its deadline (request_timeout_s="
                               f"{self.gateway.config.limits.request_timeout_s}) {where}; retry later or raise the "
                               "deadline")
-
-
-def forward_body(gateway: Gateway, body: dict, max_tokens: int) -> dict:
-    """The body vLLM gets; a chat call without a token limit is sent with the one its reservation was sized to
-    (`Gateway.output_cap`): vLLM's own is the whole context. A completion call's (vLLM's 16) is left to vLLM."""
-    upstream = {k: v for k, v in body.items() if k != "metadata"}
-    if "messages" in body and not upstream.get("max_tokens") and not upstream.get("max_completion_tokens"):
-        upstream["max_tokens"] = max_tokens
-    if not upstream.get("model") and gateway.config.model:
-        upstream["model"] = gateway.config.model
-    if upstream.get("stream"):
-        upstream["stream_options"] = {**(upstream.get("stream_options") or {}), "include_usage": True}
-    return upstream
-
-
-async def wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
