@@ -29,7 +29,8 @@ from serving.gateway.priority import current_cpu_nice
 from serving.core.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
-from serving.gateway.validation import BadRequest, BodyMetadata, check_header_names, check_metadata_keys
+from serving.gateway.bodies import BodyMetadata
+from serving.gateway.validation import BadRequest, check_header_names, check_metadata_keys
 from serving.core.request import StageRequest
 from serving.core.scheduler import create_scheduler
 from .conftest import metrics_text, run_app
