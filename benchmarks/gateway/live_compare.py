@@ -31,7 +31,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,13 +51,11 @@ from maestro.contract import read_traces, write_jsonl  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
 from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
-from serving.gateway.vllm_sync import parse_metrics  # noqa: E402
+from benchmarks.gateway.live_engine import KvSampler, calibrate, unloaded_s, vllm_metrics  # noqa: E402
 from benchmarks.gateway.live_compare_report import SLO_FACTORS, markdown_table, plot, table, trace_stats  # noqa: E402
 
 ARMS = ("direct", "prior", "model", "service", "oracle")
 PRIOR_MEDIAN_TOKENS = 256  # pipelines.predictor.NO_MODEL_PRIOR's median: the oracle arm is exact up to it
-METRICS = ("vllm:num_preemptions_total", "vllm:kv_cache_usage_perc", "vllm:cache_config_info",
-           "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
 
 
 def pick_workflows(replay: Path, out: Path, num_workflows: int) -> Path:
@@ -74,65 +71,6 @@ def pick_workflows(replay: Path, out: Path, num_workflows: int) -> Path:
                 chosen.append(queue.pop(0))
     write_jsonl((s for workflow in chosen for s in workflow), out)
     return out
-
-
-def vllm_metrics(url: str) -> dict:
-    samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text, METRICS)
-    out = {name: value for name, (_, value) in samples.items()}
-    out["num_gpu_blocks"] = int(samples.get("vllm:cache_config_info", ({"num_gpu_blocks": 0}, 0))[0]["num_gpu_blocks"])
-    return out
-
-
-class KvSampler:
-    """vLLM's KV blocks in use, polled from /metrics while a run lasts."""
-
-    def __init__(self, url: str, period_s: float = 0.5):
-        self.url, self.period_s, self.blocks = url, period_s, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                m = vllm_metrics(self.url)
-            except httpx.HTTPError:
-                continue
-            self.blocks.append(m.get("vllm:kv_cache_usage_perc", 0.0) * max(0, m["num_gpu_blocks"] - 1))
-
-    def __enter__(self) -> "KvSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def calibrate(url: str, eos: int, num_calls: int = 6) -> dict:
-    """One solo call's time as a + b × output tokens, fitted on solo calls of 8 and 64 tokens."""
-    text = (REPO / "README.md").read_text()[:1500]
-    tokens, seconds = [], []
-    with httpx.Client(timeout=120) as client:
-        for i in range(num_calls):
-            n = (8, 64)[i % 2]
-            started = time.perf_counter()
-            client.post(f"{url}/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": f"{i} {text}"}], "max_tokens": n,
-                "ignore_eos": True}).raise_for_status()
-            tokens.append(n)
-            seconds.append(time.perf_counter() - started)
-    b, a = np.polyfit(tokens, seconds, 1)
-    return {"a_s": round(float(max(a, 0.0)), 4), "b_s_per_token": round(float(max(b, 1e-5)), 5),
-            "calls": list(zip(tokens, [round(s, 3) for s in seconds]))}
-
-
-def unloaded_s(stages: list[dict], fit: dict) -> float:
-    """The workflow's longest path of solo call times plus tool waits (stages come parents first)."""
-    finish: dict[str, float] = {}
-    for s in stages:
-        start = max((finish[p] for p in s["parent_ids"]), default=0.0) + s["wait_s"]
-        finish[s["stage_id"]] = start + fit["a_s"] + fit["b_s_per_token"] * s["max_tokens"]
-    return max(finish.values())
 
 
 def gateway_fields(arm: str, engine: Engine, trace_dir: Path, model: Path, service_url: str | None, args) -> dict:
