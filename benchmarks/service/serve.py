@@ -4,9 +4,9 @@
 
 First, c8 one-stage /predict p99 against its floor, in interleaved rounds (`--rounds`): the floor is a
 bare Starlette route on uvicorn that parses the same body and answers the same shape (`bare_app`, its own
-process like the service) plus the in-process predict of one stage (`--quick` stops there). Beside them, the
-same BentoML settings, schemas and Guard without the model (benchmarks/service/framework.py): what the
-framework alone takes of the floor's budget. Then latency
+process like the service) plus the in-process predict of one stage (benchmarks/service/floor.py; `--quick`
+stops there). Beside them, the same BentoML settings, schemas and Guard without the model
+(benchmarks/service/framework.py): what the framework alone takes of the floor's budget. Then latency
 p50/p99 of one-stage /predict at concurrency 1, 8, 32 (closed loop, caches warm: every prompt was
 predicted once before timing, so its embedding is cached); throughput of one-stage
 requests with adaptive batching (/predict) and without (/predict_unbatched), and of client-side
@@ -18,128 +18,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import http.server
 import json
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import aiohttp
 import httpx
 import numpy as np
 
 if __name__ == "__main__" and not __package__:
     # Run as a file, this script's own directory comes first on sys.path and its name would shadow
-    # the predictor_service package; drop that entry (as `python -m benchmarks.service.serve` does).
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    # the predictor_service package; drop that entry, and put the repository first so that benchmarks/
+    # imports (as `python -m benchmarks.service.serve` has it).
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [str(here.parents[1])] + [p for p in sys.path if Path(p or ".").resolve() != here]
 
+from benchmarks.service.floor import bare_server, in_process_predict
+from benchmarks.service.load import closed_loop, percentiles
 from predictor_service.client import ClientConfig, LocalFallback, PredictorClient, to_wire
-from predictor_service.local_server import REPO, LocalServer, ServerConfig, free_port
+from predictor_service.local_server import LocalServer, ServerConfig, free_port
 
 FRAMEWORK_ONLY = "benchmarks.service.framework:FrameworkOnly"  # the service's BentoML path without the model
-
-
-def percentiles(latencies_s: list[float]) -> dict:
-    ms = np.asarray(latencies_s) * 1000
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2),
-            "max_ms": round(float(ms.max()), 2), "num_requests": len(ms)}
-
-
-async def closed_loop(url: str, route: str, payloads: list[dict], concurrency: int, duration_s: float,
-                      client: str = "aiohttp") -> dict:
-    """`concurrency` clients, each sending its next request as soon as the last one answered.
-
-    client: "aiohttp" (≈ 0.2 ms of CPU a request: the load generator takes little from the server it
-    shares the two cores with) or "httpx" (≈ 1 ms a request: what an httpx-based caller, such as
-    `AsyncPredictorClient`, spends itself)."""
-    latencies, errors, stages = [], 0, 0
-    deadline = time.perf_counter() + duration_s
-    bodies = [json.dumps(p).encode() for p in payloads]
-    sizes = [len(p["stages"]) for p in payloads]
-
-    async def worker(post, offset: int) -> None:
-        nonlocal errors, stages
-        i = offset
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            status = await post(bodies[i % len(bodies)])
-            latencies.append(time.perf_counter() - started)
-            errors += status != 200
-            stages += sizes[i % len(sizes)]
-            i += concurrency
-
-    async def run(post) -> float:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(post, k) for k in range(concurrency)))
-        return time.perf_counter() - started
-
-    headers = {"content-type": "application/json"}
-    if client == "aiohttp":
-        async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=concurrency),
-                                         timeout=aiohttp.ClientTimeout(total=30), headers=headers) as http:
-            async def post(body: bytes) -> int:
-                async with http.post(route, data=body) as response:
-                    await response.read()
-                    return response.status
-            elapsed = await run(post)
-    else:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits, headers=headers) as http:
-            async def post(body: bytes) -> int:
-                return (await http.post(route, content=body)).status_code
-            elapsed = await run(post)
-    return {**percentiles(latencies), "concurrency": concurrency, "client": client, "errors": errors,
-            "requests_per_s": round(len(latencies) / elapsed, 1), "stages_per_s": round(stages / elapsed, 1)}
-
-
-async def _bare_predict(request):
-    """The HTTP floor: parse the body, answer one prediction-shaped object per stage, nothing else."""
-    from starlette.responses import JSONResponse
-
-    stages = (await request.json())["stages"]
-    return JSONResponse([{"workflow_id": s["workflow_id"], "stage_id": s["stage_id"], "p_tool": 0.5,
-                          "tokens_pred": 256, "tokens_reserve": 1024, "fallback_level": "role",
-                          "model_version": "bare", "correction": 1.0, "reserve_correction": 1.0,
-                          "source": "model"} for s in stages])
-
-
-def bare_app():
-    """A bare Starlette app with POST /predict (uvicorn's --factory target)."""
-    from starlette.applications import Starlette
-    from starlette.routing import Route
-
-    return Starlette(routes=[Route("/predict", _bare_predict, methods=["POST"])])
-
-
-@contextlib.contextmanager
-def bare_server(timeout_s: float = 180.0):
-    """`bare_app` served by uvicorn in its own process (as the service is); yields its URL."""
-    port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.service.serve:bare_app",
-               "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
-    server = subprocess.Popen(command, cwd=REPO)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
-    try:
-        while not _answers(url):
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"the bare route on {url} did not answer within {timeout_s} s")
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.post(f"{url}/predict", json={"stages": []}, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def warm(url: str, stages: list[dict]) -> None:
@@ -181,25 +84,6 @@ def against_floor(urls: dict[str, str], singles: list[dict], in_process, rounds:
             "p99_over_floor_median": round(float(np.median(over_floor["service"])), 2), "target": 1.5,
             "framework_only_p99_over_floor_each": [round(r, 2) for r in over_floor["framework_only"]],
             "framework_only_p99_over_floor_median": round(float(np.median(over_floor["framework_only"])), 2)}
-
-
-def in_process_predict(model: str, stages: list[dict]):
-    """A callable timing Predictor.predict on one warm stage at a time, no HTTP: the model's share of the floor."""
-    from maestro.contract import StageTrace
-    from predictor_service import loading
-
-    predictor = loading.load(loading.resolve(model))
-    parsed = [StageTrace.model_validate(s) for s in stages]
-    predictor.predict(parsed)  # warm: every prompt's embedding is cached
-
-    def measure(n: int = 300) -> dict:
-        latencies, cpu_started = [], time.process_time()
-        for i in range(n):
-            started = time.perf_counter()
-            predictor.predict([parsed[i % len(parsed)]])
-            latencies.append(time.perf_counter() - started)
-        return {**percentiles(latencies), "cpu_ms_per_call": round((time.process_time() - cpu_started) / n * 1000, 2)}
-    return measure
 
 
 class _Hanging(http.server.BaseHTTPRequestHandler):
