@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from maestro.contract import StageTrace, read_traces
-from pipelines.embedding import Embedder, EmbedderConfig
+from pipelines.embedding import EmbedderConfig
 from pipelines.featurize import featurizer_config, locked_split
 from pipelines.history import without_labels
 from pipelines.lexical import LexicalConfig
@@ -51,7 +49,8 @@ from pipelines.train import model_config
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a file: benchmarks/predictor/new_app.py by its package name
-from benchmarks.predictor import batch as predictor_batch, new_app  # noqa: E402
+from benchmarks.predictor import new_app  # noqa: E402
+from benchmarks.predictor.speed import speed  # noqa: E402
 
 DATA = {"dev": REPO.parent / "shared" / "data" / "dev-traces",
         "agent": REPO.parent / "shared" / "data" / "agent-traces"}
@@ -131,95 +130,6 @@ def held_out(train: list[StageTrace], test: list[StageTrace], names: tuple[str, 
     return out
 
 
-def clear_caches(predictor: Predictor) -> None:
-    """Empty the embedding cache a predictor's featurizer keeps (MiniLM's; a static embedding keeps none)."""
-    if hasattr(predictor.featurizer.embedder, "clear_cache"):
-        predictor.featurizer.embedder.clear_cache()
-
-
-def throughput(predictor: Predictor, test: list[StageTrace], passes: int = 3) -> float:
-    """Stages per second of one batched predict from a cold embedding cache: the median of `passes`
-    passes (one pass swings ±20 % on a shared 2-core machine)."""
-    rates = []
-    for _ in range(passes):
-        clear_caches(predictor)
-        started = time.perf_counter()
-        predictor.predict(test)
-        rates.append(len(test) / (time.perf_counter() - started))
-    return round(float(np.median(rates)), 1)
-
-
-def percentiles_ms(times_s: list[float]) -> dict:
-    ms = np.asarray(times_s) * 1000
-    return {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
-
-
-def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
-    """One stage a call. Cold: every cache emptied before each call, each prompt predicted for the first
-    time (a live stage's prompt is new almost every time); warm: the same stages again, caches kept."""
-    def run(cold: bool) -> list[float]:
-        times = []
-        for stage in stages:
-            if cold:
-                clear_caches(predictor)
-            start = time.perf_counter()
-            predictor.predict([stage])
-            times.append(time.perf_counter() - start)
-        return times
-
-    cold = run(cold=True)
-    return {"cold": percentiles_ms(cold), "warm": percentiles_ms(run(cold=False))}
-
-
-def minilm_encode_ms(stages: list[StageTrace]) -> dict:
-    """One MiniLM encode of each stage's prompt segment (params.yaml's tail and sequence length), one text a
-    call, nothing cached: what a cold prediction with MiniLM embeddings pays for the embedding alone."""
-    embedder = Embedder(replace(recipes()["maestro"][0].embedder, kind="minilm"))
-    embedder.embed(["warm-up"])
-    times = []
-    for stage in stages:
-        embedder.clear_cache()
-        start = time.perf_counter()
-        embedder.embed([stage.prompt_text()])
-        times.append(time.perf_counter() - start)
-    return percentiles_ms(times)
-
-
-def speed(stages: list[StageTrace], names: list[str], compiled_trees: bool = False) -> dict:
-    """Training time, cold and warm single-stage latency and batched throughput of each recipe (and its batch
-    part by part), and one MiniLM encode, on the locked split's test side of `stages` (the dev traces), in one run;
-    the headline is Maestro's cold latency as a multiple of the MiniLM encode. `compiled_trees`: the static
-    recipe's boosters compiled as well, against LightGBM's (benchmarks/predictor/batch.py)."""
-    import torch
-
-    torch.set_num_threads(1)  # one thread, like the LightGBM boosters (params.yaml num_threads: 1)
-    train_idx, test_idx = locked_split(stages, TEST_FRACTION)
-    train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
-    out = {"test_stages": len(test), "load_1min_before": round(os.getloadavg()[0], 2),
-           "minilm_encode_ms": minilm_encode_ms(test)}
-    for name in names:
-        features, model = recipes()[name]
-        compile_here = compiled_trees and name == "maestro-static"
-        started = time.perf_counter()
-        predictor = Predictor.train(train, features, replace(model, compile_trees=compile_here))
-        stage_only = Predictor(predictor.featurizer, predictor.model, predictor.priors, new_app=predictor.new_app)
-        out[name] = {"train_s": round(time.perf_counter() - started, 1),
-                     "workflow_train_s": predictor.meta["workflow"]["train_seconds"],  # inside train_s
-                     "latency_ms": latency_ms(predictor, test),  # the stage and its workflow's remaining work
-                     "latency_stage_model_only_ms": latency_ms(stage_only, test),
-                     "throughput_stages_per_s": throughput(predictor, test),
-                     "batch_parts_us": predictor_batch.parts_us(predictor, test)}
-        if compile_here:
-            out[name]["compiled_trees"] = predictor_batch.compiled_arm(predictor, test)
-    out["load_1min_after"] = round(os.getloadavg()[0], 2)
-    encode, cold = out["minilm_encode_ms"], out["maestro-static"]["latency_ms"]["cold"]
-    out["headline"] = {"maestro_static_cold_ms": cold, "minilm_encode_ms": encode,
-                       "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
-                       **({"maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
-                          if "maestro-minilm" in out else {})}
-    return out
-
-
 def table(result: dict) -> str:
     """One line per data set, recipe and condition (and per app): the targets' figures."""
     head = f"{'':44s} {'n':>5s} {'AUC':>6s} {'tau':>6s} {'MAE×med':>8s} {'above':>6s} {'waste×p90':>9s} {'p90 above':>9s}"
@@ -288,7 +198,10 @@ def main() -> None:
             new_app.plot(apps, Path(args.out).parent / f"new_app_replay_{data}.png")
     if args.speed:
         names = ["maestro-static", *(r for r in args.speed_recipes if r != "maestro-static")]
-        result["speed"] = speed(read_stages(DEV_TRACES), names, args.compiled_trees)
+        stages = read_stages(DEV_TRACES)
+        train_idx, test_idx = locked_split(stages, TEST_FRACTION)
+        result["speed"] = speed([stages[i] for i in train_idx], [stages[i] for i in test_idx], recipes(), names,
+                                args.compiled_trees)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
