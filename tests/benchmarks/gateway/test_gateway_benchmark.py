@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("gateway_benchmark", Path(__file__).parents[3] / "benchmarks" / "gateway" / "suite.py")
-bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bench)
+from benchmarks.gateway import pressure as bench
 
 
 def half(mode: str, preemptions: int, wall_s: float, e2e_mean_s: float, step_ms: float | None = 2.5) -> dict:
