@@ -1,7 +1,7 @@
 """The Gateway object: nodes, dispatcher, predictor and trace writer, plus the /metrics poller.
 
-`prepare(kind, body, headers)` turns a call into a `Job` (predict → reserve size → StageRequest);
-`call.py` (`StageCall`) forwards it; `record(job, result)` writes its one trace line and observes the outcome.
+`prepare(meta, body)` turns a call into a `Job` (prepare.py: predict → reserve size → StageRequest);
+`call.py` (`StageCall`) forwards it; `record(job, ...)` writes its one trace line and observes the outcome (record.py).
 Per workflow (bounded, least recently seen dropped first) it keeps when its first stage came, its place in
 arrival order and the service its finished stages received, so the policy can order workflows, not only stages.
 """
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 
 from maestro.prediction import Prediction, WorkflowFallbackLevel
-from maestro.contract import prompt_text
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapKind, CapSignals, SessionCap
-from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
 from serving.gateway.config import GatewayConfig
 from serving.gateway.jobs import Dispatcher, Job
 from serving.gateway.exposition import GatewayMetrics
@@ -26,14 +23,16 @@ from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
+from serving.gateway.prepare import prepare_job
 from serving.gateway.priority import current_cpu_nice
-from serving.gateway.sessions import Sessions, tool_key
+from serving.gateway.record import record_call
+from serving.gateway.sessions import Sessions
 from serving.gateway.prompt_tokens import PromptSizer
-from serving.gateway.traces import TraceWriter, trace_record
+from serving.gateway.traces import TraceWriter
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
-from serving.core.request import ServicePace, WorkflowInfo, stage_request, workflow_remaining_s
+from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler.remaining import RemainingWork
 from serving.core.scheduler import Policy, create_scheduler
 
@@ -140,37 +139,8 @@ class Gateway:
 
     # ---- one call ---------------------------------------------------------------------------
     async def prepare(self, meta: StageMeta, body: dict) -> Job:
-        """Predict the stage and size its KV reserve; the Job is ready for `dispatcher.submit`."""
-        prompt = body.get("messages") if "messages" in body else str(body.get("prompt", ""))
-        stage = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "prompt": prompt,
-                 "app": meta.app, "parent_ids": list(meta.parent_ids), "interactive": meta.interactive}
-        started = time.monotonic()
-        answer = (await self.predictor.predict([stage]))[0]
-        prediction, predict_s = answer.prediction, time.monotonic() - started
-        num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
-        prompt_tokens = self.sizer.estimate(num_chars, num_messages)
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or self.output_cap(prompt_tokens))
-        reserve = output_tokens_to_map(self.system.reservation, reserve_output_tokens(
-            prediction.tokens_pred, prediction.tokens_reserve, max_tokens, is_calibrated=is_calibrated(prediction),
-            rho=self.config.kv.rho), max_tokens)
-        now = time.monotonic()
-        workflow = self.workflow(meta.workflow_key, now)
-        # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
-        # until this call's arrival lets the hold go.
-        is_kv_pinned = any(meta.workflow_key in n.kv.held for n in self.nodes)
-        home_node = self.sessions.arrive(meta.workflow_key, now)
-        slo_s = meta.slo_s or self.config.system.slo_s
-        remaining_s = self.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", workflow.next_position())
-        info = WorkflowInfo(meta.workflow_key, workflow.start_s, workflow.start_s + slo_s if slo_s else math.inf,
-                            meta.interactive, workflow.attained_s, remaining_s)
-        request = stage_request(info, meta.stage_id, prompt_tokens=prompt_tokens, tokens_pred=prediction.tokens_pred,
-                                tokens_reserve=reserve, max_tokens=max_tokens, pace=self.pace, ready_s=now,
-                                is_kv_pinned=is_kv_pinned, home_node=home_node)
-        job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
-                  prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
-                  num_messages=num_messages)
-        request.payload = job
-        return job
+        """Predict the stage and size its KV reserve (prepare.py); the Job is ready for `dispatcher.submit`."""
+        return await prepare_job(self, meta, body)
 
     def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
         """A stage's predicted work after it: from its workflow prediction (as the simulator's), or where the answer
@@ -202,7 +172,7 @@ class Gateway:
             self.triage.served(job.request, work_s, job.was_backlogged)
 
     def output_cap(self, prompt_tokens: int) -> int:
-        """A call without max_tokens is sized to, and sent with (call.forward_body), `default_max_tokens`, less where
+        """A call without max_tokens is sized to, and sent with (forward.forward_body), `default_max_tokens`, less where
         the smallest context of the nodes (their /v1/models `max_model_len`) leaves less room after the prompt's
         estimate: vLLM refuses a call whose prompt + max_tokens exceeds it."""
         lengths = [n.max_model_len for n in self.nodes if n.max_model_len]
@@ -245,32 +215,8 @@ class Gateway:
             self.completed.popitem(last=False)
 
     def record(self, job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None) -> None:
-        """Write the stage's one trace line and report the outcome to the predictor."""
-        record = trace_record(job, body, result, node_name, kv_usage)
-        self.traces.write(record)
-        self.metrics.observe(record)
-        if self.spans is not None:
-            self.spans.emit(record, job.span or self.spans.start(job.meta.trace_context, job.arrival_unix_s))
-        node = next((n for n in self.nodes if n.name == node_name), None)
-        key = job.meta.workflow_key
-        if "output_tokens" not in record:
-            if job.meta.final:
-                self.end_workflow(key, completed=False)
-            return
-        self.sessions.stage_ended(key, node, result.prompt_tokens + result.output_tokens,
-                                  result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
-                                  job.meta.final, time.monotonic())
-        service_s = self.pace.service_s(result.prompt_tokens, result.output_tokens)
-        if (workflow := self.workflows.get(key)) is not None:
-            workflow.attained_s += service_s
-        self.remaining_work.observe(key, job.meta.app or "", service_s)
-        self.served(job, service_s)
-        if job.meta.final:
-            self.end_workflow(key, completed=True)
-        self.predictor.observe(record)
-        self.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
-        if node is not None:
-            node.observe_decode(result.output_tokens, record["e2e_s"])
+        """Write the stage's one trace line and feed what its end teaches (record.py)."""
+        record_call(self, job, body, result, node_name, kv_usage)
 
     def readiness(self) -> dict:
         """Whether the gateway should get calls: its predictor is ready (model warmed, service answering) and a
