@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from serving.core.admission import AIMDConfig, CapSignals
-from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
+from serving.core.request import StageRequest
 from serving.core.residency import ResidencyConfig
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
@@ -27,9 +27,9 @@ from serving.sim.cluster import SimDispatcher
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
-from serving.sim.gpu_pace import ModelPace
 from serving.sim.sessions import leave
 from serving.sim.slo import stage_unloaded_s
+from serving.sim.stage_request import ready_request
 from serving.core.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
 from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
@@ -184,7 +184,7 @@ class Simulator:
         stage.ready_s = self.now
         if self.predict_ready is not None:
             self.predict_ready(stage)
-        request = stage.request = self._request(stage)
+        request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
         if self.triage is not None and self.triage.apply(request, self.now, self.dispatch.is_backlogged(
                 stage.model)) and self.system.triage_rejects:
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline
@@ -201,30 +201,6 @@ class Simulator:
 
     def _is_live(self, request: StageRequest, now: float) -> bool:
         return self.dispatch.is_live(request, now)
-
-    def _request(self, stage: SimStage) -> StageRequest:
-        """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.core.request`)."""
-        w = stage.workflow
-        info = WorkflowInfo(w.workflow_id, w.arrival_s, w.arrival_s + w.slo_s, w.interactive, w.attained_service_s,
-                            self._workflow_remaining_s(stage))
-        # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
-        # is on the node its stage ran on, where routing sends the session's next stage.
-        parent = w.stages[stage.session_parent] if stage.session_parent >= 0 else None
-        is_pinned = parent is not None and parent.node is not None and parent in parent.node.pinned
-        return stage_request(info, stage.stage_id, prompt_tokens=stage.prompt_tokens, tokens_pred=stage.tokens_pred,
-                             tokens_reserve=stage.tokens_reserve, max_tokens=stage.max_tokens,
-                             pace=ModelPace.of(self.cost, stage.model), ready_s=self.now, model=stage.model,
-                             is_kv_pinned=is_pinned, payload=stage)
-
-    def _workflow_remaining_s(self, stage: SimStage) -> float:
-        """The work predicted after this stage: from the workflow prediction made at readiness (each later call
-        prefills about this stage's prompt), else what the app's ended workflows say (never the replay's future)."""
-        workflow = stage.workflow
-        position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
-        if stage.remaining is not None:
-            return workflow_remaining_s(ModelPace.of(self.cost, stage.model), stage.prompt_tokens,
-                                        stage.remaining.wf_remaining_calls, stage.remaining.wf_remaining_tokens)
-        return self.remaining_work.estimate(workflow.app, position)
 
     def children_ready(self, stage: SimStage) -> None:
         workflow = stage.workflow

@@ -1,0 +1,40 @@
+"""A ready simulated stage as the scheduler sees it: its `StageRequest`, built as the gateway builds it
+(`serving.core.request.stage_request`) at the cost model's pace (`ModelPace`).
+
+The request carries the workflow's arrival, deadline and attained service, its predicted remaining work (from the
+workflow prediction made at readiness, else the app's ended workflows) and whether its context is kept for it.
+"""
+from __future__ import annotations
+
+from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
+from serving.core.scheduler.remaining import RemainingWork
+from serving.sim.costmodel import CostModel
+from serving.sim.gpu_pace import ModelPace
+from serving.sim.workload import SimStage
+
+
+def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: RemainingWork) -> StageRequest:
+    """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.core.request`)."""
+    w = stage.workflow
+    info = WorkflowInfo(w.workflow_id, w.arrival_s, w.arrival_s + w.slo_s, w.interactive, w.attained_service_s,
+                        predicted_remaining_s(stage, cost, remaining_work))
+    # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
+    # is on the node its stage ran on, where routing sends the session's next stage.
+    parent = w.stages[stage.session_parent] if stage.session_parent >= 0 else None
+    is_pinned = parent is not None and parent.node is not None and parent in parent.node.pinned
+    return stage_request(info, stage.stage_id, prompt_tokens=stage.prompt_tokens, tokens_pred=stage.tokens_pred,
+                         tokens_reserve=stage.tokens_reserve, max_tokens=stage.max_tokens,
+                         pace=ModelPace.of(cost, stage.model), ready_s=now, model=stage.model,
+                         is_kv_pinned=is_pinned, payload=stage)
+
+
+def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: RemainingWork) -> float:
+    """The work predicted after this stage: from the workflow prediction made at readiness (each later call
+    prefills about this stage's prompt), else what the app's ended workflows say (never the replay's future).
+    Counts the stage as its workflow's next ready one (its position in `RemainingWork`)."""
+    workflow = stage.workflow
+    position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
+    if stage.remaining is not None:
+        return workflow_remaining_s(ModelPace.of(cost, stage.model), stage.prompt_tokens,
+                                    stage.remaining.wf_remaining_calls, stage.remaining.wf_remaining_tokens)
+    return remaining_work.estimate(workflow.app, position)
