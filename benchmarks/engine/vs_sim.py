@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.engine.replay import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
+from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
 from benchmarks.engine.report import run_figures
 from serving.core.residency import ResidencyConfig
 from serving.sim.engine import ClusterConfig, Simulator

@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.engine.replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
+from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
+from benchmarks.engine.config import EngineConfig
+from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import plot, run_figures, table
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
 from benchmarks.referee.stats import Outcomes, summarize

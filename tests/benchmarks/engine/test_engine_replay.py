@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.engine.replay import KV_BYTES_PER_TOKEN
+from benchmarks.engine.config import KV_BYTES_PER_TOKEN
 from benchmarks.referee.engine import main
 
 from driver.testbed.engines import VLLM_PYTHON, has_vllm

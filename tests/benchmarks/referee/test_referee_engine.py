@@ -16,7 +16,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from benchmarks.engine.replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
+from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
+from benchmarks.engine.config import EngineConfig
+from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import run_figures
 from benchmarks.referee.engine import summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
