@@ -31,62 +31,16 @@ import heapq
 import itertools
 import json
 import os
-import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.engine.replay_stage import Stage, prompt_ids
+from benchmarks.engine.vllm_engine import build_engine
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its scheduler is ours
 os.environ.setdefault("MAESTRO_VLLM_STATS_STEP_EVERY", "1000000000")  # the stat logger's request lines only
-
-VOCAB_LOW, VOCAB_HIGH = 16, 2000  # prompt token ids drawn from here (clear of the tiny tokenizer's special tokens)
-
-
-@dataclass
-class Stage:
-    workflow: int
-    index: int
-    spec: dict
-    num_parents_left: int
-    ready_step: int = -1
-    finish_step: int = -1
-    request_id: str = ""
-    request: object = None  # vLLM's Request, read after it left the scheduler too
-    prompt_ids: list[int] = field(default_factory=list)
-    num_preemptions: int = 0
-    computed_tokens: int = 0  # after the last step: what a preemption in the next one drops
-    output_ids: list[int] = field(default_factory=list)  # what it produced, for its session's next turn
-    num_output_tokens: int = 0
-    cached_tokens: int = -1  # prompt tokens served from the prefix cache at its first start (-1: not started)
-    window_tokens: int = 0  # output tokens produced inside the plan's steady window
-    tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
-
-
-def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:
-    """The stage's prompt: its session parent's prompt and output first (a tool loop resends them), then seeded fresh
-    ids (the tool's result, the next instruction)."""
-    rng = random.Random(f"{plan_seed}:{workflow}:{stage['index']}")
-    head = (parent.prompt_ids + parent.output_ids)[:stage["prompt_tokens"] - 1] if parent is not None else []
-    return head + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(stage["prompt_tokens"] - len(head))]
-
-
-def build_engine(engine: dict, arm: dict):
-    from maestro_vllm_stats import MaestroStatLogger
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
-
-    extra = {}
-    if arm["scheduler"] == "maestro":
-        extra = dict(scheduler_cls="serving.vllm_plugin.scheduler.MaestroScheduler",
-                     additional_config={"maestro_scheduler": arm["maestro_config"]})
-    args = EngineArgs(model=engine["model_dir"], load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
-                      kv_cache_memory_bytes=engine["kv_cache_bytes"], block_size=engine["block_size"],
-                      max_model_len=engine["max_model_len"], max_num_seqs=engine["max_num_seqs"],
-                      max_num_batched_tokens=engine["max_num_batched_tokens"], seed=engine["seed"],
-                      scheduling_policy=arm["policy"], enable_prefix_caching=True, **extra)
-    return LLMEngine.from_engine_args(args, stat_loggers=[MaestroStatLogger])
 
 
 class Replay:

