@@ -7,9 +7,10 @@ these into (low, median, upper) of the stage's total output length:
 - parametric (no table): the prediction read as a log-normal and conditioned on L > produced (`parametric_bounds`);
   low mirrors the reserve around the median in log space (pred² ÷ reserve), unconditioned;
 - learned (`ProgressiveTable`, trained by `pipelines/progressive.py` on the traces' `output_text`): conditional
-  quantiles of log(L ÷ produced) given the class of the output's first tokens (`prefix_class`), log produced and log
-  tokens_pred, fitted with LightGBM and saved as the table its trees amount to on the grid of their own split
-  thresholds. Below `min_produced` tokens the prediction stands, as in the parametric form.
+  quantiles of log(L ÷ max(tokens_pred, produced)) given the class of the output's first tokens (`prefix_class`),
+  log produced, how far the prediction is ahead of it and the prediction's spread (`table_features`), fitted with
+  LightGBM and saved as the table its trees amount to on the grid of their own split thresholds. Below
+  `min_produced` tokens the prediction stands, as in the parametric form.
 
 Plain Python (no numpy, pandas or LightGBM), so the vLLM plugin, the simulator and the gateway import it alike.
 """
@@ -26,6 +27,7 @@ from statistics import NormalDist
 TABLE_FILE = "progressive.json"  # beside a saved predictor's other files (pipelines/predictor.py)
 DEFAULT_RESERVE_LEVEL = 0.95  # the quantile a reserve stands at where a runtime is not told (hints' default)
 PREFIX_TOKENS = 32  # the class reads at most the output's first this many tokens
+NUM_FEATURES = 3  # the table's numeric axes (`table_features`)
 
 # Classes of an output's first tokens. `unknown`: a runtime that cannot read them (the table is fitted on every
 # stage under it too, so it answers from produced and tokens_pred alone).
@@ -90,15 +92,16 @@ def parametric_bounds(produced: float, tokens_pred: float, tokens_reserve: float
 
 @dataclass(frozen=True)
 class ProgressiveTable:
-    """Quantiles of log(total ÷ produced) per (prefix class, log produced cell, log tokens_pred cell), at `levels`.
+    """Quantiles of log(total ÷ anchor), anchor = max(tokens_pred, produced), per prefix class and cell of the
+    numeric features (`table_features`: log produced, log(tokens_pred ÷ produced), log(tokens_reserve ÷ tokens_pred)),
+    at `levels`.
 
     A cell of an axis holds the values up to and including its edge (LightGBM's `x <= threshold` goes left);
-    `values[class][produced cell][pred cell]` lists one quantile a level, non-decreasing."""
+    `values[class][cell 1][cell 2][cell 3]` lists one quantile a level, non-decreasing."""
 
     levels: tuple[float, ...]
     classes: tuple[str, ...]
-    produced_edges: tuple[float, ...]  # on log produced
-    pred_edges: tuple[float, ...]  # on log tokens_pred
+    edges: tuple[tuple[float, ...], ...]  # one axis a numeric feature
     values: tuple
     min_produced: int = 4
 
@@ -107,15 +110,16 @@ class ProgressiveTable:
             raise ValueError(f"progressive table: levels must be sorted and hold 0.5, got {self.levels}")
         if set(self.classes) != set(PREFIX_CLASSES):
             raise ValueError(f"progressive table: classes must be {PREFIX_CLASSES}, got {self.classes}")
-        shape = (len(self.classes), len(self.produced_edges) + 1, len(self.pred_edges) + 1, len(self.levels))
-        if _shape(self.values, len(shape)) != shape:
-            raise ValueError(f"progressive table: values must have shape {shape}")
+        shape = (len(self.classes), *(len(axis) + 1 for axis in self.edges), len(self.levels))
+        if len(self.edges) != NUM_FEATURES or _shape(self.values, len(shape)) != shape:
+            raise ValueError(f"progressive table: {NUM_FEATURES} axes and values of shape {shape} expected")
 
-    def quantiles(self, prefix: str, produced: float, tokens_pred: float) -> list[float]:
-        """log(total ÷ produced) at each level for a stage of this class that has produced `produced` (≥ 1)."""
-        row = self.values[self.classes.index(prefix if prefix in self.classes else UNKNOWN)]
-        cells = row[bisect_left(self.produced_edges, math.log(produced))]
-        return cells[bisect_left(self.pred_edges, math.log(max(tokens_pred, 1)))]
+    def quantiles(self, prefix: str, features: tuple[float, ...]) -> list[float]:
+        """log(total ÷ anchor) at each level for a stage of this class at these `table_features`."""
+        cells = self.values[self.classes.index(prefix if prefix in self.classes else UNKNOWN)]
+        for axis, x in zip(self.edges, features):
+            cells = cells[bisect_left(axis, x)]
+        return cells
 
     def at_level(self, quantiles: list[float], level: float) -> float:
         """The quantile at `level`, linear in the normal score between the table's levels (clamped to them)."""
@@ -127,15 +131,23 @@ class ProgressiveTable:
         return quantiles[i - 1] + (quantiles[i] - quantiles[i - 1]) * (z - z0) / (z1 - z0)
 
     def to_json(self) -> str:
-        fields = {"levels": self.levels, "classes": self.classes, "produced_edges": self.produced_edges,
-                  "pred_edges": self.pred_edges, "min_produced": self.min_produced, "values": self.values}
+        fields = {"levels": self.levels, "classes": self.classes, "edges": self.edges,
+                  "min_produced": self.min_produced, "values": self.values}
         return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ProgressiveTable:
         raw = json.loads(text)
-        return cls(tuple(raw["levels"]), tuple(raw["classes"]), tuple(raw["produced_edges"]),
-                   tuple(raw["pred_edges"]), raw["values"], raw.get("min_produced", 4))
+        return cls(tuple(raw["levels"]), tuple(raw["classes"]), tuple(tuple(axis) for axis in raw["edges"]),
+                   raw["values"], raw.get("min_produced", 4))
+
+
+def table_features(produced: float, tokens_pred: float, tokens_reserve: float) -> tuple[float, float, float]:
+    """What the table reads of a running stage besides its prefix class: log produced (≥ 1), how far its prediction
+    is ahead of it (log tokens_pred ÷ produced) and the prediction's spread (log reserve ÷ median)."""
+    median = max(tokens_pred, 1.0)
+    produced = max(produced, 1.0)
+    return math.log(produced), math.log(median / produced), math.log(max(tokens_reserve, median) / median)
 
 
 def _shape(values, depth: int) -> tuple[int, ...]:
@@ -168,7 +180,8 @@ def length_bounds(produced: float, tokens_pred: float, tokens_reserve: float,
     if table is None or produced < max(table.min_produced, 1):
         median, upper = parametric_bounds(produced, tokens_pred, tokens_reserve, reserve_level)
         return LengthBounds(tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1), median, upper)
-    quantiles = table.quantiles(prefix, produced, tokens_pred)
-    low, median, upper = (produced * math.exp(table.at_level(quantiles, level))
+    quantiles = table.quantiles(prefix, table_features(produced, tokens_pred, tokens_reserve))
+    anchor = max(tokens_pred, produced)
+    low, median, upper = (anchor * math.exp(table.at_level(quantiles, level))
                           for level in (1.0 - reserve_level, 0.5, reserve_level))
     return LengthBounds(max(low, produced + 1), max(median, produced + 1), max(upper, produced + 1))
