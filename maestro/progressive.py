@@ -33,9 +33,10 @@ NUM_FEATURES = 3  # the table's numeric axes (`table_features`)
 # stage under it too, so it answers from produced and tokens_pred alone).
 TOOL, CODE, TAG, PROSE, UNKNOWN = "tool", "code", "tag", "prose", "unknown"
 PREFIX_CLASSES = (TOOL, CODE, TAG, PROSE, UNKNOWN)
-# A tool call's markup as the output starts: JSON (`{`, `[`), tau2's `[tool call] name(...)`, Hermes / Qwen
-# `<tool_call>`, Llama's `<|python_tag|>` and `<function=...>`, Mistral's `[TOOL_CALLS]`.
-_TOOL_START = re.compile(r"^(\{|\[|<tool_call>|<\|python_tag\|>|<function|functions\.)")
+# A tool call's markup as the output starts: JSON (`{`, `[{`, `["`), tau2's `[tool call] name(...)`, Mistral's
+# `[TOOL_CALLS]`, Hermes / Qwen `<tool_call>`, Llama's `<|python_tag|>` and `<function=...>`, `functions.name`.
+TOOL_MARKERS = ("{", "[{", '["', "[tool call]", "[TOOL_CALLS]", "<tool_call>", "<|python_tag|>", "<function",
+                "functions.")
 _TAG_START = re.compile(r"^(<[A-Za-z_]+>|#{3}[A-Z_]+#{3})")  # ChatDev's <INFO>, tau2's ###STOP###
 _NORMAL = NormalDist()
 
@@ -45,11 +46,13 @@ def prefix_class(text: str | None) -> str:
     if not text or not text.strip():
         return UNKNOWN
     start = text.lstrip()
-    if _TOOL_START.match(start):
+    if start.startswith(TOOL_MARKERS):
         return TOOL
-    if "```" in start:
-        return CODE
-    return TAG if _TAG_START.match(start) else PROSE
+    if _TAG_START.match(start):
+        return TAG
+    if any(marker.startswith(start) for marker in TOOL_MARKERS):  # too few characters yet: a marker's beginning
+        return TOOL
+    return CODE if "```" in start else PROSE
 
 
 def prefix_chars(text: str, output_tokens: int, produced: float) -> str:
