@@ -50,8 +50,8 @@ def prefix_class(text: str | None) -> str:
         return TOOL
     if _TAG_START.match(start):
         return TAG
-    if any(marker.startswith(start) for marker in TOOL_MARKERS):  # too few characters yet: a marker's beginning
-        return TOOL
+    if any(marker.startswith(start) for marker in TOOL_MARKERS if not marker[0].isalpha()):
+        return TOOL  # too few characters yet: the beginning of a marker that opens with a bracket
     return CODE if "```" in start else PROSE
 
 
