@@ -20,7 +20,7 @@ import json
 import math
 import re
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
@@ -107,6 +107,7 @@ class ProgressiveTable:
     edges: tuple[tuple[float, ...], ...]  # one axis a numeric feature
     values: tuple
     min_produced: int = 4
+    scores: tuple[float, ...] = field(init=False, repr=False, compare=False)  # the levels' normal scores
 
     def __post_init__(self):
         if list(self.levels) != sorted(self.levels) or 0.5 not in self.levels:
@@ -116,6 +117,7 @@ class ProgressiveTable:
         shape = (len(self.classes), *(len(axis) + 1 for axis in self.edges), len(self.levels))
         if len(self.edges) != NUM_FEATURES or _shape(self.values, len(shape)) != shape:
             raise ValueError(f"progressive table: {NUM_FEATURES} axes and values of shape {shape} expected")
+        object.__setattr__(self, "scores", tuple(_NORMAL.inv_cdf(level) for level in self.levels))
 
     def quantiles(self, prefix: str, features: tuple[float, ...]) -> list[float]:
         """log(total ÷ anchor) at each level for a stage of this class at these `table_features`."""
@@ -124,14 +126,14 @@ class ProgressiveTable:
             cells = cells[bisect_left(axis, x)]
         return cells
 
-    def at_level(self, quantiles: list[float], level: float) -> float:
-        """The quantile at `level`, linear in the normal score between the table's levels (clamped to them)."""
-        levels = self.levels
-        if level <= levels[0] or level >= levels[-1]:
-            return quantiles[0] if level <= levels[0] else quantiles[-1]
-        i = bisect_left(levels, level)
-        z, z0, z1 = (_NORMAL.inv_cdf(x) for x in (level, levels[i - 1], levels[i]))
-        return quantiles[i - 1] + (quantiles[i] - quantiles[i - 1]) * (z - z0) / (z1 - z0)
+    def at_score(self, quantiles: list[float], z: float) -> float:
+        """The quantile at the level of normal score `z`, linear in the score between the table's levels (clamped
+        to them)."""
+        scores = self.scores
+        if z <= scores[0] or z >= scores[-1]:
+            return quantiles[0] if z <= scores[0] else quantiles[-1]
+        i = bisect_left(scores, z)
+        return quantiles[i - 1] + (quantiles[i] - quantiles[i - 1]) * (z - scores[i - 1]) / (scores[i] - scores[i - 1])
 
     def to_json(self) -> str:
         fields = {"levels": self.levels, "classes": self.classes, "edges": self.edges,
@@ -185,6 +187,6 @@ def length_bounds(produced: float, tokens_pred: float, tokens_reserve: float,
         return LengthBounds(tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1), median, upper)
     quantiles = table.quantiles(prefix, table_features(produced, tokens_pred, tokens_reserve))
     anchor = max(tokens_pred, produced)
-    low, median, upper = (anchor * math.exp(table.at_level(quantiles, level))
-                          for level in (1.0 - reserve_level, 0.5, reserve_level))
+    z = _NORMAL.inv_cdf(reserve_level)  # the low bound's score is −z, the median's 0
+    low, median, upper = (anchor * math.exp(table.at_score(quantiles, score)) for score in (-z, 0.0, z))
     return LengthBounds(max(low, produced + 1), max(median, produced + 1), max(upper, produced + 1))
