@@ -35,9 +35,10 @@ from pipelines.predictor import Predictor
 from pipelines.progressive import CHECKPOINTS, ProgressiveConfig, has_text
 
 REPO = Path(__file__).resolve().parent.parent
-# name → changes to ProgressiveConfig; pipelines/EXPERIMENTS.md logs what each measured. The first is the default.
+# name → changes to ProgressiveConfig (its defaults: "default", chosen on the dev side); serving/EXPERIMENTS.md logs
+# what each measured.
 VARIANTS = {
-    "default": {},  # chosen on the dev side among these three (serving/EXPERIMENTS.md)
+    "default": {},
     "leaves 15, 300 rounds": dict(num_leaves=15, n_estimators=300),
     "min 40 a leaf": dict(min_child_samples=40),
 }
