@@ -12,8 +12,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from maestro.progressive import (PREFIX_CLASSES, TABLE_FILE, ProgressiveTable, length_bounds, load_table,
-                                 parametric_bounds, prefix_class)
+from maestro.progressive import (
+    PREFIX_CLASSES,
+    TABLE_FILE,
+    ProgressiveTable,
+    length_bounds,
+    load_table,
+    parametric_bounds,
+    prefix_class,
+)
 from pipelines.progressive import ProgressiveConfig, fit_table
 from serving.admission.batch_cost import fewest_remaining_tokens
 from serving.sim.slot import running_stage
@@ -44,7 +51,8 @@ def rows_with_short_tool_calls(num: int = 3000, seed: int = 0) -> pd.DataFrame:
         is_tool = i % 2 == 0
         total = int(np.exp(rng.normal(np.log(30 if is_tool else 300), 0.3))) + 9
         for k in (k for k in (4, 8, 16, 32, 64, 128) if k < total):
-            rows.append({"stage": i, "app": "a", "produced": k, "tokens": total, "prefix": "tool" if is_tool else "prose",
+            rows.append({"stage": i, "app": "a", "produced": k, "tokens": total,
+                         "prefix": "tool" if is_tool else "prose",
                          "log_produced": np.log(k), "log_ahead": np.log(100 / k), "log_spread": np.log(3.0),
                          "target": np.log(total / max(100, k))})
     return pd.DataFrame(rows)
@@ -52,7 +60,8 @@ def rows_with_short_tool_calls(num: int = 3000, seed: int = 0) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def table() -> ProgressiveTable:
-    return fit_table(rows_with_short_tool_calls(), ProgressiveConfig(n_estimators=60, checkpoints=(4, 8, 16, 32, 64, 128)))
+    config = ProgressiveConfig(n_estimators=60, checkpoints=(4, 8, 16, 32, 64, 128))
+    return fit_table(rows_with_short_tool_calls(), config)
 
 
 def test_the_learned_table_reads_the_prefix_and_round_trips_as_json(table):
