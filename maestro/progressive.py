@@ -12,7 +12,8 @@ these into (low, median, upper) of the stage's total output length:
   LightGBM and saved as the table its trees amount to on the grid of their own split thresholds. Below
   `min_produced` tokens the prediction stands, as in the parametric form.
 
-Plain Python (no numpy, pandas or LightGBM), so the vLLM plugin, the simulator and the gateway import it alike.
+Plain Python (no numpy, pandas or LightGBM), so the vLLM plugin (in vLLM's own environment) imports it as the simulator
+does.
 """
 from __future__ import annotations
 
