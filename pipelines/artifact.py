@@ -5,6 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from maestro.progressive import TABLE_FILE
 from pipelines.workflow_store import META_FILE, MODEL_FILE
 
 ARTIFACT_FILES = ("predictor.joblib", "priors.json")  # what the checksum covers (meta.json records it)...
@@ -16,11 +17,12 @@ class ArtifactMismatch(ValueError):
 
 
 def artifact_files(directory: str | Path) -> list[str]:
-    """The files of a saved predictor the checksum covers: ARTIFACT_FILES, then the workflow model's where present
-    (a predictor saved before it had one keeps its checksum)."""
+    """The files of a saved predictor the checksum covers: ARTIFACT_FILES, then the workflow model's and the
+    progressive table where present (a predictor saved before it had them keeps its checksum)."""
     workflow = [f"{WORKFLOW_DIR}/{name}" for name in (MODEL_FILE, META_FILE)
                 if (Path(directory) / WORKFLOW_DIR / name).exists()]
-    return [*ARTIFACT_FILES, *workflow]
+    progressive = [TABLE_FILE] if (Path(directory) / TABLE_FILE).exists() else []
+    return [*ARTIFACT_FILES, *workflow, *progressive]
 
 
 def artifact_digest(directory: str | Path) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
+from maestro.progressive import TABLE_FILE, ProgressiveTable, load_table
 from pipelines import compiled_trees
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
@@ -22,6 +23,7 @@ from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHisto
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
 from pipelines.new_app import NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
+from pipelines.progressive import ProgressiveConfig, fit_for
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
@@ -115,9 +117,10 @@ class Predictor:
 
     def __init__(self, featurizer: Featurizer | None, model: TwoStageModel | None, priors: dict[str, Prior],
                  meta: dict | None = None, new_app: NewAppLevels | None = None,
-                 workflow: WorkflowRemainingModel | None = None):
+                 workflow: WorkflowRemainingModel | None = None, progressive: ProgressiveTable | None = None):
         self.featurizer, self.model, self.priors, self.new_app = featurizer, model, priors, new_app
         self.workflow = workflow  # None: every answer's workflow fields are WORKFLOW_PRIOR
+        self.progressive = progressive  # None: a running stage is re-predicted by the parametric bounds
         self.meta = meta or {}
 
     @classmethod
@@ -130,11 +133,12 @@ class Predictor:
             raise ValueError("no labelled stages: training needs output_tokens and is_tool_call on each stage")
         labels = label_frame(labelled)
         if len(labelled) < MIN_STAGES_FOR_MODEL:
-            return cls.fit(None, None, labels, model_config).fit_workflow(labelled, workflow_config)
-        featurizer = Featurizer(featurizer_config).fit(labelled, progress=progress)
-        seed = model_config.seed if model_config is not None else 0
-        predictor = cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
-        return predictor.fit_workflow(labelled, workflow_config)
+            predictor = cls.fit(None, None, labels, model_config)
+        else:
+            featurizer = Featurizer(featurizer_config).fit(labelled, progress=progress)
+            seed = model_config.seed if model_config is not None else 0
+            predictor = cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
+        return predictor.fit_workflow(labelled, workflow_config).fit_progressive(labelled)
 
     def fit_workflow(self, stages: list[StageTrace], config: WorkflowConfig | None = None) -> "Predictor":
         """Fit the workflow-level model on finished, labelled workflows (the stage model's training stages) and keep
@@ -144,6 +148,13 @@ class Predictor:
         self.meta["workflow"] = {"model": "boosters" if self.workflow.boosters_ is not None else "position-table",
                                  "num_train_stages": len(stages),
                                  "train_seconds": round(time.perf_counter() - started, 2)}
+        return self
+
+    def fit_progressive(self, stages: list[StageTrace], config: ProgressiveConfig | None = None) -> "Predictor":
+        """Fit the progressive re-predictor (pipelines/progressive.py) on the stage model's training stages, in its
+        training order, and keep it: saved as progressive.json. Stages without an output_text leave it unfitted."""
+        if any(s.output_text for s in stages):
+            self.progressive, self.meta["progressive"] = fit_for(self, stages, config)
         return self
 
     @classmethod
@@ -226,6 +237,9 @@ class Predictor:
         shutil.rmtree(directory / WORKFLOW_DIR, ignore_errors=True)  # an earlier save's
         if self.workflow is not None:
             self.workflow.save(directory / WORKFLOW_DIR)
+        (directory / TABLE_FILE).unlink(missing_ok=True)  # an earlier save's
+        if self.progressive is not None:
+            (directory / TABLE_FILE).write_text(self.progressive.to_json())
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
         shutil.rmtree(directory / compiled_trees.DIRECTORY, ignore_errors=True)  # a library of an earlier save
         if self.model is not None and getattr(self.model.config, "compile_trees", False):
@@ -242,7 +256,8 @@ class Predictor:
 
         The files are checked against `expected_sha256` and the checksum save() recorded before
         anything is unpickled; a mismatch raises ArtifactMismatch. A directory saved before predictors had a
-        workflow model (no `workflow/`) loads without one: its answers carry WORKFLOW_PRIOR."""
+        workflow model (no `workflow/`) loads without one: its answers carry WORKFLOW_PRIOR; one without
+        progressive.json, without a progressive table (runtimes then re-predict by the parametric bounds)."""
         directory = _resolve(str(location))
         digest = verify_artifact(directory, expected_sha256, require_checksum)
         state = joblib.load(directory / "predictor.joblib")
@@ -253,7 +268,7 @@ class Predictor:
             compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest)
         has_workflow = (directory / WORKFLOW_DIR).exists()
         workflow = WorkflowRemainingModel.load(directory / WORKFLOW_DIR) if has_workflow else None
-        return cls(featurizer, state["model"], priors, meta, state.get("new_app"), workflow)
+        return cls(featurizer, state["model"], priors, meta, state.get("new_app"), workflow, load_table(directory))
 
 
 def _resolve(location: str) -> Path:

@@ -36,7 +36,8 @@ from maestro.contract import read_traces
 # Policy variants tried on this referee (dev side) since it was built: raise it with every variant you try, and report
 # it beside the figures (serving/EXPERIMENTS.md lists them).
 # 8: the triage variants of 2026-12-03 (serving/EXPERIMENTS.md); the slack order before them was run with 0.
-VARIANTS_TRIED = 8
+# 9: the learned progressive re-prediction of 2026-12-03 (ablation `parametric`).
+VARIANTS_TRIED = 9
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:

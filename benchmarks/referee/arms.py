@@ -8,7 +8,8 @@
     maestro[SOURCE/ABL,...]    ... with parts off: no-gate (no batch-cost gate), no-order (EDF order), no-reserve
                                (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate),
                                no-reject (shed workflows served behind the rest, not turned away), slack (the order
-                               before triage: least predicted slack first)
+                               before triage: least predicted slack first), parametric (a running stage re-predicted
+                               by the parametric bounds, not its model's progressive table)
 
 Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
 which none of them reads for its order or its reservation.
@@ -24,7 +25,7 @@ from serving.core.systems import System, get_system
 BASELINES = ("fcfs", "edf", "srtf")
 DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
                 "maestro[oracle]", "maestro[model/slack]")
-ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack")
+ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack", "parametric")
 ORDERS = {"no-order": Policy.EDF, "slack": Policy.LEAST_SLACK}
 _MAESTRO = re.compile(r"^maestro\[(model(?:@compare)?|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
 COMPARE = "@compare"  # a source read from the --compare-model predictor
@@ -37,6 +38,7 @@ class Arm:
     source: str
     reserve_source: str | None = None  # the reserve from another source (ablation no-reserve)
     remaining: bool = True  # the workflow's remaining-work estimate read (ablation no-remaining: 0)
+    progressive: bool = True  # the model's progressive table read, where it has one (ablation parametric: not)
 
     @property
     def needs_model(self) -> bool:
@@ -68,7 +70,8 @@ def parse_arm(name: str) -> Arm:
         system = system.with_overrides(scheduler=ORDERS[order])
     if "no-reject" in ablations:
         system = system.with_overrides(triage_rejects=False)
-    return Arm(name, system, source, "none" if "no-reserve" in ablations else None, "no-remaining" not in ablations)
+    return Arm(name, system, source, "none" if "no-reserve" in ablations else None, "no-remaining" not in ablations,
+               "parametric" not in ablations)
 
 
 def parse_arms(text: str) -> list[Arm]:

@@ -115,6 +115,8 @@ class Replay:
                 stage.tokens_reserve = kept
             if not arm.remaining:
                 stage.remaining = NOTHING_LEFT
+            if not arm.progressive:
+                stage.progressive = None
 
         sim = Simulator(self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready,
                         log_decisions=log_decisions)

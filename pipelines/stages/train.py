@@ -30,7 +30,7 @@ def main() -> None:
     started = time.perf_counter()
     predictor = fit(featurizer, X, labels, load_params("train"))
     stages = select_stages(read_traces(args.traces).stages, labels)
-    predictor.fit_workflow(stages, workflow_config(load_params("workflow")))
+    predictor.fit_workflow(stages, workflow_config(load_params("workflow"))).fit_progressive(stages)
     predictor.meta["train_seconds"] = round(time.perf_counter() - started, 2)  # both models
     predictor.save(args.out)
     print(f"trained on {len(labels)} stages in {predictor.meta['train_seconds']} s → {args.out}")

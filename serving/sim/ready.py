@@ -72,6 +72,9 @@ class ReadyPredictions:
             from pipelines.predictor import Predictor  # lazily: the trained predictor is optional here
 
             self._predictor = Predictor.load(model_dir)
+        # a running stage's re-prediction: the model's table where it has one, else (and for every other source)
+        # the parametric bounds
+        self.progressive = self._predictor.progressive if self._predictor is not None else None
         if name in ("prior", "none"):
             from pipelines.predictor import NO_MODEL_PRIOR, Prior
 
@@ -86,6 +89,7 @@ class ReadyPredictions:
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
         stage.tokens_pred, stage.tokens_reserve, stage.remaining = answer
+        stage.progressive = self.progressive
 
     def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
         """Answer every distinct stage once, keyed as at readiness (all its ancestors finished)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from maestro.progressive import UNKNOWN, prefix_chars, prefix_class
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
 from serving.core.request import StageRequest
 from serving.sim.node import SimNode
@@ -48,8 +49,7 @@ class SimSlot:
         version = (now, node.num_batch_changes)
         if self._state is None or self._state[0] != version:
             v = node.v_at(now)
-            running = tuple(RunningStage(s.tokens_pred, s.tokens_reserve, s.request.deadline_s, s.start_s,
-                                         s.generated_tokens + v - s.v_start) for s in node.running)
+            running = tuple(running_stage(s, s.generated_tokens + v - s.v_start) for s in node.running)
             self._state = version, NodeState(now, running, node.pace_s_per_token(now), node.step_s(),
                                              backlog_s=max(0.0, node.stall_end_s - now))
         return self._state[1]
@@ -93,6 +93,20 @@ class SimSlot:
     def can_start_now(self, request: StageRequest) -> bool:
         """Nothing queued ahead of it here, and the core would start it."""
         return not len(self.node.sched) and self.admit(request) is not None
+
+
+def running_stage(stage: SimStage, produced: float) -> RunningStage:
+    """A running stage as the gate reads it: its prediction, deadline, start, tokens so far, the class of its output
+    so far and its predictor's re-prediction table."""
+    return RunningStage(stage.tokens_pred, stage.tokens_reserve, stage.request.deadline_s, stage.start_s, produced,
+                        output_prefix(stage, produced), stage.progressive)
+
+
+def output_prefix(stage: SimStage, produced: float) -> str:
+    """The class of a running stage's first output tokens (`maestro.progressive.prefix_class`), read off its trace's
+    output_text as the training rows read it; unknown where the stage has no re-prediction table to read it."""
+    text = (stage.source or {}).get("output_text") if stage.progressive is not None else None
+    return prefix_class(prefix_chars(text, stage.output_tokens, produced)) if text else UNKNOWN
 
 
 def parent_of(stage: SimStage) -> SimStage | None:

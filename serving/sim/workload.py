@@ -40,6 +40,7 @@ class SimStage:
     tokens_pred: int = 0
     tokens_reserve: int = 0
     remaining: WorkflowRemaining | None = None  # its workflow's remaining work, predicted at readiness
+    progressive: object = None  # its predictor's `maestro.progressive.ProgressiveTable`, set at readiness
     children: list[int] = field(default_factory=list)
     # Runtime state, owned by the engine.
     num_parents_left: int = 0

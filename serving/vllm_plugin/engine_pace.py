@@ -15,6 +15,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from maestro.progressive import ProgressiveTable
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
 from serving.vllm_plugin.hints import MaestroHints
 
@@ -66,12 +67,14 @@ class EnginePace:
     def first_token_delay_s(self) -> float:
         return statistics.median(self.recent_first_tokens_s) if self.recent_first_tokens_s else 0.0
 
-    def node_state(self, now: float, running: Iterable[tuple[str, MaestroHints, float, int]]) -> NodeState:
+    def node_state(self, now: float, running: Iterable[tuple[str, MaestroHints, float, int, str]],
+                   table: ProgressiveTable | None = None) -> NodeState:
         """The engine as the gate reads it: `running` the predicted running requests, each (id, hints, arrival time,
-        output tokens so far); one that entered the batch in this step started `now`."""
+        output tokens so far, the class of its first output tokens); one that entered the batch in this step started
+        `now`. `table`: the predictor's progressive table the plugin was given (None: parametric)."""
         stages = tuple(RunningStage(hints.tokens_pred, hints.tokens_reserve, arrival_s + hints.deadline_s,
-                                    self.started_s.get(request_id, now), num_output_tokens)
-                       for request_id, hints, arrival_s, num_output_tokens in running)
+                                    self.started_s.get(request_id, now), num_output_tokens, prefix, table)
+                       for request_id, hints, arrival_s, num_output_tokens, prefix in running)
         return NodeState(now, stages, self.pace_s_per_token, self.bare_step_s, self.first_token_delay_s)
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from statistics import NormalDist
 
+from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
 from serving.core.request import StageRequest
 
 XARGS_KEY = "maestro"
@@ -93,37 +93,25 @@ def hints_for_stage(stage: StageRequest, now_s: float, final: bool = False) -> M
                         is_shed=stage.is_shed, final=final)
 
 
-def output_bounds(num_output_tokens: int, hints: MaestroHints) -> tuple[float, float]:
-    """(median, reserve) of the request's output length given that it has produced `num_output_tokens`.
-
-    The prediction is read as a log-normal: its median `tokens_pred`, its `reserve_level` quantile `tokens_reserve`.
-    While the request is short of its median the prediction stands. Past it, both move to the same quantiles of the
-    length conditioned on L > produced, so a long answer that outlives a short stage's bound gets the tail's bound,
-    not "nothing left". A point prediction (reserve = median) only moves up to what has been produced.
-    """
-    produced, median, reserve = num_output_tokens, max(hints.tokens_pred, 1), max(hints.tokens_reserve, 1)
-    if produced < median:
-        return median, reserve
-    if reserve <= median:
-        return produced + 1, produced + 1
-    normal = NormalDist()
-    sigma = math.log(reserve / median) / normal.inv_cdf(hints.reserve_level)
-    tail = 1.0 - normal.cdf(math.log(produced / median) / sigma)  # P(L > produced)
-
-    def quantile(level: float) -> float:
-        z = normal.inv_cdf(min(1.0 - tail * (1.0 - level), 1.0 - 1e-12))
-        return max(median * math.exp(sigma * z), produced + 1)
-
-    return quantile(0.5), quantile(hints.reserve_level)
+def output_bounds(num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None,
+                  prefix: str = UNKNOWN) -> tuple[float, float]:
+    """(median, reserve) of the request's output length given that it has produced `num_output_tokens`: the learned
+    re-prediction where the plugin has its predictor's `table` (`prefix`: the class of its first output tokens), else
+    the prediction read as a log-normal and conditioned on what it produced (`maestro.progressive.length_bounds`)."""
+    bounds = length_bounds(num_output_tokens, hints.tokens_pred, hints.tokens_reserve, hints.reserve_level, table,
+                           prefix)
+    return bounds.median, bounds.upper
 
 
-def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens: int, hints: MaestroHints) -> int:
+def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens: int, hints: MaestroHints,
+                     table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> int:
     """Tokens of KV the request is predicted to hold when it ends: its prompt and its reserve given what it has
     produced (`output_bounds`), never beyond its max_tokens."""
-    reserve = output_bounds(num_output_tokens, hints)[1]
+    reserve = output_bounds(num_output_tokens, hints, table, prefix)[1]
     return num_prompt_tokens + min(max_tokens, max(math.ceil(reserve), num_output_tokens))
 
 
-def remaining_tokens(num_output_tokens: int, hints: MaestroHints) -> int:
+def remaining_tokens(num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None,
+                     prefix: str = UNKNOWN) -> int:
     """Predicted output tokens still to come: the median given what it has produced, less that."""
-    return max(math.ceil(output_bounds(num_output_tokens, hints)[0]) - num_output_tokens, 0)
+    return max(math.ceil(output_bounds(num_output_tokens, hints, table, prefix)[0]) - num_output_tokens, 0)

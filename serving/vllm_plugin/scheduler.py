@@ -37,7 +37,8 @@ from serving.core.systems import get_system
 from serving.core.tool_kv import create_tool_kv
 from serving.vllm_plugin.decisions import Decisions
 from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
-from serving.vllm_plugin.hints import MaestroHints, footprint_tokens, hints_from_extra_args, remaining_tokens
+from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
+from serving.vllm_plugin.progress import OutputProgress
 from serving.vllm_plugin.queue import MaestroRequestQueue
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.seams import check_seams
@@ -85,6 +86,7 @@ class MaestroMixin:
         self.batch_gate = BatchCostGate() if system.batch_cost else None
         self.triage = EngineTriage(config.decode_s_per_token) \
             if Policy(config.scheduler.policy) is Policy.TRIAGE else None
+        self.progress = OutputProgress.of(config.progressive, vllm_config.model_config)
         self.engine_pace = EnginePace()
         self._logged: dict | None = None
         self._logged_at = 0.0
@@ -136,6 +138,7 @@ class MaestroMixin:
             self.triage.finished(request.request_id, hints, request.num_prompt_tokens, request.num_output_tokens,
                                  self._clock(), bool(self.waiting.stages))
         self.engine_pace.forget(request.request_id)
+        self.progress.forget(request.request_id)
         self.hold_bound.forget(request.request_id)
         self.decisions.forget(request.request_id)
         hint = self.session_hints.pop(request.request_id, None)
@@ -236,9 +239,10 @@ class MaestroMixin:
     def gate_view(self, request: Request, hints: MaestroHints) -> tuple[NodeState, Candidate]:
         """The engine and the request as the batch-cost gate reads them: the predicted running requests (their hints,
         arrival, tokens so far) and the engine's measured pace (engine_pace.py)."""
-        running = [(r.request_id, self.hints[r.request_id], r.arrival_time, r.num_output_tokens) for r in self.running
-                   if r.request_id in self.hints]
-        return (self.engine_pace.node_state(self.waiting.now, running),
+        running = [(r.request_id, self.hints[r.request_id], r.arrival_time, r.num_output_tokens,
+                    self.progress.prefix(r.request_id, r.output_token_ids))
+                   for r in self.running if r.request_id in self.hints]
+        return (self.engine_pace.node_state(self.waiting.now, running, self.progress.table),
                 gate_candidate(hints, request.arrival_time, request.num_output_tokens))
 
     def _num_shared_hit_blocks(self, request: Request) -> int:
@@ -252,18 +256,16 @@ class MaestroMixin:
 
     def _output_tokens_at_end(self, request: Request, hints: MaestroHints) -> int:
         """Output tokens the request is predicted to hold at its end (its re-predicted reserve, within the context)."""
-        tokens = footprint_tokens(request.num_prompt_tokens, request.num_output_tokens, request.max_tokens, hints)
+        tokens = self.progress.footprint_tokens(request, hints)
         return min(tokens, self.max_model_len) - request.num_prompt_tokens
 
     # ---- preemption ------------------------------------------------------------------------
-    def _remaining(self, request: Request) -> int:
-        return remaining_tokens(request.num_output_tokens, self.hints[request.request_id])
-
     def _rank_victims(self) -> list[tuple[Request, int]]:
         """Order the running requests so that vLLM's victim rule (fcfs: the last; priority: the largest priority)
         takes the predicted request with the most predicted work left (module docstring). Returns the requests whose
         priority was raised, with their own, which `schedule` gives back after the step."""
-        remaining = {r.request_id: self._remaining(r) for r in self.running if r.request_id in self.hints}
+        remaining = {r.request_id: self.progress.remaining_tokens(r, self.hints[r.request_id]) for r in self.running
+                     if r.request_id in self.hints}
         if not remaining:
             return []
         predicted = sorted((r for r in self.running if r.request_id in remaining), key=lambda r: remaining[r.request_id])
@@ -274,10 +276,9 @@ class MaestroMixin:
         return raised
 
     def _preempt_request(self, request: Request, *args, **kwargs) -> None:
-        if request.request_id in self.hints:
-            self.decisions.num_preempted += 1
-        else:
-            self.decisions.num_preempted_unpredicted += 1
+        is_predicted = request.request_id in self.hints
+        self.decisions.num_preempted += is_predicted
+        self.decisions.num_preempted_unpredicted += not is_predicted
         super()._preempt_request(request, *args, **kwargs)
 
     # ---- reporting -------------------------------------------------------------------------

@@ -33,6 +33,9 @@ class MaestroSchedulerConfig:
     # somewhat slower still finds its context).
     prefill_s_per_token: float = field(default_factory=lambda: SessionsConfig().prefill_s_per_token)
     tool_hold_factor: float = 2.0
+    # A running request's re-prediction (progress.py): the predictor directory (or its progressive.json) whose
+    # learned table to read; None: the parametric bounds.
+    progressive: str | None = None
 
     def __post_init__(self):
         try:

@@ -7,6 +7,7 @@ import pytest
 
 from maestro.cli import main as maestro
 from maestro.prediction import WORKFLOW_FIELDS, WORKFLOW_PRIOR
+from maestro.progressive import TABLE_FILE
 from pipelines.artifact import ArtifactMismatch
 from maestro.contract import StageTrace, read_traces, write_jsonl
 from pipelines.features import FeaturizerConfig, StageHistory
@@ -118,10 +119,11 @@ def old_format_digest(directory) -> str:
 def test_a_predictor_saved_without_a_workflow_model_loads_and_answers_the_prior(predictor, sample_stages, tmp_path):
     directory = predictor.save(tmp_path / "old")
     shutil.rmtree(directory / "workflow")
+    (directory / TABLE_FILE).unlink()  # saved before predictors had a progressive table either
     meta = json.loads((directory / "meta.json").read_text())
     (directory / "meta.json").write_text(json.dumps({**meta, "artifact_sha256": old_format_digest(directory)}))
     old = Predictor.load(directory, expected_sha256=old_format_digest(directory))
-    assert old.workflow is None
+    assert old.workflow is None and old.progressive is None
     answers = old.predict(sample_stages[:10])
     assert {a.fallback_level for a in answers} == {"role"}  # the stage model answers as before
     assert {tuple(a.remaining_fields().items()) for a in answers} == {tuple(WORKFLOW_PRIOR.remaining_fields().items())}
@@ -200,3 +202,22 @@ def test_a_model_subclass_fitted_by_predictor_fit_can_refit_its_reserve_alone(sa
     recorder.config = replace(FAST_MODEL, alpha=0.2)
     recorder.fit_reserve(*recorder.inputs)
     assert recorder.global_q_ < level  # a looser promise, a lower level
+
+
+def test_the_progressive_table_is_saved_under_the_checksum_and_optional(predictor, tmp_path):
+    """Training fits the progressive table on the stage model's out-of-fold medians; save() writes it under the
+    checksum; a predictor without one (saved before it had one) loads with none, and runtimes fall back to the
+    parametric bounds."""
+    assert predictor.progressive is not None
+    assert predictor.meta["progressive"]["first_guesses"].startswith("out-of-fold")
+    directory = predictor.save(tmp_path / "p")
+    assert Predictor.load(directory).progressive == predictor.progressive
+    shutil.copytree(directory, tmp_path / "changed")
+    (tmp_path / "changed" / TABLE_FILE).write_text(predictor.progressive.to_json().replace("0.", "1.", 1))
+    with pytest.raises(ArtifactMismatch, match="checksum recorded in meta.json"):
+        Predictor.load(tmp_path / "changed")
+    bare = Predictor(predictor.featurizer, predictor.model, predictor.priors, dict(predictor.meta), predictor.new_app,
+                     predictor.workflow)
+    assert not (bare.save(tmp_path / "bare") / TABLE_FILE).exists()
+    assert Predictor.load(tmp_path / "bare").progressive is None
+

@@ -27,23 +27,31 @@ from functools import cached_property
 
 import numpy as np
 
+from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
 
-def remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float, step_tokens: float = 16.0) -> float:
-    """Predicted decode tokens still to come for a stage that has produced `produced`: its prediction's rest while it
-    is under it, then the rest of its reserve (the calibrated upper bound), then `step_tokens` at a time."""
+
+def remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float, step_tokens: float = 16.0,
+                     table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> float:
+    """Predicted decode tokens still to come for a stage that has produced `produced`: with a progressive `table`,
+    the re-predicted median's rest (`maestro.progressive.length_bounds`, `prefix` the class of its first tokens);
+    without, its prediction's rest while it is under it, then the rest of its reserve (the calibrated upper bound),
+    then `step_tokens` at a time."""
+    if table is not None and produced >= table.min_produced:
+        return length_bounds(produced, tokens_pred, tokens_reserve, table=table, prefix=prefix).median - produced
     for bound in (tokens_pred, tokens_reserve):
         if produced < bound:
             return bound - produced
     return step_tokens
 
 
-def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float,
-                            step_tokens: float = 16.0) -> float:
-    """The decode tokens a stage still has at the least: the lower bound that mirrors its reserve around the point
-    prediction in log space (pred² ÷ reserve; length errors are about symmetric there), less what it produced, then
-    `step_tokens`. The gate judges endangerment on it, so a wrong prediction makes it admit, not hold back; a
-    prediction with a tight reserve (the true length) keeps its full weight."""
-    low = tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1)
+def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float, step_tokens: float = 16.0,
+                            table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> float:
+    """The decode tokens a stage still has at the least: the low bound of `maestro.progressive.length_bounds` (without
+    a `table`, the bound that mirrors its reserve around the point prediction in log space, pred² ÷ reserve: length
+    errors are about symmetric there; with one, the re-predicted low quantile given its output so far), less what it
+    produced, then `step_tokens`. The gate judges endangerment on it, so a wrong prediction makes it admit, not hold
+    back; a prediction with a tight reserve (the true length) keeps its full weight."""
+    low = length_bounds(produced, tokens_pred, tokens_reserve, table=table, prefix=prefix).low
     return low - produced if produced < low else step_tokens
 
 
@@ -100,6 +108,8 @@ class RunningStage:
     deadline_s: float
     started_s: float  # when it started there (its prefill began)
     produced: float | None = None  # output tokens so far; None: not counted (`NodeState` estimates them)
+    prefix: str = UNKNOWN  # the class of its first output tokens (`maestro.progressive.prefix_class`)
+    progressive: ProgressiveTable | None = None  # its predictor's re-prediction table; None: parametric
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,7 @@ class NodeState:
         backlog_s = self.backlog_s
         if backlog_s is None:
             backlog_s = max([first - self.now for first, n in zip(first_tokens_s, produced) if n <= 0], default=0.0)
-        remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n)
+        remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n, table=s.progressive, prefix=s.prefix)
                      for s, n in zip(self.running, produced)]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
         return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now)

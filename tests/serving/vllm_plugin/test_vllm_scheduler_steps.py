@@ -14,6 +14,7 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 
+from maestro.progressive import PREFIX_CLASSES, TABLE_FILE, ProgressiveTable
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage, gate_inputs
 
 from driver.testbed.engines import REPO, VLLM_PYTHON, has_vllm
@@ -103,6 +104,20 @@ def test_the_victim_is_the_request_with_the_most_predicted_work_left(tmp_path, t
     assert maestro["decisions"]["num_preempted"] == 1
 
 
+def test_the_plugin_reads_a_progressive_table_from_its_config(tmp_path, tiny_model):
+    """`maestro_scheduler.progressive` names a table (here one that re-predicts every running request at its
+    prediction ÷ e): the engine starts with it and still preempts the request with the most predicted work left.
+    The harness skips the tokenizer, so the class of the output is unknown."""
+    levels = (0.05, 0.5, 0.95)
+    values = [[[[[-2.0, -1.0, 0.5]]]]] * len(PREFIX_CLASSES)
+    (tmp_path / TABLE_FILE).write_text(ProgressiveTable(levels, PREFIX_CLASSES, ((), (), ()), values).to_json())
+    requests = [request("long", 0, 200, {"tokens_pred": 200}),
+                request("short", 3, 150, {"tokens_pred": 20, "tokens_reserve": 30})]
+    (maestro,) = steps_of(tmp_path, tiny_model, {"scheduler": "maestro", "requests": requests,
+                                                 "maestro_config": {"progressive": str(tmp_path)}})
+    assert [rid for step in maestro["steps"] for rid in step["preempted"]] == ["long"]
+
+
 def test_a_request_held_back_too_long_gets_the_pool_drained_for_it(tmp_path, tiny_model, is_async):
     # "big", a 200-token prompt (13 blocks, 15 at its end), fits beside one 40-token "small" (4 blocks) but not beside
     # the three or four that a small every 12 steps keeps running. Without a bound it waits for the stream to end;
@@ -148,10 +163,11 @@ CANDIDATE_INPUTS = ("stall_s", "added_step_s", "candidate_tokens", "candidate_sl
 
 
 def numbers(node: NodeState, candidate: Candidate) -> list[float]:
-    """A node state and a candidate as the numbers they hold (None, a default to apply, left out)."""
+    """A node state and a candidate as the numbers they hold (None, a default to apply, and the prefix class and
+    table of a running stage, left out)."""
     values = [node.now, node.pace_s_per_token, node.step_s, node.prefill_s, node.backlog_s,
               *(v for stage in node.running for v in astuple(stage)), *astuple(candidate)]
-    return [float(v) for v in values if v is not None]
+    return [float(v) for v in values if isinstance(v, (int, float))]
 
 
 def test_the_plugin_gives_the_batch_cost_gate_what_the_shared_function_computes_from_its_engine(tmp_path, tiny_model):

@@ -205,8 +205,8 @@ def test_the_engine_pace_times_busy_steps_and_first_tokens():
     pace.step_scheduled(1.2, is_busy=False)  # nothing ran: the idle time until the next step is no step
     pace.step_began(5.0, tokens.get)
     assert len(pace.recent_steps_s) == 8
-    state = pace.node_state(5.0, [("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9),
-                                  ("b", MaestroHints(tokens_pred=10), 4.0, 0)])
+    state = pace.node_state(5.0, [("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9, "unknown"),
+                                  ("b", MaestroHints(tokens_pred=10), 4.0, 0, "unknown")])
     assert [(s.deadline_s, s.started_s, s.produced) for s in state.running] == [(30.0, 0.0, 9), (math.inf, 5.0, 0)]
     assert (state.pace_s_per_token, state.prefill_s) == (pace.pace_s_per_token, 0.5)
     assert gate_candidate(MaestroHints(tokens_pred=20, deadline_s=3.0), 2.0, 4) == Candidate(5.0, 20, 4)
