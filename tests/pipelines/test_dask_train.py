@@ -18,7 +18,7 @@ from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import grouped_split
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.metrics import quality
-from pipelines.model import ModelConfig, asymmetric_l2
+from pipelines.model_config import ModelConfig, asymmetric_l2
 from pipelines.predictor import Predictor, label_frame
 from pipelines.synth import generate
 
