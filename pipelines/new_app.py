@@ -23,7 +23,8 @@ from maestro.prediction import FallbackLevel
 from pipelines.calibration import calibrate_scores, conformal_quantile
 from pipelines.features import UNKNOWN
 from pipelines.history import HISTORY_CONDITIONS
-from pipelines.model import TwoStageModel, lgb_params
+from pipelines.model import TwoStageModel
+from pipelines.model_config import lgb_params
 from pipelines.turn_features import OWN_TURN_COLUMNS
 
 NEW_APP = FallbackLevel.NEW_APP  # the fallback level of an answer for an app training never saw

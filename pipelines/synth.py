@@ -27,7 +27,9 @@ import math
 import numpy as np
 from tqdm import tqdm
 
-from pipelines.catalog import APPS, TOOLS, App, Role, StageSpec
+from pipelines.agent_tools import TOOLS
+from pipelines.app_spec import App, Role, StageSpec
+from pipelines.catalog import APPS
 
 MAX_TOKENS = 4096
 DETAIL = {"brief": 0.5, "standard": 1.0, "detailed": 2.2}

@@ -98,7 +98,7 @@ def load(source: ModelSource, tracking_uri: str | None = None) -> Predictor:
         expected = registered_checksum(source.uri, tracking_uri)
         if expected is None:  # the artifact's own meta.json could be rewritten with it: only the registry counts
             raise ArtifactMismatch(f"{source.uri} was registered without a checksum (tag {CHECKSUM_TAG}): "
-                                   "register it again with `dvc repro` (pipelines/register.py)")
+                                   "register it again with `dvc repro` (pipelines/stages/register.py)")
     return Predictor.load(source.uri, expected_sha256=expected, require_checksum=True)
 
 

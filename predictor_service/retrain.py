@@ -29,7 +29,7 @@ from predictor_service.coverage import CoverageResponse
 from predictor_service.deploy import DeployConfig, DeployResult, Registry, deploy
 
 STAGED = Path("data/traces/retrain")  # in the repository; git-ignored, DVC tracks it as collect's dependency
-REGISTRATION = Path("data/eval/registration.json")  # what `register` decided (pipelines/register.py)
+REGISTRATION = Path("data/eval/registration.json")  # what `register` decided (pipelines/stages/register.py)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def session_of(stage) -> str:
 def tool_prior_s(tool: str) -> float:
     """A tool's predicted time before any of its calls has returned, as the simulator predicts it
     (`serving.sim.engine.Simulator.predicted_tool_s`)."""
-    from pipelines.catalog import TOOLS
+    from pipelines.agent_tools import TOOLS
 
     return TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
 

@@ -142,7 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=256, help="the prefill chunk (default: %(default)s)")
     add("--max-model-len", type=int, default=768)
-    add("--policy", default="maestro", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
+    add("--policy", default="least-slack", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
     add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",

@@ -21,7 +21,8 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 64 * 2 * 2
 
 def training_texts(repo: Path) -> list[str]:
     """Local text for the tokenizer: the catalog's system prompts and tasks, and the repo's Python sources."""
-    from pipelines.catalog import APPS, TOOLS
+    from pipelines.agent_tools import TOOLS
+    from pipelines.catalog import APPS
 
     texts = [r.system_prompt for a in APPS.values() for r in a.roles.values()]
     texts += [t for a in APPS.values() for t in a.tasks] + [json.dumps(t.schema()) for t in TOOLS.values()]

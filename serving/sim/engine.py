@@ -252,7 +252,7 @@ class Simulator:
         self.tool_times.observe(tool, duration_s)
 
     def predicted_tool_s(self, tool: str) -> float:
-        from pipelines.catalog import TOOLS
+        from pipelines.agent_tools import TOOLS
 
         prior = TOOLS[tool].exec_s_mean if tool in TOOLS else 1.0
         return self.tool_times.get(tool, prior)

@@ -28,7 +28,7 @@ class ToolTimeDistribution:
 
     def draw(self, workflows: list[SimWorkflow], seed: int) -> None:
         """Set `tool_exec_s` on every tool-call stage whose trace did not record one."""
-        from pipelines.catalog import TOOLS
+        from pipelines.agent_tools import TOOLS
 
         for workflow in workflows:
             for stage in workflow.stages:

@@ -13,12 +13,13 @@ import pytest
 from maestro.contract import read_traces
 from pipelines.dask_features import (feature_frame, fit_featurizer, is_trace_parquet, labelled_stages,
                                      read_trace_parquet, to_trace_parquet)
-from pipelines.dask_train import DaskTrainConfig, _sklearn_objective, train_predictor
+from pipelines.dask_model import _sklearn_objective
+from pipelines.dask_train import DaskTrainConfig, train_predictor
 from pipelines.embedding import Embedder, EmbedderConfig
 from pipelines.featurize import grouped_split
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.metrics import quality
-from pipelines.model import ModelConfig, asymmetric_l2
+from pipelines.model_config import ModelConfig, asymmetric_l2
 from pipelines.predictor import Predictor, label_frame
 from pipelines.synth import generate
 

@@ -5,7 +5,8 @@ import pytest
 
 from pipelines.metrics import expected_calibration_error
 from pipelines.calibration import conformal_quantile
-from pipelines.model import ModelConfig, TwoStageModel, asymmetric_l2, regression_objective
+from pipelines.model import TwoStageModel
+from pipelines.model_config import ModelConfig, asymmetric_l2, regression_objective
 
 
 def test_asymmetric_loss_penalises_under_estimation_more():
