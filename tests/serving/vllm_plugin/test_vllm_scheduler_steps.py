@@ -207,7 +207,7 @@ def test_a_request_of_a_workflow_triage_sheds_is_served_behind_without_a_deadlin
                 *(request(rid, k + 1, 20, {"tokens_pred": 20, "deadline_s": d, "workflow": rid.split("-")[0]})
                   for k, (rid, d) in enumerate(hints.items()))]
     configs = [{"system": system, "scheduler": {"policy": policy, "late_max_wait_s": 1e9}}
-               for system, policy in (("maestro", "triage"), ("maestro-slack", "maestro"))]
+               for system, policy in (("maestro", "triage"), ("maestro-slack", "least-slack"))]
     triage, slack = steps_of(tmp_path, tiny_model, *({"scheduler": "maestro", "max_num_seqs": 1, "requests": requests,
                                                        "maestro_config": config} for config in configs),
                              is_async=is_async)
