@@ -30,6 +30,7 @@ from serving.gateway.streaming import open_stream, post_streamed
 from serving.gateway.upstream import Reply, UpstreamError
 from serving.gateway.validation import BadRequest, check_body, read_call
 from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
+from serving.vllm_plugin.session_kv import SESSION_KEY
 
 
 def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
@@ -134,6 +135,10 @@ class StageCall:
         if node.runs_maestro_scheduler:
             upstream.pop("priority", None)
             xargs.update(hints_for_stage(job.request, time.monotonic(), final=job.meta.final).to_xargs())
+            if SESSION_KEY not in xargs:  # the caller's own session hint goes as it came
+                meta = job.meta
+                xargs.update(gateway.sessions.engine_hint(meta.workflow_key, meta.app, meta.role,
+                                                          job.prediction.p_tool).to_xargs())
         else:
             upstream["priority"] = priority
         if xargs:
