@@ -42,7 +42,9 @@ from pipelines.contract import read_traces
 
 REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
-VARIANTS_TRIED = 0
+# 2 (2026-12-03, serving/EXPERIMENTS.md): the rates 300 and 450, seed 0, three arms, to find a load where fcfs preempts
+# and the arms' SLO attainment differ; the grid at 100 and 150 before them was run with 0.
+VARIANTS_TRIED = 2
 # The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
 # steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
 # 25-block pool full, 1 preemption), not at 50.
@@ -65,12 +67,16 @@ MEASURES = {
     "tokens_per_step": (lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"],
                                              f["all_clusters"]), "slo_attainment"),
     "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
+    "context_prompt_tokens": (lambda f, _: mean_of(f["contexts"], f["clusters"]), "slo_attainment"),
 }
 UNITS = {"slo_attainment": "share of measured workflows", "e2e_p95_s": "seconds at step_s a step",
          "workflow_p95_steps": "engine steps", "preemptions": "per measured workflow",
          "tokens_per_step": "output tokens per replay step in the steady window",
          "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
-                                     "a session) not served from vLLM's prefix cache"}
+                                     "a session) that the previous turn had computed (its prompt and output) and "
+                                     "vLLM's prefix cache did not serve",
+         "context_prompt_tokens": "per measured workflow: those next turns' prompt tokens from the previous turn "
+                                  "(the most that a cache can serve)"}
 
 
 def num_workflows(rate: float, arrival_steps: int) -> int:

@@ -196,3 +196,14 @@ def test_figures_from_hand_built_step_records(original):
     assert results["a"]["tokens_per_step"]["mean"] == pytest.approx(total_tokens / 100, rel=1e-3)
     assert results["a"]["slo_attainment"]["mean"] == 0.5 and not differences
     assert np.isfinite(results["a"]["workflow_p95_steps"]["mean"])
+    # a next turn's recomputed tokens: the previous turn's prompt and output it starts with, less what the cache served
+    contexts = [sum(min(wf["stages"][s["session_parent"]]["prompt_tokens"] + wf["stages"][s["session_parent"]]
+                        ["output_tokens"], s["prompt_tokens"] - 1) for s in wf["stages"] if s["session_parent"] >= 0)
+                for wf in plan["workflows"][1:3]]
+    assert sum(contexts) > 0 and figures["recomputed"].tolist() == figures["contexts"].tolist() == contexts
+    for workflow in records:
+        for record in workflow:
+            record["cached_tokens"] = 10 ** 6  # more than any context: the new tokens are never counted
+    served = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
+                                "decisions": None})
+    assert served["recomputed"].tolist() == [0, 0] and served["contexts"].tolist() == contexts
