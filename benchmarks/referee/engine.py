@@ -119,8 +119,11 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
         plan_path.write_text(text)
         out_path.unlink(missing_ok=True)
         paths += [str(plan_path), str(out_path)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    # One OpenMP thread, unbound: the tiny model needs none more, and on shared cores a second one waiting at every
+    # barrier for its turn made runs 2.5-3x slower (2026-12-03). Step records do not depend on it; the environment wins.
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "PYTHONPATH": str(REPO),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_LOGGING_LEVEL": "WARNING"}
     if paths:
         subprocess.run([str(python), "-m", "benchmarks.engine_steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
