@@ -51,6 +51,7 @@ def run_figures(plan: dict, steps: dict) -> dict:
                          "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
                          "num_held_back": (steps["decisions"] or {}).get("num_held_back"),
                          "session_kv": session_kv(steps["decisions"]),
+                         "next_turns": next_turn_recompute(plan, steps),
                          "cached_tokens_check": steps.get("cached_tokens_check")}}
 
 
@@ -60,6 +61,43 @@ def context_tokens(workflow: dict, spec: dict) -> int:
     is computed again. The rest of its prompt (the tool's result, the next instruction) is new to the engine."""
     parent = workflow["stages"][spec["session_parent"]]
     return min(parent["prompt_tokens"] + parent["output_tokens"], spec["prompt_tokens"] - 1)
+
+
+def next_turn_recompute(plan: dict, steps: dict) -> dict:
+    """Whole run (every workflow, not only the measured ones): the next turns, their context tokens, those recomputed,
+    and those recomputed in the context's full blocks (vLLM caches whole blocks only: a context's last partial block
+    is computed again under any cache)."""
+    block = plan["engine"]["block_size"]
+    out = {"turns": 0, "context_tokens": 0, "recomputed": 0, "recomputed_full_blocks": 0}
+    for workflow, records in zip(plan["workflows"], steps["stages"]):
+        for spec, record in zip(workflow["stages"], records):
+            if spec["session_parent"] >= 0:
+                context, cached = context_tokens(workflow, spec), max(0, record["cached_tokens"])
+                out["turns"] += 1
+                out["context_tokens"] += context
+                out["recomputed"] += context - min(context, cached)
+                out["recomputed_full_blocks"] += max(0, context // block * block - cached)
+    return out
+
+
+def next_turn_table(report: dict) -> list[str]:
+    """Per rate, each arm's whole-run next-turn recomputation summed over seeds, and its ratio to vllm-fcfs's."""
+    lines = []
+    for rate, by_arm in report["counters"].items():
+        sums = {arm: {k: sum(run["next_turns"][k] for run in runs) for k in runs[0]["next_turns"]}
+                for arm, runs in by_arm.items() if runs and runs[0].get("next_turns")}
+        if not sums:
+            continue
+        base = sums.get("vllm-fcfs")
+        lines += [f"Next turns at {rate}, whole runs summed over seeds (context: the previous turn's prompt and output "
+                  "a next turn starts with):", "", "| arm | next turns | context tokens | recomputed | vs vllm-fcfs | "
+                  "recomputed in full blocks | vs vllm-fcfs |", "|---|---|---|---|---|---|---|"]
+        for arm, row in sums.items():
+            ratio = lambda key: f"{row[key] / base[key]:.2f}×" if base and base[key] else "–"  # noqa: E731
+            lines.append(f"| {arm} | {row['turns']} | {row['context_tokens']} | {row['recomputed']} | "
+                         f"{ratio('recomputed')} | {row['recomputed_full_blocks']} | {ratio('recomputed_full_blocks')} |")
+        lines.append("")
+    return lines
 
 
 def session_kv(decisions: dict | None) -> dict | None:
@@ -96,7 +134,7 @@ def table(report: dict) -> str:
     lines += rate_tables(report, lambda rate, row: f"**{rate} workflows per 1,000 steps**, "
                          f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})",
                          COLUMNS, DIFFERENCE_COLUMNS)
-    lines += session_kv_table(report)
+    lines += session_kv_table(report) + next_turn_table(report)
     return "\n".join(lines)
 
 

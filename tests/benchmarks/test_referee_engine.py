@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from benchmarks.engine_replay import DEFAULT_ARMS, EngineConfig, EngineWorkload, engine_arm
-from benchmarks.engine_report import run_figures
+from benchmarks.engine_report import context_tokens, run_figures
 from benchmarks.referee.engine import summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from pipelines.contract import StageTrace
@@ -203,12 +203,20 @@ def test_figures_from_hand_built_step_records(original):
                         ["output_tokens"], s["prompt_tokens"] - 1) for s in wf["stages"] if s["session_parent"] >= 0)
                 for wf in plan["workflows"][1:3]]
     assert sum(contexts) > 0 and figures["recomputed"].tolist() == figures["contexts"].tolist() == contexts
+    whole = figures["counters"]["next_turns"]  # every workflow of the run, nothing cached
+    turns = [(wf, s) for wf in plan["workflows"] for s in wf["stages"] if s["session_parent"] >= 0]
+    block = plan["engine"]["block_size"]
+    assert whole["recomputed"] == whole["context_tokens"] == sum(context_tokens(wf, s) for wf, s in turns)
+    assert whole["recomputed_full_blocks"] == sum(context_tokens(wf, s) // block * block for wf, s in turns)
+    assert whole["turns"] == len(turns) and whole["recomputed_full_blocks"] < whole["recomputed"]
     for workflow in records:
         for record in workflow:
             record["cached_tokens"] = 10 ** 6  # more than any context: the new tokens are never counted
     served = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
                                 "decisions": None})
     assert served["recomputed"].tolist() == [0, 0] and served["contexts"].tolist() == contexts
+    assert served["counters"]["next_turns"]["recomputed"] == served["counters"]["next_turns"][
+        "recomputed_full_blocks"] == 0
 
 
 def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tmp_path, monkeypatch):
