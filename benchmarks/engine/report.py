@@ -3,7 +3,8 @@ referee's paired bootstrap (`benchmarks.referee.stats`) resamples, and the engin
 
 Per measured workflow (arrived in the steady part of the run, the plan's `measured` range): whether it met its SLO,
 its time in steps from arrival to its last stage's end, its stages' preemptions, and its next turns' prompt tokens not
-served from vLLM's prefix cache (a stage that continues its session: prompt − cached). Per replayed workflow: the
+served from vLLM's prefix cache (a stage that continues its session: of its prompt, the previous turn's prompt and
+output that it starts with, `context_tokens`, less what the cache served). Per replayed workflow: the
 output tokens it produced inside the steady window, so that their mean × workflows ÷ window steps is the engine's
 tokens per step there. Step figures depend only on the plan; `wall_s` is this machine's wall clock.
 """
@@ -26,19 +27,22 @@ DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),
 def run_figures(plan: dict, steps: dict) -> dict:
     """Per-workflow arrays of one arm's run on one seed (see the module docstring)."""
     first, last = plan["measured"]
-    met, latency, preemptions, recomputed, clusters = [], [], [], [], []
+    met, latency, preemptions, recomputed, contexts, clusters = [], [], [], [], [], []
     for workflow, records in list(zip(plan["workflows"], steps["stages"]))[first:last]:
         took = max(r["finish_step"] for r in records) - workflow["arrival_step"] + 1
         done = all(r["finish_step"] >= 0 for r in records)
         latency.append(took if done else np.inf)
         met.append(done and took <= workflow["slo_steps"])
         preemptions.append(sum(r["num_preemptions"] for r in records))
-        recomputed.append(sum(spec["prompt_tokens"] - max(0, r["cached_tokens"])
-                              for spec, r in zip(workflow["stages"], records) if spec["session_parent"] >= 0))
+        turns = [(context_tokens(workflow, spec), r) for spec, r in zip(workflow["stages"], records)
+                 if spec["session_parent"] >= 0]
+        recomputed.append(sum(context - min(context, max(0, r["cached_tokens"])) for context, r in turns))
+        contexts.append(sum(context for context, _ in turns))
         clusters.append(workflow["cluster"])
     window_steps = max(1, plan["window"][1] - plan["window"][0])
     return {"met": np.array(met), "latency_steps": np.array(latency, dtype=float),
             "preemptions": np.array(preemptions, dtype=float), "recomputed": np.array(recomputed, dtype=float),
+            "contexts": np.array(contexts, dtype=float),
             "clusters": np.array(clusters),
             "window_tokens": np.array([sum(r["window_tokens"] for r in records) for records in steps["stages"]],
                                       dtype=float),
@@ -47,7 +51,53 @@ def run_figures(plan: dict, steps: dict) -> dict:
                          "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
                          "num_held_back": (steps["decisions"] or {}).get("num_held_back"),
                          "session_kv": session_kv(steps["decisions"]),
+                         "next_turns": next_turn_recompute(plan, steps),
                          "cached_tokens_check": steps.get("cached_tokens_check")}}
+
+
+def context_tokens(workflow: dict, spec: dict) -> int:
+    """The prompt tokens a next turn shares with its session's previous turn (that turn's prompt and output, which
+    `benchmarks/engine/steps.py` puts first in its prompt): computed once already, so each one not served from a cache
+    is computed again. The rest of its prompt (the tool's result, the next instruction) is new to the engine."""
+    parent = workflow["stages"][spec["session_parent"]]
+    return min(parent["prompt_tokens"] + parent["output_tokens"], spec["prompt_tokens"] - 1)
+
+
+def next_turn_recompute(plan: dict, steps: dict) -> dict:
+    """Whole run (every workflow, not only the measured ones): the next turns, their context tokens, those recomputed,
+    and those recomputed in the context's full blocks (vLLM caches whole blocks only: a context's last partial block
+    is computed again under any cache)."""
+    block = plan["engine"]["block_size"]
+    out = {"turns": 0, "context_tokens": 0, "recomputed": 0, "recomputed_full_blocks": 0}
+    for workflow, records in zip(plan["workflows"], steps["stages"]):
+        for spec, record in zip(workflow["stages"], records):
+            if spec["session_parent"] >= 0:
+                context, cached = context_tokens(workflow, spec), max(0, record["cached_tokens"])
+                out["turns"] += 1
+                out["context_tokens"] += context
+                out["recomputed"] += context - min(context, cached)
+                out["recomputed_full_blocks"] += max(0, context // block * block - cached)
+    return out
+
+
+def next_turn_table(report: dict) -> list[str]:
+    """Per rate, each arm's whole-run next-turn recomputation summed over seeds, and its ratio to vllm-fcfs's."""
+    lines = []
+    for rate, by_arm in report["counters"].items():
+        sums = {arm: {k: sum(run["next_turns"][k] for run in runs) for k in runs[0]["next_turns"]}
+                for arm, runs in by_arm.items() if runs and runs[0].get("next_turns")}
+        if not sums:
+            continue
+        base = sums.get("vllm-fcfs")
+        lines += [f"Next turns at {rate}, whole runs summed over seeds (context: the previous turn's prompt and output "
+                  "a next turn starts with):", "", "| arm | next turns | context tokens | recomputed | vs vllm-fcfs | "
+                  "recomputed in full blocks | vs vllm-fcfs |", "|---|---|---|---|---|---|---|"]
+        for arm, row in sums.items():
+            ratio = lambda key: f"{row[key] / base[key]:.2f}×" if base and base[key] else "–"  # noqa: E731
+            lines.append(f"| {arm} | {row['turns']} | {row['context_tokens']} | {row['recomputed']} | "
+                         f"{ratio('recomputed')} | {row['recomputed_full_blocks']} | {ratio('recomputed_full_blocks')} |")
+        lines.append("")
+    return lines
 
 
 def session_kv(decisions: dict | None) -> dict | None:
@@ -84,7 +134,7 @@ def table(report: dict) -> str:
     lines += rate_tables(report, lambda rate, row: f"**{rate} workflows per 1,000 steps**, "
                          f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})",
                          COLUMNS, DIFFERENCE_COLUMNS)
-    lines += session_kv_table(report)
+    lines += session_kv_table(report) + next_turn_table(report)
     return "\n".join(lines)
 
 

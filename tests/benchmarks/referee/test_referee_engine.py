@@ -10,8 +10,10 @@ difference: the proof that it can fail. No engine runs here.
 """
 from __future__ import annotations
 
+import json
 import math
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import run_figures
+from benchmarks.engine.report import context_tokens
 from benchmarks.referee.engine import summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace
@@ -198,3 +201,47 @@ def test_figures_from_hand_built_step_records(original):
     assert results["a"]["tokens_per_step"]["mean"] == pytest.approx(total_tokens / 100, rel=1e-3)
     assert results["a"]["slo_attainment"]["mean"] == 0.5 and not differences
     assert np.isfinite(results["a"]["workflow_p95_steps"]["mean"])
+    # a next turn's recomputed tokens: the previous turn's prompt and output it starts with, less what the cache served
+    contexts = [sum(min(wf["stages"][s["session_parent"]]["prompt_tokens"] + wf["stages"][s["session_parent"]]
+                        ["output_tokens"], s["prompt_tokens"] - 1) for s in wf["stages"] if s["session_parent"] >= 0)
+                for wf in plan["workflows"][1:3]]
+    assert sum(contexts) > 0 and figures["recomputed"].tolist() == figures["contexts"].tolist() == contexts
+    whole = figures["counters"]["next_turns"]  # every workflow of the run, nothing cached
+    turns = [(wf, s) for wf in plan["workflows"] for s in wf["stages"] if s["session_parent"] >= 0]
+    block = plan["engine"]["block_size"]
+    assert whole["recomputed"] == whole["context_tokens"] == sum(context_tokens(wf, s) for wf, s in turns)
+    assert whole["recomputed_full_blocks"] == sum(context_tokens(wf, s) // block * block for wf, s in turns)
+    assert whole["turns"] == len(turns) and whole["recomputed_full_blocks"] < whole["recomputed"]
+    for workflow in records:
+        for record in workflow:
+            record["cached_tokens"] = 10 ** 6  # more than any context: the new tokens are never counted
+    served = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
+                                "decisions": None})
+    assert served["recomputed"].tolist() == [0, 0] and served["contexts"].tolist() == contexts
+    assert served["counters"]["next_turns"]["recomputed"] == served["counters"]["next_turns"][
+        "recomputed_full_blocks"] == 0
+
+
+def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tmp_path, monkeypatch):
+    """`--resume`: a plan already run (its step records beside the very same plan) is read back, not run again; a
+    changed plan or one without records is run."""
+    from benchmarks.referee import engine
+
+    runs = []
+
+    def fake_run(command, **kwargs):  # the engine: writes each OUT it is given
+        paths = command[3:]
+        runs.append([Path(p).name for p in paths[::2]])
+        for out in paths[1::2]:
+            Path(out).write_text(json.dumps({"ran": True}))
+
+    monkeypatch.setattr(engine.subprocess, "run", fake_run)
+    plans = {"a": {"x": 1}, "b": {"x": 2}}
+    assert engine.run_plans(plans, tmp_path, Path("python")) == {"a": {"ran": True}, "b": {"ran": True}}
+    (tmp_path / "steps_a.json").write_text(json.dumps({"kept": True}))
+    steps = engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)
+    assert steps == {"a": {"kept": True}, "b": {"ran": True}} and runs[-1] == ["plan_b.json"]
+    assert engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)["a"] == {
+        "kept": True} and len(runs) == 2  # nothing left to run: no engine started
+    engine.run_plans({"a": {"x": 1}}, tmp_path, Path("python"))
+    assert runs[-1] == ["plan_a.json"]  # without resume, everything runs

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
+from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 from serving.core.admission.aimd import SessionWindow
 from serving.core.admission.cap import CapSignals
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Job
 from serving.gateway.metadata import StageMeta, parse_metadata
-from serving.gateway.sessions import DEFAULT_TOOL_S, Sessions
+from serving.gateway.app import create_app
+from serving.gateway.predict import LocalPredictor
+from serving.gateway.sessions import DEFAULT_TOOL_S, TOOL_CALL_P, Sessions
 from serving.gateway.validation import BadRequest, check_headers
 from serving.core.request import StageRequest
+from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
 
+from .conftest import fake_nodes
 from .test_gateway_units import make_node
 
 NODES = [{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}]
@@ -179,3 +185,60 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
     # a tool phase is over once its session's next call came; the last stages' phases may still be open
     assert sessions["in_tool"] <= sum(1 for key, s in plan.items() if s["is_tool_call"] and key not in has_child)
     assert sessions["cap"]["window"] >= 1 and status["nodes"][0]["num_blocks"] > 0
+
+
+def tool_prone_predictor() -> LocalPredictor:
+    """Priors only: the role `agent` ends in a tool call 90 % of the time, `user` never."""
+    priors = {"": NO_MODEL_PRIOR, "agent": Prior(p_tool=0.9, tokens_median=8.0, tokens_upper=16.0),
+              "user": Prior(p_tool=0.0, tokens_median=8.0, tokens_upper=16.0)}
+    return LocalPredictor(Predictor(None, None, priors))
+
+
+def test_a_maestro_scheduler_node_is_told_the_tool_time_only_of_a_turn_predicted_to_end_in_a_tool_call(tmp_path):
+    """The gateway's session hint to a node that runs Maestro's vLLM scheduler (`maestro_session`, `maestro_tool_s`):
+    the predicted tool time goes with a turn whose stage prediction says tool call (p_tool ≥ TOOL_CALL_P), first the
+    never-timed default, then the (app, role)'s measured tool time; 0 with a turn predicted to answer in text; a
+    caller's own hint as it came; nothing to a plain vLLM node."""
+    received = []
+    body = {"prompt": "hello", "max_tokens": 4}
+
+    def headers(stage: str, role: str, **extra) -> dict:
+        return {"X-Maestro-Workflow": "w", "X-Maestro-Stage": stage, "X-Maestro-Role": role, "X-Maestro-App": "tau2",
+                **extra}
+
+    async def calls(urls):
+        config = GatewayConfig(nodes=[{"name": "m", "url": urls["m"], "maestro_scheduler": True},
+                                      {"name": "p", "url": urls["p"]}], model="tiny",
+                               traces={"dir": str(tmp_path)}, upstream={"metrics_period_s": 60})
+        gateway = Gateway(config, predictor=tool_prone_predictor())
+        await gateway.start()
+        maestro_node, plain_node = gateway.nodes
+        plain_node.is_healthy = False  # every call goes to the Maestro node first
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
+                                         base_url="http://gw") as client:
+                await client.post("/v1/completions", json=body, headers=headers("a1", "agent", **{
+                    "X-Maestro-Tool-Call": "true"}))  # the caller runs a tool on its answer: a timed tool phase
+                await asyncio.sleep(0.3)
+                await client.post("/v1/completions", json=body, headers=headers("a2", "agent"))
+                await client.post("/v1/completions", json=body, headers=headers("u1", "user"))
+                given = {"vllm_xargs": SessionHint("mine", 7.0).to_xargs()}
+                await client.post("/v1/completions", json=body | given, headers=headers("a3", "agent"))
+                plain_node.is_healthy, maestro_node.is_healthy = True, False
+                await client.post("/v1/completions", json=body, headers=headers("a4", "agent"))
+        finally:
+            await gateway.stop()
+
+    async def run():
+        async with fake_nodes({"m": True, "p": True}, received=received) as urls:
+            await calls(urls)
+
+    asyncio.run(run())
+    hints = [session_hint_from_extra_args(b.get("vllm_xargs")) for b in received]
+    assert len(hints) == 5
+    assert hints[0] == SessionHint("w/agent", DEFAULT_TOOL_S)  # never timed: the default
+    assert hints[1].session == "w/agent" and 0.3 <= hints[1].tool_s < DEFAULT_TOOL_S  # the measured tool phase
+    assert hints[2] == SessionHint("w/user", 0.0)  # p_tool 0: nothing for the engine to hold
+    assert hints[3] == SessionHint("mine", 7.0)
+    assert hints[4] is None and "priority" in received[4]  # a plain vLLM node: its priority, no session
+    assert TOOL_CALL_P == 0.5

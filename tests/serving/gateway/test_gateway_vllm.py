@@ -27,11 +27,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 class RunningGateway:
-    """uvicorn serving the gateway app in a thread; `url` once it answers /health."""
+    """uvicorn serving the gateway app (`gateway`: a `Gateway` built by the test) in a thread; `url` once it answers
+    /health."""
 
-    def __init__(self, config: GatewayConfig):
+    def __init__(self, config: GatewayConfig, gateway=None):
         self.config = config
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.server.port,
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config, gateway), host="127.0.0.1", port=config.server.port,
                                                     log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{config.server.port}"

@@ -19,6 +19,7 @@ import pytest
 from driver.plan import DriveConfig
 from driver.runner import drive
 from serving.gateway.config import GatewayConfig
+from serving.gateway.core import Gateway
 from serving.vllm_plugin.decisions import parse_decision_lines
 from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
 from serving.vllm_plugin.session_kv import SessionHint
@@ -29,6 +30,7 @@ from tests.driver.test_drive_traces import AGENT as AGENT_TRACES
 from tests.driver.test_drive_traces import check_replay, first_workflows
 from tests.serving.gateway.test_gateway_vllm import RunningGateway
 from driver.testbed.tiny_model import KV_BYTES_PER_TOKEN
+from tests.serving.gateway.test_gateway_sessions import tool_prone_predictor
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -239,3 +241,33 @@ def test_a_tool_calling_session_finds_its_held_context_through_the_gateway(maest
     hit_tokens = after["num_kv_hit_tokens"] - before.get("num_kv_hit_tokens", 0)
     assert hit_tokens >= 3 * 128
     assert prefix_cache_hits(maestro_engine) - hits_before >= hit_tokens
+
+
+def test_the_gateway_tells_the_engine_to_hold_a_turn_its_prediction_says_ends_in_a_tool_call(maestro_engine, tmp_path):
+    """No session hint from the caller: `maestro gateway` sends its own (the stage model's p_tool ≥ TOOL_CALL_P, the
+    tool's predicted time). Two turns of a role predicted to answer in text (p_tool 0) hold nothing; two of a role
+    predicted to call a tool (p_tool 0.9, the never-timed 1 s tool): the engine holds each one's context (MARS: 20 s of
+    re-prefill > 1 s), and the second starts on the first's."""
+    lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
+    before = lines[-1] if lines else {}
+    prompt = " ".join([PROMPT] * 20)  # about 400 tokens: 3 full blocks of 128, 20 s to re-prefill at 50 ms a token
+    node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
+    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
+                           upstream={"metrics_period_s": 0.2}, system={"slo_s": 60.0})
+    with RunningGateway(config, Gateway(config, predictor=tool_prone_predictor())) as gateway:
+        for role in ("user", "agent"):
+            answer = ""
+            for turn in range(2):
+                body = {"model": "tiny", "prompt": f"{role}: {prompt}" + (f"{answer} Tool result: 12 flights." if turn
+                                                                         else ""), "max_tokens": 16, "ignore_eos": True}
+                headers = {"X-Maestro-Workflow": "wf-gw", "X-Maestro-Stage": f"{role}{turn}", "X-Maestro-Role": role}
+                response = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=300)
+                assert response.status_code == 200, response.text
+                answer = response.json()["choices"][0]["text"]
+    grown = lambda d, key, n: d.get(key, 0) >= before.get(key, 0) + n  # noqa: E731
+    after = decisions_when(maestro_engine, lambda d: grown(d, "num_kv_hits", 1) and grown(d, "num_kv_kept", 2))
+    # both agent turns were predicted to end in a tool call and kept; the user's turns were never a question
+    assert after["num_kv_kept"] == before.get("num_kv_kept", 0) + 2
+    assert after.get("num_kv_not_kept", 0) == before.get("num_kv_not_kept", 0)
+    assert after["num_kv_hits"] == before.get("num_kv_hits", 0) + 1  # the agent's second turn, on the first's context
+    assert after["num_kv_hit_tokens"] - before.get("num_kv_hit_tokens", 0) >= 3 * 128
