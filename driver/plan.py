@@ -1,5 +1,6 @@
 """What the driver runs: its config and the workflows it plans — drawn from the workload model, or replayed from a
 contract file (`replay.py`) — each stage with its prompt, parents and forced output length."""
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,10 @@ class DriveConfig:
         if self.num_workflows < 1 or self.concurrency < 1 or self.token_scale <= 0 or self.max_tokens_cap < 1:
             raise ValueError("workflows, concurrency, max-tokens-cap must be >= 1 and token-scale > 0")
         if self.declared_max_tokens and (self.eos_token_id is None or self.declared_max_tokens < self.max_tokens_cap):
-            raise ValueError("declared-max-tokens needs --eos-token-id (the model's end-of-sequence id) and must be "
-                             ">= max-tokens-cap, so every forced length fits under it")
+            raise ValueError(
+                "declared-max-tokens needs --eos-token-id (the model's end-of-sequence id) and must be "
+                ">= max-tokens-cap, so every forced length fits under it"
+            )
         if self.tasks_from and not self.traces:
             raise ValueError("tasks-from selects tasks of --traces: give --traces too")
         self.target = ",".join(split_urls(self.target, "--target", "gateway replica"))
@@ -65,14 +68,20 @@ def plan_workflows(config: DriveConfig) -> tuple[list[list[dict]], list[str]]:
 
 
 def replay_workflows(config: DriveConfig) -> tuple[list[list[dict]], list[str]]:
-    replay = ReplayConfig(max_tokens_cap=config.max_tokens_cap, tool_wait_scale=config.tool_wait_scale,
-                          max_tool_wait_s=config.max_tool_wait_s, max_workflows=config.num_workflows,
-                          max_stages_per_workflow=config.max_stages_per_workflow,
-                          task_ids=task_ids_of(config.tasks_from) if config.tasks_from else None)
+    replay = ReplayConfig(
+        max_tokens_cap=config.max_tokens_cap,
+        tool_wait_scale=config.tool_wait_scale,
+        max_tool_wait_s=config.max_tool_wait_s,
+        max_workflows=config.num_workflows,
+        max_stages_per_workflow=config.max_stages_per_workflow,
+        task_ids=task_ids_of(config.tasks_from) if config.tasks_from else None,
+    )
     plan = load_replay(config.traces, replay)
     if not plan.workflows:
-        raise ValueError(f"{config.traces}: no labelled workflow to replay"
-                         f"{' among the tasks of ' + config.tasks_from if config.tasks_from else ''}")
+        raise ValueError(
+            f"{config.traces}: no labelled workflow to replay"
+            f"{' among the tasks of ' + config.tasks_from if config.tasks_from else ''}"
+        )
     for stages in plan.workflows:
         for stage in stages:
             stage["workflow_id"] += f"@{config.workflow_suffix}" if config.workflow_suffix else ""

@@ -7,6 +7,7 @@ which also holds the child's own generation: an upper bound on the tool's time) 
 `max_tool_wait_s`; a file without timestamps (dev-traces) has no waits. Lines the contract refuses and
 workflows whose DAG cannot be replayed (a parent that is not in the file) are reported with file:line and left out.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -59,11 +60,17 @@ def load_replay(path: str | Path, config: ReplayConfig) -> ReplayPlan:
             break
         stages = _ordered(stages)
         if stages is None:
-            plan.errors.append(LineError(str(path), None, f"workflow {workflow_id}: a parent id is not a stage of "
-                                                          "the workflow (or the DAG has a cycle); left out"))
+            plan.errors.append(
+                LineError(
+                    str(path),
+                    None,
+                    f"workflow {workflow_id}: a parent id is not a stage of "
+                    "the workflow (or the DAG has a cycle); left out",
+                )
+            )
             continue
         if config.max_stages_per_workflow:
-            stages = stages[:config.max_stages_per_workflow]
+            stages = stages[: config.max_stages_per_workflow]
         plan.workflows.append(_driver_stages(stages, config))
     return plan
 
@@ -89,12 +96,21 @@ def _driver_stages(stages: list[StageTrace], config: ReplayConfig) -> list[dict]
     out = []
     for stage in stages:
         parents = [by_id[p] for p in stage.parent_ids or ()]
-        out.append({"workflow_id": stage.workflow_id, "stage_id": stage.stage_id, "role": stage.role,
-                    "app": stage.app or "trace", "parent_ids": [p.stage_id for p in parents],
-                    "interactive": _interactive(stage, config), "is_tool_call": bool(stage.is_tool_call),
-                    "prompt": chat_messages(stage.prompt), "recorded_output_tokens": stage.output_tokens,
-                    "max_tokens": max(1, min(config.max_tokens_cap, stage.output_tokens)),
-                    "wait_s": max((_tool_wait_s(p, stage, config) for p in parents), default=0.0)})
+        out.append(
+            {
+                "workflow_id": stage.workflow_id,
+                "stage_id": stage.stage_id,
+                "role": stage.role,
+                "app": stage.app or "trace",
+                "parent_ids": [p.stage_id for p in parents],
+                "interactive": _interactive(stage, config),
+                "is_tool_call": bool(stage.is_tool_call),
+                "prompt": chat_messages(stage.prompt),
+                "recorded_output_tokens": stage.output_tokens,
+                "max_tokens": max(1, min(config.max_tokens_cap, stage.output_tokens)),
+                "wait_s": max((_tool_wait_s(p, stage, config) for p in parents), default=0.0),
+            }
+        )
     return out
 
 
@@ -136,12 +152,21 @@ def chat_messages(prompt: str | list[dict]) -> list[dict]:
         if role == "assistant" and calls:
             ids = [f"call_{num_calls + i}" for i in range(len(calls))]
             num_calls += len(calls)
-            out["tool_calls"] = [{"id": i, "type": "function", "function": {
-                "name": str(c.get("name", "")), "arguments": _arguments(c.get("arguments"))}} for i, c in zip(ids, calls)]
+            out["tool_calls"] = [
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {"name": str(c.get("name", "")), "arguments": _arguments(c.get("arguments"))},
+                }
+                for i, c in zip(ids, calls)
+            ]
             open_calls = ids
         elif role in TOOL_ROLES:
-            out = {"role": "tool", "content": content,
-                   "tool_call_id": open_calls.pop(0) if open_calls else f"call_{num_calls}"}
+            out = {
+                "role": "tool",
+                "content": content,
+                "tool_call_id": open_calls.pop(0) if open_calls else f"call_{num_calls}",
+            }
             if message.get("name"):
                 out["name"] = message["name"]
         messages.append(out)

@@ -15,6 +15,7 @@ gateways, so a parent and its child go through different ones; a call a gateway 
 once. A gateway's idempotency key lives in that gateway's process only: a call retried on another gateway after
 the first one died runs again there, even if it had already run behind the dead one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,9 @@ class Driver:
         self.config, self.tools = config, tools
         # Idle connections are dropped after 2 s: uvicorn (gateway, vLLM) closes them after 5 s, and httpx's
         # default expiry is also 5 s, so a connection reused at that moment failed with a ReadError.
-        self.client = httpx.AsyncClient(timeout=config.timeout_s, limits=httpx.Limits(
-            max_connections=config.concurrency * 8, keepalive_expiry=2.0))
+        self.client = httpx.AsyncClient(
+            timeout=config.timeout_s, limits=httpx.Limits(max_connections=config.concurrency * 8, keepalive_expiry=2.0)
+        )
         self.stage_rows: list[dict] = []
         self.started = time.monotonic()  # stage rows' start_s / end_s count from here
 
@@ -61,15 +63,23 @@ class Driver:
         tool_outputs: dict[str, str] = {}
         results = await asyncio.gather(*(self._stage(s, stages, done, tool_outputs) for s in stages))
         failed = [r for r in results if r["status"] != "ok"]
-        return {"workflow_id": stages[0]["workflow_id"], "app": stages[0]["app"], "num_stages": len(stages),
-                "status": "ok" if not failed else "failed", "e2e_s": round(time.monotonic() - started, 4),
-                "reasons": sorted({r["error"] for r in failed})}
+        return {
+            "workflow_id": stages[0]["workflow_id"],
+            "app": stages[0]["app"],
+            "num_stages": len(stages),
+            "status": "ok" if not failed else "failed",
+            "e2e_s": round(time.monotonic() - started, 4),
+            "reasons": sorted({r["error"] for r in failed}),
+        }
 
     async def _stage(self, stage: dict, stages: list[dict], done: dict, tool_outputs: dict) -> dict:
         for parent in stage["parent_ids"]:
             await done[parent].wait()
-        parent_rows = [r for r in self.stage_rows if r["workflow_id"] == stage["workflow_id"]
-                       and r["stage_id"] in stage["parent_ids"]]
+        parent_rows = [
+            r
+            for r in self.stage_rows
+            if r["workflow_id"] == stage["workflow_id"] and r["stage_id"] in stage["parent_ids"]
+        ]
         if any(r["status"] != "ok" for r in parent_rows):
             row = self._row(stage, "failed", error="a parent stage failed")
         else:
@@ -98,18 +108,25 @@ class Driver:
         row.update(tool=name, tool_exec_s=round(seconds, 4))
 
     def _headers(self, stage: dict) -> dict:
-        return {"X-Maestro-Workflow": stage["workflow_id"], "X-Maestro-Stage": stage["stage_id"],
-                "X-Maestro-Role": stage["role"], "X-Maestro-App": stage["app"],
-                "X-Maestro-Parents": ",".join(stage["parent_ids"]),
-                "X-Maestro-Interactive": "true" if stage["interactive"] else "false",
-                "X-Maestro-Tool-Call": "true" if stage["is_tool_call"] else "false"}
+        return {
+            "X-Maestro-Workflow": stage["workflow_id"],
+            "X-Maestro-Stage": stage["stage_id"],
+            "X-Maestro-Role": stage["role"],
+            "X-Maestro-App": stage["app"],
+            "X-Maestro-Parents": ",".join(stage["parent_ids"]),
+            "X-Maestro-Interactive": "true" if stage["interactive"] else "false",
+            "X-Maestro-Tool-Call": "true" if stage["is_tool_call"] else "false",
+        }
 
     def _length(self, stage: dict) -> dict:
         """Request fields forcing the stage's length; with a declared cap the target sees only that cap."""
         if not self.config.declared_max_tokens:
             return {"max_tokens": stage["max_tokens"], "ignore_eos": True}
-        return {"max_tokens": self.config.declared_max_tokens, "min_tokens": stage["max_tokens"] - 1,
-                "logit_bias": {str(self.config.eos_token_id): EOS_LOGIT_BIAS}}  # the end token is counted
+        return {
+            "max_tokens": self.config.declared_max_tokens,
+            "min_tokens": stage["max_tokens"] - 1,
+            "logit_bias": {str(self.config.eos_token_id): EOS_LOGIT_BIAS},
+        }  # the end token is counted
 
     def _targets(self, stage: dict, position: int) -> list[str]:
         """The targets in the order tried for a workflow's `position`-th stage: consecutive stages start at
@@ -134,8 +151,12 @@ class Driver:
             return {**row, "target": target, **({"failed_over": failed_over} if failures else {})}
         if len(failures) == 1:
             return self._row(stage, "failed", started, error=failures[0][1], target=failures[0][0])
-        return self._row(stage, "failed", started, error=f"every target failed ({len(failures)} tried): "
-                         + "; ".join(f"{t}: {e}" for t, e in failures))
+        return self._row(
+            stage,
+            "failed",
+            started,
+            error=f"every target failed ({len(failures)} tried): " + "; ".join(f"{t}: {e}" for t, e in failures),
+        )
 
     async def _call_target(self, target: str, stage: dict, body: dict, started: float) -> dict:
         """The stage's answer from `target`, following its busy answers (429/503 with Retry-After)."""
@@ -186,15 +207,31 @@ class Driver:
             raise TargetFailed(error)
         return self._row(stage, "failed", started, error=error)
 
-    def _row(self, stage: dict, status: str, started: float | None = None, error: str | None = None,
-             usage: dict | None = None, **extra) -> dict:
-        row = {"workflow_id": stage["workflow_id"], "stage_id": stage["stage_id"], "role": stage["role"],
-               "app": stage["app"], "status": status, "max_tokens": stage["max_tokens"],
-               "is_tool_call_planned": stage["is_tool_call"]}
+    def _row(
+        self,
+        stage: dict,
+        status: str,
+        started: float | None = None,
+        error: str | None = None,
+        usage: dict | None = None,
+        **extra,
+    ) -> dict:
+        row = {
+            "workflow_id": stage["workflow_id"],
+            "stage_id": stage["stage_id"],
+            "role": stage["role"],
+            "app": stage["app"],
+            "status": status,
+            "max_tokens": stage["max_tokens"],
+            "is_tool_call_planned": stage["is_tool_call"],
+        }
         if started is not None:
             now = time.monotonic()
-            row.update(latency_s=round(now - started, 5), start_s=round(started - self.started, 5),
-                       end_s=round(now - self.started, 5))
+            row.update(
+                latency_s=round(now - started, 5),
+                start_s=round(started - self.started, 5),
+                end_s=round(now - self.started, 5),
+            )
         if usage:
             row.update(output_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"))
         if error:
@@ -234,8 +271,10 @@ async def drive(config: DriveConfig, json_out: str | Path | None = None) -> dict
     report = build_report(config, workflows, workflow_rows, driver.stage_rows, time.monotonic() - started)
     report["summary"]["num_trace_lines_unused"] = len(trace_errors)
     report["trace_errors"] = trace_errors
-    report["plan"] = [[{k: v for k, v in stage.items() if k not in ("prompt", "output_text")} for stage in stages]
-                      for stages in workflows]
+    report["plan"] = [
+        [{k: v for k, v in stage.items() if k not in ("prompt", "output_text")} for stage in stages]
+        for stages in workflows
+    ]
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1))

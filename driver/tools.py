@@ -3,6 +3,7 @@
 Each catalog tool maps to a small real action of its kind, so tool phases cost real CPU time
 and return real text; `ToolBox.run(name)` returns (output text, seconds).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ SOURCE = '''def parse(text):
 def total(values):
     return sum(float(v) for v in values)
 '''
-TEST = '''from app import parse, total
+TEST = """from app import parse, total
 
 
 def test_parse():
@@ -28,22 +29,31 @@ def test_parse():
 
 def test_total():
     assert total(["1", "2.5"]) == 3.5
-'''
-DOCS = {"remote_work.txt": "Remote work is allowed three days a week with manager approval.",
-        "data_retention.txt": "Customer records are kept for seven years, logs for ninety days.",
-        "travel_expenses.txt": "Economy class for flights under six hours; hotels up to 180 per night.",
-        "security.txt": "Use hardware keys for production access; rotate secrets every quarter."}
-SQL = {"search_flights": "SELECT * FROM flights WHERE price < 900 ORDER BY price LIMIT 5",
-       "search_hotels": "SELECT * FROM hotels WHERE price < 200 ORDER BY stars DESC LIMIT 5",
-       "run_sql": "SELECT region, COUNT(*), SUM(amount) FROM sales GROUP BY region ORDER BY 3 DESC",
-       "lookup_order": "SELECT * FROM orders WHERE id = 'A10042'",
-       "issue_refund": "UPDATE orders SET refunded = refunded + 1 WHERE id = 'A10042'",
-       "update_address": "UPDATE orders SET city = 'Oslo' WHERE id = 'A10042'"}
-COMMANDS = {"bash": ["bash", "-c", "ls -la src tests && wc -l src/*.py && git --version || true"],
-            "grep": ["grep", "-rn", "def ", "src", "tests"],
-            "run_pytest": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-            "run_python": [sys.executable, "-c", "import statistics as s; d=[3,1,4,1,5,9,2,6]; "
-                                                 "print(s.mean(d), s.median(d), s.pstdev(d))"]}
+"""
+DOCS = {
+    "remote_work.txt": "Remote work is allowed three days a week with manager approval.",
+    "data_retention.txt": "Customer records are kept for seven years, logs for ninety days.",
+    "travel_expenses.txt": "Economy class for flights under six hours; hotels up to 180 per night.",
+    "security.txt": "Use hardware keys for production access; rotate secrets every quarter.",
+}
+SQL = {
+    "search_flights": "SELECT * FROM flights WHERE price < 900 ORDER BY price LIMIT 5",
+    "search_hotels": "SELECT * FROM hotels WHERE price < 200 ORDER BY stars DESC LIMIT 5",
+    "run_sql": "SELECT region, COUNT(*), SUM(amount) FROM sales GROUP BY region ORDER BY 3 DESC",
+    "lookup_order": "SELECT * FROM orders WHERE id = 'A10042'",
+    "issue_refund": "UPDATE orders SET refunded = refunded + 1 WHERE id = 'A10042'",
+    "update_address": "UPDATE orders SET city = 'Oslo' WHERE id = 'A10042'",
+}
+COMMANDS = {
+    "bash": ["bash", "-c", "ls -la src tests && wc -l src/*.py && git --version || true"],
+    "grep": ["grep", "-rn", "def ", "src", "tests"],
+    "run_pytest": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+    "run_python": [
+        sys.executable,
+        "-c",
+        "import statistics as s; d=[3,1,4,1,5,9,2,6]; print(s.mean(d), s.median(d), s.pstdev(d))",
+    ],
+}
 
 
 class ToolBox:
@@ -71,8 +81,12 @@ class ToolBox:
                 CREATE TABLE flights(origin, destination, price); CREATE TABLE hotels(city, name, price, stars);
                 CREATE TABLE sales(region, amount); CREATE TABLE orders(id, city, refunded);""")
             db.executemany("INSERT INTO flights VALUES (?,?,?)", [("PAR", "TYO", 400 + 37 * i) for i in range(40)])
-            db.executemany("INSERT INTO hotels VALUES (?,?,?,?)", [("Oslo", f"H{i}", 90 + 7 * i, i % 5) for i in range(40)])
-            db.executemany("INSERT INTO sales VALUES (?,?)", [(("north", "south", "east")[i % 3], i * 1.5) for i in range(3000)])
+            db.executemany(
+                "INSERT INTO hotels VALUES (?,?,?,?)", [("Oslo", f"H{i}", 90 + 7 * i, i % 5) for i in range(40)]
+            )
+            db.executemany(
+                "INSERT INTO sales VALUES (?,?)", [(("north", "south", "east")[i % 3], i * 1.5) for i in range(3000)]
+            )
             db.executemany("INSERT INTO orders VALUES (?,?,?)", [(f"A{10000 + i}", "Lima", 0) for i in range(100)])
 
     async def run(self, name: str) -> tuple[str, float]:
@@ -90,8 +104,9 @@ class ToolBox:
         return output, time.perf_counter() - started
 
     async def _subprocess(self, command: list[str]) -> str:
-        process = await asyncio.create_subprocess_exec(*command, cwd=self.root, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.STDOUT)
+        process = await asyncio.create_subprocess_exec(
+            *command, cwd=self.root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         stdout, _ = await process.communicate()
         return stdout.decode(errors="replace")
 

@@ -1,4 +1,5 @@
 """The `maestro` command: one entry point, each subcommand owned by the layer that implements it."""
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 Everything in Maestro reads and writes this. A malformed line is reported with its file, line
 number and reason; it never stops the rest of the file from being read.
 """
+
 from __future__ import annotations
 
 import json
@@ -135,8 +136,9 @@ class TraceFile:
 
     def report(self, limit: int = 20) -> str:
         superseded = f", {self.num_superseded} superseded by a completed line" if self.num_superseded else ""
-        return line_report(f"{len(self.stages)} stages read, {len(self.errors)} malformed lines{superseded}",
-                           self.errors, limit)
+        return line_report(
+            f"{len(self.stages)} stages read, {len(self.errors)} malformed lines{superseded}", self.errors, limit
+        )
 
 
 class StageIndex:
@@ -160,8 +162,10 @@ class StageIndex:
             return
         kept = self.stages[position]
         if kept.is_labelled and stage.is_labelled:
-            raise ValueError(f"duplicate stage_id '{stage.stage_id}' in workflow '{stage.workflow_id}': "
-                             "a second completed line (the first is kept)")
+            raise ValueError(
+                f"duplicate stage_id '{stage.stage_id}' in workflow '{stage.workflow_id}': "
+                "a second completed line (the first is kept)"
+            )
         if stage.is_labelled:
             self.stages[position] = stage
         self.num_superseded += 1
@@ -208,8 +212,10 @@ def _records_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as error:
-        raise UnreadableTraceFile(path, f"not a readable Parquet file ({_one_line(error)}); "
-                                        "re-export it or move it out of the trace directory") from None
+        raise UnreadableTraceFile(
+            path,
+            f"not a readable Parquet file ({_one_line(error)}); re-export it or move it out of the trace directory",
+        ) from None
     for number, row in enumerate(rows, start=1):
         yield number, {k: v for k, v in row.items() if v is not None}
 
@@ -223,8 +229,9 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         yield from records
     except OSError as error:
-        raise UnreadableTraceFile(path, f"could not be read ({_one_line(error)}); "
-                                        "check the file, or move it out of the trace directory") from None
+        raise UnreadableTraceFile(
+            path, f"could not be read ({_one_line(error)}); check the file, or move it out of the trace directory"
+        ) from None
 
 
 def read_traces(path: str | Path, derive: bool = True) -> TraceFile:
@@ -266,8 +273,10 @@ def task_id(stage: StageTrace) -> str:
     explicit = (stage.model_extra or {}).get("task_id")
     if explicit:
         return str(explicit)
-    parts = [_RUN_SUFFIX.sub("", _STAMP.sub("", p).removesuffix(".log"))
-             for p in _FRAGMENT.sub("", stage.workflow_id).split("/")]
+    parts = [
+        _RUN_SUFFIX.sub("", _STAMP.sub("", p).removesuffix(".log"))
+        for p in _FRAGMENT.sub("", stage.workflow_id).split("/")
+    ]
     kept = [p for i, p in enumerate(parts) if p and (i == 0 or p != parts[i - 1])]
     return "/".join(kept) or stage.workflow_id
 

@@ -3,6 +3,7 @@
 A caller sends `Authorization: Bearer <key>`. Keys are compared in constant time; what is logged,
 traced or used to scope state is the key's id (a short hash), never the key itself.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,6 +48,8 @@ def read_keys(inline: str | None = None, file: str | None = None) -> tuple[str, 
         keys += [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
     keys = tuple(dict.fromkeys(k for k in keys if k))
     if any(len(k) < 16 for k in keys):
-        raise ValueError("API keys must be at least 16 characters (e.g. `python -c 'import secrets; "
-                         "print(secrets.token_urlsafe(24))'`)")
+        raise ValueError(
+            "API keys must be at least 16 characters (e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))'`)"
+        )
     return keys

@@ -7,6 +7,7 @@ str, and a plain str is accepted wherever one is built.
 
 Where a layer needs another shape, it holds or converts this one (maestro/README.md lists them by layer).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

@@ -15,6 +15,7 @@ these into (low, median, upper) of the stage's total output length:
 Plain Python (no numpy, pandas or LightGBM), so the vLLM plugin (in vLLM's own environment) imports it as the simulator
 does.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,17 @@ TOOL, CODE, TAG, PROSE, UNKNOWN = "tool", "code", "tag", "prose", "unknown"
 PREFIX_CLASSES = (TOOL, CODE, TAG, PROSE, UNKNOWN)
 # A tool call's markup as the output starts: JSON (`{`, `[{`, `["`), tau2's `[tool call] name(...)`, Mistral's
 # `[TOOL_CALLS]`, Hermes / Qwen `<tool_call>`, Llama's `<|python_tag|>` and `<function=...>`, `functions.name`.
-TOOL_MARKERS = ("{", "[{", '["', "[tool call]", "[TOOL_CALLS]", "<tool_call>", "<|python_tag|>", "<function",
-                "functions.")
+TOOL_MARKERS = (
+    "{",
+    "[{",
+    '["',
+    "[tool call]",
+    "[TOOL_CALLS]",
+    "<tool_call>",
+    "<|python_tag|>",
+    "<function",
+    "functions.",
+)
 _TAG_START = re.compile(r"^(<[A-Za-z_]+>|#{3}[A-Z_]+#{3})")  # ChatDev's <INFO>, tau2's ###STOP###
 _NORMAL = NormalDist()
 
@@ -60,7 +70,7 @@ def prefix_chars(text: str, output_tokens: int, produced: float) -> str:
     """The text of a finished output's first `produced` tokens (at most `PREFIX_TOKENS`), by proportion: the share
     `produced / output_tokens` of its characters. The simulator and the training rows cut a trace's text this way."""
     share = min(produced, PREFIX_TOKENS) / max(output_tokens, 1)
-    return text[:max(0, round(len(text) * min(share, 1.0)))]
+    return text[: max(0, round(len(text) * min(share, 1.0)))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +82,9 @@ class LengthBounds:
     upper: float
 
 
-def parametric_bounds(produced: float, tokens_pred: float, tokens_reserve: float,
-                      reserve_level: float = DEFAULT_RESERVE_LEVEL) -> tuple[float, float]:
+def parametric_bounds(
+    produced: float, tokens_pred: float, tokens_reserve: float, reserve_level: float = DEFAULT_RESERVE_LEVEL
+) -> tuple[float, float]:
     """(median, reserve) of the output length given that it has produced `produced`, the prediction read as a
     log-normal (median `tokens_pred`, `reserve_level` quantile `tokens_reserve`). While the stage is short of its
     median the prediction stands. Past it, both move to the same quantiles of the length conditioned on
@@ -137,15 +148,25 @@ class ProgressiveTable:
         return quantiles[i - 1] + (quantiles[i] - quantiles[i - 1]) * (z - scores[i - 1]) / (scores[i] - scores[i - 1])
 
     def to_json(self) -> str:
-        fields = {"levels": self.levels, "classes": self.classes, "edges": self.edges,
-                  "min_produced": self.min_produced, "values": self.values}
+        fields = {
+            "levels": self.levels,
+            "classes": self.classes,
+            "edges": self.edges,
+            "min_produced": self.min_produced,
+            "values": self.values,
+        }
         return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ProgressiveTable:
         raw = json.loads(text)
-        return cls(tuple(raw["levels"]), tuple(raw["classes"]), tuple(tuple(axis) for axis in raw["edges"]),
-                   raw["values"], raw.get("min_produced", 4))
+        return cls(
+            tuple(raw["levels"]),
+            tuple(raw["classes"]),
+            tuple(tuple(axis) for axis in raw["edges"]),
+            raw["values"],
+            raw.get("min_produced", 4),
+        )
 
 
 def table_features(produced: float, tokens_pred: float, tokens_reserve: float) -> tuple[float, float, float]:
@@ -177,9 +198,14 @@ def load_table(directory: str | Path | None) -> ProgressiveTable | None:
     return ProgressiveTable.from_json(path.read_text()) if path.exists() else None
 
 
-def length_bounds(produced: float, tokens_pred: float, tokens_reserve: float,
-                  reserve_level: float = DEFAULT_RESERVE_LEVEL, table: ProgressiveTable | None = None,
-                  prefix: str = UNKNOWN) -> LengthBounds:
+def length_bounds(
+    produced: float,
+    tokens_pred: float,
+    tokens_reserve: float,
+    reserve_level: float = DEFAULT_RESERVE_LEVEL,
+    table: ProgressiveTable | None = None,
+    prefix: str = UNKNOWN,
+) -> LengthBounds:
     """A running stage's total output length from what it has produced: learned where `table` is given and the
     stage has produced at least its `min_produced`, else parametric (module docstring). `prefix`: the class of its
     first tokens (`prefix_class`); the low quantile is at 1 − `reserve_level`."""

@@ -1,4 +1,5 @@
 """A workflow's structure derived from its stages where a producer left it out: call order, depth, degrees."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -7,8 +8,9 @@ if TYPE_CHECKING:  # contract.py reads traces through derive_structure
     from maestro.contract import StageTrace
 
 
-def derive_structure(stages: list[StageTrace],
-                     known: dict[str, dict[str, StageTrace]] | None = None) -> list[StageTrace]:
+def derive_structure(
+    stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None
+) -> list[StageTrace]:
     """Fill call_index, depth and in/out degree where a producer left them out (in place).
 
     `known`: earlier stages of the same workflows that are not in `stages` (workflow_id → stage_id →

@@ -1,5 +1,6 @@
 """What an app of the workload catalog (pipelines/catalog.py) is made of: its agent roles (`Role`, with an output
 model), the stages of its plan (`StageSpec`, a DAG of roles) and the app itself (`App`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """A saved predictor's checksum: which of its files it covers, and the check made before anything is unpickled."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,9 @@ class ArtifactMismatch(ValueError):
 def artifact_files(directory: str | Path) -> list[str]:
     """The files of a saved predictor the checksum covers: ARTIFACT_FILES, then the workflow model's and the
     progressive table where present (a predictor saved before it had them keeps its checksum)."""
-    workflow = [f"{WORKFLOW_DIR}/{name}" for name in (MODEL_FILE, META_FILE)
-                if (Path(directory) / WORKFLOW_DIR / name).exists()]
+    workflow = [
+        f"{WORKFLOW_DIR}/{name}" for name in (MODEL_FILE, META_FILE) if (Path(directory) / WORKFLOW_DIR / name).exists()
+    ]
     progressive = [TABLE_FILE] if (Path(directory) / TABLE_FILE).exists() else []
     return [*ARTIFACT_FILES, *workflow, *progressive]
 
@@ -42,11 +44,15 @@ def verify_artifact(directory: Path, expected_sha256: str | None = None, require
     checks = {"given": expected_sha256, "recorded in meta.json": meta.get("artifact_sha256")}
     checks = {where: value for where, value in checks.items() if value}
     if require and not checks:
-        raise ArtifactMismatch("the predictor has no recorded checksum: save it again with this version "
-                               "(`maestro train` or `dvc repro`), or register it with `dvc repro`")
+        raise ArtifactMismatch(
+            "the predictor has no recorded checksum: save it again with this version "
+            "(`maestro train` or `dvc repro`), or register it with `dvc repro`"
+        )
     actual = artifact_digest(directory)
     for where, value in checks.items():
         if value != actual:
-            raise ArtifactMismatch(f"the predictor's files do not match the checksum {where}: "
-                                   "they changed after they were saved; not loading them")
+            raise ArtifactMismatch(
+                f"the predictor's files do not match the checksum {where}: "
+                "they changed after they were saved; not loading them"
+            )
     return actual

@@ -9,6 +9,7 @@ character one character and its word-character class (true of every code point: 
 non-ASCII letters IGNORECASE folds to ASCII ones (stage_features.ASCII_FOLDS): a prompt holding one is searched on
 its own, as the per-stage path does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,10 +18,24 @@ import re
 import numpy as np
 
 from maestro.contract import TOOL_ROLES, StageTrace
-from pipelines.stage_features import (ASCII_FOLDS, BREVITY_CUE, CUT_MARK, DETAIL_CUE, DONE_CUE, JSON_CUE,
-                                      QUESTION_CUE, SUGGESTED_CALL_CUE, TOOL_RESPONSE_CUE, TOOL_RESULT_CUE, UNKNOWN,
-                                      StageHistory, ancestors_of, parent_outcomes, stage_rows,
-                                      tool_results_since_user)
+from pipelines.stage_features import (
+    ASCII_FOLDS,
+    BREVITY_CUE,
+    CUT_MARK,
+    DETAIL_CUE,
+    DONE_CUE,
+    JSON_CUE,
+    QUESTION_CUE,
+    SUGGESTED_CALL_CUE,
+    TOOL_RESPONSE_CUE,
+    TOOL_RESULT_CUE,
+    UNKNOWN,
+    StageHistory,
+    ancestors_of,
+    parent_outcomes,
+    stage_rows,
+    tool_results_since_user,
+)
 from maestro.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
@@ -42,12 +57,18 @@ def _words(pattern: re.Pattern) -> re.Pattern:
 
 
 # The cue patterns as searched in lowercased, joined text: the same matches, led by literals (see _words)
-_LOWERED = {JSON_CUE: _words(JSON_CUE), BREVITY_CUE: _words(BREVITY_CUE), DETAIL_CUE: _words(DETAIL_CUE),
-            TOOL_RESULT_CUE: re.compile(r"tool[ _](?:result|response|output)|function[ _](?:result|response|output)"
-                                        r"|response from calling tool|\"role\": \"tool\""),
-            DONE_CUE: re.compile(DONE_CUE.pattern.lower()),
-            SUGGESTED_CALL_CUE: re.compile(r"suggested (?:tool|function) call"),
-            TOOL_RESPONSE_CUE: re.compile(r"response from calling (?:tool|function)")}
+_LOWERED = {
+    JSON_CUE: _words(JSON_CUE),
+    BREVITY_CUE: _words(BREVITY_CUE),
+    DETAIL_CUE: _words(DETAIL_CUE),
+    TOOL_RESULT_CUE: re.compile(
+        r"tool[ _](?:result|response|output)|function[ _](?:result|response|output)"
+        r"|response from calling tool|\"role\": \"tool\""
+    ),
+    DONE_CUE: re.compile(DONE_CUE.pattern.lower()),
+    SUGGESTED_CALL_CUE: re.compile(r"suggested (?:tool|function) call"),
+    TOOL_RESPONSE_CUE: re.compile(r"response from calling (?:tool|function)"),
+}
 _SMALL_INT = re.compile(r"\d(?<!\w\d)\d{0,2}\b")  # stage_features.SMALL_INT_CUE led by a digit, as in _words
 _TAIL_FOUND = {"tail_mentions_json": JSON_CUE, "tail_tool_result": TOOL_RESULT_CUE, "tail_done_marker": DONE_CUE}
 _TAIL_COUNTED = {"tail_brevity_words": BREVITY_CUE, "tail_detail_words": DETAIL_CUE}
@@ -102,26 +123,32 @@ def text_columns(stages: list[StageTrace], texts: list[str]) -> dict[str, np.nda
     cuts = np.array([t.rfind(CUT_MARK) for t in texts], np.float64)
     chars = np.array([len(t) for t in texts], np.float64)
     largest, count = _tail_numbers(JoinedTexts(tails.pieces, lower=False))
-    out = {"prompt_chars": chars,
-           "prompt_tokens_est": np.array([s.prompt_tokens if s.prompt_tokens is not None else len(t) // 4
-                                          for s, t in zip(stages, texts)], np.float64),
-           **_message_columns(stages, texts),
-           "tail_max_int": largest, "tail_num_ints": count,
-           **{name: tails.found(p) for name, p in _TAIL_FOUND.items()},
-           **{name: tails.count(p) for name, p in _TAIL_COUNTED.items()},
-           "num_code_fences": np.array([t.count("```") for t in texts], np.float64),
-           "num_lines": np.array([t.count("\n") for t in texts], np.float64),
-           "tail_question": np.array([float("?" in e and QUESTION_CUE.search(e.rstrip()) is not None) for e in ends]),
-           "tail_question_marks": np.array([e.count("?") for e in ends], np.float64),
-           "tail_suggested_call": JoinedTexts(ends, lower=True).found(SUGGESTED_CALL_CUE),
-           "prompt_is_tool_response": JoinedTexts(heads, lower=True).found(TOOL_RESPONSE_CUE),
-           "prompt_truncated": (cuts >= 0).astype(np.float64),
-           "tail_after_cut_chars": np.where(cuts >= 0, chars - cuts - len(CUT_MARK), chars)}
+    out = {
+        "prompt_chars": chars,
+        "prompt_tokens_est": np.array(
+            [s.prompt_tokens if s.prompt_tokens is not None else len(t) // 4 for s, t in zip(stages, texts)], np.float64
+        ),
+        **_message_columns(stages, texts),
+        "tail_max_int": largest,
+        "tail_num_ints": count,
+        **{name: tails.found(p) for name, p in _TAIL_FOUND.items()},
+        **{name: tails.count(p) for name, p in _TAIL_COUNTED.items()},
+        "num_code_fences": np.array([t.count("```") for t in texts], np.float64),
+        "num_lines": np.array([t.count("\n") for t in texts], np.float64),
+        "tail_question": np.array([float("?" in e and QUESTION_CUE.search(e.rstrip()) is not None) for e in ends]),
+        "tail_question_marks": np.array([e.count("?") for e in ends], np.float64),
+        "tail_suggested_call": JoinedTexts(ends, lower=True).found(SUGGESTED_CALL_CUE),
+        "prompt_is_tool_response": JoinedTexts(heads, lower=True).found(TOOL_RESPONSE_CUE),
+        "prompt_truncated": (cuts >= 0).astype(np.float64),
+        "tail_after_cut_chars": np.where(cuts >= 0, chars - cuts - len(CUT_MARK), chars),
+    }
     openings = [t.lstrip()[:12].lower() for t in texts]
-    out.update(head_code_fence=np.array([float("```" in h) for h in heads]),
-               head_comment_tag=np.array([float(o.startswith("<comment>")) for o in openings]),
-               head_bracket=np.array([float(o.startswith("[")) for o in openings]),
-               head_info_tag=np.array([float("<info>" in h.lower()) for h in heads]))
+    out.update(
+        head_code_fence=np.array([float("```" in h) for h in heads]),
+        head_comment_tag=np.array([float(o.startswith("<comment>")) for o in openings]),
+        head_bracket=np.array([float(o.startswith("[")) for o in openings]),
+        head_info_tag=np.array([float("<info>" in h.lower()) for h in heads]),
+    )
     out.update({name: out.pop(name) for name in OWN_TURN_COLUMNS})  # last, as in a stage's row
     return out
 
@@ -129,8 +156,10 @@ def text_columns(stages: list[StageTrace], texts: list[str]) -> dict[str, np.nda
 def _message_columns(stages: list[StageTrace], texts: list[str]) -> dict[str, np.ndarray | list]:
     """The features read from a chat prompt's messages (a plain-text prompt has none)."""
     n = len(stages)
-    out = {name: np.zeros(n) for name in ("num_messages", "num_tool_messages", "tool_results_since_user",
-                                          "num_user_messages")}
+    out = {
+        name: np.zeros(n)
+        for name in ("num_messages", "num_tool_messages", "tool_results_since_user", "num_user_messages")
+    }
     out["last_message_role"] = ["text"] * n
     out["last_message_chars"] = np.array([len(t) for t in texts], np.float64)
     out.update({name: np.full(n, NAN) for name in OWN_TURN_COLUMNS})
@@ -159,14 +188,28 @@ def _mean(values: list) -> float:
 def parent_columns(stages: list[StageTrace], ids: dict[tuple[str, str], StageTrace]) -> dict[str, np.ndarray]:
     """The parents' and ancestors' features of stage_features._parent_features, a column each."""
     rows = [_parent_values(stage, ids) for stage in stages]
-    return {name: np.array([row[j] for row in rows], np.float64).reshape(len(rows))
-            for j, name in enumerate(PARENT_COLUMNS)}
+    return {
+        name: np.array([row[j] for row in rows], np.float64).reshape(len(rows)) for j, name in enumerate(PARENT_COLUMNS)
+    }
 
 
-PARENT_COLUMNS = ("parent_tokens_max", "parent_tokens_sum", "parent_was_tool", "same_role_ancestor_tokens",
-                  "same_role_prev2_tokens", "same_role_tokens_max", "same_role_tokens_mean", "role_turn",
-                  "num_ancestors", "num_ancestors_known", "ancestor_tokens_max", "ancestor_tool_calls",
-                  "ancestor_tool_rate", "same_role_prev_was_tool", "depth_gap")
+PARENT_COLUMNS = (
+    "parent_tokens_max",
+    "parent_tokens_sum",
+    "parent_was_tool",
+    "same_role_ancestor_tokens",
+    "same_role_prev2_tokens",
+    "same_role_tokens_max",
+    "same_role_tokens_mean",
+    "role_turn",
+    "num_ancestors",
+    "num_ancestors_known",
+    "ancestor_tokens_max",
+    "ancestor_tool_calls",
+    "ancestor_tool_rate",
+    "same_role_prev_was_tool",
+    "depth_gap",
+)
 
 
 def _parent_values(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> tuple:
@@ -178,17 +221,28 @@ def _parent_values(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) ->
     history_tools = [a.is_tool_call for a in ancestors if a.is_tool_call is not None]
     same_tools = [a.is_tool_call for a in same if a.is_tool_call is not None]
     parent_depth = [p.depth for p in parents if p is not None and p.depth is not None]
-    return (max(tokens) if tokens else NAN, sum(tokens) if tokens else NAN, float(any(tools)) if tools else NAN,
-            same_tokens[0] if same_tokens else NAN, same_tokens[1] if len(same_tokens) > 1 else NAN,
-            max(same_tokens) if same_tokens else NAN, _mean(same_tokens) if same_tokens else NAN, len(same),
-            len(ancestors), len(known), max(known) if known else NAN,
-            float(sum(history_tools)) if history_tools else NAN, _mean(history_tools) if history_tools else NAN,
-            float(same_tools[0]) if same_tools else NAN,
-            float(stage.depth - max(parent_depth)) if parent_depth and stage.depth is not None else NAN)
+    return (
+        max(tokens) if tokens else NAN,
+        sum(tokens) if tokens else NAN,
+        float(any(tools)) if tools else NAN,
+        same_tokens[0] if same_tokens else NAN,
+        same_tokens[1] if len(same_tokens) > 1 else NAN,
+        max(same_tokens) if same_tokens else NAN,
+        _mean(same_tokens) if same_tokens else NAN,
+        len(same),
+        len(ancestors),
+        len(known),
+        max(known) if known else NAN,
+        float(sum(history_tools)) if history_tools else NAN,
+        _mean(history_tools) if history_tools else NAN,
+        float(same_tools[0]) if same_tools else NAN,
+        float(stage.depth - max(parent_depth)) if parent_depth and stage.depth is not None else NAN,
+    )
 
 
-def structural_columns(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
-                       texts: list[str] | None = None) -> dict[str, np.ndarray | list]:
+def structural_columns(
+    stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None, texts: list[str] | None = None
+) -> dict[str, np.ndarray | list]:
     """stage_features.stage_rows as columns (the live path, Featurizer.matrix): numbers as float64 arrays, the
     categoricals as lists of text. One stage alone goes through stage_rows: its dict costs less than the arrays."""
     if len(stages) < 2:
@@ -199,12 +253,18 @@ def structural_columns(stages: list[StageTrace], known: dict[str, dict[str, Stag
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})
     texts = texts if texts is not None else [s.prompt_text() for s in stages]
     number = lambda values: np.array([NAN if v is None else v for v in values], np.float64)
-    return {"role": [s.role for s in stages], "app": [s.app or UNKNOWN for s in stages],
-            "model": [s.model or UNKNOWN for s in stages], "depth": number([s.depth for s in stages]),
-            "in_degree": number([s.in_degree for s in stages]), "call_index": number([s.call_index for s in stages]),
-            "n_tools": number([s.n_tools if s.n_tools is not None else len(s.tool_names or []) for s in stages]),
-            "interactive": number([s.interactive for s in stages]),
-            **text_columns(stages, texts), **parent_columns(stages, ids)}
+    return {
+        "role": [s.role for s in stages],
+        "app": [s.app or UNKNOWN for s in stages],
+        "model": [s.model or UNKNOWN for s in stages],
+        "depth": number([s.depth for s in stages]),
+        "in_degree": number([s.in_degree for s in stages]),
+        "call_index": number([s.call_index for s in stages]),
+        "n_tools": number([s.n_tools if s.n_tools is not None else len(s.tool_names or []) for s in stages]),
+        "interactive": number([s.interactive for s in stages]),
+        **text_columns(stages, texts),
+        **parent_columns(stages, ids),
+    }
 
 
 class StageInputs:

@@ -1,5 +1,6 @@
 """LightGBM boosters at predict time: the float matrix they read, one row through the single-row C API, the
 bagged regressor, and a classifier that may be a constant."""
+
 from __future__ import annotations
 
 import ctypes
@@ -43,10 +44,18 @@ class RowPredictor:
 
         self.booster, self._lib, self._check = booster, _LIB, _safe_call
         self._config = ctypes.c_void_p()
-        _safe_call(_LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
-            booster._handle, ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(-1),  # normal prediction, every tree
-            ctypes.c_int(1), ctypes.c_int32(booster.num_feature()), _c_str("num_threads=1"),  # float64 rows
-            ctypes.byref(self._config)))
+        _safe_call(
+            _LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
+                booster._handle,
+                ctypes.c_int(0),
+                ctypes.c_int(0),
+                ctypes.c_int(-1),  # normal prediction, every tree
+                ctypes.c_int(1),
+                ctypes.c_int32(booster.num_feature()),
+                _c_str("num_threads=1"),  # float64 rows
+                ctypes.byref(self._config),
+            )
+        )
         self._out = np.zeros(1, np.float64)
         self._out_pointer = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
         self._out_len = ctypes.c_int64()
@@ -57,8 +66,11 @@ class RowPredictor:
             return self.booster.predict(matrix)
         row = np.ascontiguousarray(matrix[0], np.float64)
         with self._lock:
-            self._check(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
-                self._config, ctypes.c_void_p(row.ctypes.data), ctypes.byref(self._out_len), self._out_pointer))
+            self._check(
+                self._lib.LGBM_BoosterPredictForMatSingleRowFast(
+                    self._config, ctypes.c_void_p(row.ctypes.data), ctypes.byref(self._out_len), self._out_pointer
+                )
+            )
             return self._out.copy()
 
     def __del__(self) -> None:
@@ -69,6 +81,7 @@ class RowPredictor:
 @dataclass
 class Regressor:
     """One booster, or the mean of several (`booster` and `more`), on top of a constant `base`."""
+
     booster: lgb.Booster
     base: float
     more: list = field(default_factory=list)

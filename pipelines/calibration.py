@@ -1,6 +1,7 @@
 """Calibration of the two-stage model's outputs: P(tool call) from the classifier's raw score (sigmoid or
 isotonic), and the reserve's split-conformal levels per calibration group (history condition × app × role ×
 mode, falling back to coarser groups)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -26,34 +27,50 @@ def group_keys(history: str, role: str, mode: str, app: str | None = None) -> li
     """One row's calibration-group keys, most specific first, e.g. "full|app=2|role=coder|mode=tool"; the
     levels naming the app are left out where the model reads no app."""
     parts = {"role": role, "mode": mode} if app is None else {"app": app, "role": role, "mode": mode}
-    return [history + "".join(f"|{name}={parts[name]}" for name in level)
-            for level in _LEVELS if all(name in parts for name in level)]
+    return [
+        history + "".join(f"|{name}={parts[name]}" for name in level)
+        for level in _LEVELS
+        if all(name in parts for name in level)
+    ]
 
 
-def calibration_keys(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
-                     history: np.ndarray | None = None) -> list[np.ndarray]:
+def calibration_keys(
+    roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None, history: np.ndarray | None = None
+) -> list[np.ndarray]:
     """Calibration groups from most to least specific, each within a history condition ("full" where
     not given): (app, role, mode) → (app, role) → (role, mode) → role → app → mode → the condition.
     One array of keys per level (group_keys of each row)."""
     history = ["full"] * len(roles) if history is None else history
     modes = ["tool" if p >= 0.5 else "text" for p in np.asarray(p_tool, float)]
     app_of = [None] * len(roles) if apps is None else apps
-    rows = [group_keys(str(h), str(r), m, None if a is None else str(a))
-            for h, r, m, a in zip(history, roles, modes, app_of)]
+    rows = [
+        group_keys(str(h), str(r), m, None if a is None else str(a))
+        for h, r, m, a in zip(history, roles, modes, app_of)
+    ]
     return [np.array(level, dtype=object) for level in zip(*rows)] if rows else []
 
 
-def group_levels(roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None, history: np.ndarray | None,
-                 groups: dict[str, float], global_level: float) -> np.ndarray:
+def group_levels(
+    roles: list[str],
+    p_tool: np.ndarray,
+    apps: np.ndarray | None,
+    history: np.ndarray | None,
+    groups: dict[str, float],
+    global_level: float,
+) -> np.ndarray:
     """Each row's calibrated level: that of its most specific group (calibration_keys' order) with one, else
     `global_level`; the groups are looked up once per distinct (condition, role, mode, app) of the rows."""
     n = len(roles)
     history = ["full"] * n if history is None else history
     modes = ["tool" if p >= 0.5 else "text" for p in np.asarray(p_tool, float).tolist()]
-    rows = [(str(h), str(r), m, None if a is None else str(a))
-            for h, r, m, a in zip(history, roles, modes, [None] * n if apps is None else apps)]
-    levels = {row: next((q for q in map(groups.get, group_keys(*row)) if q is not None and q == q), global_level)
-              for row in set(rows)}  # q == q: a NaN level counts as none
+    rows = [
+        (str(h), str(r), m, None if a is None else str(a))
+        for h, r, m, a in zip(history, roles, modes, [None] * n if apps is None else apps)
+    ]
+    levels = {
+        row: next((q for q in map(groups.get, group_keys(*row)) if q is not None and q == q), global_level)
+        for row in set(rows)
+    }  # q == q: a NaN level counts as none
     return np.fromiter(map(levels.__getitem__, rows), np.float64, n)
 
 
@@ -107,5 +124,6 @@ def calibrate_scores(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: 
     if isinstance(calibrator, SigmoidCalibrator):
         return calibrator.predict(raw)
     # IsotonicRegression.predict (clip, then linear between thresholds) without its input checks
-    return np.interp(np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_,
-                     calibrator.y_thresholds_)
+    return np.interp(
+        np.clip(raw, calibrator.X_min_, calibrator.X_max_), calibrator.X_thresholds_, calibrator.y_thresholds_
+    )

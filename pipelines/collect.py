@@ -5,6 +5,7 @@ of rotating trace files written by the gateway (`*.jsonl`, read in name order). 
 files that cannot be read at all (a corrupt Parquet file, an I/O error, a file deleted mid-run by trace
 retention), are reported (stdout and collect_report.json) and skipped; they never stop the rest.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

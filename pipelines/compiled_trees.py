@@ -10,6 +10,7 @@ one shared library per booster, which is all that loading needs (ctypes, no tl2c
 changed, built for other predictor files or on another kind of machine is not loaded: the boosters stay
 LightGBM's, with a warning.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -82,8 +83,10 @@ def compile_boosters(boosters: dict, directory: Path, model_sha256: str) -> dict
         import tl2cgen
         import treelite
     except ImportError as error:
-        raise ImportError(f"train.compile_trees needs the fast extra ({error}): pip install -e '.[fast]', and gcc; "
-                          "or set train.compile_trees: false") from error
+        raise ImportError(
+            f"train.compile_trees needs the fast extra ({error}): pip install -e '.[fast]', and gcc; "
+            "or set train.compile_trees: false"
+        ) from error
     if shutil.which("gcc") is None:
         raise RuntimeError("train.compile_trees needs gcc on PATH to build the boosters; or set it to false")
     shutil.rmtree(directory, ignore_errors=True)
@@ -94,9 +97,14 @@ def compile_boosters(boosters: dict, directory: Path, model_sha256: str) -> dict
         library = library.rename(directory / f"{name}.so")
         shutil.rmtree(directory / f"{name}-source")
         files[name] = {"file": library.name, "sha256": _digest(library), "num_trees": booster.num_trees()}
-    manifest = {**machine(), "model_sha256": model_sha256, "tl2cgen": tl2cgen.__version__,
-                "treelite": treelite.__version__, "compile_s": round(time.perf_counter() - started, 1),
-                "boosters": files}
+    manifest = {
+        **machine(),
+        "model_sha256": model_sha256,
+        "tl2cgen": tl2cgen.__version__,
+        "treelite": treelite.__version__,
+        "compile_s": round(time.perf_counter() - started, 1),
+        "boosters": files,
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -109,12 +117,17 @@ def _build(model, source: Path) -> Path:
     (base_score,), (num_target,) = header.get_field("base_scores"), header.get_field("num_target")
     if num_target != 1:
         raise ValueError(f"compiled boosters have one output; this one has {num_target}")
-    tl2cgen.generate_c_code(model, source, params={"quantize": 1,
-                                                   "parallel_comp": math.ceil(model.num_tree / TREES_PER_UNIT)})
+    tl2cgen.generate_c_code(
+        model, source, params={"quantize": 1, "parallel_comp": math.ceil(model.num_tree / TREES_PER_UNIT)}
+    )
     recipe = json.loads((source / "recipe.json").read_text())
     units = [f"predict_unit{i}" for i in range(sum(s["name"].startswith("tu") for s in recipe["sources"]))]
-    driver = DRIVER % {"units": ", ".join(units), "num_feature": model.num_feature, "block": BLOCK_ROWS,
-                       "base_score": repr(float(base_score))}
+    driver = DRIVER % {
+        "units": ", ".join(units),
+        "num_feature": model.num_feature,
+        "block": BLOCK_ROWS,
+        "base_score": repr(float(base_score)),
+    }
     (source / "driver.c").write_text(driver)
     recipe["sources"].append({"name": "driver", "length": driver.count("\n")})
     (source / "recipe.json").write_text(json.dumps(recipe))
@@ -134,8 +147,12 @@ def load_boosters(directory: Path, model_sha256: str) -> dict[str, "CompiledBoos
             return {name: CompiledBooster(directory / entry["file"]) for name, entry in manifest["boosters"].items()}
         except (OSError, AttributeError) as error:  # a library the loader refuses, or one without the driver
             problem = f"they do not load ({error})"
-    log.warning("compiled boosters in %s not used, LightGBM answers: %s; rebuild them with "
-                "`pipelines.compiled_trees` on this machine (train.compile_trees: true)", directory, problem)
+    log.warning(
+        "compiled boosters in %s not used, LightGBM answers: %s; rebuild them with "
+        "`pipelines.compiled_trees` on this machine (train.compile_trees: true)",
+        directory,
+        problem,
+    )
     return None
 
 
@@ -189,10 +206,17 @@ def attach(model, directory: Path, model_sha256: str) -> bool:
     if compiled is None:
         return False
     if set(compiled) != set(model_boosters(model)):
-        log.warning("compiled boosters in %s not used: they are %s, the model's are %s", directory,
-                    sorted(compiled), sorted(model_boosters(model)))
+        log.warning(
+            "compiled boosters in %s not used: they are %s, the model's are %s",
+            directory,
+            sorted(compiled),
+            sorted(model_boosters(model)),
+        )
         return False
     num_regressors = len(model.regressor_.boosters)
-    model.use_row_predictors(classifier=compiled.get("classifier"), upper=compiled.get("upper"),
-                             regressors=[compiled[f"regressor_{i}"] for i in range(num_regressors)])
+    model.use_row_predictors(
+        classifier=compiled.get("classifier"),
+        upper=compiled.get("upper"),
+        regressors=[compiled[f"regressor_{i}"] for i in range(num_regressors)],
+    )
     return True

@@ -8,6 +8,7 @@ stage sits beside its ancestors, then each partition is featurized by the same `
 one machine. The categories are counted over all stages; the PCA is fitted on a sample of their embeddings
 (`pca_sample`); each worker embeds its partitions with one MiniLM and the shared embedding cache.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ LABEL_PREFIX = "label_"  # columns of a feature partition that are labels, not f
 
 
 # ---- the Parquet trace layout ------------------------------------------------------------------
-def write_trace_parquet(stages: Iterable[StageTrace | dict], out_dir: str | Path, stages_per_file: int = 20_000,
-                        first_part: int = 0) -> int:
+def write_trace_parquet(
+    stages: Iterable[StageTrace | dict], out_dir: str | Path, stages_per_file: int = 20_000, first_part: int = 0
+) -> int:
     """Write stages as `part-NNNNN.parquet` files of `stages_per_file` rows; returns the number of files."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,9 +75,11 @@ def to_trace_parquet(source: str | Path, out_dir: str | Path, stages_per_file: i
 def read_trace_parquet(path: str | Path) -> dd.DataFrame:
     """The trace directory as a Dask frame, shuffled so that each workflow lies in one partition."""
     if not is_trace_parquet(path):
-        raise ValueError(f"{path} is not a trace Parquet directory (files with columns {', '.join(TRACE_COLUMNS)}): "
-                         "convert traces with pipelines.dask_features.to_trace_parquet, or pass the trace "
-                         "file to `maestro train --dask`, which converts it")
+        raise ValueError(
+            f"{path} is not a trace Parquet directory (files with columns {', '.join(TRACE_COLUMNS)}): "
+            "convert traces with pipelines.dask_features.to_trace_parquet, or pass the trace "
+            "file to `maestro train --dask`, which converts it"
+        )
     frame = dd.read_parquet(str(path), columns=list(TRACE_COLUMNS))
     return frame.shuffle(on="workflow_id", npartitions=frame.npartitions) if frame.npartitions > 1 else frame
 
@@ -95,8 +99,9 @@ def _fit_columns(part: pd.DataFrame, embedder_config: EmbedderConfig) -> pd.Data
     return frame.assign(segment=[segment(s.prompt_text()) for s in stages]).reset_index(drop=True)
 
 
-def fit_featurizer(traces: dd.DataFrame, config: FeaturizerConfig, embedder: Embedder | StaticEmbedder,
-                   pca_sample: int, seed: int = 0) -> tuple[Featurizer, int]:
+def fit_featurizer(
+    traces: dd.DataFrame, config: FeaturizerConfig, embedder: Embedder | StaticEmbedder, pca_sample: int, seed: int = 0
+) -> tuple[Featurizer, int]:
     """The featurizer fitted on all labelled stages: categories counted over the partitions, the PCA on
     `pca_sample` of their embeddings. Returns it and the number of labelled stages."""
     meta = pd.DataFrame({c: pd.Series(dtype=object) for c in (*CATEGORICAL, "segment")})
@@ -133,8 +138,9 @@ def fold_of(groups: pd.Series, folds: int) -> np.ndarray:
     return (pd.util.hash_pandas_object(groups.astype(str), index=False).to_numpy() % folds).astype(np.int8)
 
 
-def _feature_partition(part: pd.DataFrame, state: dict, cache_path: str | None, folds: int,
-                       empty: pd.DataFrame | None = None) -> pd.DataFrame:
+def _feature_partition(
+    part: pd.DataFrame, state: dict, cache_path: str | None, folds: int, empty: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Features (Featurizer.transform) and labels of a partition's labelled stages; numbers as float64.
     `empty`: the answer for a partition without labelled stages."""
     stages = labelled_stages(part)
@@ -144,10 +150,14 @@ def _feature_partition(part: pd.DataFrame, state: dict, cache_path: str | None, 
     X = featurizer.transform(stages)
     X = X.astype({c: np.float64 for c, dtype in X.dtypes.items() if not isinstance(dtype, pd.CategoricalDtype)})
     groups = pd.Series([task_id(s) for s in stages], index=X.index)
-    return X.assign(**{f"{LABEL_PREFIX}tokens": [float(s.output_tokens) for s in stages],
-                       f"{LABEL_PREFIX}is_tool": [int(bool(s.is_tool_call)) for s in stages],
-                       f"{LABEL_PREFIX}stage_role": [s.role for s in stages],  # the priors' key
-                       f"{LABEL_PREFIX}fold": fold_of(groups, folds)})
+    return X.assign(
+        **{
+            f"{LABEL_PREFIX}tokens": [float(s.output_tokens) for s in stages],
+            f"{LABEL_PREFIX}is_tool": [int(bool(s.is_tool_call)) for s in stages],
+            f"{LABEL_PREFIX}stage_role": [s.role for s in stages],  # the priors' key
+            f"{LABEL_PREFIX}fold": fold_of(groups, folds),
+        }
+    )
 
 
 def feature_frame(traces: dd.DataFrame, featurizer: Featurizer, cache_path: str | None, folds: int) -> dd.DataFrame:
@@ -156,6 +166,8 @@ def feature_frame(traces: dd.DataFrame, featurizer: Featurizer, cache_path: str 
     head = traces.partitions[0].head(64, compute=True)  # the columns and dtypes every partition answers with
     meta = _feature_partition(head, state, cache_path, folds).iloc[:0]
     if not len(meta.columns):
-        raise ValueError("the first trace partition holds no labelled stage: training needs output_tokens and "
-                         "is_tool_call on each stage")
+        raise ValueError(
+            "the first trace partition holds no labelled stage: training needs output_tokens and "
+            "is_tool_call on each stage"
+        )
     return traces.map_partitions(_feature_partition, state, cache_path, folds, meta, meta=meta)

@@ -2,6 +2,7 @@
 `TwoStageModel.fit`'s recipe, the features kept in the workers' memory and out-of-fold scores made where the
 partitions lie (`map_partitions` with the fold's booster); only a few columns per stage come to the client, for the
 calibrators and the conformal levels. pipelines/dask_train.py connects, featurizes and makes the `Predictor`."""
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,9 @@ from pipelines.model_config import ModelConfig, lgb_params, regression_objective
 from pipelines.new_app import NEW_APP_ONLY
 
 logger = logging.getLogger(__name__)
-TOKENS, IS_TOOL, STAGE_ROLE, ROLE, FOLD, LOG = (f"{LABEL_PREFIX}{n}" for n in
-                                                ("tokens", "is_tool", "stage_role", "role", "fold", "log"))
+TOKENS, IS_TOOL, STAGE_ROLE, ROLE, FOLD, LOG = (
+    f"{LABEL_PREFIX}{n}" for n in ("tokens", "is_tool", "stage_role", "role", "fold", "log")
+)
 
 
 def _with_column(part: pd.DataFrame, name: str, models: dict, features: list[str], predict) -> pd.DataFrame:
@@ -70,8 +72,17 @@ class DaskTwoStage:
     def __init__(self, client: Client, config: ModelConfig):
         self.client, self.config = client, config
 
-    def _train(self, estimator, params: dict, objective: dict, frame: dd.DataFrame, features: list[str], label: str,
-               fold: int | None = None, base: float | None = None):
+    def _train(
+        self,
+        estimator,
+        params: dict,
+        objective: dict,
+        frame: dd.DataFrame,
+        features: list[str],
+        label: str,
+        fold: int | None = None,
+        base: float | None = None,
+    ):
         """One distributed LightGBM fit on the rows outside `fold` (all rows for None); its booster."""
         part = frame if fold is None else frame[frame[FOLD] != fold]
         init = None if base is None else part[LOG] * 0.0 + base
@@ -101,8 +112,14 @@ class DaskTwoStage:
         model.regressor_, frame = self._fit_regressor(frame, features2)
         model.upper_, frame = self._fit_upper(frame, features2)
         local = frame[["p_tool", "log_pred", LOG, ROLE, "role", "upper_oof"]].compute()
-        model.oof_ = pd.DataFrame({"p_tool": local["p_tool"].to_numpy(), "log_pred": local["log_pred"].to_numpy(),
-                                   "log_true": local[LOG].to_numpy(), "role": local[ROLE].astype(str).to_numpy()})
+        model.oof_ = pd.DataFrame(
+            {
+                "p_tool": local["p_tool"].to_numpy(),
+                "log_pred": local["log_pred"].to_numpy(),
+                "log_true": local[LOG].to_numpy(),
+                "role": local[ROLE].astype(str).to_numpy(),
+            }
+        )
         self._calibrate_reserve(model, local)
         return model
 
@@ -114,8 +131,9 @@ class DaskTwoStage:
             models = {f: tool_rate for f in range(cfg.folds)}
             full = tool_rate
         else:
-            fit = lambda fold: self._train(DaskLGBMClassifier, cfg.classifier, {"objective": "binary"}, frame,
-                                           features, IS_TOOL, fold)
+            fit = lambda fold: self._train(
+                DaskLGBMClassifier, cfg.classifier, {"objective": "binary"}, frame, features, IS_TOOL, fold
+            )
             models, full = self._per_fold(fit), fit(None)
         frame = _add_column(frame, "raw_oof", models, features, raw_score)
         raw, y = dd.compute(frame["raw_oof"], frame[IS_TOOL])
@@ -131,12 +149,25 @@ class DaskTwoStage:
             objective = {"objective": _sklearn_objective(objective["objective"])}
         sums = frame.groupby(FOLD)[LOG].agg(["sum", "count"]).compute()
         total_sum, total_count = float(sums["sum"].sum()), float(sums["count"].sum())
-        base = lambda fold: (total_sum - (sums["sum"].get(fold, 0.0) if fold is not None else 0.0)) / \
-            (total_count - (sums["count"].get(fold, 0) if fold is not None else 0))
+        base = lambda fold: (
+            (total_sum - (sums["sum"].get(fold, 0.0) if fold is not None else 0.0))
+            / (total_count - (sums["count"].get(fold, 0) if fold is not None else 0))
+        )
 
         def fit(fold):
-            boosters = [self._train(DaskLGBMRegressor, {**cfg.regressor, "seed": cfg.seed + b}, objective, frame,
-                                    features, LOG, fold, base(fold)) for b in range(cfg.regressor_bags)]
+            boosters = [
+                self._train(
+                    DaskLGBMRegressor,
+                    {**cfg.regressor, "seed": cfg.seed + b},
+                    objective,
+                    frame,
+                    features,
+                    LOG,
+                    fold,
+                    base(fold),
+                )
+                for b in range(cfg.regressor_bags)
+            ]
             return Regressor(boosters[0], base(fold), boosters[1:])
 
         models, full = self._per_fold(fit), fit(None)
@@ -153,4 +184,5 @@ class DaskTwoStage:
         scores = (local[LOG] - local["upper_oof"]).to_numpy()
         roles = local["role"].astype(str).tolist()  # after dropout, as TwoStageModel.fit_reserve reads them
         model.global_q_, model.group_q_ = calibrate_groups(
-            scores, calibration_keys(roles, local["p_tool"].to_numpy()), self.config)
+            scores, calibration_keys(roles, local["p_tool"].to_numpy()), self.config
+        )

@@ -13,6 +13,7 @@ pipelines/dask_model.py (`DaskTwoStage`); this module connects, featurizes and m
 `address`: `local:N` starts a `LocalCluster` of N single-threaded worker processes; `tcp://HOST:PORT`
 joins a running scheduler (its workers must see the trace directory and the embedding cache path).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,15 @@ import numpy as np
 import pandas as pd
 from distributed import Client, LocalCluster, wait
 
-from pipelines.dask_features import (feature_frame, fit_featurizer, fold_of, is_trace_parquet, read_trace_parquet,
-                                     to_trace_parquet, worker_cache)
+from pipelines.dask_features import (
+    feature_frame,
+    fit_featurizer,
+    fold_of,
+    is_trace_parquet,
+    read_trace_parquet,
+    to_trace_parquet,
+    worker_cache,
+)
 from pipelines.dask_model import FOLD, IS_TOOL, STAGE_ROLE, TOKENS, DaskTwoStage
 from pipelines.embedding import Embedder, make_embedder
 from pipelines.features import FeaturizerConfig
@@ -61,8 +69,10 @@ def connect(address: str):
             yield client
         return
     workers = int(address.removeprefix("local:"))
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
@@ -71,27 +81,42 @@ def fit_predictor(client: Client, featurizer, frame: dd.DataFrame, config: Model
     """Model and priors on a feature frame (features plus `label_*` columns), as `Predictor.fit` does."""
     frame = frame.persist()
     labels = frame[[TOKENS, IS_TOOL, STAGE_ROLE]].compute()
-    labels = pd.DataFrame({"tokens": labels[TOKENS].to_numpy(), "is_tool": labels[IS_TOOL].astype(bool).to_numpy(),
-                           "role": labels[STAGE_ROLE].astype(str).to_numpy()})
+    labels = pd.DataFrame(
+        {
+            "tokens": labels[TOKENS].to_numpy(),
+            "is_tool": labels[IS_TOOL].astype(bool).to_numpy(),
+            "role": labels[STAGE_ROLE].astype(str).to_numpy(),
+        }
+    )
     priors = fit_priors(labels, config.alpha)
-    meta = {"num_train_stages": len(labels), "alpha": config.alpha, "trainer": "dask",
-            "dask_workers": len(client.scheduler_info(n_workers=-1)["workers"])}
+    meta = {
+        "num_train_stages": len(labels),
+        "alpha": config.alpha,
+        "trainer": "dask",
+        "dask_workers": len(client.scheduler_info(n_workers=-1)["workers"]),
+    }
     if len(labels) < MIN_STAGES_FOR_MODEL:
         return Predictor(None, None, priors, {**meta, "model": "priors-only"})
     model = DaskTwoStage(client, config).fit(frame)
     return Predictor(featurizer, model, priors, {**meta, "model": "two-stage"})
 
 
-def train_predictor(traces: str | Path, featurizer_config: FeaturizerConfig, model_config: ModelConfig,
-                    dask_config: DaskTrainConfig) -> Predictor:
+def train_predictor(
+    traces: str | Path, featurizer_config: FeaturizerConfig, model_config: ModelConfig, dask_config: DaskTrainConfig
+) -> Predictor:
     """`Predictor.train` on a cluster: a trace Parquet directory (any other trace file or directory is
     converted into one first, file by file), featurized per partition, the model fitted with lightgbm.dask."""
     with connect(dask_config.address) as client:
         return train_on(client, traces, featurizer_config, model_config, dask_config)
 
 
-def train_on(client: Client, traces: str | Path, featurizer_config: FeaturizerConfig, model_config: ModelConfig,
-             dask_config: DaskTrainConfig) -> Predictor:
+def train_on(
+    client: Client,
+    traces: str | Path,
+    featurizer_config: FeaturizerConfig,
+    model_config: ModelConfig,
+    dask_config: DaskTrainConfig,
+) -> Predictor:
     """`train_predictor` with a client already connected (`dask_config.address` is not used)."""
     with tempfile.TemporaryDirectory(prefix="maestro-traces-") as scratch:
         directory = traces if is_trace_parquet(traces) else to_trace_parquet(traces, scratch)
@@ -101,11 +126,13 @@ def train_on(client: Client, traces: str | Path, featurizer_config: FeaturizerCo
         if cache:
             embedder.load_cache(cache)
         started = time.perf_counter()
-        featurizer, num_stages = fit_featurizer(stages, featurizer_config, embedder, dask_config.pca_sample,
-                                                model_config.seed)
+        featurizer, num_stages = fit_featurizer(
+            stages, featurizer_config, embedder, dask_config.pca_sample, model_config.seed
+        )
         if num_stages == 0:
-            raise ValueError(f"no labelled stages in {traces}: training needs output_tokens and is_tool_call "
-                             "on each stage")
+            raise ValueError(
+                f"no labelled stages in {traces}: training needs output_tokens and is_tool_call on each stage"
+            )
         if cache:
             embedder.save_cache(cache)  # the PCA sample's vectors, for the workers to find
         logger.info("featurizer fitted on %d stages in %.1f s", num_stages, time.perf_counter() - started)
@@ -129,8 +156,12 @@ def _merge_worker_caches(client: Client, embedder: Embedder, config: FeaturizerC
 def features_frame(X: pd.DataFrame, labels: pd.DataFrame, folds: int, npartitions: int) -> dd.DataFrame:
     """The DVC featurize stage's output (one machine's frames) as a Dask feature frame for `fit_predictor`."""
     numeric = {c: np.float64 for c, dtype in X.dtypes.items() if not isinstance(dtype, pd.CategoricalDtype)}
-    frame = X.astype(numeric).assign(**{TOKENS: labels["tokens"].to_numpy(float),
-                                        IS_TOOL: labels["is_tool"].astype(int).to_numpy(),
-                                        STAGE_ROLE: labels["role"].astype(str).to_numpy(),
-                                        FOLD: fold_of(labels["group"], folds)})
+    frame = X.astype(numeric).assign(
+        **{
+            TOKENS: labels["tokens"].to_numpy(float),
+            IS_TOOL: labels["is_tool"].astype(int).to_numpy(),
+            STAGE_ROLE: labels["role"].astype(str).to_numpy(),
+            FOLD: fold_of(labels["group"], folds),
+        }
+    )
     return dd.from_pandas(frame.reset_index(drop=True), npartitions=npartitions)

@@ -11,6 +11,7 @@ A live stage's prompt is new almost every time, so the cache rarely answers ther
 costs ~28 ms on one core: `kind: static` (pipelines.static_embedding) is MiniLM distilled to one vector per
 token, a text's vector the mean of its tokens', a fraction of a millisecond.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,7 +64,7 @@ class EmbedderConfig:
 
     def segment(self, text: str) -> str:
         """The part of a prompt that is embedded: its last `tail_chars` characters (all of it at 0)."""
-        return text[-self.tail_chars:] if self.tail_chars else text
+        return text[-self.tail_chars :] if self.tail_chars else text
 
     def teacher_corpus(self, texts: list[str]) -> list[str]:
         """What a static embedding is fitted to the teacher on: each text's segment, then the segments ending
@@ -118,8 +119,12 @@ class Embedder:
         keys = [self.key(t) for t in texts]
         missing = {k: self.segment(t) for k, t in zip(keys, texts) if k not in self._cache}
         if missing:
-            vectors = self.model.encode(list(missing.values()), batch_size=self.config.batch_size,
-                                        show_progress_bar=progress, convert_to_numpy=True)
+            vectors = self.model.encode(
+                list(missing.values()),
+                batch_size=self.config.batch_size,
+                show_progress_bar=progress,
+                convert_to_numpy=True,
+            )
             for key, vector in zip(missing, vectors):
                 self.remember(key, vector.astype(np.float32))
         return np.stack([self._lookup(k) for k in keys]) if keys else np.zeros((0, EMBEDDING_DIM), np.float32)

@@ -8,6 +8,7 @@ model's figures on the test split's stages (read from the traces) in the same tw
 (pipelines.workflow_metrics). The DVC stage that writes them to metrics.json, metrics_detail.json and the plots:
 pipelines/stages/evaluate.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,8 @@ from pipelines.workflow_metrics import evaluate_workflow
 def model_predictions(predictor: Predictor, X: pd.DataFrame, labels: pd.DataFrame, rho: float) -> dict:
     out = predictor.model.predict(model_frame(X))
     frame = labels[["tokens", "is_tool", "role", "app"]].assign(
-        p_tool=out["p_tool"], tokens_pred=out["tokens_pred"], tokens_reserve=out["tokens_reserve"])
+        p_tool=out["p_tool"], tokens_pred=out["tokens_pred"], tokens_reserve=out["tokens_reserve"]
+    )
     return {"model": frame, "model_rho_reserve": frame.assign(tokens_reserve=frame["tokens_pred"] * (1 + rho))}
 
 
@@ -38,8 +40,9 @@ def evaluate(predictor: Predictor, X_train, train_labels, X_test, test_labels) -
     for name, copy in CONDITIONS.items():
         test = _copy(test_labels, copy)
         if test.any():
-            metrics, breakdown, frames = evaluate_condition(predictor, X_train[train], train_labels[train],
-                                                            X_test[test], test_labels[test])
+            metrics, breakdown, frames = evaluate_condition(
+                predictor, X_train[train], train_labels[train], X_test[test], test_labels[test]
+            )
             detail[name] = {**metrics, "breakdown": breakdown}
             plotted = frames if plotted is None else plotted
     return {name: headline(d) for name, d in detail.items()}, detail, plotted
@@ -55,9 +58,14 @@ def _copy(labels: pd.DataFrame, copy: str) -> np.ndarray:
 def headline(metrics: dict) -> dict:
     """The figures the targets name: the model against the per-role baselines and the single-stage model."""
     m, r = metrics["model"], metrics["ratios"]
-    return {"auc": m["auc"], "kendall_tau": m["kendall_tau"], "mae_vs_role_median": r["mae_vs_role_median"],
-            "mae_vs_single_stage": r["mae_vs_single_stage"], "above_reserve": m["under_rate"],
-            "waste_vs_role_p90": r["over_reservation_vs_role_p90"]}
+    return {
+        "auc": m["auc"],
+        "kendall_tau": m["kendall_tau"],
+        "mae_vs_role_median": r["mae_vs_role_median"],
+        "mae_vs_single_stage": r["mae_vs_single_stage"],
+        "above_reserve": m["under_rate"],
+        "waste_vs_role_p90": r["over_reservation_vs_role_p90"],
+    }
 
 
 def evaluate_condition(predictor: Predictor, X_train, train_labels, X_test, test_labels) -> tuple[dict, dict, dict]:
@@ -66,11 +74,12 @@ def evaluate_condition(predictor: Predictor, X_train, train_labels, X_test, test
     frames.update(baseline_predictions(train_labels, test_labels, X_train, X_test, rho, predictor.model.config.alpha))
     scores = {name: quality(frame) for name, frame in frames.items()}
     model = scores["model"]
-    ratios = {**target_ratios(model, scores),
-              "mae_vs_single_stage": ratio(model["mae"], scores["single_stage"]["mae"])}
+    ratios = {**target_ratios(model, scores), "mae_vs_single_stage": ratio(model["mae"], scores["single_stage"]["mae"])}
     metrics = {"model": model, "ratios": ratios, "baselines": {k: v for k, v in scores.items() if k != "model"}}
-    breakdown = {by: {"model": grouped_quality(frames["model"], by), "role_median": grouped_quality(frames["role_median"], by)}
-                 for by in ("app", "role")}
+    breakdown = {
+        by: {"model": grouped_quality(frames["model"], by), "role_median": grouped_quality(frames["role_median"], by)}
+        for by in ("app", "role")
+    }
     return metrics, breakdown, frames
 
 
@@ -79,8 +88,9 @@ def add_workflow(metrics: dict, detail: dict, predictor: Predictor, traces: str,
     if predictor.workflow is None:  # a predictor saved without one
         return
     stages = read_traces(traces).stages
-    scored = evaluate_workflow(predictor.workflow, select_stages(stages, train_labels),
-                               select_stages(stages, test_labels))
+    scored = evaluate_workflow(
+        predictor.workflow, select_stages(stages, train_labels), select_stages(stages, test_labels)
+    )
     for name, figures in scored.items():
         if name in metrics:
             metrics[name]["workflow"], detail[name]["workflow"] = figures["headline"], figures

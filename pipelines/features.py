@@ -4,6 +4,7 @@ optionally the supervised lexical scores (pipelines.lexical).
 The Featurizer learns the categories and the PCA on training stages and turns stages into the
 model's feature frame (training) or float matrix (the live path).
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,16 +55,21 @@ class Featurizer:
     With a static embedding, fit also weights its tokens by the training segments and folds the PCA into
     its table (`static_`: what transform and matrix read)."""
 
-    def __init__(self, config: FeaturizerConfig | None = None, embedder: Embedder | StaticEmbedder | None = None,
-                 teacher: Embedder | None = None):
+    def __init__(
+        self,
+        config: FeaturizerConfig | None = None,
+        embedder: Embedder | StaticEmbedder | None = None,
+        teacher: Embedder | None = None,
+    ):
         self.config = config or FeaturizerConfig()
         self.embedder = embedder or make_embedder(self.config.embedder)
         self.teacher = teacher  # MiniLM, for a static embedding fitted to it or the lexical targets
 
     def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
         frame = structural_frame(stages)
-        self.categories_ = {c: frequent_categories(frame[c].value_counts(), self.config.min_category_count)
-                            for c in CATEGORICAL}
+        self.categories_ = {
+            c: frequent_categories(frame[c].value_counts(), self.config.min_category_count) for c in CATEGORICAL
+        }
         for cached in ("_category_codes", "_embedding_names"):  # a refit: rebuild from the new categories / PCA
             self.__dict__.pop(cached, None)
         if self.config.use_embedding:
@@ -81,9 +87,13 @@ class Featurizer:
         if self.config.lexical.teacher and self.teacher is None:  # MiniLM, for the length model's targets only
             self.teacher = Embedder(replace(self.config.embedder, kind="minilm"))
         self.lexical_ = LexicalModel(self.config.lexical).fit(
-            texts, np.array([s.output_tokens for s in labelled]),
-            np.array([bool(s.is_tool_call) for s in labelled]), np.array([task_id(s) for s in labelled]),
-            [s.app for s in labelled], self.teacher.embed(texts) if self.config.lexical.teacher else None)
+            texts,
+            np.array([s.output_tokens for s in labelled]),
+            np.array([bool(s.is_tool_call) for s in labelled]),
+            np.array([task_id(s) for s in labelled]),
+            [s.app for s in labelled],
+            self.teacher.embed(texts) if self.config.lexical.teacher else None,
+        )
         self._lexical_oof = {(s.workflow_id, s.stage_id): row for s, row in zip(labelled, self.lexical_.oof_)}
         return self
 
@@ -143,8 +153,9 @@ class Featurizer:
             frame = pd.concat([frame, pd.DataFrame(reduced, columns=self._embedding_names, index=frame.index)], axis=1)
         return frame
 
-    def matrix(self, stages: list[StageTrace], columns: list[str],
-               history: StageHistory | None = None) -> tuple[np.ndarray, list[str]]:
+    def matrix(
+        self, stages: list[StageTrace], columns: list[str], history: StageHistory | None = None
+    ) -> tuple[np.ndarray, list[str]]:
         """The live path: the float matrix a model reads, in its `columns` order, and each row's role
         category. The same values as transform() gives, categoricals as codes of the fitted categories,
         built without pandas: on a one-stage call pandas' frame machinery costs more than the trees.
@@ -165,8 +176,10 @@ class Featurizer:
             values.update(zip(self._embedding_names, self.embed(texts, progress=False).T.tolist()))
         missing = [c for c in columns if c not in values] if stages else []
         if missing:
-            raise ValueError(f"the model reads features {missing} that this featurizer does not make: "
-                             "model and featurizer come from different trainings; retrain or reload both")
+            raise ValueError(
+                f"the model reads features {missing} that this featurizer does not make: "
+                "model and featurizer come from different trainings; retrain or reload both"
+            )
         matrix = np.array([values.get(c, ()) for c in columns], np.float64).reshape(len(columns), len(stages))
         return np.ascontiguousarray(matrix.T), roles
 
@@ -190,8 +203,10 @@ class Featurizer:
     @functools.cached_property
     def _category_codes(self) -> dict[str, tuple[dict, pd.CategoricalDtype]]:
         """Per categorical column: value → code, and its dtype, built once from the fitted categories."""
-        return {c: ({v: i for i, v in enumerate(known)}, pd.CategoricalDtype(known))
-                for c, known in self.categories_.items()}
+        return {
+            c: ({v: i for i, v in enumerate(known)}, pd.CategoricalDtype(known))
+            for c, known in self.categories_.items()
+        }
 
     def _categorical(self, column: str, values: np.ndarray) -> pd.Categorical:
         """Values outside the training categories become UNKNOWN. A dict lookup and a cached dtype:
@@ -206,8 +221,13 @@ class Featurizer:
         weights are part of it; the training stages' out-of-fold lexical scores are not)."""
         static = self.static_.state() if hasattr(self, "static_") else None
         lexical = self.lexical_.state() if hasattr(self, "lexical_") else None
-        return {"config": self.config, "categories": self.categories_, "pca": getattr(self, "pca_", None),
-                "static": static, "lexical": lexical}
+        return {
+            "config": self.config,
+            "categories": self.categories_,
+            "pca": getattr(self, "pca_", None),
+            "static": static,
+            "lexical": lexical,
+        }
 
     @classmethod
     def from_state(cls, state: dict, embedder: Embedder | StaticEmbedder | None = None) -> "Featurizer":

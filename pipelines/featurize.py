@@ -12,6 +12,7 @@ on the training side, and saved inside `featurizer.joblib`, so the predictor the
 With `lexical: true` the features gain the supervised lexical scores (pipelines.lexical): out of fold on the
 training side, from the models fitted on all of it on the test side; their weights are saved the same way.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,17 +30,24 @@ from pipelines.predictor import evaluation_frame, training_frame
 
 
 def featurizer_config(params: dict) -> FeaturizerConfig:
-    embedder = EmbedderConfig(kind=params.get("embedding", "minilm"), tail_chars=params["tail_chars"],
-                              max_seq_length=params["max_seq_length"],
-                              weighting=params.get("static_weighting", "zipf"),
-                              normalize=params.get("static_normalize", False),
-                              fit_to_teacher=params.get("fit_to_teacher", False),
-                              ridge=params.get("teacher_ridge", EmbedderConfig.ridge),
-                              teacher_windows=params.get("teacher_windows", EmbedderConfig.teacher_windows))
-    return FeaturizerConfig(pca_dims=params["pca_dims"], min_category_count=params["min_category_count"],
-                            embedder=embedder, use_embedding=params.get("use_embedding", True),
-                            history_copies=params.get("history_copies", True),
-                            lexical=LexicalConfig() if params.get("lexical", False) else None)
+    embedder = EmbedderConfig(
+        kind=params.get("embedding", "minilm"),
+        tail_chars=params["tail_chars"],
+        max_seq_length=params["max_seq_length"],
+        weighting=params.get("static_weighting", "zipf"),
+        normalize=params.get("static_normalize", False),
+        fit_to_teacher=params.get("fit_to_teacher", False),
+        ridge=params.get("teacher_ridge", EmbedderConfig.ridge),
+        teacher_windows=params.get("teacher_windows", EmbedderConfig.teacher_windows),
+    )
+    return FeaturizerConfig(
+        pca_dims=params["pca_dims"],
+        min_category_count=params["min_category_count"],
+        embedder=embedder,
+        use_embedding=params.get("use_embedding", True),
+        history_copies=params.get("history_copies", True),
+        lexical=LexicalConfig() if params.get("lexical", False) else None,
+    )
 
 
 def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -55,17 +63,20 @@ def grouped_split(stages: list[StageTrace], test_fraction: float, seed: int) -> 
 def locked_split(stages: list[StageTrace], test_fraction: float) -> tuple[list[int], list[int]]:
     """Indices of train and test stages by a hash of each task id: a task's side never depends on the
     rest of the data, a seed or any tuning choice, so the test side stays locked as traces are added."""
-    side = {t: int(hashlib.sha256(t.encode()).hexdigest(), 16) % 10_000 < test_fraction * 10_000
-            for t in {task_id(s) for s in stages}}
+    side = {
+        t: int(hashlib.sha256(t.encode()).hexdigest(), 16) % 10_000 < test_fraction * 10_000
+        for t in {task_id(s) for s in stages}
+    }
     if len(set(side.values())) < 2:
-        raise ValueError(f"the locked split put every one of {len(side)} tasks on one side: "
-                         "need more tasks, or a test_fraction further from 0 and 1")
+        raise ValueError(
+            f"the locked split put every one of {len(side)} tasks on one side: "
+            "need more tasks, or a test_fraction further from 0 and 1"
+        )
     test = [i for i, s in enumerate(stages) if side[task_id(s)]]
     return sorted(set(range(len(stages))) - set(test)), test
 
 
-def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None,
-              static_cache: Path | None = None):
+def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None, static_cache: Path | None = None):
     """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's (static_embedding.teacher_table)."""
     train_idx, test_idx = locked_split(stages, params["test_fraction"])
     config = featurizer_config(params)
@@ -76,8 +87,10 @@ def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None,
     train = [stages[i] for i in train_idx]
     test = [stages[i] for i in test_idx]
     featurizer = Featurizer(config, embedder, teacher=minilm).fit(train, progress=True)
-    frames = {"train": training_frame(featurizer, train, params["seed"], progress=True),
-              "test": evaluation_frame(featurizer, test, progress=True)}
+    frames = {
+        "train": training_frame(featurizer, train, params["seed"], progress=True),
+        "test": evaluation_frame(featurizer, test, progress=True),
+    }
     if cache is not None:
         minilm.save_cache(cache)
     return featurizer, frames

@@ -7,6 +7,7 @@ trace file with its labels stripped). The model trains on each condition (histor
 of the training stages with ancestors' labels hidden) and the reserve is calibrated per condition,
 so the share of stages above it holds in each; every prediction says which condition it was made in.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -52,8 +53,9 @@ def history_conditions(column: Callable[[str], np.ndarray | None], n: int) -> np
 
 def _condition(in_degree: float, ancestors: float, known: float, parent_tokens: float) -> str:
     """history_conditions of one row (NaN counts as -1, as there)."""
-    in_degree, ancestors, known, parent_tokens = (-1.0 if v != v else v for v in (in_degree, ancestors, known,
-                                                                                 parent_tokens))
+    in_degree, ancestors, known, parent_tokens = (
+        -1.0 if v != v else v for v in (in_degree, ancestors, known, parent_tokens)
+    )
     if in_degree > 0 and known <= 0 and parent_tokens < 0:
         return "none"
     return "full" if in_degree <= 0 or (known >= ancestors and ancestors >= in_degree) else "partial"

@@ -19,6 +19,7 @@ vector (not the full MiniLM recipe), its predictions out of fold by task, and wi
 folds fitted on that fold's training rows alone, so a row's out-of-fold score still never reads its own task's
 labels. MiniLM is never run to score a prompt: the fitted weights are the same n-gram table.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,7 +44,7 @@ class LexicalConfig:
     tail_chars: int = 256  # the prompt's last characters read (0: all of it)
     char_ngrams: tuple[int, ...] = (3, 4, 5)
     word_ngrams: int = 0  # words: 0 none, 1 unigrams, 2 uni- and bigrams (CRC-32s, ~15 µs a prompt)
-    num_buckets: int = 2 ** 17
+    num_buckets: int = 2**17
     ridge: float = 1.0  # the length model's L2 penalty
     tool_c: float = 3.0  # the tool-call model's inverse L2 penalty
     folds: int = 5  # task-grouped folds for the training rows' out-of-fold scores
@@ -82,7 +83,7 @@ def _char_ngram_hashes(codes: np.ndarray, lengths: tuple[int, ...]) -> list[np.n
         count = len(codes) - n + 1
         if count <= 0:
             break
-        hashes = hashes[:count] * _PRIME + codes[n - 1:n - 1 + count]
+        hashes = hashes[:count] * _PRIME + codes[n - 1 : n - 1 + count]
         if n in lengths:
             out.append(hashes)
     return out
@@ -99,7 +100,7 @@ def _word_ngram_hashes(text: str, order: int) -> np.ndarray:
 def bucket_ids(text: str, config: LexicalConfig, app: str | None = None) -> np.ndarray:
     """The bucket of each of a text's n-grams (int64), a bucket once for each n-gram in it; with `per_app`
     and an `app`, then the bucket of each n-gram for that app."""
-    tail = (text[-config.tail_chars:] if config.tail_chars else text).lower()
+    tail = (text[-config.tail_chars :] if config.tail_chars else text).lower()
     codes = np.frombuffer(tail.encode("utf-8", "replace"), np.uint8).astype(np.uint64)
     parts = _char_ngram_hashes(codes, config.char_ngrams)
     if config.word_ngrams:
@@ -113,8 +114,7 @@ def bucket_ids(text: str, config: LexicalConfig, app: str | None = None) -> np.n
     return (hashes % np.uint64(config.num_buckets)).astype(np.int64)
 
 
-def design_matrix(texts: list[str], config: LexicalConfig, apps: list[str | None] | None = None
-                  ) -> sparse.csr_matrix:
+def design_matrix(texts: list[str], config: LexicalConfig, apps: list[str | None] | None = None) -> sparse.csr_matrix:
     """Texts as rows over the buckets: each bucket's count of n-grams over √(the row's n-grams), what score()
     sums (counts, not distinct buckets: numpy's unique would be half a row's cost on the live path)."""
     ids = [bucket_ids(t, config, a) for t, a in zip(texts, apps or [None] * len(texts))]
@@ -127,8 +127,9 @@ def design_matrix(texts: list[str], config: LexicalConfig, apps: list[str | None
     return X
 
 
-def _fit_weights(X: sparse.csr_matrix, log_tokens: np.ndarray, is_tool: np.ndarray,
-                 config: LexicalConfig) -> tuple[np.ndarray, np.ndarray]:
+def _fit_weights(
+    X: sparse.csr_matrix, log_tokens: np.ndarray, is_tool: np.ndarray, config: LexicalConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """Both models' weights, as one (num_buckets, 2) float32 table and its bias (2,)."""
     ridge = Ridge(alpha=config.ridge).fit(X, log_tokens)
     weights = np.zeros((X.shape[1], 2), np.float32)
@@ -143,8 +144,9 @@ def _fit_weights(X: sparse.csr_matrix, log_tokens: np.ndarray, is_tool: np.ndarr
     return weights, bias
 
 
-def teacher_predictions(vectors: np.ndarray, log_tokens: np.ndarray, groups: np.ndarray, config: LexicalConfig
-                        ) -> np.ndarray:
+def teacher_predictions(
+    vectors: np.ndarray, log_tokens: np.ndarray, groups: np.ndarray, config: LexicalConfig
+) -> np.ndarray:
     """Each row's log(1 + tokens) as a ridge on the teacher's vectors predicts it, out of fold by task (`folds`
     task-grouped folds): a row's prediction never read its own task's labels."""
     out = np.zeros(len(log_tokens))
@@ -154,8 +156,9 @@ def teacher_predictions(vectors: np.ndarray, log_tokens: np.ndarray, groups: np.
     return out
 
 
-def length_targets(log_tokens: np.ndarray, groups: np.ndarray, vectors: np.ndarray | None,
-                   config: LexicalConfig) -> np.ndarray:
+def length_targets(
+    log_tokens: np.ndarray, groups: np.ndarray, vectors: np.ndarray | None, config: LexicalConfig
+) -> np.ndarray:
     """The length model's target over these rows: the labels, or with a teacher their mean with its out-of-fold
     predictions (fitted on these rows alone; the labels alone where they hold fewer than 2 tasks)."""
     if config.teacher is None or len(set(groups)) < 2:
@@ -214,8 +217,15 @@ class LexicalModel(BucketScores):
     def __init__(self, config: LexicalConfig | None = None):
         self.config = config or LexicalConfig()
 
-    def fit(self, texts: list[str], tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray,
-            apps: list[str | None] | None = None, teacher_vectors: np.ndarray | None = None) -> "LexicalModel":
+    def fit(
+        self,
+        texts: list[str],
+        tokens: np.ndarray,
+        is_tool: np.ndarray,
+        groups: np.ndarray,
+        apps: list[str | None] | None = None,
+        teacher_vectors: np.ndarray | None = None,
+    ) -> "LexicalModel":
         """`groups`: each row's task; no fold splits one, so a row's out-of-fold score never saw its own task.
         `apps`: each row's app (read with `per_app`); `teacher_vectors`: each row's MiniLM vector (with a teacher)."""
         if self.config.teacher is not None and (teacher_vectors is None or len(teacher_vectors) != len(texts)):
@@ -230,8 +240,9 @@ class LexicalModel(BucketScores):
             raise ValueError(f"the lexical model needs training stages of at least 2 tasks, got {num_groups}")
         self.oof_ = np.zeros((len(texts), 2), np.float32)
         for train, held in GroupKFold(n_splits=min(self.config.folds, num_groups)).split(X, groups=groups):
-            targets = length_targets(log_tokens[train], groups[train], None if vectors is None else vectors[train],
-                                     self.config)
+            targets = length_targets(
+                log_tokens[train], groups[train], None if vectors is None else vectors[train], self.config
+            )
             weights, bias = _fit_weights(X[train], targets, is_tool[train], self.config)
             self.oof_[held] = X[held] @ weights + bias
         if vectors is not None:

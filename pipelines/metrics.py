@@ -1,4 +1,5 @@
 """Quality metrics of a length predictor, overall and per group, and the baselines it must beat."""
+
 from __future__ import annotations
 
 import lightgbm as lgb
@@ -64,9 +65,11 @@ def _per_role(train: pd.DataFrame, test: pd.DataFrame, stat, last_resort: float 
 def _conformal_level(alpha: float):
     """Per-group stat: the split-conformal (1−α) level of the tokens; NaN where the group is too small
     for it (fewer than ~1/α members)."""
+
     def stat(tokens: pd.Series) -> float:
         level = conformal_quantile(tokens.to_numpy(float), alpha)
         return level if np.isfinite(level) else np.nan
+
     return stat
 
 
@@ -86,17 +89,32 @@ def role_baselines(train: pd.DataFrame, test: pd.DataFrame, rho: float, alpha: f
         "global_median": make(glob, glob * (1 + rho), np.full(len(test), train["is_tool"].mean())),
         "role_median": make(role_median, role_median * (1 + rho), p_tool_role),
         "role_p90": make(role_median, _per_role(train, test, lambda s: np.quantile(s, 0.9)), p_tool_role),
-        "role_conformal": make(role_median, _per_role(train, test, _conformal_level(alpha), train["tokens"].max()),
-                               p_tool_role),
+        "role_conformal": make(
+            role_median, _per_role(train, test, _conformal_level(alpha), train["tokens"].max()), p_tool_role
+        ),
     }
 
 
-def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.DataFrame, X_test: pd.DataFrame,
-                         rho: float, alpha: float, seed: int = 0) -> dict[str, pd.DataFrame]:
+def baseline_predictions(
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    X_train: pd.DataFrame,
+    X_test: pd.DataFrame,
+    rho: float,
+    alpha: float,
+    seed: int = 0,
+) -> dict[str, pd.DataFrame]:
     """role_baselines, and single_stage: one LightGBM L2 regressor on log(1+tokens), no classifier,
     reserve ×(1+ρ)."""
-    params = {"objective": "l2", "verbosity": -1, "seed": seed, "num_threads": 1, "learning_rate": 0.05,
-              "num_leaves": 31, "min_child_samples": 10}
+    params = {
+        "objective": "l2",
+        "verbosity": -1,
+        "seed": seed,
+        "num_threads": 1,
+        "learning_rate": 0.05,
+        "num_leaves": 31,
+        "min_child_samples": 10,
+    }
     booster = lgb.train(params, lgb.Dataset(X_train, np.log1p(train["tokens"].to_numpy(float))), num_boost_round=500)
     single = np.expm1(booster.predict(X_test))
     out = role_baselines(train, test, rho, alpha)
@@ -106,8 +124,13 @@ def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, X_train: pd.Da
 
 # The issue's targets for a predictor on workflows it has not seen: (metric, comparison, bound), the
 # metric read from target_ratios() or from the model's quality().
-TARGETS = (("auc", ">=", 0.95), ("mae_vs_role_median", "<=", 0.80), ("kendall_tau", ">=", 0.60),
-           ("under_rate", "<=", 0.05), ("over_reservation_vs_role_p90", "<=", 0.75))
+TARGETS = (
+    ("auc", ">=", 0.95),
+    ("mae_vs_role_median", "<=", 0.80),
+    ("kendall_tau", ">=", 0.60),
+    ("under_rate", "<=", 0.05),
+    ("over_reservation_vs_role_p90", "<=", 0.75),
+)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -120,8 +143,9 @@ def target_ratios(model: dict, baselines: dict[str, dict]) -> dict:
         "mae_vs_role_median": ratio(model["mae"], baselines["role_median"]["mae"]),
         "over_reservation_vs_role_p90": ratio(model["over_reservation"], baselines["role_p90"]["over_reservation"]),
         # the per-role constant promising the same miss rate: what the reserve saves at equal risk
-        "over_reservation_vs_role_conformal": ratio(model["over_reservation"],
-                                                     baselines["role_conformal"]["over_reservation"]),
+        "over_reservation_vs_role_conformal": ratio(
+            model["over_reservation"], baselines["role_conformal"]["over_reservation"]
+        ),
     }
 
 
@@ -137,25 +161,30 @@ def target_checks(model: dict, ratios: dict) -> dict[str, bool | None]:
     return out
 
 
-def scoring_frames(predictions: pd.DataFrame, test: pd.DataFrame, train: pd.DataFrame,
-                   rho: float, alpha: float) -> dict[str, pd.DataFrame]:
+def scoring_frames(
+    predictions: pd.DataFrame, test: pd.DataFrame, train: pd.DataFrame, rho: float, alpha: float
+) -> dict[str, pd.DataFrame]:
     """Predictions (workflow_id, stage_id, p_tool, tokens_pred, tokens_reserve) of labelled `test` stages
     as the prediction frame "model", beside the per-role baselines fitted on `train` (label frames) over
     the same stages."""
     keys = ["workflow_id", "stage_id"]
-    frame = test.merge(predictions[keys + ["p_tool", "tokens_pred", "tokens_reserve"]], on=keys, how="inner",
-                       validate="one_to_one")
+    frame = test.merge(
+        predictions[keys + ["p_tool", "tokens_pred", "tokens_reserve"]], on=keys, how="inner", validate="one_to_one"
+    )
     return {"model": frame, **role_baselines(train, frame, rho, alpha)}
 
 
 def score_frames(frames: dict[str, pd.DataFrame]) -> dict:
     """scoring_frames() against the targets and the baselines, overall and per app."""
+
     def table(parts: dict[str, pd.DataFrame]) -> dict:
         scores = {name: quality(f) for name, f in parts.items()}
         model, baselines = scores.pop("model"), scores
         ratios = target_ratios(model, baselines)
         return {"model": model, "ratios": ratios, "targets": target_checks(model, ratios), "baselines": baselines}
 
-    by_app = {str(app): table({name: f[f["app"] == app] for name, f in frames.items()})
-              for app in sorted(frames["model"]["app"].unique())}
+    by_app = {
+        str(app): table({name: f[f["app"] == app] for name, f in frames.items()})
+        for app in sorted(frames["model"]["app"].unique())
+    }
     return {**table(frames), "by_app": by_app}

@@ -16,6 +16,7 @@ quantity used for calibration is out-of-fold. Rows marked `calibrate_only` (e.g.
 their history hidden) are predicted out of fold and calibrated on, never fitted on. The configuration and the
 LightGBM parameters it gives the boosters: pipelines/model_config.py.
 """
+
 from __future__ import annotations
 
 import lightgbm as lgb
@@ -24,8 +25,15 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold
 
 from pipelines.boosters import Regressor, RowPredictor, as_matrix, raw_score
-from pipelines.calibration import (SigmoidCalibrator, app_keys, calibrate_groups, calibrate_scores, calibration_keys,
-                                   group_levels, new_calibrator)
+from pipelines.calibration import (
+    SigmoidCalibrator,
+    app_keys,
+    calibrate_groups,
+    calibrate_scores,
+    calibration_keys,
+    group_levels,
+    new_calibrator,
+)
 from pipelines.features import EMBEDDING_PREFIX, UNKNOWN
 from pipelines.history import history_conditions
 from pipelines.model_config import ModelConfig, lgb_params, regression_objective
@@ -42,8 +50,14 @@ class TwoStageModel:
         self.config = config or ModelConfig()
 
     # ---- fitting ------------------------------------------------------------------------
-    def fit(self, X: pd.DataFrame, tokens: np.ndarray, is_tool: np.ndarray, groups: np.ndarray,
-            calibrate_only: np.ndarray | None = None) -> "TwoStageModel":
+    def fit(
+        self,
+        X: pd.DataFrame,
+        tokens: np.ndarray,
+        is_tool: np.ndarray,
+        groups: np.ndarray,
+        calibrate_only: np.ndarray | None = None,
+    ) -> "TwoStageModel":
         """`groups`: each row's task (folds never split one); `calibrate_only`: rows predicted out of fold
         for calibration but left out of every fit."""
         cfg = self.config
@@ -51,20 +65,25 @@ class TwoStageModel:
         fitted = np.ones(len(X), bool) if calibrate_only is None else ~np.asarray(calibrate_only, bool)
         X = self._drop_roles(X, np.random.default_rng(cfg.seed))
         y_log, y_tool = np.log1p(np.asarray(tokens, float)), np.asarray(is_tool, int)
-        folds = [(train[fitted[train]], test) for train, test in
-                 GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups)]
+        folds = [
+            (train[fitted[train]], test)
+            for train, test in GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups)
+        ]
         X1 = X[classifier_columns(list(X.columns), cfg)]
-        raw_oof = self._oof(folds, lambda tr: self._fit_classifier(X1.iloc[tr], y_tool[tr]),
-                            lambda m, te: raw_score(m, X1.iloc[te]))
+        raw_oof = self._oof(
+            folds, lambda tr: self._fit_classifier(X1.iloc[tr], y_tool[tr]), lambda m, te: raw_score(m, X1.iloc[te])
+        )
         self.calibrator_ = new_calibrator(cfg.calibration).fit(raw_oof, y_tool)
         self.classifier_ = self._fit_classifier(X1[fitted], y_tool[fitted])
         X2 = X.assign(p_tool=self.calibrator_.predict(raw_oof))
-        pred_oof = self._oof(folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]),
-                             lambda m, te: m.predict(X2.iloc[te]))
+        pred_oof = self._oof(
+            folds, lambda tr: self._fit_regressor(X2.iloc[tr], y_log[tr]), lambda m, te: m.predict(X2.iloc[te])
+        )
         self.regressor_ = self._fit_regressor(X2[fitted], y_log[fitted])
         history = history_conditions(lambda c: X[c].to_numpy(float) if c in X else None, len(X))
-        self.oof_ = pd.DataFrame({"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles,
-                                  "history": history})
+        self.oof_ = pd.DataFrame(
+            {"p_tool": X2["p_tool"], "log_pred": pred_oof, "log_true": y_log, "role": roles, "history": history}
+        )
         self.fit_reserve(X2, y_log, folds, fitted, history)
         return self
 
@@ -93,25 +112,32 @@ class TwoStageModel:
         cfg = self.config
         base = float(np.mean(y_log))
         params = lgb_params(cfg.regressor, cfg, **regression_objective(cfg.loss, cfg.under_weight))
-        boosters = [lgb.train({**params, "seed": cfg.seed + b}, lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base)),
-                              num_boost_round=cfg.regressor["n_estimators"]) for b in range(cfg.regressor_bags)]
+        boosters = [
+            lgb.train(
+                {**params, "seed": cfg.seed + b},
+                lgb.Dataset(X, y_log, init_score=np.full(len(y_log), base)),
+                num_boost_round=cfg.regressor["n_estimators"],
+            )
+            for b in range(cfg.regressor_bags)
+        ]
         return Regressor(boosters[0], base, boosters[1:])
 
-    def fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds, fitted: np.ndarray,
-                    history: np.ndarray) -> None:
+    def fit_reserve(self, X2: pd.DataFrame, y_log: np.ndarray, folds, fitted: np.ndarray, history: np.ndarray) -> None:
         """Conformalised quantile regression: a LightGBM (1−α)-quantile model, its out-of-fold
         misses calibrated per group, so that each group's share above its reserve is ≤ α. fit() calls it last
         with the frame with p_tool, log labels, folds, fitted rows and history conditions; calling it again with
         another config refits the reserve alone (benchmarks/predictor/reserve_cv.py)."""
         cfg = self.config
         params = lgb_params(cfg.quantile, cfg, objective="quantile", alpha=cfg.bound_level)
-        fit = lambda idx: lgb.train(params, lgb.Dataset(X2.iloc[idx], y_log[idx]),
-                                    num_boost_round=cfg.quantile["n_estimators"])
+        fit = lambda idx: lgb.train(
+            params, lgb.Dataset(X2.iloc[idx], y_log[idx]), num_boost_round=cfg.quantile["n_estimators"]
+        )
         upper_oof = self._oof(folds, fit, lambda m, te: m.predict(X2.iloc[te]))
         self.upper_ = fit(np.flatnonzero(fitted))
         apps = app_keys(X2["app"].cat.codes.to_numpy(float)) if "app" in X2 else None
         self.global_q_, self.group_q_ = calibrate_groups(
-            y_log - upper_oof, calibration_keys(_roles(X2), X2["p_tool"].to_numpy(), apps, history), cfg)
+            y_log - upper_oof, calibration_keys(_roles(X2), X2["p_tool"].to_numpy(), apps, history), cfg
+        )
 
     # ---- prediction -----------------------------------------------------------------------
     def predict(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -145,8 +171,12 @@ class TwoStageModel:
         else:
             apps = None if column("app") is None else app_keys(column("app"))
             reserve = np.expm1(rows["upper"](matrix2) + self._quantiles(roles, p_tool, apps, history))
-        return {"p_tool": p_tool, "tokens_pred": tokens_pred, "tokens_reserve": np.maximum(reserve, tokens_pred),
-                "history": history}
+        return {
+            "p_tool": p_tool,
+            "tokens_pred": tokens_pred,
+            "tokens_reserve": np.maximum(reserve, tokens_pred),
+            "history": history,
+        }
 
     @property
     def _rows(self) -> dict:
@@ -155,10 +185,12 @@ class TwoStageModel:
         if rows is None:
             classifier = self.classifier_
             rows = self.__dict__["_row_predictors"] = {
-                "classifier": (lambda m: np.full(len(m), classifier)) if isinstance(classifier, float)
+                "classifier": (lambda m: np.full(len(m), classifier))
+                if isinstance(classifier, float)
                 else RowPredictor(classifier),
                 "regressors": [RowPredictor(b) for b in self.regressor_.boosters],
-                "upper": RowPredictor(self.upper_) if hasattr(self, "upper_") else None}
+                "upper": RowPredictor(self.upper_) if hasattr(self, "upper_") else None,
+            }
         return rows
 
     def use_row_predictors(self, classifier=None, regressors: list | None = None, upper=None) -> None:
@@ -171,11 +203,11 @@ class TwoStageModel:
         """The columns of `matrix` the classifier was trained on (all of them, or all but the embedding's)."""
         index = self.__dict__.get("_classifier_index")
         if index is None:
-            names = (self.feature_names if isinstance(self.classifier_, float) else
-                     self.classifier_.feature_name())
+            names = self.feature_names if isinstance(self.classifier_, float) else self.classifier_.feature_name()
             position = {name: i for i, name in enumerate(self.feature_names)}
-            index = self.__dict__["_classifier_index"] = (None if names == self.feature_names else
-                                                          np.array([position[n] for n in names]))
+            index = self.__dict__["_classifier_index"] = (
+                None if names == self.feature_names else np.array([position[n] for n in names])
+            )
         return matrix if index is None else matrix[:, index]
 
     def __getstate__(self) -> dict:
@@ -188,8 +220,9 @@ class TwoStageModel:
             index = self.__dict__["_feature_index"] = {name: i for i, name in enumerate(self.feature_names)}
         return lambda name: matrix[:, index[name]] if name in index else None
 
-    def _quantiles(self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None,
-                   history: np.ndarray | None = None) -> np.ndarray:
+    def _quantiles(
+        self, roles: list[str], p_tool: np.ndarray, apps: np.ndarray | None = None, history: np.ndarray | None = None
+    ) -> np.ndarray:
         """Each row's calibrated level: that of its most specific group with one, else the global one."""
         return group_levels(roles, p_tool, apps, history, self.group_q_, self.global_q_)
 

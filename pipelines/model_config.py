@@ -1,6 +1,7 @@
 """The two-stage length model's configuration (`ModelConfig`, validated once) and the LightGBM parameters its
 boosters are trained with: the shared settings (`lgb_params`) and the regressor's asymmetric loss
 (`regression_objective`: pinball, or the squared `asymmetric_l2`). The model itself is pipelines/model.py."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,16 +28,41 @@ class ModelConfig:
     # LightGBM threads. One by default: OpenMP threads spin-waiting on each other stall a training when other
     # work shares the cores (pipelines/EXPERIMENTS.md)
     num_threads: int = 1
-    classifier: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=31,
-                                                          min_child_samples=10, subsample=0.8, subsample_freq=1,
-                                                          colsample_bytree=0.8))
-    quantile: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
-                                                        min_child_samples=20, subsample=0.8, subsample_freq=1,
-                                                        colsample_bytree=0.8))
+    classifier: dict = field(
+        default_factory=lambda: dict(
+            n_estimators=300,
+            learning_rate=0.05,
+            num_leaves=31,
+            min_child_samples=10,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.8,
+        )
+    )
+    quantile: dict = field(
+        default_factory=lambda: dict(
+            n_estimators=300,
+            learning_rate=0.05,
+            num_leaves=15,
+            min_child_samples=20,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.8,
+        )
+    )
     # extra_trees: split thresholds drawn at random, a variance cut for ~1k training stages
-    regressor: dict = field(default_factory=lambda: dict(n_estimators=500, learning_rate=0.05, num_leaves=31,
-                                                         min_child_samples=10, subsample=0.8, subsample_freq=1,
-                                                         colsample_bytree=0.8, extra_trees=True))
+    regressor: dict = field(
+        default_factory=lambda: dict(
+            n_estimators=500,
+            learning_rate=0.05,
+            num_leaves=31,
+            min_child_samples=10,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.8,
+            extra_trees=True,
+        )
+    )
     # regressors averaged (in log space) for the point prediction, seeds seed..seed+bags-1: bagging and
     # random thresholds differ per member, so the average is steadier than any one
     regressor_bags: int = 1

@@ -11,6 +11,7 @@ arrive), and its conformal level is taken per history condition. The level serve
 condition, the largest of these: the level that would have held for the worst app had it been new.
 Which columns the bound reads was chosen by inner leave-one-app-out (pipelines/EXPERIMENTS.md, 2026-12-02).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,8 +66,10 @@ class NewAppLevels:
 
     def describe(self) -> dict:
         """The levels as plain numbers (meta.json, MLflow)."""
-        return {"levels": {k: round(v, 4) for k, v in self.levels.items()},
-                "by_app": {a: {k: round(v, 4) for k, v in levels.items()} for a, levels in self.by_app.items()}}
+        return {
+            "levels": {k: round(v, 4) for k, v in self.levels.items()},
+            "by_app": {a: {k: round(v, 4) for k, v in levels.items()} for a, levels in self.by_app.items()},
+        }
 
 
 def as_unseen(X: pd.DataFrame, seen: pd.DataFrame) -> pd.DataFrame:
@@ -82,8 +85,9 @@ def as_unseen(X: pd.DataFrame, seen: pd.DataFrame) -> pd.DataFrame:
     return X
 
 
-def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame,
-                    columns: list[str] | None = None) -> pd.DataFrame:
+def held_out_scores(
+    model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame, columns: list[str] | None = None
+) -> pd.DataFrame:
     """Out-of-app scores (log actual − log bound on `columns`, all of X's by default) of every row whose app has
     MIN_APP_ROWS fitted rows, each from models fitted without its app; columns row (in X), app, history, p_tool
     (out of app), score."""
@@ -104,8 +108,17 @@ def held_out_scores(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFrame,
         p_tool = calibrate_scores(model.calibrator_, raw)
         bound = _fit_bound(model, X.iloc[train][columns].assign(p_tool=p_tool_oof[train]), y_log[train])
         scores = y_log[test] - bound.predict(unseen[columns].assign(p_tool=p_tool))
-        parts.append(pd.DataFrame({"row": test, "app": app, "history": model.oof_["history"].to_numpy()[test],
-                                   "p_tool": p_tool, "score": scores}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "row": test,
+                    "app": app,
+                    "history": model.oof_["history"].to_numpy()[test],
+                    "p_tool": p_tool,
+                    "score": scores,
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -131,8 +144,11 @@ def levels_of(scores: pd.DataFrame, alpha: float) -> NewAppLevels | None:
         level = conformal_quantile(part["score"].to_numpy(float), alpha)
         if np.isfinite(level):
             by_app.setdefault(str(app), {})[str(history)] = level
-    levels = {h: max(v[h] for v in by_app.values() if h in v)
-              for h in HISTORY_CONDITIONS if any(h in v for v in by_app.values())}
+    levels = {
+        h: max(v[h] for v in by_app.values() if h in v)
+        for h in HISTORY_CONDITIONS
+        if any(h in v for v in by_app.values())
+    }
     return NewAppLevels(levels, by_app) if levels else None
 
 
@@ -151,8 +167,9 @@ def fit_new_app_levels(model: TwoStageModel, X: pd.DataFrame, labels: pd.DataFra
     return NewAppLevels(levels.levels, levels.by_app, bound, tuple(columns))
 
 
-def new_app_reserves(levels: NewAppLevels, matrix: np.ndarray, feature_names: list[str], out: dict,
-                     rows: np.ndarray) -> np.ndarray:
+def new_app_reserves(
+    levels: NewAppLevels, matrix: np.ndarray, feature_names: list[str], out: dict, rows: np.ndarray
+) -> np.ndarray:
     """The reserves of a new app's stages (`rows` of the model's matrix and of its answers `out`): the new-app
     bound lifted by each row's condition level, never below the point prediction."""
     log_bound = levels.log_bound(matrix[rows], feature_names, out["p_tool"][rows])

@@ -1,4 +1,5 @@
 """params.yaml access for DVC stages: each stage reads only its own section."""
+
 from __future__ import annotations
 
 from pathlib import Path

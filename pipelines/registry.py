@@ -1,4 +1,5 @@
 """MLflow side of the predictor: the store location, logging the model (pipelines/pyfunc_model.py), alias guarding."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,14 +22,32 @@ PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # the model's code (m
 CODE_PATHS = [str(PYFUNC_CODE.parent), str(PYFUNC_CODE.parent.parent / "maestro")]
 # A made-up stage, not one from the traces: the example is stored with every model version, and traces hold
 # users' prompts.
-INPUT_EXAMPLE = pd.DataFrame([
-    {"workflow_id": "example-1", "stage_id": "plan", "role": "planner", "app": "travel_planner",
-     "prompt": "Plan a three-day trip to Lisbon for two: flights, hotel and a day plan.", "parent_ids": [],
-     "n_tools": 2, "tool_names": ["search_flights", "search_hotels"], "interactive": True},
-    {"workflow_id": "example-1", "stage_id": "flights", "role": "flight_agent", "app": "travel_planner",
-     "prompt": [{"role": "user", "content": "Find a return flight Berlin-Lisbon, 3-6 May."}], "parent_ids": ["plan"],
-     "n_tools": 1, "tool_names": ["search_flights"], "interactive": True},
-])
+INPUT_EXAMPLE = pd.DataFrame(
+    [
+        {
+            "workflow_id": "example-1",
+            "stage_id": "plan",
+            "role": "planner",
+            "app": "travel_planner",
+            "prompt": "Plan a three-day trip to Lisbon for two: flights, hotel and a day plan.",
+            "parent_ids": [],
+            "n_tools": 2,
+            "tool_names": ["search_flights", "search_hotels"],
+            "interactive": True,
+        },
+        {
+            "workflow_id": "example-1",
+            "stage_id": "flights",
+            "role": "flight_agent",
+            "app": "travel_planner",
+            "prompt": [{"role": "user", "content": "Find a return flight Berlin-Lisbon, 3-6 May."}],
+            "parent_ids": ["plan"],
+            "n_tools": 1,
+            "tool_names": ["search_flights"],
+            "interactive": True,
+        },
+    ]
+)
 
 
 def signature() -> ModelSignature:
@@ -39,22 +58,38 @@ def signature() -> ModelSignature:
     Where some stages of a batch lack an optional field, its frame column holds NaN, which MLflow's long and array
     checks refuse (and it will not take ints as doubles): counts and name lists are therefore Any here, and the
     contract (maestro/contract.py) checks them when the model parses each stage."""
+
     def optional(kind, name: str) -> ColSpec:
         return ColSpec(kind, name, required=False)
 
-    inputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
-                     ColSpec(DataType.string, "role"), ColSpec(AnyType(), "prompt"),
-                     *(optional(DataType.string, name) for name in ("app", "model")),
-                     *(optional(AnyType(), name) for name in ("parent_ids", "tool_names", "call_index", "depth",
-                                                              "n_tools", "prompt_tokens")),
-                     optional(DataType.boolean, "interactive")])
-    outputs = Schema([ColSpec(DataType.string, "workflow_id"), ColSpec(DataType.string, "stage_id"),
-                      ColSpec(DataType.double, "p_tool"), ColSpec(DataType.long, "tokens_pred"),
-                      ColSpec(DataType.long, "tokens_reserve"), ColSpec(DataType.string, "fallback_level"),
-                      ColSpec(DataType.string, "history"),
-                      *(ColSpec(DataType.double, n) for n in ("wf_remaining_calls", "wf_remaining_tokens")),
-                      *(ColSpec(DataType.long, n) for n in ("wf_remaining_calls_upper", "wf_remaining_tokens_upper")),
-                      ColSpec(DataType.string, "wf_fallback_level")])
+    inputs = Schema(
+        [
+            ColSpec(DataType.string, "workflow_id"),
+            ColSpec(DataType.string, "stage_id"),
+            ColSpec(DataType.string, "role"),
+            ColSpec(AnyType(), "prompt"),
+            *(optional(DataType.string, name) for name in ("app", "model")),
+            *(
+                optional(AnyType(), name)
+                for name in ("parent_ids", "tool_names", "call_index", "depth", "n_tools", "prompt_tokens")
+            ),
+            optional(DataType.boolean, "interactive"),
+        ]
+    )
+    outputs = Schema(
+        [
+            ColSpec(DataType.string, "workflow_id"),
+            ColSpec(DataType.string, "stage_id"),
+            ColSpec(DataType.double, "p_tool"),
+            ColSpec(DataType.long, "tokens_pred"),
+            ColSpec(DataType.long, "tokens_reserve"),
+            ColSpec(DataType.string, "fallback_level"),
+            ColSpec(DataType.string, "history"),
+            *(ColSpec(DataType.double, n) for n in ("wf_remaining_calls", "wf_remaining_tokens")),
+            *(ColSpec(DataType.long, n) for n in ("wf_remaining_calls_upper", "wf_remaining_tokens_upper")),
+            ColSpec(DataType.string, "wf_fallback_level"),
+        ]
+    )
     return ModelSignature(inputs, outputs)
 
 
@@ -62,10 +97,17 @@ def log_predictor(directory: str | Path, pip_requirements: list[str], params: di
     """Log a saved predictor as a pyfunc model of the active run (models-from-code, with its signature, an input
     example and the pipelines/ and maestro/ packages as code), registered as MODEL_NAME; `params`: the recipe, shown on the
     logged model too. The logged model's info."""
-    return mlflow.pyfunc.log_model(name="predictor", python_model=str(PYFUNC_CODE),
-                                   artifacts={"predictor": str(directory)}, code_paths=CODE_PATHS,
-                                   signature=signature(), input_example=INPUT_EXAMPLE, params=params,
-                                   registered_model_name=MODEL_NAME, pip_requirements=pip_requirements)
+    return mlflow.pyfunc.log_model(
+        name="predictor",
+        python_model=str(PYFUNC_CODE),
+        artifacts={"predictor": str(directory)},
+        code_paths=CODE_PATHS,
+        signature=signature(),
+        input_example=INPUT_EXAMPLE,
+        params=params,
+        registered_model_name=MODEL_NAME,
+        pip_requirements=pip_requirements,
+    )
 
 
 def register_predictor(directory: str | Path, pip_requirements: list[str]) -> str:

@@ -5,6 +5,7 @@ submitted only after its parents finished, so their `output_tokens` / `is_tool_c
 facts by then (taken from ancestor stages in the same batch, from a `StageHistory` of finished
 stages on the live path, or from an explicit `parent_output_tokens` field a live caller sends).
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,11 @@ CATEGORICAL = ("role", "app", "model", "last_message_role")
 UNKNOWN = "unknown"
 SMALL_INT_CUE = re.compile(r"\b\d{1,3}\b")
 JSON_CUE = re.compile(r"\bjson\b", re.I)
-TOOL_RESULT_CUE = re.compile(r"(tool|function)[ _](result|response|output)|response from calling tool"
-                             r"|\"role\": \"tool\"", re.I)
+TOOL_RESULT_CUE = re.compile(
+    r"(tool|function)[ _](result|response|output)|response from calling tool"
+    r"|\"role\": \"tool\"",
+    re.I,
+)
 DONE_CUE = re.compile(r"<INFO>|finished|terminate|final answer|only one line|one word", re.I)
 BREVITY_CUE = re.compile(r"\b(brief|short|concise|one line|single word|only)\b", re.I)
 DETAIL_CUE = re.compile(r"\b(detailed|full|complete|all|every|comprehensive|code)\b", re.I)
@@ -32,11 +36,16 @@ SUGGESTED_CALL_CUE = re.compile(r"suggested (tool|function) call", re.I)
 TOOL_RESPONSE_CUE = re.compile(r"response from calling (tool|function)", re.I)
 # Literals one of which (lowercased) every match of a pattern above holds: where the lowercased text holds
 # none of them the pattern cannot match, and `in` is ~50× cheaper than a case-insensitive regex scan.
-_NEEDLES = {JSON_CUE: ("json",), TOOL_RESULT_CUE: ("tool", "function"),
-            DONE_CUE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
-            BREVITY_CUE: ("brief", "short", "concise", "one line", "single word", "only"),
-            DETAIL_CUE: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
-            SUGGESTED_CALL_CUE: ("suggested",), TOOL_RESPONSE_CUE: ("response from calling",), QUESTION_CUE: ("?",)}
+_NEEDLES = {
+    JSON_CUE: ("json",),
+    TOOL_RESULT_CUE: ("tool", "function"),
+    DONE_CUE: ("<info>", "finished", "terminate", "final answer", "only one line", "one word"),
+    BREVITY_CUE: ("brief", "short", "concise", "one line", "single word", "only"),
+    DETAIL_CUE: ("detailed", "full", "complete", "all", "every", "comprehensive", "code"),
+    SUGGESTED_CALL_CUE: ("suggested",),
+    TOOL_RESPONSE_CUE: ("response from calling",),
+    QUESTION_CUE: ("?",),
+}
 CUT_MARK = "[...]"  # where a trace producer cut the middle out of a long prompt
 MAX_ANCESTORS = 256  # deep loops: the history that matters is near, don't walk the whole chain
 
@@ -219,16 +228,20 @@ class StageHistory:
         """The finished stages of the workflows in `stages`, minus those stages themselves."""
         batch = {(s.workflow_id, s.stage_id) for s in stages}
         with self._lock:
-            return {w: {i: s for i, s in self._workflows[w].items() if (w, i) not in batch}
-                    for w in {s.workflow_id for s in stages} if w in self._workflows}
+            return {
+                w: {i: s for i, s in self._workflows[w].items() if (w, i) not in batch}
+                for w in {s.workflow_id for s in stages}
+                if w in self._workflows
+            }
 
     def __len__(self) -> int:
         with self._lock:
             return sum(len(w) for w in self._workflows.values())
 
 
-def stage_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
-               texts: list[str] | None = None) -> list[dict]:
+def stage_rows(
+    stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None, texts: list[str] | None = None
+) -> list[dict]:
     """One dict per stage of structure + prompt-text features (categoricals as plain strings), each value of its
     own type (ints stay ints): what frames read, and the live path for one stage (batch_features.structural_columns
     for more). `known`: finished stages of the same workflows that are not in `stages` (StageHistory.known);
@@ -238,12 +251,20 @@ def stage_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]]
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})
     rows = []
     for stage, text in zip(stages, texts or [s.prompt_text() for s in stages]):
-        rows.append({
-            "role": stage.role, "app": stage.app or UNKNOWN, "model": stage.model or UNKNOWN,
-            "depth": stage.depth, "in_degree": stage.in_degree, "call_index": stage.call_index,
-            "n_tools": stage.n_tools if stage.n_tools is not None else len(stage.tool_names or []),
-            "interactive": np.nan if stage.interactive is None else float(stage.interactive),
-            **_text_features(stage, text), **_parent_features(stage, ids)})
+        rows.append(
+            {
+                "role": stage.role,
+                "app": stage.app or UNKNOWN,
+                "model": stage.model or UNKNOWN,
+                "depth": stage.depth,
+                "in_degree": stage.in_degree,
+                "call_index": stage.call_index,
+                "n_tools": stage.n_tools if stage.n_tools is not None else len(stage.tool_names or []),
+                "interactive": np.nan if stage.interactive is None else float(stage.interactive),
+                **_text_features(stage, text),
+                **_parent_features(stage, ids),
+            }
+        )
     return rows
 
 

@@ -8,6 +8,7 @@ optionally fitted to MiniLM's own vectors of the training prompts, and the featu
 linear, so the fitted table answers in the PCA's dimensions directly. The tokenizer is MiniLM's, in Python
 (PythonWordPiece): the Rust tokenizer's Python binding costs ~100 µs a segment.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,11 +50,13 @@ def distill_table(batch_size: int = 1024) -> np.ndarray:
     table = np.empty((len(ids), EMBEDDING_DIM), np.float32)
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):
-            batch = ids[start:start + batch_size]
-            tokens = torch.stack([torch.full_like(batch, tokenizer.cls_token_id), batch,
-                                  torch.full_like(batch, tokenizer.sep_token_id)], dim=1)
+            batch = ids[start : start + batch_size]
+            tokens = torch.stack(
+                [torch.full_like(batch, tokenizer.cls_token_id), batch, torch.full_like(batch, tokenizer.sep_token_id)],
+                dim=1,
+            )
             hidden = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).last_hidden_state
-            table[start:start + len(batch)] = hidden.mean(dim=1).numpy()
+            table[start : start + len(batch)] = hidden.mean(dim=1).numpy()
     return table
 
 
@@ -144,9 +147,15 @@ class StaticEmbedder:
     the rows (the mean is linear), so the fitted embedder answers in the PCA's dimensions with no matrix
     product. Its state (table, offset, tokenizer) travels inside the predictor's artifact."""
 
-    def __init__(self, config: EmbedderConfig, table: np.ndarray | None = None, offset: np.ndarray | None = None,
-                 tokenizer_json: str | None = None, cache: str | Path | None = None,
-                 head: tuple[np.ndarray, np.ndarray] | None = None):
+    def __init__(
+        self,
+        config: EmbedderConfig,
+        table: np.ndarray | None = None,
+        offset: np.ndarray | None = None,
+        tokenizer_json: str | None = None,
+        cache: str | Path | None = None,
+        head: tuple[np.ndarray, np.ndarray] | None = None,
+    ):
         self.config, self.cache = config, cache
         self._table, self._offset, self._tokenizer_json = table, offset, tokenizer_json
         self.head = head  # (W, b): x ↦ x·W + b after the unit scaling of config.normalize (not foldable)
@@ -254,7 +263,7 @@ class StaticEmbedder:
         x = self.embed(texts).astype(np.float64)
         x_mean, y_mean = x.mean(axis=0), targets.mean(axis=0)
         xc = x - x_mean
-        penalty = self.config.ridge * float(np.mean(np.sum(xc ** 2, axis=0)))
+        penalty = self.config.ridge * float(np.mean(np.sum(xc**2, axis=0)))
         weights = np.linalg.solve(xc.T @ xc + penalty * np.eye(x.shape[1]), xc.T @ (targets - y_mean))
         return self.linear(weights.astype(np.float32), (y_mean - x_mean @ weights).astype(np.float32))
 
@@ -262,12 +271,18 @@ class StaticEmbedder:
         """This embedder followed by x ↦ x·W + b, folded into the rows (the mean is linear):
         (mean(rows) − offset)·W + b = mean(rows·W) − (offset·W − b)."""
         offset = (self.offset @ weights - bias).astype(np.float32)
-        return StaticEmbedder(self.config, np.ascontiguousarray(self.table @ weights, np.float32), offset,
-                              self._tokenizer_json)
+        return StaticEmbedder(
+            self.config, np.ascontiguousarray(self.table @ weights, np.float32), offset, self._tokenizer_json
+        )
 
     def state(self) -> dict:
-        return {"config": self.config, "table": self.table, "offset": self.offset,
-                "tokenizer": self._tokenizer_json or _tokenizer_json(), "head": self.head}
+        return {
+            "config": self.config,
+            "table": self.table,
+            "offset": self.offset,
+            "tokenizer": self._tokenizer_json or _tokenizer_json(),
+            "head": self.head,
+        }
 
     @classmethod
     def from_state(cls, state: dict) -> "StaticEmbedder":

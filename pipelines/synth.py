@@ -19,6 +19,7 @@ model, so that what a predictor can learn from the prompt is known:
 5. A tool runs for LogNormal(mean = tool.exec_s_mean, σ = 0.6) seconds on the host CPU
    (`tool_exec_s` on the stage that called it).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,19 @@ FORMAT_TEXT = {"json": "Answer in JSON only.", "bullets": "Use bullet points.", 
 CODE_TOKENS = {"edit_file": 120, "run_python": 90, "run_sql": 40}
 TOOL_NEEDS = {"search": 0.3, "bash": 5.0, "test": 5.0, "file": 5.0, "sql": 0.8, "python": 0.8, "api": 0.7}
 CITIES = ["Paris", "Tokyo", "Lisbon", "Denver", "Nairobi", "Seoul", "Austin", "Oslo", "Lima", "Hanoi"]
-FILL = dict(module=["parser", "scheduler", "auth", "billing", "cache", "cli"], symptom=[
-    "empty input", "unicode names", "a timeout", "concurrent writes"], feature=["pagination", "retries", "a dry-run flag"],
-    error=["KeyError", "TypeError", "a deadlock"], topic=["remote work", "data retention", "travel expenses", "security"],
-    metric=["revenue", "churn", "latency", "signups"], dimension=["region", "plan", "channel"])
-WORDS = ("the of results option price review summary detail analysis data record value flight hotel "
-         "test file line error order customer report item step note query table chart").split()
+FILL = dict(
+    module=["parser", "scheduler", "auth", "billing", "cache", "cli"],
+    symptom=["empty input", "unicode names", "a timeout", "concurrent writes"],
+    feature=["pagination", "retries", "a dry-run flag"],
+    error=["KeyError", "TypeError", "a deadlock"],
+    topic=["remote work", "data retention", "travel expenses", "security"],
+    metric=["revenue", "churn", "latency", "signups"],
+    dimension=["region", "plan", "channel"],
+)
+WORDS = (
+    "the of results option price review summary detail analysis data record value flight hotel "
+    "test file line error order customer report item step note query table chart"
+).split()
 
 
 def _text(rng: np.random.Generator, tokens: int) -> str:
@@ -68,10 +76,18 @@ class WorkflowGenerator:
     def _draw_vars(self) -> dict:
         r = self.rng
         fill = {k: str(r.choice(v)) for k, v in FILL.items()}
-        return dict(fill, items=int(r.integers(1, 13)), days=int(r.integers(2, 11)), people=int(r.integers(1, 6)),
-                    budget=int(r.integers(5, 60)) * 100, city_a=str(r.choice(CITIES)), city_b=str(r.choice(CITIES)),
-                    order=f"A{r.integers(10000, 99999)}", detail=str(r.choice(list(DETAIL), p=[0.3, 0.45, 0.25])),
-                    format=str(r.choice(list(FORMAT), p=[0.25, 0.35, 0.4])))
+        return dict(
+            fill,
+            items=int(r.integers(1, 13)),
+            days=int(r.integers(2, 11)),
+            people=int(r.integers(1, 6)),
+            budget=int(r.integers(5, 60)) * 100,
+            city_a=str(r.choice(CITIES)),
+            city_b=str(r.choice(CITIES)),
+            order=f"A{r.integers(10000, 99999)}",
+            detail=str(r.choice(list(DETAIL), p=[0.3, 0.45, 0.25])),
+            format=str(r.choice(list(FORMAT), p=[0.25, 0.35, 0.4])),
+        )
 
     def run(self) -> list[dict]:
         for spec in self.app.stages:
@@ -82,7 +98,7 @@ class WorkflowGenerator:
         v = self.vars
         count = v["days"] if role.name == "itinerary_planner" else v["items"]
         unit = "days" if role.name == "itinerary_planner" else "items"
-        return (f"Cover {count} {unit}. Level of detail: {v['detail']}. {FORMAT_TEXT[v['format']]}")
+        return f"Cover {count} {unit}. Level of detail: {v['detail']}. {FORMAT_TEXT[v['format']]}"
 
     def _run_spec(self, spec: StageSpec) -> None:
         role = self.app.roles[spec.role]
@@ -101,8 +117,10 @@ class WorkflowGenerator:
             done += 1
             result_tokens = int(self.rng.lognormal(math.log(60 + 40 * self.vars["items"]), 0.5))
             context += result_tokens
-            messages = messages + [{"role": "assistant", "content": stage["output_text"]},
-                                   {"role": "tool", "content": _text(self.rng, min(result_tokens, 300))}]
+            messages = messages + [
+                {"role": "assistant", "content": stage["output_text"]},
+                {"role": "tool", "content": _text(self.rng, min(result_tokens, 300))},
+            ]
         self.last_of[spec.key] = stage["stage_id"]
         self.produced[stage["stage_id"]] = context + stage["output_tokens"]
 
@@ -114,17 +132,31 @@ class WorkflowGenerator:
         if parents:
             shown = min(300, sum(self.produced[p] for p in parents))
             user += f"\nContext from previous agents:\n{_text(self.rng, shown)}"
-        return [{"role": "system", "content": system}, {"role": "user", "content": f"{user}\n{self._instruction(role)}"}]
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"{user}\n{self._instruction(role)}"},
+        ]
 
     def _emit(self, role: Role, messages: list[dict], parents: list[str], is_tool: bool, context: int) -> dict:
         tokens, text, tool = self._tool_call(role) if is_tool else self._answer(role, context)
         tokens = int(min(MAX_TOKENS, max(1, tokens)))
-        stage = dict(workflow_id=self.wid, stage_id=str(len(self.stages)), app=self.app.name, role=role.name,
-                     model=self.model, parent_ids=parents, interactive=self.app.interactive,
-                     n_tools=len(role.tools), tool_names=list(role.tools), prompt=messages,
-                     output_tokens=tokens, is_tool_call=is_tool, output_text=text,
-                     finish_reason="length" if tokens >= MAX_TOKENS else ("tool_calls" if is_tool else "stop"),
-                     synthetic=True)
+        stage = dict(
+            workflow_id=self.wid,
+            stage_id=str(len(self.stages)),
+            app=self.app.name,
+            role=role.name,
+            model=self.model,
+            parent_ids=parents,
+            interactive=self.app.interactive,
+            n_tools=len(role.tools),
+            tool_names=list(role.tools),
+            prompt=messages,
+            output_tokens=tokens,
+            is_tool_call=is_tool,
+            output_text=text,
+            finish_reason="length" if tokens >= MAX_TOKENS else ("tool_calls" if is_tool else "stop"),
+            synthetic=True,
+        )
         if tool is not None:
             stage["tool_exec_s"] = round(float(self.rng.lognormal(math.log(tool.exec_s_mean), 0.6)), 4)
         self.stages.append(stage)

@@ -1,5 +1,6 @@
 """Training the predictor from params.yaml: the `train:` and `workflow:` sections as configs (`maestro train` reads
 them too), and the two-stage model's fit on one machine or a Dask cluster (the DVC stage: pipelines/stages/train.py)."""
+
 from __future__ import annotations
 
 from dataclasses import fields, replace

@@ -6,14 +6,21 @@ characters, whatever the app, its roles or its model are named. Its tool calls s
 messages with `tool_calls` (the length of their arguments). A prompt given as plain text has no turns:
 every value is missing (NaN) there.
 """
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-OWN_TURN_COLUMNS = ("own_text_turns", "own_tool_turns", "own_text_chars_last", "own_text_chars_mean",
-                    "own_text_chars_max", "own_tool_chars_mean")
+OWN_TURN_COLUMNS = (
+    "own_text_turns",
+    "own_tool_turns",
+    "own_text_chars_last",
+    "own_text_chars_mean",
+    "own_text_chars_max",
+    "own_tool_chars_mean",
+)
 
 
 def _tool_call_chars(message: dict) -> int:
@@ -28,8 +35,11 @@ def own_turn_features(messages: list[dict]) -> dict:
     own = [m for m in messages if m.get("role") == "assistant"]
     text = [len(str(m.get("content") or "")) for m in own if m.get("content")]
     tools = [_tool_call_chars(m) for m in own if m.get("tool_calls")]
-    return {"own_text_turns": len(text), "own_tool_turns": len(tools),
-            "own_text_chars_last": text[-1] if text else np.nan,
-            "own_text_chars_mean": float(np.mean(text)) if text else np.nan,
-            "own_text_chars_max": max(text) if text else np.nan,
-            "own_tool_chars_mean": float(np.mean(tools)) if tools else np.nan}
+    return {
+        "own_text_turns": len(text),
+        "own_tool_turns": len(tools),
+        "own_text_chars_last": text[-1] if text else np.nan,
+        "own_text_chars_mean": float(np.mean(text)) if text else np.nan,
+        "own_text_chars_max": max(text) if text else np.nan,
+        "own_tool_chars_mean": float(np.mean(tools)) if tools else np.nan,
+    }

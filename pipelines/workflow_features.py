@@ -10,6 +10,7 @@ later than this one arrived. A stage with a smaller `call_index` that is neither
 running, so its outcome is not read. Only stages whose outcome is known (labelled) count: a hidden history (labels
 stripped, or a stage sent alone) leaves the history features empty, as it leaves the stage model's.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -23,9 +24,17 @@ from pipelines.lexical import BucketScores, LexicalConfig, design_matrix
 from pipelines.stage_features import ancestors_of, stage_rows
 
 CATEGORICAL = ("role", "app", "model", "last_message_role")
-SO_FAR_COLUMNS = ("history_calls", "history_tool_calls", "history_tool_rate", "history_tokens_sum",
-                  "history_tokens_mean", "history_tokens_last", "history_same_role_calls", "history_recent_tool_rate",
-                  "elapsed_s")
+SO_FAR_COLUMNS = (
+    "history_calls",
+    "history_tool_calls",
+    "history_tool_rate",
+    "history_tokens_sum",
+    "history_tokens_mean",
+    "history_tokens_last",
+    "history_same_role_calls",
+    "history_recent_tool_rate",
+    "elapsed_s",
+)
 RECENT_CALLS = 3  # the last calls whose tool-call rate is read: an agent mid-lookup keeps calling
 
 
@@ -36,9 +45,11 @@ def remaining_targets(stages: list[StageTrace]) -> tuple[np.ndarray, np.ndarray]
     for stage in stages:
         for name in ("call_index", "output_tokens"):
             if getattr(stage, name) is None:
-                raise ValueError(f"stage '{stage.stage_id}' of workflow '{stage.workflow_id}' has no '{name}': the "
-                                 "workflow target needs every stage of a workflow finished and ordered (read the "
-                                 "file with maestro.contract.read_traces, or leave unfinished workflows out)")
+                raise ValueError(
+                    f"stage '{stage.stage_id}' of workflow '{stage.workflow_id}' has no '{name}': the "
+                    "workflow target needs every stage of a workflow finished and ordered (read the "
+                    "file with maestro.contract.read_traces, or leave unfinished workflows out)"
+                )
         by_workflow.setdefault(stage.workflow_id, []).append((stage.call_index, stage.output_tokens))
     calls, tokens = np.zeros(len(stages)), np.zeros(len(stages))
     for i, stage in enumerate(stages):
@@ -64,11 +75,16 @@ def known_history(stage: StageTrace, ids: dict[tuple[str, str], StageTrace]) -> 
     history = {s.stage_id: s for s in ancestors_of(stage, ids) if s.output_tokens is not None}
     if stage.arrival_s is not None:
         for (workflow, _), other in ids.items():
-            if (workflow == stage.workflow_id and other.output_tokens is not None and other.arrival_s is not None
-                    and other.e2e_s is not None and other.arrival_s + other.e2e_s <= stage.arrival_s
-                    and other.stage_id != stage.stage_id):
+            if (
+                workflow == stage.workflow_id
+                and other.output_tokens is not None
+                and other.arrival_s is not None
+                and other.e2e_s is not None
+                and other.arrival_s + other.e2e_s <= stage.arrival_s
+                and other.stage_id != stage.stage_id
+            ):
                 history.setdefault(other.stage_id, other)
-    return sorted(history.values(), key=lambda s: (s.call_index if s.call_index is not None else -1))
+    return sorted(history.values(), key=lambda s: s.call_index if s.call_index is not None else -1)
 
 
 def elapsed_s(stage: StageTrace, history: list[StageTrace]) -> float:
@@ -97,8 +113,9 @@ def so_far_features(stage: StageTrace, history: list[StageTrace]) -> dict:
     }
 
 
-def workflow_rows(stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None,
-                  texts: list[str] | None = None) -> list[dict]:
+def workflow_rows(
+    stages: list[StageTrace], known: dict[str, dict[str, StageTrace]] | None = None, texts: list[str] | None = None
+) -> list[dict]:
     """One dict of features per stage: stage_rows' structure and prompt text, then the workflow so far.
     `known`: finished stages of the same workflows not in `stages` (StageHistory.known); `texts`: the
     stages' prompt_text(), where the caller has them."""
@@ -125,8 +142,11 @@ class RowEncoder:
         if not rows:
             raise ValueError("RowEncoder.fit needs at least one feature row")
         self.columns_ = list(rows[0])
-        self.codes_ = {c: {v: float(i) for i, v in enumerate(sorted({str(r[c]) for r in rows}))}
-                       for c in CATEGORICAL if c in self.columns_}
+        self.codes_ = {
+            c: {v: float(i) for i, v in enumerate(sorted({str(r[c]) for r in rows}))}
+            for c in CATEGORICAL
+            if c in self.columns_
+        }
         return self
 
     @property
@@ -136,15 +156,18 @@ class RowEncoder:
     def matrix(self, rows: list[dict]) -> np.ndarray:
         out = np.empty((len(rows), len(self.columns_)), np.float64)
         for i, row in enumerate(rows):
-            out[i] = [self.codes_[c].get(str(row[c]), np.nan) if c in self.codes_ else _number(row[c])
-                      for c in self.columns_]
+            out[i] = [
+                self.codes_[c].get(str(row[c]), np.nan) if c in self.codes_ else _number(row[c]) for c in self.columns_
+            ]
         return out
 
     def columns_matrix(self, columns: dict[str, np.ndarray | list], n: int) -> np.ndarray:
         """matrix() of `n` rows given as columns (name → n values: StageInputs.columns with the so-far columns):
         the live path, without a dict per row."""
-        table = [columns[c] if (codes := self.codes_.get(c)) is None else [codes.get(str(v), np.nan) for v in columns[c]]
-                 for c in self.columns_]
+        table = [
+            columns[c] if (codes := self.codes_.get(c)) is None else [codes.get(str(v), np.nan) for v in columns[c]]
+            for c in self.columns_
+        ]
         return np.ascontiguousarray(np.array(table, np.float64).reshape(len(self.columns_), n).T)
 
     def knows(self, column: str, value: str) -> bool:

@@ -1,6 +1,7 @@
 """How well a workflow predictor ranks and bounds remaining work, per app and pooled, against the answers that
 need no model: the per-(app, position) median of the training side, and the app's median length minus the
 position. `evaluate_workflow` is what the DVC evaluate stage reports (metrics.json: its `headline`)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,9 +19,16 @@ CONDITIONS = ("with_history", "without_history")
 def truth_frame(stages: list[StageTrace]) -> pd.DataFrame:
     """Each stage's app, position and remaining calls / tokens."""
     calls, tokens = remaining_targets(stages)
-    return pd.DataFrame({"workflow_id": [s.workflow_id for s in stages], "stage_id": [s.stage_id for s in stages],
-                         "app": [s.app or UNKNOWN for s in stages], "position": [s.call_index for s in stages],
-                         "calls": calls, "tokens": tokens})
+    return pd.DataFrame(
+        {
+            "workflow_id": [s.workflow_id for s in stages],
+            "stage_id": [s.stage_id for s in stages],
+            "app": [s.app or UNKNOWN for s in stages],
+            "position": [s.call_index for s in stages],
+            "calls": calls,
+            "tokens": tokens,
+        }
+    )
 
 
 def baselines(train: pd.DataFrame, test: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -29,15 +37,16 @@ def baselines(train: pd.DataFrame, test: pd.DataFrame) -> dict[str, pd.DataFrame
     and "length_minus_position": the app's median number of calls minus the position minus one (at least 0), with
     tokens as many times the app's median output tokens per remaining call."""
     lengths = train[train["position"].eq(0)].groupby("app")["calls"].median() + 1
-    per_call = (train.groupby("app")["tokens"].sum() / train.groupby("app")["calls"].sum().clip(lower=1))
+    per_call = train.groupby("app")["tokens"].sum() / train.groupby("app")["calls"].sum().clip(lower=1)
     apps = test["app"]
     pooled_length = float(lengths.median()) if len(lengths) else 1.0
     left = np.maximum(apps.map(lengths).fillna(pooled_length).to_numpy() - test["position"].to_numpy() - 1, 0)
     minus = test.assign(calls_pred=left, tokens_pred=left * apps.map(per_call).fillna(per_call.median()).to_numpy())
     table = train.groupby(["app", "position"])[["calls", "tokens"]].median()
     keys = pd.MultiIndex.from_arrays([apps, test["position"]])
-    median = test.assign(calls_pred=table["calls"].reindex(keys).to_numpy(),
-                         tokens_pred=table["tokens"].reindex(keys).to_numpy())
+    median = test.assign(
+        calls_pred=table["calls"].reindex(keys).to_numpy(), tokens_pred=table["tokens"].reindex(keys).to_numpy()
+    )
     for column in ("calls_pred", "tokens_pred"):
         median[column] = median[column].fillna(minus[column])
     return {"position_median": median, "length_minus_position": minus}
@@ -47,11 +56,13 @@ def model_frame(model, stages: list[StageTrace], truth: pd.DataFrame, condition:
     """The model's answers for `stages` as they are ("with_history") or with every label stripped."""
     given = stages if condition == "with_history" else [without_labels(s) for s in stages]
     answers = pd.DataFrame([p.to_dict() for p in model.predict(given)])
-    return truth.assign(calls_pred=answers["wf_remaining_calls"].to_numpy(),
-                        tokens_pred=answers["wf_remaining_tokens"].to_numpy(),
-                        calls_upper=answers["wf_remaining_calls_upper"].to_numpy(),
-                        tokens_upper=answers["wf_remaining_tokens_upper"].to_numpy(),
-                        level=answers["wf_fallback_level"].to_numpy())
+    return truth.assign(
+        calls_pred=answers["wf_remaining_calls"].to_numpy(),
+        tokens_pred=answers["wf_remaining_tokens"].to_numpy(),
+        calls_upper=answers["wf_remaining_calls_upper"].to_numpy(),
+        tokens_upper=answers["wf_remaining_tokens_upper"].to_numpy(),
+        level=answers["wf_fallback_level"].to_numpy(),
+    )
 
 
 def _tau(pred: np.ndarray, true: np.ndarray) -> float | None:
@@ -79,12 +90,15 @@ def quality(frame: pd.DataFrame, reference: pd.DataFrame | None = None) -> dict:
 
 def score(frame: pd.DataFrame, base: dict[str, pd.DataFrame]) -> dict:
     """quality() of the model and of each baseline, pooled over stages and per app (rows aligned by index)."""
+
     def table(rows: pd.Index) -> dict:
         reference = base["position_median"].loc[rows]
-        return {"model": quality(frame.loc[rows], reference),
-                **{name: quality(b.loc[rows], reference) for name, b in base.items()}}
-    return {"pooled": table(frame.index),
-            "by_app": {str(app): table(rows.index) for app, rows in frame.groupby("app")}}
+        return {
+            "model": quality(frame.loc[rows], reference),
+            **{name: quality(b.loc[rows], reference) for name, b in base.items()},
+        }
+
+    return {"pooled": table(frame.index), "by_app": {str(app): table(rows.index) for app, rows in frame.groupby("app")}}
 
 
 def evaluate_workflow(model, train: list[StageTrace], test: list[StageTrace]) -> dict:

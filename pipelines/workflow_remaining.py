@@ -14,6 +14,7 @@ Answers are `maestro.prediction.WorkflowRemaining` (the `wf_*` fields every `Pre
 too little data for a model), the per-position table over all apps (PositionTable: no coverage promise for an app
 it never saw); "prior", with no model at all, maestro.prediction.WORKFLOW_PRIOR.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -55,9 +56,17 @@ class WorkflowConfig:
     # call_index bounds of the position bands the upper bound is also calibrated per (within condition × app);
     # empty: no bands
     calibration_bands: tuple[int, ...] = (3, 10, 25)
-    booster: dict = field(default_factory=lambda: dict(n_estimators=300, learning_rate=0.05, num_leaves=15,
-                                                       min_child_samples=20, subsample=0.8, subsample_freq=1,
-                                                       colsample_bytree=0.8))
+    booster: dict = field(
+        default_factory=lambda: dict(
+            n_estimators=300,
+            learning_rate=0.05,
+            num_leaves=15,
+            min_child_samples=20,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.8,
+        )
+    )
     seed: int = 0
     num_threads: int = 1
 
@@ -67,9 +76,11 @@ class WorkflowConfig:
         if not 0 < self.calibration_share <= 1:
             raise ValueError(f"WorkflowConfig.calibration_share must be in (0, 1], got {self.calibration_share}")
         if self.folds < 2 or self.min_group_calibration < 1 or self.min_position_count < 1:
-            raise ValueError(f"invalid WorkflowConfig: folds ≥ 2, min_group_calibration ≥ 1 and "
-                             f"min_position_count ≥ 1 (got {self.folds}, {self.min_group_calibration}, "
-                             f"{self.min_position_count})")
+            raise ValueError(
+                f"invalid WorkflowConfig: folds ≥ 2, min_group_calibration ≥ 1 and "
+                f"min_position_count ≥ 1 (got {self.folds}, {self.min_group_calibration}, "
+                f"{self.min_position_count})"
+            )
 
 
 def as_stages(stages: list) -> list[StageTrace]:
@@ -94,17 +105,25 @@ class WorkflowRemainingModel:
         if len(stages) < MIN_STAGES_FOR_MODEL or len(set(groups)) < 2:
             return self
         texts = [s.prompt_text() for s in stages]
-        self.lexical_ = (TailScores(LexicalConfig(tail_chars=self.config.tail_chars, folds=self.config.folds)).fit(
-            texts, np.column_stack([np.log1p(targets[k]) for k in TARGETS]), groups) if self.config.lexical else None)
+        self.lexical_ = (
+            TailScores(LexicalConfig(tail_chars=self.config.tail_chars, folds=self.config.folds)).fit(
+                texts, np.column_stack([np.log1p(targets[k]) for k in TARGETS]), groups
+            )
+            if self.config.lexical
+            else None
+        )
         apps, positions = [s.app or UNKNOWN for s in stages], [s.call_index for s in stages]
         self.medians_ = AppPositionMedians.fit(apps, positions, targets) if self.config.position_medians else None
         folds = list(GroupKFold(n_splits=min(self.config.folds, len(set(groups)))).split(stages, groups=groups))
-        extra = [self.lexical_.oof_ if self.lexical_ is not None else None,
-                 AppPositionMedians.out_of_fold(apps, positions, targets, folds) if self.medians_ else None]
+        extra = [
+            self.lexical_.oof_ if self.lexical_ is not None else None,
+            AppPositionMedians.out_of_fold(apps, positions, targets, folds) if self.medians_ else None,
+        ]
         has_parents = np.array([bool(s.parent_ids) for s in stages])
         hidden = [without_labels(s) for s in stages]
-        rows = workflow_rows(stages, texts=texts) + [r for r, p in zip(workflow_rows(hidden, texts=texts),
-                                                                         has_parents) if p]
+        rows = workflow_rows(stages, texts=texts) + [
+            r for r, p in zip(workflow_rows(hidden, texts=texts), has_parents) if p
+        ]
         self.encoder_ = RowEncoder().fit(rows)
         copies = np.concatenate([np.arange(len(stages)), np.flatnonzero(has_parents)])
         X = np.column_stack([self.encoder_.matrix(rows), *(e[copies] for e in extra if e is not None)])
@@ -113,11 +132,19 @@ class WorkflowRemainingModel:
 
     def _fit_boosters(self, X: np.ndarray, y_log: dict[str, np.ndarray], groups: np.ndarray) -> None:
         cfg = self.config
-        params = {"verbosity": -1, "seed": cfg.seed, "num_threads": cfg.num_threads, "objective": "quantile",
-                  **{k: v for k, v in cfg.booster.items() if k != "n_estimators"}}
+        params = {
+            "verbosity": -1,
+            "seed": cfg.seed,
+            "num_threads": cfg.num_threads,
+            "objective": "quantile",
+            **{k: v for k, v in cfg.booster.items() if k != "n_estimators"},
+        }
         rounds, categorical = cfg.booster["n_estimators"], self.encoder_.categorical_indices
-        fit = lambda idx, y, q: lgb.train({**params, "alpha": q}, lgb.Dataset(
-            X[idx], y[idx], categorical_feature=categorical, free_raw_data=False), num_boost_round=rounds)
+        fit = lambda idx, y, q: lgb.train(
+            {**params, "alpha": q},
+            lgb.Dataset(X[idx], y[idx], categorical_feature=categorical, free_raw_data=False),
+            num_boost_round=rounds,
+        )
         conditions = self._conditions(X)
         keys = self._keys(X, conditions)
         folds = list(GroupKFold(n_splits=min(cfg.folds, len(set(groups)))).split(X, groups=groups))
@@ -128,13 +155,13 @@ class WorkflowRemainingModel:
             for train, held in folds:
                 upper_oof[held] = fit(train, y, 1 - cfg.alpha).predict(X[held])
             self.boosters_[name] = (fit(everything, y, 0.5), fit(everything, y, 1 - cfg.alpha))
-            self.levels_[name] = calibrate_groups(y - upper_oof, keys,
-                                                  replace(cfg, alpha=cfg.calibration_share * cfg.alpha))
+            self.levels_[name] = calibrate_groups(
+                y - upper_oof, keys, replace(cfg, alpha=cfg.calibration_share * cfg.alpha)
+            )
 
     def _keys(self, X: np.ndarray, conditions: np.ndarray) -> list[np.ndarray]:
         column = lambda name: X[:, self.encoder_.columns_.index(name)]
-        return calibration_keys(conditions, column("app"), column("call_index"),
-                                self.config.calibration_bands)
+        return calibration_keys(conditions, column("app"), column("call_index"), self.config.calibration_bands)
 
     def _conditions(self, X: np.ndarray) -> np.ndarray:
         index = {c: i for i, c in enumerate(self.encoder_.columns_)}
@@ -158,9 +185,12 @@ class WorkflowRemainingModel:
         if self.boosters_ is None or not stages:
             return [self.fallback(s) for s in stages]
         columns = {**inputs.columns, **so_far_columns(stages, inputs.ids)}
-        extra = [self.lexical_.score(inputs.texts) if self.lexical_ is not None else None,
-                 self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
-                 if self.medians_ is not None else None]
+        extra = [
+            self.lexical_.score(inputs.texts) if self.lexical_ is not None else None,
+            self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
+            if self.medians_ is not None
+            else None,
+        ]
         X = np.column_stack([self.encoder_.columns_matrix(columns, len(stages)), *(e for e in extra if e is not None)])
         out = self.predict_matrix(X, self._conditions(X))
         return [self._answer(s, out, i) for i, s in enumerate(stages)]
@@ -183,27 +213,33 @@ class WorkflowRemainingModel:
         rows = self.__dict__.get("_row_predictors")
         if rows is None:
             rows = self.__dict__["_row_predictors"] = {
-                name: tuple(RowPredictor(b) for b in pair) for name, pair in self.boosters_.items()}
+                name: tuple(RowPredictor(b) for b in pair) for name, pair in self.boosters_.items()
+            }
         return rows
 
     def _answer(self, stage: StageTrace, out: dict, i: int) -> WorkflowRemaining:
         if not self.encoder_.knows("app", stage.app or UNKNOWN):
             return self.fallback(stage)
         return WorkflowRemaining(
-            wf_remaining_calls=round(float(out["calls"][i]), 2), wf_remaining_tokens=round(float(out["tokens"][i]), 1),
+            wf_remaining_calls=round(float(out["calls"][i]), 2),
+            wf_remaining_tokens=round(float(out["tokens"][i]), 1),
             wf_remaining_calls_upper=int(np.ceil(out["calls_upper"][i] - 1e-9)),
             wf_remaining_tokens_upper=int(np.ceil(out["tokens_upper"][i] - 1e-9)),
-            wf_fallback_level=WorkflowFallbackLevel.APP)
+            wf_fallback_level=WorkflowFallbackLevel.APP,
+        )
 
     def fallback(self, stage: StageTrace) -> WorkflowRemaining:
         """The per-position table's answer, read from the stage's call_index alone (no history, no model): for an
         app training never saw, and where the model cannot answer."""
         self._check_fitted()
         calls, tokens = self.table_.lookup(stage.call_index or 0)
-        return WorkflowRemaining(wf_remaining_calls=calls.median, wf_remaining_tokens=tokens.median,
-                                 wf_remaining_calls_upper=int(np.ceil(calls.upper)),
-                                 wf_remaining_tokens_upper=int(np.ceil(tokens.upper)),
-                                 wf_fallback_level=WorkflowFallbackLevel.POSITION)
+        return WorkflowRemaining(
+            wf_remaining_calls=calls.median,
+            wf_remaining_tokens=tokens.median,
+            wf_remaining_calls_upper=int(np.ceil(calls.upper)),
+            wf_remaining_tokens_upper=int(np.ceil(tokens.upper)),
+            wf_fallback_level=WorkflowFallbackLevel.POSITION,
+        )
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "table_"):
@@ -228,8 +264,9 @@ class WorkflowRemainingModel:
         return model
 
 
-def calibration_keys(conditions: np.ndarray, apps: np.ndarray, positions: np.ndarray | None = None,
-                     bands: tuple[int, ...] = ()) -> list[np.ndarray]:
+def calibration_keys(
+    conditions: np.ndarray, apps: np.ndarray, positions: np.ndarray | None = None, bands: tuple[int, ...] = ()
+) -> list[np.ndarray]:
     """Conformal groups from most to least specific: history condition × app × position band (where `bands`
     are given: call_index below each bound, then beyond the last), condition × app, then the condition."""
     by_app = [f"{c}|app={'-' if a != a else int(a)}" for c, a in zip(conditions, apps.tolist())]

@@ -1,5 +1,6 @@
 """The workflow predictor's files in a predictor's model directory: the fitted object, and a JSON record of what
 it is and of its checksum, checked before anything is unpickled."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,10 +31,14 @@ def load_state(directory: str | Path):
     directory = Path(directory)
     for name in (MODEL_FILE, META_FILE):
         if not (directory / name).exists():
-            raise FileNotFoundError(f"{directory / name} does not exist: fit a WorkflowRemainingModel and save() it "
-                                    "into this directory (a predictor trained before the workflow model has none)")
+            raise FileNotFoundError(
+                f"{directory / name} does not exist: fit a WorkflowRemainingModel and save() it "
+                "into this directory (a predictor trained before the workflow model has none)"
+            )
     expected = json.loads((directory / META_FILE).read_text()).get("sha256")
     if expected != file_digest(directory / MODEL_FILE):
-        raise ValueError(f"{directory / MODEL_FILE} does not match the sha256 recorded in {META_FILE}: it changed "
-                         "after it was saved; not loading it (save the model again)")
+        raise ValueError(
+            f"{directory / MODEL_FILE} does not match the sha256 recorded in {META_FILE}: it changed "
+            "after it was saved; not loading it (save the model again)"
+        )
     return joblib.load(directory / MODEL_FILE)

@@ -1,5 +1,6 @@
 """The workflow predictor's answers without its model: a per-position table over all apps (for an app training
 never saw), and the prior for no data at all."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ class Quantiles:
 
 
 # The table's row with no data: maestro.prediction's WORKFLOW_PRIOR (remaining calls, remaining tokens).
-PRIOR_ROW = (Quantiles(WORKFLOW_PRIOR.wf_remaining_calls, WORKFLOW_PRIOR.wf_remaining_calls_upper),
-             Quantiles(WORKFLOW_PRIOR.wf_remaining_tokens, WORKFLOW_PRIOR.wf_remaining_tokens_upper))
+PRIOR_ROW = (
+    Quantiles(WORKFLOW_PRIOR.wf_remaining_calls, WORKFLOW_PRIOR.wf_remaining_calls_upper),
+    Quantiles(WORKFLOW_PRIOR.wf_remaining_tokens, WORKFLOW_PRIOR.wf_remaining_tokens_upper),
+)
 
 
 class PositionTable:
@@ -68,8 +71,10 @@ class AppPositionMedians:
         cells: dict[tuple[str, int], list[int]] = {}
         for i, key in enumerate(zip(apps, positions)):
             cells.setdefault(key, []).append(i)
-        table.cells_ = {key: (float(np.median(targets["calls"][rows])), float(np.median(targets["tokens"][rows])))
-                        for key, rows in cells.items()}
+        table.cells_ = {
+            key: (float(np.median(targets["calls"][rows])), float(np.median(targets["tokens"][rows])))
+            for key, rows in cells.items()
+        }
         table.lengths_ = {app: median[0] + 1 for (app, position), median in table.cells_.items() if position == 0}
         return table
 
@@ -83,12 +88,18 @@ class AppPositionMedians:
         return out
 
     @classmethod
-    def out_of_fold(cls, apps: list[str], positions: list[int], targets: dict[str, np.ndarray],
-                    folds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    def out_of_fold(
+        cls,
+        apps: list[str],
+        positions: list[int],
+        targets: dict[str, np.ndarray],
+        folds: list[tuple[np.ndarray, np.ndarray]],
+    ) -> np.ndarray:
         """lookup() of each row from the medians of the other folds (its own task's labels never read)."""
         out = np.full((len(apps), 3), np.nan)
         for train, held in folds:
-            table = cls.fit([apps[i] for i in train], [positions[i] for i in train],
-                            {k: v[train] for k, v in targets.items()})
+            table = cls.fit(
+                [apps[i] for i in train], [positions[i] for i in train], {k: v[train] for k, v in targets.items()}
+            )
             out[held] = table.lookup([apps[i] for i in held], [positions[i] for i in held])
         return out

@@ -3,6 +3,7 @@
 Like `client.PredictorClient`, it never makes scheduling wait: past `timeout_s`, or while the service is down or
 refuses, each stage gets the local prior (`client.LocalFallback`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,17 @@ from typing import Iterable
 import httpx
 
 from maestro.contract import StageTrace
-from predictor_service.client import (LIMITS, Breaker, ClientConfig, LocalFallback, chunks, describe, is_refusal,
-                                      parse_answers, to_wire)
+from predictor_service.client import (
+    LIMITS,
+    Breaker,
+    ClientConfig,
+    LocalFallback,
+    chunks,
+    describe,
+    is_refusal,
+    parse_answers,
+    to_wire,
+)
 from predictor_service.replicas import Ring
 from predictor_service.schemas import PredictionOut
 
@@ -29,20 +39,25 @@ class AsyncPredictorClient:
     the ring within the same deadline. Finished stages go to the owner (/observe) and to the next replica
     (/history), so the replica a workflow fails over to already holds its history."""
 
-    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        config: ClientConfig,
+        fallback: LocalFallback | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         """`transport`: httpx's, e.g. `httpx.ASGITransport(app)` to talk to a service in process."""
         self.config, self.fallback = config, fallback or LocalFallback()
         self.breaker = Breaker(config.cooldown_s)  # the last failure, whichever replica it came from
         self.ring = Ring(config.urls)
-        self._http = {url: httpx.AsyncClient(base_url=url, timeout=config.timeout_s, transport=transport,
-                                             limits=LIMITS) for url in config.urls}
+        self._http = {
+            url: httpx.AsyncClient(base_url=url, timeout=config.timeout_s, transport=transport, limits=LIMITS)
+            for url in config.urls
+        }
 
     async def predict(self, stages: Iterable[StageTrace | dict]) -> list[PredictionOut]:
         return (await self.predict_or_fallback(stages))[0]
 
-    async def predict_or_fallback(self, stages: Iterable[StageTrace | dict]
-                                  ) -> tuple[list[PredictionOut], str | None]:
+    async def predict_or_fallback(self, stages: Iterable[StageTrace | dict]) -> tuple[list[PredictionOut], str | None]:
         """The answers, and None if the service gave them all, else why the local prior gave some: "timeout",
         "error" (connection, HTTP or parse; `breaker.last_error` says which) or "cooldown" (no replica of the
         stage's workflow is up: each failed within cooldown_s)."""
@@ -60,12 +75,15 @@ class AsyncPredictorClient:
         for i in missing:
             answers[i] = self.fallback.answer(wire[i])
         if missing:
-            logger.warning("predictor %s: %s; %d stage(s) answered from the local prior", self.config.url,
-                           self.breaker.last_error, len(missing))
+            logger.warning(
+                "predictor %s: %s; %d stage(s) answered from the local prior",
+                self.config.url,
+                self.breaker.last_error,
+                len(missing),
+            )
         return answers, (reasons[-1] if reasons else "error") if missing else None
 
-    async def _predict_routed(self, wire: list[dict], answers: list, reasons: list[str], in_flight: set[str]
-                              ) -> None:
+    async def _predict_routed(self, wire: list[dict], answers: list, reasons: list[str], in_flight: set[str]) -> None:
         """Fill `answers` from each stage's live owner; a replica that fails hands its stages to the next."""
         failed: set[str] = set()  # in this call: with cooldown_s = 0 the ring would offer them again
         while pending := [i for i, a in enumerate(answers) if a is None]:
@@ -75,15 +93,20 @@ class AsyncPredictorClient:
                 groups.pop(None)
             if not groups:
                 return
-            results = await asyncio.gather(*(self._predict_on(url, [pending[j] for j in group], wire, answers,
-                                                              in_flight) for url, group in groups.items()))
+            results = await asyncio.gather(
+                *(
+                    self._predict_on(url, [pending[j] for j in group], wire, answers, in_flight)
+                    for url, group in groups.items()
+                )
+            )
             failed.update(url for url, error in zip(groups, results) if error is not None)
             if any(is_refusal(error) for error in results):  # another replica would refuse them too
                 reasons.append("error")
                 return
 
-    async def _predict_on(self, url: str, indices: list[int], wire: list[dict], answers: list,
-                          in_flight: set[str]) -> BaseException | None:
+    async def _predict_on(
+        self, url: str, indices: list[int], wire: list[dict], answers: list, in_flight: set[str]
+    ) -> BaseException | None:
         """Answer `indices` from replica `url`; the error if it failed (those stages stay unanswered)."""
         in_flight.add(url)
         try:
@@ -107,8 +130,11 @@ class AsyncPredictorClient:
         """Wait until every replica reports ready (BentoML's /readyz) and answers a warm-up stage, each request
         with the time left (not the per-call deadline); None when all did, else what went wrong last, by replica."""
         problems = await asyncio.gather(*(self._wait_ready(url, timeout_s, poll_s) for url in self._http))
-        found = [f"{url}: {problem}" if len(self._http) > 1 else problem
-                 for url, problem in zip(self._http, problems) if problem]
+        found = [
+            f"{url}: {problem}" if len(self._http) > 1 else problem
+            for url, problem in zip(self._http, problems)
+            if problem
+        ]
         return "; ".join(found) or None
 
     async def _wait_ready(self, url: str, timeout_s: float, poll_s: float) -> str | None:
@@ -119,8 +145,9 @@ class AsyncPredictorClient:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 (await http.get("/readyz", timeout=left)).raise_for_status()
-                response = await http.post(self.config.route, json={"stages": [stage]},
-                                           timeout=max(left, self.config.timeout_s))
+                response = await http.post(
+                    self.config.route, json={"stages": [stage]}, timeout=max(left, self.config.timeout_s)
+                )
                 parse_answers(response, [stage])
                 return None
             except Exception as error:  # not up yet, not ready yet, or refusing: try again until the deadline
@@ -134,10 +161,15 @@ class AsyncPredictorClient:
     async def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
         """Report finished stages to their workflows' owners (/observe) and the next replica on the ring
         (/history); False when some owner did not take them."""
-        rows = [s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
-                if isinstance(s, StageTrace) else s for s in stages]
-        taken, _ = await asyncio.gather(self._send_routed("/observe", rows, rank=0),
-                                        self._send_routed("/history", rows, rank=1))
+        rows = [
+            s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
+            if isinstance(s, StageTrace)
+            else s
+            for s in stages
+        ]
+        taken, _ = await asyncio.gather(
+            self._send_routed("/observe", rows, rank=0), self._send_routed("/history", rows, rank=1)
+        )
         return taken
 
     async def _send_routed(self, route: str, rows: list[dict], rank: int) -> bool:
@@ -147,8 +179,9 @@ class AsyncPredictorClient:
             groups = self.ring.group([rows[i] for i in left], rank, skip=failed)
             if None in groups:  # no such live replica (a backup with one replica up is not an error)
                 return rank > 0
-            results = await asyncio.gather(*(self._send_on(url, route, [rows[left[j]] for j in group])
-                                              for url, group in groups.items()))
+            results = await asyncio.gather(
+                *(self._send_on(url, route, [rows[left[j]] for j in group]) for url, group in groups.items())
+            )
             if any(is_refusal(error) for error in results):
                 return False
             failed.update(url for url, error in zip(groups, results) if error is not None)

@@ -6,6 +6,7 @@ hand-off), and when the service is slow, down or refuses the request, each stage
 `Source.LOCAL_FALLBACK` and its level `FallbackLevel.PRIOR`. After a failure the client answers locally for
 `cooldown_s` without touching the network, so a dead node costs nothing per call.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -76,7 +77,7 @@ def to_wire(stage: StageTrace | dict) -> dict:
 
 
 def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class Breaker:
@@ -117,8 +118,9 @@ def parse_answers(response: httpx.Response, sent: list[dict]) -> list[Prediction
 class PredictorClient:
     """Blocking client; `predict` returns within the deadline whatever the service does."""
 
-    def __init__(self, config: ClientConfig, fallback: LocalFallback | None = None,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self, config: ClientConfig, fallback: LocalFallback | None = None, transport: httpx.BaseTransport | None = None
+    ):
         """`transport`: httpx's, e.g. `httpx.WSGITransport` or a mock; default: the network."""
         if len(config.urls) > 1:
             raise ValueError("PredictorClient talks to one service; for replicas use AsyncPredictorClient")
@@ -150,8 +152,12 @@ class PredictorClient:
 
     def observe(self, stages: Iterable[StageTrace | dict]) -> bool:
         """Report finished stages (with labels and timings); False when the service did not take them."""
-        rows = [s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
-                if isinstance(s, StageTrace) else s for s in stages]
+        rows = [
+            s.model_dump(mode="json", exclude_none=True, exclude={"in_degree", "out_degree"})
+            if isinstance(s, StageTrace)
+            else s
+            for s in stages
+        ]
         try:
             for batch in chunks(rows, self.config.max_batch):
                 self._http.post("/observe", json={"stages": batch}).raise_for_status()
@@ -162,8 +168,11 @@ class PredictorClient:
 
     def _failed(self, error: BaseException) -> None:
         with self._lock:
-            self.breaker.trip(error if not isinstance(error, concurrent.futures.TimeoutError)
-                              else f"no answer within {self.config.timeout_s} s")
+            self.breaker.trip(
+                error
+                if not isinstance(error, concurrent.futures.TimeoutError)
+                else f"no answer within {self.config.timeout_s} s"
+            )
         logger.warning("predictor %s: %s; answering from the local prior", self.config.url, self.breaker.last_error)
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
 """The predictor service's one config, read from the environment when the service starts (never at import)."""
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,15 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         if not self.model:
-            raise ValueError("model must name a predictor: models:/stage-length@champion, models:/stage-length/N "
-                             "or a directory (MAESTRO_MODEL)")
+            raise ValueError(
+                "model must name a predictor: models:/stage-length@champion, models:/stage-length/N "
+                "or a directory (MAESTRO_MODEL)"
+            )
         if self.rebuild_history_bytes < 0:
-            raise ValueError(f"rebuild_history_bytes must be ≥ 0 (0 = off), got {self.rebuild_history_bytes} "
-                             "(MAESTRO_REBUILD_HISTORY_BYTES)")
+            raise ValueError(
+                f"rebuild_history_bytes must be ≥ 0 (0 = off), got {self.rebuild_history_bytes} "
+                "(MAESTRO_REBUILD_HISTORY_BYTES)"
+            )
         if self.remember_predictions < 0:
             raise ValueError(f"remember_predictions must be ≥ 0, got {self.remember_predictions}")
         if self.max_inflight < 0:
@@ -57,10 +62,16 @@ class ServiceConfig:
         MAESTRO_REBUILD_HISTORY_BYTES."""
         env = os.environ if env is None else env
         trace_dir = env.get("MAESTRO_TRACE_DIR", TraceLogConfig.directory)
-        trace = None if trace_dir.lower() in ("", "off", "none") else TraceLogConfig(
-            directory=trace_dir, max_bytes=_number(env, "MAESTRO_TRACE_MAX_BYTES", TraceLogConfig.max_bytes, int),
-            max_files=_number(env, "MAESTRO_TRACE_MAX_FILES", TraceLogConfig.max_files, int),
-            max_total_bytes=_number(env, "MAESTRO_TRACE_MAX_TOTAL_BYTES", TraceLogConfig.max_total_bytes, int))
+        trace = (
+            None
+            if trace_dir.lower() in ("", "off", "none")
+            else TraceLogConfig(
+                directory=trace_dir,
+                max_bytes=_number(env, "MAESTRO_TRACE_MAX_BYTES", TraceLogConfig.max_bytes, int),
+                max_files=_number(env, "MAESTRO_TRACE_MAX_FILES", TraceLogConfig.max_files, int),
+                max_total_bytes=_number(env, "MAESTRO_TRACE_MAX_TOTAL_BYTES", TraceLogConfig.max_total_bytes, int),
+            )
+        )
         base = CorrectionConfig()
         correction = CorrectionConfig(
             weight=_number(env, "MAESTRO_CORRECTION_WEIGHT", base.weight, float),
@@ -68,17 +79,21 @@ class ServiceConfig:
             half_life_s=_number(env, "MAESTRO_CORRECTION_HALF_LIFE_S", base.half_life_s, float),
             min_observations=_number(env, "MAESTRO_CORRECTION_MIN_OBSERVATIONS", base.min_observations, int),
             significance=_number(env, "MAESTRO_CORRECTION_SIGNIFICANCE", base.significance, float),
-            reserve_step=_number(env, "MAESTRO_CORRECTION_RESERVE_STEP", base.reserve_step, float))
-        return cls(model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
-                   tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
-                   correction=correction, trace=trace, admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None,
-                   admin_open=env.get("MAESTRO_ADMIN_OPEN", "").lower() in ("1", "true", "yes"),
-                   model_root=env.get("MAESTRO_MODEL_ROOT") or None,
-                   api_keys=read_keys(env.get("MAESTRO_API_KEYS"), env.get("MAESTRO_API_KEYS_FILE")),
-                   max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int),
-                   max_inflight=_number(env, "MAESTRO_MAX_INFLIGHT", cls.max_inflight, int),
-                   rebuild_history_bytes=_number(env, "MAESTRO_REBUILD_HISTORY_BYTES", cls.rebuild_history_bytes,
-                                                 int))
+            reserve_step=_number(env, "MAESTRO_CORRECTION_RESERVE_STEP", base.reserve_step, float),
+        )
+        return cls(
+            model=env.get("MAESTRO_MODEL", DEFAULT_MODEL),
+            tracking_uri=env.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
+            correction=correction,
+            trace=trace,
+            admin_token=env.get("MAESTRO_ADMIN_TOKEN") or None,
+            admin_open=env.get("MAESTRO_ADMIN_OPEN", "").lower() in ("1", "true", "yes"),
+            model_root=env.get("MAESTRO_MODEL_ROOT") or None,
+            api_keys=read_keys(env.get("MAESTRO_API_KEYS"), env.get("MAESTRO_API_KEYS_FILE")),
+            max_body_bytes=_number(env, "MAESTRO_MAX_BODY_BYTES", cls.max_body_bytes, int),
+            max_inflight=_number(env, "MAESTRO_MAX_INFLIGHT", cls.max_inflight, int),
+            rebuild_history_bytes=_number(env, "MAESTRO_REBUILD_HISTORY_BYTES", cls.rebuild_history_bytes, int),
+        )
 
 
 def _number(env: Mapping[str, str], name: str, default, kind):

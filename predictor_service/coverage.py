@@ -4,6 +4,7 @@ A group (app, role, history condition) drifts when its recent share of stages ab
 above the model's promised miss rate α by more than `drift_sd` standard errors (predictor_service/online.py).
 `maestro retrain --on-drift` reads this from every node; a reload starts every group afresh.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel
@@ -33,6 +34,9 @@ class CoverageResponse(BaseModel):
 def coverage_report(model_version: str, corrections: OnlineCorrection) -> CoverageResponse:
     """Every coverage group the service observed under the active model (the engine keys each by app, role and
     history condition; a group keyed by role alone comes only from direct OnlineCorrection use)."""
-    groups = [CoverageGroup(app=key[0], role=key[1], history=key[2], **state)
-              for key, state in corrections.coverage().items() if isinstance(key, tuple)]
+    groups = [
+        CoverageGroup(app=key[0], role=key[1], history=key[2], **state)
+        for key, state in corrections.coverage().items()
+        if isinstance(key, tuple)
+    ]
     return CoverageResponse(model_version=model_version, alpha=corrections.alpha, groups=groups)

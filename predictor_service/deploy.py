@@ -8,6 +8,7 @@ alias and its history go back to what they were and every node already touched r
 it served before. Every alias move is recorded in a registered-model tag, so `--rollback` goes back
 to the version the alias held before.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -103,8 +104,9 @@ class Registry:
     def _set(self, version: str, history: list[str]) -> None:
         self.client.get_model_version(self.config.model_name, version)  # raises if the version does not exist
         self.client.set_registered_model_alias(self.config.model_name, self.config.alias, version)
-        self.client.set_registered_model_tag(self.config.model_name, _history_tag(self.config.alias),
-                                             ",".join(history[-50:]))
+        self.client.set_registered_model_tag(
+            self.config.model_name, _history_tag(self.config.alias), ",".join(history[-50:])
+        )
 
     def move_to(self, version: str) -> str | None:
         """Point the alias at `version`, remembering where it was; returns that previous version."""
@@ -122,7 +124,9 @@ class Registry:
         """The version the alias held before its last move (else the highest version below it)."""
         current, history = self.current(), self.history()
         if current is None:
-            raise ValueError(f"alias {self.config.alias!r} of {self.config.model_name} is not set: nothing to roll back")
+            raise ValueError(
+                f"alias {self.config.alias!r} of {self.config.model_name} is not set: nothing to roll back"
+            )
         return history[-1] if history else self._version_below(current)
 
     def roll_back(self) -> tuple[str, str]:
@@ -150,8 +154,10 @@ class Registry:
         versions = sorted(int(v.version) for v in found)
         lower = [v for v in versions if v < int(current)]
         if not lower:
-            raise ValueError(f"no deploy history for alias {self.config.alias!r} and no version below {current}: "
-                             "pass --model-version N to choose one")
+            raise ValueError(
+                f"no deploy history for alias {self.config.alias!r} and no version below {current}: "
+                "pass --model-version N to choose one"
+            )
         return str(lower[-1])
 
 
@@ -203,8 +209,9 @@ def deploy(config: DeployConfig, registry: Registry | None = None) -> DeployResu
         try:
             _move_alias(config, registry, version)
         except Exception as error:
-            result.failure = f"alias {config.alias!r} could not be moved to version {version}: " \
-                             f"{type(error).__name__}: {error}"
+            result.failure = (
+                f"alias {config.alias!r} could not be moved to version {version}: {type(error).__name__}: {error}"
+            )
     if result.failure is not None:
         _undo(config, registry, before, touched, result)
     return result
@@ -243,8 +250,9 @@ def _move_alias(config: DeployConfig, registry: Registry, version: str) -> None:
         registry.move_to(version)
 
 
-def _undo(config: DeployConfig, registry: Registry, before: AliasState,
-          touched: dict[str, NodeModel], result: DeployResult) -> None:
+def _undo(
+    config: DeployConfig, registry: Registry, before: AliasState, touched: dict[str, NodeModel], result: DeployResult
+) -> None:
     """Put the alias back, and every touched node back on the model it served before."""
     try:
         registry.restore(before)

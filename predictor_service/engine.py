@@ -4,6 +4,7 @@ The active model, its source and its online correction are one immutable `Active
 builds a new one off the request path and replaces the reference in one assignment, so a request
 runs start to finish on the model it began with and never sees half a swap.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,14 @@ from pipelines.predictor import Predictor
 from predictor_service import loading
 from predictor_service.config import ServiceConfig
 from predictor_service.online import OnlineCorrection, coverage_group
-from predictor_service.schemas import (ObserveResponse, PredictionOut, ReloadResponse, RoleCorrection,
-                                       StatsResponse, limits)
+from predictor_service.schemas import (
+    ObserveResponse,
+    PredictionOut,
+    ReloadResponse,
+    RoleCorrection,
+    StatsResponse,
+    limits,
+)
 from predictor_service.tracelog import TraceLog, read_recent
 
 logger = logging.getLogger(__name__)
@@ -36,15 +43,17 @@ class ActiveModel:
     corrections: OnlineCorrection
 
 
-def safe_predict(predictor: Predictor, stages: list[StageTrace],
-                 history: StageHistory | None = None) -> list[tuple[Prediction, Source]]:
+def safe_predict(
+    predictor: Predictor, stages: list[StageTrace], history: StageHistory | None = None
+) -> list[tuple[Prediction, Source]]:
     """Model answers, or for a stage the model chokes on, its prior (`Source.ERROR_FALLBACK`)."""
     try:
         return [(p, Source.MODEL) for p in predictor.predict(stages, history)]
     except Exception:  # a stage the model cannot handle must not fail the batch it rides in
         if len(stages) == 1:
-            logger.exception("prediction failed for stage %s/%s; answered with the prior",
-                             stages[0].workflow_id, stages[0].stage_id)
+            logger.exception(
+                "prediction failed for stage %s/%s; answered with the prior", stages[0].workflow_id, stages[0].stage_id
+            )
             return [(predictor.prior(stages[0]), Source.ERROR_FALLBACK)]
         return [answer for stage in stages for answer in safe_predict(predictor, [stage], history)]
 
@@ -140,31 +149,54 @@ class PredictorEngine:
     @staticmethod
     def _out(p: Prediction, source: Source, stage: StageTrace, active: ActiveModel) -> PredictionOut:
         tokens_pred, tokens_reserve, factor, reserve_factor = active.corrections.apply(
-            stage.role, p.tokens_pred, p.tokens_reserve, coverage_group(stage.app, stage.role, p.history),
-            p.fallback_level is FallbackLevel.NEW_APP)
-        return PredictionOut.of(replace(p, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve),
-                                model_version=active.source.version, correction=round(factor, 4),
-                                reserve_correction=round(reserve_factor, 4), source=source)
+            stage.role,
+            p.tokens_pred,
+            p.tokens_reserve,
+            coverage_group(stage.app, stage.role, p.history),
+            p.fallback_level is FallbackLevel.NEW_APP,
+        )
+        return PredictionOut.of(
+            replace(p, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve),
+            model_version=active.source.version,
+            correction=round(factor, 4),
+            reserve_correction=round(reserve_factor, 4),
+            source=source,
+        )
 
     # ---- observe ------------------------------------------------------------------------
     def observe(self, stages: list[StageTrace], api_key_id: str = ANONYMOUS) -> ObserveResponse:
         active = self.active
         served = self._served_predictions(stages, active)
         for stage, p in zip(stages, served):
-            active.corrections.update(stage.role, p.tokens_pred, stage.output_tokens, p.tokens_reserve,
-                                      coverage_group(stage.app, stage.role, p.history),
-                                      p.fallback_level is FallbackLevel.NEW_APP)
+            active.corrections.update(
+                stage.role,
+                p.tokens_pred,
+                stage.output_tokens,
+                p.tokens_reserve,
+                coverage_group(stage.app, stage.role, p.history),
+                p.fallback_level is FallbackLevel.NEW_APP,
+            )
         self.history.add(stages)
         if self.trace_log is not None:
-            extra = [{"served_tokens_pred": p.tokens_pred, "served_tokens_reserve": p.tokens_reserve,
-                      "served_model_version": active.source.version, "api_key_id": api_key_id} for p in served]
+            extra = [
+                {
+                    "served_tokens_pred": p.tokens_pred,
+                    "served_tokens_reserve": p.tokens_reserve,
+                    "served_model_version": active.source.version,
+                    "api_key_id": api_key_id,
+                }
+                for p in served
+            ]
             self.trace_log.append(stages, extra)
         with self.counters.lock:
             self.counters.num_observed += len(stages)
         touched = {s.role for s in stages}
         corrections = {r: RoleCorrection(**c) for r, c in active.corrections.snapshot().items() if r in touched}
-        return ObserveResponse(num_accepted=len(stages), trace_file=self.trace_log.path if self.trace_log else None,
-                               corrections=corrections)
+        return ObserveResponse(
+            num_accepted=len(stages),
+            trace_file=self.trace_log.path if self.trace_log else None,
+            corrections=corrections,
+        )
 
     def remember(self, stages: list[StageTrace]) -> None:
         """Add finished stages to the workflow history only (a replica's backup copy of another's workflows)."""
@@ -192,21 +224,32 @@ class PredictorEngine:
             self.active = candidate  # the atomic swap
             with self.counters.lock:
                 self.counters.num_reloads += 1
-        logger.info("reloaded predictor %s -> %s (%s)", previous.source.version, candidate.source.version,
-                    candidate.source.uri)
-        return ReloadResponse(model_version=candidate.source.version, previous_version=previous.source.version,
-                              model_uri=candidate.source.uri, load_s=round(time.perf_counter() - started, 3))
+        logger.info(
+            "reloaded predictor %s -> %s (%s)", previous.source.version, candidate.source.version, candidate.source.uri
+        )
+        return ReloadResponse(
+            model_version=candidate.source.version,
+            previous_version=previous.source.version,
+            model_uri=candidate.source.uri,
+            load_s=round(time.perf_counter() - started, 3),
+        )
 
     # ---- stats --------------------------------------------------------------------------
     def stats(self) -> StatsResponse:
         active, c = self.active, self.counters
         with c.lock:
             return StatsResponse(
-                model_version=active.source.version, model_uri=active.source.uri,
-                model_loaded_at=active.loaded_at, uptime_s=round(time.time() - self.started_at, 3),
-                num_predict_calls=c.num_predict_calls, num_stages_predicted=c.num_stages_predicted,
-                fallback_counts=dict(c.fallback_counts), source_counts=dict(c.source_counts),
-                num_observed=c.num_observed, num_reloads=c.num_reloads,
+                model_version=active.source.version,
+                model_uri=active.source.uri,
+                model_loaded_at=active.loaded_at,
+                uptime_s=round(time.time() - self.started_at, 3),
+                num_predict_calls=c.num_predict_calls,
+                num_stages_predicted=c.num_stages_predicted,
+                fallback_counts=dict(c.fallback_counts),
+                source_counts=dict(c.source_counts),
+                num_observed=c.num_observed,
+                num_reloads=c.num_reloads,
                 corrections={r: RoleCorrection(**v) for r, v in active.corrections.snapshot().items()},
-                trace_file=self.trace_log.path if self.trace_log else None, limits=limits())
-
+                trace_file=self.trace_log.path if self.trace_log else None,
+                limits=limits(),
+            )

@@ -4,6 +4,7 @@
 
 The directory remembers the registry version it came from, so a service serving it reports that version.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ load shedding (503 + Retry-After).
 It runs before BentoML parses a request, so an oversized or unauthorised call costs no parsing and
 reaches no endpoint. The rules come from the running service's ServiceConfig.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ def refusal(config: ServiceConfig, path: str, authorization: str | None) -> tupl
             return None
         if config.admin_token:
             return 401, "admin endpoints need `Authorization: Bearer <MAESTRO_ADMIN_TOKEN>`"
-        return 403, ("admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
-                     "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)")
+        return 403, (
+            "admin endpoints are off on this node: start it with MAESTRO_ADMIN_TOKEN set "
+            "(or MAESTRO_ADMIN_OPEN=1 on a trusted network)"
+        )
     if path in ADMIN_READABLE and is_admin:
         return None
     if path in KEYED_PATHS and caller_key_id(authorization, config.api_keys) is None:
@@ -69,8 +72,12 @@ class Guard:
 
     async def _shed_or_call(self, scope, receive, send, max_inflight: int):
         if max_inflight and self.num_inflight >= max_inflight:
-            return await _reply(send, 503, f"this node is at its limit of {max_inflight} calls in flight "
-                                           "(MAESTRO_MAX_INFLIGHT): retry after 1 s or ask another node")
+            return await _reply(
+                send,
+                503,
+                f"this node is at its limit of {max_inflight} calls in flight "
+                "(MAESTRO_MAX_INFLIGHT): retry after 1 s or ask another node",
+            )
         self.num_inflight += 1
         try:
             return await self.app(scope, receive, _with_retry_after(send))
@@ -81,11 +88,16 @@ class Guard:
 def _with_retry_after(send):
     """`send`, adding Retry-After to a 429/503 from inside (BentoML's batcher answers 503 without it when a
     request would wait past max_latency_ms)."""
+
     async def wrapped(message):
-        if message["type"] == "http.response.start" and message["status"] in BUSY_STATUSES and not any(
-                name.lower() == RETRY_AFTER[0] for name, _ in message.get("headers", ())):
+        if (
+            message["type"] == "http.response.start"
+            and message["status"] in BUSY_STATUSES
+            and not any(name.lower() == RETRY_AFTER[0] for name, _ in message.get("headers", ()))
+        ):
             message = {**message, "headers": [*message.get("headers", ()), RETRY_AFTER]}
         await send(message)
+
     return wrapped
 
 
@@ -97,8 +109,11 @@ async def _within_limit(headers: dict, receive, limit: int):
         if not declared.isdigit():
             return (400, "Content-Length is not a number"), receive
         if int(declared) > limit:
-            return (413, f"request body of {declared} bytes is over this node's limit of {limit} "
-                         "(MAESTRO_MAX_BODY_BYTES): send fewer stages per call"), receive
+            return (
+                413,
+                f"request body of {declared} bytes is over this node's limit of {limit} "
+                "(MAESTRO_MAX_BODY_BYTES): send fewer stages per call",
+            ), receive
         return None, receive
     if "chunked" not in headers.get("transfer-encoding", ""):
         return None, receive
@@ -117,6 +132,7 @@ async def _within_limit(headers: dict, receive, limit: int):
 def _replay(messages: list[dict]):
     async def receive():
         return messages.pop(0) if messages else {"type": "http.disconnect"}
+
     return receive
 
 

@@ -4,6 +4,7 @@ Loading a predictor unpickles it, so the service loads only what it may: a reloa
 the registered model or a directory under the configured model root, and every load checks the files
 against the checksum recorded when the model was saved or registered before deserialising them.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,19 +30,24 @@ def check_reload_location(location: str, model_root: str | None) -> str:
     registry = _ALIAS.match(location) or _VERSION.match(location)
     if registry:
         if registry["name"] != MODEL_NAME:
-            raise LocationRefused(f"only the registered model {MODEL_NAME!r} can be loaded: "
-                                  f"use models:/{MODEL_NAME}/VERSION or models:/{MODEL_NAME}@ALIAS")
+            raise LocationRefused(
+                f"only the registered model {MODEL_NAME!r} can be loaded: "
+                f"use models:/{MODEL_NAME}/VERSION or models:/{MODEL_NAME}@ALIAS"
+            )
         return location
     if location.startswith(("models:/", "runs:/")):
         raise LocationRefused(f"use models:/{MODEL_NAME}/VERSION or models:/{MODEL_NAME}@ALIAS")
     if model_root is None:
-        raise LocationRefused("directories cannot be reloaded on this node: start it with MAESTRO_MODEL_ROOT set, "
-                              f"or reload models:/{MODEL_NAME}/VERSION")
+        raise LocationRefused(
+            "directories cannot be reloaded on this node: start it with MAESTRO_MODEL_ROOT set, "
+            f"or reload models:/{MODEL_NAME}/VERSION"
+        )
     root = Path(model_root).resolve()
     path = (root / location).resolve()  # an absolute location replaces the root; symlinks are followed
     if not path.is_relative_to(root):
-        raise LocationRefused("model directories must lie under this node's model root (MAESTRO_MODEL_ROOT); "
-                              "give a path relative to it")
+        raise LocationRefused(
+            "model directories must lie under this node's model root (MAESTRO_MODEL_ROOT); give a path relative to it"
+        )
     return str(path)
 
 
@@ -80,8 +86,10 @@ def _directory_version(directory: Path) -> str:
 
 def _directory_digest(directory: Path) -> str:
     if not (directory / "predictor.joblib").exists():
-        raise FileNotFoundError(f"{directory} is not a predictor directory (no predictor.joblib): "
-                                "train one with `maestro train` or `dvc repro`, or pass a models:/ URI")
+        raise FileNotFoundError(
+            f"{directory} is not a predictor directory (no predictor.joblib): "
+            "train one with `maestro train` or `dvc repro`, or pass a models:/ URI"
+        )
     return artifact_digest(directory)[:12]
 
 
@@ -97,8 +105,10 @@ def load(source: ModelSource, tracking_uri: str | None = None) -> Predictor:
             mlflow.set_registry_uri(tracking_uri)
         expected = registered_checksum(source.uri, tracking_uri)
         if expected is None:  # the artifact's own meta.json could be rewritten with it: only the registry counts
-            raise ArtifactMismatch(f"{source.uri} was registered without a checksum (tag {CHECKSUM_TAG}): "
-                                   "register it again with `dvc repro` (pipelines/stages/register.py)")
+            raise ArtifactMismatch(
+                f"{source.uri} was registered without a checksum (tag {CHECKSUM_TAG}): "
+                "register it again with `dvc repro` (pipelines/stages/register.py)"
+            )
     return Predictor.load(source.uri, expected_sha256=expected, require_checksum=True)
 
 

@@ -1,4 +1,5 @@
 """A real `bentoml serve` of the predictor on 127.0.0.1, started and always stopped (tests, benchmarks)."""
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,17 @@ class LocalServer:
 
     def command(self) -> list[str]:
         bentoml = Path(sys.executable).with_name("bentoml")
-        return [str(bentoml), "serve", self.config.target, "--host", "127.0.0.1", "--port", str(self.port),
-                "--working-dir", str(REPO)]
+        return [
+            str(bentoml),
+            "serve",
+            self.config.target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--working-dir",
+            str(REPO),
+        ]
 
     def __enter__(self) -> "LocalServer":
         # A port picked free can be taken before bentoml binds it: with a picked port, try another.
@@ -73,8 +83,9 @@ class LocalServer:
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("MAESTRO_")}
         env = {**inherited, "OMP_NUM_THREADS": "1", "BENTOML_DO_NOT_TRACK": "True", **self.config.env}
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -91,8 +102,9 @@ class LocalServer:
             if self.process.poll() is not None:
                 if "Address already in use" in self._log_tail():
                     raise PortTaken(f"port {self.port} was taken before bentoml serve could bind it")
-                raise RuntimeError(f"bentoml serve exited with {self.process.returncode} before it was ready "
-                                   f"(log: {self.log_path})")
+                raise RuntimeError(
+                    f"bentoml serve exited with {self.process.returncode} before it was ready (log: {self.log_path})"
+                )
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return

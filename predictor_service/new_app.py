@@ -10,6 +10,7 @@ observations borrows the app's pooled scores; an app with too few keeps the mode
 Only a new app's own groups move: its outcomes never enter the per-role state that apps training saw
 share (the roles are often named alike: "agent", "user"), so a new app cannot pull a seen app's reserve.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,9 @@ class NewAppConfig:
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.bound < 0 or self.max_groups < 1 or not 0 < self.miss_target < 0.5:
-            raise ValueError(f"invalid NewAppConfig {self}: window ≥ 1, bound ≥ 0, max_groups ≥ 1, "
-                             "0 < miss_target < 0.5")
+            raise ValueError(
+                f"invalid NewAppConfig {self}: window ≥ 1, bound ≥ 0, max_groups ≥ 1, 0 < miss_target < 0.5"
+            )
 
 
 def min_scores(alpha: float) -> int:
@@ -88,9 +90,13 @@ class NewAppCoverage:
     def snapshot(self) -> dict[str, dict]:
         """Each new app's groups: observed stages kept and the reserve factor now, keyed "app" or "app/role"."""
         with self._lock:
-            return {"/".join(key): {"num_observations": len(scores),
-                                    "reserve_factor": round(math.exp(self._shifts.get(key, 0.0)), 4)}
-                    for key, scores in self._scores.items()}
+            return {
+                "/".join(key): {
+                    "num_observations": len(scores),
+                    "reserve_factor": round(math.exp(self._shifts.get(key, 0.0)), 4),
+                }
+                for key, scores in self._scores.items()
+            }
 
 
 class NewAppReserves:

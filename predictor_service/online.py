@@ -25,6 +25,7 @@ Both are bounded (|log| ≤ bound) and decay towards 0 with a half-life when a r
 tokens factor only acts once a role has `min_observations`. A reload starts from zero: the
 corrections belonged to the previous model.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,12 +54,21 @@ class CorrectionConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.weight <= 1 or not 0 < self.coverage_weight <= 1:
-            raise ValueError(f"correction weight and coverage_weight must be in (0, 1], got {self.weight}, "
-                             f"{self.coverage_weight}")
-        if (self.bound < 0 or self.half_life_s <= 0 or self.min_observations < 1 or self.max_roles < 1
-                or self.significance < 0 or self.reserve_step < 0):
-            raise ValueError(f"invalid CorrectionConfig {self}: bound ≥ 0, half_life_s > 0, min_observations ≥ 1, "
-                             "max_roles ≥ 1, significance ≥ 0, reserve_step ≥ 0")
+            raise ValueError(
+                f"correction weight and coverage_weight must be in (0, 1], got {self.weight}, {self.coverage_weight}"
+            )
+        if (
+            self.bound < 0
+            or self.half_life_s <= 0
+            or self.min_observations < 1
+            or self.max_roles < 1
+            or self.significance < 0
+            or self.reserve_step < 0
+        ):
+            raise ValueError(
+                f"invalid CorrectionConfig {self}: bound ≥ 0, half_life_s > 0, min_observations ≥ 1, "
+                "max_roles ≥ 1, significance ≥ 0, reserve_step ≥ 0"
+            )
 
 
 @dataclass
@@ -89,8 +99,14 @@ class OnlineCorrection:
     baseline / role_baselines: the mean log residual the model had out of fold, overall and per role.
     alpha: the share of stages the reserve is allowed to miss (the model's calibrated α)."""
 
-    def __init__(self, config: CorrectionConfig | None = None, baseline: float = 0.0,
-                 role_baselines: dict[str, float] | None = None, alpha: float = 0.05, clock=time.monotonic):
+    def __init__(
+        self,
+        config: CorrectionConfig | None = None,
+        baseline: float = 0.0,
+        role_baselines: dict[str, float] | None = None,
+        alpha: float = 0.05,
+        clock=time.monotonic,
+    ):
         self.config, self.baseline, self.alpha, self._clock = config or CorrectionConfig(), baseline, alpha, clock
         self.role_baselines = role_baselines or {}
         self._roles: dict[str, _RoleState] = {}
@@ -122,17 +138,24 @@ class OnlineCorrection:
             del states[min(states, key=lambda k: states[k].updated_at)]
         return states.setdefault(key, make(updated_at=now))
 
-    def update(self, role: str, predicted_tokens: float, actual_tokens: float,
-               reserve_tokens: float | None = None, group: tuple[str, str, str] | None = None,
-               is_new_app: bool = False) -> None:
+    def update(
+        self,
+        role: str,
+        predicted_tokens: float,
+        actual_tokens: float,
+        reserve_tokens: float | None = None,
+        group: tuple[str, str, str] | None = None,
+        is_new_app: bool = False,
+    ) -> None:
         """Fold one observation of `role` in: the uncorrected prediction and reserve it was served, and its
         coverage group (coverage_group(); the role when None); `is_new_app`: it was answered for an app
         training never saw (then `reserve_tokens` and `group` are required)."""
         if is_new_app:
             self._update_new_app(role, actual_tokens, reserve_tokens, group)
             return
-        residual = (math.log((actual_tokens + 1) / (max(predicted_tokens, 0) + 1))
-                    - self.role_baselines.get(role, self.baseline))
+        residual = math.log((actual_tokens + 1) / (max(predicted_tokens, 0) + 1)) - self.role_baselines.get(
+            role, self.baseline
+        )
         w = self.config.weight
         with self._lock:
             now = self._clock()
@@ -143,16 +166,17 @@ class OnlineCorrection:
                 self._cover(group or role, shift, missed, now)
             decay = self._decay(state, now)
             if state.num_observations == 0:
-                state.variance = residual ** 2  # the first residual sets the noise scale
+                state.variance = residual**2  # the first residual sets the noise scale
             mean = state.mean * decay
             delta = residual - mean
             state.mean = mean + w * delta
-            state.variance = (1 - w) * (state.variance + w * delta ** 2)
+            state.variance = (1 - w) * (state.variance + w * delta**2)
             state.num_observations += 1
             state.updated_at = now
 
-    def _update_new_app(self, role: str, actual_tokens: float, reserve_tokens: float | None,
-                        group: tuple[str, str, str] | None) -> None:
+    def _update_new_app(
+        self, role: str, actual_tokens: float, reserve_tokens: float | None, group: tuple[str, str, str] | None
+    ) -> None:
         if reserve_tokens is None or group is None:
             raise ValueError("a new app's observation needs the reserve it was served and its coverage group")
         app = group[0]
@@ -174,11 +198,14 @@ class OnlineCorrection:
         group.num_observations += 1
         group.updated_at = now
         standard_error = math.sqrt(alpha * (1 - alpha) * w / (2 - w))  # of the EWMA of Bernoulli(α) misses
-        drifting = (group.num_observations >= 1 / w
-                    and group.share_above > alpha + self.config.drift_sd * standard_error)
+        drifting = group.num_observations >= 1 / w and group.share_above > alpha + self.config.drift_sd * standard_error
         if drifting and not group.is_drifting:
-            logger.warning("coverage drift in %s: %.1f %% of recent stages above the reserve, promised %.1f %%",
-                           key, 100 * group.share_above, 100 * alpha)
+            logger.warning(
+                "coverage drift in %s: %.1f %% of recent stages above the reserve, promised %.1f %%",
+                key,
+                100 * group.share_above,
+                100 * alpha,
+            )
         group.is_drifting = drifting
 
     def factor(self, role: str) -> float:
@@ -190,8 +217,14 @@ class OnlineCorrection:
         """The multiplier for this role's reserves now: the tokens factor and the group's conformal shift."""
         return math.exp(self._reserve_log(self._roles.get(role), self._groups.get(group or role), self._clock()))
 
-    def apply(self, role: str, tokens_pred: float, tokens_reserve: float,
-              group: tuple[str, str, str] | None = None, is_new_app: bool = False) -> tuple[int, int, float, float]:
+    def apply(
+        self,
+        role: str,
+        tokens_pred: float,
+        tokens_reserve: float,
+        group: tuple[str, str, str] | None = None,
+        is_new_app: bool = False,
+    ) -> tuple[int, int, float, float]:
         """The served answer for the model's (tokens_pred, tokens_reserve): both corrected, the reserve never below
         the prediction; and the two factors used. A new app's answer: its reserve by the app's own level only."""
         if is_new_app and group is not None:
@@ -206,12 +239,17 @@ class OnlineCorrection:
         among the role's coverage groups."""
         now = self._clock()
         with self._lock:
-            return {role: {"factor": round(math.exp(self._tokens_log(s, now)), 4),
-                           "reserve_factor": round(math.exp(self._widest_reserve_log(role, s, now)), 4),
-                           "log_ratio": round(s.mean * self._decay(s, now), 4),
-                           "num_observations": s.num_observations, "age_s": round(now - s.updated_at, 1),
-                           "is_active": s.num_observations >= self.config.min_observations}
-                    for role, s in self._roles.items()}
+            return {
+                role: {
+                    "factor": round(math.exp(self._tokens_log(s, now)), 4),
+                    "reserve_factor": round(math.exp(self._widest_reserve_log(role, s, now)), 4),
+                    "log_ratio": round(s.mean * self._decay(s, now), 4),
+                    "num_observations": s.num_observations,
+                    "age_s": round(now - s.updated_at, 1),
+                    "is_active": s.num_observations >= self.config.min_observations,
+                }
+                for role, s in self._roles.items()
+            }
 
     def _widest_reserve_log(self, role: str, state: _RoleState, now: float) -> float:
         """The largest reserve correction any of the role's coverage groups gets now (caller holds the lock)."""
@@ -221,5 +259,11 @@ class OnlineCorrection:
     def coverage(self) -> dict[tuple[str, str, str] | str, dict]:
         """Every coverage group's recent share of stages above their served reserve, for /metrics."""
         with self._lock:
-            return {key: {"share_above_reserve": round(g.share_above, 4), "num_observations": g.num_observations,
-                          "is_drifting": g.is_drifting} for key, g in self._groups.items()}
+            return {
+                key: {
+                    "share_above_reserve": round(g.share_above, 4),
+                    "num_observations": g.num_observations,
+                    "is_drifting": g.is_drifting,
+                }
+                for key, g in self._groups.items()
+            }

@@ -7,6 +7,7 @@ on the ring, also receives the workflow's finished stages (POST /history: histor
 no correction update), so when the owner dies the clients fail over to the one replica that already
 holds the workflow's history. A ketama ring (uhashring) moves only the dead replica's workflows.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,10 @@ def split_urls(url: str, what: str = "predictor url", replica: str = "service re
     urls = tuple(dict.fromkeys(u.strip().rstrip("/") for u in url.split(REPLICA_SEPARATOR) if u.strip()))
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if not urls or bad:
-        raise ValueError(f"{what} must be http(s)://host:port, or several separated by "
-                         f"'{REPLICA_SEPARATOR}' (one per {replica}); got {url!r}")
+        raise ValueError(
+            f"{what} must be http(s)://host:port, or several separated by "
+            f"'{REPLICA_SEPARATOR}' (one per {replica}); got {url!r}"
+        )
     return urls
 
 

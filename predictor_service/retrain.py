@@ -11,6 +11,7 @@ One run, in a checkout of this repository (`repo`):
    Like any `dvc exp run`, it leaves these params in the checkout's params.yaml: give retrain a checkout of its own.
 4. Ship: when the new version passes the guard, `deploy` reloads every node to it and only then moves `champion`.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,12 +65,22 @@ class RetrainResult:
     drifting: dict[str, list[str]] = field(default_factory=dict)  # node → its drifting groups
 
     def to_dict(self) -> dict:
-        deployed = None if self.deployed is None else {
-            "version": self.deployed.version, "nodes": self.deployed.nodes, "failure": self.deployed.failure}
-        return {"status": self.status, "reason": self.reason, "champion": self.champion, "num_stages": self.num_stages,
-                "version": self.version, "passes_guard": (self.registration or {}).get("passes_guard"),
-                "guard_reasons": (self.registration or {}).get("reasons"), "deployed": deployed,
-                "drifting": self.drifting}
+        deployed = (
+            None
+            if self.deployed is None
+            else {"version": self.deployed.version, "nodes": self.deployed.nodes, "failure": self.deployed.failure}
+        )
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "champion": self.champion,
+            "num_stages": self.num_stages,
+            "version": self.version,
+            "passes_guard": (self.registration or {}).get("passes_guard"),
+            "guard_reasons": (self.registration or {}).get("reasons"),
+            "deployed": deployed,
+            "drifting": self.drifting,
+        }
 
 
 def resolve_nodes(nodes: tuple[str, ...]) -> tuple[str, ...]:
@@ -97,8 +108,11 @@ def drifting_groups(config: DeployConfig) -> tuple[dict[str, list[str]], list[st
             silent.append(f"{node}: {type(error).__name__}: {error}")
             continue
         if report.drifting:
-            drifting[node] = [f"{g.app}/{g.role}/{g.history}: {g.share_above_reserve:.1%} above the reserve "
-                              f"(α {report.alpha:.1%}, {g.num_observations} stages)" for g in report.drifting]
+            drifting[node] = [
+                f"{g.app}/{g.role}/{g.history}: {g.share_above_reserve:.1%} above the reserve "
+                f"(α {report.alpha:.1%}, {g.num_observations} stages)"
+                for g in report.drifting
+            ]
     return drifting, silent
 
 
@@ -109,8 +123,11 @@ def why_due(config: RetrainConfig, champion_age_h: float | None, drifting: dict)
     if drifting:
         return f"coverage drifts on {', '.join(drifting)}"
     if config.max_age_h is not None and (champion_age_h is None or champion_age_h >= config.max_age_h):
-        return "no champion yet" if champion_age_h is None else \
-            f"the champion is {champion_age_h:.1f} h old (--max-age-h {config.max_age_h:g})"
+        return (
+            "no champion yet"
+            if champion_age_h is None
+            else f"the champion is {champion_age_h:.1f} h old (--max-age-h {config.max_age_h:g})"
+        )
     return None
 
 
@@ -157,14 +174,27 @@ def run_pipeline(config: RetrainConfig, name: str) -> dict:
     registration = repo / REGISTRATION
     registration.unlink(missing_ok=True)  # so a stale decision is never read as this run's
     bin_dir = Path(sys.executable).parent  # the stages' `python` and `dvc` are the ones running maestro
-    command = [str(bin_dir / "dvc"), "exp", "run", "register", "-n", name,
-               "-S", f"collect.source={STAGED.as_posix()}", "-S", "register.promote=false",
-               "-S", f"register.tracking_uri={config.deploy.tracking_uri}"]
+    command = [
+        str(bin_dir / "dvc"),
+        "exp",
+        "run",
+        "register",
+        "-n",
+        name,
+        "-S",
+        f"collect.source={STAGED.as_posix()}",
+        "-S",
+        "register.promote=false",
+        "-S",
+        f"register.tracking_uri={config.deploy.tracking_uri}",
+    ]
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not registration.exists():
-        raise RuntimeError(f"`{' '.join(command[1:])}` in {repo} failed (exit {done.returncode}):\n"
-                           f"{(done.stdout + done.stderr)[-4000:]}")
+        raise RuntimeError(
+            f"`{' '.join(command[1:])}` in {repo} failed (exit {done.returncode}):\n"
+            f"{(done.stdout + done.stderr)[-4000:]}"
+        )
     return json.loads(registration.read_text())
 
 
@@ -191,8 +221,9 @@ def retrain(config: RetrainConfig, now_s: float | None = None) -> RetrainResult:
     result.num_stages = stage_traces(Path(config.traces), since_s, Path(config.repo) / STAGED)
     if result.num_stages < config.min_stages:
         result.status = "too-few-stages"
-        result.reason = f"{result.num_stages} finished stages since the champion, fewer than --min-stages " \
-                        f"{config.min_stages}"
+        result.reason = (
+            f"{result.num_stages} finished stages since the champion, fewer than --min-stages {config.min_stages}"
+        )
         return result
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_s))
     result.registration = run_pipeline(config, f"retrain-{stamp}")
@@ -202,6 +233,7 @@ def retrain(config: RetrainConfig, now_s: float | None = None) -> RetrainResult:
         return result
     result.deployed = deploy(replace(config.deploy, model_version=result.version), registry)
     result.status = "deployed" if result.deployed.is_ok else "deploy-failed"
-    result.reason = f"{reason}; version {result.version} passes the guard" + \
-        ("" if result.deployed.is_ok else f"; {result.deployed.failure}")
+    result.reason = f"{reason}; version {result.version} passes the guard" + (
+        "" if result.deployed.is_ok else f"; {result.deployed.failure}"
+    )
     return result

@@ -1,6 +1,7 @@
 """What an external router reads of a prediction: the expected output length, its bucket, the reserve and the
 tool-call probability. One home for the bucket bounds, used by the service's /route_hints and by the gateway's
 request headers (serving/gateway/router_hints.py), so both say the same bucket for the same stage."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -34,6 +35,12 @@ class RouteHint(BaseModel):
 
 
 def route_hint(prediction: PredictionOut) -> RouteHint:
-    return RouteHint(workflow_id=prediction.workflow_id, stage_id=prediction.stage_id, osl=prediction.tokens_pred,
-                     bucket=osl_bucket(prediction.tokens_pred), reserve=prediction.tokens_reserve,
-                     p_tool=prediction.p_tool, model_version=prediction.model_version)
+    return RouteHint(
+        workflow_id=prediction.workflow_id,
+        stage_id=prediction.stage_id,
+        osl=prediction.tokens_pred,
+        bucket=osl_bucket(prediction.tokens_pred),
+        reserve=prediction.tokens_reserve,
+        p_tool=prediction.p_tool,
+        model_version=prediction.model_version,
+    )

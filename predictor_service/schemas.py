@@ -5,6 +5,7 @@ without labels, /observe takes finished stages with their labels and timings. Th
 part of the protocol: the service refuses a request over them and the client splits its batches
 to stay under them.
 """
+
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, fields
@@ -26,8 +27,10 @@ def _check_prompt_size(prompt: Any) -> Any:
         raise ValueError(f"prompt has {len(prompt)} messages; the limit is {MAX_PROMPT_MESSAGES}")
     size = len(prompt_text(prompt))
     if size > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt has {size} characters; the limit is {MAX_PROMPT_CHARS} "
-                         "(send the tail the model will see, or raise MAX_PROMPT_CHARS on both sides)")
+        raise ValueError(
+            f"prompt has {size} characters; the limit is {MAX_PROMPT_CHARS} "
+            "(send the tail the model will see, or raise MAX_PROMPT_CHARS on both sides)"
+        )
     return prompt
 
 
@@ -39,8 +42,9 @@ class StageIn(StageTrace):
     def _no_labels(cls, data: Any) -> Any:
         present = [f for f in LABEL_FIELDS if isinstance(data, dict) and data.get(f) is not None]
         if present:
-            raise ValueError(f"{', '.join(present)} given: /predict takes stages before they run; "
-                             "send finished stages to /observe")
+            raise ValueError(
+                f"{', '.join(present)} given: /predict takes stages before they run; send finished stages to /observe"
+            )
         return data
 
     @field_validator("prompt")
@@ -98,15 +102,17 @@ class ServedPrediction(BaseModel):
 
 
 PredictionOut = create_model(
-    "PredictionOut", __base__=ServedPrediction,
+    "PredictionOut",
+    __base__=ServedPrediction,
     __doc__="One answer of /predict: a `Prediction`'s fields (the stage's, then its workflow's remaining work, "
-            "`wf_*`), then which model served it, how, and the online factors its tokens_pred / tokens_reserve "
-            "already include.",
+    "`wf_*`), then which model served it, how, and the online factors its tokens_pred / tokens_reserve "
+    "already include.",
     **PREDICTION_FIELDS,
     model_version=(str, ...),
     correction=(float, Field(1.0, description="online per-role factor applied to the model's tokens (1.0 = none)")),
     reserve_correction=(float, Field(1.0, description="online per-role factor applied to the model's reserve")),
-    source=(Source, Source.MODEL))
+    source=(Source, Source.MODEL),
+)
 
 
 class ObserveRequest(BaseModel):
@@ -163,5 +169,8 @@ class StatsResponse(BaseModel):
 
 
 def limits() -> dict[str, int]:
-    return {"max_stages_per_request": MAX_STAGES_PER_REQUEST, "max_prompt_chars": MAX_PROMPT_CHARS,
-            "max_prompt_messages": MAX_PROMPT_MESSAGES}
+    return {
+        "max_stages_per_request": MAX_STAGES_PER_REQUEST,
+        "max_prompt_chars": MAX_PROMPT_CHARS,
+        "max_prompt_messages": MAX_PROMPT_MESSAGES,
+    }

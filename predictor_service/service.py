@@ -5,6 +5,7 @@ request at a time), POST /route_hints (the same predictions as an endpoint picke
 POST /observe, GET /stats, GET /coverage, POST /admin/reload; BentoML adds /livez, /readyz and /metrics.
 Configuration comes from the environment when the service starts (ServiceConfig.from_env).
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,17 @@ from predictor_service.engine import PredictorEngine
 from predictor_service.guard import Guard
 from predictor_service.loading import LocationRefused
 from predictor_service.route_hints import RouteHint, route_hint
-from predictor_service.schemas import (MAX_STAGES_PER_REQUEST, ObservedStage, ObserveRequest, ObserveResponse,
-                                       PredictionOut, PredictRequest, ReloadRequest, ReloadResponse, StageIn)
+from predictor_service.schemas import (
+    MAX_STAGES_PER_REQUEST,
+    ObservedStage,
+    ObserveRequest,
+    ObserveResponse,
+    PredictionOut,
+    PredictRequest,
+    ReloadRequest,
+    ReloadResponse,
+    StageIn,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +67,16 @@ def service_metrics() -> dict:
     from prometheus_client import Counter, Gauge
 
     return {
-        "share_above_reserve": Gauge("maestro_predictor_share_above_reserve",
-                                     "Recent share of observed stages above their served reserve (EWMA), by app, "
-                                     "role and history condition", ["app", "role", "history"]),
-        "stages": Counter("maestro_predictor_stages", "Stages predicted, by fallback level and answer source",
-                          ["fallback_level", "source"]),
+        "share_above_reserve": Gauge(
+            "maestro_predictor_share_above_reserve",
+            "Recent share of observed stages above their served reserve (EWMA), by app, role and history condition",
+            ["app", "role", "history"],
+        ),
+        "stages": Counter(
+            "maestro_predictor_stages",
+            "Stages predicted, by fallback level and answer source",
+            ["fallback_level", "source"],
+        ),
         "observed": Counter("maestro_predictor_observed_stages", "Finished stages observed"),
         "reloads": Counter("maestro_predictor_reloads", "Model reloads, by outcome", ["outcome"]),
     }
@@ -71,8 +86,14 @@ def service_metrics() -> dict:
 # one worker keeps one workflow history and one online correction. No access log: at thousands of calls a second
 # it costs more than it tells (/metrics counts requests). Bound to 127.0.0.1 unless `bentoml serve --host` says
 # otherwise. Shared with the benchmark's framework-only service (benchmarks/service/framework.py).
-SERVICE_OPTIONS = dict(workers=1, threads=1, traffic={"timeout": 30}, http={"host": "127.0.0.1"},
-                       logging={"access": {"enabled": False}}, tracing={"excluded_urls": "/predict,/predict_unbatched"})
+SERVICE_OPTIONS = dict(
+    workers=1,
+    threads=1,
+    traffic={"timeout": 30},
+    http={"host": "127.0.0.1"},
+    logging={"access": {"enabled": False}},
+    tracing={"excluded_urls": "/predict,/predict_unbatched"},
+)
 # /predict's adaptive batching: concurrent requests join the batch after the one running.
 PREDICT_BATCHING = dict(batchable=True, max_batch_size=MAX_STAGES_PER_REQUEST, max_latency_ms=5_000)
 
@@ -91,8 +112,9 @@ class PredictorService:
         # The loaded model is hundreds of thousands of long-lived objects; frozen, the collector stops
         # rescanning them in every full collection (pauses on the request path).
         gc.freeze()
-        logger.info("serving predictor version %s from %s", self.engine.active.source.version,
-                    self.engine.active.source.uri)
+        logger.info(
+            "serving predictor version %s from %s", self.engine.active.source.version, self.engine.active.source.uri
+        )
 
     # Sync, so a batch runs on BentoML's model thread: a batch of new prompts (embedding 256 of them) can take
     # seconds, and on the event loop it would stall /livez and every other call meanwhile.
@@ -169,8 +191,11 @@ def _reload_error(error: Exception, serving: str) -> Exception:
         return BentoMLException(f"{error}. Still serving version {serving}", error_code=HTTPStatus.FORBIDDEN)
     text = str(error)
     if isinstance(error, FileNotFoundError) or "not found" in text.lower() or "RESOURCE_DOES_NOT_EXIST" in text:
-        return NotFound(f"no predictor at that location. Still serving version {serving}; check the version, "
-                        "or that the directory holds a saved predictor")
+        return NotFound(
+            f"no predictor at that location. Still serving version {serving}; check the version, "
+            "or that the directory holds a saved predictor"
+        )
     reason = str(error) if isinstance(error, ArtifactMismatch) else type(error).__name__
-    return UnprocessableEntity(f"could not load that model ({reason}). Still serving version {serving}; "
-                               "the node's log has the details")
+    return UnprocessableEntity(
+        f"could not load that model ({reason}). Still serving version {serving}; the node's log has the details"
+    )

@@ -1,4 +1,5 @@
 """Rotating JSONL file of observed stages, in the contract `collect` reads (a directory of *.jsonl)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,10 @@ class TraceLogConfig:
         if self.max_files < 0:
             raise ValueError(f"trace max_files must be ≥ 1, or 0 to keep every file; got {self.max_files}")
         if self.max_total_bytes and self.max_total_bytes < self.max_bytes:
-            raise ValueError(f"trace max_total_bytes ({self.max_total_bytes}) must be ≥ max_bytes ({self.max_bytes}) "
-                             "so that one full file fits, or 0 for no limit")
+            raise ValueError(
+                f"trace max_total_bytes ({self.max_total_bytes}) must be ≥ max_bytes ({self.max_bytes}) "
+                "so that one full file fits, or 0 for no limit"
+            )
 
 
 class TraceLog:
@@ -57,8 +60,13 @@ class TraceLog:
     def append(self, stages: list[StageTrace], extra: list[dict] | None = None) -> int:
         """Write the stages (each merged with its `extra` fields); returns how many lines were written."""
         extra = extra or [{} for _ in stages]
-        lines = "".join(json.dumps({**s.model_dump(exclude_none=True, exclude={"in_degree", "out_degree"}), **e},
-                                   ensure_ascii=False) + "\n" for s, e in zip(stages, extra))
+        lines = "".join(
+            json.dumps(
+                {**s.model_dump(exclude_none=True, exclude={"in_degree", "out_degree"}), **e}, ensure_ascii=False
+            )
+            + "\n"
+            for s, e in zip(stages, extra)
+        )
         data = lines.encode("utf-8")
         with self._lock:
             is_new_file = self._path is None or self._bytes + len(data) > self.config.max_bytes

@@ -10,6 +10,7 @@ path, per line of a README.md (anywhere in the source folders) or a docs/*.md:
   beside the document or at the root; outside a folder's row, also anywhere in the source folders.
 Benchmark results (benchmarks/results/) are outputs, written when a benchmark runs: not checked.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,8 +18,18 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("maestro", "pipelines", "predictor_service", "serving", "driver", "benchmarks", "tests", "scripts",
-               "deploy", "docs")
+SOURCE_DIRS = (
+    "maestro",
+    "pipelines",
+    "predictor_service",
+    "serving",
+    "driver",
+    "benchmarks",
+    "tests",
+    "scripts",
+    "deploy",
+    "docs",
+)
 PACKAGES = ("maestro", "pipelines", "predictor_service", "serving", "driver", "benchmarks", "tests")
 OUTPUTS = ("benchmarks/results/",)
 SLASHED = re.compile(r"(?<![\w./:~-])((?:[A-Za-z_][\w.-]*/)+[\w.-]*)(?![\w*{<…])")
@@ -75,23 +86,28 @@ def dead_paths(document: Path, text: str | None = None) -> list[str]:
                 dead += [f"{where} {path}"] if not target.exists() else []
         dead += [f"{where} {m.group(1)}" for m in DOTTED.finditer(line) if not dotted_exists(m.group(1))]
         row = ROW_FOLDER.match(line)
-        dead += [f"{where} {m.group(1)}" for m in BARE_MODULE.finditer(line)
-                 if not bare_module_exists(document, m.group(1), row.group(1) if row else None)]
+        dead += [
+            f"{where} {m.group(1)}"
+            for m in BARE_MODULE.finditer(line)
+            if not bare_module_exists(document, m.group(1), row.group(1) if row else None)
+        ]
     return dead
 
 
 def test_every_path_the_docs_name_exists():
     dead = [entry for document in documents() for entry in dead_paths(document)]
-    assert not dead, "these paths are named in the docs but not in the tree; fix the doc (or the path):\n" + \
-        "\n".join(dead)
+    assert not dead, "these paths are named in the docs but not in the tree; fix the doc (or the path):\n" + "\n".join(
+        dead
+    )
 
 
 def test_the_serving_readme_quotes_maestros_order_as_its_docstring_says_it():
     """serving/README.md describes Maestro's policy by quoting serving/core/scheduler/slack.py's docstring: one text."""
     docstring = ast.get_docstring(ast.parse((ROOT / "serving" / "core" / "scheduler" / "slack.py").read_text()))
     readme = "\n".join(line.removeprefix(">") for line in (ROOT / "serving" / "README.md").read_text().splitlines())
-    assert " ".join(docstring.split()) in " ".join(readme.split()), \
+    assert " ".join(docstring.split()) in " ".join(readme.split()), (
         "serving/README.md's quote of serving/core/scheduler/slack.py's docstring differs from it: quote it again"
+    )
 
 
 def test_the_serving_readme_describes_each_policy_by_its_scheduler_class_docstring():
@@ -103,23 +119,36 @@ def test_the_serving_readme_describes_each_policy_by_its_scheduler_class_docstri
     from serving.core.systems import SYSTEMS
 
     text = (ROOT / "serving" / "README.md").read_text().split("## Scheduling policies")[1].split("\n## ")[0]
-    cells = [[" ".join(cell.split()) for cell in line.split("|")[1:-1]] for line in text.splitlines()
-             if line.startswith("| `")]
+    cells = [
+        [" ".join(cell.split()) for cell in line.split("|")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith("| `")
+    ]
     described = {policy.strip("`"): (name.split()[0], systems, order) for policy, name, systems, order in cells}
     expected = {}
     for policy in Policy:
         cls = type(create_scheduler(policy))
         systems = ", ".join(f"`{s.name}`" for s in SYSTEMS.values() if s.scheduler is policy) or "–"
         expected[policy.value] = (f"`{cls.__name__}`", systems, " ".join(inspect.getdoc(cls).split("\n\n")[0].split()))
-    differ = [f"{p}: README {described.get(p)}, code {expected.get(p)}" for p in sorted({*described, *expected})
-              if described.get(p) != expected.get(p)]
-    assert not differ, "serving/README.md's *Scheduling policies* rows differ from the code; copy the code's:\n" + \
-        "\n".join(differ)
+    differ = [
+        f"{p}: README {described.get(p)}, code {expected.get(p)}"
+        for p in sorted({*described, *expected})
+        if described.get(p) != expected.get(p)
+    ]
+    assert not differ, (
+        "serving/README.md's *Scheduling policies* rows differ from the code; copy the code's:\n" + "\n".join(differ)
+    )
 
 
 def test_the_checker_finds_a_dead_path():
-    lines = ["`serving/no_such_module.py`, `serving/core/request.py`", "`serving.gateway.no_such_name`, `serving.core.request`",
-             "| `sim/` | `no_such.py`, `engine.py` |"]
+    lines = [
+        "`serving/no_such_module.py`, `serving/core/request.py`",
+        "`serving.gateway.no_such_name`, `serving.core.request`",
+        "| `sim/` | `no_such.py`, `engine.py` |",
+    ]
     dead = dead_paths(ROOT / "serving" / "README.md", "\n".join(lines))
-    assert [entry.split()[-1] for entry in dead] == ["serving/no_such_module.py", "serving.gateway.no_such_name",
-                                                      "no_such.py"]
+    assert [entry.split()[-1] for entry in dead] == [
+        "serving/no_such_module.py",
+        "serving.gateway.no_such_name",
+        "no_such.py",
+    ]

@@ -2,6 +2,7 @@
 
 Fast and offline: it reads files and parses them with `ast`; nothing is imported or run.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,8 +26,11 @@ def source_modules() -> list[Path]:
 
 
 def prose_files() -> list[Path]:
-    docs = [p for p in ROOT.rglob("*.md") if _is_ours(p) and (p.name.startswith(("README", "EXPERIMENTS"))
-                                                              or "docs" in p.relative_to(ROOT).parts)]
+    docs = [
+        p
+        for p in ROOT.rglob("*.md")
+        if _is_ours(p) and (p.name.startswith(("README", "EXPERIMENTS")) or "docs" in p.relative_to(ROOT).parts)
+    ]
     return sorted(set(source_modules()) | set(docs) | set((ROOT / "scripts").glob("*.sh")))
 
 
@@ -116,16 +120,24 @@ def private_crossings(path: Path, tree: ast.Module, defined: dict[str, set[str]]
 
 
 def test_no_session_numbers():
-    hits = [f"{rel(p)}:{i}: {line.strip()[:100]}" for p in prose_files()
-            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if SESSION_NUMBER.search(line)]
+    hits = [
+        f"{rel(p)}:{i}: {line.strip()[:100]}"
+        for p in prose_files()
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if SESSION_NUMBER.search(line)
+    ]
     assert not hits, "a work session's number means nothing to a reader; say the date and commit:\n" + "\n".join(hits)
 
 
 def test_no_private_name_across_modules():
     trees = parsed()
     defined = {module_name(p): private_definitions(t) for p, t in trees.items()}
-    found = [f"{rel(path)}:{line} {how}" for path, tree in trees.items()
-             for line, name, how in private_crossings(path, tree, defined) if (rel(path), name) not in PENDING_PRIVATE]
+    found = [
+        f"{rel(path)}:{line} {how}"
+        for path, tree in trees.items()
+        for line, name, how in private_crossings(path, tree, defined)
+        if (rel(path), name) not in PENDING_PRIVATE
+    ]
     assert not found, "give what another module uses a public name (or a public parameter):\n" + "\n".join(found)
 
 

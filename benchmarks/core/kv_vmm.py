@@ -11,6 +11,7 @@
 4. Device memory the driver reports used while N pages are mapped vs the allocator's own count,
    after release (spares kept) and after trim().
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ from benchmarks.core.ops import bench_allocator, write_results
 from serving.core.kv import KVAllocator, KVAllocatorConfig
 from serving.core.kv.cuda_vmm import cuda_driver
 
-MiB = 1024 ** 2
+MiB = 1024**2
 
 
 def _check(cu, result):
@@ -67,8 +68,14 @@ def bench_page_in_out(cu, kv: KVAllocator, rounds: int) -> dict:
         _check(cu, cu.cuMemFree(ptr))
         allocs.append(t1 - t0)
         frees.append(time.perf_counter() - t1)
-    out = {"page_bytes": page, "vmm_map_cold": _quantiles_us(cold), "vmm_map_warm": _quantiles_us(warm),
-           "vmm_unmap": _quantiles_us(unmaps), "cuMemAlloc": _quantiles_us(allocs), "cuMemFree": _quantiles_us(frees)}
+    out = {
+        "page_bytes": page,
+        "vmm_map_cold": _quantiles_us(cold),
+        "vmm_map_warm": _quantiles_us(warm),
+        "vmm_unmap": _quantiles_us(unmaps),
+        "cuMemAlloc": _quantiles_us(allocs),
+        "cuMemFree": _quantiles_us(frees),
+    }
     for kind in ("cold", "warm"):
         out[f"map_{kind}_vs_cuMemAlloc_p50"] = round(out[f"vmm_map_{kind}"]["p50_us"] / out["cuMemAlloc"]["p50_us"], 2)
     return out
@@ -108,9 +115,15 @@ def bench_growth(cu, kv: KVAllocator, pages: int, repeats: int) -> dict:
     warm = float(np.median([_grow_by_mapping(cu, kv, pages) for _ in range(repeats)]))
     kv.backend.trim()
     copying = float(np.median([_grow_by_copying(cu, kv.page_bytes, pages) for _ in range(repeats)]))
-    return {"pages": pages, "bytes": pages * kv.page_bytes, "vmm_cold_ms": round(1e3 * cold, 3),
-            "vmm_warm_ms": round(1e3 * warm, 3), "realloc_double_and_copy_ms": round(1e3 * copying, 3),
-            "vmm_cold_vs_realloc": round(cold / copying, 2), "vmm_warm_vs_realloc": round(warm / copying, 2)}
+    return {
+        "pages": pages,
+        "bytes": pages * kv.page_bytes,
+        "vmm_cold_ms": round(1e3 * cold, 3),
+        "vmm_warm_ms": round(1e3 * warm, 3),
+        "realloc_double_and_copy_ms": round(1e3 * copying, 3),
+        "vmm_cold_vs_realloc": round(cold / copying, 2),
+        "vmm_warm_vs_realloc": round(warm / copying, 2),
+    }
 
 
 def bench_driver_memory(cu, kv: KVAllocator, pages: int) -> dict:
@@ -124,9 +137,14 @@ def bench_driver_memory(cu, kv: KVAllocator, pages: int) -> dict:
     kv.release(r)
     held_as_spares = before - free()
     kv.backend.trim()
-    return {"pages_mapped": pages, "virtual_pages_reserved": 3 * pages, "allocator_bytes": pages * kv.page_bytes,
-            "driver_used_bytes_while_mapped": used, "driver_used_bytes_after_release": held_as_spares,
-            "driver_used_bytes_after_trim": before - free()}
+    return {
+        "pages_mapped": pages,
+        "virtual_pages_reserved": 3 * pages,
+        "allocator_bytes": pages * kv.page_bytes,
+        "driver_used_bytes_while_mapped": used,
+        "driver_used_bytes_after_release": held_as_spares,
+        "driver_used_bytes_after_trim": before - free(),
+    }
 
 
 def main() -> None:
@@ -136,16 +154,23 @@ def main() -> None:
     parser.add_argument("--allocator-ops", type=int, default=10000)
     args = parser.parse_args()
     cu = cuda_driver()
-    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024 ** 3, backend="cuda-vmm"))
+    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024**3, backend="cuda-vmm"))
     name = _check(cu, cu.cuDeviceGetName(256, 0)).split(b"\0")[0].decode()
-    results = {"device": name, "machine": platform.machine(), "python": platform.python_version(),
-               "page_in_out": bench_page_in_out(cu, kv, args.rounds),
-               "growth": [bench_growth(cu, kv, pages, repeats=5) for pages in (8, 64, 512)],
-               "driver_memory": bench_driver_memory(cu, kv, 1024)}
+    results = {
+        "device": name,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "page_in_out": bench_page_in_out(cu, kv, args.rounds),
+        "growth": [bench_growth(cu, kv, pages, repeats=5) for pages in (8, 64, 512)],
+        "driver_memory": bench_driver_memory(cu, kv, 1024),
+    }
     vmm_ops = bench_allocator(args.allocator_ops, backend="cuda-vmm")
     host_ops = bench_allocator(args.allocator_ops, backend="host")
-    results["allocator_ops_per_s"] = {"cuda-vmm": round(vmm_ops), "host": round(host_ops),
-                                      "vmm_vs_host": round(vmm_ops / host_ops, 4)}
+    results["allocator_ops_per_s"] = {
+        "cuda-vmm": round(vmm_ops),
+        "host": round(host_ops),
+        "vmm_vs_host": round(vmm_ops / host_ops, 4),
+    }
     write_results(results, args.out)
 
 

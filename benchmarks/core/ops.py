@@ -5,6 +5,7 @@
 A "decision" is one pop of the next stage plus one add of a new stage (the queue stays at size n).
 Allocator ops are reserve / grow / release on the host backend (benchmarks/core/kv_vmm.py runs the same mix on a GPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,20 @@ from serving.core.scheduler import Policy, create_scheduler
 
 
 def _requests(n: int, rng: np.random.Generator) -> list[StageRequest]:
-    return [StageRequest(f"w{i}", "0", interactive=bool(i % 3 == 0), ready_s=float(i), deadline_s=float(rng.uniform(0, 1e4)),
-                         prompt_tokens=int(rng.integers(10, 60000)), pred_service_s=float(rng.exponential(5)),
-                         workflow_remaining_s=float(rng.exponential(20)), attained_service_s=float(rng.exponential(10)))
-            for i in range(n)]
+    return [
+        StageRequest(
+            f"w{i}",
+            "0",
+            interactive=bool(i % 3 == 0),
+            ready_s=float(i),
+            deadline_s=float(rng.uniform(0, 1e4)),
+            prompt_tokens=int(rng.integers(10, 60000)),
+            pred_service_s=float(rng.exponential(5)),
+            workflow_remaining_s=float(rng.exponential(20)),
+            attained_service_s=float(rng.exponential(10)),
+        )
+        for i in range(n)
+    ]
 
 
 def bench_scheduler(policy: str, queued: int, decisions: int, seed: int = 0) -> float:
@@ -43,7 +54,7 @@ def bench_scheduler(policy: str, queued: int, decisions: int, seed: int = 0) -> 
 
 def bench_allocator(num_ops: int, seed: int = 0, backend: str = "host") -> float:
     rng = np.random.default_rng(seed)
-    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024 ** 3, backend=backend))
+    kv = KVAllocator(KVAllocatorConfig(pool_bytes=32 * 1024**3, backend=backend))
     live, ops = [], 0
     started = time.perf_counter()
     while ops < num_ops:
@@ -72,11 +83,16 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serving_core.json")
     parser.add_argument("--decisions", type=int, default=50000)
     args = parser.parse_args()
-    results = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-               "scheduler_decisions_per_s": {}, "allocator_ops_per_s": round(bench_allocator(200000))}
+    results = {
+        "machine": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "scheduler_decisions_per_s": {},
+        "allocator_ops_per_s": round(bench_allocator(200000)),
+    }
     for policy in (p.value for p in Policy):
         results["scheduler_decisions_per_s"][policy] = {
-            str(n): round(bench_scheduler(policy, n, args.decisions)) for n in (10_000, 100_000)}
+            str(n): round(bench_scheduler(policy, n, args.decisions)) for n in (10_000, 100_000)
+        }
     write_results(results, args.out)
 
 

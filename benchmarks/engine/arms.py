@@ -1,13 +1,24 @@
 """The engine replay's arms: vLLM's scheduler under a policy and priority, or MaestroScheduler fed a source."""
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-VLLM_ARMS = {"vllm-fcfs": ("fcfs", None), "vllm-priority": ("priority", "rank"),
-             "vllm-priority-deadline": ("priority", "deadline")}
-DEFAULT_ARMS = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline", "maestro[model]", "maestro[prior]",
-                "maestro[none]", "maestro[oracle]")
+VLLM_ARMS = {
+    "vllm-fcfs": ("fcfs", None),
+    "vllm-priority": ("priority", "rank"),
+    "vllm-priority-deadline": ("priority", "deadline"),
+}
+DEFAULT_ARMS = (
+    "vllm-fcfs",
+    "vllm-priority",
+    "vllm-priority-deadline",
+    "maestro[model]",
+    "maestro[prior]",
+    "maestro[none]",
+    "maestro[oracle]",
+)
 MAESTRO_ARM = re.compile(r"maestro\[(model|prior|none|oracle|noise[0-9.]*)\]")
 
 
@@ -33,6 +44,7 @@ def engine_arm(name: str) -> EngineArm:
         return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
     match = MAESTRO_ARM.fullmatch(name)
     if not match:
-        raise ValueError(f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, "
-                         f"maestro[model|prior|none|oracle|noiseσ]")
+        raise ValueError(
+            f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, maestro[model|prior|none|oracle|noiseσ]"
+        )
     return EngineArm(name, "maestro", "priority", match.group(1))

@@ -28,6 +28,7 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
   token, takes longer than that).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,9 @@ def scale_tokens(workflows: list[SimWorkflow], config: EngineConfig) -> None:
         for stage in workflow.stages:
             stage.model = MODEL
             stage.prompt_tokens = min(scaled(stage.prompt_tokens, config.token_scale), config.max_model_len - 1)
-            stage.max_tokens = min(scaled(stage.max_tokens, config.token_scale), config.max_model_len - stage.prompt_tokens)
+            stage.max_tokens = min(
+                scaled(stage.max_tokens, config.token_scale), config.max_model_len - stage.prompt_tokens
+            )
             stage.output_tokens = min(stage.max_tokens, scaled(stage.output_tokens, config.token_scale))
 
 
@@ -89,19 +92,34 @@ def tool_prior_s(tool: str) -> float:
 
 def stage_spec(stage, config: EngineConfig) -> dict:
     """A stage (already scaled) as the engine replay runs it."""
-    return {"index": stage.index, "id": stage.stage_id, "parents": stage.parents, "children": stage.children,
-            "session_parent": stage.session_parent, "prompt_tokens": stage.prompt_tokens,
-            "max_tokens": stage.max_tokens, "output_tokens": stage.output_tokens, "is_tool_call": stage.is_tool_call,
-            "tool_s": round(stage.tool_exec_s, 4) if stage.is_tool_call else 0.0,
-            "tool_gap_steps": round(stage.tool_exec_s / config.step_s) if stage.is_tool_call else 0}
+    return {
+        "index": stage.index,
+        "id": stage.stage_id,
+        "parents": stage.parents,
+        "children": stage.children,
+        "session_parent": stage.session_parent,
+        "prompt_tokens": stage.prompt_tokens,
+        "max_tokens": stage.max_tokens,
+        "output_tokens": stage.output_tokens,
+        "is_tool_call": stage.is_tool_call,
+        "tool_s": round(stage.tool_exec_s, 4) if stage.is_tool_call else 0.0,
+        "tool_gap_steps": round(stage.tool_exec_s / config.step_s) if stage.is_tool_call else 0,
+    }
 
 
 class EngineWorkload:
     """The replayed side of one split on the engine: SLOs and remaining work from the training side, each arm's
     predictions (sources built once, prewarmed on the held-out workflows), and one plan per arm, rate and seed."""
 
-    def __init__(self, train: list[StageTrace], test: list[StageTrace], model_dir, config: EngineConfig,
-                 slo_scale: float = 5.0, tool_times: ToolTimeDistribution | None = None):
+    def __init__(
+        self,
+        train: list[StageTrace],
+        test: list[StageTrace],
+        model_dir,
+        config: EngineConfig,
+        slo_scale: float = 5.0,
+        tool_times: ToolTimeDistribution | None = None,
+    ):
         self.train, self.test, self.model_dir, self.config = train, test, model_dir, config
         self.tool_times = tool_times or ToolTimeDistribution()
         self.cost = CostModel(step_cost(config))
@@ -146,15 +164,37 @@ class EngineWorkload:
         workflows = self.workflows(self.test, count, seed)
         raw = trace_workflows(self.test, MODEL, count, seed)  # unscaled: what the predictor and the oracle read
         arrivals = [int(at) for at in arrival_times("poisson", count, rate / 1000.0, seed)]
-        base = [{"id": w.workflow_id, "app": w.app, "interactive": w.interactive, "arrival_step": at,
-                 "slo_steps": self.slo_steps(w), "cluster": self.clusters[w.source_id],
-                 "stages": [stage_spec(s, self.config) for s in w.stages]} for w, at in zip(workflows, arrivals)]
+        base = [
+            {
+                "id": w.workflow_id,
+                "app": w.app,
+                "interactive": w.interactive,
+                "arrival_step": at,
+                "slo_steps": self.slo_steps(w),
+                "cluster": self.clusters[w.source_id],
+                "stages": [stage_spec(s, self.config) for s in w.stages],
+            }
+            for w, at in zip(workflows, arrivals)
+        ]
         first, last = (round(share * count) for share in STEADY)
-        shared = {"engine": self.config.engine(llm, seed), "measured": [first, last],
-                  "window": [arrivals[first], arrivals[min(last, count - 1)]]}
-        return {arm.name: {**shared, "arm": {"name": arm.name, "scheduler": arm.scheduler, "policy": arm.policy,
-                                             "maestro_config": self.config.maestro()},
-                           "workflows": self.told(arm, base, raw)} for arm in arms}
+        shared = {
+            "engine": self.config.engine(llm, seed),
+            "measured": [first, last],
+            "window": [arrivals[first], arrivals[min(last, count - 1)]],
+        }
+        return {
+            arm.name: {
+                **shared,
+                "arm": {
+                    "name": arm.name,
+                    "scheduler": arm.scheduler,
+                    "policy": arm.policy,
+                    "maestro_config": self.config.maestro(),
+                },
+                "workflows": self.told(arm, base, raw),
+            }
+            for arm in arms
+        }
 
     def told(self, arm: EngineArm, base: list[dict], raw: list[SimWorkflow]) -> list[dict]:
         """The workflows as `arm` sends them: Maestro's hints, a vLLM priority, or nothing."""
@@ -174,26 +214,50 @@ class EngineWorkload:
                     if arm.priority == "rank":
                         spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
                     if arm.scheduler == "maestro":
-                        spec["hints"] = {"tokens_pred": pred, "tokens_reserve": reserve,
-                                         "workflow_remaining_s": round(workflow_remaining_s(
-                                             TokenPace(1.0), 0, stage.remaining.wf_remaining_calls,
-                                             scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale)), 2),
-                                         "final": stage is workflow.stages[-1],
-                                         "interactive": wf["interactive"], "workflow": wf["id"]}
-                        spec["session"] = {"id": session_of(stage), "tool": stage.tool_name,
-                                           "prior_steps": round(tool_prior_s(stage.tool_name) / self.config.step_s, 4)}
+                        spec["hints"] = {
+                            "tokens_pred": pred,
+                            "tokens_reserve": reserve,
+                            "workflow_remaining_s": round(
+                                workflow_remaining_s(
+                                    TokenPace(1.0),
+                                    0,
+                                    stage.remaining.wf_remaining_calls,
+                                    scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale),
+                                ),
+                                2,
+                            ),
+                            "final": stage is workflow.stages[-1],
+                            "interactive": wf["interactive"],
+                            "workflow": wf["id"],
+                        }
+                        spec["session"] = {
+                            "id": session_of(stage),
+                            "tool": stage.tool_name,
+                            "prior_steps": round(tool_prior_s(stage.tool_name) / self.config.step_s, 4),
+                        }
                 stages.append(spec)
             out.append({**wf, "stages": stages})
         return out
 
     def describe(self) -> dict:
-        return {"slo": {**self.slo.to_json(), "unit": "seconds at step_s a step",
-                        "by_app_steps": {app: {c: int(s / self.config.step_s) for c, s in classes.items()}
-                                         for app, classes in self.slo.by_app.items()},
-                        "global_steps": int(self.slo.global_s / self.config.step_s)},
-                "tool_times": {**self.tool_times.to_json(), "to_steps": f"round(seconds / {self.config.step_s})",
-                               "predicted": "serving.core.tool_kv.ToolTimes over the run's returned calls (steps), from "
-                                            "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s"},
-                "engine": asdict(self.config), "steady": list(STEADY),
-                "workflow_remaining_s": "the source's workflow answer at readiness through "
-                                        "serving.core.request.workflow_remaining_s, in steps; maestro arms only"}
+        return {
+            "slo": {
+                **self.slo.to_json(),
+                "unit": "seconds at step_s a step",
+                "by_app_steps": {
+                    app: {c: int(s / self.config.step_s) for c, s in classes.items()}
+                    for app, classes in self.slo.by_app.items()
+                },
+                "global_steps": int(self.slo.global_s / self.config.step_s),
+            },
+            "tool_times": {
+                **self.tool_times.to_json(),
+                "to_steps": f"round(seconds / {self.config.step_s})",
+                "predicted": "serving.core.tool_kv.ToolTimes over the run's returned calls (steps), from "
+                "the catalog's exec_s_mean or 1 s; maestro arms' maestro_tool_s",
+            },
+            "engine": asdict(self.config),
+            "steady": list(STEADY),
+            "workflow_remaining_s": "the source's workflow answer at readiness through "
+            "serving.core.request.workflow_remaining_s, in steps; maestro arms only",
+        }

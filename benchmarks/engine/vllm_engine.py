@@ -2,6 +2,7 @@
 VLLM_ENABLE_V1_MULTIPROCESSING=0, as `benchmarks/engine/steps.py` sets it), the tiny test model with dummy weights,
 vLLM's own scheduler or MaestroScheduler, prefix caching on and the project's stat logger (`maestro_vllm_stats`)
 attached. vLLM is imported only when an engine is built (it lives in `.venv-vllm`)."""
+
 from __future__ import annotations
 
 
@@ -12,11 +13,23 @@ def build_engine(engine: dict, arm: dict):
 
     extra = {}
     if arm["scheduler"] == "maestro":
-        extra = dict(scheduler_cls="serving.vllm_plugin.scheduler.MaestroScheduler",
-                     additional_config={"maestro_scheduler": arm["maestro_config"]})
-    args = EngineArgs(model=engine["model_dir"], load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
-                      kv_cache_memory_bytes=engine["kv_cache_bytes"], block_size=engine["block_size"],
-                      max_model_len=engine["max_model_len"], max_num_seqs=engine["max_num_seqs"],
-                      max_num_batched_tokens=engine["max_num_batched_tokens"], seed=engine["seed"],
-                      scheduling_policy=arm["policy"], enable_prefix_caching=True, **extra)
+        extra = dict(
+            scheduler_cls="serving.vllm_plugin.scheduler.MaestroScheduler",
+            additional_config={"maestro_scheduler": arm["maestro_config"]},
+        )
+    args = EngineArgs(
+        model=engine["model_dir"],
+        load_format="dummy",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        kv_cache_memory_bytes=engine["kv_cache_bytes"],
+        block_size=engine["block_size"],
+        max_model_len=engine["max_model_len"],
+        max_num_seqs=engine["max_num_seqs"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        seed=engine["seed"],
+        scheduling_policy=arm["policy"],
+        enable_prefix_caching=True,
+        **extra,
+    )
     return LLMEngine.from_engine_args(args, stat_loggers=[MaestroStatLogger])

@@ -12,6 +12,7 @@ the same predictions. vLLM's priority arms have no simulated counterpart. Figure
 measured workflows of the run; preemptions over the whole run (the engine's stops once the measured workflows ended,
 the simulator's runs every workflow to its end). Writes JSON and a Markdown table next to `--out`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,35 +39,63 @@ def fitted_cluster(config: dict) -> ClusterConfig:
     """One node on the engine's step clock (`step_cost`), with the engine's KV pool, block and batch limit."""
     engine = EngineConfig(**config)
     block_bytes = BLOCK_SIZE * KV_BYTES_PER_TOKEN  # vLLM pages with no virtual range per request: overcommit is moot
-    return ClusterConfig(num_nodes=1, cost=step_cost(engine), kv_pool_bytes=engine.kv_tokens * KV_BYTES_PER_TOKEN
-                         - block_bytes, page_bytes=block_bytes, overcommit=1000.0, placement=[(MODEL,)],
-                         max_batch_seqs=engine.max_num_seqs, residency=ResidencyConfig(gpu_weight_budget_bytes=1 << 30),
-                         grow_chunk_tokens=BLOCK_SIZE, num_tool_workers=4096, show_progress=False)  # the replay gives every tool call its own time
+    return ClusterConfig(
+        num_nodes=1,
+        cost=step_cost(engine),
+        kv_pool_bytes=engine.kv_tokens * KV_BYTES_PER_TOKEN - block_bytes,
+        page_bytes=block_bytes,
+        overcommit=1000.0,
+        placement=[(MODEL,)],
+        max_batch_seqs=engine.max_num_seqs,
+        residency=ResidencyConfig(gpu_weight_budget_bytes=1 << 30),
+        grow_chunk_tokens=BLOCK_SIZE,
+        num_tool_workers=4096,
+        show_progress=False,
+    )  # the replay gives every tool call its own time
 
 
 def sim_workflows(plan: dict, step_s: float) -> list[SimWorkflow]:
     """The plan's workflows as the simulator's, times in seconds of `step_s` a step."""
     workflows = []
     for wf in plan["workflows"]:
-        workflow = SimWorkflow(wf["id"], wf["app"], wf["interactive"], wf["slo_steps"] * step_s,
-                               arrival_s=wf["arrival_step"] * step_s)
+        workflow = SimWorkflow(
+            wf["id"], wf["app"], wf["interactive"], wf["slo_steps"] * step_s, arrival_s=wf["arrival_step"] * step_s
+        )
         for spec in wf["stages"]:
             hints = spec.get("hints") or {}
-            workflow.stages.append(SimStage(
-                workflow, spec["index"], spec["id"], "stage", MODEL, list(spec["parents"]), spec["output_tokens"],
-                spec["is_tool_call"], tool_exec_s=spec["tool_gap_steps"] * step_s, prompt_tokens=spec["prompt_tokens"],
-                session_parent=spec["session_parent"], max_tokens=spec["max_tokens"], children=list(spec["children"]),
-                tokens_pred=hints.get("tokens_pred", spec["max_tokens"]),
-                tokens_reserve=hints.get("tokens_reserve", spec["max_tokens"])))
+            workflow.stages.append(
+                SimStage(
+                    workflow,
+                    spec["index"],
+                    spec["id"],
+                    "stage",
+                    MODEL,
+                    list(spec["parents"]),
+                    spec["output_tokens"],
+                    spec["is_tool_call"],
+                    tool_exec_s=spec["tool_gap_steps"] * step_s,
+                    prompt_tokens=spec["prompt_tokens"],
+                    session_parent=spec["session_parent"],
+                    max_tokens=spec["max_tokens"],
+                    children=list(spec["children"]),
+                    tokens_pred=hints.get("tokens_pred", spec["max_tokens"]),
+                    tokens_reserve=hints.get("tokens_reserve", spec["max_tokens"]),
+                )
+            )
         workflow.num_stages_left = len(workflow.stages)
         workflows.append(workflow)
     return workflows
 
 
 def latency_figures(met, latency_steps, preemptions: int) -> dict:
-    return {"preemptions": preemptions, "slo_attainment": float(np.mean(met)),
-            "workflow_latency_steps": {"mean": float(np.mean(latency_steps)),
-                                       "p95": float(np.percentile(latency_steps, 95))}}
+    return {
+        "preemptions": preemptions,
+        "slo_attainment": float(np.mean(met)),
+        "workflow_latency_steps": {
+            "mean": float(np.mean(latency_steps)),
+            "p95": float(np.percentile(latency_steps, 95)),
+        },
+    }
 
 
 def simulate(plan: dict, config: dict) -> dict:
@@ -101,32 +130,44 @@ def compare(config: dict, run: Path) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = ["| arm (sim system) | preemptions engine / sim | workflow p95 steps engine / sim | "
-             "workflow mean steps engine / sim | SLO engine / sim |", "|---|---|---|---|---|"]
+    lines = [
+        "| arm (sim system) | preemptions engine / sim | workflow p95 steps engine / sim | "
+        "workflow mean steps engine / sim | SLO engine / sim |",
+        "|---|---|---|---|---|",
+    ]
     for arm, sim in result["sim"].items():
         eng = result["engine"][arm]
-        lines.append(f"| {arm} ({sim['system']}) | {eng['preemptions']} / {sim['preemptions']} | "
-                     f"{eng['workflow_latency_steps']['p95']:.0f} / {sim['workflow_latency_steps']['p95']:.0f} | "
-                     f"{eng['workflow_latency_steps']['mean']:.0f} / {sim['workflow_latency_steps']['mean']:.0f} | "
-                     f"{eng['slo_attainment']:.3f} / {sim['slo_attainment']:.3f} |")
+        lines.append(
+            f"| {arm} ({sim['system']}) | {eng['preemptions']} / {sim['preemptions']} | "
+            f"{eng['workflow_latency_steps']['p95']:.0f} / {sim['workflow_latency_steps']['p95']:.0f} | "
+            f"{eng['workflow_latency_steps']['mean']:.0f} / {sim['workflow_latency_steps']['mean']:.0f} | "
+            f"{eng['slo_attainment']:.3f} / {sim['slo_attainment']:.3f} |"
+        )
     ranking = result["ranking_by_workflow_p95"]
-    lines.append(f"\nRanked by workflow p95, best first: engine {', '.join(ranking['engine'])}; "
-                 f"simulator {', '.join(ranking['sim'])}.")
+    lines.append(
+        f"\nRanked by workflow p95, best first: engine {', '.join(ranking['engine'])}; "
+        f"simulator {', '.join(ranking['sim'])}."
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", type=Path, default=REPO / "benchmarks" / "results" / "referee_engine.json",
-                        help="the referee's engine report; its runs are in the folder of the same name (default: "
-                             "%(default)s)")
+    parser.add_argument(
+        "--engine",
+        type=Path,
+        default=REPO / "benchmarks" / "results" / "referee_engine.json",
+        help="the referee's engine report; its runs are in the folder of the same name (default: %(default)s)",
+    )
     parser.add_argument("--run", required=True, help="which run: RATE-SEED (a folder under the report's)")
     parser.add_argument("--out", type=Path, default=None, help="(default: next to --engine, *_vs_sim_RUN.json)")
     args = parser.parse_args(argv)
     run = args.engine.with_suffix("") / args.run
     if not args.engine.exists() or not run.is_dir():
-        parser.error(f"--engine {args.engine} / --run {args.run}: not found; run `python -m benchmarks.referee "
-                     f"--engine --json {args.engine}` first")
+        parser.error(
+            f"--engine {args.engine} / --run {args.run}: not found; run `python -m benchmarks.referee "
+            f"--engine --json {args.engine}` first"
+        )
     result = compare(json.loads(args.engine.read_text())["engine"]["engine"], run)
     out = args.out or args.engine.with_name(f"{args.engine.stem}_vs_sim_{args.run}.json")
     out.write_text(json.dumps(result, indent=2))

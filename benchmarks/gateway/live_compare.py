@@ -23,6 +23,7 @@ made at the start (one call's time = a + b × output tokens, least squares) summ
 path, plus its tool waits. KV: the gateway's reservation per stage (prompt estimate + output reserve) over the
 max-len one (vLLM's prompt tokens + the declared max_tokens); vLLM's blocks in use sampled from /metrics.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,21 +80,44 @@ def gateway_fields(arm: str, engine: Engine, trace_dir: Path, model: Path, servi
         predictor.update(source="local", model=str(model))
     elif arm == "service":
         predictor.update(source=service_url, model=str(model))
-    return merged({"nodes": [{"name": "node0", "url": engine.url}], "traces": {"dir": str(trace_dir)},
-                   "predictor": predictor}, json.loads(args.gateway))
+    return merged(
+        {"nodes": [{"name": "node0", "url": engine.url}], "traces": {"dir": str(trace_dir)}, "predictor": predictor},
+        json.loads(args.gateway),
+    )
 
 
-def run_arm(arm: str, index: int, engine: Engine, picked: Path, model: Path, service_url: str | None, fit: dict,
-            eos: int, work: Path, args) -> dict:
+def run_arm(
+    arm: str,
+    index: int,
+    engine: Engine,
+    picked: Path,
+    model: Path,
+    service_url: str | None,
+    fit: dict,
+    eos: int,
+    work: Path,
+    args,
+) -> dict:
     trace_dir = work / f"traces-{index:02d}-{arm}"
-    config = DriveConfig(target=engine.url, traces=str(picked), num_workflows=args.workflows,
-                         concurrency=args.concurrency, max_tokens_cap=args.max_tokens_cap,
-                         max_prompt_chars=args.max_prompt_chars, tool_wait_scale=args.tool_wait_scale,
-                         max_stages_per_workflow=args.max_stages, workflow_suffix=f"{index:02d}-{arm}",
-                         cache_salt=f"{index:02d}-{arm}", eos_token_id=eos,
-                         declared_max_tokens=0 if arm == "oracle" else args.declared_max_tokens)
-    gateway = None if arm == "direct" else GatewayProcess(
-        gateway_fields(arm, engine, trace_dir, model, service_url, args), work)
+    config = DriveConfig(
+        target=engine.url,
+        traces=str(picked),
+        num_workflows=args.workflows,
+        concurrency=args.concurrency,
+        max_tokens_cap=args.max_tokens_cap,
+        max_prompt_chars=args.max_prompt_chars,
+        tool_wait_scale=args.tool_wait_scale,
+        max_stages_per_workflow=args.max_stages,
+        workflow_suffix=f"{index:02d}-{arm}",
+        cache_salt=f"{index:02d}-{arm}",
+        eos_token_id=eos,
+        declared_max_tokens=0 if arm == "oracle" else args.declared_max_tokens,
+    )
+    gateway = (
+        None
+        if arm == "direct"
+        else GatewayProcess(gateway_fields(arm, engine, trace_dir, model, service_url, args), work)
+    )
     before = vllm_metrics(engine.url)
     try:
         if gateway:
@@ -116,22 +140,38 @@ def summarize(arm, index, report, before, after, blocks, status, trace_dir, fit,
     attained = lambda k: round(sum(times.get(w, np.inf) <= k * t for w, t in unloaded.items()) / len(unloaded), 4)  # noqa: E731
     delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)  # noqa: E731
     queued = delta("vllm:request_queue_time_seconds_count")
-    out = {"arm": arm, "run": index, "num_workflows": s["num_workflows"], "num_stages": s["num_stages"],
-           "slo_attainment": attained(args.slo_factor),
-           "slo_attainment_by_factor": {k: attained(k) for k in SLO_FACTORS},
-           "workflow_s": {"mean": round(float(np.mean(list(times.values()))), 3),
-                          "p95": round(float(np.percentile(list(times.values()), 95)), 3)} if times else {},
-           "wall_s": s["wall_s"], "preemptions": int(delta("vllm:num_preemptions_total")),
-           "vllm_queue_s_mean": round(delta("vllm:request_queue_time_seconds_sum") / queued, 4) if queued else None,
-           "vllm_blocks_used": {"mean": round(float(np.mean(blocks)), 1), "max": round(float(np.max(blocks)), 1)}
-           if blocks else {}, "num_gpu_blocks": after["num_gpu_blocks"],
-           "stages_failed": s["num_stages_failed"], "stages_lost": s["num_stages_lost"],
-           "failure_reasons": s["failure_reasons"], "lengths_not_forced": s["num_output_tokens_not_forced"],
-           "load_average_1m": round(os.getloadavg()[0], 2)}
+    out = {
+        "arm": arm,
+        "run": index,
+        "num_workflows": s["num_workflows"],
+        "num_stages": s["num_stages"],
+        "slo_attainment": attained(args.slo_factor),
+        "slo_attainment_by_factor": {k: attained(k) for k in SLO_FACTORS},
+        "workflow_s": {
+            "mean": round(float(np.mean(list(times.values()))), 3),
+            "p95": round(float(np.percentile(list(times.values()), 95)), 3),
+        }
+        if times
+        else {},
+        "wall_s": s["wall_s"],
+        "preemptions": int(delta("vllm:num_preemptions_total")),
+        "vllm_queue_s_mean": round(delta("vllm:request_queue_time_seconds_sum") / queued, 4) if queued else None,
+        "vllm_blocks_used": {"mean": round(float(np.mean(blocks)), 1), "max": round(float(np.max(blocks)), 1)}
+        if blocks
+        else {},
+        "num_gpu_blocks": after["num_gpu_blocks"],
+        "stages_failed": s["num_stages_failed"],
+        "stages_lost": s["num_stages_lost"],
+        "failure_reasons": s["failure_reasons"],
+        "lengths_not_forced": s["num_output_tokens_not_forced"],
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
     if arm != "direct":
         out["gateway"] = trace_stats(trace_dir, args.declared_max_tokens, arm == "oracle")
-        out["predictor"] = {k: status.get("predictor", {}).get(k) for k in ("model_share", "answered_by_model",
-                                                                             "answered_by_prior", "fallback_reasons")}
+        out["predictor"] = {
+            k: status.get("predictor", {}).get(k)
+            for k in ("model_share", "answered_by_model", "answered_by_prior", "fallback_reasons")
+        }
         out["gateway_cpu"] = status.get("cpu")  # the nice it got (cpu_nice < 0 needs root)
     return out
 
@@ -148,8 +188,11 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/live_compare.json")
-    parser.add_argument("--work", default="benchmarks/results/sim_replay",
-                        help="the split and the model (shared with sim_replay.py; trained there unless present)")
+    parser.add_argument(
+        "--work",
+        default="benchmarks/results/sim_replay",
+        help="the split and the model (shared with sim_replay.py; trained there unless present)",
+    )
     parser.add_argument("--retrain", action="store_true")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--rounds", type=int, default=3)
@@ -164,9 +207,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--slo-factor", type=float, default=3.0)
     parser.add_argument("--predictor-timeout-s", type=float, default=0.5)
-    parser.add_argument("--gateway", default='{"server": {"cpu_nice": -10}}',
-                        help="extra gateway config sections, as JSON (cpu_nice < 0 needs root; the run records what it "
-                             "got)")
+    parser.add_argument(
+        "--gateway",
+        default='{"server": {"cpu_nice": -10}}',
+        help="extra gateway config sections, as JSON (cpu_nice < 0 needs root; the run records what it got)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args()
@@ -181,12 +226,32 @@ def main() -> None:
     model, picked = prepare(args, work)
     tiny = build_tiny_model(scratch / "tiny-model")
     eos = json.loads((tiny / "config.json").read_text())["eos_token_id"]
-    engine = Engine(EngineConfig(str(tiny), kv_cache_bytes=args.kv_bytes, max_model_len=args.max_model_len,
-                                 log_path=str(scratch / "vllm.log"))).start()
-    server = LocalServer(ServerConfig(env={"MAESTRO_MODEL": str(model.resolve()), "MAESTRO_TRACE_DIR": "off"},
-                                      log_path=str(scratch / "bentoml.log"))) if "service" in arms else None
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args), "scratch": str(scratch),
-              "workflows_file": str(picked), "model": str(model), "runs": []}
+    engine = Engine(
+        EngineConfig(
+            str(tiny),
+            kv_cache_bytes=args.kv_bytes,
+            max_model_len=args.max_model_len,
+            log_path=str(scratch / "vllm.log"),
+        )
+    ).start()
+    server = (
+        LocalServer(
+            ServerConfig(
+                env={"MAESTRO_MODEL": str(model.resolve()), "MAESTRO_TRACE_DIR": "off"},
+                log_path=str(scratch / "bentoml.log"),
+            )
+        )
+        if "service" in arms
+        else None
+    )
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "args": vars(args),
+        "scratch": str(scratch),
+        "workflows_file": str(picked),
+        "model": str(model),
+        "runs": [],
+    }
     out = Path(args.out)
     try:
         if server:
@@ -196,8 +261,9 @@ def main() -> None:
         order = [arms if r % 2 == 0 else arms[::-1] for r in range(args.rounds)]
         plan = [(r, a) for r, round_arms in enumerate(order) for a in round_arms]
         for index, (_, arm) in enumerate(tqdm(plan, desc="live arms", unit="run")):
-            result["runs"].append(run_arm(arm, index, engine, picked, model.resolve(), server and server.url, fit,
-                                          eos, scratch, args))
+            result["runs"].append(
+                run_arm(arm, index, engine, picked, model.resolve(), server and server.url, fit, eos, scratch, args)
+            )
             result["table"] = table(result["runs"])
             out.write_text(json.dumps(result, indent=1))
     finally:

@@ -1,5 +1,6 @@
 """The vLLM engine as benchmarks/gateway/live_compare.py measures it: its /metrics (preemptions, queue time, KV
 blocks in use, polled while a run lasts) and one solo call's time, from which a workflow's unloaded time follows."""
+
 from __future__ import annotations
 
 import threading
@@ -12,8 +13,13 @@ import numpy as np
 from serving.gateway.vllm_sync import parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-METRICS = ("vllm:num_preemptions_total", "vllm:kv_cache_usage_perc", "vllm:cache_config_info",
-           "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
+METRICS = (
+    "vllm:num_preemptions_total",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+)
 
 
 def vllm_metrics(url: str) -> dict:
@@ -56,14 +62,23 @@ def calibrate(url: str, eos: int, num_calls: int = 6) -> dict:
         for i in range(num_calls):
             n = (8, 64)[i % 2]
             started = time.perf_counter()
-            client.post(f"{url}/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": f"{i} {text}"}], "max_tokens": n,
-                "ignore_eos": True}).raise_for_status()
+            client.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": f"{i} {text}"}],
+                    "max_tokens": n,
+                    "ignore_eos": True,
+                },
+            ).raise_for_status()
             tokens.append(n)
             seconds.append(time.perf_counter() - started)
     b, a = np.polyfit(tokens, seconds, 1)
-    return {"a_s": round(float(max(a, 0.0)), 4), "b_s_per_token": round(float(max(b, 1e-5)), 5),
-            "calls": list(zip(tokens, [round(s, 3) for s in seconds]))}
+    return {
+        "a_s": round(float(max(a, 0.0)), 4),
+        "b_s_per_token": round(float(max(b, 1e-5)), 5),
+        "calls": list(zip(tokens, [round(s, 3) for s in seconds])),
+    }
 
 
 def unloaded_s(stages: list[dict], fit: dict) -> float:

@@ -12,6 +12,7 @@ the prediction's time (`predict_s`); and the gateway's own counts and its model 
 Default arms: the engine at nice 0 and at nice 10. `--arm NAME=JSON` sets others: `engine_nice`,
 `gateway_fields` (config sections, e.g. {"server": {"cpu_nice": -10}}, root), `repo` (the gateway from another checkout, e.g. a `git worktree`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,25 @@ def trace_counts(trace_dir: Path) -> dict:
     predict_ms = np.array([e["predict_s"] * 1000 for e in extras if "predict_s" in e])
     prior = FallbackLevel.PRIOR.value  # the level as it travels in a trace's extras (JSON)
     num_prior = levels.get(prior, 0)
-    out = {"num_stages": len(stages), "fallback_level": dict(levels), "prediction_source": dict(sources),
-           "model_share": round(1 - num_prior / len(stages), 4) if stages else None,
-           "tokens_reserve_median": {
-               kind: float(np.median([e["tokens_reserve"] for e in extras if (e.get("fallback_level") == prior)
-                                      == (kind == prior) and "tokens_reserve" in e] or [np.nan]))
-               for kind in ("model", "prior")}}
+    out = {
+        "num_stages": len(stages),
+        "fallback_level": dict(levels),
+        "prediction_source": dict(sources),
+        "model_share": round(1 - num_prior / len(stages), 4) if stages else None,
+        "tokens_reserve_median": {
+            kind: float(
+                np.median(
+                    [
+                        e["tokens_reserve"]
+                        for e in extras
+                        if (e.get("fallback_level") == prior) == (kind == prior) and "tokens_reserve" in e
+                    ]
+                    or [np.nan]
+                )
+            )
+            for kind in ("model", "prior")
+        },
+    }
     if len(predict_ms):
         out["predict_ms"] = {f"p{q}": round(float(np.percentile(predict_ms, q)), 2) for q in (50, 90, 99)}
         out["predict_ms"]["max"] = round(float(predict_ms.max()), 2)
@@ -67,30 +81,57 @@ def run_arm(name: str, arm: dict, args, tiny: Path, workdir: Path) -> dict:
     """One engine, one gateway, one drive; the engine and the gateway are stopped at the end."""
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
-    engine = Engine(EngineConfig(str(tiny), kv_cache_bytes=args.kv_bytes, cpu_nice=arm.get("engine_nice", 0),
-                                 log_path=str(logs / f"vllm-{name}.log"))).start().wait_ready(600)
+    engine = (
+        Engine(
+            EngineConfig(
+                str(tiny),
+                kv_cache_bytes=args.kv_bytes,
+                cpu_nice=arm.get("engine_nice", 0),
+                log_path=str(logs / f"vllm-{name}.log"),
+            )
+        )
+        .start()
+        .wait_ready(600)
+    )
     trace_dir = workdir / f"traces-{name}"
     repo = Path(arm.get("repo", REPO)).resolve()
-    fields = merged({"nodes": [{"name": "node0", "url": engine.url}], "traces": {"dir": str(trace_dir)},
-                     "predictor": {"source": "local", "model": str(Path(args.model).resolve())}},
-                    arm.get("gateway_fields", {}))
+    fields = merged(
+        {
+            "nodes": [{"name": "node0", "url": engine.url}],
+            "traces": {"dir": str(trace_dir)},
+            "predictor": {"source": "local", "model": str(Path(args.model).resolve())},
+        },
+        arm.get("gateway_fields", {}),
+    )
     load_before = os.getloadavg()[0]
     gateway = GatewayProcess(fields, workdir, repo)
     try:
         started = time.monotonic()
         gateway.start().wait_ready(600)
         up_s = time.monotonic() - started
-        config = DriveConfig(target=gateway.url, app="all", num_workflows=args.workflows,
-                             concurrency=args.concurrency, token_scale=args.token_scale,
-                             max_tokens_cap=args.max_tokens_cap, seed=args.seed)
+        config = DriveConfig(
+            target=gateway.url,
+            app="all",
+            num_workflows=args.workflows,
+            concurrency=args.concurrency,
+            token_scale=args.token_scale,
+            max_tokens_cap=args.max_tokens_cap,
+            seed=args.seed,
+        )
         report = asyncio.run(drive(config, workdir / f"drive-{name}.json"))
         status = httpx.get(f"{gateway.url}/maestro/status", timeout=30).json()
     finally:
         gateway.stop()
         engine.stop()
-    return {"arm": arm, "repo": str(repo), "gateway_up_s": round(up_s, 1), "summary": report["summary"],
-            "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "traces": trace_counts(trace_dir), "status_predictor": status.get("predictor")}
+    return {
+        "arm": arm,
+        "repo": str(repo),
+        "gateway_up_s": round(up_s, 1),
+        "summary": report["summary"],
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "traces": trace_counts(trace_dir),
+        "status_predictor": status.get("predictor"),
+    }
 
 
 def main() -> None:
@@ -98,9 +139,13 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="a trained predictor directory")
     parser.add_argument("--out", default="benchmarks/results/gateway_predictor.json")
     parser.add_argument("--workdir", default=None, help="traces, logs, reports (default: a temp dir)")
-    parser.add_argument("--arm", action="append", default=[],
-                        help='NAME=JSON, e.g. root=\'{"engine_nice": 0, "gateway_fields": {"server": {"cpu_nice": -10}}}\' '
-                             "(repeatable; default: the engine at nice 0 and at nice 10)")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help='NAME=JSON, e.g. root=\'{"engine_nice": 0, "gateway_fields": {"server": {"cpu_nice": -10}}}\' '
+        "(repeatable; default: the engine at nice 0 and at nice 10)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, interleaved")
     parser.add_argument("--workflows", type=int, default=25)
     parser.add_argument("--concurrency", type=int, default=8)

@@ -1,6 +1,7 @@
 """A load test's accounting (benchmarks/gateway/loadtest.py): how the requests sent to a target ended, the peak
 memory of each process tree, the connections the kernel dropped, and the gateway's trace lines against the stages
 sent (one each: none lost, none duplicated)."""
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,18 @@ class RssSampler(threading.Thread):
     def summary(self, since: float) -> dict:
         window = [s for s in self.samples if s["t"] >= since]
         third = max(1, len(window) // 3)
-        return {name: {"peak_mib": max(s[name] for s in self.samples),
-                       "overload_first_third_mib": round(max(s[name] for s in window[:third]), 1),
-                       "overload_last_third_mib": round(max(s[name] for s in window[-third:]), 1)}
-                for name in self.pids} if window else {}
+        return (
+            {
+                name: {
+                    "peak_mib": max(s[name] for s in self.samples),
+                    "overload_first_third_mib": round(max(s[name] for s in window[:third]), 1),
+                    "overload_last_third_mib": round(max(s[name] for s in window[-third:]), 1),
+                }
+                for name in self.pids
+            }
+            if window
+            else {}
+        )
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -56,16 +65,22 @@ def account(rows: list[dict], overload_rows: list[dict], duration_s: float, capa
     refused = len(busy)
     over = [r for r in overload_rows if r["status"] == 200]
     latencies = sorted(r["latency_s"] for r in over)
-    return {"sent": len(rows), "answered": answered, "refused": refused, "failed": len(rows) - answered - refused,
-            "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
-            "refused_without_retry_after": sum(r["retry_after"] is None for r in busy),
-            "client_errors": dict(Counter(r["error"] for r in rows if r["status"] is None)),
-            "overload_sent": len(overload_rows), "overload_offered_per_s": round(len(overload_rows) / duration_s, 2),
-            "overload_answered_per_s": round(len(over) / duration_s, 2),
-            "overload_answered_vs_capacity": round(len(over) / duration_s / capacity, 2) if capacity else None,
-            "overload_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
-            "overload_max_s": round(latencies[-1], 3) if latencies else None,
-            "overload_client_lag_s": p50_max([r["client_lag_s"] for r in overload_rows])}
+    return {
+        "sent": len(rows),
+        "answered": answered,
+        "refused": refused,
+        "failed": len(rows) - answered - refused,
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
+        "refused_without_retry_after": sum(r["retry_after"] is None for r in busy),
+        "client_errors": dict(Counter(r["error"] for r in rows if r["status"] is None)),
+        "overload_sent": len(overload_rows),
+        "overload_offered_per_s": round(len(overload_rows) / duration_s, 2),
+        "overload_answered_per_s": round(len(over) / duration_s, 2),
+        "overload_answered_vs_capacity": round(len(over) / duration_s / capacity, 2) if capacity else None,
+        "overload_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
+        "overload_max_s": round(latencies[-1], 3) if latencies else None,
+        "overload_client_lag_s": p50_max([r["client_lag_s"] for r in overload_rows]),
+    }
 
 
 def p50_max(values: list[float]) -> dict | None:
@@ -94,7 +109,13 @@ def gateway_accounting(rows: list[dict], lines: list[dict]) -> dict:
     lost = {f"s{r['i']}" for r in rows} - set(traced)
     sent_s = {f"s{r['i']}": r["sent_unix_s"] for r in rows}
     outcomes = Counter(f"{line.get('outcome')}: {line.get('error', '')[:60]}".rstrip(": ") for line in lines)
-    return {"traced": sum(traced.values()), "lost": len(lost), "duplicated": sum(n > 1 for n in traced.values()),
-            "lost_examples": [r for r in rows if f"s{r['i']}" in lost][:10], "trace_outcomes": dict(outcomes),
-            "intake_s": p50_max([line["arrival_s"] - sent_s[line["stage_id"]] for line in lines
-                                 if line["stage_id"] in sent_s])}
+    return {
+        "traced": sum(traced.values()),
+        "lost": len(lost),
+        "duplicated": sum(n > 1 for n in traced.values()),
+        "lost_examples": [r for r in rows if f"s{r['i']}" in lost][:10],
+        "trace_outcomes": dict(outcomes),
+        "intake_s": p50_max(
+            [line["arrival_s"] - sent_s[line["stage_id"]] for line in lines if line["stage_id"] in sent_s]
+        ),
+    }

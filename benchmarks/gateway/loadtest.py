@@ -12,6 +12,7 @@ Where time went: `overload_client_lag_s` (the generator sending late: its own CP
 `intake_s` (sent → the stage's `arrival_s` in its trace: HTTP, validation and prediction before it is queued).
 Service calls carry `--service-stages` stages each, as the gateway sends a tick's stages in one call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,12 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 from benchmarks.gateway.load_accounting import (  # noqa: E402
-    RssSampler, account, gateway_accounting, listen_overflows, trace_lines)
+    RssSampler,
+    account,
+    gateway_accounting,
+    listen_overflows,
+    trace_lines,
+)
 from benchmarks.gateway.processes import start_gateway, stop  # noqa: E402
 from maestro.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
@@ -50,8 +56,11 @@ class Target:
 
 
 def chat_body(i: int, max_tokens: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"Plan trip {i} to Oslo."}], "max_tokens": max_tokens,
-            "ignore_eos": True}
+    return {
+        "messages": [{"role": "user", "content": f"Plan trip {i} to Oslo."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
 
 
 def stage_headers(i: int) -> dict:
@@ -73,8 +82,9 @@ class Load:
         if scheduled_s is not None:  # how late the generator itself sent it (its own CPU share)
             row["client_lag_s"] = started - scheduled_s
         try:
-            async with self.session.post(f"{self.target.url}{self.target.route}", json=self.target.body(i),
-                                         headers=self.target.headers(i)) as response:
+            async with self.session.post(
+                f"{self.target.url}{self.target.route}", json=self.target.body(i), headers=self.target.headers(i)
+            ) as response:
                 await response.read()
                 row.update(status=response.status, retry_after=response.headers.get("Retry-After"))
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
@@ -91,6 +101,7 @@ class Load:
         async def client():
             while time.monotonic() < deadline:
                 await self.one(f"ramp-c{concurrency}")
+
         await asyncio.gather(*(client() for _ in range(concurrency)))
         return sum(r["status"] == 200 for r in self.rows[before:]) / duration_s
 
@@ -104,10 +115,12 @@ class Load:
 
 
 async def run_target(target: Target, ramp_s: float, duration_s: float, overload: float, timeout_s: float) -> tuple:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                     # a fresh connection per request: a pooled one the server closed while
-                                     # idle would fail a request that never reached it
-                                     connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        # a fresh connection per request: a pooled one the server closed while
+        # idle would fail a request that never reached it
+        connector=aiohttp.TCPConnector(limit=0, force_close=True),
+    ) as session:
         load = Load(target, session)
         ramp = {c: round(await load.closed(c, ramp_s), 2) for c in RAMP_CONCURRENCY}
         capacity = max(ramp.values())
@@ -119,8 +132,9 @@ async def run_target(target: Target, ramp_s: float, duration_s: float, overload:
 def train_predictor(out: Path) -> Path:
     """A small two-stage predictor (no embedding, few trees), as the service tests use."""
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
-    model = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                        regressor=dict(n_estimators=80, learning_rate=0.1))
+    model = ModelConfig(
+        folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+    )
     return Predictor.train(stages, FeaturizerConfig(use_embedding=False), model).save(out / "predictor")
 
 
@@ -132,12 +146,20 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-queued", type=int, default=32, help="the gateway's queue bound (429 beyond)")
     parser.add_argument("--request-timeout-s", type=float, default=30.0, help="the gateway's stage deadline")
-    parser.add_argument("--max-inflight-per-node", type=int, default=128,
-                        help="the gateway's cap on stages sent to the engine at once (2x its --max-num-seqs 64)")
+    parser.add_argument(
+        "--max-inflight-per-node",
+        type=int,
+        default=128,
+        help="the gateway's cap on stages sent to the engine at once (2x its --max-num-seqs 64)",
+    )
     parser.add_argument("--targets", default="gateway,service", help="which phases to run, comma-separated")
-    parser.add_argument("--service-stages", type=int, default=32,
-                        help="stages per /predict call (as the gateway batches a tick's stages): one-stage calls "
-                             "at 2x the service's capacity are more than one load generator on 2 cores can send")
+    parser.add_argument(
+        "--service-stages",
+        type=int,
+        default=32,
+        help="stages per /predict call (as the gateway batches a tick's stages): one-stage calls "
+        "at 2x the service's capacity are more than one load generator on 2 cores can send",
+    )
     parser.add_argument("--out", default="benchmarks/results/loadtest.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="maestro-loadtest-"))
@@ -147,33 +169,56 @@ def main() -> None:
     report = {"command": " ".join(sys.argv), "args": vars(args), "workdir": str(work)}
     with LocalServer(ServerConfig(env=service_env, log_path=str(work / "service.log"))) as service:
         engine.wait_ready()
-        gateway, url = start_gateway([engine], work / "traces", work, predictor={"source": service.url},
-                                     limits={"max_queued": args.max_queued, "request_timeout_s": args.request_timeout_s,
-                                             "max_inflight_per_node": args.max_inflight_per_node},
-                                     upstream={"metrics_period_s": 0.25})
+        gateway, url = start_gateway(
+            [engine],
+            work / "traces",
+            work,
+            predictor={"source": service.url},
+            limits={
+                "max_queued": args.max_queued,
+                "request_timeout_s": args.request_timeout_s,
+                "max_inflight_per_node": args.max_inflight_per_node,
+            },
+            upstream={"metrics_period_s": 0.25},
+        )
         sampler = RssSampler({"gateway": gateway.pid, "service": service.process.pid, "vllm": engine.process.pid})
         sampler.start()
         try:
-            targets = [Target("gateway", url, "/v1/chat/completions", lambda i: chat_body(i, args.max_tokens),
-                              stage_headers),
-                       Target("service", service.url, "/predict", lambda i: {"stages": [
-                           wire[(i * args.service_stages + k) % len(wire)] for k in range(args.service_stages)]})]
+            targets = [
+                Target("gateway", url, "/v1/chat/completions", lambda i: chat_body(i, args.max_tokens), stage_headers),
+                Target(
+                    "service",
+                    service.url,
+                    "/predict",
+                    lambda i: {
+                        "stages": [wire[(i * args.service_stages + k) % len(wire)] for k in range(args.service_stages)]
+                    },
+                ),
+            ]
             wire = [to_wire(r) for r in generate(256, seed=123)]
             for target in [t for t in targets if t.name in args.targets.split(",")]:
                 overflows = listen_overflows()
-                rows, ramp, capacity, since = asyncio.run(run_target(target, args.ramp_s, args.duration_s,
-                                                                     args.overload, args.request_timeout_s + 30))
+                rows, ramp, capacity, since = asyncio.run(
+                    run_target(target, args.ramp_s, args.duration_s, args.overload, args.request_timeout_s + 30)
+                )
                 overflows = listen_overflows() - overflows
                 overload_rows = [r for r in rows if r["phase"] == "overload"]
-                result = {"ramp_answers_per_s": ramp, "capacity_per_s": capacity,
-                          **account(rows, overload_rows, args.duration_s, capacity), "rss": sampler.summary(since),
-                          "listen_overflows": overflows}
+                result = {
+                    "ramp_answers_per_s": ramp,
+                    "capacity_per_s": capacity,
+                    **account(rows, overload_rows, args.duration_s, capacity),
+                    "rss": sampler.summary(since),
+                    "listen_overflows": overflows,
+                }
                 if target.name == "gateway":
                     result.update(gateway_accounting(rows, trace_lines(work / "traces")))
                 report[target.name] = result
                 print(target.name, json.dumps(result), flush=True)
-            report["alive"] = {"gateway": gateway.poll() is None, "service": service.process.poll() is None,
-                               "vllm": engine.process.poll() is None}
+            report["alive"] = {
+                "gateway": gateway.poll() is None,
+                "service": service.process.poll() is None,
+                "vllm": engine.process.poll() is None,
+            }
         finally:
             sampler.stop_event.set()
             stop(gateway)

@@ -8,6 +8,7 @@ i − 1, each sent when its parent's answer is in) per arm: `settle` (as the gat
 answer goes back without waiting; the /observe still leaves at once). Arms alternate order by round. Reported:
 per-call latency p50 / p90 and the ratio, and the history condition the children were predicted in (trace lines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,22 @@ from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E4
 from serving.gateway.http_predictor import HttpPredictor  # noqa: E402
 
 ARMS = ("settle", "no_settle")
-SMALL_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                          regressor=dict(n_estimators=80, learning_rate=0.1))
+SMALL_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 
 
 async def chain(client, workflow_id: str, num_calls: int) -> list[float]:
     """Seconds per call of a chain of `num_calls` stages, each sent once its parent's answer is in."""
     seconds = []
     for i in range(num_calls):
-        headers = {"X-Maestro-Workflow": workflow_id, "X-Maestro-Stage": str(i), "X-Maestro-Role": "coder",
-                   "X-Maestro-Parents": str(i - 1) if i else "", "X-Maestro-App": "swe_coding"}
+        headers = {
+            "X-Maestro-Workflow": workflow_id,
+            "X-Maestro-Stage": str(i),
+            "X-Maestro-Role": "coder",
+            "X-Maestro-Parents": str(i - 1) if i else "",
+            "X-Maestro-App": "swe_coding",
+        }
         body = {"messages": [{"role": "user", "content": f"step {i}: fix the parser"}], "max_tokens": 5}
         started = time.perf_counter()
         response = await client.post("/v1/chat/completions", json=body, headers=headers)
@@ -60,8 +67,9 @@ def run_arm(arm: str, server_url: str, model: Path, trace_dir: Path, workflow_id
     predictor = HttpPredictor.from_url(server_url, str(model), timeout_s=5.0)
     if arm == "no_settle":
         predictor.settled = _no_wait
-    return asyncio.run(run_app(trace_dir, {"node": True}, lambda client, _: chain(client, workflow_id, num_calls),
-                               predictor))
+    return asyncio.run(
+        run_app(trace_dir, {"node": True}, lambda client, _: chain(client, workflow_id, num_calls), predictor)
+    )
 
 
 def histories(trace_dir: Path) -> dict:
@@ -71,8 +79,12 @@ def histories(trace_dir: Path) -> dict:
 
 def summary(seconds: list[float]) -> dict:
     ms = np.asarray(seconds) * 1000
-    return {"n": len(ms), "p50_ms": round(float(np.percentile(ms, 50)), 2),
-            "p90_ms": round(float(np.percentile(ms, 90)), 2), "mean_ms": round(float(ms.mean()), 2)}
+    return {
+        "n": len(ms),
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p90_ms": round(float(np.percentile(ms, 90)), 2),
+        "mean_ms": round(float(ms.mean()), 2),
+    }
 
 
 def main() -> None:
@@ -85,8 +97,12 @@ def main() -> None:
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
     model = Predictor.train(stages, FeaturizerConfig(use_embedding=False), SMALL_MODEL).save(root / "model")
     seconds = {arm: [] for arm in ARMS}
-    with LocalServer(ServerConfig(env={"MAESTRO_MODEL": str(model), "MAESTRO_TRACE_DIR": str(root / "observed")},
-                                  log_path=str(root / "service.log"))) as server:
+    with LocalServer(
+        ServerConfig(
+            env={"MAESTRO_MODEL": str(model), "MAESTRO_TRACE_DIR": str(root / "observed")},
+            log_path=str(root / "service.log"),
+        )
+    ) as server:
         for rnd in range(args.rounds):
             for arm in ARMS if rnd % 2 == 0 else ARMS[::-1]:
                 seconds[arm] += run_arm(arm, server.url, model, root / arm, f"chain-{rnd}-{arm}", args.calls)

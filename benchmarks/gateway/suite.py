@@ -11,6 +11,7 @@ Needs .venv-vllm (scripts/setup-vllm.sh). Phases, each with its own engines on 1
    vLLM's `num_preemptions_total` delta and workflow completion time. `--pressure-modes direct,gateway,direct`
    brackets the gateway half with two direct ones and compares it with their mean (the box drifts during a run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ from benchmarks.gateway.processes import start_engines, start_gateway, stop  # n
 
 
 def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Summarise the flight options."}],
-            "max_tokens": 4, "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Summarise the flight options."}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+    }
     times = {"direct": [], "gateway": []}
     gateway_cpu = psutil.Process(gateway_pid)
     with httpx.Client(timeout=30) as client:
@@ -56,12 +61,16 @@ def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int)
                     times[name].append(time.perf_counter() - started)
     cpu_ms = (sum(gateway_cpu.cpu_times()[:2]) - cpu_before) * 1e3
     p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-    return {"num_requests_each": num, "direct_p50_ms": round(p50["direct"], 3), "gateway_p50_ms": round(p50["gateway"], 3),
-            "added_p50_ms": round(p50["gateway"] - p50["direct"], 3),
-            "direct_p90_ms": round(float(np.percentile(times["direct"], 90)) * 1e3, 3),
-            "gateway_p90_ms": round(float(np.percentile(times["gateway"], 90)) * 1e3, 3),
-            "gateway_cpu_ms_per_request": round(cpu_ms / num, 3),  # incl. its /metrics polls meanwhile
-            "load_average_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "num_requests_each": num,
+        "direct_p50_ms": round(p50["direct"], 3),
+        "gateway_p50_ms": round(p50["gateway"], 3),
+        "added_p50_ms": round(p50["gateway"] - p50["direct"], 3),
+        "direct_p90_ms": round(float(np.percentile(times["direct"], 90)) * 1e3, 3),
+        "gateway_p90_ms": round(float(np.percentile(times["gateway"], 90)) * 1e3, 3),
+        "gateway_cpu_ms_per_request": round(cpu_ms / num, 3),  # incl. its /metrics polls meanwhile
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def kill_when(engine: Engine, trace_dir: Path, num_lines: int, log: dict) -> threading.Thread:
@@ -82,13 +91,21 @@ def check_traces(report: dict, trace_dir: Path) -> dict:
     lines = Counter((s.workflow_id, s.stage_id) for s in stages)
     by_key = {(s.workflow_id, s.stage_id): s for s in stages}
     ok = [r for r in report["stages"] if r["status"] == "ok"]
-    mismatched = [r for r in ok if by_key.get((r["workflow_id"], r["stage_id"])) is None
-                  or by_key[(r["workflow_id"], r["stage_id"])].output_tokens != r["output_tokens"]]
-    return {"trace_lines": len(stages), "malformed_lines": len(errors), "stages_ok": len(ok),
-            "stages_with_one_trace_line": sum(lines[(r["workflow_id"], r["stage_id"])] == 1 for r in ok),
-            "stages_output_tokens_mismatch": len(mismatched),
-            "labelled_trace_lines": sum(s.is_labelled for s in stages),
-            "trace_lines_with_error": sum("error" in (s.model_extra or {}) for s in stages)}
+    mismatched = [
+        r
+        for r in ok
+        if by_key.get((r["workflow_id"], r["stage_id"])) is None
+        or by_key[(r["workflow_id"], r["stage_id"])].output_tokens != r["output_tokens"]
+    ]
+    return {
+        "trace_lines": len(stages),
+        "malformed_lines": len(errors),
+        "stages_ok": len(ok),
+        "stages_with_one_trace_line": sum(lines[(r["workflow_id"], r["stage_id"])] == 1 for r in ok),
+        "stages_output_tokens_mismatch": len(mismatched),
+        "labelled_trace_lines": sum(s.is_labelled for s in stages),
+        "trace_lines_with_error": sum("error" in (s.model_extra or {}) for s in stages),
+    }
 
 
 def train_on(trace_dir: Path, workdir: Path) -> dict:
@@ -98,15 +115,29 @@ def train_on(trace_dir: Path, workdir: Path) -> dict:
     collected = workdir / "collected.jsonl"
     write_jsonl([s for s in stages if s.is_labelled and s.is_tool_call is not None], collected)
     started = time.monotonic()
-    result = subprocess.run([str(REPO / ".venv/bin/maestro"), "train", "--traces", str(collected), "--out",
-                             str(workdir / "model")], capture_output=True, text=True)
-    return {"command": f"maestro train --traces {collected} --out {workdir / 'model'}", "rc": result.returncode,
-            "seconds": round(time.monotonic() - started, 1), "tail": (result.stdout + result.stderr)[-600:]}
+    result = subprocess.run(
+        [str(REPO / ".venv/bin/maestro"), "train", "--traces", str(collected), "--out", str(workdir / "model")],
+        capture_output=True,
+        text=True,
+    )
+    return {
+        "command": f"maestro train --traces {collected} --out {workdir / 'model'}",
+        "rc": result.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "tail": (result.stdout + result.stderr)[-600:],
+    }
 
 
 def drive_config(target: str, args, **kw) -> DriveConfig:
-    base = dict(target=target, app="all", num_workflows=args.workflows, concurrency=args.concurrency,
-                token_scale=args.token_scale, max_tokens_cap=args.max_tokens_cap, seed=args.seed)
+    base = dict(
+        target=target,
+        app="all",
+        num_workflows=args.workflows,
+        concurrency=args.concurrency,
+        token_scale=args.token_scale,
+        max_tokens_cap=args.max_tokens_cap,
+        seed=args.seed,
+    )
     return DriveConfig(**{**base, **kw})
 
 
@@ -124,22 +155,39 @@ def main() -> None:
     parser.add_argument("--pressure-concurrency", type=int, default=16)
     parser.add_argument("--pressure-token-scale", type=float, default=1.0)
     parser.add_argument("--pressure-max-tokens", type=int, default=300)
-    parser.add_argument("--pressure-gateway", default="{}",
-                        help='gateway config sections for the pressure phase, as JSON (e.g. {"kv": {"overcommit": 1.25}})')
-    parser.add_argument("--pressure-gateway2", default="",
-                        help="a second gateway config (JSON) for the mode `gateway2` in --pressure-modes")
-    parser.add_argument("--pressure-modes", default="direct,gateway,direct",
-                        help="pressure phase: the halves in order, each on a fresh engine (default: the gateway half "
-                             "bracketed by two direct ones, compared with their mean, since the box drifts during a "
-                             "run); modes: direct, gateway, gateway2")
-    parser.add_argument("--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over")
-    parser.add_argument("--gateway-session", default="own",
-                        help="pressure phase: the gateway in its own process session (own) or the driver's (driver); "
-                             "one value, or one for gateway and one for gateway2, e.g. own,driver")
-    parser.add_argument("--gateway-nice", default="-10",
-                        help="pressure phase: the gateway's `cpu_nice` (its nice, and its session's autogroup nice "
-                             "when it runs in its own session; negative needs root, the JSON records what it got); one "
-                             "value, or one for gateway and one for gateway2, e.g. --gateway-nice=-10,0")
+    parser.add_argument(
+        "--pressure-gateway",
+        default="{}",
+        help='gateway config sections for the pressure phase, as JSON (e.g. {"kv": {"overcommit": 1.25}})',
+    )
+    parser.add_argument(
+        "--pressure-gateway2",
+        default="",
+        help="a second gateway config (JSON) for the mode `gateway2` in --pressure-modes",
+    )
+    parser.add_argument(
+        "--pressure-modes",
+        default="direct,gateway,direct",
+        help="pressure phase: the halves in order, each on a fresh engine (default: the gateway half "
+        "bracketed by two direct ones, compared with their mean, since the box drifts during a "
+        "run); modes: direct, gateway, gateway2",
+    )
+    parser.add_argument(
+        "--pressure-repeats", type=int, default=1, help="pressure phase: --pressure-modes this many times over"
+    )
+    parser.add_argument(
+        "--gateway-session",
+        default="own",
+        help="pressure phase: the gateway in its own process session (own) or the driver's (driver); "
+        "one value, or one for gateway and one for gateway2, e.g. own,driver",
+    )
+    parser.add_argument(
+        "--gateway-nice",
+        default="-10",
+        help="pressure phase: the gateway's `cpu_nice` (its nice, and its session's autogroup nice "
+        "when it runs in its own session; negative needs root, the JSON records what it got); one "
+        "value, or one for gateway and one for gateway2, e.g. --gateway-nice=-10,0",
+    )
     parser.add_argument("--phases", default="overhead,drive,pressure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -167,9 +215,12 @@ def main() -> None:
                 kill_log: dict = {}
                 kill_when(engines[1], trace_dir, args.workflows * 5 // 4, kill_log)
                 report = asyncio.run(drive(drive_config(url, args), workdir / "drive.json"))
-                result["drive"] = {"summary": report["summary"], "failover": kill_log,
-                                   "gateway_status": httpx.get(f"{url}/maestro/status").json(),
-                                   "traces": check_traces(report, trace_dir)}
+                result["drive"] = {
+                    "summary": report["summary"],
+                    "failover": kill_log,
+                    "gateway_status": httpx.get(f"{url}/maestro/status").json(),
+                    "traces": check_traces(report, trace_dir),
+                }
                 stop(gateway)
         finally:
             for e in engines:

@@ -2,6 +2,7 @@
 LightGBM's on the same predictor, arm by arm in one run: `python benchmarks/predictor/recipe.py --data --speed
 --compiled-trees` calls these for the static recipe.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -36,12 +37,14 @@ def parts_us(predictor: Predictor, test: list[StageTrace]) -> dict:
     matrix, roles = predictor.featurizer.matrix(test, columns)
     embedder, n = predictor.featurizer.embedder, len(test)
     cold = getattr(embedder, "clear_cache", lambda: None)  # MiniLM's cache: every prompt new, as live
-    return {"structural_one_by_one": _median_us(lambda: stage_rows(test, None, texts), n),
-            "structural_batch": _median_us(lambda: structural_columns(test, None, texts), n),
-            "embedding": _median_us(lambda: predictor.featurizer.embed(texts), n, cold),
-            "featurizer": _median_us(lambda: predictor.featurizer.matrix(test, columns), n, cold),
-            "model": _median_us(lambda: predictor.model.predict_matrix(matrix[:, :len(names)], roles), n),
-            "predict": _median_us(lambda: predictor.predict(test), n, cold)}
+    return {
+        "structural_one_by_one": _median_us(lambda: stage_rows(test, None, texts), n),
+        "structural_batch": _median_us(lambda: structural_columns(test, None, texts), n),
+        "embedding": _median_us(lambda: predictor.featurizer.embed(texts), n, cold),
+        "featurizer": _median_us(lambda: predictor.featurizer.matrix(test, columns), n, cold),
+        "model": _median_us(lambda: predictor.model.predict_matrix(matrix[:, : len(names)], roles), n),
+        "predict": _median_us(lambda: predictor.predict(test), n, cold),
+    }
 
 
 def _interleaved(arms: dict[str, Predictor], test: list[StageTrace], passes: int = 3) -> dict:
@@ -60,9 +63,13 @@ def _interleaved(arms: dict[str, Predictor], test: list[StageTrace], passes: int
             started = time.perf_counter()
             predictor.predict([stage])
             times[name].append(time.perf_counter() - started)
-    return {name: {"throughput_stages_per_s": round(float(np.median(rates[name])), 1),
-                   "one_stage_ms": {q: round(float(np.percentile(times[name], q)) * 1000, 3) for q in (50, 99)}}
-            for name in arms}
+    return {
+        name: {
+            "throughput_stages_per_s": round(float(np.median(rates[name])), 1),
+            "one_stage_ms": {q: round(float(np.percentile(times[name], q)) * 1000, 3) for q in (50, 99)},
+        }
+        for name in arms
+    }
 
 
 def compiled_arm(predictor: Predictor, test: list[StageTrace]) -> dict:
@@ -74,8 +81,13 @@ def compiled_arm(predictor: Predictor, test: list[StageTrace]) -> dict:
         predictor.save(Path(directory))
         save_s = time.perf_counter() - started
         compiled = Predictor.load(directory)
-    same = (compiled.predict(test) == predictor.predict(test)
-            and all(compiled.predict([s]) == predictor.predict([s]) for s in test))
-    return {"save_and_compile_s": round(save_s, 1), "compile_s": compiled.meta["compiled_trees"]["compile_s"],
-            "identical_answers": same, **_interleaved({"lightgbm": predictor, "compiled": compiled}, test),
-            "compiled_parts_us": parts_us(compiled, test)}
+    same = compiled.predict(test) == predictor.predict(test) and all(
+        compiled.predict([s]) == predictor.predict([s]) for s in test
+    )
+    return {
+        "save_and_compile_s": round(save_s, 1),
+        "compile_s": compiled.meta["compiled_trees"]["compile_s"],
+        "identical_answers": same,
+        **_interleaved({"lightgbm": predictor, "compiled": compiled}, test),
+        "compiled_parts_us": parts_us(compiled, test),
+    }

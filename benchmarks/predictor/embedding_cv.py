@@ -11,6 +11,7 @@ cache, and its lexical scores, p50 / p99 over the held-out prompts of the first 
     python -m benchmarks.predictor.embedding_cv [--data dev agent] [--variants NAME ...]
         [--out benchmarks/results/predictor_embedding_cv.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,50 +40,68 @@ VARIANTS = {
     "static corpus-sif 256": dict(embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3)),
     "static zipf-sif 256": dict(embedder=dict(kind="static", weighting="zipf", sif_coefficient=1e-4)),
     "static plain 256": dict(embedder=dict(kind="static", weighting="none")),
-    "static corpus-sif 1024": dict(embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3,
-                                                 tail_chars=1024)),
-    "static corpus-sif teacher-fit 256": dict(embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3,
-                                                            fit_to_teacher=True)),
+    "static corpus-sif 1024": dict(
+        embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3, tail_chars=1024)
+    ),
+    "static corpus-sif teacher-fit 256": dict(
+        embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3, fit_to_teacher=True)
+    ),
     "static plain teacher-fit 256": dict(embedder=dict(kind="static", weighting="none", fit_to_teacher=True)),
-    "static zipf-sif teacher-fit ridge1 windows24": dict(embedder=dict(kind="static", weighting="zipf",
-                                                                      fit_to_teacher=True, ridge=1.0,
-                                                                      teacher_windows=24)),
-    "static zipf-sif teacher-fit ridge1 tails": dict(embedder=dict(kind="static", weighting="zipf",
-                                                                   fit_to_teacher=True, ridge=1.0)),
+    "static zipf-sif teacher-fit ridge1 windows24": dict(
+        embedder=dict(kind="static", weighting="zipf", fit_to_teacher=True, ridge=1.0, teacher_windows=24)
+    ),
+    "static zipf-sif teacher-fit ridge1 tails": dict(
+        embedder=dict(kind="static", weighting="zipf", fit_to_teacher=True, ridge=1.0)
+    ),
     "static zipf-sif 256 normalized": dict(embedder=dict(kind="static", weighting="zipf", normalize=True)),
-    "static zipf-sif 256 classifier without it": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                      model=dict(classifier_embedding=False)),
+    "static zipf-sif 256 classifier without it": dict(
+        embedder=dict(kind="static", weighting="zipf"), model=dict(classifier_embedding=False)
+    ),
     # the regressors' size (the boosters' cost), with the static embedding
-    "static zipf-sif 256 regressors 200x0.125": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                     model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
-    "minilm regressors 200x0.125": dict(embedder=dict(kind="minilm"),
-                                        model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))),
-    "static zipf-sif 256 regressors 100x0.25": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                    model=dict(regressor=dict(n_estimators=100, learning_rate=0.25))),
+    "static zipf-sif 256 regressors 200x0.125": dict(
+        embedder=dict(kind="static", weighting="zipf"),
+        model=dict(regressor=dict(n_estimators=200, learning_rate=0.125)),
+    ),
+    "minilm regressors 200x0.125": dict(
+        embedder=dict(kind="minilm"), model=dict(regressor=dict(n_estimators=200, learning_rate=0.125))
+    ),
+    "static zipf-sif 256 regressors 100x0.25": dict(
+        embedder=dict(kind="static", weighting="zipf"), model=dict(regressor=dict(n_estimators=100, learning_rate=0.25))
+    ),
     # the supervised lexical scores (pipelines.lexical) beside an embedding
-    "static zipf-sif 256 classifier without it + lexical": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                                model=dict(classifier_embedding=False),
-                                                                lexical=LexicalConfig()),
-    "static zipf-sif 256 classifier without it + lexical 1024": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                                     model=dict(classifier_embedding=False),
-                                                                     lexical=LexicalConfig(tail_chars=1024)),
+    "static zipf-sif 256 classifier without it + lexical": dict(
+        embedder=dict(kind="static", weighting="zipf"), model=dict(classifier_embedding=False), lexical=LexicalConfig()
+    ),
+    "static zipf-sif 256 classifier without it + lexical 1024": dict(
+        embedder=dict(kind="static", weighting="zipf"),
+        model=dict(classifier_embedding=False),
+        lexical=LexicalConfig(tail_chars=1024),
+    ),
     "static zipf-sif 256 classifier without it + lexical 1024 per app": dict(
-        embedder=dict(kind="static", weighting="zipf"), model=dict(classifier_embedding=False),
-        lexical=LexicalConfig(tail_chars=1024, per_app=True)),
-    "static zipf-sif 256 pca8 classifier without it + lexical": dict(pca_dims=8,
-                                                                     embedder=dict(kind="static", weighting="zipf"),
-                                                                     model=dict(classifier_embedding=False),
-                                                                     lexical=LexicalConfig()),
+        embedder=dict(kind="static", weighting="zipf"),
+        model=dict(classifier_embedding=False),
+        lexical=LexicalConfig(tail_chars=1024, per_app=True),
+    ),
+    "static zipf-sif 256 pca8 classifier without it + lexical": dict(
+        pca_dims=8,
+        embedder=dict(kind="static", weighting="zipf"),
+        model=dict(classifier_embedding=False),
+        lexical=LexicalConfig(),
+    ),
     # 76: 71 with the length model fitted to the mean of the labels and a ridge on MiniLM's vectors (out of fold)
-    "static zipf-sif 256 classifier without it + lexical teacher": dict(embedder=dict(kind="static", weighting="zipf"),
-                                                                        model=dict(classifier_embedding=False),
-                                                                        lexical=LexicalConfig(teacher="minilm")),
+    "static zipf-sif 256 classifier without it + lexical teacher": dict(
+        embedder=dict(kind="static", weighting="zipf"),
+        model=dict(classifier_embedding=False),
+        lexical=LexicalConfig(teacher="minilm"),
+    ),
     "minilm + lexical": dict(embedder=dict(kind="minilm"), lexical=LexicalConfig()),
     "none + lexical": dict(use_embedding=False, lexical=LexicalConfig()),
-    "static corpus-sif 256 pca16": dict(pca_dims=16, embedder=dict(kind="static", weighting="corpus",
-                                                                   sif_coefficient=1e-3)),
-    "static corpus-sif 256 pca8": dict(pca_dims=8, embedder=dict(kind="static", weighting="corpus",
-                                                                 sif_coefficient=1e-3)),
+    "static corpus-sif 256 pca16": dict(
+        pca_dims=16, embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3)
+    ),
+    "static corpus-sif 256 pca8": dict(
+        pca_dims=8, embedder=dict(kind="static", weighting="corpus", sif_coefficient=1e-3)
+    ),
 }
 
 
@@ -90,8 +109,9 @@ def variant_config(name: str):
     features, model = recipes()["maestro-minilm"]  # the variants change the MiniLM recipe, whatever the default
     change = dict(VARIANTS[name])
     embedder = replace(features.embedder, **change.pop("embedder", {}))
-    model_change = {k: {**getattr(model, k), **v} if isinstance(v, dict) else v
-                    for k, v in change.pop("model", {}).items()}
+    model_change = {
+        k: {**getattr(model, k), **v} if isinstance(v, dict) else v for k, v in change.pop("model", {}).items()
+    }
     return replace(features, embedder=embedder, **change), replace(model, **model_change)
 
 
@@ -135,8 +155,9 @@ def cross_validate(data: str, names: list[str], folds: int = 3, fold_seed: int |
         features, model = variant_config(name)
         # one MiniLM per segment config, its cache serving every fold and variant (the teacher, and the embedder
         # of the MiniLM variant)
-        teacher_config = replace(EmbedderConfig(), tail_chars=features.embedder.tail_chars,
-                                 max_seq_length=features.embedder.max_seq_length)
+        teacher_config = replace(
+            EmbedderConfig(), tail_chars=features.embedder.tail_chars, max_seq_length=features.embedder.max_seq_length
+        )
         teacher = teachers.setdefault(teacher_config, Embedder(teacher_config))
         embedder = teacher if features.embedder == teacher_config else Featurizer(features).embedder
         frames, baselines, cost, started = {"with_history": [], "without_history": []}, [], None, time.perf_counter()
@@ -151,11 +172,22 @@ def cross_validate(data: str, names: list[str], folds: int = 3, fold_seed: int |
             if cost is None:
                 cost = (embedding_cost_ms(featurizer, score_on[:300]), lexical_cost_ms(featurizer, score_on[:300]))
         pooled = {b: pd.concat([fold[b] for fold in baselines], ignore_index=True) for b in baselines[0]}
-        out[name] = {"embedding_ms": cost[0], "lexical_ms": cost[1], "seconds": round(time.perf_counter() - started, 1),
-                     **{c: score(pd.concat(f, ignore_index=True), pooled) for c, f in frames.items()}}
-        print(data, name, json.dumps({k: out[name][k] for k in ("embedding_ms", "lexical_ms", "seconds")}),
-              {c: {k: out[name][c][k] for k in ("auc", "kendall_tau", "under_rate", "over_reservation_vs_role_p90")}
-               for c in frames}, flush=True)
+        out[name] = {
+            "embedding_ms": cost[0],
+            "lexical_ms": cost[1],
+            "seconds": round(time.perf_counter() - started, 1),
+            **{c: score(pd.concat(f, ignore_index=True), pooled) for c, f in frames.items()},
+        }
+        print(
+            data,
+            name,
+            json.dumps({k: out[name][k] for k in ("embedding_ms", "lexical_ms", "seconds")}),
+            {
+                c: {k: out[name][c][k] for k in ("auc", "kendall_tau", "under_rate", "over_reservation_vs_role_p90")}
+                for c in frames
+            },
+            flush=True,
+        )
     return out
 
 
@@ -166,8 +198,12 @@ def main() -> None:
     parser.add_argument("--fold-seed", type=int, default=None, help="shuffle tasks into folds by this seed")
     parser.add_argument("--out", default="benchmarks/results/predictor_embedding_cv.json")
     args = parser.parse_args()
-    result = {"variants": {name: VARIANTS[name] for name in args.variants}, "folds": 3, "fold_seed": args.fold_seed,
-              **{data: cross_validate(data, args.variants, fold_seed=args.fold_seed) for data in args.data}}
+    result = {
+        "variants": {name: VARIANTS[name] for name in args.variants},
+        "folds": 3,
+        "fold_seed": args.fold_seed,
+        **{data: cross_validate(data, args.variants, fold_seed=args.fold_seed) for data in args.data},
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
 

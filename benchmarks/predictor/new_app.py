@@ -10,6 +10,7 @@ reserve judged and then observed one stage at a time; share above the reserve an
 on the correction, so they are predicted in one batch per condition; the correction runs in order.
 Used by `benchmarks/predictor/recipe.py --leave-one-app-out`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,18 +42,27 @@ def answers_frame(predictor: Predictor, stages: list[StageTrace], condition: str
     """The model's uncorrected answers and the labels, with history (the file as it is) or without (stripped)."""
     given = stages if condition == "with_history" else [without_labels(s) for s in stages]
     answers = predictor.predict(given)
-    return label_frame(stages).assign(**{k: [getattr(a, k) for a in answers] for k in
-                                         ("p_tool", "tokens_pred", "tokens_reserve", "fallback_level", "history")})
+    return label_frame(stages).assign(
+        **{
+            k: [getattr(a, k) for a in answers]
+            for k in ("p_tool", "tokens_pred", "tokens_reserve", "fallback_level", "history")
+        }
+    )
 
 
 def static_figures(frame: pd.DataFrame, with_app: pd.DataFrame) -> dict:
     new, known = quality(frame), quality(with_app)
-    return {"n": new["n"], "above": round(new["under_rate"], 4), "waste": round(new["over_reservation"], 3),
-            "with_app_above": round(known["under_rate"], 4), "with_app_waste": round(known["over_reservation"], 3),
-            "waste_vs_with_app": round(new["over_reservation"] / max(known["over_reservation"], 1e-9), 2),
-            "kendall_tau": None if new["kendall_tau"] is None else round(new["kendall_tau"], 3),
-            "with_app_kendall_tau": None if known["kendall_tau"] is None else round(known["kendall_tau"], 3),
-            "flagged_new_app": round(float(frame["fallback_level"].eq(NEW_APP).mean()), 4)}
+    return {
+        "n": new["n"],
+        "above": round(new["under_rate"], 4),
+        "waste": round(new["over_reservation"], 3),
+        "with_app_above": round(known["under_rate"], 4),
+        "with_app_waste": round(known["over_reservation"], 3),
+        "waste_vs_with_app": round(new["over_reservation"] / max(known["over_reservation"], 1e-9), 2),
+        "kendall_tau": None if new["kendall_tau"] is None else round(new["kendall_tau"], 3),
+        "with_app_kendall_tau": None if known["kendall_tau"] is None else round(known["kendall_tau"], 3),
+        "flagged_new_app": round(float(frame["fallback_level"].eq(NEW_APP).mean()), 4),
+    }
 
 
 def replay(predictor: Predictor, frame: pd.DataFrame) -> pd.DataFrame:
@@ -71,18 +81,27 @@ def windows(replayed: pd.DataFrame) -> list[dict]:
     """Share above the served reserve and waste in consecutive windows of WINDOW stages."""
     out = []
     for start in range(0, len(replayed), WINDOW):
-        part = replayed.iloc[start:start + WINDOW]
+        part = replayed.iloc[start : start + WINDOW]
         y, reserve = part["tokens"].to_numpy(float), part["served_reserve"].to_numpy(float)
-        out.append({"first_stage": start + 1, "n": len(part), "above": round(float(np.mean(y > reserve)), 4),
-                    "waste": round(float(np.maximum(0, reserve - y).sum() / max(y.sum(), 1)), 3)})
+        out.append(
+            {
+                "first_stage": start + 1,
+                "n": len(part),
+                "above": round(float(np.mean(y > reserve)), 4),
+                "waste": round(float(np.maximum(0, reserve - y).sum() / max(y.sum(), 1)), 3),
+            }
+        )
     return out
 
 
 def after_observed(replayed: pd.DataFrame) -> dict:
-    part = replayed.iloc[OBSERVED_FIRST:2 * OBSERVED_FIRST]
+    part = replayed.iloc[OBSERVED_FIRST : 2 * OBSERVED_FIRST]
     y, reserve = part["tokens"].to_numpy(float), part["served_reserve"].to_numpy(float)
-    return {"n": len(part), "above": round(float(np.mean(y > reserve)), 4),
-            "waste": round(float(np.maximum(0, reserve - y).sum() / max(y.sum(), 1)), 3)}
+    return {
+        "n": len(part),
+        "above": round(float(np.mean(y > reserve)), 4),
+        "waste": round(float(np.maximum(0, reserve - y).sum() / max(y.sum(), 1)), 3),
+    }
 
 
 def in_workflow_order(stages: list[StageTrace]) -> list[StageTrace]:
@@ -91,12 +110,17 @@ def in_workflow_order(stages: list[StageTrace]) -> list[StageTrace]:
     for i, s in enumerate(stages):
         first.setdefault(s.workflow_id, i)
     position = {id(s): i for i, s in enumerate(stages)}
-    return sorted(stages, key=lambda s: (first[s.workflow_id], s.call_index if s.call_index is not None
-                                         else position[id(s)], position[id(s)]))
+    return sorted(
+        stages,
+        key=lambda s: (
+            first[s.workflow_id],
+            s.call_index if s.call_index is not None else position[id(s)],
+            position[id(s)],
+        ),
+    )
 
 
-def leave_one_app_out(stages: list[StageTrace], train: list[StageTrace], test: list[StageTrace],
-                      recipe: tuple) -> dict:
+def leave_one_app_out(stages: list[StageTrace], train: list[StageTrace], test: list[StageTrace], recipe: tuple) -> dict:
     """Every app with stages on both sides of the split, left out in turn: static and replay figures."""
     apps = sorted({s.app for s in test} & {s.app for s in train} - {None})
     embedder = make_embedder(recipe[0].embedder)
@@ -108,25 +132,33 @@ def leave_one_app_out(stages: list[StageTrace], train: list[StageTrace], test: l
         app_all = in_workflow_order([s for s in stages if s.app == app])
         result = {"new_app_levels": without.meta.get("new_app")}
         for condition in CONDITIONS:
-            result[condition] = static_figures(answers_frame(without, app_test, condition),
-                                               answers_frame(with_app, app_test, condition))
+            result[condition] = static_figures(
+                answers_frame(without, app_test, condition), answers_frame(with_app, app_test, condition)
+            )
             replayed = replay(without, answers_frame(without, app_all, condition))
-            result[condition]["replay"] = {"windows": windows(replayed), "after_100": after_observed(replayed),
-                                           "seen_roles_moved": int(replayed["seen_roles_moved"].iloc[0])}
+            result[condition]["replay"] = {
+                "windows": windows(replayed),
+                "after_100": after_observed(replayed),
+                "seen_roles_moved": int(replayed["seen_roles_moved"].iloc[0]),
+            }
         out[app] = result
     return out
 
 
 def table(result: dict) -> str:
     """One line per app and condition: the static figures, then the online ones after 100 observed stages."""
-    lines = [f"{'app':28s} {'history':8s} {'n':>4s} {'above':>6s} {'waste':>6s} {'w/app':>6s} {'ratio':>6s} "
-             f"{'flag':>5s} {'tau':>6s} {'next100 above':>13s} {'waste':>6s}"]
+    lines = [
+        f"{'app':28s} {'history':8s} {'n':>4s} {'above':>6s} {'waste':>6s} {'w/app':>6s} {'ratio':>6s} "
+        f"{'flag':>5s} {'tau':>6s} {'next100 above':>13s} {'waste':>6s}"
+    ]
     for app, part in result.items():
         for condition in CONDITIONS:
             f, nxt = part[condition], part[condition]["replay"]["after_100"]
-            lines.append(f"{app:28s} {condition.split('_')[0]:8s} {f['n']:4d} {f['above']:6.3f} {f['waste']:6.2f} "
-                         f"{f['with_app_waste']:6.2f} {f['waste_vs_with_app']:6.2f} {f['flagged_new_app']:5.2f} "
-                         f"{f['kendall_tau'] or float('nan'):6.3f} {nxt['above']:13.3f} {nxt['waste']:6.2f}")
+            lines.append(
+                f"{app:28s} {condition.split('_')[0]:8s} {f['n']:4d} {f['above']:6.3f} {f['waste']:6.2f} "
+                f"{f['with_app_waste']:6.2f} {f['waste_vs_with_app']:6.2f} {f['flagged_new_app']:5.2f} "
+                f"{f['kendall_tau'] or float('nan'):6.3f} {nxt['above']:13.3f} {nxt['waste']:6.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -149,10 +181,14 @@ def plot(result: dict, path) -> None:
             waste.plot(x, [r["waste"] for r in rows], style, color=colour)
         waste.axhline(part["with_history"]["with_app_waste"], color=colour, linestyle=":", linewidth=1)
     above.axhline(6, color="grey", linewidth=0.8)
-    above.set(xlabel="stages of the new app observed (window end)", ylabel=f"% above the reserve (windows of {WINDOW})",
-              ylim=(0, None))
-    waste.set(xlabel="stages of the new app observed (window end)", ylabel="waste (reserve − actual) / actual",
-              yscale="log")
+    above.set(
+        xlabel="stages of the new app observed (window end)",
+        ylabel=f"% above the reserve (windows of {WINDOW})",
+        ylim=(0, None),
+    )
+    waste.set(
+        xlabel="stages of the new app observed (window end)", ylabel="waste (reserve − actual) / actual", yscale="log"
+    )
     above.legend(fontsize=7)
     fig.suptitle("An app training never saw, corrected online (dotted: a model trained with the app)")
     fig.tight_layout()

@@ -16,6 +16,7 @@ the upper bound (at the predictor's reserve level 1 − α) and the median of up
 
     python -m benchmarks.predictor.progressive [--model DIR] [--side dev|locked] [--variants NAME ...] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,16 @@ def held_out_rows(predictor: Predictor, test: list[StageTrace]) -> list[dict]:
         if not has_text(stage):
             continue
         for k in (k for k in CHECKPOINTS if k < stage.output_tokens):
-            rows.append({"app": stage.app or "", "produced": k, "tokens": stage.output_tokens,
-                         "prefix": prefix_class(prefix_chars(stage.output_text, stage.output_tokens, k)),
-                         "tokens_pred": answer.tokens_pred, "tokens_reserve": answer.tokens_reserve})
+            rows.append(
+                {
+                    "app": stage.app or "",
+                    "produced": k,
+                    "tokens": stage.output_tokens,
+                    "prefix": prefix_class(prefix_chars(stage.output_text, stage.output_tokens, k)),
+                    "tokens_pred": answer.tokens_pred,
+                    "tokens_reserve": answer.tokens_reserve,
+                }
+            )
     return rows
 
 
@@ -70,8 +78,14 @@ def bounds(rows: list[dict], arm: str, table, level: float) -> np.ndarray:
     out = []
     for row in rows:
         prefix = UNKNOWN if arm == "learned, no prefix" else row["prefix"]
-        b = length_bounds(row["produced"], row["tokens_pred"], row["tokens_reserve"], level,
-                          None if arm == "parametric" else table, prefix)
+        b = length_bounds(
+            row["produced"],
+            row["tokens_pred"],
+            row["tokens_reserve"],
+            level,
+            None if arm == "parametric" else table,
+            prefix,
+        )
         out.append((b.median, b.upper))
     return np.array(out, dtype=float).reshape(-1, 2)
 
@@ -81,9 +95,13 @@ def score(tokens: np.ndarray, produced: np.ndarray, predicted: np.ndarray) -> di
     median, upper = predicted[:, 0], predicted[:, 1]
     tau = kendalltau(median - produced, tokens - produced).statistic if len(tokens) > 2 else math.nan
     mae = float(np.mean(np.abs(median - tokens)))
-    return {"n": int(len(tokens)), "tau": round(float(tau), 3), "mae": round(mae, 1),
-            "above": round(float(np.mean(tokens > upper)), 3),
-            "upper_x": round(float(np.median(upper / tokens)), 2)}
+    return {
+        "n": int(len(tokens)),
+        "tau": round(float(tau), 3),
+        "mae": round(mae, 1),
+        "above": round(float(np.mean(tokens > upper)), 3),
+        "upper_x": round(float(np.median(upper / tokens)), 2),
+    }
 
 
 def evaluate(rows: list[dict], table, level: float) -> dict:
@@ -96,15 +114,20 @@ def evaluate(rows: list[dict], table, level: float) -> dict:
     for k in sorted(set(produced.astype(int))):
         at_k = produced == k
         cells = {"pooled": at_k, **{app: at_k & (apps == app) for app in sorted(set(apps[at_k]))}}
-        out[str(k)] = {where: {arm: score(tokens[mask], produced[mask], predicted[arm][mask]) for arm in ARMS}
-                       for where, mask in cells.items() if mask.sum() >= 10}
+        out[str(k)] = {
+            where: {arm: score(tokens[mask], produced[mask], predicted[arm][mask]) for arm in ARMS}
+            for where, mask in cells.items()
+            if mask.sum() >= 10
+        }
     return out
 
 
 def markdown(result: dict) -> str:
     """Pooled figures per checkpoint: τ, MAE, share above and upper ÷ true, parametric → learned."""
-    lines = ["| produced k | stages running | τ remaining | MAE (tokens) | above upper | upper ÷ true (median) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| produced k | stages running | τ remaining | MAE (tokens) | above upper | upper ÷ true (median) |",
+        "|---|---|---|---|---|---|",
+    ]
     for k, cells in result.items():
         p, learned, bare = (cells["pooled"][arm] for arm in ARMS)
         pairs = " | ".join(f"{p[m]} → {learned[m]} ({bare[m]})" for m in ("tau", "mae", "above", "upper_x"))
@@ -122,19 +145,34 @@ def main() -> None:
     args = parser.parse_args()
     split = side_split(read_all(DEFAULT_TRACES), args.side)
     train = labelled(split.train)
-    model_dir = Path(args.model) if args.model else train_model(
-        split.write(REPO / "benchmarks/results/progressive")[0], REPO / "benchmarks/results/progressive/model")
+    model_dir = (
+        Path(args.model)
+        if args.model
+        else train_model(
+            split.write(REPO / "benchmarks/results/progressive")[0], REPO / "benchmarks/results/progressive/model"
+        )
+    )
     predictor = Predictor.load(model_dir)
     level = 1.0 - float(predictor.meta.get("alpha", 0.05))
     rows = held_out_rows(predictor, split.test)
-    result = {"side": args.side, "model": str(model_dir), "reserve_level": round(level, 4), "arms": ARMS,
-              "stages": {"train": len(train), "test": len(split.test)}, "variants": {}}
+    result = {
+        "side": args.side,
+        "model": str(model_dir),
+        "reserve_level": round(level, 4),
+        "arms": ARMS,
+        "stages": {"train": len(train), "test": len(split.test)},
+        "variants": {},
+    }
     for name in tqdm(args.variants, desc="variants", unit="table"):
         predictor.fit_progressive(train, replace(ProgressiveConfig(), **VARIANTS[name]))
-        result["variants"][name] = {"fit": predictor.meta["progressive"],
-                                    "checkpoints": evaluate(rows, predictor.progressive, level)}
-        print(f"\n{name} (side {args.side}; parametric → learned (learned, no prefix))\n"
-              f"{markdown(result['variants'][name]['checkpoints'])}")
+        result["variants"][name] = {
+            "fit": predictor.meta["progressive"],
+            "checkpoints": evaluate(rows, predictor.progressive, level),
+        }
+        print(
+            f"\n{name} (side {args.side}; parametric → learned (learned, no prefix))\n"
+            f"{markdown(result['variants'][name]['checkpoints'])}"
+        )
         if args.save_model and name == args.variants[0]:
             predictor.save(args.save_model)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

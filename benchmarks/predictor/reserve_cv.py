@@ -9,6 +9,7 @@ stages above the reserve, the reserve's waste against the per-role p90's, and th
 
     python -m benchmarks.predictor.reserve_cv [--data dev agent] [--out benchmarks/results/reserve_cv.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,13 @@ from pipelines.metrics import role_baselines
 from pipelines.model import TwoStageModel
 from pipelines.predictor import Predictor, label_frame, training_frame
 
-VARIANTS = {"q0.955 m40": dict(bound_quantile=None, min_group_calibration=40),
-            "q0.9 m40": dict(bound_quantile=0.9, min_group_calibration=40),
-            "q0.8 m40": dict(bound_quantile=0.8, min_group_calibration=40),
-            "q0.955 m100": dict(bound_quantile=None, min_group_calibration=100),
-            "q0.9 m100": dict(bound_quantile=0.9, min_group_calibration=100)}
+VARIANTS = {
+    "q0.955 m40": dict(bound_quantile=None, min_group_calibration=40),
+    "q0.9 m40": dict(bound_quantile=0.9, min_group_calibration=40),
+    "q0.8 m40": dict(bound_quantile=0.8, min_group_calibration=40),
+    "q0.955 m100": dict(bound_quantile=None, min_group_calibration=100),
+    "q0.9 m100": dict(bound_quantile=0.9, min_group_calibration=100),
+}
 
 
 class ReserveRecorder(TwoStageModel):
@@ -66,14 +69,27 @@ def cross_validate(data: str, folds: int = 3) -> dict:
             for condition, part in (("with_history", score_on), ("without_history", map(without_labels, score_on))):
                 frame = predictions_frame(predictor, list(part), labels)
                 above = frame["tokens"] > frame["tokens_reserve"]
-                rows.append({"variant": name, "condition": condition, "fold": fold, "n": len(frame),
-                             "above": int(above.sum()), "waste": waste(frame), "p90_waste": waste(p90),
-                             "worst_app_above": float(above.groupby(frame["app"]).mean().max())})
+                rows.append(
+                    {
+                        "variant": name,
+                        "condition": condition,
+                        "fold": fold,
+                        "n": len(frame),
+                        "above": int(above.sum()),
+                        "waste": waste(frame),
+                        "p90_waste": waste(p90),
+                        "worst_app_above": float(above.groupby(frame["app"]).mean().max()),
+                    }
+                )
     table = pd.DataFrame(rows)
-    return {f"{v} {c}": {"above": round(g["above"].sum() / g["n"].sum(), 4),
-                         "waste_x_role_p90": round(g["waste"].sum() / g["p90_waste"].sum(), 3),
-                         "worst_fold_app_above": round(g["worst_app_above"].max(), 3)}
-            for (v, c), g in table.groupby(["variant", "condition"], sort=False)}
+    return {
+        f"{v} {c}": {
+            "above": round(g["above"].sum() / g["n"].sum(), 4),
+            "waste_x_role_p90": round(g["waste"].sum() / g["p90_waste"].sum(), 3),
+            "worst_fold_app_above": round(g["worst_app_above"].max(), 3),
+        }
+        for (v, c), g in table.groupby(["variant", "condition"], sort=False)
+    }
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """How fast each predictor recipe is (benchmarks/predictor/recipe.py --speed): training time, single-stage latency
 from a cold and a warm cache, batched throughput and its parts, beside one MiniLM encode of each prompt."""
+
 from __future__ import annotations
 
 import os
@@ -40,6 +41,7 @@ def percentiles_ms(times_s: list[float]) -> dict:
 def latency_ms(predictor: Predictor, stages: list[StageTrace]) -> dict:
     """One stage a call. Cold: every cache emptied before each call, each prompt predicted for the first
     time (a live stage's prompt is new almost every time); warm: the same stages again, caches kept."""
+
     def run(cold: bool) -> list[float]:
         times = []
         for stage in stages:
@@ -68,8 +70,13 @@ def minilm_encode_ms(stages: list[StageTrace], config: EmbedderConfig) -> dict:
     return percentiles_ms(times)
 
 
-def speed(train: list[StageTrace], test: list[StageTrace], recipes: dict[str, tuple], names: list[str],
-          compiled_trees: bool = False) -> dict:
+def speed(
+    train: list[StageTrace],
+    test: list[StageTrace],
+    recipes: dict[str, tuple],
+    names: list[str],
+    compiled_trees: bool = False,
+) -> dict:
     """Training time on `train`, cold and warm single-stage latency and batched throughput on `test` of each recipe
     in `names` (and its batch part by part), and one MiniLM encode of each test prompt, in one run; the headline is
     Maestro's cold latency ("maestro-static") as a multiple of the MiniLM encode. `recipes`: name → (featurizer
@@ -78,26 +85,33 @@ def speed(train: list[StageTrace], test: list[StageTrace], recipes: dict[str, tu
     import torch
 
     torch.set_num_threads(1)  # one thread, like the LightGBM boosters (params.yaml num_threads: 1)
-    out = {"test_stages": len(test), "load_1min_before": round(os.getloadavg()[0], 2),
-           "minilm_encode_ms": minilm_encode_ms(test, replace(recipes["maestro"][0].embedder, kind="minilm"))}
+    out = {
+        "test_stages": len(test),
+        "load_1min_before": round(os.getloadavg()[0], 2),
+        "minilm_encode_ms": minilm_encode_ms(test, replace(recipes["maestro"][0].embedder, kind="minilm")),
+    }
     for name in names:
         features, model = recipes[name]
         compile_here = compiled_trees and name == "maestro-static"
         started = time.perf_counter()
         predictor = Predictor.train(train, features, replace(model, compile_trees=compile_here))
         stage_only = Predictor(predictor.featurizer, predictor.model, predictor.priors, new_app=predictor.new_app)
-        out[name] = {"train_s": round(time.perf_counter() - started, 1),
-                     "workflow_train_s": predictor.meta["workflow"]["train_seconds"],  # inside train_s
-                     "latency_ms": latency_ms(predictor, test),  # the stage and its workflow's remaining work
-                     "latency_stage_model_only_ms": latency_ms(stage_only, test),
-                     "throughput_stages_per_s": throughput(predictor, test),
-                     "batch_parts_us": predictor_batch.parts_us(predictor, test)}
+        out[name] = {
+            "train_s": round(time.perf_counter() - started, 1),
+            "workflow_train_s": predictor.meta["workflow"]["train_seconds"],  # inside train_s
+            "latency_ms": latency_ms(predictor, test),  # the stage and its workflow's remaining work
+            "latency_stage_model_only_ms": latency_ms(stage_only, test),
+            "throughput_stages_per_s": throughput(predictor, test),
+            "batch_parts_us": predictor_batch.parts_us(predictor, test),
+        }
         if compile_here:
             out[name]["compiled_trees"] = predictor_batch.compiled_arm(predictor, test)
     out["load_1min_after"] = round(os.getloadavg()[0], 2)
     encode, cold = out["minilm_encode_ms"], out["maestro-static"]["latency_ms"]["cold"]
-    out["headline"] = {"maestro_static_cold_ms": cold, "minilm_encode_ms": encode,
-                       "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
-                       **({"maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]}
-                          if "maestro-minilm" in out else {})}
+    out["headline"] = {
+        "maestro_static_cold_ms": cold,
+        "minilm_encode_ms": encode,
+        "cold_over_minilm_encode": {q: round(cold[q] / encode[q], 4) for q in ("p50", "p99")},
+        **({"maestro_minilm_cold_ms": out["maestro-minilm"]["latency_ms"]["cold"]} if "maestro-minilm" in out else {}),
+    }
     return out

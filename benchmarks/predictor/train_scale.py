@@ -12,6 +12,7 @@ measured separately (`--embedding-stages`), the same two ways, since a CPU embed
 Both trainers fit the same lighter model (`MODEL` below: 3 folds, one regressor, 100-150 trees) so that a
 run fits in minutes; `params.yaml`'s recipe fits 42 boosters instead of 12, on both paths alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,13 @@ from pathlib import Path
 
 STAGES_PER_FILE = 10_000
 SMALL = dict(subsample=0.8, subsample_freq=1, colsample_bytree=0.8, learning_rate=0.1, num_leaves=31)
-MODEL = dict(folds=3, regressor_bags=1, classifier=dict(n_estimators=100, min_child_samples=10, **SMALL),
-             quantile=dict(n_estimators=100, min_child_samples=20, **SMALL),
-             regressor=dict(n_estimators=150, min_child_samples=10, extra_trees=True, **SMALL))
+MODEL = dict(
+    folds=3,
+    regressor_bags=1,
+    classifier=dict(n_estimators=100, min_child_samples=10, **SMALL),
+    quantile=dict(n_estimators=100, min_child_samples=20, **SMALL),
+    regressor=dict(n_estimators=150, min_child_samples=10, extra_trees=True, **SMALL),
+)
 
 
 def _peak_mb() -> float:
@@ -54,7 +59,7 @@ def subset(all_dir: Path, num_stages: int, root: Path) -> Path:
     """The first files of the generated set, linked into their own directory."""
     out = root / f"stages-{num_stages}"
     out.mkdir(exist_ok=True)
-    for path in sorted(all_dir.glob("*.parquet"))[:-(-num_stages // STAGES_PER_FILE)]:
+    for path in sorted(all_dir.glob("*.parquet"))[: -(-num_stages // STAGES_PER_FILE)]:
         if not (out / path.name).exists():
             (out / path.name).symlink_to(path)
     return out
@@ -78,8 +83,11 @@ def run_single(traces: Path, use_embedding: bool) -> dict:
     stages = [parse_record(json.loads(r)) for r in records]
     del records
     predictor = Predictor.train(stages, *configs(use_embedding))
-    return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_mb": round(_peak_mb()),
-            "num_train_stages": predictor.meta["num_train_stages"]}
+    return {
+        "wall_s": round(time.perf_counter() - started, 1),
+        "peak_rss_mb": round(_peak_mb()),
+        "num_train_stages": predictor.meta["num_train_stages"],
+    }
 
 
 def run_dask(traces: Path, use_embedding: bool, workers: int) -> dict:
@@ -89,9 +97,12 @@ def run_dask(traces: Path, use_embedding: bool, workers: int) -> dict:
     with connect(f"local:{workers}") as client:
         predictor = train_on(client, traces, *configs(use_embedding), DaskTrainConfig(f"local:{workers}"))
         worker_peaks = client.run(_peak_mb)
-    return {"wall_s": round(time.perf_counter() - started, 1), "client_peak_rss_mb": round(_peak_mb()),
-            "worker_peak_rss_mb": sorted(round(v) for v in worker_peaks.values()),
-            "num_train_stages": predictor.meta["num_train_stages"]}
+    return {
+        "wall_s": round(time.perf_counter() - started, 1),
+        "client_peak_rss_mb": round(_peak_mb()),
+        "worker_peak_rss_mb": sorted(round(v) for v in worker_peaks.values()),
+        "num_train_stages": predictor.meta["num_train_stages"],
+    }
 
 
 def measure(kind: str, traces: Path, use_embedding: bool, workers: int, timeout_s: float) -> dict:
@@ -112,8 +123,13 @@ def main() -> None:
     parser.add_argument("--embedding-stages", type=int, default=2_000, help="size of the embedding runs (0: none)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data", help="where the generated traces live (default: a temporary directory)")
-    parser.add_argument("--arms", nargs="+", choices=["single", "dask"], default=["single", "dask"],
-                        help="which trainers to measure (e.g. only dask where one machine would take hours)")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=["single", "dask"],
+        default=["single", "dask"],
+        help="which trainers to measure (e.g. only dask where one machine would take hours)",
+    )
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--out", default="benchmarks/results/train_scale.json")
     parser.add_argument("--run", choices=["single", "dask"], help=argparse.SUPPRESS)
@@ -121,8 +137,11 @@ def main() -> None:
     parser.add_argument("--with-embedding", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:  # a child: one measurement
-        result = (run_single(Path(args.traces), args.with_embedding) if args.run == "single"
-                  else run_dask(Path(args.traces), args.with_embedding, args.workers))
+        result = (
+            run_single(Path(args.traces), args.with_embedding)
+            if args.run == "single"
+            else run_dask(Path(args.traces), args.with_embedding, args.workers)
+        )
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory(prefix="train-scale-") as scratch:
@@ -143,9 +162,16 @@ def main() -> None:
                 row[kind] = measure(kind, traces, use_embedding, args.workers, args.timeout_s)
                 print(json.dumps(row), flush=True)
             rows.append(row)
-    report = {"what": "synthetic stages; wall time and peak RSS per process; one machine vs Dask LocalCluster",
-              "workers": args.workers, "threads_per_worker": 1, "model": MODEL, "cpu_count": os.cpu_count(),
-              "load_average_at_end": os.getloadavg(), "generation_s": generation_s, "rows": rows}
+    report = {
+        "what": "synthetic stages; wall time and peak RSS per process; one machine vs Dask LocalCluster",
+        "workers": args.workers,
+        "threads_per_worker": 1,
+        "model": MODEL,
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "generation_s": generation_s,
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")

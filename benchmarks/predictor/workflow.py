@@ -13,6 +13,7 @@ p99 ms over the scored stages of the last model trained.
 
     python -m benchmarks.predictor.workflow [--variants NAME ...] [--held-out NAME] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,9 @@ def read_stages() -> list[StageTrace]:
     return [stage for path in FILES for stage in read_traces(path).stages]
 
 
-def evaluate(config: WorkflowConfig, fit_on: list[StageTrace], score_on: list[StageTrace]
-             ) -> tuple[WorkflowRemainingModel, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+def evaluate(
+    config: WorkflowConfig, fit_on: list[StageTrace], score_on: list[StageTrace]
+) -> tuple[WorkflowRemainingModel, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """Fit on one side, answer the other in both conditions; the baselines from the fitted side."""
     model = WorkflowRemainingModel(config).fit(fit_on)
     truth = truth_frame(score_on)
@@ -112,19 +114,25 @@ def inner_cv(train: list[StageTrace], names: list[str]) -> dict:
         for name in names:
             parts, started = [], time.perf_counter()
             for inner, held in splits:
-                model, frames, base = evaluate(variant_config(name), [train[i] for i in inner],
-                                               [train[i] for i in held])
+                model, frames, base = evaluate(
+                    variant_config(name), [train[i] for i in inner], [train[i] for i in held]
+                )
                 parts.append((frames, base))
                 bar.update()
-            out[name] = {"seconds": round(time.perf_counter() - started, 1),
-                         "predict_ms": predict_cost_ms(model, [train[i] for i in held]), **pooled(parts)}
+            out[name] = {
+                "seconds": round(time.perf_counter() - started, 1),
+                "predict_ms": predict_cost_ms(model, [train[i] for i in held]),
+                **pooled(parts),
+            }
     return out
 
 
 def markdown(results: dict) -> str:
     """One row per arm and condition: pooled τ, MAE against the position median, and the worst app's share above."""
-    lines = ["| arm | history | τ calls | τ tokens | MAE calls × | MAE tokens × | above (calls), worst app |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| arm | history | τ calls | τ tokens | MAE calls × | MAE tokens × | above (calls), worst app |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for arm, result in results.items():
         for condition in CONDITIONS:
             scored = result[condition]
@@ -132,12 +140,16 @@ def markdown(results: dict) -> str:
                 if who != "model" and arm != next(iter(results)):
                     continue  # the baselines once: the same on every arm's folds
                 q = scored["pooled"][who]
-                worst = max(((a, s[who].get("over_calls")) for a, s in scored["by_app"].items()),
-                            key=lambda x: -1 if x[1] is None else x[1])
+                worst = max(
+                    ((a, s[who].get("over_calls")) for a, s in scored["by_app"].items()),
+                    key=lambda x: -1 if x[1] is None else x[1],
+                )
                 above = f"{worst[1]:.3f} ({worst[0]})" if worst[1] is not None else "–"
-                lines.append(f"| {arm if who == 'model' else who} | {condition} | {q['tau_calls']} | "
-                             f"{q['tau_tokens']} | {q.get('mae_calls_vs_position_median')} | "
-                             f"{q.get('mae_tokens_vs_position_median')} | {above} |")
+                lines.append(
+                    f"| {arm if who == 'model' else who} | {condition} | {q['tau_calls']} | "
+                    f"{q['tau_tokens']} | {q.get('mae_calls_vs_position_median')} | "
+                    f"{q.get('mae_tokens_vs_position_median')} | {above} |"
+                )
     return "\n".join(lines)
 
 
@@ -150,12 +162,14 @@ def main() -> None:
     stages = read_stages()
     train_idx, test_idx = locked_split(stages, TEST_FRACTION)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
-    result = {"stages": {"train": len(train), "test": len(test)}, "variants": VARIANTS,
-              "inner_cv": inner_cv(train, args.variants) if args.variants else {}}
+    result = {
+        "stages": {"train": len(train), "test": len(test)},
+        "variants": VARIANTS,
+        "inner_cv": inner_cv(train, args.variants) if args.variants else {},
+    }
     if args.held_out:
         model, frames, base = evaluate(variant_config(args.held_out), train, test)
-        result["held_out"] = {args.held_out: {"predict_ms": predict_cost_ms(model, test),
-                                              **pooled([(frames, base)])}}
+        result["held_out"] = {args.held_out: {"predict_ms": predict_cost_ms(model, test), **pooled([(frames, base)])}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     for part in ("inner_cv", "held_out"):

@@ -17,6 +17,7 @@ With --compare-model, the arm maestro[model@compare] is Maestro fed that second 
 Writes OUT (JSON: slo, rates, variants_tried, tool_times, results.<rate>.{ceiling, <arm>}, differences.<rate>),
 OUT.md and OUT.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ VARIANTS_TRIED = 9
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
     out = [(a, "edf") for a in arms if a.startswith("maestro[") or a == "edf+admission"]
-    out += [("maestro[model]", "maestro[none]"), ("maestro[model]", "maestro[prior]"),
-            ("maestro[oracle]", "maestro[none]"), ("maestro[oracle]", "maestro[model]")]
+    out += [
+        ("maestro[model]", "maestro[none]"),
+        ("maestro[model]", "maestro[prior]"),
+        ("maestro[oracle]", "maestro[none]"),
+        ("maestro[oracle]", "maestro[model]"),
+    ]
     out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/") or a.startswith("maestro[model@")]
     return out
 
@@ -55,8 +60,9 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
         train_path, _ = split.write(work / split.name)
         model_dir = train_model(train_path, work / split.name / "model", args.retrain)
     compare_dir = Path(args.compare_model) if args.compare_model else None
-    replay = Replay(split.train, split.test, model_dir, args.nodes, args.workflows, args.slo_scale,
-                    compare_dir=compare_dir)
+    replay = Replay(
+        split.train, split.test, model_dir, args.nodes, args.workflows, args.slo_scale, compare_dir=compare_dir
+    )
     ceilings = [replay.ceiling(seed) for seed in range(args.seeds)]
     rates = find_rates(replay, ceilings[0]) if args.rates == "auto" else [float(r) for r in args.rates.split(",")]
     grid = run_grid(replay, arms, rates, args.seeds)
@@ -65,12 +71,21 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
     for rate, by_arm in grid.items():
         results[rate], differences[rate] = summarize(by_arm, pairs(names))
         results[rate]["ceiling"] = round(float(np.mean(ceilings)), 4)
-        counters[rate] = {arm: {k: float(np.mean([o.extra[k] for o in runs])) for k in runs[0].extra}
-                          for arm, runs in by_arm.items()}
-    return {"split": split.name, "slo": replay.slo.to_json(), "rates": rates, "results": results,
-            "differences": differences, "counters": counters, "tool_times": replay.tool_times.to_json(),
-            "num_test_workflows": len(replay.base), "model": str(model_dir) if model_dir else None,
-            "compare_model": str(compare_dir) if compare_dir else None}
+        counters[rate] = {
+            arm: {k: float(np.mean([o.extra[k] for o in runs])) for k in runs[0].extra} for arm, runs in by_arm.items()
+        }
+    return {
+        "split": split.name,
+        "slo": replay.slo.to_json(),
+        "rates": rates,
+        "results": results,
+        "differences": differences,
+        "counters": counters,
+        "tool_times": replay.tool_times.to_json(),
+        "num_test_workflows": len(replay.base),
+        "model": str(model_dir) if model_dir else None,
+        "compare_model": str(compare_dir) if compare_dir else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,8 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--traces", help="with --folds: one file split into K task folds")
     parser.add_argument("--folds", type=int, default=0)
     parser.add_argument("--model", help="a trained predictor directory (default: train one on the train side)")
-    parser.add_argument("--compare-model", help="a second trained predictor, fed to the arm maestro[model@compare] "
-                        "(its difference from maestro[model] is reported, paired on the same workloads)")
+    parser.add_argument(
+        "--compare-model",
+        help="a second trained predictor, fed to the arm maestro[model@compare] "
+        "(its difference from maestro[model] is reported, paired on the same workloads)",
+    )
     parser.add_argument("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
     parser.add_argument("--rates", default="auto")
     parser.add_argument("--seeds", type=int, default=3)
@@ -114,9 +132,16 @@ def main(argv: list[str] | None = None) -> None:
     else:
         splits = [side_split(read_all(DEFAULT_TRACES), args.side)]
     runs = [judge(split, args, Path(args.work)) for split in splits]
-    out = {"date": time.strftime("%Y-%m-%d"), "side": args.side if not (args.train or args.folds) else splits[0].name,
-           "seeds": args.seeds, "nodes": args.nodes, "workflows": args.workflows, "variants_tried": VARIANTS_TRIED,
-           **runs[0], "folds": runs[1:] if len(runs) > 1 else []}
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "side": args.side if not (args.train or args.folds) else splits[0].name,
+        "seeds": args.seeds,
+        "nodes": args.nodes,
+        "workflows": args.workflows,
+        "variants_tried": VARIANTS_TRIED,
+        **runs[0],
+        "folds": runs[1:] if len(runs) > 1 else [],
+    }
     out["wall_s"] = round(time.perf_counter() - started, 1)
     paths = report.write(out, Path(args.json))
     print("wrote " + ", ".join(str(p) for p in paths))

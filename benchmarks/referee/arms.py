@@ -14,6 +14,7 @@
 Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
 which none of them reads for its order or its reservation.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,17 @@ from serving.core.scheduler import Policy
 from serving.core.systems import System, get_system
 
 BASELINES = ("fcfs", "edf", "srtf")
-DEFAULT_ARMS = ("fcfs", "edf", "srtf", "edf+admission", "maestro[model]", "maestro[prior]", "maestro[none]",
-                "maestro[oracle]", "maestro[model/slack]")
+DEFAULT_ARMS = (
+    "fcfs",
+    "edf",
+    "srtf",
+    "edf+admission",
+    "maestro[model]",
+    "maestro[prior]",
+    "maestro[none]",
+    "maestro[oracle]",
+    "maestro[model/slack]",
+)
 ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack", "parametric")
 ORDERS = {"no-order": Policy.EDF, "slack": Policy.LEAST_SLACK}
 _MAESTRO = re.compile(r"^maestro\[(model(?:@compare)?|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
@@ -57,9 +67,11 @@ def parse_arm(name: str) -> Arm:
         return Arm(name, maestro.with_overrides(scheduler=Policy.EDF), "model")
     match = _MAESTRO.match(name)
     if not match:
-        raise ValueError(f"unknown arm '{name}'; known: {', '.join(BASELINES)}, edf+admission, "
-                         f"maestro[model|model@compare|prior|none|oracle|noiseσ] with optional "
-                         f"/{','.join(ABLATIONS)}")
+        raise ValueError(
+            f"unknown arm '{name}'; known: {', '.join(BASELINES)}, edf+admission, "
+            f"maestro[model|model@compare|prior|none|oracle|noiseσ] with optional "
+            f"/{','.join(ABLATIONS)}"
+        )
     source, ablations = match.group(1), [a for a in (match.group(2) or "").split(",") if a]
     if unknown := [a for a in ablations if a not in ABLATIONS]:
         raise ValueError(f"arm '{name}': unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}")
@@ -70,8 +82,14 @@ def parse_arm(name: str) -> Arm:
         system = system.with_overrides(scheduler=ORDERS[order])
     if "no-reject" in ablations:
         system = system.with_overrides(triage_rejects=False)
-    return Arm(name, system, source, "none" if "no-reserve" in ablations else None, "no-remaining" not in ablations,
-               "parametric" not in ablations)
+    return Arm(
+        name,
+        system,
+        source,
+        "none" if "no-reserve" in ablations else None,
+        "no-remaining" not in ablations,
+        "parametric" not in ablations,
+    )
 
 
 def parse_arms(text: str) -> list[Arm]:

@@ -23,6 +23,7 @@ summarised with the referee's paired, seed-stratified bootstrap (`benchmarks.ref
 one seed run in one process of `.venv-vllm`, one engine after another. Writes OUT (JSON), OUT.md and OUT.png; the
 plans and step records stay in OUT's folder of the same name.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,24 +64,32 @@ def mean_of(values: np.ndarray, clusters: np.ndarray) -> Outcomes:
 
 # Each figure of the JSON: (the Outcomes built from one run's figures and step_s, the summarize statistic to read).
 MEASURES = {
-    "slo_attainment": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}),
-                       "slo_attainment"),
+    "slo_attainment": (
+        lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}),
+        "slo_attainment",
+    ),
     "e2e_p95_s": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}), "e2e_p95_s"),
     "workflow_p95_steps": (lambda f, _: Outcomes(f["met"], f["latency_steps"], f["clusters"], {}), "e2e_p95_s"),
     "preemptions": (lambda f, _: mean_of(f["preemptions"], f["clusters"]), "slo_attainment"),
-    "tokens_per_step": (lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"],
-                                             f["all_clusters"]), "slo_attainment"),
+    "tokens_per_step": (
+        lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"], f["all_clusters"]),
+        "slo_attainment",
+    ),
     "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
     "context_prompt_tokens": (lambda f, _: mean_of(f["contexts"], f["clusters"]), "slo_attainment"),
 }
-UNITS = {"slo_attainment": "share of measured workflows", "e2e_p95_s": "seconds at step_s a step",
-         "workflow_p95_steps": "engine steps", "preemptions": "per measured workflow",
-         "tokens_per_step": "output tokens per replay step in the steady window",
-         "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
-                                     "a session) that the previous turn had computed (its prompt and output) and "
-                                     "vLLM's prefix cache did not serve",
-         "context_prompt_tokens": "per measured workflow: those next turns' prompt tokens from the previous turn "
-                                  "(the most that a cache can serve)"}
+UNITS = {
+    "slo_attainment": "share of measured workflows",
+    "e2e_p95_s": "seconds at step_s a step",
+    "workflow_p95_steps": "engine steps",
+    "preemptions": "per measured workflow",
+    "tokens_per_step": "output tokens per replay step in the steady window",
+    "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
+    "a session) that the previous turn had computed (its prompt and output) and "
+    "vLLM's prefix cache did not serve",
+    "context_prompt_tokens": "per measured workflow: those next turns' prompt tokens from the previous turn "
+    "(the most that a cache can serve)",
+}
 
 
 def num_workflows(rate: float, arrival_steps: int) -> int:
@@ -90,9 +99,13 @@ def num_workflows(rate: float, arrival_steps: int) -> int:
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
     out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
-    return out + [("vllm-priority-deadline", "vllm-fcfs"), ("maestro[model]", "maestro[none]"),
-                  ("maestro[model]", "maestro[prior]"), ("maestro[oracle]", "maestro[none]"),
-                  ("maestro[oracle]", "maestro[model]")]
+    return out + [
+        ("vllm-priority-deadline", "vllm-fcfs"),
+        ("maestro[model]", "maestro[none]"),
+        ("maestro[model]", "maestro[prior]"),
+        ("maestro[oracle]", "maestro[none]"),
+        ("maestro[oracle]", "maestro[model]"),
+    ]
 
 
 def summarize_rate(by_arm: dict[str, list[dict]], names: list[str], step_s: float) -> tuple[dict, dict]:
@@ -124,9 +137,16 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
         paths += [str(plan_path), str(out_path)]
     # One OpenMP thread, unbound: the tiny model needs none more, and on shared cores a second one waiting at every
     # barrier for its turn made runs 2.5-3x slower (2026-12-03). Step records do not depend on it; the environment wins.
-    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "PYTHONPATH": str(REPO),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
     if paths:
         subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
@@ -142,8 +162,11 @@ def ensure_llm(path: Path, max_model_len: int) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.referee --engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.referee --engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
     add("--train", help="labelled stages to train on and fix the SLOs from")
     add("--test", help="labelled stages to replay (no task in common with --train)")
@@ -164,8 +187,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
     add("--resume", action="store_true", help="reuse the step records of plans already run in OUT's folder")
-    add("--llm", type=Path, default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
-        help="the tiny test model's directory (built if absent)")
+    add(
+        "--llm",
+        type=Path,
+        default=REPO / "benchmarks" / "results" / "engine_replay" / "tiny",
+        help="the tiny test model's directory (built if absent)",
+    )
     add("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
     add("--json", type=Path, default=REPO / "benchmarks" / "results" / "referee_engine.json")
     args = parser.parse_args(argv)
@@ -173,16 +200,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--train and --test go together")
     try:
         args.arm_list = [engine_arm(name.strip()) for name in args.arms.split(",") if name.strip()]
-        args.config = EngineConfig(args.kv_tokens, args.token_scale, args.step_s, args.max_num_seqs,
-                                   args.max_num_batched_tokens, args.max_model_len, args.policy)
+        args.config = EngineConfig(
+            args.kv_tokens,
+            args.token_scale,
+            args.step_s,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            args.max_model_len,
+            args.policy,
+        )
         args.rate_list = [float(r) for r in args.rates.split(",")]
     except ValueError as error:
         parser.error(str(error))
     if not args.vllm_python.exists():
         parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
     if min(args.rate_list) * args.arrival_steps < 10_000:
-        parser.error(f"--arrival-steps {args.arrival_steps} at rate {min(args.rate_list)}: fewer than 10 workflows a "
-                     "run; raise --arrival-steps")
+        parser.error(
+            f"--arrival-steps {args.arrival_steps} at rate {min(args.rate_list)}: fewer than 10 workflows a "
+            "run; raise --arrival-steps"
+        )
     return args
 
 
@@ -208,10 +244,18 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
     for rate, by_arm in figures.items():
         results[rate], differences[rate] = summarize_rate(by_arm, names, args.step_s)
         results[rate]["ceiling"] = ceiling
-    return {"split": split.name, "slo": workload.describe()["slo"], "rates": args.rate_list, "results": results,
-            "differences": differences, "counters": counters, "tool_times": workload.describe()["tool_times"],
-            "engine": workload.describe(), "num_test_workflows": len(workload.base),
-            "model": str(model_dir) if model_dir else None}
+    return {
+        "split": split.name,
+        "slo": workload.describe()["slo"],
+        "rates": args.rate_list,
+        "results": results,
+        "differences": differences,
+        "counters": counters,
+        "tool_times": workload.describe()["tool_times"],
+        "engine": workload.describe(),
+        "num_test_workflows": len(workload.base),
+        "model": str(model_dir) if model_dir else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -221,10 +265,17 @@ def main(argv: list[str] | None = None) -> dict:
         split = Split("given", read_traces(args.train).stages, read_traces(args.test).stages)
     else:
         split = side_split(read_all(DEFAULT_TRACES), args.side)
-    out = {"date": time.strftime("%Y-%m-%d"), "mode": "engine", "side": args.side if not args.train else "given",
-           "seeds": args.seeds, "arrival_steps": args.arrival_steps,
-           "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list}, "variants_tried": VARIANTS_TRIED, "units": UNITS,
-           **judge(split, args)}
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "mode": "engine",
+        "side": args.side if not args.train else "given",
+        "seeds": args.seeds,
+        "arrival_steps": args.arrival_steps,
+        "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list},
+        "variants_tried": VARIANTS_TRIED,
+        "units": UNITS,
+        **judge(split, args),
+    }
     out["wall_s"] = round(time.perf_counter() - started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))

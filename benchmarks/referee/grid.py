@@ -4,6 +4,7 @@ Per seed: the held-out workflows cycled to `--workflows` in a seeded order, Pois
 the stated distribution (`serving.sim.tooltime`), the per-app SLOs fixed from the training side
 (`serving.sim.slo.SLOTable`). Per arm: the system, fed predictions made at readiness (`serving.sim.ready`).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,25 @@ from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, map_models, reset, trace_workflows
 
 MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model (as benchmarks.sim.replay)
-    "gpt-4.1": "llama-3-8b", "gpt-4.1-2025-04-14": "llama-3-8b", "gpt-4.1-mini": "llama-3-8b",
-    "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b", "gpt-4o": "mistral-7b",
-    "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",
-    "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b"}
+    "gpt-4.1": "llama-3-8b",
+    "gpt-4.1-2025-04-14": "llama-3-8b",
+    "gpt-4.1-mini": "llama-3-8b",
+    "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b",
+    "gpt-4o": "mistral-7b",
+    "claude-opus-4-6": "qwen2.5-coder-32b",
+    "ModelType.GPT_3_5_TURBO": "qwen2-72b",
+    "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b",
+}
 MARGIN_WORKFLOWS = 120  # training workflows the oracle's reserve margin is measured on
-COUNTERS = ("num_preemptions", "num_demoted", "num_refused_by_batch_cost", "num_abandoned", "num_rejected", "oom_rate",
-            "kv_reserved_frac_vs_maxlen")
+COUNTERS = (
+    "num_preemptions",
+    "num_demoted",
+    "num_refused_by_batch_cost",
+    "num_abandoned",
+    "num_rejected",
+    "oom_rate",
+    "kv_reserved_frac_vs_maxlen",
+)
 
 
 @dataclass
@@ -89,8 +102,13 @@ class Replay:
             base, compare, _ = name.partition(COMPARE)
             if compare and self.compare_dir is None:
                 raise ValueError(f"source '{name}' needs a second predictor: give --compare-model DIR")
-            predictions = ReadyPredictions(base, self.compare_dir if compare else self.model_dir, seed=key[1],
-                                           margin=margin, workflow_prior=self.workflow_prior)
+            predictions = ReadyPredictions(
+                base,
+                self.compare_dir if compare else self.model_dir,
+                seed=key[1],
+                margin=margin,
+                workflow_prior=self.workflow_prior,
+            )
             predictions.prewarm([s for w in self.base for s in w.stages])
             self.sources[key] = predictions
         return self.sources[key]
@@ -118,8 +136,9 @@ class Replay:
             if not arm.progressive:
                 stage.progressive = None
 
-        sim = Simulator(self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready,
-                        log_decisions=log_decisions)
+        sim = Simulator(
+            self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready, log_decisions=log_decisions
+        )
         summary = sim.run().summary
         done = np.array([w.done_s >= 0 and not w.is_dropped for w in workflows])
         e2e = np.array([w.done_s - w.arrival_s if d else math.inf for w, d in zip(workflows, done)])
@@ -152,8 +171,10 @@ def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.7, 0.5), it
             lo, hi = (mid, hi) if attained(mid) > target * ceiling else (lo, mid)
         rates.append(round(math.sqrt(lo * hi), 2))
         if hi >= high:
-            print(f"capacity: EDF stays above {target} × the ceiling up to {high}/s; the rate for that target is "
-                  "the search's upper bound")
+            print(
+                f"capacity: EDF stays above {target} × the ceiling up to {high}/s; the rate for that target is "
+                "the search's upper bound"
+            )
         low = lo
     return rates
 

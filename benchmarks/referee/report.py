@@ -1,4 +1,5 @@
 """The referee's outputs: the JSON other tools read, a Markdown table and a plot."""
+
 from __future__ import annotations
 
 import json
@@ -26,22 +27,35 @@ def rate_tables(report: dict, heading, columns=COLUMNS, difference_columns=DIFFE
     lines = []
     for rate, row in report["results"].items():
         arms = [a for a in row if a != "ceiling"]
-        lines += [heading(rate, row), "", "| arm | " + " | ".join(t for _, t, _ in columns) + " |",
-                  "|---" * (len(columns) + 1) + "|"]
+        lines += [
+            heading(rate, row),
+            "",
+            "| arm | " + " | ".join(t for _, t, _ in columns) + " |",
+            "|---" * (len(columns) + 1) + "|",
+        ]
         lines += [f"| {arm} | " + " | ".join(cell(row[arm][k], d) for k, _, d in columns) + " |" for arm in arms]
-        lines += ["", "| difference | " + " | ".join(t for _, t, _, _ in difference_columns) + " |",
-                  "|---" * (len(difference_columns) + 1) + "|"]
-        lines += [f"| {name} | " + " | ".join(cell(diff[k], d, scale, signed=True)
-                                             for k, _, d, scale in difference_columns) + " |"
-                  for name, diff in report["differences"][rate].items()]
+        lines += [
+            "",
+            "| difference | " + " | ".join(t for _, t, _, _ in difference_columns) + " |",
+            "|---" * (len(difference_columns) + 1) + "|",
+        ]
+        lines += [
+            f"| {name} | "
+            + " | ".join(cell(diff[k], d, scale, signed=True) for k, _, d, scale in difference_columns)
+            + " |"
+            for name, diff in report["differences"][rate].items()
+        ]
         lines.append("")
     return lines
 
 
 def table(report: dict) -> str:
-    lines = [f"Side `{report['side']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
-             f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; variants "
-             f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap].", ""]
+    lines = [
+        f"Side `{report['side']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
+        f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; variants "
+        f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap].",
+        "",
+    ]
     lines += rate_tables(report, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
     return "\n".join(lines)
 
@@ -60,10 +74,20 @@ def plot(report: dict, out: Path) -> Path:
     for arm in arms:
         stats = [report["results"][r][arm]["slo_attainment"] for r in rates]
         mean = [s["mean"] for s in stats]
-        ax.errorbar(x, mean, yerr=[[m - s["lo"] for m, s in zip(mean, stats)], [s["hi"] - m for m, s in zip(mean, stats)]],
-                    marker="o", capsize=3, label=arm)
-    ax.set(xlabel="workflow arrivals/s", ylabel="SLO attainment (95 % CI)", xscale="log",
-           title=f"referee, side '{report['side']}' ({report['seeds']} seeds)")
+        ax.errorbar(
+            x,
+            mean,
+            yerr=[[m - s["lo"] for m, s in zip(mean, stats)], [s["hi"] - m for m, s in zip(mean, stats)]],
+            marker="o",
+            capsize=3,
+            label=arm,
+        )
+    ax.set(
+        xlabel="workflow arrivals/s",
+        ylabel="SLO attainment (95 % CI)",
+        xscale="log",
+        title=f"referee, side '{report['side']}' ({report['seeds']} seeds)",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out.with_suffix(".png")

@@ -6,6 +6,7 @@ policies) and `locked` (reported once per change). Both splits hash the task id 
 so a task's side never depends on the rest of the data or a seed. `--folds K` instead assigns the tasks to K folds by
 the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1.
 """
+
 from __future__ import annotations
 
 import hashlib

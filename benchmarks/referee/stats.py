@@ -6,6 +6,7 @@ One draw weights every arm alike (paired), each statistic is computed per seed a
 interval is the 2.5–97.5 percentile of the draws. An abandoned or unfinished workflow counts as a miss and as +∞ in
 latency percentiles; a percentile that lands on +∞ is reported as null.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ def interval(point: float, draws: np.ndarray) -> dict:
     return {"mean": clean(point), "lo": clean(lo), "hi": clean(hi)}
 
 
-def summarize(by_arm: dict[str, list[Outcomes]], pairs: list[tuple[str, str]], draws: int = 1000,
-              seed: int = 0) -> tuple[dict, dict]:
+def summarize(
+    by_arm: dict[str, list[Outcomes]], pairs: list[tuple[str, str]], draws: int = 1000, seed: int = 0
+) -> tuple[dict, dict]:
     """`by_arm[arm][s]`: the arm's outcomes on seed s. Returns (results, differences), each statistic as
     {mean, lo, hi}."""
     rng = np.random.default_rng(seed)
@@ -71,6 +73,7 @@ def summarize(by_arm: dict[str, list[Outcomes]], pairs: list[tuple[str, str]], d
     with np.errstate(invalid="ignore"):  # inf − inf (both p95s unfinished) is nan, reported as null
         for a, b in pairs:
             if a in by_arm and b in by_arm:
-                differences[f"{a} - {b}"] = {name: interval(point[a, name] - point[b, name],
-                                                            boot[a, name] - boot[b, name]) for name in STATS}
+                differences[f"{a} - {b}"] = {
+                    name: interval(point[a, name] - point[b, name], boot[a, name] - boot[b, name]) for name in STATS
+                }
     return results, differences

@@ -1,6 +1,7 @@
 """The floor benchmarks/service/serve.py holds a service call against: a bare Starlette route on uvicorn that parses
 the same body and answers the same shape (`bare_app`, in its own process as the service is), plus the in-process
 predict of one stage (the model's share, no HTTP)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,10 +20,23 @@ async def _bare_predict(request):
     from starlette.responses import JSONResponse
 
     stages = (await request.json())["stages"]
-    return JSONResponse([{"workflow_id": s["workflow_id"], "stage_id": s["stage_id"], "p_tool": 0.5,
-                          "tokens_pred": 256, "tokens_reserve": 1024, "fallback_level": "role",
-                          "model_version": "bare", "correction": 1.0, "reserve_correction": 1.0,
-                          "source": "model"} for s in stages])
+    return JSONResponse(
+        [
+            {
+                "workflow_id": s["workflow_id"],
+                "stage_id": s["stage_id"],
+                "p_tool": 0.5,
+                "tokens_pred": 256,
+                "tokens_reserve": 1024,
+                "fallback_level": "role",
+                "model_version": "bare",
+                "correction": 1.0,
+                "reserve_correction": 1.0,
+                "source": "model",
+            }
+            for s in stages
+        ]
+    )
 
 
 def bare_app():
@@ -37,8 +51,20 @@ def bare_app():
 def bare_server(timeout_s: float = 180.0):
     """`bare_app` served by uvicorn in its own process (as the service is); yields its URL."""
     port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.service.floor:bare_app",
-               "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "benchmarks.service.floor:bare_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
     server = subprocess.Popen(command, cwd=REPO)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
     try:
@@ -75,4 +101,5 @@ def in_process_predict(model: str, stages: list[dict]):
             predictor.predict([parsed[i % len(parsed)]])
             latencies.append(time.perf_counter() - started)
         return {**percentiles(latencies), "cpu_ms_per_call": round((time.process_time() - cpu_started) / n * 1000, 2)}
+
     return measure

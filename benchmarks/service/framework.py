@@ -3,6 +3,7 @@ around a constant answer, no model (`bentoml serve benchmarks.service.framework:
 
 benchmarks/service/serve.py measures it beside the service and the bare route: the service minus this is
 the model's share, this minus the bare route is the framework's."""
+
 from __future__ import annotations
 
 import copy
@@ -21,9 +22,18 @@ class FrameworkOnly:
 
     @bentoml.api(route="/predict", input_spec=PredictRequest, **PREDICT_BATCHING)
     def predict(self, stages: list[StageIn]) -> list[PredictionOut]:
-        return [PredictionOut(workflow_id=s.workflow_id, stage_id=s.stage_id, p_tool=0.5, tokens_pred=256,
-                              tokens_reserve=1024, fallback_level="role", model_version="framework-only")
-                for s in stages]
+        return [
+            PredictionOut(
+                workflow_id=s.workflow_id,
+                stage_id=s.stage_id,
+                p_tool=0.5,
+                tokens_pred=256,
+                tokens_reserve=1024,
+                fallback_level="role",
+                model_version="framework-only",
+            )
+            for s in stages
+        ]
 
 
 FrameworkOnly.add_asgi_middleware(Guard, config=ServiceConfig(trace=None))

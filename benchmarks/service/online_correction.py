@@ -12,6 +12,7 @@ earlier service's rule) and the default.
 
     python -m benchmarks.service.online_correction [--traces FILE] [--splits 5] [--out benchmarks/results/online_correction.json]
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,11 @@ SCENARIOS = {"no drift": 1.0, "longer x1.6": 1.6, "shorter x0.6": 0.6}
 def variants(predictor: Predictor) -> dict:
     baseline, role_baselines = oof_bias(predictor)
     alpha, clock = promised_miss_rate(predictor), (lambda: 0.0)  # a replay: no time passes, nothing decays
-    return {"off": None,
-            "undamped": OnlineCorrection(CorrectionConfig(significance=0, reserve_step=0), baseline, None, alpha, clock),
-            "default": OnlineCorrection(CorrectionConfig(), baseline, role_baselines, alpha, clock)}
+    return {
+        "off": None,
+        "undamped": OnlineCorrection(CorrectionConfig(significance=0, reserve_step=0), baseline, None, alpha, clock),
+        "default": OnlineCorrection(CorrectionConfig(), baseline, role_baselines, alpha, clock),
+    }
 
 
 def replay(stages, answers, scale: float, correction: OnlineCorrection | None) -> dict:
@@ -51,9 +54,12 @@ def replay(stages, answers, scale: float, correction: OnlineCorrection | None) -
         pred[k], reserve[k], _, _ = correction.apply(role, answer.tokens_pred, answer.tokens_reserve)
         correction.update(role, answer.tokens_pred, actual[k], answer.tokens_reserve)
     y, pred, reserve = actual[drift_from:], pred[drift_from:], reserve[drift_from:]
-    return {"above_reserve": float(np.mean(y > reserve)),
-            "over_reservation": float(np.maximum(0, reserve - y).sum() / y.sum()),
-            "mae": float(np.mean(np.abs(pred - y))), "kendall_tau": float(kendalltau(pred, y)[0])}
+    return {
+        "above_reserve": float(np.mean(y > reserve)),
+        "over_reservation": float(np.maximum(0, reserve - y).sum() / y.sum()),
+        "mae": float(np.mean(np.abs(pred - y))),
+        "kendall_tau": float(kendalltau(pred, y)[0]),
+    }
 
 
 def main() -> None:
@@ -66,17 +72,33 @@ def main() -> None:
         predictor = Predictor.train([stages[i] for i in train_idx], feat, config)
         test = [stages[i] for i in test_idx]
         answers = predictor.predict(test)
-        runs.append({scenario: {name: replay(test, answers, scale, correction)
-                                for name, correction in variants(predictor).items()}
-                     for scenario, scale in SCENARIOS.items()})
+        runs.append(
+            {
+                scenario: {
+                    name: replay(test, answers, scale, correction) for name, correction in variants(predictor).items()
+                }
+                for scenario, scale in SCENARIOS.items()
+            }
+        )
         print(f"split {seed}: {json.dumps(runs[-1]['no drift']['default'])}", flush=True)
-    mean = {scenario: {name: {metric: round(float(np.mean([r[scenario][name][metric] for r in runs])), 4)
-                              for metric in runs[0][scenario][name]}
-                       for name in runs[0][scenario]}
-            for scenario in SCENARIOS}
-    ratios = {scenario: {name: {metric: round(value / table["off"][metric], 3) for metric, value in row.items()}
-                         for name, row in table.items() if name != "off"}
-              for scenario, table in mean.items()}
+    mean = {
+        scenario: {
+            name: {
+                metric: round(float(np.mean([r[scenario][name][metric] for r in runs])), 4)
+                for metric in runs[0][scenario][name]
+            }
+            for name in runs[0][scenario]
+        }
+        for scenario in SCENARIOS
+    }
+    ratios = {
+        scenario: {
+            name: {metric: round(value / table["off"][metric], 3) for metric, value in row.items()}
+            for name, row in table.items()
+            if name != "off"
+        }
+        for scenario, table in mean.items()
+    }
     result = {"traces": args.traces, "splits": args.splits, "mean": mean, "vs_off": ratios, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

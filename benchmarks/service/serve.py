@@ -14,6 +14,7 @@ batches; the client's fallback latency when the service is down or hangs. The lo
 shares the machine's two cores with the server, as a scheduler on the same node would; it is aiohttp
 (≈ 0.2 ms of CPU a request), and c8 is measured once more with httpx (≈ 1 ms a request) beside it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,15 @@ FRAMEWORK_ONLY = "benchmarks.service.framework:FrameworkOnly"  # the service's B
 def warm(url: str, stages: list[dict]) -> None:
     with httpx.Client(base_url=url, timeout=120) as http:
         for start in range(0, len(stages), 64):
-            http.post("/predict_unbatched", json={"stages": stages[start:start + 64]}).raise_for_status()
+            http.post("/predict_unbatched", json={"stages": stages[start : start + 64]}).raise_for_status()
 
 
 def service_benchmarks(url: str, stages: list[dict], duration_s: float) -> dict:
     singles = [{"stages": [s]} for s in stages]
-    batches = [{"stages": stages[i:i + 32]} for i in range(0, len(stages) - 31, 32)]
+    batches = [{"stages": stages[i : i + 32]} for i in range(0, len(stages) - 31, 32)]
     run = lambda route, payloads, c, client="aiohttp": asyncio.run(
-        closed_loop(url, route, payloads, c, duration_s, client))
+        closed_loop(url, route, payloads, c, duration_s, client)
+    )
     out = {"latency_one_stage": {f"c{c}": run("/predict", singles, c) for c in (1, 8, 32)}}
     out["latency_one_stage_httpx_load_generator"] = {"c8": run("/predict", singles, 8, "httpx")}
     out["latency_one_stage_unbatched"] = {f"c{c}": run("/predict_unbatched", singles, c) for c in (1, 8, 32)}
@@ -79,11 +81,15 @@ def against_floor(urls: dict[str, str], singles: list[dict], in_process, rounds:
     floors = [b["p99_ms"] + i["p99_ms"] for b, i in zip(arms["bare_route"], arms["in_process"])]
     over_floor = {arm: [r["p99_ms"] / f for r, f in zip(arms[arm], floors)] for arm in ("service", "framework_only")}
     median = lambda arm, key: round(float(np.median([r[key] for r in arms[arm]])), 2)
-    return {"rounds": arms, **{f"{arm}_p{q}_ms_median": median(arm, f"p{q}_ms") for arm in arms for q in (50, 99)},
-            "p99_over_floor_each": [round(r, 2) for r in over_floor["service"]],
-            "p99_over_floor_median": round(float(np.median(over_floor["service"])), 2), "target": 1.5,
-            "framework_only_p99_over_floor_each": [round(r, 2) for r in over_floor["framework_only"]],
-            "framework_only_p99_over_floor_median": round(float(np.median(over_floor["framework_only"])), 2)}
+    return {
+        "rounds": arms,
+        **{f"{arm}_p{q}_ms_median": median(arm, f"p{q}_ms") for arm in arms for q in (50, 99)},
+        "p99_over_floor_each": [round(r, 2) for r in over_floor["service"]],
+        "p99_over_floor_median": round(float(np.median(over_floor["service"])), 2),
+        "target": 1.5,
+        "framework_only_p99_over_floor_each": [round(r, 2) for r in over_floor["framework_only"]],
+        "framework_only_p99_over_floor_median": round(float(np.median(over_floor["framework_only"])), 2),
+    }
 
 
 class _Hanging(http.server.BaseHTTPRequestHandler):
@@ -96,6 +102,7 @@ class _Hanging(http.server.BaseHTTPRequestHandler):
 
 def fallback_benchmarks(stages: list[dict], timeout_s: float, n: int = 200) -> dict:
     """Client answers when nothing listens (connection refused) and when the service hangs."""
+
     def timed(client: PredictorClient, count: int) -> list[float]:
         out = []
         for i in range(count):
@@ -120,8 +127,12 @@ def fallback_benchmarks(stages: list[dict], timeout_s: float, n: int = 200) -> d
     with PredictorClient(cooled, LocalFallback()) as client:
         client.predict([stages[0]])
         cooldown = timed(client, n)
-    return {"timeout_s": timeout_s, "connection_refused": percentiles(refused),
-            "hanging_service": percentiles(hung), "within_cooldown": percentiles(cooldown)}
+    return {
+        "timeout_s": timeout_s,
+        "connection_refused": percentiles(refused),
+        "hanging_service": percentiles(hung),
+        "within_cooldown": percentiles(cooldown),
+    }
 
 
 def main() -> None:
@@ -138,27 +149,42 @@ def main() -> None:
     from pipelines.synth import generate
 
     stages = [to_wire(r) for r in generate(args.stages, seed=123)][: args.stages]
-    env = {"MAESTRO_MODEL": args.model, "MAESTRO_TRACE_DIR": "off",
-           **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {})}
+    env = {
+        "MAESTRO_MODEL": args.model,
+        "MAESTRO_TRACE_DIR": "off",
+        **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri else {}),
+    }
     in_process = in_process_predict(args.model, stages)
     framework = ServerConfig(target=FRAMEWORK_ONLY, log_path="/tmp/predictor_service_bench_framework.log")
-    with LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server, \
-            LocalServer(framework) as framework_only, bare_server() as bare_url:
+    with (
+        LocalServer(ServerConfig(env=env, log_path="/tmp/predictor_service_bench.log")) as server,
+        LocalServer(framework) as framework_only,
+        bare_server() as bare_url,
+    ):
         warm(server.url, stages)
         stats = httpx.get(f"{server.url}/stats").json()
         urls = {"service": server.url, "framework_only": framework_only.url, "bare_route": bare_url}
-        results = {"c8_against_floor": against_floor(urls, [{"stages": [s]} for s in stages], in_process,
-                                                     args.rounds, args.duration_s)}
+        results = {
+            "c8_against_floor": against_floor(
+                urls, [{"stages": [s]} for s in stages], in_process, args.rounds, args.duration_s
+            )
+        }
         if not args.quick:
             results.update(service_benchmarks(server.url, stages, args.duration_s))
     if not args.quick:
         results["in_process_predict_one_stage"] = in_process()
         results["client_fallback"] = fallback_benchmarks(stages, args.client_timeout_s)
-    results["setup"] = {"model": args.model, "model_version": stats["model_version"], "distinct_stages": len(stages),
-                        "duration_s_per_point": args.duration_s, "cpus": os.cpu_count(),
-                        "load_avg_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
-                        "server": "bentoml serve, 1 worker, OMP_NUM_THREADS=1",
-                        "in_process_omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    results["setup"] = {
+        "model": args.model,
+        "model_version": stats["model_version"],
+        "distinct_stages": len(stages),
+        "duration_s_per_point": args.duration_s,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "server": "bentoml serve, 1 worker, OMP_NUM_THREADS=1",
+        "in_process_omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))

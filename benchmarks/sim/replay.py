@@ -18,6 +18,7 @@ for every stage). Each arm's Kendall τ and MAE against the true lengths are rep
 SLOs under the `scaled` definition (bisection on the arrival rate). Writes the JSON, a Markdown table and plots next
 to `--out`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,13 +46,28 @@ from serving.sim.workload import SimWorkflow, reset
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 TRACES = [SHARED / "dev-traces" / "dev_traces.jsonl", *sorted((SHARED / "agent-traces").glob("*.jsonl"))]
 MODEL_MAP = {  # trace model -> cost profile: each large family on its own placed model
-    "gpt-4.1": "llama-3-8b", "gpt-4.1-2025-04-14": "llama-3-8b", "gpt-4.1-mini": "llama-3-8b",
-    "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b", "gpt-4o": "mistral-7b",
-    "claude-opus-4-6": "qwen2.5-coder-32b", "ModelType.GPT_3_5_TURBO": "qwen2-72b",
-    "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b"}
+    "gpt-4.1": "llama-3-8b",
+    "gpt-4.1-2025-04-14": "llama-3-8b",
+    "gpt-4.1-mini": "llama-3-8b",
+    "ft:gpt-4.1-2025-04-14:sierra:tau2-full-sft:BzrYdMNm": "qwen2-7b",
+    "gpt-4o": "mistral-7b",
+    "claude-opus-4-6": "qwen2.5-coder-32b",
+    "ModelType.GPT_3_5_TURBO": "qwen2-72b",
+    "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b",
+}
 EDF_TARGETS = (0.99, 0.9, 0.5, 0.3)
-SUMMARY_KEYS = ("slo_attainment", "e2e_s", "oom_rate", "kv_reserved_frac_vs_maxlen", "queue_nonempty_at_ready",
-                "num_demoted", "num_refused_by_batch_cost", "num_preemptions", "num_abandoned", "rejected_rate")
+SUMMARY_KEYS = (
+    "slo_attainment",
+    "e2e_s",
+    "oom_rate",
+    "kv_reserved_frac_vs_maxlen",
+    "queue_nonempty_at_ready",
+    "num_demoted",
+    "num_refused_by_batch_cost",
+    "num_preemptions",
+    "num_abandoned",
+    "rejected_rate",
+)
 
 
 def split(work: Path, test_fraction: float, seed: int) -> tuple[Path, Path]:
@@ -66,7 +82,7 @@ def split(work: Path, test_fraction: float, seed: int) -> tuple[Path, Path]:
 
 def arm_config(arm: str, model_dir: Path, seed: int) -> PredictionConfig:
     if arm.startswith("noise"):
-        return PredictionConfig(source="noise", sigma=float(arm[len("noise"):]), seed=seed)
+        return PredictionConfig(source="noise", sigma=float(arm[len("noise") :]), seed=seed)
     return PredictionConfig(source=arm, model_dir=str(model_dir) if arm in ("model", "prior") else None, seed=seed)
 
 
@@ -80,9 +96,16 @@ class Replay:
         self.predictions: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
 
     def workload(self, rate: float, slo: str) -> list[SimWorkflow]:
-        run = RunConfig(policies=("edf",), seed=self.args.seed, num_workflows=self.args.workflows, rate_per_s=rate,
-                        traces=str(self.replay), model_map=MODEL_MAP, predictions=PredictionConfig(source="none"),
-                        slo=SLOConfig(mode=slo))
+        run = RunConfig(
+            policies=("edf",),
+            seed=self.args.seed,
+            num_workflows=self.args.workflows,
+            rate_per_s=rate,
+            traces=str(self.replay),
+            model_map=MODEL_MAP,
+            predictions=PredictionConfig(source="none"),
+            slo=SLOConfig(mode=slo),
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unmapped trace models run as the default model (named once per run)
             return build_workload(self.scenario, run, self.scenario.regimes[0])
@@ -91,8 +114,9 @@ class Replay:
         """Set every stage's prediction from `arm` (computed on the first call, reused at every rate)."""
         if arm not in self.predictions:
             annotate(workflows, arm_config(arm, self.model_dir, self.args.seed))
-            self.predictions[arm] = {(w.workflow_id, s.stage_id): (s.tokens_pred, s.tokens_reserve)
-                                     for w in workflows for s in w.stages}
+            self.predictions[arm] = {
+                (w.workflow_id, s.stage_id): (s.tokens_pred, s.tokens_reserve) for w in workflows for s in w.stages
+            }
         for workflow in workflows:
             for stage in workflow.stages:
                 stage.tokens_pred, stage.tokens_reserve = self.predictions[arm][workflow.workflow_id, stage.stage_id]
@@ -109,11 +133,15 @@ class Replay:
 
 def quality(workflows: list[SimWorkflow]) -> dict:
     """Kendall τ and MAE of the stages' predicted against their true output tokens (each replayed stage once)."""
-    seen = {(w.workflow_id.split("#")[0], s.stage_id): (s.tokens_pred, s.output_tokens)
-            for w in workflows for s in w.stages}
+    seen = {
+        (w.workflow_id.split("#")[0], s.stage_id): (s.tokens_pred, s.output_tokens) for w in workflows for s in w.stages
+    }
     pred, true = np.array(list(seen.values()), dtype=float).T
-    return {"kendall_tau": float(kendalltau(pred, true).statistic), "mae_tokens": float(np.mean(np.abs(pred - true))),
-            "num_stages": len(seen)}
+    return {
+        "kendall_tau": float(kendalltau(pred, true).statistic),
+        "mae_tokens": float(np.mean(np.abs(pred - true))),
+        "num_stages": len(seen),
+    }
 
 
 def find_rates(replay: Replay, targets=EDF_TARGETS, iterations: int = 7) -> dict[float, float]:
@@ -165,8 +193,11 @@ def table(report: dict) -> str:
     lines = []
     for slo, by_rate in report["results"].items():
         systems = list(next(iter(by_rate.values())))
-        lines += [f"\n**SLO `{slo}`** — SLO attainment / p95 workflow time (s)\n",
-                  "| rate/s | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
+        lines += [
+            f"\n**SLO `{slo}`** — SLO attainment / p95 workflow time (s)\n",
+            "| rate/s | " + " | ".join(systems) + " |",
+            "|---" * (len(systems) + 1) + "|",
+        ]
         for rate, row in by_rate.items():
             cells = [f"{row[s]['slo_attainment']:.3f} / {row[s]['e2e_s']['p95'] or 0:.0f}" for s in systems]
             lines.append(f"| {rate} | " + " | ".join(cells) + " |")
@@ -190,12 +221,16 @@ def plot(report: dict, out: Path) -> list[Path]:
             ax_rate.plot(rates, [row[system]["slo_attainment"] for row in by_rate.values()], marker="o", label=system)
         ax_rate.set(xlabel="workflow arrivals/s (8 nodes)", ylabel="SLO attainment", title=f"SLO '{slo}' by load")
         ax_rate.legend(fontsize=7)
-        arms = [a for a in report["quality"] if report["quality"][a]["kendall_tau"] == report["quality"][a]["kendall_tau"]]
+        arms = [
+            a for a in report["quality"] if report["quality"][a]["kendall_tau"] == report["quality"][a]["kendall_tau"]
+        ]
         taus = [report["quality"][a]["kendall_tau"] for a in arms]
         for rate, row in by_rate.items():
             order = np.argsort(taus)
             xs = [taus[i] for i in order]
-            ax_slo.plot(xs, [row[f"maestro[{arms[i]}]"]["slo_attainment"] for i in order], marker="o", label=f"{rate}/s")
+            ax_slo.plot(
+                xs, [row[f"maestro[{arms[i]}]"]["slo_attainment"] for i in order], marker="o", label=f"{rate}/s"
+            )
             ax_p95.plot(xs, [row[f"maestro[{arms[i]}]"]["e2e_s"]["p95"] for i in order], marker="o", label=f"{rate}/s")
         for i, arm in enumerate(arms):
             ax_slo.annotate(arm, (taus[i], ax_slo.get_ylim()[0]), fontsize=6, rotation=90, va="bottom")
@@ -222,8 +257,9 @@ def main() -> None:
     parser.add_argument("--system", default="maestro", help="the system fed each prediction arm")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/sim_replay.json")
-    parser.add_argument("--work", default="benchmarks/results/sim_replay",
-                        help="split and model (the model is reused unless --retrain)")
+    parser.add_argument(
+        "--work", default="benchmarks/results/sim_replay", help="split and model (the model is reused unless --retrain)"
+    )
     parser.add_argument("--retrain", action="store_true", help="train even if the model directory exists")
     args = parser.parse_args()
     out, work = Path(args.out), Path(args.work)
@@ -238,9 +274,17 @@ def main() -> None:
     started = time.perf_counter()
     found = find_rates(replay) if args.rates == "auto" else {}
     rates = sorted(found.values()) if found else [float(r) for r in args.rates.split(",")]
-    report = {"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "workflows": args.workflows, "seed": args.seed,
-              "system": args.system, "rates": rates, "edf_targets": {str(k): v for k, v in found.items()},
-              **run_all(replay, rates, args), "wall_s": None}
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "nodes": args.nodes,
+        "workflows": args.workflows,
+        "seed": args.seed,
+        "system": args.system,
+        "rates": rates,
+        "edf_targets": {str(k): v for k, v in found.items()},
+        **run_all(replay, rates, args),
+        "wall_s": None,
+    }
     report["wall_s"] = round(time.perf_counter() - started, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

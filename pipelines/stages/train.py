@@ -1,5 +1,6 @@
 """DVC stage `train`: fit the two-stage model and priors on the training features, and the workflow-level model on
 the same training stages (read from the traces); save the predictor."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,11 @@ from pipelines.train import fit, workflow_config
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--features", default="data/features")
-    parser.add_argument("--traces", default="data/traces/collected.jsonl",
-                        help="the traces featurize split: the workflow model is fitted on the training stages")
+    parser.add_argument(
+        "--traces",
+        default="data/traces/collected.jsonl",
+        help="the traces featurize split: the workflow model is fitted on the training stages",
+    )
     parser.add_argument("--out", default="models/predictor")
     args = parser.parse_args()
     features = Path(args.features)

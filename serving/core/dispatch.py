@@ -13,6 +13,7 @@ node's admission (opaque here: what the node computed to say yes); the caller ap
 admission, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
 No clock, no I/O: the gateway's async shell and the simulator's event loop both drive it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -91,8 +92,13 @@ def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchCon
 class DispatchCore:
     """One queue, the session cap, backfill and node choice (see the module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, config: DispatchConfig | None = None, cap: SessionCap | None = None,
-                 is_live: Callable[[StageRequest, float], bool] = lambda request, now: True):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        config: DispatchConfig | None = None,
+        cap: SessionCap | None = None,
+        is_live: Callable[[StageRequest, float], bool] = lambda request, now: True,
+    ):
         self.scheduler, self.config, self.cap, self.is_live = scheduler, config or DispatchConfig(), cap, is_live
         self.overtaken: dict[StageRequest, int] = {}  # times backfill passed a queued stage
         self.num_started = 0
@@ -157,16 +163,23 @@ class DispatchCore:
             else:
                 waiting.append(request)
 
-    def _take(self, outcome: Outcome, request: StageRequest, node: NodeView | None = None, admission: object = None,
-              is_backfill: bool = False) -> Decision:
+    def _take(
+        self,
+        outcome: Outcome,
+        request: StageRequest,
+        node: NodeView | None = None,
+        admission: object = None,
+        is_backfill: bool = False,
+    ) -> Decision:
         self.remove(request)
         if outcome is Outcome.START:
             self.num_started += 1
             self.num_backfilled += is_backfill
         return Decision(outcome, request, node, admission, is_backfill)
 
-    def held_back(self, views: Sequence[NodeView], now: float,
-                  since: Callable[[StageRequest], float] = lambda r: r.ready_s) -> tuple[bool, float | None]:
+    def held_back(
+        self, views: Sequence[NodeView], now: float, since: Callable[[StageRequest], float] = lambda r: r.ready_s
+    ) -> tuple[bool, float | None]:
         """For the cap's adaptation: (whether the first stage the cap holds back would fit a node now while no admitted
         stage waits, since when the longest-waiting admitted stage has waited: `since(request)`, its ready time by
         default)."""

@@ -5,6 +5,7 @@ attained service are both `ServicePace.service_s` of the stage's tokens, and its
 `workflow_remaining_s` of the workflow prediction, so every policy reads one unit live and simulated — seconds of a
 stage alone on a node (no queueing, no batching slowdown).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ class TokenPace:
         return output_tokens * self.decode_s_per_token
 
 
-def workflow_remaining_s(pace: ServicePace, prompt_tokens: int, wf_remaining_calls: float,
-                         wf_remaining_tokens: float) -> float:
+def workflow_remaining_s(
+    pace: ServicePace, prompt_tokens: int, wf_remaining_calls: float, wf_remaining_tokens: float
+) -> float:
     """The service a workflow is predicted to need after a stage, from the workflow prediction made when the stage
     became ready (`maestro.prediction.WorkflowRemaining`): each call still to come prefills about this stage's prompt,
     and together they produce the remaining output tokens."""
@@ -86,14 +88,40 @@ class WorkflowInfo:
     remaining_s: float = 0.0  # predicted service after this stage (serving/core/scheduler/remaining.py)
 
 
-def stage_request(workflow: WorkflowInfo, stage_id: str, *, prompt_tokens: int, tokens_pred: int, tokens_reserve: int,
-                  max_tokens: int, pace: ServicePace, ready_s: float, model: str = "", is_kv_pinned: bool = False,
-                  home_node: str = "", payload: object = None) -> StageRequest:
+def stage_request(
+    workflow: WorkflowInfo,
+    stage_id: str,
+    *,
+    prompt_tokens: int,
+    tokens_pred: int,
+    tokens_reserve: int,
+    max_tokens: int,
+    pace: ServicePace,
+    ready_s: float,
+    model: str = "",
+    is_kv_pinned: bool = False,
+    home_node: str = "",
+    payload: object = None,
+) -> StageRequest:
     """A ready stage as the scheduler sees it; its predicted output is capped at `max_tokens`, and its predicted
     service is `pace.service_s` of its prompt and that output."""
     tokens_pred = min(max_tokens, tokens_pred)
     return StageRequest(
-        workflow.workflow_id, stage_id, model, workflow.interactive, workflow.arrival_s, ready_s, workflow.deadline_s,
-        prompt_tokens, tokens_pred, tokens_reserve, max_tokens, pace.service_s(prompt_tokens, tokens_pred),
-        workflow.remaining_s, workflow.attained_service_s, is_kv_pinned=is_kv_pinned, home_node=home_node,
-        payload=payload)
+        workflow.workflow_id,
+        stage_id,
+        model,
+        workflow.interactive,
+        workflow.arrival_s,
+        ready_s,
+        workflow.deadline_s,
+        prompt_tokens,
+        tokens_pred,
+        tokens_reserve,
+        max_tokens,
+        pace.service_s(prompt_tokens, tokens_pred),
+        workflow.remaining_s,
+        workflow.attained_service_s,
+        is_kv_pinned=is_kv_pinned,
+        home_node=home_node,
+        payload=payload,
+    )

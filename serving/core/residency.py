@@ -5,13 +5,14 @@ full tier drop one tier down (cascading), never a model with stages in flight. T
 come from bandwidths (PCIe, NVMe, network) plus the CUDA-graph/JIT warm-up that Sleeping keeps
 (the seed: ~0.5 GB stays on the GPU and waking saves 5–8 s over a cold CPU load).
 """
+
 from __future__ import annotations
 
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 class ModelState(enum.IntEnum):
@@ -82,7 +83,8 @@ class NodeResidency:
     def can_activate(self, model: str, busy_models: set[str] = frozenset()) -> bool:
         """Whether `activate` would succeed now (it runs, or the busy models leave room for its weights)."""
         return self.state[model] is ModelState.RUNNING or (
-            self.weight_bytes[model] <= self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models))
+            self.weight_bytes[model] <= self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models)
+        )
 
     def place(self, model: str, state: ModelState) -> None:
         """Put a model in a state without cost (initial placement)."""
@@ -100,22 +102,28 @@ class NodeResidency:
         """Bytes a tier holds: GPU = Running weights + Sleeping stubs; CPU = Sleeping + CPU weights."""
         c, w = self.config, self.weight_bytes
         if tier is ModelState.RUNNING:
-            return (sum(w[m] for m in self._lru[ModelState.RUNNING])
-                    + c.sleeping_gpu_bytes * len(self._lru[ModelState.SLEEPING]))
+            return sum(w[m] for m in self._lru[ModelState.RUNNING]) + c.sleeping_gpu_bytes * len(
+                self._lru[ModelState.SLEEPING]
+            )
         if tier is ModelState.CPU:
             return sum(w[m] for s in (ModelState.SLEEPING, ModelState.CPU) for m in self._lru[s])
         return sum(w[m] for m in self._lru[tier])
 
     def _rebalance(self, pinned: set[str]) -> None:
         c = self.config
-        for tier, budget, down in ((ModelState.RUNNING, c.gpu_weight_budget_bytes, ModelState.SLEEPING),
-                                   (ModelState.CPU, c.cpu_budget_bytes, ModelState.DISK),
-                                   (ModelState.DISK, c.disk_budget_bytes, ModelState.REMOTE)):
+        for tier, budget, down in (
+            (ModelState.RUNNING, c.gpu_weight_budget_bytes, ModelState.SLEEPING),
+            (ModelState.CPU, c.cpu_budget_bytes, ModelState.DISK),
+            (ModelState.DISK, c.disk_budget_bytes, ModelState.REMOTE),
+        ):
             self._spill(tier, budget, down, pinned)
 
     def _spill(self, tier: ModelState, budget: int, down: ModelState, pinned: set[str]) -> None:
-        sources = (ModelState.SLEEPING, ModelState.RUNNING) if tier is ModelState.RUNNING else (
-            (ModelState.CPU, ModelState.SLEEPING) if tier is ModelState.CPU else (tier,))
+        sources = (
+            (ModelState.SLEEPING, ModelState.RUNNING)
+            if tier is ModelState.RUNNING
+            else ((ModelState.CPU, ModelState.SLEEPING) if tier is ModelState.CPU else (tier,))
+        )
         while self.tier_bytes(tier) > budget:
             victim = self._lru_victim(sources, pinned)
             if victim is None:

@@ -5,6 +5,7 @@ A is availability (higher is better), T_ready the seconds until the node could s
 models it would have to push out). Each term is min-max normalised after clipping at its
 5th/95th percentiles, so one outlier node cannot dominate (the seed's choice); λ = μ = 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

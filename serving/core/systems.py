@@ -9,6 +9,7 @@ Baselines of the Maestro paper (FCFS, EDF, SRTF) reserve KV for max_tokens, the 
 −67.2 % is read against; the agent baselines of MARS (Continuum, Continuum-Dy, InferCept, keep/evict-always) run on
 vLLM's paged, on-demand allocation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,10 @@ class System:
 
     def __post_init__(self):
         if self.reservation is ReservationMode.PROJECTED:
-            raise ValueError(f"system '{self.name}': 'projected' is how the gateway admits a predicted reservation "
-                             "(its kv.admission), not a reservation of its own; use 'predicted'")
+            raise ValueError(
+                f"system '{self.name}': 'projected' is how the gateway admits a predicted reservation "
+                "(its kv.admission), not a reservation of its own; use 'predicted'"
+            )
         if not 0 <= self.admission_headroom_frac < 1:
             raise ValueError(f"system '{self.name}': admission_headroom_frac must be in [0, 1)")
 
@@ -52,25 +55,43 @@ class System:
 
 
 _P, _R, _T = Policy, ReservationMode, ToolKVPolicy
-SYSTEMS: dict[str, System] = {s.name: s for s in [
-    System("fcfs", _P.FCFS, _R.MAX_LEN, _T.EVICT_ALWAYS),
-    System("edf", _P.EDF, _R.MAX_LEN, _T.EVICT_ALWAYS),
-    System("srtf", _P.SRTF, _R.MAX_LEN, _T.EVICT_ALWAYS),
-    System("maestro", _P.TRIAGE, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
-           batch_cost=True, triage_rejects=True),
-    # Maestro before workflow triage: least predicted slack first, late work demoted, nothing turned away.
-    System("maestro-slack", _P.LEAST_SLACK, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05,
-           batch_cost=True),
-    # Maestro before the slack policy: predicted SRTF, every stage whose reserve fits admitted at once.
-    System("maestro-srtf", _P.PREDICTED_SRTF, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05),
-    System("mars", _P.MARS, _R.ON_DEMAND, _T.MARS, cap=CapKind.AIMD),
-    System("continuum", _P.CONTINUUM, _R.ON_DEMAND, _T.CONTINUUM),
-    System("continuum-dy", _P.CONTINUUM, _R.ON_DEMAND, _T.CONTINUUM_DY),
-    System("infercept", _P.FCFS, _R.ON_DEMAND, _T.INFERCEPT),
-    System("keep-always", _P.FCFS, _R.ON_DEMAND, _T.KEEP_ALWAYS),
-    System("evict-always", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
-    System("vllm", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
-]}
+SYSTEMS: dict[str, System] = {
+    s.name: s
+    for s in [
+        System("fcfs", _P.FCFS, _R.MAX_LEN, _T.EVICT_ALWAYS),
+        System("edf", _P.EDF, _R.MAX_LEN, _T.EVICT_ALWAYS),
+        System("srtf", _P.SRTF, _R.MAX_LEN, _T.EVICT_ALWAYS),
+        System(
+            "maestro",
+            _P.TRIAGE,
+            _R.PREDICTED,
+            _T.MARS,
+            Router.FITNESS,
+            admission_headroom_frac=0.05,
+            batch_cost=True,
+            triage_rejects=True,
+        ),
+        # Maestro before workflow triage: least predicted slack first, late work demoted, nothing turned away.
+        System(
+            "maestro-slack",
+            _P.LEAST_SLACK,
+            _R.PREDICTED,
+            _T.MARS,
+            Router.FITNESS,
+            admission_headroom_frac=0.05,
+            batch_cost=True,
+        ),
+        # Maestro before the slack policy: predicted SRTF, every stage whose reserve fits admitted at once.
+        System("maestro-srtf", _P.PREDICTED_SRTF, _R.PREDICTED, _T.MARS, Router.FITNESS, admission_headroom_frac=0.05),
+        System("mars", _P.MARS, _R.ON_DEMAND, _T.MARS, cap=CapKind.AIMD),
+        System("continuum", _P.CONTINUUM, _R.ON_DEMAND, _T.CONTINUUM),
+        System("continuum-dy", _P.CONTINUUM, _R.ON_DEMAND, _T.CONTINUUM_DY),
+        System("infercept", _P.FCFS, _R.ON_DEMAND, _T.INFERCEPT),
+        System("keep-always", _P.FCFS, _R.ON_DEMAND, _T.KEEP_ALWAYS),
+        System("evict-always", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
+        System("vllm", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
+    ]
+}
 
 
 def get_system(name: str) -> System:

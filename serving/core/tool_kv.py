@@ -3,6 +3,7 @@
 Every policy answers `ttl_s(...)`: 0 evicts at once, math.inf keeps until the tool returns,
 anything between pins for that long and then evicts. Definitions follow PAPERS.md.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -34,8 +35,9 @@ class ToolKVConfig:
         if isinstance(self.policy, ToolKVPolicy):
             self.policy = self.policy.value
         if self.policy not in {p.value for p in ToolKVPolicy}:
-            raise ValueError(f"unknown tool-KV policy '{self.policy}'; known: "
-                             f"{', '.join(p.value for p in ToolKVPolicy)}")
+            raise ValueError(
+                f"unknown tool-KV policy '{self.policy}'; known: {', '.join(p.value for p in ToolKVPolicy)}"
+            )
         if self.fixed_ttl_s < 0 or not 0 < self.ema_alpha <= 1:
             raise ValueError("fixed_ttl_s must be >= 0 and ema_alpha in (0, 1]")
 
@@ -149,7 +151,12 @@ class InferCeptToolKV(ToolKV):
 
 def create_tool_kv(config: ToolKVConfig | ToolKVPolicy | str) -> ToolKV:
     config = config if isinstance(config, ToolKVConfig) else ToolKVConfig(policy=config)
-    classes = {ToolKVPolicy.MARS: MarsToolKV, ToolKVPolicy.KEEP_ALWAYS: KeepAlways,
-               ToolKVPolicy.EVICT_ALWAYS: EvictAlways, ToolKVPolicy.CONTINUUM: ContinuumToolKV,
-               ToolKVPolicy.CONTINUUM_DY: ContinuumDyToolKV, ToolKVPolicy.INFERCEPT: InferCeptToolKV}
+    classes = {
+        ToolKVPolicy.MARS: MarsToolKV,
+        ToolKVPolicy.KEEP_ALWAYS: KeepAlways,
+        ToolKVPolicy.EVICT_ALWAYS: EvictAlways,
+        ToolKVPolicy.CONTINUUM: ContinuumToolKV,
+        ToolKVPolicy.CONTINUUM_DY: ContinuumDyToolKV,
+        ToolKVPolicy.INFERCEPT: InferCeptToolKV,
+    }
     return classes[ToolKVPolicy(config.policy)](config)

@@ -1,6 +1,7 @@
 """What the gateway's predictors share: a stage's answer (its `Prediction` and the `Source` that gave it), the
 counts of answers by source, the `StagePredictor` interface (predict.py's LocalPredictor, http_predictor.py's
 HttpPredictor), and the finished-stage row both observe."""
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,13 @@ class AnswerCounts:
 
     def add(self, source: Source, num_stages: int, cause: str = "") -> None:
         if source is not Source.MODEL and not self.counts[source]:
-            log.warning("predictor %s: a stage was answered by the prior (%s%s); further ones are only counted "
-                        "(/maestro/status 'predictor')", self.what, source.value, f": {cause}" if cause else "")
+            log.warning(
+                "predictor %s: a stage was answered by the prior (%s%s); further ones are only counted "
+                "(/maestro/status 'predictor')",
+                self.what,
+                source.value,
+                f": {cause}" if cause else "",
+            )
         self.counts[source] += num_stages
 
     @property
@@ -51,9 +57,12 @@ class AnswerCounts:
 
     def snapshot(self) -> dict:
         total = self.num_model + self.num_fallback
-        return {"answered_by_model": self.num_model, "answered_by_prior": self.num_fallback,
-                "fallback_reasons": {s.value: self.counts[s] for s in FALLBACKS},
-                "model_share": round(self.num_model / total, 4) if total else None}
+        return {
+            "answered_by_model": self.num_model,
+            "answered_by_prior": self.num_fallback,
+            "fallback_reasons": {s.value: self.counts[s] for s in FALLBACKS},
+            "model_share": round(self.num_model / total, 4) if total else None,
+        }
 
 
 class StagePredictor(Protocol):

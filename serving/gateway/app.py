@@ -2,6 +2,7 @@
 
 With API keys configured every route but /health needs `Authorization: Bearer <key>` (401 otherwise).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,14 +25,20 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
 
     def authorized(endpoint):
         """The endpoint, called with the caller's key id, or 401 for a call without a known key."""
+
         async def guarded(request: Request) -> Response:
             caller_id = caller_key_id(request.headers.get("authorization"), keys)
             if caller_id is None:
-                refused = error_response(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
-                                         "authentication_error", param="Authorization")
+                refused = error_response(
+                    401,
+                    "missing or unknown API key; send `Authorization: Bearer <key>`",
+                    "authentication_error",
+                    param="Authorization",
+                )
                 refused.headers["WWW-Authenticate"] = "Bearer"
                 return refused
             return await endpoint(request, "" if caller_id == ANONYMOUS else caller_id)
+
         return guarded
 
     @contextlib.asynccontextmanager
@@ -69,10 +76,13 @@ def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlet
     async def status(request: Request, caller_id: str):
         return JSONResponse(gateway.status())
 
-    routes = [Route("/v1/chat/completions", authorized(chat), methods=["POST"]),
-              Route("/v1/completions", authorized(completions), methods=["POST"]),
-              Route("/v1/models", authorized(models)), Route("/health", health),
-              Route("/maestro/status", authorized(status))]
+    routes = [
+        Route("/v1/chat/completions", authorized(chat), methods=["POST"]),
+        Route("/v1/completions", authorized(completions), methods=["POST"]),
+        Route("/v1/models", authorized(models)),
+        Route("/health", health),
+        Route("/maestro/status", authorized(status)),
+    ]
     routes += [Route("/ready", ready), Route("/metrics", metrics)]  # probes and scrapers: no key needed
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway

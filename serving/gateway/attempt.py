@@ -1,4 +1,5 @@
 """One attempt at a node: the headers it goes with, how it ends, and what a failure of it means for the stage."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ def describe(error: BaseException) -> str:
 def upstream_headers(gateway: Gateway, job: Job) -> dict:
     """The request id of the attempt, the trace context vLLM's spans join (the stage's span with otel_spans, else
     the caller's as it came: spans.py), and the stage's prediction as router hints (hints.py)."""
-    hints = hint_headers(gateway.config.upstream.router_hints, job.request.tokens_pred, job.request.tokens_reserve,
-                         job.prediction.p_tool)
+    hints = hint_headers(
+        gateway.config.upstream.router_hints, job.request.tokens_pred, job.request.tokens_reserve, job.prediction.p_tool
+    )
     trace_context = gateway.spans.headers(job.span) if job.span is not None else dict(job.meta.trace_context)
     return {"X-Request-Id": f"{job.meta.label}#{job.num_attempts}", **trace_context, **hints}
 

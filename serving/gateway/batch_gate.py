@@ -7,6 +7,7 @@ The gateway does not count a running stage's tokens, nor time a step apart from 
 estimate the first from the stage's dispatch, and take no added step time for the second. Without deadlines (no SLO
 given) no stage is ever endangered, and without measurements the gate admits: it only holds back work on evidence.
 """
+
 from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate, Candidate, NodeState, RunningStage
@@ -18,10 +19,17 @@ def node_state(node: Node, now: float) -> NodeState:
     """The node as the gate reads it: its running stages (each since its dispatch), its measured pace."""
     pace = node.pace
     is_measured = pace.mean_pace > 0 and bool(pace.recent_paces)
-    running = tuple(RunningStage(r.tokens_pred, r.tokens_reserve, r.deadline_s, started_s)
-                    for r, started_s in node.running_requests.items())
-    return NodeState(now, running, 1.0 / pace.mean_pace if is_measured else 0.0,
-                     1.0 / max(pace.recent_paces) if is_measured else 0.0, pace.first_token_delay_s)
+    running = tuple(
+        RunningStage(r.tokens_pred, r.tokens_reserve, r.deadline_s, started_s)
+        for r, started_s in node.running_requests.items()
+    )
+    return NodeState(
+        now,
+        running,
+        1.0 / pace.mean_pace if is_measured else 0.0,
+        1.0 / max(pace.recent_paces) if is_measured else 0.0,
+        pace.first_token_delay_s,
+    )
 
 
 def candidate(request: StageRequest) -> Candidate:
@@ -30,7 +38,7 @@ def candidate(request: StageRequest) -> Candidate:
 
 
 def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) -> str | None:
-    """"slack" when starting `request` on `node` now would push a running stage past its deadline, else None."""
+    """ "slack" when starting `request` on `node` now would push a running stage past its deadline, else None."""
     if not node.running_requests:
         return None
     return None if gate.admits_candidate(node_state(node, now), candidate(request)) else "slack"

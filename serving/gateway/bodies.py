@@ -4,6 +4,7 @@
 forwards; fields it neither reads nor types are allowed and forwarded as they came. `BodyMetadata` is the body's
 `metadata`: the same workflow facts as the X-Maestro-* headers. validation.py checks a call against them.
 """
+
 from __future__ import annotations
 
 from typing import Annotated

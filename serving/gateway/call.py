@@ -10,6 +10,7 @@ Every stage leaves through `end()`, once: its counter, its node's reservation gi
 (completed, failed with its reason, or refused) and its idempotency key released. A client that disconnects cancels
 its queued job or closes the upstream request, which makes vLLM abort it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,12 +30,16 @@ from serving.gateway.streaming import open_stream
 from serving.gateway.validation import BadRequest, check_body, read_call
 
 
-def error_response(status: int, message: str, kind: str, retry_after_s: int | None = None,
-                   param: str | None = None, **details) -> JSONResponse:
+def error_response(
+    status: int, message: str, kind: str, retry_after_s: int | None = None, param: str | None = None, **details
+) -> JSONResponse:
     """An OpenAI-style error; `param` names the request field at fault, `details` are further fields of it."""
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status, **details}},
-                        status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status, **details}},
+        status,
+        headers=headers,
+    )
 
 
 class StageCall:
@@ -62,12 +67,14 @@ class StageCall:
         self.meta = meta = parse_metadata(self.request.headers, self.body, self.caller_id)
         self.count("requests")
         if meta.key in gateway.inflight:
-            return error_response(409, f"stage {meta.label} is already running; stage ids are idempotency keys",
-                                  "conflict")
+            return error_response(
+                409, f"stage {meta.label} is already running; stage ids are idempotency keys", "conflict"
+            )
         if gateway.completed.get(meta.key) is not None and not self.body.get("stream"):
             self.count("replayed")
-            return Response(gateway.completed[meta.key], media_type="application/json",
-                            headers={"X-Maestro-Replay": "1"})
+            return Response(
+                gateway.completed[meta.key], media_type="application/json", headers={"X-Maestro-Replay": "1"}
+            )
         gateway.inflight.add(meta.key)
         try:
             check_body(self.path, self.body)
@@ -119,8 +126,10 @@ class StageCall:
                 self.count("retries")
         if job.remaining_s() == 0:
             return self.deadline_passed(f"after {job.num_attempts} attempt(s) ({last_error})")
-        return self.fail(502, f"stage {job.meta.label} failed on every node tried ({last_error}); "
-                              "retry later or check the vLLM nodes")
+        return self.fail(
+            502,
+            f"stage {job.meta.label} failed on every node tried ({last_error}); retry later or check the vLLM nodes",
+        )
 
     # ---- waiting for a node ---------------------------------------------------------------------------------
     async def wait_for_node(self) -> Node | Response:
@@ -138,8 +147,9 @@ class StageCall:
             return self.no_node(error)
         if not job.future.done():
             disconnect = asyncio.ensure_future(wait_disconnect(self.request))
-            done, _ = await asyncio.wait({job.future, disconnect}, timeout=job.remaining_s(),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {job.future, disconnect}, timeout=job.remaining_s(), return_when=asyncio.FIRST_COMPLETED
+            )
             disconnect.cancel()
             if not job.future.done():
                 job.future.cancel()
@@ -163,8 +173,14 @@ class StageCall:
         """The one place a call moves the gateway's counters (/maestro/status, /metrics)."""
         self.gateway.counters[counter] += 1
 
-    def end(self, result: CallResult, node: Node | None = None, kv_usage: float | None = None,
-            counter: str | None = None, answer: bytes | None = None) -> None:
+    def end(
+        self,
+        result: CallResult,
+        node: Node | None = None,
+        kv_usage: float | None = None,
+        counter: str | None = None,
+        answer: bytes | None = None,
+    ) -> None:
         """The stage is over: counted (`counter`), its node's reservation given back, its trace line written, its
         answer remembered for replays, its idempotency key released. Only the first call does anything."""
         if self.has_ended:
@@ -180,8 +196,14 @@ class StageCall:
             gateway.remember(job.meta.key, answer)
         gateway.inflight.discard(job.meta.key)
 
-    def fail(self, status: int, message: str, retry_after_s: int | None = None, param: str | None = None,
-             counter: str | None = None) -> Response:
+    def fail(
+        self,
+        status: int,
+        message: str,
+        retry_after_s: int | None = None,
+        param: str | None = None,
+        counter: str | None = None,
+    ) -> Response:
         """End the stage with an error: counted as failed (and as `counter`), traced with its reason."""
         if counter is not None:
             self.count(counter)
@@ -198,13 +220,18 @@ class StageCall:
         """503 without Retry-After: triage shed the stage's workflow and the system turns shed workflows away
         (serving/core/scheduler/triage.py); the same stage, or a later one of the workflow, would be refused again."""
         workflow_id = self.meta.workflow_id
-        message = (f"workflow {workflow_id!r} was turned away: beside the workflows already admitted it cannot meet "
-                   "its deadline (its SLO from its first call), so this stage and every later stage of it are refused; "
-                   "start it again as a new workflow (another workflow_id) when the load is lower, or with a longer SLO")
+        message = (
+            f"workflow {workflow_id!r} was turned away: beside the workflows already admitted it cannot meet "
+            "its deadline (its SLO from its first call), so this stage and every later stage of it are refused; "
+            "start it again as a new workflow (another workflow_id) when the load is lower, or with a longer SLO"
+        )
         self.end(CallResult(error=f"refused: {message}"), counter="rejected_shed")
         return error_response(503, message, "workflow_rejected", reason="deadline_infeasible", workflow_id=workflow_id)
 
     def deadline_passed(self, where: str) -> Response:
-        return self.fail(504, f"stage {self.job.meta.label} passed its deadline (request_timeout_s="
-                              f"{self.gateway.config.limits.request_timeout_s}) {where}; retry later or raise the "
-                              "deadline")
+        return self.fail(
+            504,
+            f"stage {self.job.meta.label} passed its deadline (request_timeout_s="
+            f"{self.gateway.config.limits.request_timeout_s}) {where}; retry later or raise the "
+            "deadline",
+        )

@@ -1,4 +1,5 @@
 """`maestro gateway` (serve the OpenAI-compatible gateway) and `maestro drive` (the load driver)."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,11 @@ import sys
 
 
 def register(subparsers) -> None:
-    gateway = subparsers.add_parser("gateway", help="serve the OpenAI-compatible gateway in front of vLLM nodes",
-                                    description="Serve the gateway; see serving/gateway/README.md.")
+    gateway = subparsers.add_parser(
+        "gateway",
+        help="serve the OpenAI-compatible gateway in front of vLLM nodes",
+        description="Serve the gateway; see serving/gateway/README.md.",
+    )
     gateway.add_argument("--config", required=True, help="gateway config file (YAML or JSON)")
     gateway.add_argument("--host", default=None, help="override the config's host")
     gateway.add_argument("--port", type=int, default=None, help="override the config's port")
@@ -28,6 +32,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     server.port = args.port or server.port
     for warning in apply_cpu_nice(server.cpu_nice):
         print(f"maestro gateway: {warning}", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(config), host=server.host, port=server.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.run(
+        create_app(config),
+        host=server.host,
+        port=server.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     return 0

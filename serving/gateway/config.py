@@ -3,6 +3,7 @@
 A file names a `system` (serving/core/systems.py: what "maestro", "fcfs", "mars", ... mean as a whole) and may override
 its parts; every other section has defaults. serving/gateway/README.md has a sample file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

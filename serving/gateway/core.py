@@ -5,6 +5,7 @@
 Per workflow (bounded, least recently seen dropped first) it keeps when its first stage came, its place in
 arrival order and the service its finished stages received, so the policy can order workflows, not only stages.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,25 +52,41 @@ class Gateway:
         self.config, self.system = config, config.system.resolve()
         kv, limits = config.kv, config.limits
         self.upstream = Upstream(config.upstream.node_timeout_s, config.upstream.connect_timeout_s)
-        self.nodes = [Node(n, self.upstream, kv_overcommit=kv.overcommit, kv_admission=kv.admission,
-                           decode_rate_margin=kv.decode_rate_margin, max_inflight=limits.max_inflight_per_node,
-                           admission_headroom_frac=self.system.admission_headroom_frac)
-                      for n in config.nodes]
+        self.nodes = [
+            Node(
+                n,
+                self.upstream,
+                kv_overcommit=kv.overcommit,
+                kv_admission=kv.admission,
+                decode_rate_margin=kv.decode_rate_margin,
+                max_inflight=limits.max_inflight_per_node,
+                admission_headroom_frac=self.system.admission_headroom_frac,
+            )
+            for n in config.nodes
+        ]
         self.scheduler_config = config.system.scheduler_config()
         cap = self._make_cap(config)
         self.sessions = Sessions(self.system.tool_kv, config.sessions.idle_s, config.sessions.prefill_s_per_token, cap)
-        self.dispatcher = Dispatcher(create_scheduler(self.scheduler_config), self.nodes, limits.max_queued,
-                                     backfill_depth=limits.backfill_depth,
-                                     backfill_max_overtaken=limits.backfill_max_overtaken,
-                                     recheck_s=limits.admission_recheck_s, cap=cap,
-                                     batch_cost=BatchCostGate() if self.system.batch_cost else None,
-                                     router=self.system.router)
+        self.dispatcher = Dispatcher(
+            create_scheduler(self.scheduler_config),
+            self.nodes,
+            limits.max_queued,
+            backfill_depth=limits.backfill_depth,
+            backfill_max_overtaken=limits.backfill_max_overtaken,
+            recheck_s=limits.admission_recheck_s,
+            cap=cap,
+            batch_cost=BatchCostGate() if self.system.batch_cost else None,
+            router=self.system.router,
+        )
         # What each app's workflows needed after each of their stages: a stage's `workflow_remaining_s` where its
         # prediction has no workflow answer (fed here by prepare and record, as the simulator feeds its own).
         self.remaining_work = RemainingWork()
         self.pace: ServicePace = SERVICE_PACE  # the unit of a stage's predicted, attained and remaining service
-        self.triage = GatewayTriage(self.system.triage_rejects, self.dispatcher) \
-            if Policy(self.scheduler_config.policy) is Policy.TRIAGE else None
+        self.triage = (
+            GatewayTriage(self.system.triage_rejects, self.dispatcher)
+            if Policy(self.scheduler_config.policy) is Policy.TRIAGE
+            else None
+        )
         self.predictor = predictor or create_predictor(config.predictor)
         self.traces = TraceWriter(config.traces.dir, config.traces.rotate_lines)
         self.spans = _stage_spans(config.model) if config.server.otel_spans else None
@@ -78,9 +95,18 @@ class Gateway:
         self.completed: OrderedDict[tuple[str, str, str], bytes | None] = OrderedDict()  # JSON answers, for replays
         self.workflows: OrderedDict[str, WorkflowState] = OrderedDict()
         self._num_workflows_seen = 0
-        self.counters = {"requests": 0, "rejected_invalid": 0, "rejected_full": 0, "rejected_no_node": 0,
-                         "rejected_shed": 0, "retries": 0, "failed": 0, "cancelled": 0, "replayed": 0,
-                         "upstream_chunks": 0}
+        self.counters = {
+            "requests": 0,
+            "rejected_invalid": 0,
+            "rejected_full": 0,
+            "rejected_no_node": 0,
+            "rejected_shed": 0,
+            "retries": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "replayed": 0,
+            "upstream_chunks": 0,
+        }
         self.metrics = GatewayMetrics(self)  # GET /metrics: reads the counters above, observes each trace line
         self._poller: asyncio.Task | None = None
 
@@ -113,15 +139,21 @@ class Gateway:
 
     async def poll_once(self) -> None:
         upstream = self.config.upstream
-        await asyncio.gather(*(n.poll(upstream.connect_timeout_s, upstream.node_down_after_failed_polls)
-                               for n in self.nodes))
+        await asyncio.gather(
+            *(n.poll(upstream.connect_timeout_s, upstream.node_down_after_failed_polls) for n in self.nodes)
+        )
         if not any(n.is_healthy for n in self.nodes):
             self.dispatcher.fail_all_queued("no healthy vLLM node: every node failed its /metrics check")
         now = time.monotonic()
         self.sessions.expire(now, busy={workflow_key(*key[:2]) for key in self.inflight})
         self.dispatcher.pump()
-        self.dispatcher.adapt_cap(CapSignals(kv_usage=self.kv_usage(), num_tool_jobs=self.sessions.num_in_tool,
-                                             preemptions={n.name: n.num_preemptions for n in self.nodes if n.is_healthy}))
+        self.dispatcher.adapt_cap(
+            CapSignals(
+                kv_usage=self.kv_usage(),
+                num_tool_jobs=self.sessions.num_in_tool,
+                preemptions={n.name: n.num_preemptions for n in self.nodes if n.is_healthy},
+            )
+        )
 
     async def _poll_loop(self) -> None:
         while True:
@@ -148,8 +180,9 @@ class Gateway:
         this position."""
         if prediction.wf_fallback_level is WorkflowFallbackLevel.PRIOR:
             return self.remaining_work.estimate(app, position)
-        return workflow_remaining_s(self.pace, prompt_tokens, prediction.wf_remaining_calls,
-                                    prediction.wf_remaining_tokens)
+        return workflow_remaining_s(
+            self.pace, prompt_tokens, prediction.wf_remaining_calls, prediction.wf_remaining_tokens
+        )
 
     def turns_away(self, job: Job) -> bool:
         """Workflow triage on a stage that became ready (triage.py); True where the system turns its workflow away,
@@ -221,16 +254,27 @@ class Gateway:
     def readiness(self) -> dict:
         """Whether the gateway should get calls: its predictor is ready (model warmed, service answering) and a
         node is healthy; /ready answers 200 or 503 with this."""
-        return {"ready": self.predictor.is_ready and any(n.is_healthy for n in self.nodes),
-                "predictor_ready": self.predictor.is_ready, "healthy_nodes": sum(n.is_healthy for n in self.nodes)}
+        return {
+            "ready": self.predictor.is_ready and any(n.is_healthy for n in self.nodes),
+            "predictor_ready": self.predictor.is_ready,
+            "healthy_nodes": sum(n.is_healthy for n in self.nodes),
+        }
 
     def status(self) -> dict:
-        return {"nodes": [n.snapshot() for n in self.nodes], "queued": len(self.dispatcher.scheduler),
-                "inflight": len(self.inflight), "trace_lines": self.traces.num_lines,
-                "chars_per_token": round(self.sizer.chars_per_token, 3), "dispatched": self.dispatcher.num_dispatched,
-                "backfilled": self.dispatcher.num_backfilled, "cpu": current_cpu_nice(), **self.counters,
-                "predictor": self.predictor.snapshot(), "sessions": self.sessions.snapshot(),
-                **({"triage": self.triage.snapshot()} if self.triage is not None else {})}
+        return {
+            "nodes": [n.snapshot() for n in self.nodes],
+            "queued": len(self.dispatcher.scheduler),
+            "inflight": len(self.inflight),
+            "trace_lines": self.traces.num_lines,
+            "chars_per_token": round(self.sizer.chars_per_token, 3),
+            "dispatched": self.dispatcher.num_dispatched,
+            "backfilled": self.dispatcher.num_backfilled,
+            "cpu": current_cpu_nice(),
+            **self.counters,
+            "predictor": self.predictor.snapshot(),
+            "sessions": self.sessions.snapshot(),
+            **({"triage": self.triage.snapshot()} if self.triage is not None else {}),
+        }
 
 
 def _stage_spans(model: str):

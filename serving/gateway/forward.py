@@ -5,6 +5,7 @@ the node is told what to order the stage by (Maestro's hints, or vLLM's `priorit
 client's call goes plain, or streamed and assembled (`upstream.stream`, streaming.py); vLLM's bytes go back as they
 came. A client that disconnects meanwhile closes the upstream request, which makes vLLM abort it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,9 @@ def set_engine_order(upstream: dict, gateway: Gateway, job: Job, node: Node) -> 
         xargs.update(hints_for_stage(job.request, time.monotonic(), final=job.meta.final).to_xargs())
         if SESSION_KEY not in xargs:  # the caller's own session hint goes as it came
             meta = job.meta
-            xargs.update(gateway.sessions.engine_hint(meta.workflow_key, meta.app, meta.role,
-                                                      job.prediction.p_tool).to_xargs())
+            xargs.update(
+                gateway.sessions.engine_hint(meta.workflow_key, meta.app, meta.role, job.prediction.p_tool).to_xargs()
+            )
     else:
         upstream["priority"] = priority
     if xargs:
@@ -93,8 +95,9 @@ async def forward_json(call: StageCall, node: Node) -> Response:
 
 async def post(call: StageCall, node: Node) -> tuple[Reply, None]:
     try:
-        response = await node.upstream.post_json(f"{node.url}{call.path}", call.upstream,
-                                                 upstream_headers(call.gateway, call.job), call.job.remaining_s())
+        response = await node.upstream.post_json(
+            f"{node.url}{call.path}", call.upstream, upstream_headers(call.gateway, call.job), call.job.remaining_s()
+        )
     except UpstreamError as error:
         raise attempt_failed(error, "before its answer") from None
     if response.status_code >= 500:

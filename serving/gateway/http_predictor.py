@@ -6,6 +6,7 @@ answers from the local prior when the service is slow, down or refuses; a finish
 has been sent: the gateway answers a JSON call after that, so the service holds the stage's outcome before its
 caller can ask about its children, through this gateway or another.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,13 @@ class HttpPredictor:
     # The service featurizes a stage with its observed ancestors (StageHistory), and a workflow's next stage can
     # follow its parent within milliseconds, through this gateway or another replica: `observe_period_s` (a wait
     # before each /observe, to gather more stages into it) is 0 by default.
-    def __init__(self, client: AsyncPredictorClient, observe_period_s: float = 0.0, max_pending: int = 10_000,
-                 startup_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        client: AsyncPredictorClient,
+        observe_period_s: float = 0.0,
+        max_pending: int = 10_000,
+        startup_timeout_s: float = 30.0,
+    ):
         self.client = client
         self.observe_period_s = observe_period_s
         self.max_pending = max_pending
@@ -56,8 +62,11 @@ class HttpPredictor:
         self.startup_error = await self.client.wait_ready(self.startup_timeout_s) or ""
         self.is_ready = not self.startup_error
         if self.startup_error:
-            log.warning("predictor service %s is not ready (%s): stages are answered by the prior until it is",
-                        self.client.config.url, self.startup_error)
+            log.warning(
+                "predictor service %s is not ready (%s): stages are answered by the prior until it is",
+                self.client.config.url,
+                self.startup_error,
+            )
 
     async def predict(self, stages: list[dict]) -> list[StageAnswer]:
         answers, reason = await self.client.predict_or_fallback(stages)
@@ -67,8 +76,9 @@ class HttpPredictor:
         for answer in answers:
             is_local = answer.source is Source.LOCAL_FALLBACK
             out.append(StageAnswer(answer.prediction(), fallback if is_local else gateway_source(answer)))
-            self.counts.add(out[-1].source, 1, self.client.breaker.last_error if is_local
-                            else "the service answered from its prior")
+            self.counts.add(
+                out[-1].source, 1, self.client.breaker.last_error if is_local else "the service answered from its prior"
+            )
         if reason is None:
             self.is_ready = True
         return out
@@ -103,7 +113,7 @@ class HttpPredictor:
         if is_taken:
             self.num_observed += len(batch)
         else:
-            self.pending = (batch + self.pending)[-self.max_pending:]
+            self.pending = (batch + self.pending)[-self.max_pending :]
         async with self._sent:
             self._num_sent = max(self._num_sent, upto)
             self._sent.notify_all()
@@ -114,17 +124,24 @@ class HttpPredictor:
         upto = self._num_queued
         try:
             async with self._sent:
-                await asyncio.wait_for(self._sent.wait_for(lambda: self._num_sent >= upto),
-                                       self.client.config.timeout_s)
+                await asyncio.wait_for(
+                    self._sent.wait_for(lambda: self._num_sent >= upto), self.client.config.timeout_s
+                )
         except TimeoutError:
             pass
 
     def snapshot(self) -> dict:
-        return {"kind": "service", "model": self.client.config.url, "ready": self.is_ready,
-                "timeout_s": self.client.config.timeout_s, **self.counts.snapshot(),
-                **({"startup_error": self.startup_error} if self.startup_error else {}),
-                "last_error": self.client.breaker.last_error or None, "observed": self.num_observed,
-                "observe_pending": len(self.pending)}
+        return {
+            "kind": "service",
+            "model": self.client.config.url,
+            "ready": self.is_ready,
+            "timeout_s": self.client.config.timeout_s,
+            **self.counts.snapshot(),
+            **({"startup_error": self.startup_error} if self.startup_error else {}),
+            "last_error": self.client.breaker.last_error or None,
+            "observed": self.num_observed,
+            "observe_pending": len(self.pending),
+        }
 
     async def aclose(self) -> None:
         # A flusher still sleeping is cancelled; one sending is awaited: cancelling it mid-request dropped its

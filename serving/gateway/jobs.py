@@ -6,6 +6,7 @@ reserves the stage's KV blocks on its node, with the admission the node gave the
 gateway `Node` is shown to the core through a `NodeSlot` (may this stage start here now, and the node's fitness terms).
 Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,13 @@ class Job:
 class NodeSlot:
     """A gateway `Node` as the dispatch core sees it (`admission.dispatch.NodeView`)."""
 
-    def __init__(self, node: Node, count_refusals: bool = True, gate: BatchCostGate | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        node: Node,
+        count_refusals: bool = True,
+        gate: BatchCostGate | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.node, self.name, self.count_refusals, self.gate, self.clock = node, node.name, count_refusals, gate, clock
 
     def admit(self, request: StageRequest) -> Admission | None:
@@ -83,8 +89,9 @@ class NodeSlot:
         if self.node.name in job.excluded:
             return None
         now = self.clock()
-        admission = self.node.admit(request.prompt_tokens, job.reserve_tokens - request.prompt_tokens, now,
-                                    count_refusal=self.count_refusals)
+        admission = self.node.admit(
+            request.prompt_tokens, job.reserve_tokens - request.prompt_tokens, now, count_refusal=self.count_refusals
+        )
         if not admission.is_admitted:
             return None
         if self.gate is not None and batch_gate.refusal(self.gate, self.node, request, now) is not None:
@@ -93,8 +100,11 @@ class NodeSlot:
 
     def may_fit_later(self, request: StageRequest) -> bool:
         node, job = self.node, request.payload
-        return node.is_healthy and node.name not in job.excluded and (
-            node.kv.allocator is None or node.can_ever_fit(job.reserve_tokens))
+        return (
+            node.is_healthy
+            and node.name not in job.excluded
+            and (node.kv.allocator is None or node.can_ever_fit(job.reserve_tokens))
+        )
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         node = self.node
@@ -105,10 +115,20 @@ class NodeSlot:
 
 
 class Dispatcher:
-    def __init__(self, scheduler: Scheduler, nodes: list[Node], max_queued: int, fitness: FitnessConfig | None = None,
-                 backfill_depth: int = 8, backfill_max_overtaken: int = 4, recheck_s: float = 0.02,
-                 cap: SessionCap | None = None, batch_cost: BatchCostGate | None = None,
-                 router: Router = Router.FITNESS, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        nodes: list[Node],
+        max_queued: int,
+        fitness: FitnessConfig | None = None,
+        backfill_depth: int = 8,
+        backfill_max_overtaken: int = 4,
+        recheck_s: float = 0.02,
+        cap: SessionCap | None = None,
+        batch_cost: BatchCostGate | None = None,
+        router: Router = Router.FITNESS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         config = DispatchConfig(backfill_depth, backfill_max_overtaken, router, fitness or FitnessConfig())
         self.core = DispatchCore(scheduler, config, cap, is_live=lambda request, now: not request.payload.future.done())
         self.scheduler, self.nodes, self.max_queued, self.cap = scheduler, nodes, max_queued, cap
@@ -169,8 +189,9 @@ class Dispatcher:
             job: Job = decision.request.payload
             if decision.outcome is Outcome.NEVER_FITS:
                 self._fail_unplaceable(job)
-            elif decision.outcome is Outcome.START and not self._assign(job, decision.node.node, decision.admission,
-                                                                        now):
+            elif decision.outcome is Outcome.START and not self._assign(
+                job, decision.node.node, decision.admission, now
+            ):
                 self.core.add(job.request, job.enqueued_s)  # back in its place: the next pump or recheck tries again
                 break
         if len(self.core):
@@ -247,11 +268,16 @@ class Dispatcher:
         """Why no healthy node could ever take the stage (None: one could)."""
         healthy = [n for n in self.nodes if n.is_healthy and n.name not in job.excluded]
         if not healthy:
-            return NoNode("no healthy vLLM node for this stage" + (
-                f" (failed on {sorted(job.excluded)}; last: {job.last_error})" if job.excluded else ""))
+            return NoNode(
+                "no healthy vLLM node for this stage"
+                + (f" (failed on {sorted(job.excluded)}; last: {job.last_error})" if job.excluded else "")
+            )
         if not any(n.kv.allocator is None or n.can_ever_fit(job.reserve_tokens) for n in healthy):
-            return NoNode(f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
-                          "lower max_tokens or shorten the prompt", status=413)
+            return NoNode(
+                f"stage needs {job.reserve_tokens} KV tokens, more than any node holds; "
+                "lower max_tokens or shorten the prompt",
+                status=413,
+            )
         return None
 
     def _fail_unplaceable(self, job: Job) -> None:

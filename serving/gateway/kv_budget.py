@@ -5,6 +5,7 @@ reservations, within `overcommit` × vLLM's blocks; `/metrics` gives vLLM's own 
 `num_gpu_blocks` from `vllm:cache_config_info`, vllm_sync.py). Free blocks = total − max(reserved by the gateway, used
 according to vLLM), so traffic that bypasses the gateway still counts.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,9 @@ class KVBudget:
         # a budget of overcommit × blocks lets more stages run while vLLM's measured use still caps admission.
         self.block_size, self.num_vllm_blocks = block_size, num_blocks
         num_budget_blocks = int(num_blocks * self.overcommit)
-        self.allocator = KVAllocator(KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size,
-                                                       page_bytes=block_size, overcommit=1.0))
+        self.allocator = KVAllocator(
+            KVAllocatorConfig(pool_bytes=num_budget_blocks * block_size, page_bytes=block_size, overcommit=1.0)
+        )
 
     def observe_usage(self, kv_usage: float) -> None:
         """vLLM's `kv_cache_usage_perc` from a /metrics answer."""

@@ -3,18 +3,35 @@
 With API keys on, a call also has its caller's key id: workflows and idempotency keys are the caller's own,
 so two callers using the same workflow/stage ids never meet.
 """
+
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 
-HEADERS = {"workflow": "x-maestro-workflow", "stage": "x-maestro-stage", "role": "x-maestro-role",
-           "parents": "x-maestro-parents", "app": "x-maestro-app", "interactive": "x-maestro-interactive",
-           "final": "x-maestro-final", "tool_call": "x-maestro-tool-call", "slo": "x-maestro-slo-s"}
+HEADERS = {
+    "workflow": "x-maestro-workflow",
+    "stage": "x-maestro-stage",
+    "role": "x-maestro-role",
+    "parents": "x-maestro-parents",
+    "app": "x-maestro-app",
+    "interactive": "x-maestro-interactive",
+    "final": "x-maestro-final",
+    "tool_call": "x-maestro-tool-call",
+    "slo": "x-maestro-slo-s",
+}
 # The same facts as body `metadata` keys, keyed as HEADERS (the first key given wins); the gateway reads no other key
-METADATA_KEYS = {"workflow": ("workflow", "workflow_id"), "stage": ("stage", "stage_id"), "role": ("role",),
-                 "parents": ("parents", "parent_ids"), "app": ("app",), "interactive": ("interactive",),
-                 "final": ("final",), "tool_call": ("tool_call",), "slo": ("slo_s",)}
+METADATA_KEYS = {
+    "workflow": ("workflow", "workflow_id"),
+    "stage": ("stage", "stage_id"),
+    "role": ("role",),
+    "parents": ("parents", "parent_ids"),
+    "app": ("app",),
+    "interactive": ("interactive",),
+    "final": ("final",),
+    "tool_call": ("tool_call",),
+    "slo": ("slo_s",),
+}
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # X-Maestro-Interactive/-Final values
 BOOLEAN_KEYS = ("interactive", "final", "tool_call")
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context: the caller's trace, passed on to vLLM (spans.py)
@@ -84,10 +101,16 @@ def parse_metadata(headers, body: dict, caller_id: str = "") -> StageMeta:
     workflow_id = _first(get("workflow"), f"gw-{uuid.uuid4().hex[:16]}")
     interactive, final, tool_call = get("interactive"), get("final"), get("tool_call")
     slo, parents = get("slo"), get("parents")
-    return StageMeta(workflow_id=str(workflow_id), stage_id=str(_first(get("stage"), "0")),
-                     role=str(get("role") or "unknown"), parent_ids=_parents(parents),
-                     app=get("app"), interactive=True if interactive is None else _truthy(interactive),
-                     final=final is not None and _truthy(final), tool_call=tool_call is not None and _truthy(tool_call),
-                     slo_s=None if slo is None else float(slo),
-                     caller_id=caller_id,
-                     trace_context=tuple((name, headers[name]) for name in TRACE_HEADERS if headers.get(name)))
+    return StageMeta(
+        workflow_id=str(workflow_id),
+        stage_id=str(_first(get("stage"), "0")),
+        role=str(get("role") or "unknown"),
+        parent_ids=_parents(parents),
+        app=get("app"),
+        interactive=True if interactive is None else _truthy(interactive),
+        final=final is not None and _truthy(final),
+        tool_call=tool_call is not None and _truthy(tool_call),
+        slo_s=None if slo is None else float(slo),
+        caller_id=caller_id,
+        trace_context=tuple((name, headers[name]) for name in TRACE_HEADERS if headers.get(name)),
+    )

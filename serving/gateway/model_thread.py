@@ -1,5 +1,6 @@
 """The trained model's own thread in the gateway: calls wait in a queue, those that waited together go through
 the model in one pass, and answers go back to the event loop that asked (`asyncio.Future`s)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +57,12 @@ class ModelWorker:
     `parse(stage dicts)` → one call's StageTraces (raises ValueError on a bad one); `predict_batch(stages)` → one
     Prediction per stage (`Predictor.predict` with the live history)."""
 
-    def __init__(self, parse: Callable[[list[dict]], list[StageTrace]],
-                 predict_batch: Callable[[list[StageTrace]], list[Prediction]], max_batch_stages: int = MAX_BATCH_STAGES):
+    def __init__(
+        self,
+        parse: Callable[[list[dict]], list[StageTrace]],
+        predict_batch: Callable[[list[StageTrace]], list[Prediction]],
+        max_batch_stages: int = MAX_BATCH_STAGES,
+    ):
         self.parse = parse
         self.predict_batch = predict_batch
         self.max_batch_stages = max_batch_stages
@@ -69,8 +74,7 @@ class ModelWorker:
     def start(self, warm_up: Callable[[], None]) -> concurrent.futures.Future:
         """Start the thread; it runs `warm_up` first. The future resolves when that is done (or raises its error)."""
         ready: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(warm_up, ready), name="gateway-predictor",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(warm_up, ready), name="gateway-predictor", daemon=True)
         self._thread.start()
         return ready
 
@@ -128,8 +132,11 @@ class ModelWorker:
             started_s, started_cpu_s, started_runqueue_s = time.monotonic(), time.thread_time(), runqueue_s()
             self._predict(parsed)
             cpu_s, waited_s = time.thread_time() - started_cpu_s, runqueue_s() - started_runqueue_s
-            self.batch_times.append(BatchTime(started_s - min(c.submitted_s for c, _ in parsed),
-                                              time.monotonic() - started_s, cpu_s, waited_s))
+            self.batch_times.append(
+                BatchTime(
+                    started_s - min(c.submitted_s for c, _ in parsed), time.monotonic() - started_s, cpu_s, waited_s
+                )
+            )
 
     def time_summary(self) -> dict:
         """p50 / p99 (ms) of the latest batches' queue wait, wall time, CPU time and run-queue wait (`BatchTime`)."""
@@ -156,12 +163,13 @@ class ModelWorker:
             return
         start = 0
         for call, stages in parsed:
-            _settle(call.future, answers[start:start + len(stages)])
+            _settle(call.future, answers[start : start + len(stages)])
             start += len(stages)
 
 
 def _settle(future: asyncio.Future, outcome: object) -> None:
     """Hand a result (or an exception) to the event loop that waits on `future`."""
+
     def settle() -> None:
         if future.done():  # the caller stopped waiting (its deadline)
             return

@@ -6,6 +6,7 @@ the fit can tell the two apart); streamed calls give the delay to the first toke
 would swamp a mean). Both are projected `decode_rate_margin` slower than measured: a stage slower than projected
 risks a preemption, one faster only leaves blocks idle a little longer.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,12 +66,19 @@ class NodePace:
         (the overhead as if after decoding, the rate from whole calls)."""
         if not from_streams or self.num_streams_observed < MIN_STREAMS:
             return GrowingStage(prompt_tokens, output_tokens, now)
-        return GrowingStage(prompt_tokens, output_tokens, now,
-                            first_token_s=now + self.first_token_delay_s * self.decode_rate_margin,
-                            tokens_per_s=self.stage_tokens_per_s * self.decode_rate_margin)
+        return GrowingStage(
+            prompt_tokens,
+            output_tokens,
+            now,
+            first_token_s=now + self.first_token_delay_s * self.decode_rate_margin,
+            tokens_per_s=self.stage_tokens_per_s * self.decode_rate_margin,
+        )
 
     def snapshot(self) -> dict:
-        return {"call_overhead_s": round(self.call_overhead_s, 3),
-                "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
-                "first_token_delay_s": round(self.first_token_delay_s, 3),
-                "stage_tokens_per_s": round(self.stage_tokens_per_s, 1), "streams_observed": self.num_streams_observed}
+        return {
+            "call_overhead_s": round(self.call_overhead_s, 3),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
+            "first_token_delay_s": round(self.first_token_delay_s, 3),
+            "stage_tokens_per_s": round(self.stage_tokens_per_s, 1),
+            "streams_observed": self.num_streams_observed,
+        }

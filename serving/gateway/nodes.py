@@ -11,6 +11,7 @@ before it ends (admission/projection.py). Either way the system's admission head
 simulator keeps it) stays free: the blocks a stage reserves or takes from vLLM now, and the node's projected peak,
 leave it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -63,9 +64,16 @@ class Admission:
 class Node:
     """A vLLM engine behind the gateway."""
 
-    def __init__(self, config: NodeConfig, upstream: Upstream | None, kv_overcommit: float = 1.0,
-                 kv_admission: str = "peak", decode_rate_margin: float = DECODE_RATE_MARGIN, max_inflight: int = 0,
-                 admission_headroom_frac: float = 0.0):
+    def __init__(
+        self,
+        config: NodeConfig,
+        upstream: Upstream | None,
+        kv_overcommit: float = 1.0,
+        kv_admission: str = "peak",
+        decode_rate_margin: float = DECODE_RATE_MARGIN,
+        max_inflight: int = 0,
+        admission_headroom_frac: float = 0.0,
+    ):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.runs_maestro_scheduler = config.maestro_scheduler
         if kv_admission not in KV_ADMISSIONS:
@@ -82,8 +90,9 @@ class Node:
         self.num_inflight = 0  # dispatched by the gateway, not yet finished
 
     # ---- the one admission question ---------------------------------------------------------
-    def admit(self, prompt_tokens: int, output_tokens: int, now: float | None = None,
-              count_refusal: bool = True) -> Admission:
+    def admit(
+        self, prompt_tokens: int, output_tokens: int, now: float | None = None, count_refusal: bool = True
+    ) -> Admission:
         """Whether a stage may start here now (`Admission.refusal` None), and what that decision computed; a refusal
         is counted by its reason unless `count_refusal` is False (a what-if, not an admission decision)."""
         admission = self._decide(prompt_tokens, output_tokens, time.monotonic() if now is None else now)
@@ -106,8 +115,13 @@ class Node:
         if kv.blocks_for(prompt_tokens) + headroom > kv.num_unused_blocks:
             return Admission(prompt_tokens, output_tokens, num_blocks, refusal=Refusal.VLLM_FREE)
         peak = self.projected_peak_blocks(prompt_tokens, output_tokens, now)
-        return Admission(prompt_tokens, output_tokens, num_blocks, peak,
-                         refusal=None if peak + headroom <= kv.num_blocks else Refusal.PROJECTED)
+        return Admission(
+            prompt_tokens,
+            output_tokens,
+            num_blocks,
+            peak,
+            refusal=None if peak + headroom <= kv.num_blocks else Refusal.PROJECTED,
+        )
 
     @property
     def headroom_blocks(self) -> int:
@@ -121,11 +135,19 @@ class Node:
 
     def projected_peak_blocks(self, prompt_tokens: int, output_tokens: int, now: float) -> int:
         """The most blocks the running stages and this one, starting now, are projected to hold at once."""
-        candidate = self.pace.project(prompt_tokens, output_tokens, now,
-                                      from_streams=self.num_inflight < UNDEROCCUPIED_INFLIGHT)
+        candidate = self.pace.project(
+            prompt_tokens, output_tokens, now, from_streams=self.num_inflight < UNDEROCCUPIED_INFLIGHT
+        )
         measured = (self.kv.num_blocks - self.kv.num_unused_blocks, self.vllm.metrics_asked_s)
-        return peak_blocks(list(self.active.values()), candidate, now, self.pace.decode_tokens_per_s,
-                           self.kv.block_size, self.pace.call_overhead_s, measured)
+        return peak_blocks(
+            list(self.active.values()),
+            candidate,
+            now,
+            self.pace.decode_tokens_per_s,
+            self.kv.block_size,
+            self.pace.call_overhead_s,
+            measured,
+        )
 
     def reserve(self, admission: Admission) -> Reservation | None:
         """Map an admitted stage's blocks; None when they no longer fit (the node changed since `admit`)."""
@@ -133,8 +155,9 @@ class Node:
             raise ValueError(f"node {self.name}: reserve() of a refused admission ({admission.refusal.value})")
         reservation = self.kv.reserve(admission.prompt_tokens + admission.output_tokens)
         if reservation is not None:
-            self.active[reservation.handle] = self.pace.project(admission.prompt_tokens, admission.output_tokens,
-                                                                time.monotonic())
+            self.active[reservation.handle] = self.pace.project(
+                admission.prompt_tokens, admission.output_tokens, time.monotonic()
+            )
         return reservation
 
     def release(self, reservation: Reservation | None) -> None:
@@ -194,9 +217,21 @@ class Node:
 
     def snapshot(self) -> dict:
         vllm = self.vllm
-        return {"name": self.name, "url": self.url, "healthy": vllm.is_healthy, "num_blocks": self.kv.num_blocks,
-                "num_free_blocks": self.kv.num_free_blocks, "kv_usage": round(self.kv.kv_usage, 4),
-                "running": vllm.num_running, "waiting": vllm.num_waiting, "inflight": self.num_inflight,
-                "preemptions": vllm.num_preemptions, "refused": dict(self.num_refused), **self.pace.snapshot(),
-                "failed_polls": vllm.num_failed_polls, "max_model_len": vllm.max_model_len,
-                "slow_polls": vllm.num_slow_polls, "held_blocks": sum(self.kv.held.values())}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": vllm.is_healthy,
+            "num_blocks": self.kv.num_blocks,
+            "num_free_blocks": self.kv.num_free_blocks,
+            "kv_usage": round(self.kv.kv_usage, 4),
+            "running": vllm.num_running,
+            "waiting": vllm.num_waiting,
+            "inflight": self.num_inflight,
+            "preemptions": vllm.num_preemptions,
+            "refused": dict(self.num_refused),
+            **self.pace.snapshot(),
+            "failed_polls": vllm.num_failed_polls,
+            "max_model_len": vllm.max_model_len,
+            "slow_polls": vllm.num_slow_polls,
+            "held_blocks": sum(self.kv.held.values()),
+        }

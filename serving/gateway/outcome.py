@@ -1,4 +1,5 @@
 """What one forwarded call produced: read from a vLLM JSON response or accumulated from its SSE stream."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,9 @@ class CallResult:
         if calls:
             self.mark_token()
             self.num_tool_calls = max(self.num_tool_calls, len(calls))
-            self.output_parts.extend(json.dumps(c.get("function", c)) for c in calls if c.get("function", {}).get("name"))
+            self.output_parts.extend(
+                json.dumps(c.get("function", c)) for c in calls if c.get("function", {}).get("name")
+            )
         self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def read_response(self, body: dict) -> None:
@@ -130,10 +133,14 @@ class StreamAssembler:
             self.error = chunk["error"]
             return
         if not self.head:
-            self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if chunk.get(k) is not None}
+            self.head = {
+                k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if chunk.get(k) is not None
+            }
         for part in chunk.get("choices") or []:
-            choice = self.choices.setdefault(part.get("index", 0), {"text": [], "reasoning": [], "tools": {},
-                                                                   "finish_reason": None, "stop_reason": None})
+            choice = self.choices.setdefault(
+                part.get("index", 0),
+                {"text": [], "reasoning": [], "tools": {}, "finish_reason": None, "stop_reason": None},
+            )
             delta = part.get("delta") if self.is_chat else None
             text = (delta or {}).get("content") if self.is_chat else part.get("text")
             if text:
@@ -142,8 +149,10 @@ class StreamAssembler:
             if reasoning:
                 choice["reasoning"].append(reasoning)
             for call in (delta or {}).get("tool_calls") or []:
-                tool = choice["tools"].setdefault(call.get("index", len(choice["tools"])),
-                                                  {"id": None, "type": "function", "name": [], "arguments": []})
+                tool = choice["tools"].setdefault(
+                    call.get("index", len(choice["tools"])),
+                    {"id": None, "type": "function", "name": [], "arguments": []},
+                )
                 tool["id"] = call.get("id") or tool["id"]
                 tool["type"] = call.get("type") or tool["type"]
                 function = call.get("function") or {}
@@ -168,17 +177,27 @@ class StreamAssembler:
                 message: dict = {"role": "assistant", "content": "".join(c["text"]) or None}
                 if c["reasoning"]:
                     message["reasoning_content"] = "".join(c["reasoning"])
-                message["tool_calls"] = [{"id": t["id"], "type": t["type"],
-                                          "function": {"name": "".join(t["name"]), "arguments": "".join(t["arguments"])}}
-                                         for _, t in sorted(c["tools"].items())]
+                message["tool_calls"] = [
+                    {
+                        "id": t["id"],
+                        "type": t["type"],
+                        "function": {"name": "".join(t["name"]), "arguments": "".join(t["arguments"])},
+                    }
+                    for _, t in sorted(c["tools"].items())
+                ]
                 out["message"] = message
             else:
                 out["text"] = "".join(c["text"])
             out.update(logprobs=None, finish_reason=c["finish_reason"], stop_reason=c["stop_reason"])
             choices.append(out)
-        body = {"id": self.head.get("id"), "object": "chat.completion" if self.is_chat else "text_completion",
-                "created": self.head.get("created"), "model": self.head.get("model"), "choices": choices,
-                "usage": self.usage}
+        body = {
+            "id": self.head.get("id"),
+            "object": "chat.completion" if self.is_chat else "text_completion",
+            "created": self.head.get("created"),
+            "model": self.head.get("model"),
+            "choices": choices,
+            "usage": self.usage,
+        }
         if "system_fingerprint" in self.head:
             body["system_fingerprint"] = self.head["system_fingerprint"]
         return body

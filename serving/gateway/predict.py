@@ -6,6 +6,7 @@ builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipel
 on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
 answer. `http_predictor.HttpPredictor` calls predictor_service/ instead; `create_predictor` picks one by name.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,8 +65,10 @@ class LocalPredictor:
         try:
             await asyncio.wrap_future(self.worker.start(self._warm_up))
         except Exception as error:
-            raise RuntimeError(f"gateway config 'predictor_model': {self.counts.what} failed its warm-up prediction "
-                               f"({type(error).__name__}: {error}); retrain it or fix the path") from error
+            raise RuntimeError(
+                f"gateway config 'predictor_model': {self.counts.what} failed its warm-up prediction "
+                f"({type(error).__name__}: {error}); retrain it or fix the path"
+            ) from error
         self.warmup_s = round(time.monotonic() - started, 3)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.is_ready = True
@@ -84,8 +87,9 @@ class LocalPredictor:
         if not self.is_ready:
             return self._prior(stages, Source.ERROR, "the model is not warmed up: the gateway was not started")
         try:
-            answers = await asyncio.wait_for(self.worker.submit(stages, time.monotonic() + self.timeout_s),
-                                             self.timeout_s)
+            answers = await asyncio.wait_for(
+                self.worker.submit(stages, time.monotonic() + self.timeout_s), self.timeout_s
+            )
         except TimeoutError:
             return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s")
         except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
@@ -114,18 +118,35 @@ class LocalPredictor:
                 self.history.add([finished])
                 self.new_apps.observe(finished)
             except ValueError as error:  # a trace line the contract refuses: its successors lose history only
-                log.warning("finished stage %s/%s not kept for history: %s", stage.get("workflow_id"),
-                            stage.get("stage_id"), error)
+                log.warning(
+                    "finished stage %s/%s not kept for history: %s",
+                    stage.get("workflow_id"),
+                    stage.get("stage_id"),
+                    error,
+                )
 
     async def settled(self) -> None:
         return  # observe() adds to the history at once
 
     def snapshot(self) -> dict:
         worker = self.worker
-        return {"kind": "local", "model": self.counts.what, "ready": self.is_ready, "warmup_s": self.warmup_s,
-                "timeout_s": self.timeout_s, **self.counts.snapshot(),
-                **({"model_batches": worker.num_batches, "skipped_past_deadline": worker.num_expired,
-                    "model_batch_time": worker.time_summary()} if worker else {})}
+        return {
+            "kind": "local",
+            "model": self.counts.what,
+            "ready": self.is_ready,
+            "warmup_s": self.warmup_s,
+            "timeout_s": self.timeout_s,
+            **self.counts.snapshot(),
+            **(
+                {
+                    "model_batches": worker.num_batches,
+                    "skipped_past_deadline": worker.num_expired,
+                    "model_batch_time": worker.time_summary(),
+                }
+                if worker
+                else {}
+            ),
+        }
 
     async def aclose(self) -> None:
         if self.worker is not None:

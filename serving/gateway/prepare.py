@@ -4,6 +4,7 @@ and its `StageRequest` built through `serving.core.request.stage_request`, as th
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work
 (`Gateway.workflow_remaining_s`) and whether its context is held for it on a node.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,15 @@ if TYPE_CHECKING:
 
 def predictor_stage(meta: StageMeta, prompt: str | list) -> dict:
     """The stage as the predictor reads it."""
-    return {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "prompt": prompt,
-            "app": meta.app, "parent_ids": list(meta.parent_ids), "interactive": meta.interactive}
+    return {
+        "workflow_id": meta.workflow_id,
+        "stage_id": meta.stage_id,
+        "role": meta.role,
+        "prompt": prompt,
+        "app": meta.app,
+        "parent_ids": list(meta.parent_ids),
+        "interactive": meta.interactive,
+    }
 
 
 async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
@@ -35,9 +43,17 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
     num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
     prompt_tokens = gateway.sizer.estimate(num_chars, num_messages)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or gateway.output_cap(prompt_tokens))
-    reserve = output_tokens_to_map(gateway.system.reservation, reserve_output_tokens(
-        prediction.tokens_pred, prediction.tokens_reserve, max_tokens, is_calibrated=is_calibrated(prediction),
-        rho=gateway.config.kv.rho), max_tokens)
+    reserve = output_tokens_to_map(
+        gateway.system.reservation,
+        reserve_output_tokens(
+            prediction.tokens_pred,
+            prediction.tokens_reserve,
+            max_tokens,
+            is_calibrated=is_calibrated(prediction),
+            rho=gateway.config.kv.rho,
+        ),
+        max_tokens,
+    )
     now = time.monotonic()
     workflow = gateway.workflow(meta.workflow_key, now)
     # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
@@ -46,13 +62,35 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
     home_node = gateway.sessions.arrive(meta.workflow_key, now)
     slo_s = meta.slo_s or gateway.config.system.slo_s
     remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", workflow.next_position())
-    info = WorkflowInfo(meta.workflow_key, workflow.start_s, workflow.start_s + slo_s if slo_s else math.inf,
-                        meta.interactive, workflow.attained_s, remaining_s)
-    request = stage_request(info, meta.stage_id, prompt_tokens=prompt_tokens, tokens_pred=prediction.tokens_pred,
-                            tokens_reserve=reserve, max_tokens=max_tokens, pace=gateway.pace, ready_s=now,
-                            is_kv_pinned=is_kv_pinned, home_node=home_node)
-    job = Job(meta=meta, request=request, reserve_tokens=prompt_tokens + reserve, prediction=prediction,
-              prediction_source=answer.source.value, predict_s=predict_s, prompt_chars=num_chars,
-              num_messages=num_messages)
+    info = WorkflowInfo(
+        meta.workflow_key,
+        workflow.start_s,
+        workflow.start_s + slo_s if slo_s else math.inf,
+        meta.interactive,
+        workflow.attained_s,
+        remaining_s,
+    )
+    request = stage_request(
+        info,
+        meta.stage_id,
+        prompt_tokens=prompt_tokens,
+        tokens_pred=prediction.tokens_pred,
+        tokens_reserve=reserve,
+        max_tokens=max_tokens,
+        pace=gateway.pace,
+        ready_s=now,
+        is_kv_pinned=is_kv_pinned,
+        home_node=home_node,
+    )
+    job = Job(
+        meta=meta,
+        request=request,
+        reserve_tokens=prompt_tokens + reserve,
+        prediction=prediction,
+        prediction_source=answer.source.value,
+        predict_s=predict_s,
+        prompt_chars=num_chars,
+        num_messages=num_messages,
+    )
     request.payload = job
     return job

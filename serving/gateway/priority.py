@@ -7,6 +7,7 @@ manager does) is ranked against vLLM's session by the session's autogroup nice (
 session leader can set for itself. A gateway that shares a session with other work gets the process nice only:
 writing the group's nice would change theirs too.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,15 +25,19 @@ def apply_cpu_nice(nice: int) -> list[str]:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except PermissionError:
-        warnings.append(f"cpu_nice {nice}: not permitted (needs root or CAP_SYS_NICE); the gateway runs at nice "
-                        f"{os.getpriority(os.PRIO_PROCESS, 0)}")
+        warnings.append(
+            f"cpu_nice {nice}: not permitted (needs root or CAP_SYS_NICE); the gateway runs at nice "
+            f"{os.getpriority(os.PRIO_PROCESS, 0)}"
+        )
         return warnings
     if not AUTOGROUP.exists():  # autogroup scheduling not built in: the process nice is all there is
         return warnings
     if os.getsid(0) != os.getpid():
-        warnings.append(f"cpu_nice {nice}: set on the process only; with autogroup scheduling it ranks the gateway "
-                        "just within its session. Start it in its own session (setsid) for the nice to count "
-                        "against vLLM")
+        warnings.append(
+            f"cpu_nice {nice}: set on the process only; with autogroup scheduling it ranks the gateway "
+            "just within its session. Start it in its own session (setsid) for the nice to count "
+            "against vLLM"
+        )
         return warnings
     try:
         AUTOGROUP.write_text(str(nice))

@@ -5,6 +5,7 @@ The gateway must size a stage's KV reserve before forwarding it, and tokenizing 
 conservative characters-per-token guess and, once vLLM has reported `prompt_tokens` for enough
 calls, uses the measured ratio (totals, so long prompts weigh more) with a small safety margin.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ TEMPLATE_TOKENS = 8  # and once per prompt (generation prompt)
 class PromptSizer:
     """Estimate prompt tokens from characters; `observe` what vLLM counted to calibrate."""
 
-    def __init__(self, chars_per_token: float, is_calibrated: bool = True, margin: float = 0.05,
-                 min_observations: int = 16):
+    def __init__(
+        self, chars_per_token: float, is_calibrated: bool = True, margin: float = 0.05, min_observations: int = 16
+    ):
         self.initial_chars_per_token = chars_per_token
         self.is_calibrated, self.margin, self.min_observations = is_calibrated, margin, min_observations
         self.num_observations = 0

@@ -5,6 +5,7 @@ Its session's tool phase and held context, its workflow's attained service and r
 triage's measure of the pool, the predictor, the prompt sizer and its node's decode pace; the workflow ends at its
 final call.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
     from serving.gateway.core import Gateway
 
 
-def record_call(gateway: Gateway, job: Job, body: dict, result: CallResult, node_name: str | None,
-                kv_usage: float | None) -> None:
+def record_call(
+    gateway: Gateway, job: Job, body: dict, result: CallResult, node_name: str | None, kv_usage: float | None
+) -> None:
     """Write the stage's one trace line and report the outcome to the predictor."""
     record = trace_record(job, body, result, node_name, kv_usage)
     gateway.traces.write(record)
@@ -33,9 +35,15 @@ def record_call(gateway: Gateway, job: Job, body: dict, result: CallResult, node
         if job.meta.final:
             gateway.end_workflow(key, completed=False)
         return
-    gateway.sessions.stage_ended(key, node, result.prompt_tokens + result.output_tokens,
-                                 result.is_tool_call or job.meta.tool_call, tool_key(job.meta.app, job.meta.role),
-                                 job.meta.final, time.monotonic())
+    gateway.sessions.stage_ended(
+        key,
+        node,
+        result.prompt_tokens + result.output_tokens,
+        result.is_tool_call or job.meta.tool_call,
+        tool_key(job.meta.app, job.meta.role),
+        job.meta.final,
+        time.monotonic(),
+    )
     service_s = gateway.pace.service_s(result.prompt_tokens, result.output_tokens)
     if (workflow := gateway.workflows.get(key)) is not None:
         workflow.attained_s += service_s

@@ -5,6 +5,7 @@ nodes can use it.
 `nvext`: also Dynamo's `nvext.agent_hints` in the body (`osl`, `priority`). vLLM's OpenAI server ignores unknown
 body fields; a strict OpenAI-compatible upstream may refuse them, hence opt-in. `off`: neither.
 """
+
 from __future__ import annotations
 
 from enum import Enum

@@ -20,6 +20,7 @@ A session is one workflow between and during its calls. The gateway sees each ca
   call (`p_tool` ≥ `TOOL_CALL_P`), that tool's predicted time (the (app, role)'s moving average above), so the
   engine can keep the context in its own block pool across the tool call; 0 otherwise, and the engine keeps nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,13 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, tool_kv: str = "mars", idle_s: float = 30.0, prefill_s_per_token: float = 1e-4,
-                 cap: SessionCap | None = None):
+    def __init__(
+        self,
+        tool_kv: str = "mars",
+        idle_s: float = 30.0,
+        prefill_s_per_token: float = 1e-4,
+        cap: SessionCap | None = None,
+    ):
         self.tool_kv = create_tool_kv(tool_kv)
         self.idle_s, self.prefill_s_per_token, self.cap = idle_s, prefill_s_per_token, cap
         self.sessions: dict[str, Session] = {}
@@ -69,8 +75,16 @@ class Sessions:
         session.last_seen_s = now
         return session.node.name if session.node is not None and session.node.is_healthy else ""
 
-    def stage_ended(self, workflow_key: str, node: Node | None, context_tokens: int, is_tool_call: bool,
-                    tool_key: str, is_final: bool, now: float) -> None:
+    def stage_ended(
+        self,
+        workflow_key: str,
+        node: Node | None,
+        context_tokens: int,
+        is_tool_call: bool,
+        tool_key: str,
+        is_final: bool,
+        now: float,
+    ) -> None:
         """A stage of the session ended on `node` with `context_tokens` of prompt and output."""
         session = self.sessions.setdefault(workflow_key, Session())
         session.node, session.last_seen_s = node or session.node, now
@@ -80,8 +94,14 @@ class Sessions:
         if not is_tool_call or node is None:
             return
         session.tool_key, session.tool_since_s = tool_key, now
-        ttl = self.tool_kv.ttl_s(ToolCallContext(tool_key, context_tokens, context_tokens * self.prefill_s_per_token,
-                                                self.tool_times.get(tool_key, DEFAULT_TOOL_S)))
+        ttl = self.tool_kv.ttl_s(
+            ToolCallContext(
+                tool_key,
+                context_tokens,
+                context_tokens * self.prefill_s_per_token,
+                self.tool_times.get(tool_key, DEFAULT_TOOL_S),
+            )
+        )
         if ttl <= 0:
             self.num_evicted += 1
         elif node.hold(workflow_key, context_tokens):
@@ -135,13 +155,19 @@ class Sessions:
         session.hold_until_s = 0.0
 
     def snapshot(self) -> dict:
-        return {"tool_kv": self.tool_kv.config.policy, "sessions": len(self.sessions), "in_tool": self.num_in_tool,
-                "kept": self.num_kept, "evicted": self.num_evicted, "hold_refused": self.num_hold_refused,
-                "ended": self.num_ended, "expired": self.num_expired,
-                "tool_s": {k: round(v, 3) for k, v in sorted(self.tool_s.items())[:50]},
-                **({"cap": self.cap.snapshot()} if self.cap is not None else {})}
+        return {
+            "tool_kv": self.tool_kv.config.policy,
+            "sessions": len(self.sessions),
+            "in_tool": self.num_in_tool,
+            "kept": self.num_kept,
+            "evicted": self.num_evicted,
+            "hold_refused": self.num_hold_refused,
+            "ended": self.num_ended,
+            "expired": self.num_expired,
+            "tool_s": {k: round(v, 3) for k, v in sorted(self.tool_s.items())[:50]},
+            **({"cap": self.cap.snapshot()} if self.cap is not None else {}),
+        }
 
 
 def tool_key(app: str | None, role: str) -> str:
     return f"{app or '-'}/{role}"
-

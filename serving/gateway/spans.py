@@ -10,6 +10,7 @@ started when the stage is first dispatched, so that each call to vLLM carries it
 vLLM started with `--otlp-traces-endpoint` makes its request spans children of the gateway's. With spans off the
 caller's trace context goes to vLLM as it came (attempt.upstream_headers).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,17 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 PROVIDER = "vllm"
 PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate, as vLLM reads them
 # Trace-line fields carried as they are, under maestro.*: what the gateway predicted and did.
-MAESTRO_FIELDS = ("stage_id", "tokens_pred", "tokens_reserve", "p_tool", "prediction_source", "queue_s", "node",
-                  "attempts", "outcome")
+MAESTRO_FIELDS = (
+    "stage_id",
+    "tokens_pred",
+    "tokens_reserve",
+    "p_tool",
+    "prediction_source",
+    "queue_s",
+    "node",
+    "attempts",
+    "outcome",
+)
 
 
 class StageSpans:
@@ -39,8 +49,9 @@ class StageSpans:
         """The stage's span, a child of the caller's trace (none: a new trace), backdated to its arrival; named
         and given its attributes by `emit`."""
         parent = PROPAGATOR.extract(dict(trace_context))
-        return self.tracer.start_span("stage", context=parent, kind=SpanKind.CLIENT,
-                                      start_time=int(arrival_unix_s * 1e9))
+        return self.tracer.start_span(
+            "stage", context=parent, kind=SpanKind.CLIENT, start_time=int(arrival_unix_s * 1e9)
+        )
 
     @staticmethod
     def headers(span: Span) -> dict[str, str]:

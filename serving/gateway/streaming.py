@@ -5,6 +5,7 @@ Until the node's first whole event is in, a failure fails the attempt (the stage
 that, a failure or a stream that ends without `data: [DONE]` ends the client's stream with an error event and
 `data: [DONE]`, as vLLM ends a failed stream.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -31,8 +32,9 @@ async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tupl
     gateway, job, path = call.gateway, call.job, call.path
     body = {**call.upstream, "stream": True, "stream_options": {"include_usage": True}}
     try:
-        response = await node.upstream.open_stream(f"{node.url}{path}", body, upstream_headers(gateway, job),
-                                                   job.remaining_s())
+        response = await node.upstream.open_stream(
+            f"{node.url}{path}", body, upstream_headers(gateway, job), job.remaining_s()
+        )
     except UpstreamError as error:
         raise attempt_failed(error, "before its stream's headers") from None
     is_complete = False
@@ -56,9 +58,11 @@ async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tupl
             if job.node is None:
                 continue
             if assembler.is_finished:
-                node.observe_stream((result.first_token_s or result.started_s) - result.started_s,
-                                    int((assembler.usage or {}).get("completion_tokens") or 0),
-                                    time.monotonic() - (result.first_token_s or result.started_s))
+                node.observe_stream(
+                    (result.first_token_s or result.started_s) - result.started_s,
+                    int((assembler.usage or {}).get("completion_tokens") or 0),
+                    time.monotonic() - (result.first_token_s or result.started_s),
+                )
                 gateway.dispatcher.finish(job)
                 result.released_s = time.monotonic()
         is_complete = True
@@ -79,9 +83,9 @@ async def open_stream(call: StageCall, node: Node) -> Response:
     """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
     gateway, job = call.gateway, call.job
     try:
-        response = await node.upstream.open_stream(f"{node.url}{call.path}", call.upstream,
-                                                   upstream_headers(gateway, job),
-                                                   job.remaining_s())
+        response = await node.upstream.open_stream(
+            f"{node.url}{call.path}", call.upstream, upstream_headers(gateway, job), job.remaining_s()
+        )
     except UpstreamError as error:
         raise attempt_failed(error, "before its stream's headers") from None
     if response.status >= 500:

@@ -4,6 +4,7 @@ call writes there (`trace_record`).
 Each line is flushed as soon as it is written, so a crash loses at most the line being written.
 Files are named `<prefix>-<start stamp>-<seq>.jsonl`, so name order is write order.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,27 +66,48 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
     """
     meta, prediction, end = job.meta, job.prediction, time.monotonic()
     tools = body.get("tools") if prediction is not None else None  # (an invalid body's tools may be anything)
-    record = {"workflow_id": meta.workflow_id, "stage_id": meta.stage_id, "role": meta.role, "app": meta.app,
-              "caller_id": meta.caller_id or None,
-              "model": body.get("model"), "parent_ids": list(meta.parent_ids), "interactive": meta.interactive,
-              "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
-              "n_tools": len(tools or []) or None,
-              "tool_names": [t.get("function", {}).get("name") for t in tools or []] or None,
-              "arrival_s": round(job.arrival_unix_s, 6),
-              "queue_s": round(job.queue_s, 6), "node": node_name, "kv_usage_seen": kv_usage,
-              "attempts": job.num_attempts}
+    record = {
+        "workflow_id": meta.workflow_id,
+        "stage_id": meta.stage_id,
+        "role": meta.role,
+        "app": meta.app,
+        "caller_id": meta.caller_id or None,
+        "model": body.get("model"),
+        "parent_ids": list(meta.parent_ids),
+        "interactive": meta.interactive,
+        "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
+        "n_tools": len(tools or []) or None,
+        "tool_names": [t.get("function", {}).get("name") for t in tools or []] or None,
+        "arrival_s": round(job.arrival_unix_s, 6),
+        "queue_s": round(job.queue_s, 6),
+        "node": node_name,
+        "kv_usage_seen": kv_usage,
+        "attempts": job.num_attempts,
+    }
     if prediction is not None:
-        record.update(tokens_pred=prediction.tokens_pred, tokens_reserve=prediction.tokens_reserve,
-                      p_tool=prediction.p_tool, fallback_level=prediction.fallback_level, history=prediction.history,
-                      prediction_source=job.prediction_source, predict_s=round(job.predict_s, 6),
-                      kv_tokens_reserved=job.reserve_tokens, max_tokens=job.request.max_tokens)
+        record.update(
+            tokens_pred=prediction.tokens_pred,
+            tokens_reserve=prediction.tokens_reserve,
+            p_tool=prediction.p_tool,
+            fallback_level=prediction.fallback_level,
+            history=prediction.history,
+            prediction_source=job.prediction_source,
+            predict_s=round(job.predict_s, 6),
+            kv_tokens_reserved=job.reserve_tokens,
+            max_tokens=job.request.max_tokens,
+        )
     if result.error is None and result.output_tokens is not None:
         record["outcome"] = "completed"
-        record.update(output_tokens=result.output_tokens, prompt_tokens=result.prompt_tokens,
-                      is_tool_call=result.is_tool_call, output_text=result.output_text,
-                      finish_reason=result.finish_reason, e2e_s=round(end - result.started_s, 6),
-                      ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
-                      kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None)
+        record.update(
+            output_tokens=result.output_tokens,
+            prompt_tokens=result.prompt_tokens,
+            is_tool_call=result.is_tool_call,
+            output_text=result.output_text,
+            finish_reason=result.finish_reason,
+            e2e_s=round(end - result.started_s, 6),
+            ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
+            kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None,
+        )
     else:
         record["outcome"] = "failed" if job.num_attempts else "refused"
         record["error"] = result.error or "no usage in vLLM's response"

@@ -11,6 +11,7 @@ With `System.triage_rejects` a shed workflow is turned away (call.py answers 503
 stage of it: the workflow is remembered (the most recent `max_rejected`) and ends at the triage, as the simulator
 drops it. Without, its stages queue behind every on-time stage with no deadline (`WorkflowTriage.apply`).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -25,8 +26,13 @@ MAX_REJECTED = 100_000  # turned-away workflows remembered, so that their later 
 class GatewayTriage:
     """The triage and the workflows it turned away, on the dispatcher's clock and queue."""
 
-    def __init__(self, is_rejecting: bool, dispatcher: Dispatcher, config: TriageConfig | None = None,
-                 max_rejected: int = MAX_REJECTED):
+    def __init__(
+        self,
+        is_rejecting: bool,
+        dispatcher: Dispatcher,
+        config: TriageConfig | None = None,
+        max_rejected: int = MAX_REJECTED,
+    ):
         self.triage = WorkflowTriage(config)
         self.is_rejecting, self.dispatcher = is_rejecting, dispatcher
         self.rejected: OrderedDict[str, None] = OrderedDict()  # workflow keys turned away, oldest first
@@ -65,5 +71,9 @@ class GatewayTriage:
 
     def snapshot(self) -> dict:
         capacity = {model: pool.capacity for model, pool in self.triage.pools.items()}
-        return {"rejects": self.is_rejecting, "shed_workflows": self.num_shed_workflows,
-                "rejected_workflows": self.num_rejected_workflows, "capacity": capacity}
+        return {
+            "rejects": self.is_rejecting,
+            "shed_workflows": self.num_shed_workflows,
+            "rejected_workflows": self.num_rejected_workflows,
+            "capacity": capacity,
+        }

@@ -8,6 +8,7 @@ Two timeouts bound a call: the node's (`sock_read`: no byte for node_timeout_s, 
 `ServerTimeoutError`, a `ClientError`) and the stage's deadline (`total`: a bare `asyncio.TimeoutError`).
 `is_deadline` tells them apart, so that a call cut by its deadline is not retried.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,19 +71,26 @@ class Upstream:
             return self.timeout
         if remaining_s <= 0:
             raise asyncio.TimeoutError
-        return aiohttp.ClientTimeout(total=remaining_s, sock_read=self.timeout.sock_read,
-                                     sock_connect=self.timeout.sock_connect, ceil_threshold=math.inf)
+        return aiohttp.ClientTimeout(
+            total=remaining_s,
+            sock_read=self.timeout.sock_read,
+            sock_connect=self.timeout.sock_connect,
+            ceil_threshold=math.inf,
+        )
 
     async def post_json(self, url: str, body: dict, headers: dict, remaining_s: float | None = None) -> Reply:
-        async with self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
-                                     timeout=self.call_timeout(remaining_s)) as response:
+        async with self.session.post(
+            url, data=json.dumps(body).encode(), headers=_json(headers), timeout=self.call_timeout(remaining_s)
+        ) as response:
             return Reply(response.status, await response.read())
 
-    async def open_stream(self, url: str, body: dict, headers: dict,
-                          remaining_s: float | None = None) -> aiohttp.ClientResponse:
+    async def open_stream(
+        self, url: str, body: dict, headers: dict, remaining_s: float | None = None
+    ) -> aiohttp.ClientResponse:
         """The response once its headers are in; the caller reads `.content` and must `release()` or `close()` it."""
-        return await self.session.post(url, data=json.dumps(body).encode(), headers=_json(headers),
-                                       timeout=self.call_timeout(remaining_s))
+        return await self.session.post(
+            url, data=json.dumps(body).encode(), headers=_json(headers), timeout=self.call_timeout(remaining_s)
+        )
 
 
 def is_deadline(error: BaseException) -> bool:

@@ -4,6 +4,7 @@ A body is checked against its endpoint's pydantic model (bodies.py), the X-Maest
 `metadata` keys against those the gateway knows. Every refusal is a `BadRequest` naming the field (`param`,
 OpenAI-style: `messages[0].role`, `max_tokens`, `X-Maestro-Stage`) and saying what was expected.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -28,11 +29,20 @@ class BadRequest(Exception):
 
 
 EXPECTED = {  # what an error says was expected, by pydantic error type
-    "int_type": "an integer", "greater_than": "a positive number", "bool_type": "true or false",
-    "string_type": "a string", "float_type": "a number", "finite_number": "a finite number",
-    "list_type": "a list", "dict_type": "an object", "model_type": "an object", "too_short": "a non-empty list",
-    "string_too_long": f"at most {MAX_ID_CHARS} characters", "string_too_short": "a non-empty string",
-    "string_pattern_mismatch": "no control characters", "too_long": f"at most {MAX_PARENTS} items",
+    "int_type": "an integer",
+    "greater_than": "a positive number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "too_short": "a non-empty list",
+    "string_too_long": f"at most {MAX_ID_CHARS} characters",
+    "string_too_short": "a non-empty string",
+    "string_pattern_mismatch": "no control characters",
+    "too_long": f"at most {MAX_PARENTS} items",
 }
 
 
@@ -91,8 +101,11 @@ def _no_constant(name: str):
 def check_body(path: str, body: dict) -> None:
     """Raise BadRequest naming the first field of the body that the endpoint cannot take."""
     if path == "/v1/completions" and "messages" in body:  # the gateway reads a call's prompt from `messages` first
-        raise BadRequest(400, "messages", "messages: not taken by /v1/completions (it reads `prompt`); "
-                                          "send chat messages to /v1/chat/completions")
+        raise BadRequest(
+            400,
+            "messages",
+            "messages: not taken by /v1/completions (it reads `prompt`); send chat messages to /v1/chat/completions",
+        )
     try:
         BODIES[path].model_validate(body)
     except ValidationError as error:
@@ -108,13 +121,18 @@ def check_headers(headers) -> None:
         if value is None:
             continue
         if key in BOOLEAN_KEYS:
-            expected = None if value.strip().lower() in TRUE_WORDS + FALSE_WORDS else f"one of {TRUE_WORDS + FALSE_WORDS}"
+            expected = (
+                None if value.strip().lower() in TRUE_WORDS + FALSE_WORDS else f"one of {TRUE_WORDS + FALSE_WORDS}"
+            )
         elif key == "slo":
             expected = None if _is_positive_number(value) else "a positive number of seconds"
         elif key == "parents":
             ids = [p.strip() for p in value.split(",") if p.strip()]
-            expected = None if len(ids) <= MAX_PARENTS and all(map(is_id, ids)) else (
-                f"at most {MAX_PARENTS} comma-separated ids of at most {MAX_ID_CHARS} characters")
+            expected = (
+                None
+                if len(ids) <= MAX_PARENTS and all(map(is_id, ids))
+                else (f"at most {MAX_PARENTS} comma-separated ids of at most {MAX_ID_CHARS} characters")
+            )
         else:
             expected = None if is_id(value) else f"an id of 1 to {MAX_ID_CHARS} characters, no control characters"
         if expected:
@@ -130,8 +148,13 @@ def check_header_names(names) -> None:
     for name in (n.lower() for n in names):
         if name.startswith(prefix) and name not in known:
             suffixes = {header_name(h): h.removeprefix(prefix) for h in HEADERS.values()}
-            raise unknown_name(f"header {header_name(name)}", header_name(name), "a Maestro header",
-                               name.removeprefix(prefix), suffixes)
+            raise unknown_name(
+                f"header {header_name(name)}",
+                header_name(name),
+                "a Maestro header",
+                name.removeprefix(prefix),
+                suffixes,
+            )
 
 
 def check_metadata_keys(metadata: dict) -> None:

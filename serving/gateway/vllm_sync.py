@@ -1,5 +1,6 @@
 """A gateway node kept in step with its vLLM engine: /metrics parsed and polled, the node's KV budget sized from
 vLLM's own block count, /v1/models read for the context length; `VllmSync` is `nodes.Node`'s part that does it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,20 @@ import aiohttp
 from serving.gateway.kv_budget import KVBudget
 from serving.gateway.upstream import Upstream, UpstreamError
 
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 # The samples the gateway reads; vLLM's /metrics is ~55 KB of mostly histogram buckets it does not need.
-WANTED = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
-          "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:num_preemptions",
-          "vllm:cache_config_info")
+WANTED = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+    "vllm:num_preemptions",
+    "vllm:cache_config_info",
+)
 
 
 def parse_metrics(text: str, names: tuple[str, ...] = WANTED) -> dict[str, tuple[dict, float]]:

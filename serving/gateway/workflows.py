@@ -1,4 +1,5 @@
 """What the gateway knows of a workflow across its calls, and the unit a stage's service is counted in."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

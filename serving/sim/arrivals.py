@@ -5,6 +5,7 @@ ms), takes inter-arrival gaps from the file, and rescales them to the requested 
 one is given (the shape of the process is kept, its level is set by the scenario). The file is
 given by path; nothing here knows where ../shared is.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,8 +20,14 @@ def poisson(num: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray
     return np.cumsum(rng.exponential(1.0 / rate_per_s, size=num))
 
 
-def bursty(num: int, rate_per_s: float, rng: np.random.Generator, burst_factor: float = 4.0,
-           burst_frac: float = 0.2, mean_period_s: float = 60.0) -> np.ndarray:
+def bursty(
+    num: int,
+    rate_per_s: float,
+    rng: np.random.Generator,
+    burst_factor: float = 4.0,
+    burst_frac: float = 0.2,
+    mean_period_s: float = 60.0,
+) -> np.ndarray:
     """MMPP-2: bursts at burst_factor × the base rate for burst_frac of the time, same mean rate."""
     base = rate_per_s / (burst_frac * burst_factor + (1 - burst_frac))
     times, t, in_burst = [], 0.0, False

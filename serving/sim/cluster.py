@@ -11,6 +11,7 @@ reservation), decode growth and preemption, finishing, and the tool-KV keep/evic
 through `SimContext`: what it reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a
 kept context's TTL armed).
 """
+
 from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate
@@ -100,8 +101,13 @@ class SimDispatcher:
     def _reserve_tokens(self, stage: SimStage) -> int:
         """Tokens to map at start: context plus what the reservation mode adds (admission/sizing.py), capped at
         prompt + max_tokens."""
-        extra = output_tokens_to_map(self.reservation, stage.tokens_reserve, stage.max_tokens, stage.generated_tokens,
-                                     self.sim.cluster.grow_chunk_tokens)
+        extra = output_tokens_to_map(
+            self.reservation,
+            stage.tokens_reserve,
+            stage.max_tokens,
+            stage.generated_tokens,
+            self.sim.cluster.grow_chunk_tokens,
+        )
         return min(stage.prompt_tokens + stage.generated_tokens + extra, stage.prompt_tokens + stage.max_tokens)
 
     def kv_plan(self, node: SimNode, stage: SimStage) -> list[SimStage] | None:
@@ -110,15 +116,19 @@ class SimDispatcher:
         context is reused (grown in place when its range is long enough), never reclaimed."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
         need = alloc.pages_for(self._reserve_tokens(stage), bpt) + headroom_pages(
-            self.sim.system.admission_headroom_frac, alloc.num_physical_pages)
+            self.sim.system.admission_headroom_frac, alloc.num_physical_pages
+        )
         parent = parent_of(stage)
         kept = node.pinned.get(parent) if parent is not None else None
         free = alloc.num_free_pages + (kept.mapped_pages if kept is not None else 0)
         virtual = alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt)
         if kept is not None and virtual <= kept.virtual_pages:
             virtual = 0  # the kept range grows in place
-        free_virtual = alloc.num_virtual_pages_limit - alloc.num_virtual_pages + (
-            kept.virtual_pages if kept is not None and virtual else 0)
+        free_virtual = (
+            alloc.num_virtual_pages_limit
+            - alloc.num_virtual_pages
+            + (kept.virtual_pages if kept is not None and virtual else 0)
+        )
         victims = []
         for victim, reservation in node.pinned.items():
             if need <= free and virtual <= free_virtual:
@@ -253,9 +263,16 @@ class SimDispatcher:
         context = stage.prompt_tokens + stage.output_tokens
         # A tool call means its session continues with the tool's result: that is all a live system knows here (not
         # whether the replayed workflow has a next turn of this session).
-        ttl = sim.tool_kv.ttl_s(ToolCallContext(
-            stage.tool_name, context, sim.cost.prefill_s(model, context), sim.predicted_tool_s(stage.tool_name),
-            node.other_context_tokens(), sim.evicted_wait_ema_s))
+        ttl = sim.tool_kv.ttl_s(
+            ToolCallContext(
+                stage.tool_name,
+                context,
+                sim.cost.prefill_s(model, context),
+                sim.predicted_tool_s(stage.tool_name),
+                node.other_context_tokens(),
+                sim.evicted_wait_ema_s,
+            )
+        )
         sim.recorder.decision("keep" if ttl > 0 else "evict", sim.now, stage, node.index)
         if ttl <= 0:
             node.release(stage, stage.reservation)
@@ -263,4 +280,3 @@ class SimDispatcher:
         node.alloc.shrink(stage.reservation, context)
         node.pinned[stage] = stage.reservation
         sim.arm_ttl(stage, ttl)
-

@@ -1,4 +1,5 @@
 """`SimContext`: the simulation as its dispatcher sees it, so the dispatcher is handed this seam, not the simulator."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol

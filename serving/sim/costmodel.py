@@ -6,6 +6,7 @@ step_s    = overhead + Σ_models weight_bytes / (hbm_bw · mbu) + Σ_seqs kv_byt
 Every running sequence gains one token per step (continuous batching). GPU figures are the public
 datasheet numbers (dense BF16); model shapes are from the models' configs. See serving/README.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,15 +53,18 @@ class ModelProfile:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2  # K and V, bf16
 
 
-MODEL_PROFILES = {m.name: m for m in [
-    ModelProfile("llama-3-8b", 8.0e9, 8.0e9, 32, 4096, 8, 128),
-    ModelProfile("qwen2-7b", 7.6e9, 7.6e9, 28, 3584, 4, 128),
-    ModelProfile("mistral-7b", 7.2e9, 7.2e9, 32, 4096, 8, 128),
-    ModelProfile("qwen2.5-coder-32b", 32.8e9, 32.8e9, 64, 5120, 8, 128, 1.0),  # fp8 weights to fit one A100
-    ModelProfile("qwen2-72b", 72.7e9, 72.7e9, 80, 8192, 8, 128, 0.5),  # AWQ int4 to fit one A100
-    # MoE, 3.3B active; config.json: hidden 2048 but 32 query heads × 128, so attention is 4096 wide
-    ModelProfile("qwen3-coder-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128, num_q_heads=32),
-]}
+MODEL_PROFILES = {
+    m.name: m
+    for m in [
+        ModelProfile("llama-3-8b", 8.0e9, 8.0e9, 32, 4096, 8, 128),
+        ModelProfile("qwen2-7b", 7.6e9, 7.6e9, 28, 3584, 4, 128),
+        ModelProfile("mistral-7b", 7.2e9, 7.2e9, 32, 4096, 8, 128),
+        ModelProfile("qwen2.5-coder-32b", 32.8e9, 32.8e9, 64, 5120, 8, 128, 1.0),  # fp8 weights to fit one A100
+        ModelProfile("qwen2-72b", 72.7e9, 72.7e9, 80, 8192, 8, 128, 0.5),  # AWQ int4 to fit one A100
+        # MoE, 3.3B active; config.json: hidden 2048 but 32 query heads × 128, so attention is 4096 wide
+        ModelProfile("qwen3-coder-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128, num_q_heads=32),
+    ]
+}
 
 
 @dataclass

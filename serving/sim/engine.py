@@ -5,6 +5,7 @@ Events: a workflow arrives; a node reaches its next step-clock event (a stage fi
 grow its KV); a tool finishes on a node's host CPU; a pinned KV's TTL expires; the AIMD control
 loop ticks. Everything else happens synchronously inside those handlers.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -41,8 +42,8 @@ ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 class ClusterConfig:
     num_nodes: int = 4
     cost: CostModelConfig = field(default_factory=CostModelConfig)
-    kv_pool_bytes: int = 32 * 1024 ** 3
-    page_bytes: int = 2 * 1024 ** 2
+    kv_pool_bytes: int = 32 * 1024**3
+    page_bytes: int = 2 * 1024**2
     overcommit: float = 3.0
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     placement: list[tuple[str, ...]] = field(default_factory=lambda: [("llama-3-8b",)])  # cycled over nodes
@@ -71,9 +72,15 @@ class Simulator:
     predictions already on the stages stand. `remaining_work`: what estimates a workflow's work after a stage (the
     history of ended workflows by default). `log_decisions`: keep every decision in `recorder.decisions`."""
 
-    def __init__(self, cluster: ClusterConfig, system: System, workflows: list[SimWorkflow],
-                 predict_ready: Callable[[SimStage], None] | None = None, remaining_work: RemainingWork | None = None,
-                 log_decisions: bool = False):
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        system: System,
+        workflows: list[SimWorkflow],
+        predict_ready: Callable[[SimStage], None] | None = None,
+        remaining_work: RemainingWork | None = None,
+        log_decisions: bool = False,
+    ):
         self.cluster, self.system, self.workflows = cluster, system, workflows
         self.predict_ready = predict_ready
         self.cost = CostModel(cluster.cost)
@@ -101,8 +108,13 @@ class Simulator:
     def run(self) -> Recorder:
         for workflow in self.workflows:
             self.push(workflow.arrival_s, ARRIVAL, workflow)
-        bar = tqdm(total=len(self.workflows), desc=f"simulating {self.system.name}", unit="wf",
-                   disable=not self.cluster.show_progress, mininterval=1.0)
+        bar = tqdm(
+            total=len(self.workflows),
+            desc=f"simulating {self.system.name}",
+            unit="wf",
+            disable=not self.cluster.show_progress,
+            mininterval=1.0,
+        )
         handlers = (self._on_arrival, self._on_node, self._on_tool_done, self._on_ttl, self._on_control)
         events = self._events
         while events:
@@ -185,8 +197,11 @@ class Simulator:
         if self.predict_ready is not None:
             self.predict_ready(stage)
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
-        if self.triage is not None and self.triage.apply(request, self.now, self.dispatch.is_backlogged(
-                stage.model)) and self.system.triage_rejects:
+        if (
+            self.triage is not None
+            and self.triage.apply(request, self.now, self.dispatch.is_backlogged(stage.model))
+            and self.system.triage_rejects
+        ):
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline
             self.recorder.rejected += 1
             self.recorder.decision("reject", self.now, stage, -1)

@@ -1,4 +1,5 @@
 """A model's pace on the simulated GPU, the simulator's `serving.core.request.ServicePace`: prefill + lone decode."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,5 +19,6 @@ class ModelPace:
         return cls(cost, cost.model(model_name))
 
     def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
-        return self.cost.prefill_s(self.model, prompt_tokens) + self.cost.decode_s(self.model, output_tokens,
-                                                                                   prompt_tokens)
+        return self.cost.prefill_s(self.model, prompt_tokens) + self.cost.decode_s(
+            self.model, output_tokens, prompt_tokens
+        )

@@ -15,6 +15,7 @@ Three modes, each a setting described for MARS (PAPERS.md, seed notes):
 All calls in service progress at one common rate, so one virtual clock W (CPU-seconds delivered to
 each call) orders completions: a call with `work_s` done at W_start + work_s. O(log n) per call.
 """
+
 from __future__ import annotations
 
 import enum

@@ -1,4 +1,5 @@
 """What a simulation run measured, per policy, in the shape `maestro simulate` writes to JSON."""
+
 from __future__ import annotations
 
 import numpy as np

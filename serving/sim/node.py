@@ -5,6 +5,7 @@ and a step lasts `step_s` (cost model, from the current batch). A stage that nee
 finishes when V has advanced by n, so one heap keyed by V gives every node's next event, and a
 batch change only changes how fast V runs. Prefills stall decoding (their GPU time is serial).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -34,8 +35,9 @@ _TIE = itertools.count()
 class SimNode:
     """One node; its queue is a dispatch core (serving/core/dispatch.py) over this node."""
 
-    def __init__(self, index: int, cost: CostModel, cluster: ClusterConfig, system: System,
-                 is_live=lambda request, now: True):
+    def __init__(
+        self, index: int, cost: CostModel, cluster: ClusterConfig, system: System, is_live=lambda request, now: True
+    ):
         self.index = index
         self.name = f"node{index}"
         self.cost = cost

@@ -1,11 +1,15 @@
 """PNG plots next to the simulation JSON: one panel per headline metric, one figure per regime."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-PANELS = (("slo_attainment", "SLO attainment", None), ("e2e_s", "mean e2e (s)", "mean"),
-          ("interactive_queue_delay_s", "interactive queue delay (s)", "mean"),
-          ("kv_reserved_frac_vs_maxlen", "KV reserved / max-len", None))
+PANELS = (
+    ("slo_attainment", "SLO attainment", None),
+    ("e2e_s", "mean e2e (s)", "mean"),
+    ("interactive_queue_delay_s", "interactive queue delay (s)", "mean"),
+    ("kv_reserved_frac_vs_maxlen", "KV reserved / max-len", None),
+)
 
 
 def plot_report(report: dict, out: Path) -> list[Path]:

@@ -7,6 +7,7 @@ length for ~80% of stages; the rest grow during decode. The oracle's and the noi
 calibrated by construction; a trained model's are sized by `admission.sizing.reserve_output_tokens`, as the
 gateway sizes them (its conformal bound as is, a prior's × (1 + rho)). All are capped at max_tokens.
 """
+
 from __future__ import annotations
 
 import enum
@@ -41,8 +42,9 @@ class PredictionConfig:
 
     def __post_init__(self):
         if self.source not in {s.value for s in PredictionSource}:
-            raise ValueError(f"unknown prediction source '{self.source}'; known: "
-                             f"{', '.join(s.value for s in PredictionSource)}")
+            raise ValueError(
+                f"unknown prediction source '{self.source}'; known: {', '.join(s.value for s in PredictionSource)}"
+            )
         if self.source in ("model", "prior") and not self.model_dir:
             raise ValueError(f"prediction source '{self.source}' needs model_dir (--model DIR)")
         if self.sigma < 0 or not 0 < self.reserve_quantile < 1 or not 0 <= self.rho <= 1:
@@ -64,15 +66,21 @@ def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
             pred = true if source is PredictionSource.ORACLE else true * math.exp(rng.normal(0.0, config.sigma))
             reserve = true if source is PredictionSource.ORACLE else pred * widen
             stage.tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
-            stage.tokens_reserve = reserve_output_tokens(stage.tokens_pred, math.ceil(reserve), stage.max_tokens,
-                                                         is_calibrated=True)
+            stage.tokens_reserve = reserve_output_tokens(
+                stage.tokens_pred, math.ceil(reserve), stage.max_tokens, is_calibrated=True
+            )
 
 
 def apply_prediction(stage: SimStage, prediction: LengthPrediction, rho: float = DEFAULT_RHO) -> None:
     """Set a stage's tokens_pred / tokens_reserve from a predictor's answer, sized as the gateway sizes it."""
     stage.tokens_pred = int(min(stage.max_tokens, max(1, prediction.tokens_pred)))
-    stage.tokens_reserve = reserve_output_tokens(prediction.tokens_pred, prediction.tokens_reserve, stage.max_tokens,
-                                                 is_calibrated=is_calibrated(prediction), rho=rho)
+    stage.tokens_reserve = reserve_output_tokens(
+        prediction.tokens_pred,
+        prediction.tokens_reserve,
+        stage.max_tokens,
+        is_calibrated=is_calibrated(prediction),
+        rho=rho,
+    )
 
 
 def _from_model(workflows: list[SimWorkflow], model_dir: str, rho: float, batch_size: int = 4096) -> None:
@@ -81,7 +89,7 @@ def _from_model(workflows: list[SimWorkflow], model_dir: str, rho: float, batch_
     predictor = Predictor.load(model_dir)
     stages = [s for w in workflows for s in w.stages]
     for start in range(0, len(stages), batch_size):
-        chunk = stages[start:start + batch_size]
+        chunk = stages[start : start + batch_size]
         for stage, prediction in zip(chunk, predictor.predict([to_contract(s) for s in chunk])):
             apply_prediction(stage, prediction, rho)
 
@@ -97,5 +105,6 @@ def _from_priors(workflows: list[SimWorkflow], model_dir: str | None, rho: float
     for stage in (s for w in workflows for s in w.stages):
         prior = priors.get(stage.role) or priors.get("") or NO_MODEL_PRIOR
         stage.tokens_pred = int(min(stage.max_tokens, max(1, round(prior.tokens_median))))
-        stage.tokens_reserve = reserve_output_tokens(stage.tokens_pred, math.ceil(prior.tokens_upper), stage.max_tokens,
-                                                     is_calibrated=False, rho=rho)
+        stage.tokens_reserve = reserve_output_tokens(
+            stage.tokens_pred, math.ceil(prior.tokens_upper), stage.max_tokens, is_calibrated=False, rho=rho
+        )

@@ -8,6 +8,7 @@ an LRU entry of `num_pages`; entries are dropped oldest first whenever live allo
 into them (the cached pages no longer fit in the allocator's free pages). A hit means the next
 stage prefills only its new tokens; a miss means re-prefilling the whole context.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -18,6 +18,7 @@ the model's workflow answer; for `prior`, the training side's median at the stag
 `WorkflowPrior`; 0 where training never saw the cell); nothing (0) for `none`; the truth for `oracle` and the
 noise arms (the workflow's stages with a larger call_index: the only reads of a future stage, and only in these arms).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,15 +54,22 @@ def finished_ancestors(stage: SimStage) -> frozenset[str]:
 class ReadyPredictions:
     """Sets a ready stage's `tokens_pred` / `tokens_reserve` from one source (see the module docstring)."""
 
-    def __init__(self, source: str, model_dir: str | Path | None = None, seed: int = 0, margin: float = 1.0,
-                 rho: float = DEFAULT_RHO, workflow_prior: WorkflowPrior | None = None):
+    def __init__(
+        self,
+        source: str,
+        model_dir: str | Path | None = None,
+        seed: int = 0,
+        margin: float = 1.0,
+        rho: float = DEFAULT_RHO,
+        workflow_prior: WorkflowPrior | None = None,
+    ):
         name = "noise" if source.startswith("noise") else source
         if name not in SOURCES:
             raise ValueError(f"unknown prediction source '{source}'; known: {', '.join(SOURCES)} (noise as noiseσ)")
         if name in ("model", "prior") and not model_dir:
             raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
         self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
-        self.sigma = float(source[len("noise"):] or 0.5) if name == "noise" else 0.0
+        self.sigma = float(source[len("noise") :] or 0.5) if name == "noise" else 0.0
         self.cache: dict[tuple, tuple[int, int, WorkflowRemaining]] = {}
         self.workflow_prior = workflow_prior
         if name == "prior" and workflow_prior is None:
@@ -100,7 +108,7 @@ class ReadyPredictions:
                 todo.setdefault(key, stage)
         keys = list(todo)
         for start in range(0, len(keys), batch_size):
-            chunk = keys[start:start + batch_size]
+            chunk = keys[start : start + batch_size]
             answers = self._answer([todo[k] for k in chunk], [k[2] for k in chunk])
             self.cache.update(zip(chunk, answers))
 
@@ -135,8 +143,9 @@ class ReadyPredictions:
 
     def _sized(self, stage: SimStage, pred: float, reserve: float, calibrated: bool) -> tuple[int, int]:
         tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
-        return tokens_pred, reserve_output_tokens(tokens_pred, math.ceil(reserve), stage.max_tokens,
-                                                  is_calibrated=calibrated, rho=self.rho)
+        return tokens_pred, reserve_output_tokens(
+            tokens_pred, math.ceil(reserve), stage.max_tokens, is_calibrated=calibrated, rho=self.rho
+        )
 
     def _from_model(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:
         """One predictor call for the batch: each stage in a workflow of its own (`@` its index in the batch) that
@@ -150,14 +159,24 @@ class ReadyPredictions:
             history.add([labelled(s, alias) for s in finished])
             rows.append(to_contract(stage).model_copy(update={"workflow_id": alias}))
         answers = self._predictor.predict(rows, history)
-        return [(*self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)),
-                 WorkflowRemaining(**a.remaining_fields())) for s, a in zip(stages, answers)]
+        return [
+            (
+                *self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)),
+                WorkflowRemaining(**a.remaining_fields()),
+            )
+            for s, a in zip(stages, answers)
+        ]
 
 
 def known_remaining(calls: float, tokens: float, level: WorkflowFallbackLevel) -> WorkflowRemaining:
     """A workflow answer with no spread: its upper bound is its median."""
-    return WorkflowRemaining(wf_remaining_calls=calls, wf_remaining_tokens=tokens, wf_remaining_calls_upper=math.ceil(
-        calls), wf_remaining_tokens_upper=math.ceil(tokens), wf_fallback_level=level)
+    return WorkflowRemaining(
+        wf_remaining_calls=calls,
+        wf_remaining_tokens=tokens,
+        wf_remaining_calls_upper=math.ceil(calls),
+        wf_remaining_tokens_upper=math.ceil(tokens),
+        wf_fallback_level=level,
+    )
 
 
 NOTHING_LEFT = known_remaining(0.0, 0.0, WorkflowFallbackLevel.PRIOR)  # the `none` source reads no workflow
@@ -179,8 +198,11 @@ class WorkflowPrior:
         from pipelines.workflow_table import AppPositionMedians
 
         calls, tokens = remaining_targets(training_stages)
-        self.table = AppPositionMedians.fit([s.app or "" for s in training_stages],
-                                            [s.call_index for s in training_stages], {"calls": calls, "tokens": tokens})
+        self.table = AppPositionMedians.fit(
+            [s.app or "" for s in training_stages],
+            [s.call_index for s in training_stages],
+            {"calls": calls, "tokens": tokens},
+        )
 
     def lookup(self, stage: SimStage) -> WorkflowRemaining:
         position = (stage.source or {}).get("call_index", stage.index)

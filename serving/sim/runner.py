@@ -1,4 +1,5 @@
 """Run a scenario under several policies on the same workload, and write JSON + plots."""
+
 from __future__ import annotations
 
 import json
@@ -80,11 +81,21 @@ def run_scenario(scenario: Scenario, run: RunConfig) -> dict:
             recorder = Simulator(scenario.cluster, get_system(name), workflows).run()
             per_policy[name] = dict(recorder.summary, wall_s=time.perf_counter() - started)
         results[regime.name] = per_policy
-    return {"scenario": scenario.name, "nodes": scenario.cluster.num_nodes, "gpu": scenario.cluster.cost.gpu,
-            "seed": run.seed, "arrivals": run.arrivals, "predictions": run.predictions.source,
-            "traces": run.traces, "default_model": default_model(scenario), "model_map": run.model_map or {},
-            "slo": {"mode": run.slo.mode, "slo_scale": run.slo.slo_scale},
-            "host_cpu": scenario.cluster.host_cpu, "results": results, "comparisons": compare(results)}
+    return {
+        "scenario": scenario.name,
+        "nodes": scenario.cluster.num_nodes,
+        "gpu": scenario.cluster.cost.gpu,
+        "seed": run.seed,
+        "arrivals": run.arrivals,
+        "predictions": run.predictions.source,
+        "traces": run.traces,
+        "default_model": default_model(scenario),
+        "model_map": run.model_map or {},
+        "slo": {"mode": run.slo.mode, "slo_scale": run.slo.slo_scale},
+        "host_cpu": scenario.cluster.host_cpu,
+        "results": results,
+        "comparisons": compare(results),
+    }
 
 
 def _ratio(a, b):
@@ -101,14 +112,18 @@ def compare(results: dict) -> dict:
             row["maestro_vs_edf"] = {
                 "slo_attainment_pp": 100 * (m["slo_attainment"] - e["slo_attainment"]),
                 "kv_reserved_frac_vs_maxlen": m["kv_reserved_frac_vs_maxlen"],
-                "interactive_queue_delay_ratio": _ratio(m["interactive_queue_delay_s"]["mean"],
-                                                        e["interactive_queue_delay_s"]["mean"]),
-                "oom_rate": m["oom_rate"]}
+                "interactive_queue_delay_ratio": _ratio(
+                    m["interactive_queue_delay_s"]["mean"], e["interactive_queue_delay_s"]["mean"]
+                ),
+                "oom_rate": m["oom_rate"],
+            }
         baselines = {k: v for k, v in by_policy.items() if k.startswith("continuum")}
         if "mars" in by_policy and baselines:
             best = min(baselines, key=lambda k: baselines[k]["e2e_s"]["mean"] or float("inf"))
-            row["mars_vs_best_continuum"] = {"baseline": best, "mean_e2e_speedup": _ratio(
-                baselines[best]["e2e_s"]["mean"], by_policy["mars"]["e2e_s"]["mean"])}
+            row["mars_vs_best_continuum"] = {
+                "baseline": best,
+                "mean_e2e_speedup": _ratio(baselines[best]["e2e_s"]["mean"], by_policy["mars"]["e2e_s"]["mean"]),
+            }
         out[regime] = row
     return out
 

@@ -6,6 +6,7 @@ contention. mars-swe: MARS's setting — one H200 per run, Qwen3-Coder-30B-A3B, 
 loops whose tools run on 8 pinned host cores, three context-length regimes (short → long).
 Loads are parameters, chosen to put the baseline near saturation; see serving/README.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,24 +36,48 @@ class Scenario:
 
 
 def maestro_paper(num_nodes: int, gpu: str = "a100-80gb") -> Scenario:
-    placement = [("llama-3-8b", "qwen2-7b"), ("llama-3-8b", "mistral-7b"), ("qwen2.5-coder-32b",),
-                 ("qwen2-72b",), ("llama-3-8b", "mistral-7b"), ("qwen2.5-coder-32b",), ("llama-3-8b", "qwen2-7b"),
-                 ("qwen2-72b",)]
-    cluster = ClusterConfig(num_nodes=num_nodes, cost=CostModelConfig(gpu=gpu), kv_pool_bytes=30 * GiB,
-                            residency=ResidencyConfig(gpu_weight_budget_bytes=40 * GiB), placement=placement,
-                            num_tool_workers=8, abandon_after_slo_x=3.0)
+    placement = [
+        ("llama-3-8b", "qwen2-7b"),
+        ("llama-3-8b", "mistral-7b"),
+        ("qwen2.5-coder-32b",),
+        ("qwen2-72b",),
+        ("llama-3-8b", "mistral-7b"),
+        ("qwen2.5-coder-32b",),
+        ("llama-3-8b", "qwen2-7b"),
+        ("qwen2-72b",),
+    ]
+    cluster = ClusterConfig(
+        num_nodes=num_nodes,
+        cost=CostModelConfig(gpu=gpu),
+        kv_pool_bytes=30 * GiB,
+        residency=ResidencyConfig(gpu_weight_budget_bytes=40 * GiB),
+        placement=placement,
+        num_tool_workers=8,
+        abandon_after_slo_x=3.0,
+    )
     return Scenario("maestro-paper", cluster, None, workflows_per_node=300, rate_per_node_s=1.5)
 
 
 def mars_swe(num_nodes: int, gpu: str = "h200") -> Scenario:
-    cluster = ClusterConfig(num_nodes=num_nodes, cost=CostModelConfig(gpu=gpu), kv_pool_bytes=60 * GiB,
-                            residency=ResidencyConfig(gpu_weight_budget_bytes=64 * GiB),
-                            placement=[("qwen3-coder-30b-a3b",)], num_tool_workers=8)
+    cluster = ClusterConfig(
+        num_nodes=num_nodes,
+        cost=CostModelConfig(gpu=gpu),
+        kv_pool_bytes=60 * GiB,
+        residency=ResidencyConfig(gpu_weight_budget_bytes=64 * GiB),
+        placement=[("qwen3-coder-30b-a3b",)],
+        num_tool_workers=8,
+    )
     regimes = (Regime("short", 2000, 300), Regime("medium", 12000, 1000), Regime("long", 40000, 2500))
-    return Scenario("mars-swe", cluster, {"swe_coding": 1.0}, workflows_per_node=200, rate_per_node_s=0.2,
-                    regimes=regimes, model_override="qwen3-coder-30b-a3b",
-                    default_policies=("continuum", "continuum-dy", "infercept", "keep-always", "evict-always",
-                                      "mars"))
+    return Scenario(
+        "mars-swe",
+        cluster,
+        {"swe_coding": 1.0},
+        workflows_per_node=200,
+        rate_per_node_s=0.2,
+        regimes=regimes,
+        model_override="qwen3-coder-30b-a3b",
+        default_policies=("continuum", "continuum-dy", "infercept", "keep-always", "evict-always", "mars"),
+    )
 
 
 SCENARIOS = {"maestro-paper": maestro_paper, "mars-swe": mars_swe}

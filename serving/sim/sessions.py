@@ -4,6 +4,7 @@ A session's next stage goes to the node that holds its context while the context
 its prefix cache. A session holds one place in the session cap (MARS: the AIMD window) of the node it runs on now;
 moving, ending or being dropped gives that place back.
 """
+
 from __future__ import annotations
 
 from serving.sim.node import SimNode

@@ -18,6 +18,7 @@ the SLO as a deadline, and a per-workflow SLO computed from true output lengths 
 size, which no scheduler knows at arrival; a per-app SLO is what a user could state up front.
 `catalog` keeps the catalog's fixed per-app `slo_s` (10–900 s), the first pass's definition.
 """
+
 from __future__ import annotations
 
 import enum

@@ -1,4 +1,5 @@
 """A simulated node as the dispatch core sees it (`admission.dispatch.NodeView`)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -50,8 +51,12 @@ class SimSlot:
         if self._state is None or self._state[0] != version:
             v = node.v_at(now)
             running = tuple(running_stage(s, s.generated_tokens + v - s.v_start) for s in node.running)
-            self._state = version, NodeState(now, running, node.pace_s_per_token(now), node.step_s(),
-                                             backlog_s=max(0.0, node.stall_end_s - now))
+            self._state = (
+                version,
+                NodeState(
+                    now, running, node.pace_s_per_token(now), node.step_s(), backlog_s=max(0.0, node.stall_end_s - now)
+                ),
+            )
         return self._state[1]
 
     def candidate(self, stage: SimStage) -> Candidate:
@@ -98,8 +103,15 @@ class SimSlot:
 def running_stage(stage: SimStage, produced: float) -> RunningStage:
     """A running stage as the gate reads it: its prediction, deadline, start, tokens so far, the class of its output
     so far and its predictor's re-prediction table."""
-    return RunningStage(stage.tokens_pred, stage.tokens_reserve, stage.request.deadline_s, stage.start_s, produced,
-                        output_prefix(stage, produced), stage.progressive)
+    return RunningStage(
+        stage.tokens_pred,
+        stage.tokens_reserve,
+        stage.request.deadline_s,
+        stage.start_s,
+        produced,
+        output_prefix(stage, produced),
+        stage.progressive,
+    )
 
 
 def output_prefix(stage: SimStage, produced: float) -> str:

@@ -4,6 +4,7 @@
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work (from the
 workflow prediction made at readiness, else the app's ended workflows) and whether its context is kept for it.
 """
+
 from __future__ import annotations
 
 from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
@@ -16,16 +17,31 @@ from serving.sim.workload import SimStage
 def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: RemainingWork) -> StageRequest:
     """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.core.request`)."""
     w = stage.workflow
-    info = WorkflowInfo(w.workflow_id, w.arrival_s, w.arrival_s + w.slo_s, w.interactive, w.attained_service_s,
-                        predicted_remaining_s(stage, cost, remaining_work))
+    info = WorkflowInfo(
+        w.workflow_id,
+        w.arrival_s,
+        w.arrival_s + w.slo_s,
+        w.interactive,
+        w.attained_service_s,
+        predicted_remaining_s(stage, cost, remaining_work),
+    )
     # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
     # is on the node its stage ran on, where routing sends the session's next stage.
     parent = w.stages[stage.session_parent] if stage.session_parent >= 0 else None
     is_pinned = parent is not None and parent.node is not None and parent in parent.node.pinned
-    return stage_request(info, stage.stage_id, prompt_tokens=stage.prompt_tokens, tokens_pred=stage.tokens_pred,
-                         tokens_reserve=stage.tokens_reserve, max_tokens=stage.max_tokens,
-                         pace=ModelPace.of(cost, stage.model), ready_s=now, model=stage.model,
-                         is_kv_pinned=is_pinned, payload=stage)
+    return stage_request(
+        info,
+        stage.stage_id,
+        prompt_tokens=stage.prompt_tokens,
+        tokens_pred=stage.tokens_pred,
+        tokens_reserve=stage.tokens_reserve,
+        max_tokens=stage.max_tokens,
+        pace=ModelPace.of(cost, stage.model),
+        ready_s=now,
+        model=stage.model,
+        is_kv_pinned=is_pinned,
+        payload=stage,
+    )
 
 
 def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: RemainingWork) -> float:
@@ -35,6 +51,10 @@ def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: Rema
     workflow = stage.workflow
     position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
     if stage.remaining is not None:
-        return workflow_remaining_s(ModelPace.of(cost, stage.model), stage.prompt_tokens,
-                                    stage.remaining.wf_remaining_calls, stage.remaining.wf_remaining_tokens)
+        return workflow_remaining_s(
+            ModelPace.of(cost, stage.model),
+            stage.prompt_tokens,
+            stage.remaining.wf_remaining_calls,
+            stage.remaining.wf_remaining_tokens,
+        )
     return remaining_work.estimate(workflow.app, position)

@@ -6,6 +6,7 @@ workload catalog knows (`pipelines.catalog.TOOLS`), lognormal around that tool's
 records `tool_exec_s` keeps it. Draws are fixed by (seed, workflow, stage), so every arm of one seed sees the same
 tool times, and a replay's copies of one workflow differ from each other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,12 +36,15 @@ class ToolTimeDistribution:
                 if not stage.is_tool_call or (stage.source or {}).get("tool_exec_s") is not None:
                     continue
                 known = TOOLS.get(stage.tool_name)
-                median = known.exec_s_mean * math.exp(-self.sigma ** 2 / 2) if known else self.median_s
+                median = known.exec_s_mean * math.exp(-(self.sigma**2) / 2) if known else self.median_s
                 key = f"{seed}:{workflow.workflow_id}:{stage.stage_id}".encode()
                 rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
                 stage.tool_exec_s = float(median * math.exp(self.sigma * rng.normal()))
 
     def to_json(self) -> dict:
-        return {"distribution": "lognormal", **asdict(self),
-                "by_kind": "pipelines.catalog.TOOLS exec_s_mean (the mean) where the tool is a catalog one",
-                "recorded": "a trace's own tool_exec_s where present"}
+        return {
+            "distribution": "lognormal",
+            **asdict(self),
+            "by_kind": "pipelines.catalog.TOOLS exec_s_mean (the mean) where the tool is a catalog one",
+            "recorded": "a trace's own tool_exec_s where present",
+        }

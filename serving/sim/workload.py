@@ -4,6 +4,7 @@ Built from the workload catalog (pipelines.synth.WorkflowGenerator) or from any 
 the contract. Prompt length is len(prompt text)/4 tokens; a stage that follows its own role's tool
 call continues that session, so its prompt extends the parent's context (KV that may be kept).
 """
+
 from __future__ import annotations
 
 import math
@@ -84,12 +85,21 @@ def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
         parents = [by_id[str(p)] for p in row.get("parent_ids") or [] if str(p) in by_id]
         tools = row.get("tool_names") or []
         output_tokens = int(row.get("output_tokens") or 1)
-        stage = SimStage(workflow, i, str(row["stage_id"]), row.get("role", "unknown"), row["model"], parents,
-                         output_tokens, bool(row.get("is_tool_call")),
-                         tool_name=str(tools[0]) if tools else "tool", tool_exec_s=float(row.get("tool_exec_s") or 0.0),
-                         prompt_tokens=max(1, int(row.get("prompt_tokens") or len(prompt_text(row["prompt"])) // 4)),
-                         # a recorded output longer than the limit shows the call's real limit was at least that
-                         max_tokens=max(int(row.get("max_tokens") or MAX_TOKENS), output_tokens))
+        stage = SimStage(
+            workflow,
+            i,
+            str(row["stage_id"]),
+            row.get("role", "unknown"),
+            row["model"],
+            parents,
+            output_tokens,
+            bool(row.get("is_tool_call")),
+            tool_name=str(tools[0]) if tools else "tool",
+            tool_exec_s=float(row.get("tool_exec_s") or 0.0),
+            prompt_tokens=max(1, int(row.get("prompt_tokens") or len(prompt_text(row["prompt"])) // 4)),
+            # a recorded output longer than the limit shows the call's real limit was at least that
+            max_tokens=max(int(row.get("max_tokens") or MAX_TOKENS), output_tokens),
+        )
         stage.source = row
         if len(parents) == 1 and rows[parents[0]].get("is_tool_call") and rows[parents[0]].get("role") == stage.role:
             stage.session_parent = parents[0]
@@ -108,8 +118,9 @@ def _pick_tool(row: dict, rng: np.random.Generator) -> None:
         row["tool_names"] = [text.split('"name": "', 1)[1].split('"', 1)[0]]
 
 
-def catalog_workflows(num_workflows: int, seed: int, apps: dict[str, float] | None = None,
-                      model_override: str | None = None) -> list[SimWorkflow]:
+def catalog_workflows(
+    num_workflows: int, seed: int, apps: dict[str, float] | None = None, model_override: str | None = None
+) -> list[SimWorkflow]:
     """Draw workflows from the catalog; `apps` maps app name → weight (default: all apps equally)."""
     rng = np.random.default_rng(seed)
     names = sorted(apps or APPS)
@@ -127,8 +138,9 @@ def catalog_workflows(num_workflows: int, seed: int, apps: dict[str, float] | No
     return workflows
 
 
-def trace_workflows(stages: list[StageTrace], default_model: str, num_workflows: int | None = None,
-                    seed: int = 0) -> list[SimWorkflow]:
+def trace_workflows(
+    stages: list[StageTrace], default_model: str, num_workflows: int | None = None, seed: int = 0
+) -> list[SimWorkflow]:
     """Group contract stages into workflows (their DAGs, roles, prompts and real output lengths).
 
     With `num_workflows`, the file's workflows are replayed that many times in all: each pass over
@@ -153,13 +165,15 @@ def _trace_workflow(workflow_id: str, rows: list[dict]) -> SimWorkflow:
     app = APPS.get(rows[0].get("app") or "")
     interactive = bool(rows[0].get("interactive")) if app is None else app.interactive
     slo = app.slo_s if app else DEFAULT_SLO_S[interactive]
-    workflow = SimWorkflow(workflow_id, rows[0].get("app") or "trace", interactive, slo,
-                           source_id=str(rows[0]["workflow_id"]))
+    workflow = SimWorkflow(
+        workflow_id, rows[0].get("app") or "trace", interactive, slo, source_id=str(rows[0]["workflow_id"])
+    )
     return _link(workflow, rows)
 
 
-def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_model: str,
-               model_map: dict[str, str] | None = None) -> None:
+def map_models(
+    workflows: list[SimWorkflow], known: set[str] | dict, default_model: str, model_map: dict[str, str] | None = None
+) -> None:
     """Give every stage a model with a cost profile.
 
     A known name stays; a name in `model_map` becomes its profile; any other name becomes
@@ -175,8 +189,11 @@ def map_models(workflows: list[SimWorkflow], known: set[str] | dict, default_mod
             unknown[stage.model] += 1
         stage.model = model_map.get(stage.model, default_model)
     for name, count in unknown.items():
-        warnings.warn(f"no cost profile for model '{name}' ({count} stages): simulated as '{default_model}'; "
-                      f"map it with --model-map '{name}=PROFILE' (known: {', '.join(known)})", stacklevel=2)
+        warnings.warn(
+            f"no cost profile for model '{name}' ({count} stages): simulated as '{default_model}'; "
+            f"map it with --model-map '{name}=PROFILE' (known: {', '.join(known)})",
+            stacklevel=2,
+        )
 
 
 def check_model_map(model_map: dict[str, str], known: set[str] | dict) -> None:
@@ -186,8 +203,13 @@ def check_model_map(model_map: dict[str, str], known: set[str] | dict) -> None:
             raise ValueError(f"--model-map {name}={profile}: no cost profile '{profile}'; known: {', '.join(known)}")
 
 
-def add_context(workflows: list[SimWorkflow], context_tokens: float, tool_result_tokens: float,
-                seed: int, max_context_tokens: int = 131072) -> None:
+def add_context(
+    workflows: list[SimWorkflow],
+    context_tokens: float,
+    tool_result_tokens: float,
+    seed: int,
+    max_context_tokens: int = 131072,
+) -> None:
     """Give agent loops a repository context and tool outputs (the mars-swe context-length regimes).
 
     The first stage of a session gets LogNormal(mean=context_tokens, σ=0.5) tokens of context;
@@ -201,8 +223,9 @@ def add_context(workflows: list[SimWorkflow], context_tokens: float, tool_result
                 grown = parent.prompt_tokens + parent.output_tokens + _lognormal(rng, tool_result_tokens, 0.7)
                 stage.prompt_tokens = int(min(max_context_tokens - stage.max_tokens, grown))
             else:
-                stage.prompt_tokens = int(min(max_context_tokens // 2,
-                                              stage.prompt_tokens + _lognormal(rng, context_tokens, 0.5)))
+                stage.prompt_tokens = int(
+                    min(max_context_tokens // 2, stage.prompt_tokens + _lognormal(rng, context_tokens, 0.5))
+                )
 
 
 def _lognormal(rng: np.random.Generator, mean: float, sigma: float) -> float:

@@ -3,6 +3,7 @@
 The scheduler logs `LOG_TAG {json}` through vLLM's logger (the engine's log) whenever a count changed, at most once per
 `log_period_s` and always once the engine has nothing left to do; `parse_decision_lines` reads them back.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ start to its first token (the median of the recent ones). The running requests' 
 inputs take `serving.core.admission.batch_cost.NodeState`'s defaults, as the gateway's do. On the step clock every step
 lasts one step: the pace is never stretched and the gate never acts.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -67,14 +68,27 @@ class EnginePace:
     def first_token_delay_s(self) -> float:
         return statistics.median(self.recent_first_tokens_s) if self.recent_first_tokens_s else 0.0
 
-    def node_state(self, now: float, running: Iterable[tuple[str, MaestroHints, float, int, str]],
-                   table: ProgressiveTable | None = None) -> NodeState:
+    def node_state(
+        self,
+        now: float,
+        running: Iterable[tuple[str, MaestroHints, float, int, str]],
+        table: ProgressiveTable | None = None,
+    ) -> NodeState:
         """The engine as the gate reads it: `running` the predicted running requests, each (id, hints, arrival time,
         output tokens so far, the class of its first output tokens); one that entered the batch in this step started
         `now`. `table`: the predictor's progressive table the plugin was given (None: parametric)."""
-        stages = tuple(RunningStage(hints.tokens_pred, hints.tokens_reserve, arrival_s + hints.deadline_s,
-                                    self.started_s.get(request_id, now), num_output_tokens, prefix, table)
-                       for request_id, hints, arrival_s, num_output_tokens, prefix in running)
+        stages = tuple(
+            RunningStage(
+                hints.tokens_pred,
+                hints.tokens_reserve,
+                arrival_s + hints.deadline_s,
+                self.started_s.get(request_id, now),
+                num_output_tokens,
+                prefix,
+                table,
+            )
+            for request_id, hints, arrival_s, num_output_tokens, prefix in running
+        )
         return NodeState(now, stages, self.pace_s_per_token, self.bare_step_s, self.first_token_delay_s)
 
 

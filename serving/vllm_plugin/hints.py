@@ -10,6 +10,7 @@ The hints are a `StageRequest` (the scheduler's view of a stage) as the engine r
 (serving/core/admission/sizing.py). `hints_for_stage` and `request_from_hints` convert; maestro/README.md lists the
 shapes a prediction takes by layer.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,48 +71,79 @@ def hints_from_extra_args(extra_args: dict | None) -> MaestroHints | None:
         raise ValueError(f"extra_args[{XARGS_KEY!r}] is not a valid Maestro prediction ({error}): {raw!r}") from None
 
 
-def request_from_hints(request_id: str, arrival_s: float, num_prompt_tokens: int, max_tokens: int, hints: MaestroHints,
-                  decode_s_per_token: float) -> StageRequest:
+def request_from_hints(
+    request_id: str,
+    arrival_s: float,
+    num_prompt_tokens: int,
+    max_tokens: int,
+    hints: MaestroHints,
+    decode_s_per_token: float,
+) -> StageRequest:
     """The policy's view of a waiting vLLM request (times on the clock of vLLM's `arrival_time`)."""
     pred_service_s = hints.pred_service_s
     if pred_service_s is None:
         pred_service_s = min(max_tokens, hints.tokens_pred) * decode_s_per_token
     return StageRequest(
-        workflow_id=hints.workflow or request_id, stage_id=request_id, interactive=hints.interactive,
-        workflow_arrival_s=arrival_s, ready_s=arrival_s, deadline_s=arrival_s + hints.deadline_s,
-        prompt_tokens=num_prompt_tokens, tokens_pred=hints.tokens_pred, tokens_reserve=hints.tokens_reserve,
-        max_tokens=max_tokens, pred_service_s=pred_service_s, workflow_remaining_s=hints.workflow_remaining_s,
-        is_shed=hints.is_shed)
+        workflow_id=hints.workflow or request_id,
+        stage_id=request_id,
+        interactive=hints.interactive,
+        workflow_arrival_s=arrival_s,
+        ready_s=arrival_s,
+        deadline_s=arrival_s + hints.deadline_s,
+        prompt_tokens=num_prompt_tokens,
+        tokens_pred=hints.tokens_pred,
+        tokens_reserve=hints.tokens_reserve,
+        max_tokens=max_tokens,
+        pred_service_s=pred_service_s,
+        workflow_remaining_s=hints.workflow_remaining_s,
+        is_shed=hints.is_shed,
+    )
 
 
 def hints_for_stage(stage: StageRequest, now_s: float, final: bool = False) -> MaestroHints:
     """The hints a stage is sent to an engine with (the inverse of `request_from_hints`); its deadline counted from
     `now_s`, on the stage's own clock; `final`: the workflow's last stage."""
-    return MaestroHints(tokens_pred=stage.tokens_pred, tokens_reserve=stage.tokens_reserve,
-                        pred_service_s=stage.pred_service_s, workflow_remaining_s=stage.workflow_remaining_s,
-                        deadline_s=stage.deadline_s - now_s, interactive=stage.interactive, workflow=stage.workflow_id,
-                        is_shed=stage.is_shed, final=final)
+    return MaestroHints(
+        tokens_pred=stage.tokens_pred,
+        tokens_reserve=stage.tokens_reserve,
+        pred_service_s=stage.pred_service_s,
+        workflow_remaining_s=stage.workflow_remaining_s,
+        deadline_s=stage.deadline_s - now_s,
+        interactive=stage.interactive,
+        workflow=stage.workflow_id,
+        is_shed=stage.is_shed,
+        final=final,
+    )
 
 
-def output_bounds(num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None,
-                  prefix: str = UNKNOWN) -> tuple[float, float]:
+def output_bounds(
+    num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None, prefix: str = UNKNOWN
+) -> tuple[float, float]:
     """(median, reserve) of the request's output length given that it has produced `num_output_tokens`: the learned
     re-prediction where the plugin has its predictor's `table` (`prefix`: the class of its first output tokens), else
     the prediction read as a log-normal and conditioned on what it produced (`maestro.progressive.length_bounds`)."""
-    bounds = length_bounds(num_output_tokens, hints.tokens_pred, hints.tokens_reserve, hints.reserve_level, table,
-                           prefix)
+    bounds = length_bounds(
+        num_output_tokens, hints.tokens_pred, hints.tokens_reserve, hints.reserve_level, table, prefix
+    )
     return bounds.median, bounds.upper
 
 
-def footprint_tokens(num_prompt_tokens: int, num_output_tokens: int, max_tokens: int, hints: MaestroHints,
-                     table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> int:
+def footprint_tokens(
+    num_prompt_tokens: int,
+    num_output_tokens: int,
+    max_tokens: int,
+    hints: MaestroHints,
+    table: ProgressiveTable | None = None,
+    prefix: str = UNKNOWN,
+) -> int:
     """Tokens of KV the request is predicted to hold when it ends: its prompt and its reserve given what it has
     produced (`output_bounds`), never beyond its max_tokens."""
     reserve = output_bounds(num_output_tokens, hints, table, prefix)[1]
     return num_prompt_tokens + min(max_tokens, max(math.ceil(reserve), num_output_tokens))
 
 
-def remaining_tokens(num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None,
-                     prefix: str = UNKNOWN) -> int:
+def remaining_tokens(
+    num_output_tokens: int, hints: MaestroHints, table: ProgressiveTable | None = None, prefix: str = UNKNOWN
+) -> int:
     """Predicted output tokens still to come: the median given what it has produced, less that."""
     return max(math.ceil(output_bounds(num_output_tokens, hints, table, prefix)[0]) - num_output_tokens, 0)

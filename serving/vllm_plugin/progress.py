@@ -11,6 +11,7 @@ request's first tokens with it, at most `PREFIX_TOKENS`, once each time its coun
 read a trace's text; without a tokenizer the class is `unknown` and the table answers from the prediction and the
 count alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -49,8 +50,10 @@ class OutputProgress:
         """From `maestro_scheduler.progressive` (None: parametric) and the engine's model config."""
         table = load_table(location) if location else None
         if location and table is None:
-            raise ValueError(f"maestro_scheduler.progressive: no progressive table at {location} (a predictor "
-                             "directory saved with one, or its progressive.json)")
+            raise ValueError(
+                f"maestro_scheduler.progressive: no progressive table at {location} (a predictor "
+                "directory saved with one, or its progressive.json)"
+            )
         return cls(table, tokenizer_decode(model_config) if table is not None else None)
 
     def prefix(self, request_id: str, output_token_ids: Sequence[int]) -> str:
@@ -71,8 +74,9 @@ class OutputProgress:
     def footprint_tokens(self, request, hints: MaestroHints) -> int:
         """Tokens of KV the request is predicted to hold when it ends (`hints.footprint_tokens`)."""
         prefix = self.prefix(request.request_id, request.output_token_ids)
-        return footprint_tokens(request.num_prompt_tokens, request.num_output_tokens, request.max_tokens, hints,
-                                self.table, prefix)
+        return footprint_tokens(
+            request.num_prompt_tokens, request.num_output_tokens, request.max_tokens, hints, self.table, prefix
+        )
 
     def forget(self, request_id: str) -> None:
         self.prefixes.pop(request_id, None)

@@ -4,6 +4,7 @@
 order (`serving.core.scheduler.create_scheduler`, the one the gateway and the simulator use) for predicted requests and
 vLLM's own order (the queue vLLM made for its `--scheduling-policy`) for the others.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -23,8 +24,9 @@ class MaestroRequestQueue(RequestQueue):
     `now` is the step's clock, set by the scheduler before each step, so that a peek and the pop after it agree.
     """
 
-    def __init__(self, policy, vllm_queue: RequestQueue, hints: dict[str, MaestroHints], decode_s_per_token: float,
-                 now: float):
+    def __init__(
+        self, policy, vllm_queue: RequestQueue, hints: dict[str, MaestroHints], decode_s_per_token: float, now: float
+    ):
         self.policy, self.vllm_queue, self.hints = policy, vllm_queue, hints
         self.decode_s_per_token = decode_s_per_token
         self.stages: dict[str, StageRequest] = {}  # predicted requests queued here, by request id
@@ -37,8 +39,14 @@ class MaestroRequestQueue(RequestQueue):
             return
         if request.request_id in self.stages:
             raise RuntimeError(f"{request.request_id} queued twice")
-        stage = request_from_hints(request.request_id, request.arrival_time, request.num_prompt_tokens,
-                                   request.max_tokens, hints, self.decode_s_per_token)
+        stage = request_from_hints(
+            request.request_id,
+            request.arrival_time,
+            request.num_prompt_tokens,
+            request.max_tokens,
+            hints,
+            self.decode_s_per_token,
+        )
         stage.payload = request
         self.stages[request.request_id] = stage
         self.policy.add(stage, self.now)

@@ -21,6 +21,7 @@ vLLM calls the interface not public, so the seams used are checked when the sche
   admitting. `_preempt_request` is wrapped to count victims.
 The plugin is configured by `--additional-config '{"maestro_scheduler": {...}}'` (scheduler_config.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -59,8 +60,9 @@ ENDED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_
 def turn_ended(request: Request, tool_s: float) -> bool:
     """Whether a finished request's turn ended, so that its session's KV may be held: by itself, or aborted after
     some output where a tool call was predicted to follow (the API server aborts a turn whose stop string matched)."""
-    return request.status in ENDED_STATUSES or (request.status == RequestStatus.FINISHED_ABORTED
-                                                and request.num_output_tokens > 0 and tool_s > 0)
+    return request.status in ENDED_STATUSES or (
+        request.status == RequestStatus.FINISHED_ABORTED and request.num_output_tokens > 0 and tool_s > 0
+    )
 
 
 class MaestroMixin:
@@ -72,26 +74,34 @@ class MaestroMixin:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         check_seams(self)
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError(f"{type(self).__name__} counts KV blocks of one cache group (full attention); this model "
-                             f"has {len(kv_cache_config.kv_cache_groups)}: serve it without --scheduler-cls")
+            raise ValueError(
+                f"{type(self).__name__} counts KV blocks of one cache group (full attention); this model "
+                f"has {len(kv_cache_config.kv_cache_groups)}: serve it without --scheduler-cls"
+            )
         config = self.maestro_config = MaestroSchedulerConfig.from_additional_config(vllm_config.additional_config)
         system = get_system(config.system)
         self.hints: dict[str, MaestroHints] = {}
         self.session_hints: dict[str, SessionHint] = {}
         self.decisions = Decisions()
         self.hold_bound = HoldBound(config.max_hold_s)
-        self.session_holds = SessionHolds(self.kv_cache_manager.block_pool,
-                                          create_tool_kv(system.tool_kv), config.prefill_s_per_token,
-                                          config.tool_hold_factor, self.decisions)
+        self.session_holds = SessionHolds(
+            self.kv_cache_manager.block_pool,
+            create_tool_kv(system.tool_kv),
+            config.prefill_s_per_token,
+            config.tool_hold_factor,
+            self.decisions,
+        )
         self.batch_gate = BatchCostGate() if system.batch_cost else None
-        self.triage = EngineTriage(config.decode_s_per_token) \
-            if Policy(config.scheduler.policy) is Policy.TRIAGE else None
+        self.triage = (
+            EngineTriage(config.decode_s_per_token) if Policy(config.scheduler.policy) is Policy.TRIAGE else None
+        )
         self.progress = OutputProgress.of(config.progressive, vllm_config.model_config)
         self.engine_pace = EnginePace()
         self._logged: dict | None = None
         self._logged_at = 0.0
-        self.waiting = MaestroRequestQueue(create_scheduler(config.scheduler), self.waiting, self.hints,
-                                           config.decode_s_per_token, self._clock())
+        self.waiting = MaestroRequestQueue(
+            create_scheduler(config.scheduler), self.waiting, self.hints, config.decode_s_per_token, self._clock()
+        )
         self._vllm_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_holds
 
@@ -115,8 +125,15 @@ class MaestroMixin:
             self.decisions.num_unpredicted += 1
         else:
             if self.triage is not None:  # the stage became ready here: triaged (a shed one queues behind)
-                hints = self.triage.arrived(request_id, request.arrival_time, request.num_prompt_tokens,
-                                            request.max_tokens, hints, self._clock(), bool(self.waiting.stages))
+                hints = self.triage.arrived(
+                    request_id,
+                    request.arrival_time,
+                    request.num_prompt_tokens,
+                    request.max_tokens,
+                    hints,
+                    self._clock(),
+                    bool(self.waiting.stages),
+                )
             self.hints[request_id] = hints
             self.decisions.num_predicted += 1
             self.decisions.num_shed += hints.is_shed
@@ -135,8 +152,14 @@ class MaestroMixin:
     def _free_request(self, request: Request, *args, **kwargs):
         hints = self.hints.pop(request.request_id, None)
         if hints is not None and self.triage is not None:
-            self.triage.finished(request.request_id, hints, request.num_prompt_tokens, request.num_output_tokens,
-                                 self._clock(), bool(self.waiting.stages))
+            self.triage.finished(
+                request.request_id,
+                hints,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                self._clock(),
+                bool(self.waiting.stages),
+            )
         self.engine_pace.forget(request.request_id)
         self.progress.forget(request.request_id)
         self.hold_bound.forget(request.request_id)
@@ -201,8 +224,11 @@ class MaestroMixin:
         hints = self.hints.get(request.request_id)
         if hints is None or not self.running:
             return True
-        if (not self.hold_bound.is_blocked(request.request_id) and self._fits(request, hints)
-                and self._gate_admits(request, hints)):
+        if (
+            not self.hold_bound.is_blocked(request.request_id)
+            and self._fits(request, hints)
+            and self._gate_admits(request, hints)
+        ):
             return True
         self.decisions.hold_back(request.request_id)
         self.decisions.num_overdue += self.hold_bound.hold(request.request_id, self.waiting.now)
@@ -215,12 +241,22 @@ class MaestroMixin:
         running = [r for r in self.running if r.request_id in self.hints]
         shared_tokens = self._num_shared_hit_blocks(request) * self.block_size
         # A resumed (preempted) request starts again from its prompt and what it had produced.
-        candidate = GrowingStage(prompt_tokens=max(request.num_tokens - shared_tokens, 0), start_s=0.0,
-                                 output_tokens=self._output_tokens_at_end(request, hints) - request.num_output_tokens)
+        candidate = GrowingStage(
+            prompt_tokens=max(request.num_tokens - shared_tokens, 0),
+            start_s=0.0,
+            output_tokens=self._output_tokens_at_end(request, hints) - request.num_output_tokens,
+        )
         # A running request holds its prompt and what it produced, and grows a token a step from now to its end.
-        growing = [GrowingStage(prompt_tokens=r.num_prompt_tokens + r.num_output_tokens, start_s=0.0, first_token_s=0.0,
-                                output_tokens=max(0, self._output_tokens_at_end(r, self.hints[r.request_id])
-                                                  - r.num_output_tokens), tokens_per_s=1.0) for r in running]
+        growing = [
+            GrowingStage(
+                prompt_tokens=r.num_prompt_tokens + r.num_output_tokens,
+                start_s=0.0,
+                first_token_s=0.0,
+                output_tokens=max(0, self._output_tokens_at_end(r, self.hints[r.request_id]) - r.num_output_tokens),
+                tokens_per_s=1.0,
+            )
+            for r in running
+        ]
         held = sum(len(self.kv_cache_manager.get_block_ids(r.request_id)[0]) for r in running)
         peak = peak_blocks(growing, candidate, now_s=0.0, tokens_per_s=1.0, block_size=self.block_size)
         hint = self.session_hints.get(request.request_id)
@@ -239,11 +275,21 @@ class MaestroMixin:
     def gate_view(self, request: Request, hints: MaestroHints) -> tuple[NodeState, Candidate]:
         """The engine and the request as the batch-cost gate reads them: the predicted running requests (their hints,
         arrival, tokens so far) and the engine's measured pace (engine_pace.py)."""
-        running = [(r.request_id, self.hints[r.request_id], r.arrival_time, r.num_output_tokens,
-                    self.progress.prefix(r.request_id, r.output_token_ids))
-                   for r in self.running if r.request_id in self.hints]
-        return (self.engine_pace.node_state(self.waiting.now, running, self.progress.table),
-                gate_candidate(hints, request.arrival_time, request.num_output_tokens))
+        running = [
+            (
+                r.request_id,
+                self.hints[r.request_id],
+                r.arrival_time,
+                r.num_output_tokens,
+                self.progress.prefix(r.request_id, r.output_token_ids),
+            )
+            for r in self.running
+            if r.request_id in self.hints
+        ]
+        return (
+            self.engine_pace.node_state(self.waiting.now, running, self.progress.table),
+            gate_candidate(hints, request.arrival_time, request.num_output_tokens),
+        )
 
     def _num_shared_hit_blocks(self, request: Request) -> int:
         """Prefix-cache hits that other requests hold: the request needs them without taking a free block. (A hit on
@@ -264,11 +310,16 @@ class MaestroMixin:
         """Order the running requests so that vLLM's victim rule (fcfs: the last; priority: the largest priority)
         takes the predicted request with the most predicted work left (module docstring). Returns the requests whose
         priority was raised, with their own, which `schedule` gives back after the step."""
-        remaining = {r.request_id: self.progress.remaining_tokens(r, self.hints[r.request_id]) for r in self.running
-                     if r.request_id in self.hints}
+        remaining = {
+            r.request_id: self.progress.remaining_tokens(r, self.hints[r.request_id])
+            for r in self.running
+            if r.request_id in self.hints
+        }
         if not remaining:
             return []
-        predicted = sorted((r for r in self.running if r.request_id in remaining), key=lambda r: remaining[r.request_id])
+        predicted = sorted(
+            (r for r in self.running if r.request_id in remaining), key=lambda r: remaining[r.request_id]
+        )
         self.running[:] = [r for r in self.running if r.request_id not in remaining] + predicted
         raised = [(request, request.priority) for request in predicted]
         for request in predicted:

@@ -1,4 +1,5 @@
 """MaestroScheduler's configuration, from vLLM's `--additional-config '{"maestro_scheduler": {...}}'` (no vLLM here)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

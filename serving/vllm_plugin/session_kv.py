@@ -11,6 +11,7 @@ Only full blocks that vLLM has cached (hashed) are held: a partial last block ca
 
 `SessionHolds` talks to vLLM's `BlockPool` through `touch` (a reference more) and `free_blocks` (a reference less).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,9 @@ class Hold:
 class SessionHolds:
     """The holds alive in one engine, by session."""
 
-    def __init__(self, block_pool, tool_kv: ToolKV, prefill_s_per_token: float, hold_factor: float,
-                 decisions: Decisions):
+    def __init__(
+        self, block_pool, tool_kv: ToolKV, prefill_s_per_token: float, hold_factor: float, decisions: Decisions
+    ):
         self.block_pool, self.tool_kv, self.decisions = block_pool, tool_kv, decisions
         self.prefill_s_per_token, self.hold_factor = prefill_s_per_token, hold_factor
         self.holds: dict[str, Hold] = {}
@@ -70,8 +72,9 @@ class SessionHolds:
         if hint.tool_s <= 0:
             return
         self._release(hint.session)
-        ttl_s = self.tool_kv.ttl_s(ToolCallContext(hint.session, num_tokens, num_tokens * self.prefill_s_per_token,
-                                                   hint.tool_s))
+        ttl_s = self.tool_kv.ttl_s(
+            ToolCallContext(hint.session, num_tokens, num_tokens * self.prefill_s_per_token, hint.tool_s)
+        )
         cached = [block for block in blocks if block.block_hash is not None and not block.is_null]
         if ttl_s <= 0 or not cached:
             self.decisions.num_kv_not_kept += 1
@@ -121,8 +124,12 @@ class SessionHolds:
 
     def num_releasable_blocks(self, keep_session: str | None) -> int:
         """Blocks that only holds (not `keep_session`'s) keep: a release would make them free."""
-        return sum(block.ref_cnt == 1 for session, hold in self.holds.items() if session != keep_session
-                   for block in hold.blocks)
+        return sum(
+            block.ref_cnt == 1
+            for session, hold in self.holds.items()
+            if session != keep_session
+            for block in hold.blocks
+        )
 
     def _release(self, session: str) -> None:
         hold = self.holds.pop(session, None)

@@ -11,6 +11,7 @@ vLLM has no refusal inside the engine: a request of a shed workflow is served, b
 deadline left (its hints marked `is_shed`, so that a preempted one goes back there too, and the batch-cost gate
 protects no deadline of it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,16 +32,31 @@ class EngineTriage:
         self.decode_s_per_token = decode_s_per_token
         self.pace = TokenPace(decode_s_per_token)
 
-    def arrived(self, request_id: str, arrival_s: float, num_prompt_tokens: int, max_tokens: int,
-                hints: MaestroHints, now: float, is_backlogged: bool) -> MaestroHints:
+    def arrived(
+        self,
+        request_id: str,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        hints: MaestroHints,
+        now: float,
+        is_backlogged: bool,
+    ) -> MaestroHints:
         """Triage a predicted request as it arrives: its hints, marked shed with no deadline where its workflow is."""
         stage = request_from_hints(request_id, arrival_s, num_prompt_tokens, max_tokens, hints, self.decode_s_per_token)
         if not self.triage.apply(stage, now, is_backlogged) or hints.is_shed:
             return hints
         return dataclasses.replace(hints, is_shed=True, deadline_s=math.inf)
 
-    def finished(self, request_id: str, hints: MaestroHints, num_prompt_tokens: int, num_output_tokens: int,
-                 now: float, is_backlogged: bool) -> None:
+    def finished(
+        self,
+        request_id: str,
+        hints: MaestroHints,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        now: float,
+        is_backlogged: bool,
+    ) -> None:
         """A predicted request left the engine after producing `num_output_tokens`."""
         self.triage.served(POOL, self.pace.service_s(num_prompt_tokens, num_output_tokens), now, is_backlogged)
         if hints.final or not hints.workflow:

@@ -5,6 +5,7 @@ behind a stream of small ones that always fit. Once a request has been held back
 clock), it is overdue: until it starts, every other predicted request is held back too, so the running ones drain
 until it fits. One request is overdue at a time; with nothing running it starts as vLLM would start it.
 """
+
 from __future__ import annotations
 
 

@@ -1,6 +1,7 @@
 """deploy/k8s: every manifest passes the Kubernetes schema (strict, offline: kubernetes-validate ships the
 schemas), the pieces fit together (selectors, ports, names, the gateway's config, probe paths), and what a cluster
 operator asks of a workload holds (non-root, read-only root, resources, tagged images, state on volumes)."""
+
 from __future__ import annotations
 
 import shutil
@@ -41,14 +42,18 @@ def objects(kustomization) -> dict[tuple[str, str], dict]:
 
 def serving_pods(objects: dict) -> dict[str, dict]:
     """The long-running workloads' pod templates: they take traffic and have probes."""
-    return {name: doc["spec"]["template"] for (kind, name), doc in objects.items()
-            if kind in ("Deployment", "StatefulSet")}
+    return {
+        name: doc["spec"]["template"] for (kind, name), doc in objects.items() if kind in ("Deployment", "StatefulSet")
+    }
 
 
 def pod_specs(objects: dict) -> dict[str, dict]:
     """Every pod template, the CronJobs' too."""
-    jobs = {name: doc["spec"]["jobTemplate"]["spec"]["template"] for (kind, name), doc in objects.items()
-            if kind == "CronJob"}
+    jobs = {
+        name: doc["spec"]["jobTemplate"]["spec"]["template"]
+        for (kind, name), doc in objects.items()
+        if kind == "CronJob"
+    }
     return {**serving_pods(objects), **jobs}
 
 
@@ -71,8 +76,10 @@ def test_manifest_passes_the_kubernetes_schema(path):
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"deploy/k8s/{path}: {doc['kind']} {doc['metadata']['name']}: "
-                        f"{'.'.join(map(str, error.path))}: {error.message}")
+            pytest.fail(
+                f"deploy/k8s/{path}: {doc['kind']} {doc['metadata']['name']}: "
+                f"{'.'.join(map(str, error.path))}: {error.message}"
+            )
 
 
 def test_schema_check_catches_a_misspelt_field(objects):
@@ -87,8 +94,7 @@ def test_services_select_a_workload_on_a_named_port(objects):
     for (kind, name), service in objects.items():
         if kind != "Service":
             continue
-        selected = [p for p in pods.values()
-                    if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        selected = [p for p in pods.values() if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
         assert len(selected) == 1, f"Service {name} selects {len(selected)} workloads"
         port_names = {p["name"] for c in selected[0]["spec"]["containers"] for p in c["ports"]}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names, name
@@ -127,7 +133,8 @@ def test_gateway_config_loads_and_names_the_cluster_services(objects, tmp_path):
     config = GatewayConfig.from_file(path)
     vllm = objects[("StatefulSet", "vllm")]["spec"]
     assert [urlsplit(n.url).hostname for n in config.nodes] == [
-        f"vllm-{i}.{vllm['serviceName']}" for i in range(vllm["replicas"])]
+        f"vllm-{i}.{vllm['serviceName']}" for i in range(vllm["replicas"])
+    ]
     predictor = urlsplit(config.predictor.source)
     service = objects[("Service", predictor.hostname)]
     assert predictor.port in {p["port"] for p in service["spec"]["ports"]}
@@ -207,9 +214,12 @@ def test_vllm_keeps_its_weights_on_a_volume_with_shared_memory_and_a_token_secre
 
 def test_observed_traces_are_on_persistent_volume_claims(objects):
     directories = {
-        "maestro-gateway": yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["traces"]["dir"],
-        "maestro-predictor": {e["name"]: e.get("value") for e in
-                              pod_specs(objects)["maestro-predictor"]["spec"]["containers"][0]["env"]}["MAESTRO_TRACE_DIR"],
+        "maestro-gateway": yaml.safe_load(objects[("ConfigMap", "maestro-gateway")]["data"]["gateway.yaml"])["traces"][
+            "dir"
+        ],
+        "maestro-predictor": {
+            e["name"]: e.get("value") for e in pod_specs(objects)["maestro-predictor"]["spec"]["containers"][0]["env"]
+        }["MAESTRO_TRACE_DIR"],
     }
     for name, directory in directories.items():
         pod = pod_specs(objects)[name]

@@ -1,4 +1,5 @@
 """`maestro drive --traces`: recorded workflows (a slice of the real trace files) replayed against real vLLM-CPU."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,11 @@ def test_recorded_tool_calls_become_messages_a_chat_endpoint_takes():
     calls = [m for p in prompts for m in p if m.get("tool_calls")]
     results = [m for p in prompts for m in p if m["role"] == "tool"]
     assert calls and results
-    assert all(c["id"] and c["type"] == "function" and isinstance(c["function"]["arguments"], str)
-               for m in calls for c in m["tool_calls"])
+    assert all(
+        c["id"] and c["type"] == "function" and isinstance(c["function"]["arguments"], str)
+        for m in calls
+        for c in m["tool_calls"]
+    )
     assert all(m["tool_call_id"].startswith("call_") for m in results)
     assert chat_messages("plain text") == [{"role": "user", "content": "plain text"}]
 
@@ -68,7 +72,9 @@ def check_replay(report: dict, num_stages: int) -> None:
     """Every stage answered once, at its forced length, and only after its parents finished."""
     summary, rows = report["summary"], report["stages"]
     assert summary["num_stages"] == num_stages and summary["num_stages_ok"] == num_stages, summary["failure_reasons"]
-    assert summary["num_stages_lost"] == summary["num_stages_duplicated"] == summary["num_output_tokens_not_forced"] == 0
+    assert (
+        summary["num_stages_lost"] == summary["num_stages_duplicated"] == summary["num_output_tokens_not_forced"] == 0
+    )
     assert all(r["output_tokens"] == r["max_tokens"] for r in rows)
     ends = {(r["workflow_id"], r["stage_id"]): r["end_s"] for r in rows}
     plan = {(s["workflow_id"], s["stage_id"]): s for w in report["plan"] for s in w}
@@ -83,13 +89,24 @@ def check_replay(report: dict, num_stages: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("declared_max_tokens", [0, 64], ids=["max_tokens", "declared-cap"])
-def test_drive_replays_recorded_workflows_against_vllm(vllm_engine, tiny_model, trace_slice, tmp_path,
-                                                       declared_max_tokens):
+def test_drive_replays_recorded_workflows_against_vllm(
+    vllm_engine, tiny_model, trace_slice, tmp_path, declared_max_tokens
+):
     """With a declared cap the length is forced by min_tokens + the end token's bias: vLLM's usage still matches."""
     eos = json.loads((Path(tiny_model) / "config.json").read_text())["eos_token_id"]
-    config = DriveConfig(target=vllm_engine.url, traces=str(trace_slice), num_workflows=3, concurrency=3,
-                         max_tokens_cap=16, max_prompt_chars=1500, tool_wait_scale=0.01, max_stages_per_workflow=6,
-                         declared_max_tokens=declared_max_tokens, eos_token_id=eos, workflow_suffix="t")
+    config = DriveConfig(
+        target=vllm_engine.url,
+        traces=str(trace_slice),
+        num_workflows=3,
+        concurrency=3,
+        max_tokens_cap=16,
+        max_prompt_chars=1500,
+        tool_wait_scale=0.01,
+        max_stages_per_workflow=6,
+        declared_max_tokens=declared_max_tokens,
+        eos_token_id=eos,
+        workflow_suffix="t",
+    )
     report = asyncio.run(drive(config, tmp_path / "drive.json"))
     check_replay(report, num_stages=sum(len(w) for w in report["plan"]))
     assert all(r["workflow_id"].endswith("@t") for r in report["stages"])
@@ -101,8 +118,20 @@ def test_drive_cli_takes_traces_and_a_task_split(trace_slice, tmp_path):
     """--tasks-from keeps only the tasks of another file: here none of the slice's, which is an error that says so."""
     other = tmp_path / "other.jsonl"
     other.write_text(first_workflows(AGENT, 3)[-1] + "\n")  # a stage of the third workflow: another task
-    command = [sys.executable, "-m", "maestro.cli", "drive", "--target", "http://127.0.0.1:9", "--traces",
-               str(trace_slice), "--tasks-from", str(other), "--json", str(tmp_path / "out.json")]
+    command = [
+        sys.executable,
+        "-m",
+        "maestro.cli",
+        "drive",
+        "--target",
+        "http://127.0.0.1:9",
+        "--traces",
+        str(trace_slice),
+        "--tasks-from",
+        str(other),
+        "--json",
+        str(tmp_path / "out.json"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode != 0 and "no labelled workflow to replay among the tasks of" in result.stderr
 

@@ -1,5 +1,6 @@
 """Progressive re-prediction (maestro/progressive.py): the prefix class, the table's runtime form without the training
 libraries, the parametric fallback, and one function for the simulator, the plugin and the batch-cost gate."""
+
 from __future__ import annotations
 
 import json
@@ -34,11 +35,22 @@ TOOL_TEXT = '{"name": "get_order_details", "arguments": {"order_id": "#W2378156"
 PROSE_TEXT = "I understand your concern about the delayed order. Let me look into what happened with the delivery."
 
 
-@pytest.mark.parametrize("text, expected", [
-    (TOOL_TEXT, "tool"), ("[tool call] find_user_id_by_email(...)", "tool"), ("<tool_call>\n{", "tool"),
-    ("[too", "tool"),  # a marker's first characters
-    (PROSE_TEXT, "prose"), ("[synthetic free text, coder]", "prose"), ("main.py\n```python\nimport", "code"),
-    ("<INFO> Finished", "tag"), ("###STOP###", "tag"), ("", "unknown"), (None, "unknown")])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (TOOL_TEXT, "tool"),
+        ("[tool call] find_user_id_by_email(...)", "tool"),
+        ("<tool_call>\n{", "tool"),
+        ("[too", "tool"),  # a marker's first characters
+        (PROSE_TEXT, "prose"),
+        ("[synthetic free text, coder]", "prose"),
+        ("main.py\n```python\nimport", "code"),
+        ("<INFO> Finished", "tag"),
+        ("###STOP###", "tag"),
+        ("", "unknown"),
+        (None, "unknown"),
+    ],
+)
 def test_the_prefix_class_tells_a_tool_calls_json_from_prose(text, expected):
     assert prefix_class(text) == expected
 
@@ -51,10 +63,19 @@ def rows_with_short_tool_calls(num: int = 3000, seed: int = 0) -> pd.DataFrame:
         is_tool = i % 2 == 0
         total = int(np.exp(rng.normal(np.log(30 if is_tool else 300), 0.3))) + 9
         for k in (k for k in (4, 8, 16, 32, 64, 128) if k < total):
-            rows.append({"stage": i, "app": "a", "produced": k, "tokens": total,
-                         "prefix": "tool" if is_tool else "prose",
-                         "log_produced": np.log(k), "log_ahead": np.log(100 / k), "log_spread": np.log(3.0),
-                         "target": np.log(total / max(100, k))})
+            rows.append(
+                {
+                    "stage": i,
+                    "app": "a",
+                    "produced": k,
+                    "tokens": total,
+                    "prefix": "tool" if is_tool else "prose",
+                    "log_produced": np.log(k),
+                    "log_ahead": np.log(100 / k),
+                    "log_spread": np.log(3.0),
+                    "target": np.log(total / max(100, k)),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -86,7 +107,7 @@ def test_without_a_table_the_parametric_bounds_answer(tmp_path):
 
 
 def test_under_min_produced_the_prediction_stands_with_a_table(table):
-    assert (length_bounds(2, 100, 300, table=table, prefix="tool").median, ) == (100, )
+    assert (length_bounds(2, 100, 300, table=table, prefix="tool").median,) == (100,)
 
 
 def test_the_runtime_form_answers_without_pandas_lightgbm_or_sklearn(table, tmp_path):
@@ -105,8 +126,14 @@ left = progress.remaining_tokens(request, MaestroHints(tokens_pred=100, tokens_r
 loaded = sorted(m for m in ("pandas", "lightgbm", "sklearn") if m in sys.modules)
 print(left, loaded)
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     left, loaded = out.stdout.split(" ", 1)
     assert loaded.strip() == "[]"
     assert 0 < int(left) < 100 - 8  # the tool call's short rest, not the prediction's
@@ -115,23 +142,45 @@ print(left, loaded)
 def test_the_simulator_and_the_plugin_give_the_gate_the_same_re_prediction(table):
     """One running stage described by the simulator (its trace's text) and by the plugin (its output tokens, decoded)
     reaches the gate as the same RunningStage and the same remaining tokens, the learned ones."""
-    stage = SimStage(workflow=None, index=0, stage_id="s", role="agent", model="m", parents=[], output_tokens=40,
-                     is_tool_call=True, source={"output_text": TOOL_TEXT}, tokens_pred=100, tokens_reserve=300,
-                     progressive=table, request=SimpleNamespace(deadline_s=50.0), start_s=1.0)
+    stage = SimStage(
+        workflow=None,
+        index=0,
+        stage_id="s",
+        role="agent",
+        model="m",
+        parents=[],
+        output_tokens=40,
+        is_tool_call=True,
+        source={"output_text": TOOL_TEXT},
+        tokens_pred=100,
+        tokens_reserve=300,
+        progressive=table,
+        request=SimpleNamespace(deadline_s=50.0),
+        start_s=1.0,
+    )
     simulated = running_stage(stage, 16)
-    progress = OutputProgress(table, decode=lambda ids: TOOL_TEXT[:len(ids) * 2])
+    progress = OutputProgress(table, decode=lambda ids: TOOL_TEXT[: len(ids) * 2])
     prefix = progress.prefix("r", list(range(16)))
     pace = EnginePace()
     pace.started("r", 1.0, 0)
-    live = pace.node_state(2.0, [("r", MaestroHints(tokens_pred=100, tokens_reserve=300, deadline_s=50.0), 0.0, 16,
-                                  prefix)], table).running[0]
+    live = pace.node_state(
+        2.0, [("r", MaestroHints(tokens_pred=100, tokens_reserve=300, deadline_s=50.0), 0.0, 16, prefix)], table
+    ).running[0]
     assert (simulated.prefix, live.prefix) == ("tool", "tool")
     assert simulated == live
     learned = fewest_remaining_tokens(100, 300, 16, table=table, prefix="tool")
     assert learned != fewest_remaining_tokens(100, 300, 16)  # the table is what answers, not the parametric bound
     for running in (simulated, live):
-        assert fewest_remaining_tokens(running.tokens_pred, running.tokens_reserve, running.produced,
-                                       table=running.progressive, prefix=running.prefix) == learned
+        assert (
+            fewest_remaining_tokens(
+                running.tokens_pred,
+                running.tokens_reserve,
+                running.produced,
+                table=running.progressive,
+                prefix=running.prefix,
+            )
+            == learned
+        )
 
 
 def test_the_plugin_reads_the_class_at_powers_of_two_and_forgets_it(table):

@@ -1,4 +1,5 @@
 """A clone of this repository with a small sample, and commands run in it (the real dvc, git and mlflow)."""
+
 import os
 import subprocess
 import sys

@@ -1,5 +1,6 @@
 """A clone of the repository after a real `dvc repro` on a small synthetic sample: shared by the DVC and MLflow
 tests (one repro takes minutes)."""
+
 from pathlib import Path
 
 import pytest

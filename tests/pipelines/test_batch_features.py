@@ -1,4 +1,5 @@
 """The batch path of the features (pipelines.batch_features) gives exactly what the per-stage rows give."""
+
 import random
 import re
 import sys
@@ -18,12 +19,69 @@ from pipelines.synth import generate
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 # Pieces the cue patterns look for, pieces that nearly match, and characters that test the word boundaries and
 # IGNORECASE's folds: random texts are drawn from them
-PIECES = ["json", "JSON", "xjson", "json_", "tool result", "Function_Output", "response from calling tool",
-          "Response from calling function", '"role": "tool"', "<INFO>", "finished", "Terminate", "final answer",
-          "only one line", "one word", "brief", "Short", "concise", "phone line", "single word", "ONLY", "detailed",
-          "full", "complete", "all", "call", "every", "Comprehensive", "code", "codes", "suggested tool call",
-          "Suggested Function Call", "[...]", "```", "?", " ? ", "\n", " ", "  ", "_", "-", ".", "7", "42", "100",
-          "101", "1234", "٣", "00", "<comment>", "[", "é", "ß", "Σ", "İ", "ı", "ſ", "K", "\x00", "Ⓐll", "ǅ"]
+PIECES = [
+    "json",
+    "JSON",
+    "xjson",
+    "json_",
+    "tool result",
+    "Function_Output",
+    "response from calling tool",
+    "Response from calling function",
+    '"role": "tool"',
+    "<INFO>",
+    "finished",
+    "Terminate",
+    "final answer",
+    "only one line",
+    "one word",
+    "brief",
+    "Short",
+    "concise",
+    "phone line",
+    "single word",
+    "ONLY",
+    "detailed",
+    "full",
+    "complete",
+    "all",
+    "call",
+    "every",
+    "Comprehensive",
+    "code",
+    "codes",
+    "suggested tool call",
+    "Suggested Function Call",
+    "[...]",
+    "```",
+    "?",
+    " ? ",
+    "\n",
+    " ",
+    "  ",
+    "_",
+    "-",
+    ".",
+    "7",
+    "42",
+    "100",
+    "101",
+    "1234",
+    "٣",
+    "00",
+    "<comment>",
+    "[",
+    "é",
+    "ß",
+    "Σ",
+    "İ",
+    "ı",
+    "ſ",
+    "K",
+    "\x00",
+    "Ⓐll",
+    "ǅ",
+]
 
 
 def random_text(rng: random.Random, pieces: int) -> str:
@@ -36,14 +94,28 @@ def random_stages(seed: int, n: int = 300) -> list[StageTrace]:
     for i in range(n):
         workflow = f"w{i % 7}"
         text = random_text(rng, rng.choice([0, 1, 5, 40, 200]))
-        prompt = text if rng.random() < 0.6 else [
-            {"role": rng.choice(["system", "user", "assistant", "tool"]), "content": random_text(rng, 8)}
-            for _ in range(rng.randint(0, 6))] + [{"role": "user", "content": text}]
+        prompt = (
+            text
+            if rng.random() < 0.6
+            else [
+                {"role": rng.choice(["system", "user", "assistant", "tool"]), "content": random_text(rng, 8)}
+                for _ in range(rng.randint(0, 6))
+            ]
+            + [{"role": "user", "content": text}]
+        )
         earlier = [s.stage_id for s in stages if s.workflow_id == workflow]
         parents = rng.sample(earlier, min(len(earlier), rng.randint(0, 2)))
-        stages.append(StageTrace(workflow_id=workflow, stage_id=f"s{i}", role=rng.choice(["a", "b", "c"]),
-                                 prompt=prompt, parent_ids=parents, output_tokens=rng.choice([None, 0, 7, 300]),
-                                 is_tool_call=rng.choice([None, True, False])))
+        stages.append(
+            StageTrace(
+                workflow_id=workflow,
+                stage_id=f"s{i}",
+                role=rng.choice(["a", "b", "c"]),
+                prompt=prompt,
+                parent_ids=parents,
+                output_tokens=rng.choice([None, 0, 7, 300]),
+                is_tool_call=rng.choice([None, True, False]),
+            )
+        )
     return stages
 
 

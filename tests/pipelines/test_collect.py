@@ -1,4 +1,5 @@
 """`collect` over a trace directory that holds files it cannot read: each is reported by name, the rest collected."""
+
 import json
 import os
 import sys
@@ -12,8 +13,10 @@ from pipelines.stages import collect as collect_stage
 
 
 def stages(workflow: str, n: int = 3) -> list[StageTrace]:
-    return [StageTrace(workflow_id=workflow, stage_id=str(i), role="r", prompt="p", output_tokens=i,
-                       is_tool_call=False) for i in range(n)]
+    return [
+        StageTrace(workflow_id=workflow, stage_id=str(i), role="r", prompt="p", output_tokens=i, is_tool_call=False)
+        for i in range(n)
+    ]
 
 
 def write_parquet(rows: list[StageTrace], path):
@@ -40,8 +43,12 @@ def trace_dir(tmp_path):
 def test_unreadable_files_are_reported_by_name_and_the_others_collected(trace_dir):
     read, errors = collect(trace_dir)
     assert sorted({s.workflow_id for s in read}) == ["a", "b", "d"] and len(read) == 9
-    assert sorted(e.path.rsplit("/", 1)[-1] for e in errors) == ["3-random.parquet", "4-bad-page.parquet",
-                                                                  "4-truncated.parquet", "5-dir.jsonl"]
+    assert sorted(e.path.rsplit("/", 1)[-1] for e in errors) == [
+        "3-random.parquet",
+        "4-bad-page.parquet",
+        "4-truncated.parquet",
+        "5-dir.jsonl",
+    ]
     assert all(e.line is None for e in errors)
     by_name = {e.path.rsplit("/", 1)[-1]: str(e) for e in errors}
     assert by_name["3-random.parquet"].startswith(f"{trace_dir / '3-random.parquet'}: not a readable Parquet file")
@@ -57,8 +64,9 @@ def test_a_corrupt_file_read_alone_raises_naming_it(trace_dir):
         collect(trace_dir / "3-random.parquet")
 
 
-def test_collect_report_counts_unreadable_files_apart_from_malformed_lines(trace_dir, tmp_path_factory,
-                                                                         monkeypatch, capsys):
+def test_collect_report_counts_unreadable_files_apart_from_malformed_lines(
+    trace_dir, tmp_path_factory, monkeypatch, capsys
+):
     (trace_dir / "7-bad-line.jsonl").write_text(json.dumps(stages("e")[0].model_dump()) + "\n{not json\n")
     work = tmp_path_factory.mktemp("work")
     (work / "params.yaml").write_text(f"collect:\n  source: {trace_dir}\n")
@@ -76,8 +84,11 @@ def test_collect_report_counts_unreadable_files_apart_from_malformed_lines(trace
 
 def test_a_stage_refused_then_completed_in_a_later_file_is_collected_once_as_completed(tmp_path, monkeypatch):
     done = stages("w", 2)
-    refused = {**done[1].model_dump(exclude_none=True, exclude={"output_tokens", "is_tool_call"}),
-               "outcome": "refused", "error": "no healthy vLLM node"}
+    refused = {
+        **done[1].model_dump(exclude_none=True, exclude={"output_tokens", "is_tool_call"}),
+        "outcome": "refused",
+        "error": "no healthy vLLM node",
+    }
     (tmp_path / "1.jsonl").write_text(json.dumps(done[0].model_dump()) + "\n" + json.dumps(refused) + "\n")
     write_jsonl([done[1], done[0]], tmp_path / "2.jsonl")
     monkeypatch.chdir(tmp_path)
@@ -86,7 +97,9 @@ def test_a_stage_refused_then_completed_in_a_later_file_is_collected_once_as_com
     collect_stage.main()
     report = json.loads((tmp_path / "report.json").read_text())
     assert (report["stages"], report["labelled"], report["superseded"], report["malformed"]) == (2, 2, 1, 1)
-    assert report["errors"] == [f"{tmp_path / '2.jsonl'}:-1: duplicate stage_id '0' in workflow 'w': a second "
-                                "completed line (the first is kept); the first is in an earlier file"]
+    assert report["errors"] == [
+        f"{tmp_path / '2.jsonl'}:-1: duplicate stage_id '0' in workflow 'w': a second "
+        "completed line (the first is kept); the first is in an earlier file"
+    ]
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [(s["stage_id"], s["output_tokens"]) for s in out] == [("0", 0), ("1", 1)]

@@ -1,5 +1,6 @@
 """The boosters compiled to native code (pipelines.compiled_trees): saved with the predictor when asked, loaded
 with it, the same answers as LightGBM's, and LightGBM's answers where a library cannot be used."""
+
 import json
 import logging
 import shutil
@@ -21,10 +22,14 @@ pytest.importorskip("tl2cgen")
 if shutil.which("gcc") is None:
     pytest.skip("no gcc to compile the boosters with", allow_module_level=True)
 
-MODEL = ModelConfig(folds=3, regressor_bags=2, compile_trees=True,
-                    classifier=dict(n_estimators=30, learning_rate=0.1),
-                    regressor=dict(n_estimators=60, learning_rate=0.1, extra_trees=True),
-                    quantile=dict(n_estimators=30, learning_rate=0.1))
+MODEL = ModelConfig(
+    folds=3,
+    regressor_bags=2,
+    compile_trees=True,
+    classifier=dict(n_estimators=30, learning_rate=0.1),
+    regressor=dict(n_estimators=60, learning_rate=0.1, extra_trees=True),
+    quantile=dict(n_estimators=30, learning_rate=0.1),
+)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +101,9 @@ def test_a_changed_or_missing_library_is_not_loaded(saved, tmp_path, caplog):
 
 def test_libraries_of_another_predictor_are_not_loaded(saved, stages, tmp_path, caplog):
     trained, directory = saved
-    other = Predictor.train(stages[:500], FeaturizerConfig(use_embedding=False),
-                            replace(MODEL, compile_trees=False)).save(tmp_path / "other")
+    other = Predictor.train(
+        stages[:500], FeaturizerConfig(use_embedding=False), replace(MODEL, compile_trees=False)
+    ).save(tmp_path / "other")
     assert not (other / compiled_trees.DIRECTORY).exists()
     shutil.copytree(directory / compiled_trees.DIRECTORY, other / compiled_trees.DIRECTORY)
     load_with_warning(other, caplog)

@@ -1,4 +1,5 @@
 """Training on Dask: the trace Parquet layout, and a real 2-process LocalCluster matching one machine's quality."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,14 @@ import pandas as pd
 import pytest
 
 from maestro.contract import read_traces
-from pipelines.dask_features import (feature_frame, fit_featurizer, is_trace_parquet, labelled_stages,
-                                     read_trace_parquet, to_trace_parquet)
+from pipelines.dask_features import (
+    feature_frame,
+    fit_featurizer,
+    is_trace_parquet,
+    labelled_stages,
+    read_trace_parquet,
+    to_trace_parquet,
+)
 from pipelines.dask_model import _sklearn_objective
 from pipelines.dask_train import DaskTrainConfig, train_predictor
 from pipelines.embedding import Embedder, EmbedderConfig
@@ -27,9 +34,13 @@ DEV_TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "dev-trac
 needs_dev_traces = pytest.mark.skipif(not DEV_TRACES.exists(), reason=f"{DEV_TRACES} not found")
 # A lighter model than params.yaml's (both sides use it): the comparison is of the trainers, not the recipe.
 SMALL = dict(subsample=0.8, subsample_freq=1, colsample_bytree=0.8, learning_rate=0.1, num_leaves=15)
-MODEL = ModelConfig(folds=3, regressor_bags=1, classifier=dict(n_estimators=100, min_child_samples=10, **SMALL),
-                    quantile=dict(n_estimators=100, min_child_samples=20, **SMALL),
-                    regressor=dict(n_estimators=150, min_child_samples=10, extra_trees=True, **SMALL))
+MODEL = ModelConfig(
+    folds=3,
+    regressor_bags=1,
+    classifier=dict(n_estimators=100, min_child_samples=10, **SMALL),
+    quantile=dict(n_estimators=100, min_child_samples=20, **SMALL),
+    regressor=dict(n_estimators=150, min_child_samples=10, extra_trees=True, **SMALL),
+)
 
 
 def test_config_names_the_cluster_or_refuses():
@@ -63,8 +74,9 @@ def test_parquet_layout_keeps_each_workflow_in_one_partition(tmp_path):
     owners = pd.concat([p[["workflow_id"]].assign(part=i) for i, p in enumerate(parts)]).drop_duplicates()
     assert owners["workflow_id"].is_unique  # no workflow in two partitions
     assert sum(len(p) for p in parts) == len(stages)
-    assert sum(len(labelled_stages(p)) for p in parts) == sum(s.is_labelled and s.is_tool_call is not None
-                                                               for s in stages)
+    assert sum(len(labelled_stages(p)) for p in parts) == sum(
+        s.is_labelled and s.is_tool_call is not None for s in stages
+    )
     with pytest.raises(ValueError, match="trace Parquet"):
         read_trace_parquet(tmp_path / "nowhere")
 
@@ -112,7 +124,7 @@ def test_partitions_give_one_machines_features_with_embeddings(tmp_path):
         traces = read_trace_parquet(directory)
         featurizer, num_stages = fit_featurizer(traces, features, Embedder(features.embedder), pca_sample=1000)
         frame = feature_frame(traces, featurizer, str(cache), folds=3).compute()
-    assert num_stages == len(train) and list(frame.columns[:len(expected.columns)]) == list(expected.columns)
+    assert num_stages == len(train) and list(frame.columns[: len(expected.columns)]) == list(expected.columns)
     order = list(expected.columns)  # partitions come back in another order: compare rows sorted on every column
     got = frame[order].sort_values(order).reset_index(drop=True)
     want = expected.sort_values(order).reset_index(drop=True)
@@ -121,6 +133,10 @@ def test_partitions_give_one_machines_features_with_embeddings(tmp_path):
 
 
 def _jsonl(stages, path: Path) -> Path:
-    path.write_text("".join((s.model_dump_json(exclude_none=True) if hasattr(s, "model_dump_json") else json.dumps(s))
-                            + "\n" for s in stages))
+    path.write_text(
+        "".join(
+            (s.model_dump_json(exclude_none=True) if hasattr(s, "model_dump_json") else json.dumps(s)) + "\n"
+            for s in stages
+        )
+    )
     return path

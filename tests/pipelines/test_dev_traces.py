@@ -1,5 +1,6 @@
 """Behaviour on real multi-agent traces (../shared/data/dev-traces): the predictor must beat the
 per-role median on workflows it never saw, and react to what the prompt asks for."""
+
 import numpy as np
 import pytest
 
@@ -23,10 +24,12 @@ def held_out(request):
     train_idx, test_idx = grouped_split(stages, 0.25, seed=0)
     train, test = [stages[i] for i in train_idx], [stages[i] for i in test_idx]
     params = REPO / "params.yaml"
-    predictor = Predictor.train(train, featurizer_config(load_params("featurize", params)),
-                                model_config(load_params("train", params)))
-    frame = label_frame(test).assign(**{k: [getattr(p, k) for p in predictor.predict(test)]
-                                        for k in ("p_tool", "tokens_pred", "tokens_reserve")})
+    predictor = Predictor.train(
+        train, featurizer_config(load_params("featurize", params)), model_config(load_params("train", params))
+    )
+    frame = label_frame(test).assign(
+        **{k: [getattr(p, k) for p in predictor.predict(test)] for k in ("p_tool", "tokens_pred", "tokens_reserve")}
+    )
     role_median = label_frame(train).groupby("role")["tokens"].median()
     baseline = frame.assign(tokens_pred=frame["role"].map(role_median).fillna(label_frame(train)["tokens"].median()))
     return test, frame, baseline

@@ -1,5 +1,6 @@
 """dvc.yaml as DVC's users expect it (complete deps, metrics and plots in git), and the real `dvc repro` and
 `dvc exp run` on a small synthetic sample, in a clone of this repo."""
+
 import ast
 import csv
 import io
@@ -93,15 +94,31 @@ def test_repro_trains_evaluates_and_registers_a_champion(reproduced):
     for figures in metrics.values():
         assert figures["auc"] > 0.8 and figures["mae_vs_role_median"] < 1.0
         workflow = figures["workflow"]  # the workflow model, scored on the same test split
-        assert set(workflow) == {f"{figure}_{target}{suffix}" for target in ("calls", "tokens") for figure, suffix in
-                                 (("tau", ""), ("mae", "_vs_position_median"), ("above", ""), ("above", "_worst_app"))}
+        assert set(workflow) == {
+            f"{figure}_{target}{suffix}"
+            for target in ("calls", "tokens")
+            for figure, suffix in (("tau", ""), ("mae", "_vs_position_median"), ("above", ""), ("above", "_worst_app"))
+        }
         assert workflow["tau_calls"] > 0.3 and workflow["tau_tokens"] > 0.2  # it ranks the work still to come
         assert 0 <= workflow["above_calls"] <= workflow["above_calls_worst_app"] < 0.5
     detail = json.loads((clone / "data/eval/metrics_detail.json").read_text())["with_history"]
-    assert set(detail["baselines"]) == {"model_rho_reserve", "global_median", "role_median", "role_p90", "role_conformal", "single_stage"}
+    assert set(detail["baselines"]) == {
+        "model_rho_reserve",
+        "global_median",
+        "role_median",
+        "role_p90",
+        "role_conformal",
+        "single_stage",
+    }
     registration = json.loads((clone / "data/eval/registration.json").read_text())
     assert str(registration["version"]) == "1" and registration["promoted"]
-    for plot in ("calibration.png", "pred_vs_actual.png", "error_by_role.png", "reserve_tradeoff.png", "calibration.csv"):
+    for plot in (
+        "calibration.png",
+        "pred_vs_actual.png",
+        "error_by_role.png",
+        "reserve_tradeoff.png",
+        "calibration.csv",
+    ):
         assert (clone / "data/eval" / plot).stat().st_size > 0
     shown = run(["dvc", "metrics", "show"], clone)
     assert "without_history.above_reserve" in shown and "without_history.workflow.tau_calls" in shown

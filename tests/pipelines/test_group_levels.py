@@ -1,4 +1,5 @@
 """group_levels: each row's reserve level, looked up once per distinct group, is the per-row lookup's."""
+
 import numpy as np
 
 from pipelines.calibration import calibration_keys, group_levels
@@ -7,8 +8,12 @@ from pipelines.calibration import calibration_keys, group_levels
 def per_row(roles, p_tool, apps, history, groups, global_level):
     """The lookup one row at a time: the first of calibration_keys' levels with a (non-NaN) level."""
     levels = calibration_keys(roles, p_tool, apps, history)
-    return np.array([next((groups[k] for k in keys if k in groups and groups[k] == groups[k]), global_level)
-                     for keys in zip(*levels)])
+    return np.array(
+        [
+            next((groups[k] for k in keys if k in groups and groups[k] == groups[k]), global_level)
+            for keys in zip(*levels)
+        ]
+    )
 
 
 def test_the_levels_of_distinct_groups_are_the_per_row_lookups():

@@ -1,5 +1,6 @@
 """History conditions: which condition a stage's features were made in, and the model's promise in each
 (a slice of the real tau2 agent traces: ../shared/data/agent-traces)."""
+
 from dataclasses import replace
 
 import numpy as np
@@ -17,8 +18,18 @@ AGENT_TRACES = SHARED_DATA / "agent-traces"
 
 
 def _chain(n: int) -> list[StageTrace]:
-    return [StageTrace(workflow_id="w", stage_id=str(i), role="agent", prompt=f"turn {i}", output_tokens=10 * i,
-                       is_tool_call=False, parent_ids=[str(i - 1)] if i else []) for i in range(n)]
+    return [
+        StageTrace(
+            workflow_id="w",
+            stage_id=str(i),
+            role="agent",
+            prompt=f"turn {i}",
+            output_tokens=10 * i,
+            is_tool_call=False,
+            parent_ids=[str(i - 1)] if i else [],
+        )
+        for i in range(n)
+    ]
 
 
 def _conditions(stages: list[StageTrace]) -> list[str]:
@@ -29,7 +40,12 @@ def _conditions(stages: list[StageTrace]) -> list[str]:
 def test_a_stage_knows_which_history_it_was_predicted_with():
     stages = _chain(4)
     assert _conditions(stages) == ["full"] * 4
-    assert _conditions([without_labels(s) for s in stages]) == ["full", "none", "none", "none"]  # a root has none to miss
+    assert _conditions([without_labels(s) for s in stages]) == [
+        "full",
+        "none",
+        "none",
+        "none",
+    ]  # a root has none to miss
     middle = [stages[0], without_labels(stages[1]), *stages[2:]]
     assert _conditions(middle) == ["full", "full", "partial", "partial"]  # stage 1 knows stage 0
     alone = _chain(4)[3:]  # its parents never reached this predictor

@@ -18,8 +18,9 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 
 LEXICAL = FeaturizerConfig(use_embedding=False, lexical=LexicalConfig())
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1))
+FAST_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +60,29 @@ def test_a_rows_out_of_fold_score_never_reads_its_own_tasks_labels(stages):
 
 def test_a_score_is_its_design_rows_product_with_the_weights(stages):
     texts, tokens, is_tool, groups = columns(stages[:400])
-    config = LexicalConfig(word_ngrams=2, num_buckets=2 ** 12)
+    config = LexicalConfig(word_ngrams=2, num_buckets=2**12)
     model = LexicalModel(config).fit(texts, tokens, is_tool, groups)
     X = design_matrix(texts + ["", "ab"], config)
-    np.testing.assert_allclose(model.score(texts + ["", "ab"]), X @ model.weights_ + model.bias_, rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(model.score(texts + ["", "ab"]), X @ model.weights_ + model.bias_, rtol=1e-4, atol=1e-4)
 
 
 def test_the_buckets_are_the_same_in_every_process():
-    text = "Tool result: {\"status\": \"ok\"} — résumé\nPlease answer in JSON."
-    code = ("from pipelines.lexical import LexicalConfig, bucket_ids; "
-            f"print(bucket_ids({text!r}, LexicalConfig(word_ngrams=2)).tolist())")
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONHASHSEED": seed}).stdout
-            for seed in ("1", "2")]
+    text = 'Tool result: {"status": "ok"} — résumé\nPlease answer in JSON.'
+    code = (
+        "from pipelines.lexical import LexicalConfig, bucket_ids; "
+        f"print(bucket_ids({text!r}, LexicalConfig(word_ngrams=2)).tolist())"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    ]
     assert runs[0] == runs[1] == f"{bucket_ids(text, LexicalConfig(word_ngrams=2)).tolist()}\n"
 
 
@@ -137,14 +147,15 @@ def test_per_app_buckets_learn_a_phrase_the_apps_read_oppositely():
 def test_the_teachers_targets_and_the_scores_fitted_to_them_never_read_a_rows_own_task(stages):
     texts, tokens, is_tool, groups = columns(stages[:600])
     # a stand-in for MiniLM's vectors: a fixed random projection of each text's n-grams (a function of the text)
-    projection = np.random.default_rng(5).normal(size=(2 ** 10, 24))
-    vectors = design_matrix(texts, LexicalConfig(num_buckets=2 ** 10)) @ projection
+    projection = np.random.default_rng(5).normal(size=(2**10, 24))
+    vectors = design_matrix(texts, LexicalConfig(num_buckets=2**10)) @ projection
     config = LexicalConfig(teacher="minilm")
     model = LexicalModel(config).fit(texts, tokens, is_tool, groups, teacher_vectors=vectors)
     assert kendalltau(model.teacher_, tokens).statistic > 0.2  # the teacher reads the lengths from the vectors
     task = groups == groups[0]
-    changed = LexicalModel(config).fit(texts, np.where(task, tokens * 20, tokens), is_tool, groups,
-                                       teacher_vectors=vectors)
+    changed = LexicalModel(config).fit(
+        texts, np.where(task, tokens * 20, tokens), is_tool, groups, teacher_vectors=vectors
+    )
     np.testing.assert_array_equal(changed.teacher_[task], model.teacher_[task])
     assert not np.allclose(changed.teacher_[~task], model.teacher_[~task])
     np.testing.assert_array_equal(changed.oof_[task], model.oof_[task])  # nor, through the teacher, the scores
@@ -164,11 +175,11 @@ class _ProjectionTeacher:
     """Stands in for MiniLM: a fixed random projection of each text's n-grams."""
 
     def __init__(self):
-        self.projection, self.calls = np.random.default_rng(5).normal(size=(2 ** 10, 24)), 0
+        self.projection, self.calls = np.random.default_rng(5).normal(size=(2**10, 24)), 0
 
     def embed(self, texts):
         self.calls += 1
-        return design_matrix(texts, LexicalConfig(num_buckets=2 ** 10)) @ self.projection
+        return design_matrix(texts, LexicalConfig(num_buckets=2**10)) @ self.projection
 
 
 def test_the_featurizer_fits_the_lexical_scores_to_its_teacher_and_scores_without_it(stages):
@@ -178,5 +189,7 @@ def test_the_featurizer_fits_the_lexical_scores_to_its_teacher_and_scores_withou
     assert teacher.calls == 1 and len(featurizer.lexical_.teacher_) == len(featurizer.lexical_.oof_)
     loaded = Featurizer.from_state(pickle.loads(pickle.dumps(featurizer.state())))
     assert loaded.teacher is None  # scoring never needs MiniLM
-    np.testing.assert_array_equal(loaded.transform(stages[600:700])[list(LEXICAL_COLUMNS)].to_numpy(np.float32),
-                                  featurizer.lexical_.score([s.prompt_text() for s in stages[600:700]]))
+    np.testing.assert_array_equal(
+        loaded.transform(stages[600:700])[list(LEXICAL_COLUMNS)].to_numpy(np.float32),
+        featurizer.lexical_.score([s.prompt_text() for s in stages[600:700]]),
+    )

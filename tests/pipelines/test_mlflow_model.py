@@ -1,6 +1,7 @@
 """What `dvc repro` registers, as MLflow's users expect it: a models-from-code pyfunc with a signature, an input
 example and its code; the whole recipe as parameters; the traces as dataset inputs; metrics on the logged model;
 and `mlflow models serve -m models:/stage-length@champion` answering /invocations."""
+
 import json
 import os
 import signal
@@ -89,12 +90,16 @@ def test_the_model_loads_where_the_repository_is_not_installed(reproduced, tmp_p
     """The editable install's finder and the repository taken off the import path: pipelines/ comes from the
     model's own code (code_paths)."""
     example = INPUT_EXAMPLE.to_json(orient="records")
-    script = LOAD_WITHOUT_THE_REPO.format(repo=str(Path(__file__).resolve().parents[2]), uri=CHAMPION,
-                                          example=example)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced), "MLFLOW_REGISTRY_URI": store(reproduced),
-           "PYTHONPATH": ""}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    script = LOAD_WITHOUT_THE_REPO.format(repo=str(Path(__file__).resolve().parents[2]), uri=CHAMPION, example=example)
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": store(reproduced),
+        "MLFLOW_REGISTRY_URI": store(reproduced),
+        "PYTHONPATH": "",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     predictions, levels, module = done.stdout.strip().splitlines()[-3:]
     assert len(json.loads(predictions)) == len(INPUT_EXAMPLE)
@@ -105,12 +110,33 @@ def test_the_model_loads_where_the_repository_is_not_installed(reproduced, tmp_p
 def test_mlflow_models_serve_answers_invocations(reproduced, tmp_path):
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store(reproduced), "MLFLOW_REGISTRY_URI": store(reproduced),
-           "PATH": f"{mlflow.parent}:{os.environ['PATH']}"}  # it starts `uvicorn` from PATH, as in an active venv
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": store(reproduced),
+        "MLFLOW_REGISTRY_URI": store(reproduced),
+        "PATH": f"{mlflow.parent}:{os.environ['PATH']}",
+    }  # it starts `uvicorn` from PATH, as in an active venv
     with open(tmp_path / "serve.log", "wb") as log:
-        server = subprocess.Popen([str(mlflow), "models", "serve", "-m", CHAMPION, "--env-manager", "local",
-                                   "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [
+                str(mlflow),
+                "models",
+                "serve",
+                "-m",
+                CHAMPION,
+                "--env-manager",
+                "local",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_until_up(f"http://127.0.0.1:{port}/ping", server, tmp_path / "serve.log")
         sparse = {"workflow_id": "w-2", "stage_id": "fix", "role": "coder", "prompt": "Fix the failing test."}
@@ -120,8 +146,11 @@ def test_mlflow_models_serve_answers_invocations(reproduced, tmp_path):
         predictions = answer.json()["predictions"]
         assert [p["stage_id"] for p in predictions] == ["plan", "flights", "fix"]
         assert all(p["tokens_reserve"] >= p["tokens_pred"] > 0 for p in predictions)
-        missing = httpx.post(f"http://127.0.0.1:{port}/invocations",
-                             json={"dataframe_records": [{"workflow_id": "w", "stage_id": "s"}]}, timeout=60)
+        missing = httpx.post(
+            f"http://127.0.0.1:{port}/invocations",
+            json={"dataframe_records": [{"workflow_id": "w", "stage_id": "s"}]},
+            timeout=60,
+        )
         assert missing.status_code == 400 and "role" in missing.text  # the signature names what is missing
     finally:
         stop(server)

@@ -20,8 +20,9 @@ def test_asymmetric_regressor_sits_above_the_plain_one():
     rng = np.random.default_rng(0)
     X = pd.DataFrame({"x": rng.random(2000)})
     y = X["x"].to_numpy() + rng.normal(0, 0.3, 2000)
-    fit = lambda w: lgb.train({"verbosity": -1, "objective": asymmetric_l2(w)},
-                              lgb.Dataset(X, y, init_score=np.full(2000, y.mean())), 100)
+    fit = lambda w: lgb.train(
+        {"verbosity": -1, "objective": asymmetric_l2(w)}, lgb.Dataset(X, y, init_score=np.full(2000, y.mean())), 100
+    )
     up = fit(4.0).predict(X) + y.mean()
     even = fit(1.0).predict(X) + y.mean()
     assert np.mean(y > up) < 0.35 < np.mean(y > even)
@@ -31,8 +32,11 @@ def test_pinball_regressor_sits_at_the_weighted_quantile():
     rng = np.random.default_rng(0)
     X = pd.DataFrame({"x": rng.random(4000)})
     y = X["x"].to_numpy() + rng.exponential(0.5, 4000)  # skewed noise: quantiles far from the mean
-    fit = lambda w: lgb.train({"verbosity": -1, **regression_objective("pinball", w)},
-                              lgb.Dataset(X, y, init_score=np.full(4000, y.mean())), 200)
+    fit = lambda w: lgb.train(
+        {"verbosity": -1, **regression_objective("pinball", w)},
+        lgb.Dataset(X, y, init_score=np.full(4000, y.mean())),
+        200,
+    )
     for weight, level in ((1.5, 0.6), (4.0, 0.8)):
         below = np.mean(y <= fit(weight).predict(X) + y.mean())
         assert abs(below - level) < 0.04, (weight, below)
@@ -57,14 +61,22 @@ def synthetic_frame(n: int, seed: int = 0):
     p = np.select([role == "caller", role == "writer"], [0.9, 0.05], 0.5)
     is_tool = rng.random(n) < p
     tokens = np.where(is_tool, rng.lognormal(np.log(30), 0.2, n), rng.lognormal(np.log(80 * items), 0.3, n))
-    X = pd.DataFrame({"role": pd.Categorical(role, categories=["caller", "mixed", "writer", "unknown"]),
-                      "items": items, "noise": rng.random(n)})
+    X = pd.DataFrame(
+        {
+            "role": pd.Categorical(role, categories=["caller", "mixed", "writer", "unknown"]),
+            "items": items,
+            "noise": rng.random(n),
+        }
+    )
     return X, tokens.astype(int), is_tool, np.arange(n) // 4
 
 
 def test_two_stage_model_is_calibrated_and_keeps_the_reserve_promise():
-    config = ModelConfig(alpha=0.1, classifier=dict(n_estimators=60, learning_rate=0.1),
-                         regressor=dict(n_estimators=150, learning_rate=0.1))
+    config = ModelConfig(
+        alpha=0.1,
+        classifier=dict(n_estimators=60, learning_rate=0.1),
+        regressor=dict(n_estimators=150, learning_rate=0.1),
+    )
     X, tokens, is_tool, groups = synthetic_frame(3000)
     model = TwoStageModel(config).fit(X, tokens, is_tool, groups)
     Xt, tt, it, _ = synthetic_frame(3000, seed=1)
@@ -86,10 +98,18 @@ def test_unfitted_model_and_bad_config_fail_clearly():
 
 
 def test_bagged_regressor_averages_its_members_in_log_space():
-    small = dict(n_estimators=40, learning_rate=0.1, num_leaves=7, subsample=0.8, subsample_freq=1,
-                 colsample_bytree=0.8, extra_trees=True)
-    config = ModelConfig(classifier=dict(n_estimators=20), quantile=dict(n_estimators=20), regressor=small,
-                         regressor_bags=3)
+    small = dict(
+        n_estimators=40,
+        learning_rate=0.1,
+        num_leaves=7,
+        subsample=0.8,
+        subsample_freq=1,
+        colsample_bytree=0.8,
+        extra_trees=True,
+    )
+    config = ModelConfig(
+        classifier=dict(n_estimators=20), quantile=dict(n_estimators=20), regressor=small, regressor_bags=3
+    )
     X, tokens, is_tool, groups = synthetic_frame(800)
     model = TwoStageModel(config).fit(X, tokens, is_tool, groups)
     regressor = model.regressor_
@@ -112,8 +132,15 @@ def test_reserve_tradeoff_walks_from_misses_to_waste_through_the_calibrated_poin
     rng = np.random.default_rng(0)
     tokens = rng.lognormal(4, 1, 500)
     reserve = tokens * rng.lognormal(0.3, 0.5, 500)
-    frame = pd.DataFrame({"tokens": tokens, "is_tool": rng.random(500) < 0.3, "p_tool": 0.3, "tokens_pred": tokens,
-                          "tokens_reserve": reserve})
+    frame = pd.DataFrame(
+        {
+            "tokens": tokens,
+            "is_tool": rng.random(500) < 0.3,
+            "p_tool": 0.3,
+            "tokens_pred": tokens,
+            "tokens_reserve": reserve,
+        }
+    )
     table = reserve_tradeoff({"model": frame, "role_p90": frame.assign(tokens_reserve=np.quantile(tokens, 0.9))})
     curve = table[table["reserve"] == "model"].sort_values("log_shift")
     at_zero = curve[curve["log_shift"] == 0].iloc[0]
@@ -128,6 +155,7 @@ def test_role_conformal_baseline_keeps_the_miss_rate_per_role_and_falls_back_for
     from pipelines.metrics import role_baselines
 
     rng = np.random.default_rng(3)
+
     def labels(n_big: int, n_small: int) -> pd.DataFrame:
         role = ["big"] * n_big + ["small"] * n_small
         tokens = np.concatenate([rng.lognormal(5, 1, n_big), rng.lognormal(2, 0.1, n_small)])
@@ -175,8 +203,9 @@ def test_a_model_pickled_before_the_split_of_this_module_still_loads():
     small = dict(classifier=dict(n_estimators=10), quantile=dict(n_estimators=10), regressor=dict(n_estimators=10))
     model = TwoStageModel(ModelConfig(**small)).fit(X, tokens, is_tool, groups)
     data = pickle.dumps(model, protocol=2)  # protocol 2 names each class as text: "module\nname\n"
-    old = (data.replace(b"pipelines.boosters\nRegressor\n", b"pipelines.model\n_Regressor\n")
-           .replace(b"pipelines.calibration\nSigmoidCalibrator\n", b"pipelines.model\nSigmoidCalibrator\n"))
+    old = data.replace(b"pipelines.boosters\nRegressor\n", b"pipelines.model\n_Regressor\n").replace(
+        b"pipelines.calibration\nSigmoidCalibrator\n", b"pipelines.model\nSigmoidCalibrator\n"
+    )
     assert old != data and b"pipelines.boosters\nRegressor" not in old
     loaded = pickle.loads(old)
     assert isinstance(loaded.regressor_, Regressor) and isinstance(loaded.calibrator_, SigmoidCalibrator)

@@ -1,4 +1,5 @@
 """An app training never saw: the reserve level from app-held-out scores, the flag, and the own-turn features."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,9 +12,12 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1),
-                         quantile=dict(n_estimators=80, learning_rate=0.1, num_leaves=15, min_child_samples=20))
+FAST_MODEL = ModelConfig(
+    folds=3,
+    classifier=dict(n_estimators=40, learning_rate=0.1),
+    regressor=dict(n_estimators=80, learning_rate=0.1),
+    quantile=dict(n_estimators=80, learning_rate=0.1, num_leaves=15, min_child_samples=20),
+)
 NO_EMBEDDING = FeaturizerConfig(use_embedding=False)
 
 
@@ -50,7 +54,7 @@ def test_an_app_never_seen_is_flagged_and_gets_the_new_app_level(predictor, stag
     names = predictor.model.feature_names
     columns = names + [c for c in predictor.new_app.columns if c not in names]
     matrix, roles = predictor.featurizer.matrix(new, columns)
-    out = predictor.model.predict_matrix(matrix[:, :len(names)], roles)
+    out = predictor.model.predict_matrix(matrix[:, : len(names)], roles)
     bounds = predictor.new_app.log_bound(matrix, columns, out["p_tool"])  # the model's columns and the own turns
     assert set(predictor.new_app.columns) == set(columns) and not set(OWN_TURN_COLUMNS) & set(names)
     for answer, plain, bound, history in zip(answers, anonymous, bounds, out["history"]):
@@ -83,8 +87,13 @@ def test_one_app_in_training_gives_no_level_but_the_answer_is_flagged(stages):
 
 def test_levels_take_the_largest_finite_app_level():
     rng = np.random.default_rng(0)
-    scores = pd.DataFrame({"app": ["a"] * 100 + ["b"] * 100 + ["c"] * 5, "history": "full",
-                           "score": np.concatenate([rng.normal(0, 0.1, 100), rng.normal(1, 0.1, 100), [9.0] * 5])})
+    scores = pd.DataFrame(
+        {
+            "app": ["a"] * 100 + ["b"] * 100 + ["c"] * 5,
+            "history": "full",
+            "score": np.concatenate([rng.normal(0, 0.1, 100), rng.normal(1, 0.1, 100), [9.0] * 5]),
+        }
+    )
     levels = levels_of(scores, 0.05)
     assert set(levels.by_app) == {"a", "b"}  # five rows give no finite level at α = 0.05
     assert levels.levels["full"] == levels.by_app["b"]["full"] and 1.0 < levels.levels["full"] < 1.5
@@ -94,20 +103,30 @@ def test_levels_take_the_largest_finite_app_level():
 
 def test_unseen_view_marks_new_categories_and_the_app_unknown():
     categories = pd.CategoricalDtype(["a", "b", "r1", "r2", UNKNOWN])
-    X = pd.DataFrame({"app": pd.Categorical(["b", "b"], dtype=categories),
-                      "role": pd.Categorical(["r1", "r2"], dtype=categories), "n": [1.0, 2.0]})
-    seen = pd.DataFrame({"app": pd.Categorical(["a"], dtype=categories),
-                         "role": pd.Categorical(["r1"], dtype=categories), "n": [0.0]})
+    X = pd.DataFrame(
+        {
+            "app": pd.Categorical(["b", "b"], dtype=categories),
+            "role": pd.Categorical(["r1", "r2"], dtype=categories),
+            "n": [1.0, 2.0],
+        }
+    )
+    seen = pd.DataFrame(
+        {"app": pd.Categorical(["a"], dtype=categories), "role": pd.Categorical(["r1"], dtype=categories), "n": [0.0]}
+    )
     out = as_unseen(X, seen)
     assert list(out["app"]) == [UNKNOWN, UNKNOWN] and list(out["role"]) == ["r1", UNKNOWN]
     assert list(out["n"]) == [1.0, 2.0] and list(X["app"]) == ["b", "b"]
 
 
 def test_own_turns_are_read_from_a_chat_prompt_and_missing_from_plain_text():
-    messages = [{"role": "system", "content": "x" * 50}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "a" * 30},
-                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "content": "result"}, {"role": "assistant", "content": "b" * 90}]
+    messages = [
+        {"role": "system", "content": "x" * 50},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "a" * 30},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "result"},
+        {"role": "assistant", "content": "b" * 90},
+    ]
     features = own_turn_features(messages)
     assert features["own_text_turns"] == 2 and features["own_tool_turns"] == 1
     assert features["own_text_chars_last"] == 90 and features["own_text_chars_mean"] == 60

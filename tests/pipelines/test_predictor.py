@@ -15,8 +15,9 @@ from pipelines.model import ModelConfig
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor
 from pipelines.synth import generate
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1))
+FAST_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 NO_EMBEDDING = FeaturizerConfig(use_embedding=False)
 
 
@@ -95,8 +96,11 @@ def test_every_answer_carries_its_workflows_remaining_work(predictor, sample_sta
     an app training never saw, the error fallback and a predictor too small for a model from its position table."""
     answers = predictor.predict(sample_stages[:60])
     assert {a.wf_fallback_level for a in answers} == {"app"}
-    assert all(a.wf_remaining_calls_upper >= a.wf_remaining_calls >= 0 and
-               a.wf_remaining_tokens_upper >= a.wf_remaining_tokens >= 0 for a in answers)
+    assert all(
+        a.wf_remaining_calls_upper >= a.wf_remaining_calls >= 0
+        and a.wf_remaining_tokens_upper >= a.wf_remaining_tokens >= 0
+        for a in answers
+    )
     assert len({a.wf_remaining_tokens for a in answers}) > 10  # read from each stage, not one constant
     expected = predictor.workflow.predict(sample_stages[:60])
     assert [a.remaining_fields() for a in answers] == [w.remaining_fields() for w in expected]
@@ -161,22 +165,55 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     stages = read_traces(traces).stages
     assert len(rows) == len(stages)
-    assert set(rows[0]) == {"workflow_id", "stage_id", "p_tool", "tokens_pred", "tokens_reserve", "fallback_level",
-                            "history", *WORKFLOW_FIELDS}
+    assert set(rows[0]) == {
+        "workflow_id",
+        "stage_id",
+        "p_tool",
+        "tokens_pred",
+        "tokens_reserve",
+        "fallback_level",
+        "history",
+        *WORKFLOW_FIELDS,
+    }
     assert {r["wf_fallback_level"] for r in rows} == {"app"}  # `maestro train` fitted the workflow model too
     assert all(r["wf_remaining_tokens_upper"] >= r["wf_remaining_tokens"] for r in rows)
     assert [(r["workflow_id"], r["stage_id"]) for r in rows] == [(s.workflow_id, s.stage_id) for s in stages]
     fresh = tmp_path / "fresh.jsonl"
     write_jsonl(generate(200, seed=3), fresh)
     fresh_out, scores = tmp_path / "fresh-pred.jsonl", tmp_path / "scores.json"
-    assert maestro(["predict", "--model", str(tmp_path / "model"), "--traces", str(fresh), "--out", str(fresh_out)]) == 0
-    assert maestro(["score", "--predictions", str(fresh_out), "--traces", str(fresh), "--train", str(traces),
-                    "--out", str(scores), "--plots", str(tmp_path / "plots")]) == 0
-    assert {"calibration.png", "pred_vs_actual.png", "reserve_tradeoff.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
+    assert (
+        maestro(["predict", "--model", str(tmp_path / "model"), "--traces", str(fresh), "--out", str(fresh_out)]) == 0
+    )
+    assert (
+        maestro(
+            [
+                "score",
+                "--predictions",
+                str(fresh_out),
+                "--traces",
+                str(fresh),
+                "--train",
+                str(traces),
+                "--out",
+                str(scores),
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
+    assert {"calibration.png", "pred_vs_actual.png", "reserve_tradeoff.png"} <= {
+        p.name for p in (tmp_path / "plots").iterdir()
+    }
     scored = json.loads(scores.read_text())
     assert scored["model"]["n"] == len(read_traces(fresh).stages) and scored["unpredicted_stages"] == 0
-    assert set(scored["targets"]) == {"auc", "mae_vs_role_median", "kendall_tau", "under_rate",
-                                      "over_reservation_vs_role_p90"}
+    assert set(scored["targets"]) == {
+        "auc",
+        "mae_vs_role_median",
+        "kendall_tau",
+        "under_rate",
+        "over_reservation_vs_role_p90",
+    }
 
 
 def test_a_model_subclass_fitted_by_predictor_fit_can_refit_its_reserve_alone(sample_stages):
@@ -216,8 +253,13 @@ def test_the_progressive_table_is_saved_under_the_checksum_and_optional(predicto
     (tmp_path / "changed" / TABLE_FILE).write_text(predictor.progressive.to_json().replace("0.", "1.", 1))
     with pytest.raises(ArtifactMismatch, match="checksum recorded in meta.json"):
         Predictor.load(tmp_path / "changed")
-    bare = Predictor(predictor.featurizer, predictor.model, predictor.priors, dict(predictor.meta), predictor.new_app,
-                     predictor.workflow)
+    bare = Predictor(
+        predictor.featurizer,
+        predictor.model,
+        predictor.priors,
+        dict(predictor.meta),
+        predictor.new_app,
+        predictor.workflow,
+    )
     assert not (bare.save(tmp_path / "bare") / TABLE_FILE).exists()
     assert Predictor.load(tmp_path / "bare").progressive is None
-

@@ -1,4 +1,5 @@
 """`maestro score`: predictions of labelled stages against the targets and the per-role baselines."""
+
 import json
 
 import numpy as np
@@ -19,20 +20,31 @@ def _labels(n, seed, tool_share=0.3):
     scale = pd.Series(roles).map({"planner": 50, "coder": 600, "critic": 200}).to_numpy()
     is_tool = rng.random(n) < tool_share
     tokens = np.where(is_tool, 30, rng.lognormal(np.log(scale), 0.6)).round().astype(int)
-    return pd.DataFrame({"workflow_id": [f"w{seed}-{i // 5}" for i in range(n)], "stage_id": [str(i % 5) for i in range(n)],
-                         "role": roles, "app": np.where(np.arange(n) % 2, "chat", "tools"),
-                         "tokens": tokens, "is_tool": is_tool})
+    return pd.DataFrame(
+        {
+            "workflow_id": [f"w{seed}-{i // 5}" for i in range(n)],
+            "stage_id": [str(i % 5) for i in range(n)],
+            "role": roles,
+            "app": np.where(np.arange(n) % 2, "chat", "tools"),
+            "tokens": tokens,
+            "is_tool": is_tool,
+        }
+    )
 
 
 def _predictions(test, tokens_pred, tokens_reserve, p_tool):
-    return test[["workflow_id", "stage_id"]].assign(p_tool=p_tool, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve)
+    return test[["workflow_id", "stage_id"]].assign(
+        p_tool=p_tool, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve
+    )
 
 
 def test_exact_predictions_meet_every_target_and_beat_the_baselines():
     train, test = _labels(600, 1), _labels(300, 2)
     exact = _predictions(test, test["tokens"], test["tokens"], test["is_tool"].astype(float))
     scores = _score(exact, test, train, rho=0.2, alpha=0.05)
-    assert scores["model"]["n"] == 300 and scores["model"]["under_rate"] == 0 and scores["model"]["over_reservation"] == 0
+    assert (
+        scores["model"]["n"] == 300 and scores["model"]["under_rate"] == 0 and scores["model"]["over_reservation"] == 0
+    )
     assert scores["ratios"]["mae_vs_role_median"] == 0 and scores["ratios"]["over_reservation_vs_role_p90"] == 0
     assert all(scores["targets"].values())
     assert scores["baselines"]["role_p90"]["under_rate"] > 0.05  # the p90 reserve misses about one in ten
@@ -62,9 +74,16 @@ def test_only_predicted_stages_are_scored_and_baselines_use_the_same_stages():
 
 def test_bad_prediction_lines_are_reported_by_line_and_the_rest_read(tmp_path):
     good = {"workflow_id": "w", "stage_id": "0", "p_tool": 0.1, "tokens_pred": 10, "tokens_reserve": 20}
-    lines = [json.dumps(good), "{broken", json.dumps({**good, "stage_id": 1, "tokens_reserve": None}),
-             json.dumps(good), "[1, 2]", "", json.dumps({**good, "stage_id": 2, "tokens_pred": "many"}),
-             json.dumps({**good, "stage_id": 3})]
+    lines = [
+        json.dumps(good),
+        "{broken",
+        json.dumps({**good, "stage_id": 1, "tokens_reserve": None}),
+        json.dumps(good),
+        "[1, 2]",
+        "",
+        json.dumps({**good, "stage_id": 2, "tokens_pred": "many"}),
+        json.dumps({**good, "stage_id": 3}),
+    ]
     path = tmp_path / "pred.jsonl"
     path.write_text("\n".join(lines) + "\n")
     frame, errors = read_predictions(str(path))

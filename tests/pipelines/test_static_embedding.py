@@ -1,4 +1,5 @@
 """The static embedding (MiniLM distilled to one vector per token) and the lean one-stage path around it."""
+
 import random
 import re
 
@@ -24,22 +25,36 @@ def random_static(config: EmbedderConfig = STATIC, dims: int = 8) -> StaticEmbed
 
 
 def stage(i: int, prompt, role="coder", **extra) -> StageTrace:
-    return StageTrace(workflow_id=f"w{i % 7}", stage_id=str(i), role=role, prompt=prompt, output_tokens=10 + i,
-                      is_tool_call=i % 3 == 0, **extra)
+    return StageTrace(
+        workflow_id=f"w{i % 7}",
+        stage_id=str(i),
+        role=role,
+        prompt=prompt,
+        output_tokens=10 + i,
+        is_tool_call=i % 3 == 0,
+        **extra,
+    )
 
 
 def unicode_texts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    pool = ([chr(c) for c in range(32, 127)] * 5 + [chr(c) for c in range(0x80, 0x3000)]
-            + [chr(c) for c in range(0x4E00, 0x4E80)] + [chr(c) for c in range(0x1F300, 0x1F650)]
-            + ["\t", "\n", "\u00a0", "\u200d", "\ufeff", "\x0b", "\x00"])
+    pool = (
+        [chr(c) for c in range(32, 127)] * 5
+        + [chr(c) for c in range(0x80, 0x3000)]
+        + [chr(c) for c in range(0x4E00, 0x4E80)]
+        + [chr(c) for c in range(0x1F300, 0x1F650)]
+        + ["\t", "\n", "\u00a0", "\u200d", "\ufeff", "\x0b", "\x00"]
+    )
     return ["".join(rng.choice(pool + [" "] * 40) for _ in range(rng.randint(0, 300))) for _ in range(n)]
 
 
 def test_python_wordpiece_gives_the_rust_tokenizers_ids_on_any_unicode():
     embedder = random_static(EmbedderConfig(kind="static", tail_chars=0))
-    texts = unicode_texts(600) + ["Hello, World! naïve café — “quoted” 🔋📶 x⁴ 中文字 İstanbul ſhort",
-                                  "a" * 150 + " " + "tokenization" * 3, ""]
+    texts = unicode_texts(600) + [
+        "Hello, World! naïve café — “quoted” 🔋📶 x⁴ 中文字 İstanbul ſhort",
+        "a" * 150 + " " + "tokenization" * 3,
+        "",
+    ]
     assert embedder.token_ids(texts) == embedder.rust_token_ids(texts)
 
 
@@ -99,8 +114,9 @@ def test_the_teacher_corpus_is_each_prompts_tail_then_the_segments_before_it():
 
 
 def test_a_static_featurizer_travels_in_its_state_and_answers_the_same():
-    stages = [stage(i, f"Write the {['tests', 'docs', 'code'][i % 3]} for module {i}. Answer in JSON.")
-              for i in range(40)]
+    stages = [
+        stage(i, f"Write the {['tests', 'docs', 'code'][i % 3]} for module {i}. Answer in JSON.") for i in range(40)
+    ]
     config = FeaturizerConfig(pca_dims=4, embedder=STATIC)
     featurizer = Featurizer(config, random_static()).fit(stages)
     restored = Featurizer.from_state(featurizer.state())
@@ -119,13 +135,18 @@ def test_one_row_through_the_single_row_api_equals_booster_predict():
     y = np.nan_to_num(X[:, 0]) * 2 + rng.normal(size=400)
     booster = lgb.train({"verbosity": -1, "num_threads": 1, "extra_trees": True}, lgb.Dataset(X, y), 50)
     rows = RowPredictor(booster)
-    one = np.concatenate([rows(X[i:i + 1]) for i in range(len(X))])
+    one = np.concatenate([rows(X[i : i + 1]) for i in range(len(X))])
     assert np.array_equal(one, booster.predict(X)) and np.array_equal(rows(X), booster.predict(X))
 
 
 def test_cue_needles_skip_only_patterns_that_cannot_match():
-    texts = ["Reply in JSON, keep it brief.", "no cues here at all", "ſhort and \u212aelvin JſON", "ONLY ONE LINE",
-             *unicode_texts(200, seed=1)]
+    texts = [
+        "Reply in JSON, keep it brief.",
+        "no cues here at all",
+        "ſhort and \u212aelvin JſON",
+        "ONLY ONE LINE",
+        *unicode_texts(200, seed=1),
+    ]
     for text in texts:
         cues = _Cues(text)
         for pattern in _NEEDLES:
@@ -149,7 +170,9 @@ def test_the_distilled_table_is_minilm_on_each_token_alone(tmp_path, monkeypatch
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     token = tokenizer.convert_tokens_to_ids("hotel")
     with torch.inference_mode():
-        hidden = model(input_ids=torch.tensor([[tokenizer.cls_token_id, token, tokenizer.sep_token_id]])).last_hidden_state
+        hidden = model(
+            input_ids=torch.tensor([[tokenizer.cls_token_id, token, tokenizer.sep_token_id]])
+        ).last_hidden_state
     assert np.allclose(table[token], hidden.mean(dim=1)[0].numpy(), atol=1e-4)
     monkeypatch.setattr(embedding, "_TABLES", {})
     monkeypatch.setattr(embedding, "distill_table", lambda: pytest.fail("distilled again instead of read"))
@@ -164,8 +187,12 @@ def test_a_static_predictor_carries_its_table_and_answers_the_same_after_load(tm
     from pipelines.predictor import Predictor
 
     stages = read_traces(dev_traces).stages[:400]
-    model = ModelConfig(folds=2, classifier=dict(n_estimators=20), quantile=dict(n_estimators=20),
-                        regressor=dict(n_estimators=20, extra_trees=True))
+    model = ModelConfig(
+        folds=2,
+        classifier=dict(n_estimators=20),
+        quantile=dict(n_estimators=20),
+        regressor=dict(n_estimators=20, extra_trees=True),
+    )
     predictor = Predictor.train(stages, FeaturizerConfig(pca_dims=8, embedder=STATIC), model)
     predictor.save(tmp_path / "predictor")
     monkeypatch.setattr(static_embedding, "_TABLES", {})

@@ -24,6 +24,7 @@ def test_mix_is_bimodal_with_short_tool_calls_and_long_answers():
 
 def test_prompt_content_drives_the_label():
     """More items asked for in the instruction → longer answers, all else drawn the same way."""
+
     def mean_tokens(items: int) -> float:
         totals = []
         for seed in range(40):

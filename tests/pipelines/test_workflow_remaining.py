@@ -1,5 +1,6 @@
 """The workflow-level predictor: no future leak, the upper bound's coverage on held-out tasks, save/load, the
 new-app fallback, errors that name the field. Synthetic workflows (pipelines.synth), a few seconds a fit."""
+
 from __future__ import annotations
 
 import pickle
@@ -17,8 +18,9 @@ from pipelines.synth import generate
 from pipelines.workflow_features import TailScores, known_history, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
-CONFIG = WorkflowConfig(folds=3, booster=dict(n_estimators=120, learning_rate=0.08, num_leaves=15,
-                                               min_child_samples=20))
+CONFIG = WorkflowConfig(
+    folds=3, booster=dict(n_estimators=120, learning_rate=0.08, num_leaves=15, min_child_samples=20)
+)
 
 
 def synthetic(num_stages: int, seed: int) -> list:
@@ -50,12 +52,20 @@ def test_targets_count_later_calls_of_any_role():
 
 
 def test_history_is_ancestors_and_stages_that_ended_before():
-    rows = [dict(stage_id="0", parent_ids=[], arrival_s=0.0, e2e_s=1.0),
-            dict(stage_id="1", parent_ids=["0"], arrival_s=1.0, e2e_s=5.0),  # a branch still running at 2.0
-            dict(stage_id="2", parent_ids=["0"], arrival_s=2.0, e2e_s=1.0),
-            dict(stage_id="3", parent_ids=["2"], arrival_s=7.0, e2e_s=1.0)]  # stage 1 ended at 6.0: known
-    stages = derive_structure([parse_record({"workflow_id": "w", "role": "r", "prompt": "p", "output_tokens": 5,
-                                             "is_tool_call": False, **r}) for r in rows])
+    rows = [
+        dict(stage_id="0", parent_ids=[], arrival_s=0.0, e2e_s=1.0),
+        dict(stage_id="1", parent_ids=["0"], arrival_s=1.0, e2e_s=5.0),  # a branch still running at 2.0
+        dict(stage_id="2", parent_ids=["0"], arrival_s=2.0, e2e_s=1.0),
+        dict(stage_id="3", parent_ids=["2"], arrival_s=7.0, e2e_s=1.0),
+    ]  # stage 1 ended at 6.0: known
+    stages = derive_structure(
+        [
+            parse_record(
+                {"workflow_id": "w", "role": "r", "prompt": "p", "output_tokens": 5, "is_tool_call": False, **r}
+            )
+            for r in rows
+        ]
+    )
     ids = {(s.workflow_id, s.stage_id): s for s in stages}
     assert [s.stage_id for s in known_history(stages[2], ids)] == ["0"]
     assert [s.stage_id for s in known_history(stages[3], ids)] == ["0", "1", "2"]
@@ -67,9 +77,12 @@ def test_history_is_ancestors_and_stages_that_ended_before():
 def test_no_future_leak(model, split):
     workflow = [s for s in split[1] if s.workflow_id == split[1][0].workflow_id]
     cut = len(workflow) // 2
-    changed = workflow[:cut] + [s.model_copy(update={"output_tokens": s.output_tokens * 7 + 3,
-                                                     "is_tool_call": not s.is_tool_call, "e2e_s": None})
-                                for s in workflow[cut:]]
+    changed = workflow[:cut] + [
+        s.model_copy(
+            update={"output_tokens": s.output_tokens * 7 + 3, "is_tool_call": not s.is_tool_call, "e2e_s": None}
+        )
+        for s in workflow[cut:]
+    ]
     copies = [[s.model_copy() for s in w] for w in (workflow, changed)]
     rows = [workflow_rows(c)[:cut] for c in copies]
     assert [list(map(str, r.values())) for r in rows[0]] == [list(map(str, r.values())) for r in rows[1]]
@@ -102,8 +115,10 @@ def test_the_columns_the_stage_model_shares_encode_as_the_rows_fitted_on(model, 
     test = split[1][:80]
     inputs = StageInputs([s.model_copy() for s in test])
     columns = {**inputs.columns, **so_far_columns(inputs.stages, inputs.ids)}
-    np.testing.assert_array_equal(model.encoder_.columns_matrix(columns, len(test)),
-                                  model.encoder_.matrix(workflow_rows([s.model_copy() for s in test])))
+    np.testing.assert_array_equal(
+        model.encoder_.columns_matrix(columns, len(test)),
+        model.encoder_.matrix(workflow_rows([s.model_copy() for s in test])),
+    )
     workflow = [s for s in test if s.workflow_id == test[-1].workflow_id]
     history = StageHistory()
     history.add([s.model_copy() for s in workflow[:-1]])

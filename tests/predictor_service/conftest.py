@@ -1,4 +1,5 @@
 """Fixtures for the predictor service: small fast predictors, a service app on them, a tmp MLflow store."""
+
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,9 @@ from pipelines.model import ModelConfig
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor
 from pipelines.synth import generate
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1))
+FAST_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 NO_EMBEDDING = FeaturizerConfig(use_embedding=False)
 
 

@@ -1,4 +1,5 @@
 """A tmp MLflow registry and a real `bentoml serve` of its champion, for the service tests that need both."""
+
 from pathlib import Path
 
 
@@ -28,6 +29,10 @@ def champion_server(store: str, root: Path, admin_token: str):
     """A real `bentoml serve` (LocalServer, 127.0.0.1) of the store's champion, observed stages under root/observed."""
     from predictor_service.local_server import LocalServer, ServerConfig
 
-    env = {"MAESTRO_MODEL": "models:/stage-length@champion", "MLFLOW_TRACKING_URI": store,
-           "MAESTRO_TRACE_DIR": str(root / "observed"), "MAESTRO_ADMIN_TOKEN": admin_token}
+    env = {
+        "MAESTRO_MODEL": "models:/stage-length@champion",
+        "MLFLOW_TRACKING_URI": store,
+        "MAESTRO_TRACE_DIR": str(root / "observed"),
+        "MAESTRO_ADMIN_TOKEN": admin_token,
+    }
     return LocalServer(ServerConfig(env=env, log_path=str(root / "server.log")))

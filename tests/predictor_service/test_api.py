@@ -1,4 +1,5 @@
 """The service's HTTP API through BentoML's ASGI app (no server process)."""
+
 import pytest
 from pipelines.collect import collect
 from predictor_service.schemas import MAX_PROMPT_CHARS, MAX_STAGES_PER_REQUEST, PredictionOut
@@ -16,8 +17,9 @@ def test_predict_answers_every_stage_with_the_model_version(api, sample_records)
     assert response.status_code == 200, response.text
     answers = [PredictionOut.model_validate(a) for a in response.json()]
     assert [(a.workflow_id, a.stage_id) for a in answers] == [(s["workflow_id"], s["stage_id"]) for s in stages]
-    assert all(a.fallback_level == "role" and a.source == "model" and a.model_version.startswith("dir-")
-               for a in answers)
+    assert all(
+        a.fallback_level == "role" and a.source == "model" and a.model_version.startswith("dir-") for a in answers
+    )
     assert all(0 <= a.p_tool <= 1 and a.tokens_reserve >= a.tokens_pred >= 0 for a in answers)
     unbatched = api.post("/predict_unbatched", json={"stages": stages}).json()
     assert unbatched == response.json()
@@ -39,8 +41,9 @@ def test_predict_answers_carry_the_workflows_remaining_work(api, sample_records,
     assert {a.wf_fallback_level for a in answers} == {"app"}
     assert answers[0].wf_remaining_calls > answers[-1].wf_remaining_calls  # less work left further on
     assert all(a.wf_remaining_tokens_upper >= a.wf_remaining_tokens for a in answers)
-    (stranger,) = api.post("/predict", json={"stages": [dict(stages[0], app="an-app-nobody-trained-on",
-                                                                 workflow_id="new-app")]}).json()
+    (stranger,) = api.post(
+        "/predict", json={"stages": [dict(stages[0], app="an-app-nobody-trained-on", workflow_id="new-app")]}
+    ).json()
     assert stranger["wf_fallback_level"] == "position"
 
 
@@ -51,16 +54,19 @@ def test_unseen_role_answers_through_the_fallback_chain(api, sample_records):
     assert api.get("/stats").json()["fallback_counts"]["global"] >= 1
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda s: s.pop("role"), ["stages", 0, "role"]),
-    (lambda s: s.update(prompt=42), ["stages", 0, "prompt"]),
-    (lambda s: s.update(call_index=-1), ["stages", 0, "call_index"]),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda s: s.pop("role"), ["stages", 0, "role"]),
+        (lambda s: s.update(prompt=42), ["stages", 0, "prompt"]),
+        (lambda s: s.update(call_index=-1), ["stages", 0, "call_index"]),
+    ],
+)
 def test_malformed_stage_gets_400_naming_the_field(api, sample_records, mutate, field):
     stage = unlabelled(sample_records[0])
     mutate(stage)
     error = first_error(api.post("/predict", json={"stages": [stage]}))
-    assert error["loc"][:len(field)] == field
+    assert error["loc"][: len(field)] == field
 
 
 def test_labels_in_predict_are_refused_with_where_to_send_them(api, sample_records):
@@ -85,8 +91,10 @@ def test_garbage_bodies_get_4xx_and_the_worker_keeps_serving(api, sample_records
 
 
 def test_observe_updates_the_role_correction_and_writes_a_collectable_trace(api, sample_records, service_env):
-    finished = [dict(r, workflow_id=f"observed/{r['workflow_id']}", output_tokens=r["output_tokens"] * 3 + 50)
-                for r in sample_records[:40]]
+    finished = [
+        dict(r, workflow_id=f"observed/{r['workflow_id']}", output_tokens=r["output_tokens"] * 3 + 50)
+        for r in sample_records[:40]
+    ]
     num_observed_before = api.get("/stats").json()["num_observed"]  # other tests share the service
     api.post("/predict", json={"stages": [unlabelled(r) for r in finished[:20]]})  # half served, half not
     response = api.post("/observe", json={"stages": finished})
@@ -157,11 +165,15 @@ def test_a_stage_predicted_after_its_parents_were_observed_sees_them(api, sample
 
     workflows = {}
     for record in sample_records[200:]:
-        workflows.setdefault(record["workflow_id"], []).append(dict(record, workflow_id=f"history/{record['workflow_id']}"))
+        workflows.setdefault(record["workflow_id"], []).append(
+            dict(record, workflow_id=f"history/{record['workflow_id']}")
+        )
     workflow = max(workflows.values(), key=len)
     assert api.post("/observe", json={"stages": workflow[:-1]}).status_code == 200
     (answer,) = api.post("/predict", json={"stages": [unlabelled(workflow[-1])]}).json()
-    offline = [StageTrace.model_validate(r) for r in workflow[:-1]] + [StageTrace.model_validate(unlabelled(workflow[-1]))]
+    offline = [StageTrace.model_validate(r) for r in workflow[:-1]] + [
+        StageTrace.model_validate(unlabelled(workflow[-1]))
+    ]
     predictor = Predictor.load(model_dir)
     assert answer["p_tool"] == predictor.predict(offline)[-1].p_tool
     # The workflow fields from the observed ancestors too: the in-process predictor given the stage as /predict

@@ -1,5 +1,6 @@
 """`bentoml build` from the repository's bentofile.yaml, for real and offline: the Bento holds the service's code
 and the baked-in predictor, imports without the repository, and pins what pyproject.toml pins."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,14 @@ def bento(tmp_path_factory, model_dir) -> Path:
     home = tmp_path_factory.mktemp("bentoml-home")
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "True", "HF_HUB_OFFLINE": "1"}
     bentoml = Path(sys.executable).with_name("bentoml")
-    built = subprocess.run([str(bentoml), "build", "-o", "tag", str(context)], cwd=context, env=env,
-                           capture_output=True, text=True, timeout=240)
+    built = subprocess.run(
+        [str(bentoml), "build", "-o", "tag", str(context)],
+        cwd=context,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     tag = re.search(r"maestro_predictor:\w+", built.stdout).group(0)
     return home / "bentos" / "maestro_predictor" / tag.split(":")[1]
@@ -61,8 +68,14 @@ def test_the_bento_describes_the_service_and_bakes_in_the_predictor(bento, model
 
 
 def test_the_bento_imports_without_the_repository(bento):
-    checked = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=bento / "src", capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    checked = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK],
+        cwd=bento / "src",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert checked.stdout.split() == [], f"modules missing from bentofile.yaml's include: {checked.stdout.split()}"
 

@@ -1,4 +1,5 @@
 """Coverage watched live: the online correction's per-(app, role, history) share above the reserve."""
+
 import logging
 
 import numpy as np

@@ -1,5 +1,6 @@
 """`maestro deploy`'s registry side on a real MLflow sqlite store: what a failed deploy puts back, and that
 nothing moves before every node is verified. Rollouts against real service nodes: test_end_to_end.py."""
+
 import pytest
 
 from predictor_service.commands import failure_message
@@ -45,19 +46,29 @@ def test_a_node_that_does_not_answer_leaves_the_alias_where_it_was(registry, cap
 
     registry.move_to("1")
     dead = f"http://127.0.0.1:{free_port()}"
-    config = DeployConfig(nodes=(dead,), alias=registry.config.alias, model_version="3",
-                          tracking_uri=registry.config.tracking_uri, timeout_s=2)
+    config = DeployConfig(
+        nodes=(dead,),
+        alias=registry.config.alias,
+        model_version="3",
+        tracking_uri=registry.config.tracking_uri,
+        timeout_s=2,
+    )
     result = deploy(config, Registry(config))
     assert result.failure.startswith(f"node {dead}: unreachable") and result.restored == {"alias": "ok"}
     assert registry.state() == AliasState("1", ())
     assert failure_message(result).splitlines()[:2] == [
         f"deploy of version 3 failed: {result.failure}",
         f"undone: the nodes it had switched serve their previous model again; alias {registry.config.alias!r} "
-        "is at version 1"]
+        "is at version 1",
+    ]
 
 
 def test_a_version_that_is_not_registered_fails_before_any_node_is_touched(registry):
-    config = DeployConfig(nodes=("http://127.0.0.1:1",), alias=registry.config.alias, model_version="9",
-                          tracking_uri=registry.config.tracking_uri)
+    config = DeployConfig(
+        nodes=("http://127.0.0.1:1",),
+        alias=registry.config.alias,
+        model_version="9",
+        tracking_uri=registry.config.tracking_uri,
+    )
     with pytest.raises(Exception, match="9"):
         deploy(config, Registry(config))

@@ -1,4 +1,5 @@
 """A real `bentoml serve` on 127.0.0.1: predict, observe, deploy a second registered version under load, roll back."""
+
 import threading
 import time
 
@@ -63,8 +64,20 @@ class Load:
 
 
 def deploy(server, store, *flags) -> int:
-    return maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", store,
-                    "--admin-token", ADMIN_TOKEN, *flags])
+    return maestro(
+        [
+            "deploy",
+            "--alias",
+            "champion",
+            "--nodes",
+            server.url,
+            "--tracking-uri",
+            store,
+            "--admin-token",
+            ADMIN_TOKEN,
+            *flags,
+        ]
+    )
 
 
 def test_serve_predict_observe_deploy_and_roll_back_without_failed_requests(server, store, sample_records):
@@ -116,8 +129,23 @@ def test_a_node_that_fails_undoes_the_rollout_and_the_alias_never_moves(server, 
     dead = f"http://127.0.0.1:{free_port()}"
     before = serving(server)
     assert before["model_version"] == "1" and alias_version(store) == "1"
-    code = maestro(["deploy", "--alias", "champion", "--nodes", f"{server.url},{dead}", "--tracking-uri", store,
-                    "--admin-token", ADMIN_TOKEN, "--timeout-s", "5", "--model-version", "2"])
+    code = maestro(
+        [
+            "deploy",
+            "--alias",
+            "champion",
+            "--nodes",
+            f"{server.url},{dead}",
+            "--tracking-uri",
+            store,
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--timeout-s",
+            "5",
+            "--model-version",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and f"deploy of version 2 failed: node {dead}: unreachable" in out
     after = serving(server)
@@ -129,8 +157,21 @@ def test_an_alias_that_cannot_move_puts_the_nodes_back(server, store, capsys):
     """Every node verified on version 2, then the registry refuses the alias move (read-only): nodes back on 1."""
     read_only = store.replace("sqlite:///", "sqlite:///file:") + "?mode=ro&uri=true"
     before = serving(server)
-    code = maestro(["deploy", "--alias", "champion", "--nodes", server.url, "--tracking-uri", read_only,
-                    "--admin-token", ADMIN_TOKEN, "--model-version", "2"])
+    code = maestro(
+        [
+            "deploy",
+            "--alias",
+            "champion",
+            "--nodes",
+            server.url,
+            "--tracking-uri",
+            read_only,
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--model-version",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "alias 'champion' could not be moved to version 2" in out and "readonly" in out
     after = serving(server)

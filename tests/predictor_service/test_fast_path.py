@@ -2,6 +2,7 @@
 
 It must give exactly what LightGBM's own pandas conversion gives, unseen categories included.
 """
+
 import numpy as np
 import pytest
 
@@ -20,8 +21,7 @@ def test_matrix_path_equals_lightgbm_pandas_path(model_dir, sample_records):
     classifier = predictor.model.classifier_
     np.testing.assert_array_equal(classifier.predict(matrix), classifier.predict(X))
     X2 = X.assign(p_tool=0.5)
-    np.testing.assert_array_equal(booster.predict(np.column_stack([matrix, np.full(len(X), 0.5)])),
-                                  booster.predict(X2))
+    np.testing.assert_array_equal(booster.predict(np.column_stack([matrix, np.full(len(X), 0.5)])), booster.predict(X2))
     shuffled = X.assign(role=X["role"].cat.reorder_categories(list(reversed(X["role"].cat.categories))))
     np.testing.assert_array_equal(as_matrix(shuffled, booster.pandas_categorical), matrix)
 
@@ -31,8 +31,11 @@ def test_featurizer_matrix_equals_the_frame_path(model_dir, sample_records):
     unseen categories and a stage with missing structure included, and give the same answers."""
     predictor = Predictor.load(model_dir)
     stages = [StageTrace.model_validate(r) for r in sample_records[:100]]
-    stages += [stages[0].model_copy(update={"role": "unseen", "app": None, "model": "other", "interactive": None,
-                                            "stage_id": "extra"})]
+    stages += [
+        stages[0].model_copy(
+            update={"role": "unseen", "app": None, "model": "other", "interactive": None, "stage_id": "extra"}
+        )
+    ]
     model = predictor.model
     X = predictor.featurizer.transform(stages)[model.feature_names]  # the columns the model reads
     matrix, roles = predictor.featurizer.matrix(stages, model.feature_names)

@@ -1,4 +1,5 @@
 """The local `bentoml serve` helper survives losing its picked port to someone else."""
+
 import socket
 
 import httpx
@@ -37,8 +38,11 @@ def test_the_benchmarks_framework_only_service_is_the_services_bentoml_path_with
     from predictor_service.service import PredictorService
 
     ours, theirs = FrameworkOnly.apis["predict"], PredictorService.apis["predict"]
-    assert (ours.batchable, ours.max_batch_size, ours.max_latency_ms) == \
-        (theirs.batchable, theirs.max_batch_size, theirs.max_latency_ms)
+    assert (ours.batchable, ours.max_batch_size, ours.max_latency_ms) == (
+        theirs.batchable,
+        theirs.max_batch_size,
+        theirs.max_latency_ms,
+    )
     assert [m for m, _ in FrameworkOnly.middlewares] == [m for m, _ in PredictorService.middlewares]
     stages = [to_wire(r) for r in sample_records[:2]]
     with LocalServer(ServerConfig(target=FRAMEWORK_ONLY, log_path=str(tmp_path / "server.log"))) as server:

@@ -1,4 +1,5 @@
 """Online reserve of an app training never saw: its own groups move toward α, seen apps' state does not."""
+
 import math
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Overload: past `max_inflight` calls the service answers 503 + Retry-After at once instead of queueing them;
 health probes and /stats are never shed."""
+
 import asyncio
 
 import httpx
@@ -16,6 +17,7 @@ from predictor_service.local_server import LocalServer, ServerConfig
 
 def held_app(release: asyncio.Event) -> Starlette:
     """/predict waits for `release`; /observe answers 503 as BentoML's batcher does (no Retry-After)."""
+
     async def predict(_):
         await release.wait()
         return PlainTextResponse("ok")
@@ -26,8 +28,13 @@ def held_app(release: asyncio.Event) -> Starlette:
     async def probe(_):
         return PlainTextResponse("ok")
 
-    return Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/observe", busy, methods=["POST"]),
-                             *(Route(path, probe) for path in ("/livez", "/readyz", "/stats"))])
+    return Starlette(
+        routes=[
+            Route("/predict", predict, methods=["POST"]),
+            Route("/observe", busy, methods=["POST"]),
+            *(Route(path, probe) for path in ("/livez", "/readyz", "/stats")),
+        ]
+    )
 
 
 def test_calls_past_max_inflight_get_503_with_retry_after_and_probes_pass():

@@ -1,6 +1,7 @@
 """Two real `bentoml serve` replicas and two gateway-side clients (as two gateway replicas hold them): a workflow's
 stages reach the same replica whichever client sends them, so a child predicted through one gateway carries the
 history its parents left through the other; one replica is killed mid-run and nothing is lost."""
+
 import asyncio
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +30,19 @@ FALLBACK_REASONS = {"timeout", "error", "cooldown"}
 @pytest.fixture(scope="module")
 def replicas(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("replicas")
-    servers = [LocalServer(ServerConfig(env={"MAESTRO_MODEL": str(model_dir), **NO_CORRECTION_ENV,
-                                             "MAESTRO_TRACE_DIR": str(root / f"observed-{i}")},
-                                        log_path=str(root / f"server-{i}.log"))) for i in range(2)]
+    servers = [
+        LocalServer(
+            ServerConfig(
+                env={
+                    "MAESTRO_MODEL": str(model_dir),
+                    **NO_CORRECTION_ENV,
+                    "MAESTRO_TRACE_DIR": str(root / f"observed-{i}"),
+                },
+                log_path=str(root / f"server-{i}.log"),
+            )
+        )
+        for i in range(2)
+    ]
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(LocalServer.__enter__, servers))
@@ -50,7 +61,7 @@ def reference(model_dir):
 def model_answer(engine: PredictorEngine, child: dict, ancestors: list[dict]) -> tuple:
     engine.history = StageHistory()
     engine.history.add([ObservedStage.model_validate(a) for a in ancestors])
-    answer, = engine.predict(PredictRequest.model_validate({"stages": [to_wire(child)]}).stages)
+    (answer,) = engine.predict(PredictRequest.model_validate({"stages": [to_wire(child)]}).stages)
     return answer.p_tool, answer.tokens_pred, answer.tokens_reserve
 
 
@@ -100,7 +111,8 @@ def test_two_replicas_agree_and_lose_nothing_when_one_dies(replicas, reference):
 
     def check(workflows, answers):
         assert [(a.source, a.p_tool, a.tokens_pred, a.tokens_reserve) for a in answers] == [
-            ("model", *expected[id(rows)]) for rows in workflows]
+            ("model", *expected[id(rows)]) for rows in workflows
+        ]
 
     async def scenario():
         async with AsyncPredictorClient(config) as gateway_a, AsyncPredictorClient(config) as gateway_b:
@@ -120,8 +132,11 @@ def test_two_replicas_agree_and_lose_nothing_when_one_dies(replicas, reference):
             assert outcomes and all(len(answers) == len(after) for answers, _ in outcomes)  # every stage answered
             for answers, reason in outcomes:  # by the model, or by the prior with the reason why
                 sources = {a.source for a in answers}
-                assert sources == {"model"} if reason is None else (
-                    reason in FALLBACK_REASONS and sources <= {"model", "local-fallback"})
+                assert (
+                    sources == {"model"}
+                    if reason is None
+                    else (reason in FALLBACK_REASONS and sources <= {"model", "local-fallback"})
+                )
 
             answers, reason = await gateway_b.predict_or_fallback(children(across))
             assert reason is None

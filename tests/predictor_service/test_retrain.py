@@ -1,5 +1,6 @@
 """`maestro retrain` on real parts: gateway-format traces → `dvc exp run` in a clone of this repository → the guard →
 a real `bentoml serve` reloaded, whose next answers come from the new version; triggered by coverage drift."""
+
 import json
 import time
 from pathlib import Path
@@ -23,17 +24,31 @@ from tests.predictor_service.servers import champion_server, registered_store
 
 ADMIN_TOKEN = "test-admin-token-retrain"
 # The tests' fast recipe (tests/predictor_service/conftest.py FAST_MODEL), without the embedding, as params.yaml sections.
-FAST_PARAMS = {"featurize": {"use_embedding": False},
-               "train": {"folds": 3, "regressor_bags": 1, "classifier": {"n_estimators": 40, "learning_rate": 0.1},
-                         "regressor": {"n_estimators": 80, "learning_rate": 0.1}}}
+FAST_PARAMS = {
+    "featurize": {"use_embedding": False},
+    "train": {
+        "folds": 3,
+        "regressor_bags": 1,
+        "classifier": {"n_estimators": 40, "learning_rate": 0.1},
+        "regressor": {"n_estimators": 80, "learning_rate": 0.1},
+    },
+}
 
 
 def write_gateway_traces(directory: Path, records: list[dict], arrival_s: float) -> None:
     """Stages as the gateway writes them (its TraceWriter, rotating files; completed calls carry the labels)."""
     writer = TraceWriter(directory, rotate_lines=200)
     for i, record in enumerate(records):
-        writer.write({**record, "arrival_s": arrival_s + i * 0.01, "queue_s": 0.002, "node": "vllm-0",
-                      "outcome": "completed", "attempts": 1})
+        writer.write(
+            {
+                **record,
+                "arrival_s": arrival_s + i * 0.01,
+                "queue_s": 0.002,
+                "node": "vllm-0",
+                "outcome": "completed",
+                "attempts": 1,
+            }
+        )
     writer.close()
 
 
@@ -44,8 +59,9 @@ def test_only_stages_that_arrived_after_the_champion_are_staged(tmp_path):
     write_gateway_traces(tmp_path / "gw", records[:20], since - 3600)  # before the champion
     write_gateway_traces(tmp_path / "gw", records[20:], since + 1)
     with (tmp_path / "gw" / "gateway-z.jsonl").open("a") as handle:
-        handle.write('{"workflow_id": "w", "stage_id": "s", "outcome": "refused", "arrival_s": %f}\nnot json\n'
-                     % (since + 2))
+        handle.write(
+            '{"workflow_id": "w", "stage_id": "s", "outcome": "refused", "arrival_s": %f}\nnot json\n' % (since + 2)
+        )
     staged = tmp_path / "repo" / "data/traces/retrain"
     assert stage_traces(tmp_path / "gw", since, staged) == len(records) - 20  # refused and broken: not finished
     lines = (staged / "traces.jsonl").read_text().splitlines()
@@ -105,11 +121,27 @@ def server(store, tmp_path_factory):
 
 
 def retrain(capsys, store, server, repo: Path, traces: Path) -> tuple[int, dict]:
-    code = maestro(["retrain", "--traces", str(traces), "--nodes", server.url, "--repo", str(repo), "--on-drift",
-                    "--min-stages", "300", "--tracking-uri", store, "--admin-token", ADMIN_TOKEN])
+    code = maestro(
+        [
+            "retrain",
+            "--traces",
+            str(traces),
+            "--nodes",
+            server.url,
+            "--repo",
+            str(repo),
+            "--on-drift",
+            "--min-stages",
+            "300",
+            "--tracking-uri",
+            store,
+            "--admin-token",
+            ADMIN_TOKEN,
+        ]
+    )
     captured = capsys.readouterr()
     assert "{" in captured.out, f"exit {code}: {captured.err[-3000:]}"
-    return code, json.loads(captured.out[captured.out.index("{"):captured.out.rindex("}") + 1])
+    return code, json.loads(captured.out[captured.out.index("{") : captured.out.rindex("}") + 1])
 
 
 def predicted_version(server) -> str:
@@ -121,9 +153,18 @@ def predicted_version(server) -> str:
 
 def drive_coverage_drift(server, num_stages: int = 60) -> None:
     """Finished stages of one group, each far above any reserve: the group's share above it passes the bound."""
-    stages = [{"workflow_id": f"drift-{i}", "stage_id": "0", "role": "planner", "app": "travel_planner",
-               "prompt": "Plan a week in Japan.", "output_tokens": 60_000, "is_tool_call": False}
-              for i in range(num_stages)]
+    stages = [
+        {
+            "workflow_id": f"drift-{i}",
+            "stage_id": "0",
+            "role": "planner",
+            "app": "travel_planner",
+            "prompt": "Plan a week in Japan.",
+            "output_tokens": 60_000,
+            "is_tool_call": False,
+        }
+        for i in range(num_stages)
+    ]
     response = httpx.post(f"{server.url}/observe", json={"stages": stages}, timeout=60)
     assert response.status_code == 200, response.text
 
@@ -152,8 +193,15 @@ def test_drift_retrains_on_gateway_traces_and_the_served_model_moves(store, serv
     assert httpx.get(f"{server.url}/stats").json()["model_version"] == "2"
     assert predicted_version(server) == "2"  # the next answers come from the new version
     from mlflow import MlflowClient
-    assert str(MlflowClient(tracking_uri=store, registry_uri=store).get_model_version_by_alias(
-        "stage-length", "champion").version) == "2"
+
+    assert (
+        str(
+            MlflowClient(tracking_uri=store, registry_uri=store)
+            .get_model_version_by_alias("stage-length", "champion")
+            .version
+        )
+        == "2"
+    )
     assert "retrain-" in run(["dvc", "exp", "list", "--name-only"], repo)  # each retrain is a DVC experiment
 
     code, result = retrain(capsys, store, server, repo, traces)  # the reload started coverage afresh

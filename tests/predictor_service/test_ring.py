@@ -1,5 +1,6 @@
 """The replica ring: every client agrees on a workflow's owner, failover goes to the next replica, and losing
 one replica moves only its own workflows."""
+
 import pytest
 
 from predictor_service.client import ClientConfig, PredictorClient

@@ -1,12 +1,21 @@
 """/route_hints: the service's predictions as an external endpoint picker reads them."""
+
 import pytest
 
 from predictor_service.client import to_wire as unlabelled
 from predictor_service.route_hints import MEDIUM_MAX_TOKENS, SHORT_MAX_TOKENS, osl_bucket
 
 
-@pytest.mark.parametrize("tokens, bucket", [(0, "short"), (SHORT_MAX_TOKENS, "short"), (SHORT_MAX_TOKENS + 1, "medium"),
-                                            (MEDIUM_MAX_TOKENS, "medium"), (MEDIUM_MAX_TOKENS + 1, "long")])
+@pytest.mark.parametrize(
+    "tokens, bucket",
+    [
+        (0, "short"),
+        (SHORT_MAX_TOKENS, "short"),
+        (SHORT_MAX_TOKENS + 1, "medium"),
+        (MEDIUM_MAX_TOKENS, "medium"),
+        (MEDIUM_MAX_TOKENS + 1, "long"),
+    ],
+)
 def test_bucket_bounds(tokens, bucket):
     assert osl_bucket(tokens) == bucket
 
@@ -20,7 +29,10 @@ def test_route_hints_are_the_predictions_with_their_bucket(api, sample_records):
     assert [(h["workflow_id"], h["stage_id"]) for h in hints] == [(s["workflow_id"], s["stage_id"]) for s in stages]
     for hint, prediction in zip(hints, predictions):
         assert (hint["osl"], hint["reserve"], hint["p_tool"]) == (
-            prediction["tokens_pred"], prediction["tokens_reserve"], prediction["p_tool"])
+            prediction["tokens_pred"],
+            prediction["tokens_reserve"],
+            prediction["p_tool"],
+        )
         assert hint["bucket"] == osl_bucket(hint["osl"]) and hint["reserve"] >= hint["osl"]
     assert len({h["bucket"] for h in hints}) >= 2, "the sample should span more than one bucket"
 

@@ -1,5 +1,6 @@
 """The service under hostile callers: admin gate, reload confinement, tampered artifacts, API keys, body limits,
 and schema-driven fuzzing with zero 5xx."""
+
 import json
 import pickle
 import shutil
@@ -32,7 +33,9 @@ class WritesAMarker:
 def test_admin_reload_needs_the_admin_token(api, admin, model_dir):
     body = {"model": str(model_dir)}
     assert api.post("/admin/reload", json=body, headers={"Authorization": ""}).status_code == 401
-    assert api.post("/admin/reload", json=body, headers={"Authorization": "Bearer wrong-token-wrong"}).status_code == 401
+    assert (
+        api.post("/admin/reload", json=body, headers={"Authorization": "Bearer wrong-token-wrong"}).status_code == 401
+    )
     assert api.post("/admin/reload", json=body).status_code == 401  # an API key is not the admin token
 
 
@@ -113,8 +116,9 @@ def test_api_key_is_required_where_configured(api, path, sample_records):
         if path == "/stats":
             response = api.get(path, headers={"Authorization": authorization})
         else:
-            response = api.post(path, json={"stages": [unlabelled(sample_records[0])]},
-                                headers={"Authorization": authorization})
+            response = api.post(
+                path, json={"stages": [unlabelled(sample_records[0])]}, headers={"Authorization": authorization}
+            )
         assert response.status_code == 401 and "API key" in response.text
         assert response.headers["www-authenticate"] == "Bearer"
     assert api.get("/livez", headers={"Authorization": ""}).status_code == 200  # probes stay open
@@ -123,8 +127,11 @@ def test_api_key_is_required_where_configured(api, path, sample_records):
 def test_observed_traces_carry_the_key_id_not_the_key(api, api_key, sample_records, service_env):
     finished = {**sample_records[3], "workflow_id": "keyed-workflow"}
     assert api.post("/observe", json={"stages": [finished]}).status_code == 200
-    lines = [json.loads(line) for path in sorted((service_env / "observed").glob("*.jsonl"))
-             for line in path.read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for path in sorted((service_env / "observed").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     (line,) = [line for line in lines if line["workflow_id"] == "keyed-workflow"]
     assert line["api_key_id"] == key_id(api_key)
     assert api_key not in json.dumps(lines)
@@ -133,6 +140,7 @@ def test_observed_traces_carry_the_key_id_not_the_key(api, api_key, sample_recor
 def _echo_app(limit: int) -> TestClient:
     async def echo(request):
         return PlainTextResponse(str(len(await request.body())))
+
     app = Starlette(routes=[Route("/predict", echo, methods=["POST"])])
     return TestClient(Guard(app, ServiceConfig(model="m", max_body_bytes=limit)))
 
@@ -148,8 +156,9 @@ def test_bodies_over_the_limit_get_413_declared_or_chunked():
 
 
 def test_the_service_refuses_a_body_over_its_limit(api):
-    response = api.post("/predict", content=b"x" * (ServiceConfig.max_body_bytes + 1),
-                        headers={"content-type": "application/json"})
+    response = api.post(
+        "/predict", content=b"x" * (ServiceConfig.max_body_bytes + 1), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413 and "MAESTRO_MAX_BODY_BYTES" in response.text
 
 

@@ -1,4 +1,5 @@
 """Trace log retention: the oldest files go first, past a number of files or a total size; a file being written stays."""
+
 import json
 import os
 import subprocess
@@ -12,8 +13,9 @@ from predictor_service.tracelog import TraceLog, TraceLogConfig, read_recent
 
 def stage(i: int) -> StageTrace:
     """A stage whose trace line is ~700 bytes: a 1024-byte file holds one."""
-    return StageTrace(workflow_id=f"w{i}", stage_id="0", role="r", prompt="p" * 600, output_tokens=i,
-                      is_tool_call=False)
+    return StageTrace(
+        workflow_id=f"w{i}", stage_id="0", role="r", prompt="p" * 600, output_tokens=i, is_tool_call=False
+    )
 
 
 def trace_files(directory, prefix="predictor"):
@@ -71,8 +73,9 @@ def test_files_of_other_live_writers_stay_and_those_of_dead_ones_go(tmp_path):
 
 
 def test_retention_is_configured_from_the_environment_and_validated():
-    config = ServiceConfig.from_env({"MAESTRO_TRACE_DIR": "/t", "MAESTRO_TRACE_MAX_FILES": "7",
-                                     "MAESTRO_TRACE_MAX_TOTAL_BYTES": str(1 << 30)})
+    config = ServiceConfig.from_env(
+        {"MAESTRO_TRACE_DIR": "/t", "MAESTRO_TRACE_MAX_FILES": "7", "MAESTRO_TRACE_MAX_TOTAL_BYTES": str(1 << 30)}
+    )
     assert (config.trace.max_files, config.trace.max_total_bytes) == (7, 1 << 30)
     with pytest.raises(ValueError, match="MAESTRO_TRACE_MAX_FILES"):
         ServiceConfig.from_env({"MAESTRO_TRACE_MAX_FILES": "many"})

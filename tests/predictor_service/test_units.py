@@ -1,4 +1,5 @@
 """Online correction, trace log, config and client fallback: no model, no server."""
+
 import http.server
 import math
 import threading
@@ -51,7 +52,7 @@ def test_correction_decays_when_a_role_goes_quiet_and_ignores_the_trained_margin
     correction.update("coder", predicted_tokens=99, actual_tokens=99)  # now under-predicting vs the margin
     assert correction.factor("coder") == pytest.approx(2.0)
     clock.now = 60.0
-    assert correction.factor("coder") == pytest.approx(2 ** 0.5)
+    assert correction.factor("coder") == pytest.approx(2**0.5)
     assert correction.snapshot()["coder"]["num_observations"] == 2
 
 
@@ -61,7 +62,9 @@ def test_correction_leaves_noise_alone_and_follows_a_real_shift():
         correction.update("writer", predicted_tokens=100, actual_tokens=101 * math.exp(1 if i % 2 else -1) - 1)
     assert correction.factor("writer") == 1.0
     for i in range(200):  # now 2× longer, with the same noise
-        correction.update("writer", predicted_tokens=100, actual_tokens=101 * math.exp(math.log(2) + (0.3 if i % 2 else -0.3)) - 1)
+        correction.update(
+            "writer", predicted_tokens=100, actual_tokens=101 * math.exp(math.log(2) + (0.3 if i % 2 else -0.3)) - 1
+        )
     assert 1.3 < correction.factor("writer") <= 2.0
 
 
@@ -102,8 +105,9 @@ def test_reserve_shift_brings_the_share_above_the_reserve_back_to_alpha():
 
 
 def test_trained_margins_come_per_role_where_the_model_saw_enough_of_it():
-    oof = pd.DataFrame({"log_true": [1.0] * 30 + [2.0] * 5, "log_pred": [1.5] * 30 + [1.0] * 5,
-                        "role": ["coder"] * 30 + ["rare"] * 5})
+    oof = pd.DataFrame(
+        {"log_true": [1.0] * 30 + [2.0] * 5, "log_pred": [1.5] * 30 + [1.0] * 5, "role": ["coder"] * 30 + ["rare"] * 5}
+    )
     overall, by_role = oof_bias(SimpleNamespace(model=SimpleNamespace(oof_=oof)))
     assert overall == pytest.approx((30 * -0.5 + 5 * 1.0) / 35) and by_role == {"coder": pytest.approx(-0.5)}
     # a model saved before roles were kept: the overall margin only
@@ -121,8 +125,10 @@ def test_correction_forgets_the_quietest_role_past_max_roles():
 
 def test_trace_log_rotates_and_collect_reads_every_file(tmp_path):
     log = TraceLog(TraceLogConfig(directory=str(tmp_path), max_bytes=2048))
-    stages = [StageTrace(workflow_id=f"w{i}", stage_id="0", role="r", prompt="p" * 300, output_tokens=i,
-                         is_tool_call=False) for i in range(20)]
+    stages = [
+        StageTrace(workflow_id=f"w{i}", stage_id="0", role="r", prompt="p" * 300, output_tokens=i, is_tool_call=False)
+        for i in range(20)
+    ]
     for stage in stages:
         log.append([stage], [{"served_tokens_pred": 5}])
     assert len(list(tmp_path.glob("*.jsonl"))) > 1
@@ -131,8 +137,9 @@ def test_trace_log_rotates_and_collect_reads_every_file(tmp_path):
 
 
 def test_config_from_env_validates_and_names_the_variable():
-    config = ServiceConfig.from_env({"MAESTRO_MODEL": "/m", "MAESTRO_TRACE_DIR": "off",
-                                     "MAESTRO_CORRECTION_WEIGHT": "0.2"})
+    config = ServiceConfig.from_env(
+        {"MAESTRO_MODEL": "/m", "MAESTRO_TRACE_DIR": "off", "MAESTRO_CORRECTION_WEIGHT": "0.2"}
+    )
     assert config.model == "/m" and config.trace is None and config.correction.weight == 0.2
     with pytest.raises(ValueError, match="MAESTRO_CORRECTION_MIN_OBSERVATIONS"):
         ServiceConfig.from_env({"MAESTRO_CORRECTION_MIN_OBSERVATIONS": "many"})
@@ -154,8 +161,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-STAGES = [{"workflow_id": "w", "stage_id": str(i), "role": "writer" if i else "new-role", "prompt": "hi"}
-          for i in range(3)]
+STAGES = [
+    {"workflow_id": "w", "stage_id": str(i), "role": "writer" if i else "new-role", "prompt": "hi"} for i in range(3)
+]
 FALLBACK = LocalFallback({"writer": Prior(p_tool=0.1, tokens_median=300, tokens_upper=900.4)})
 
 
@@ -201,6 +209,8 @@ def hanging_server():
 # Margins: the deadline holds up to the OS waking the caller, which on a loaded shared box has taken
 # over 300 ms (load 8-9); what must never happen is waiting for the service (5 s here).
 MARGIN_S = 1.0
+
+
 def test_sync_client_keeps_its_deadline_against_a_hanging_service(hanging_server):
     with PredictorClient(ClientConfig(url=hanging_server, timeout_s=0.15), FALLBACK) as client:
         started = time.perf_counter()
@@ -242,11 +252,25 @@ def test_a_refused_request_does_not_cut_the_client_off_the_service():
 
 
 def test_online_benchmark_replays_in_workflow_order_and_scores_after_the_drift():
-    stages = [StageTrace(workflow_id=f"w{i // 3}", stage_id=str(i % 3), role="r", prompt="p", call_index=i % 3,
-                         output_tokens=100, is_tool_call=False) for i in range(300)]
+    stages = [
+        StageTrace(
+            workflow_id=f"w{i // 3}",
+            stage_id=str(i % 3),
+            role="r",
+            prompt="p",
+            call_index=i % 3,
+            output_tokens=100,
+            is_tool_call=False,
+        )
+        for i in range(300)
+    ]
     answers = [SimpleNamespace(tokens_pred=100, tokens_reserve=120) for _ in stages]
-    assert replay(stages, answers, 1.0, None) == {"above_reserve": 0.0, "over_reservation": pytest.approx(0.2),
-                                                  "mae": 0.0, "kendall_tau": pytest.approx(np.nan, nan_ok=True)}
+    assert replay(stages, answers, 1.0, None) == {
+        "above_reserve": 0.0,
+        "over_reservation": pytest.approx(0.2),
+        "mae": 0.0,
+        "kendall_tau": pytest.approx(np.nan, nan_ok=True),
+    }
     drifted = replay(stages, answers, 1.5, None)  # from the 101st stage on, every answer is 150 tokens
     assert drifted["above_reserve"] == 1.0 and drifted["mae"] == pytest.approx(50)
     corrected = replay(stages, answers, 1.5, OnlineCorrection(CorrectionConfig(), alpha=0.05, clock=FakeClock()))

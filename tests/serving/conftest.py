@@ -1,4 +1,5 @@
 """GPU tests under tests/serving skip cleanly where there is no NVIDIA GPU or no cuda-python."""
+
 import pytest
 
 

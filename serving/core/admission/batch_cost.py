@@ -20,6 +20,7 @@ prefill stalls), and a stage that asks to join as a `Candidate`; `gate_inputs` t
 one way for all: the simulator (its clock and cost model), the gateway (what its calls measured) and the vLLM plugin
 (its requests and the steps it timed). Where a runtime lacks a measurement, `NodeState`'s documented default applies.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,14 @@ import numpy as np
 from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
 
 
-def remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float, step_tokens: float = 16.0,
-                     table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> float:
+def remaining_tokens(
+    tokens_pred: float,
+    tokens_reserve: float,
+    produced: float,
+    step_tokens: float = 16.0,
+    table: ProgressiveTable | None = None,
+    prefix: str = UNKNOWN,
+) -> float:
     """Predicted decode tokens still to come for a stage that has produced `produced`: with a progressive `table`,
     the re-predicted median's rest (`maestro.progressive.length_bounds`, `prefix` the class of its first tokens);
     without, its prediction's rest while it is under it, then the rest of its reserve (the calibrated upper bound),
@@ -44,8 +51,14 @@ def remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float,
     return step_tokens
 
 
-def fewest_remaining_tokens(tokens_pred: float, tokens_reserve: float, produced: float, step_tokens: float = 16.0,
-                            table: ProgressiveTable | None = None, prefix: str = UNKNOWN) -> float:
+def fewest_remaining_tokens(
+    tokens_pred: float,
+    tokens_reserve: float,
+    produced: float,
+    step_tokens: float = 16.0,
+    table: ProgressiveTable | None = None,
+    prefix: str = UNKNOWN,
+) -> float:
     """The decode tokens a stage still has at the least: the low bound of `maestro.progressive.length_bounds` (without
     a `table`, the bound that mirrors its reserve around the point prediction in log space, pred² ÷ reserve: length
     errors are about symmetric there; with one, the re-predicted low quantile given its output so far), less what it
@@ -80,14 +93,20 @@ class RunningBatch:
     step_s: float
 
     @classmethod
-    def of(cls, remaining: list[float], deadlines_s: list[float], pace_s_per_token: float, step_s: float,
-           now: float) -> RunningBatch:
+    def of(
+        cls, remaining: list[float], deadlines_s: list[float], pace_s_per_token: float, step_s: float, now: float
+    ) -> RunningBatch:
         """`deadlines_s`: each stage's deadline less the prefills already under way (they stall it too); `step_s`:
         the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now."""
         tokens = np.asarray(remaining, dtype=float)
         time_left_s = np.asarray(deadlines_s, dtype=float) - now
-        return cls(tokens, time_left_s - tokens * pace_s_per_token, time_left_s - tokens * step_s >= 0,
-                   pace_s_per_token, step_s)
+        return cls(
+            tokens,
+            time_left_s - tokens * pace_s_per_token,
+            time_left_s - tokens * step_s >= 0,
+            pace_s_per_token,
+            step_s,
+        )
 
     def next_end_s(self) -> float:
         """Seconds until the running stage predicted to end first ends, at the measured pace."""
@@ -145,13 +164,17 @@ class NodeState:
         if not self.running or pace_s <= 0:
             return None
         first_tokens_s = [s.started_s + self.prefill_s for s in self.running]
-        produced = [max(0.0, self.now - first) / pace_s if s.produced is None else s.produced
-                    for s, first in zip(self.running, first_tokens_s)]
+        produced = [
+            max(0.0, self.now - first) / pace_s if s.produced is None else s.produced
+            for s, first in zip(self.running, first_tokens_s)
+        ]
         backlog_s = self.backlog_s
         if backlog_s is None:
             backlog_s = max([first - self.now for first, n in zip(first_tokens_s, produced) if n <= 0], default=0.0)
-        remaining = [fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n, table=s.progressive, prefix=s.prefix)
-                     for s, n in zip(self.running, produced)]
+        remaining = [
+            fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n, table=s.progressive, prefix=s.prefix)
+            for s, n in zip(self.running, produced)
+        ]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
         return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now)
 
@@ -205,8 +228,14 @@ class BatchCostGate:
         """Whether the gate acts at this pace: prefill stalls stretch it `min_stretch` times the bare step or more."""
         return pace_s_per_token >= self.config.min_stretch * step_s
 
-    def admits(self, batch: RunningBatch, stall_s: float, added_step_s: float, candidate_tokens: float,
-               candidate_slack_s: float) -> bool:
+    def admits(
+        self,
+        batch: RunningBatch,
+        stall_s: float,
+        added_step_s: float,
+        candidate_tokens: float,
+        candidate_slack_s: float,
+    ) -> bool:
         """`candidate_slack_s`: the candidate's own slack if it started now (at the node's measured pace). A
         candidate that would miss its deadline by waiting for the next running stage to end is admitted anyway:
         holding it back would trade one miss for another."""
@@ -224,5 +253,6 @@ class BatchCostGate:
         if not node.running or not self.is_congested(node.pace_s_per_token, node.bare_step_s):
             return True
         inputs = gate_inputs(node, candidate)
-        return inputs is None or self.admits(inputs.batch, inputs.stall_s, inputs.added_step_s,
-                                             inputs.candidate_tokens, inputs.candidate_slack_s)
+        return inputs is None or self.admits(
+            inputs.batch, inputs.stall_s, inputs.added_step_s, inputs.candidate_tokens, inputs.candidate_slack_s
+        )

@@ -7,6 +7,7 @@ another node; `admits` is the dispatch core's gate; `adapt` takes the pressure s
 `observe_tool_wait` how long a tool call waited for a host CPU.
 Each cap uses the calls and signals it needs and ignores the others.
 """
+
 from __future__ import annotations
 
 import enum

@@ -15,6 +15,7 @@ hold its peak far longer than it does. The stage is taken to grow from its start
 peak through the overhead (both conservative: it holds at least what vLLM gives it, for at least as
 long).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,8 +53,15 @@ def _blocks(num_tokens: float, block_size: int) -> int:
     return -(-int(num_tokens) // block_size)
 
 
-def peak_blocks(stages: list[GrowingStage], candidate: GrowingStage, now_s: float, tokens_per_s: float,
-                block_size: int, overhead_s: float = 0.0, measured: tuple[int, float] | None = None) -> int:
+def peak_blocks(
+    stages: list[GrowingStage],
+    candidate: GrowingStage,
+    now_s: float,
+    tokens_per_s: float,
+    block_size: int,
+    overhead_s: float = 0.0,
+    measured: tuple[int, float] | None = None,
+) -> int:
     """The most blocks `stages` plus `candidate` (starting now) hold at once until the candidate ends.
 
     `measured` = (blocks vLLM used, when it was asked): a stage past its projected end is held at its
@@ -67,12 +75,14 @@ def peak_blocks(stages: list[GrowingStage], candidate: GrowingStage, now_s: floa
     overran = [(s, end) for s, end in zip(stages, ends) if end <= now_s]
     everyone, ends = [*(s for s, _ in running), candidate], [*(end for _, end in running), candidate_end]
     moments = sorted({now_s, *(end for end in ends if end <= candidate_end)})
-    return (_held_by_overran(overran, measured, block_size)
-            + max(_held_at(everyone, ends, moment, tokens_per_s, block_size) for moment in moments))
+    return _held_by_overran(overran, measured, block_size) + max(
+        _held_at(everyone, ends, moment, tokens_per_s, block_size) for moment in moments
+    )
 
 
-def _held_by_overran(overran: list[tuple[GrowingStage, float]], measured: tuple[int, float] | None,
-                     block_size: int) -> int:
+def _held_by_overran(
+    overran: list[tuple[GrowingStage, float]], measured: tuple[int, float] | None, block_size: int
+) -> int:
     """Blocks held, until the candidate ends, by stages past their projected end (see `peak_blocks`)."""
     checked, unchecked = 0, 0  # peaks of those vLLM was asked about after their end, and of the others
     num_checked = 0
@@ -87,8 +97,7 @@ def _held_by_overran(overran: list[tuple[GrowingStage, float]], measured: tuple[
     return checked + unchecked
 
 
-def _held_at(stages: list[GrowingStage], ends: list[float], moment: float, tokens_per_s: float,
-             block_size: int) -> int:
+def _held_at(stages: list[GrowingStage], ends: list[float], moment: float, tokens_per_s: float, block_size: int) -> int:
     """Blocks held just before `moment` by the stages still running then."""
     total = 0
     for stage, end in zip(stages, ends):
@@ -122,7 +131,7 @@ class CallTimeFit:
         if self.num_calls < MIN_FIT_CALLS:
             return None
         mean_x, mean_y = sum_x / weight, sum_y / weight
-        var_x = sum_xx / weight - mean_x ** 2
+        var_x = sum_xx / weight - mean_x**2
         if var_x < (0.2 * mean_x) ** 2:
             return None  # lengths too alike to tell the overhead from the rate
         slope = (sum_xy / weight - mean_x * mean_y) / var_x

@@ -3,6 +3,7 @@
 The gateway (`gateway/core.py` `prepare`) and the simulator (`sim/predictions.py`, `sim/dispatch.py`) both size
 reserves here, so a policy name reserves the same tokens in both places.
 """
+
 from __future__ import annotations
 
 import enum
@@ -32,8 +33,9 @@ def is_calibrated(prediction: Prediction) -> bool:
     return FallbackLevel(prediction.fallback_level).is_calibrated
 
 
-def reserve_output_tokens(tokens_pred: int, tokens_reserve: int, max_tokens: int, *, is_calibrated: bool,
-                          rho: float = DEFAULT_RHO) -> int:
+def reserve_output_tokens(
+    tokens_pred: int, tokens_reserve: int, max_tokens: int, *, is_calibrated: bool, rho: float = DEFAULT_RHO
+) -> int:
     """Output tokens to reserve for a stage: `tokens_reserve` as is if calibrated, else × (1 + rho); never below the
     point estimate `tokens_pred`; in [1, max_tokens].
 
@@ -47,8 +49,9 @@ def reserve_output_tokens(tokens_pred: int, tokens_reserve: int, max_tokens: int
     return max(1, min(max_tokens, max(tokens_pred, math.ceil(tokens_reserve * margin))))
 
 
-def output_tokens_to_map(mode: ReservationMode, reserve_tokens: int, max_tokens: int, generated_tokens: int = 0,
-                         chunk_tokens: int = 1) -> int:
+def output_tokens_to_map(
+    mode: ReservationMode, reserve_tokens: int, max_tokens: int, generated_tokens: int = 0, chunk_tokens: int = 1
+) -> int:
     """Output tokens a (re)starting stage maps beyond its context, under `mode`: at least 1, never past max_tokens.
 
     `reserve_tokens` is `reserve_output_tokens`'s answer; `generated_tokens` what the stage produced before a

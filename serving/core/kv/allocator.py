@@ -5,6 +5,7 @@ up to `overcommit` × physical), and physical pages only for prompt + the predic
 `tokens_reserve`. Decode grows the mapping page by page; the end of the stage releases it.
 "Does not fit" is a return value (`reserve` → None, `grow` → False); a broken invariant raises.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,9 @@ class Reservation:
 class KVAllocator:
     def __init__(self, config: KVAllocatorConfig, backend: PageBackend | None = None):
         self.config = config
-        self.backend = backend or create_backend(config.backend, config.page_bytes, config.num_physical_pages,
-                                                 config.device)
+        self.backend = backend or create_backend(
+            config.backend, config.page_bytes, config.num_physical_pages, config.device
+        )
         self.page_bytes = self.backend.page_bytes
         self.num_physical_pages = self.backend.num_physical_pages
         self.num_virtual_pages_limit = int(self.num_physical_pages * config.overcommit)

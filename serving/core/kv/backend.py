@@ -4,6 +4,7 @@ A backend hands out *virtual ranges* (a contiguous run of page slots, like `cuMe
 and maps physical pages into a range's prefix on demand (like `cuMemCreate` + `cuMemMap`). It
 knows nothing about tokens, stages or policies; the allocator above it does that accounting.
 """
+
 from __future__ import annotations
 
 import enum
@@ -43,8 +44,7 @@ class PageBackend(ABC):
         """Physical pages currently mapped, over all ranges."""
 
 
-def create_backend(kind: str | BackendKind, page_bytes: int, num_physical_pages: int,
-                   device: int = 0) -> PageBackend:
+def create_backend(kind: str | BackendKind, page_bytes: int, num_physical_pages: int, device: int = 0) -> PageBackend:
     """Build a page backend by name ("host" or "cuda-vmm")."""
     try:
         kind = BackendKind(kind)
@@ -53,6 +53,8 @@ def create_backend(kind: str | BackendKind, page_bytes: int, num_physical_pages:
         raise ValueError(f"unknown KV backend '{kind}'; known backends: {known}") from None
     if kind is BackendKind.HOST:
         from serving.core.kv.host import HostBackend
+
         return HostBackend(page_bytes, num_physical_pages)
     from serving.core.kv.cuda_vmm import CudaVMMBackend
+
     return CudaVMMBackend(page_bytes, num_physical_pages, device)

@@ -8,6 +8,7 @@ them back. New pages get their access rights in one call per run. A driver error
 the serving process never dies of it. cuda-python is imported lazily: importing this module on a
 machine without it is fine, constructing the backend is not.
 """
+
 from __future__ import annotations
 
 from serving.core.kv.backend import PageBackend
@@ -46,9 +47,15 @@ class CudaVMMBackend(PageBackend):
         self._context = _ok(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         _ok(cu, cu.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
         self._prop = self._allocation_prop(device)
-        self.granularity_bytes = int(_ok(cu, cu.cuMemGetAllocationGranularity(
-            self._prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-            "cuMemGetAllocationGranularity"))
+        self.granularity_bytes = int(
+            _ok(
+                cu,
+                cu.cuMemGetAllocationGranularity(
+                    self._prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+                ),
+                "cuMemGetAllocationGranularity",
+            )
+        )
         # A page is a whole number of granules; round the requested size up.
         self.page_bytes = -(-page_bytes // self.granularity_bytes) * self.granularity_bytes
         self.num_physical_pages = num_physical_pages
@@ -142,8 +149,11 @@ class CudaVMMBackend(PageBackend):
         if self._pages.pop(handle):
             raise RuntimeError(f"range {handle:#x} freed while pages are still mapped")
         base, num_pages = self._ranges.pop(handle)
-        _ok(self._cu, self._cu.cuMemAddressFree(self._cu.CUdeviceptr(base), max(1, num_pages) * self.page_bytes),
-            "cuMemAddressFree")
+        _ok(
+            self._cu,
+            self._cu.cuMemAddressFree(self._cu.CUdeviceptr(base), max(1, num_pages) * self.page_bytes),
+            "cuMemAddressFree",
+        )
 
     def base_address(self, handle: int) -> int:
         """The device address where a range starts (its mapped prefix is contiguous from there)."""

@@ -4,6 +4,7 @@ Used on CPU machines and by the simulator, where only the page accounting matter
 mapped as a prefix (slots 0..n-1), as the allocator grows a reservation front to back; anything
 else is a broken invariant and raises.
 """
+
 from __future__ import annotations
 
 from serving.core.kv.backend import PageBackend
@@ -12,8 +13,9 @@ from serving.core.kv.backend import PageBackend
 class HostBackend(PageBackend):
     def __init__(self, page_bytes: int, num_physical_pages: int):
         if page_bytes <= 0 or num_physical_pages < 0:
-            raise ValueError(f"page_bytes must be > 0 and num_physical_pages >= 0, got {page_bytes}, "
-                             f"{num_physical_pages}")
+            raise ValueError(
+                f"page_bytes must be > 0 and num_physical_pages >= 0, got {page_bytes}, {num_physical_pages}"
+            )
         self.page_bytes = page_bytes
         self.num_physical_pages = num_physical_pages
         self._size_pages: dict[int, int] = {}
@@ -31,8 +33,10 @@ class HostBackend(PageBackend):
     def map_pages(self, handle: int, first_page: int, num_pages: int) -> bool:
         mapped = self._mapped_pages[handle]
         if first_page != mapped or first_page + num_pages > self._size_pages[handle]:
-            raise RuntimeError(f"range {handle}: mapping slots {first_page}+{num_pages} breaks the mapped "
-                               f"prefix ({mapped} of {self._size_pages[handle]})")
+            raise RuntimeError(
+                f"range {handle}: mapping slots {first_page}+{num_pages} breaks the mapped "
+                f"prefix ({mapped} of {self._size_pages[handle]})"
+            )
         if self._num_mapped + num_pages > self.num_physical_pages:
             return False
         self._mapped_pages[handle] = mapped + num_pages
@@ -42,8 +46,9 @@ class HostBackend(PageBackend):
     def unmap_pages(self, handle: int, first_page: int, num_pages: int) -> None:
         mapped = self._mapped_pages[handle]
         if first_page + num_pages != mapped or num_pages > mapped:
-            raise RuntimeError(f"range {handle}: unmapping slots {first_page}+{num_pages} is not the mapped "
-                               f"tail (mapped {mapped})")
+            raise RuntimeError(
+                f"range {handle}: unmapping slots {first_page}+{num_pages} is not the mapped tail (mapped {mapped})"
+            )
         self._mapped_pages[handle] = mapped - num_pages
         self._num_mapped -= num_pages
 

@@ -6,6 +6,7 @@ All policies here are heaps with lazy deletion: `remove` marks a request, `pop`/
 Aging is folded into static keys (key − α·wait = key + α·ready_s − α·now, and the −α·now term
 is common to everyone), so aging never needs a re-heapify.
 """
+
 from __future__ import annotations
 
 import enum
@@ -52,8 +53,9 @@ class SchedulerConfig:
         if isinstance(self.policy, Policy):
             self.policy = self.policy.value
         if self.policy not in {p.value for p in Policy}:
-            raise ValueError(f"unknown scheduling policy '{self.policy}'; known policies: "
-                             f"{', '.join(p.value for p in Policy)}")
+            raise ValueError(
+                f"unknown scheduling policy '{self.policy}'; known policies: {', '.join(p.value for p in Policy)}"
+            )
         if self.aging_per_s < 0 or self.attained_weight < 0:
             raise ValueError("aging_per_s and attained_weight must be >= 0")
         if self.batch_max_wait_s <= 0 or self.mars_boost_s <= 0 or self.late_max_wait_s <= 0:
@@ -63,7 +65,8 @@ class SchedulerConfig:
     def is_workflow_order(self) -> bool:
         """Whether the policy puts workflows further along (earlier, more served) first, rather than ordering stages."""
         return self.policy in (Policy.CONTINUUM.value, Policy.MARS.value) or (
-            self.policy == Policy.PREDICTED_SRTF.value and self.attained_weight > 0)
+            self.policy == Policy.PREDICTED_SRTF.value and self.attained_weight > 0
+        )
 
 
 class Scheduler(ABC):
@@ -168,8 +171,9 @@ def pick(first: StageRequest | None, second: StageRequest | None, max_wait_s: fl
     return SECOND if first is None or now - second.ready_s >= max_wait_s else FIRST
 
 
-def merge_by_wait(first: Iterator[StageRequest], second: Iterator[StageRequest], max_wait_s: float,
-                  now: float) -> Iterator[StageRequest]:
+def merge_by_wait(
+    first: Iterator[StageRequest], second: Iterator[StageRequest], max_wait_s: float, now: float
+) -> Iterator[StageRequest]:
     """Two queues' walks merged as successive `pick`s would take their heads."""
     head_1, head_2 = next(first, None), next(second, None)
     while head_1 is not None or head_2 is not None:
@@ -217,9 +221,14 @@ def create_scheduler(config: SchedulerConfig | Policy | str) -> Scheduler:
     from serving.core.scheduler import policies, slack, triage
 
     config = config if isinstance(config, SchedulerConfig) else SchedulerConfig(policy=config)
-    classes = {Policy.FCFS: policies.FCFSScheduler, Policy.EDF: policies.EDFScheduler,
-               Policy.SRTF: policies.SRTFScheduler, Policy.LEAST_SLACK: slack.LeastSlackScheduler,
-               Policy.TRIAGE: triage.TriageScheduler,
-               Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,
-               Policy.MARS: policies.MARSScheduler, Policy.CONTINUUM: policies.ContinuumScheduler}
+    classes = {
+        Policy.FCFS: policies.FCFSScheduler,
+        Policy.EDF: policies.EDFScheduler,
+        Policy.SRTF: policies.SRTFScheduler,
+        Policy.LEAST_SLACK: slack.LeastSlackScheduler,
+        Policy.TRIAGE: triage.TriageScheduler,
+        Policy.PREDICTED_SRTF: policies.PredictedSRTFScheduler,
+        Policy.MARS: policies.MARSScheduler,
+        Policy.CONTINUUM: policies.ContinuumScheduler,
+    }
     return classes[Policy(config.policy)](config)

@@ -1,4 +1,5 @@
 """The scheduling policies. Each is a few lines: what its key is, and (for two) how queues combine."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -66,8 +67,12 @@ class PredictedSRTFScheduler(Scheduler):
         return None if first is None else (self._interactive if first is FIRST else self._batch)
 
     def in_order(self, now: float) -> Iterator[StageRequest]:
-        return merge_by_wait((e[2] for e in self._interactive.in_order()), (e[2] for e in self._batch.in_order()),
-                             self.config.batch_max_wait_s, now)
+        return merge_by_wait(
+            (e[2] for e in self._interactive.in_order()),
+            (e[2] for e in self._batch.in_order()),
+            self.config.batch_max_wait_s,
+            now,
+        )
 
     def peek(self, now: float) -> StageRequest | None:
         queue = self._queue(now)
@@ -99,8 +104,10 @@ class MARSScheduler(Scheduler):
 
     def level(self, request: StageRequest) -> int:
         prefill = request.prompt_tokens
-        return next((i for i, bound in enumerate(self.config.mars_level_bounds_tokens) if prefill <= bound),
-                    len(self.config.mars_level_bounds_tokens))
+        return next(
+            (i for i, bound in enumerate(self.config.mars_level_bounds_tokens) if prefill <= bound),
+            len(self.config.mars_level_bounds_tokens),
+        )
 
     def add(self, request: StageRequest, now: float) -> None:
         self._levels[self.level(request)].push((-request.attained_service_s, request.ready_s), request)

@@ -12,6 +12,7 @@ The gateway and the simulator feed it the same way: `observe` when a stage of a 
 does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a stage
 becomes ready.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -11,6 +11,7 @@ goes first once it has waited `late_max_wait_s`, and batch work once its head ha
 Stages without a deadline (∞) have the same infinite latest start and fall back to workflow-aware predicted SRTF with
 aging (`PredictedSRTFScheduler.key`), so a gateway that knows no deadlines still orders by prediction.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -63,8 +64,12 @@ class SlackQueue:
 
     def walk(self, now: float) -> Iterator[StageRequest]:
         self.demote(now)
-        return merge_by_wait((e[2] for e in self.on_time.in_order()), (e[2] for e in self.late.in_order()),
-                             self.config.late_max_wait_s, now)
+        return merge_by_wait(
+            (e[2] for e in self.on_time.in_order()),
+            (e[2] for e in self.late.in_order()),
+            self.config.late_max_wait_s,
+            now,
+        )
 
     def discard(self, request: StageRequest) -> None:
         if request in self.late_requests:

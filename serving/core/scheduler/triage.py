@@ -28,6 +28,7 @@ stage size alone; fed the predicted remaining work it sheds the workflows that w
 The gateway, the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served`
 when one finishes, `end` when a workflow does.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,7 +102,7 @@ class WorkflowTriage:
             late = np.flatnonzero(kept & (np.cumsum(np.where(kept, work, 0.0)) > budget))
             if len(late) == 0:
                 return
-            prefix = np.flatnonzero(kept[:late[0] + 1])
+            prefix = np.flatnonzero(kept[: late[0] + 1])
             longest = prefix[np.argmax(work[prefix])]
             kept[longest] = False
             self._shed(names[longest])
@@ -158,4 +159,3 @@ class TriageScheduler(LeastSlackScheduler):
     def __init__(self, config: SchedulerConfig):
         super().__init__(config)
         self._interactive, self._batch = TriageQueue(config), TriageQueue(config)
-

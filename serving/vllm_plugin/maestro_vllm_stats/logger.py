@@ -1,5 +1,6 @@
 """The stat logger vLLM loads (entry point `maestro_vllm_stats:MaestroStatLogger`): one JSONL file per engine
 process, one line per finished request and per N-th step (the records are made in the package's __init__)."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ MaestroScheduler fed true lengths, the whole replay run twice. The engine re-pre
 prefill chunk, 1 s a step: a 60-token context takes 2 steps, a 1 s tool 1), so that MARS's rule keeps contexts; on the
 referee's default engine it keeps none (re-prefill under a step against a 5-step tool).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,10 @@ TRAIN, TEST = DATA / "dev-traces" / "dev_traces.jsonl", DATA / "agent-traces" / 
 def step_records(json_path: Path) -> dict:
     """Every arm's step records, less the wall clock."""
     run = json_path.with_suffix("") / "1000-0"
-    return {p.name: {k: v for k, v in json.loads(p.read_text()).items() if not k.endswith("_s")}
-            for p in sorted(run.glob("steps_*.json"))}
+    return {
+        p.name: {k: v for k, v in json.loads(p.read_text()).items() if not k.endswith("_s")}
+        for p in sorted(run.glob("steps_*.json"))
+    }
 
 
 def test_the_same_inputs_give_the_same_step_figures(tmp_path):
@@ -37,10 +40,34 @@ def test_the_same_inputs_give_the_same_step_figures(tmp_path):
     if not TRAIN.exists() or not TEST.exists():
         pytest.skip(f"{TRAIN} or {TEST} is missing (../shared/data)")
     assert KV_BYTES_PER_TOKEN == TINY_KV_BYTES_PER_TOKEN
-    argv = ["--train", str(TRAIN), "--test", str(TEST), "--rates", "1000", "--arrival-steps", "10", "--seeds", "1",
-            "--kv-tokens", "1600", "--max-model-len", "1536", "--arms", "vllm-fcfs,maestro[oracle]",
-            "--step-s", "1", "--max-num-batched-tokens", "32", "--max-num-seqs", "32",
-            "--llm", str(tmp_path / "tiny"), "--vllm-python", str(VLLM_PYTHON)]
+    argv = [
+        "--train",
+        str(TRAIN),
+        "--test",
+        str(TEST),
+        "--rates",
+        "1000",
+        "--arrival-steps",
+        "10",
+        "--seeds",
+        "1",
+        "--kv-tokens",
+        "1600",
+        "--max-model-len",
+        "1536",
+        "--arms",
+        "vllm-fcfs,maestro[oracle]",
+        "--step-s",
+        "1",
+        "--max-num-batched-tokens",
+        "32",
+        "--max-num-seqs",
+        "32",
+        "--llm",
+        str(tmp_path / "tiny"),
+        "--vllm-python",
+        str(VLLM_PYTHON),
+    ]
     first = main(argv + ["--json", str(tmp_path / "a.json")])
     main(argv + ["--json", str(tmp_path / "b.json")])
     assert step_records(tmp_path / "a.json") == step_records(tmp_path / "b.json")

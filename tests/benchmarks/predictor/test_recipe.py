@@ -1,12 +1,22 @@
 """The predictor benchmark's tables: each app's figures against the baselines on the same stages."""
+
 import pandas as pd
 
 from benchmarks.predictor.recipe import score
 
 
 def _frame(pred, reserve, tokens, apps, is_tool):
-    return pd.DataFrame({"tokens": tokens, "tokens_pred": pred, "tokens_reserve": reserve, "app": apps,
-                         "is_tool": is_tool, "p_tool": [0.9 if t else 0.1 for t in is_tool], "role": "r"})
+    return pd.DataFrame(
+        {
+            "tokens": tokens,
+            "tokens_pred": pred,
+            "tokens_reserve": reserve,
+            "app": apps,
+            "is_tool": is_tool,
+            "p_tool": [0.9 if t else 0.1 for t in is_tool],
+            "role": "r",
+        }
+    )
 
 
 def test_per_app_figures_are_ratios_on_that_apps_stages():

@@ -1,4 +1,5 @@
 """The referee's parts: its JSON interface, its SLOs, its statistics, its arms."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,22 @@ def outcomes(met, e2e, clusters=None) -> Outcomes:
 
 def test_a_small_run_writes_the_interface_and_no_arm_beats_the_ceiling(tmp_path):
     out = tmp_path / "referee.json"
-    main(["--rates", "0.5,8", "--seeds", "2", "--workflows", "60", "--nodes", "2",
-          "--arms", "edf,maestro[none],maestro[oracle],maestro[oracle/no-gate]", "--json", str(out)])
+    main(
+        [
+            "--rates",
+            "0.5,8",
+            "--seeds",
+            "2",
+            "--workflows",
+            "60",
+            "--nodes",
+            "2",
+            "--arms",
+            "edf,maestro[none],maestro[oracle],maestro[oracle/no-gate]",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert report["slo"]["mode"] == "per-app-from-train" and report["slo"]["global"] > 0
     assert {"tau2_retail", "chatdev_warehouse"} <= set(report["slo"]["by_app"])  # fixed from the train side's apps

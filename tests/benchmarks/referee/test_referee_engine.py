@@ -8,6 +8,7 @@ must be identical. The same check on the plans as the engine replay built them b
 deadline from every stage's true length; `workflow_remaining_s` the sum of the later stages' predictions) must find a
 difference: the proof that it can fail. No engine runs here.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,11 @@ def sides():
     split = side_split(read_all(DEFAULT_TRACES), "dev")
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
     model_dir = tempfile.mkdtemp()
-    Predictor.train(stages, FeaturizerConfig(use_embedding=False), ModelConfig(
-        folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))).save(model_dir)
+    Predictor.train(
+        stages,
+        FeaturizerConfig(use_embedding=False),
+        ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40)),
+    ).save(model_dir)
     return split, model_dir
 
 
@@ -101,8 +105,12 @@ def told_before(plan: dict, workflow_id: str, cut: int) -> list:
     oracle = plan["arm"]["name"] == "maestro[oracle]"
     for wf in plan["workflows"]:
         if wf["id"].split("#")[0] == workflow_id:
-            stages = [{**s, "hints": {k: v for k, v in s["hints"].items() if k != "workflow_remaining_s"}}
-                      if oracle and "hints" in s else s for s in wf["stages"][:cut]]
+            stages = [
+                {**s, "hints": {k: v for k, v in s["hints"].items() if k != "workflow_remaining_s"}}
+                if oracle and "hints" in s
+                else s
+                for s in wf["stages"][:cut]
+            ]
             out.append((wf["id"], wf["arrival_step"], wf["slo_steps"], stages))
         else:
             out.append(wf)
@@ -121,7 +129,7 @@ def legacy(plan: dict, deadline: bool, future_sum: bool) -> dict:
             finish[spec["index"]] = max((finish[p] for p in spec["parents"]), default=0) + own
         for i, spec in enumerate(stages):
             if future_sum and "hints" in spec:
-                later = sum(s["hints"]["tokens_pred"] for s in stages[i + 1:])
+                later = sum(s["hints"]["tokens_pred"] for s in stages[i + 1 :])
                 spec["hints"] = {**spec["hints"], "workflow_remaining_s": later}
         slo = 5 * max(finish.values()) if deadline else wf["slo_steps"]
         out["workflows"].append({**wf, "slo_steps": slo, "stages": stages})
@@ -141,8 +149,9 @@ def test_no_plan_reads_the_future(sides, original, change):
             assert before == after, f"{arm}, {change.__name__} of {workflow_id} at {cut}: an earlier plan differs"
 
 
-@pytest.mark.parametrize("change, arm, leak", [(lengthen, "vllm-fcfs", "deadline"),
-                                               (truncate, "maestro[model]", "future_sum")])
+@pytest.mark.parametrize(
+    "change, arm, leak", [(lengthen, "vllm-fcfs", "deadline"), (truncate, "maestro[model]", "future_sum")]
+)
 def test_the_check_catches_the_old_deadline_and_the_old_future_sum(sides, original, change, arm, leak):
     split, model_dir = sides
     workflow_id, cut = chains(split.test)[0]
@@ -150,7 +159,9 @@ def test_the_check_catches_the_old_deadline_and_the_old_future_sum(sides, origin
     changed = plans(split, model_dir, change(split.test, workflow_id, cut))[arm]
     assert told_before(original, workflow_id, cut) == told_before(changed, workflow_id, cut)
     old = {"deadline": leak == "deadline", "future_sum": leak == "future_sum"}
-    assert told_before(legacy(original, **old), workflow_id, cut) != told_before(legacy(changed, **old), workflow_id, cut)
+    assert told_before(legacy(original, **old), workflow_id, cut) != told_before(
+        legacy(changed, **old), workflow_id, cut
+    )
 
 
 def test_every_arm_gets_the_same_deadlines_one_per_app_and_class(original):
@@ -189,22 +200,43 @@ def test_figures_from_hand_built_step_records(original):
     records = []
     for w, wf in enumerate(plan["workflows"]):
         finish = wf["arrival_step"] + wf["slo_steps"] - 1 + (0 if w == 1 else 5)  # the first measured one in time
-        records.append([{"ready_step": wf["arrival_step"], "finish_step": finish, "num_preemptions": w,
-                         "cached_tokens": 0, "window_tokens": 10} for _ in wf["stages"]])
-    figures = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
-                                 "decisions": None})
+        records.append(
+            [
+                {
+                    "ready_step": wf["arrival_step"],
+                    "finish_step": finish,
+                    "num_preemptions": w,
+                    "cached_tokens": 0,
+                    "window_tokens": 10,
+                }
+                for _ in wf["stages"]
+            ]
+        )
+    figures = run_figures(
+        plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0, "decisions": None}
+    )
     assert figures["met"].tolist() == [True, False]
-    assert figures["preemptions"].tolist() == [len(plan["workflows"][1]["stages"]),
-                                               2 * len(plan["workflows"][2]["stages"])]
+    assert figures["preemptions"].tolist() == [
+        len(plan["workflows"][1]["stages"]),
+        2 * len(plan["workflows"][2]["stages"]),
+    ]
     results, differences = summarize_rate({"a": [figures], "b": [figures]}, ["a", "b"], 0.04)
     total_tokens = 10 * sum(len(wf["stages"]) for wf in plan["workflows"])
     assert results["a"]["tokens_per_step"]["mean"] == pytest.approx(total_tokens / 100, rel=1e-3)
     assert results["a"]["slo_attainment"]["mean"] == 0.5 and not differences
     assert np.isfinite(results["a"]["workflow_p95_steps"]["mean"])
     # a next turn's recomputed tokens: the previous turn's prompt and output it starts with, less what the cache served
-    contexts = [sum(min(wf["stages"][s["session_parent"]]["prompt_tokens"] + wf["stages"][s["session_parent"]]
-                        ["output_tokens"], s["prompt_tokens"] - 1) for s in wf["stages"] if s["session_parent"] >= 0)
-                for wf in plan["workflows"][1:3]]
+    contexts = [
+        sum(
+            min(
+                wf["stages"][s["session_parent"]]["prompt_tokens"] + wf["stages"][s["session_parent"]]["output_tokens"],
+                s["prompt_tokens"] - 1,
+            )
+            for s in wf["stages"]
+            if s["session_parent"] >= 0
+        )
+        for wf in plan["workflows"][1:3]
+    ]
     assert sum(contexts) > 0 and figures["recomputed"].tolist() == figures["contexts"].tolist() == contexts
     whole = figures["counters"]["next_turns"]  # every workflow of the run, nothing cached
     turns = [(wf, s) for wf in plan["workflows"] for s in wf["stages"] if s["session_parent"] >= 0]
@@ -214,12 +246,16 @@ def test_figures_from_hand_built_step_records(original):
     assert whole["turns"] == len(turns) and whole["recomputed_full_blocks"] < whole["recomputed"]
     for workflow in records:
         for record in workflow:
-            record["cached_tokens"] = 10 ** 6  # more than any context: the new tokens are never counted
-    served = run_figures(plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0,
-                                "decisions": None})
+            record["cached_tokens"] = 10**6  # more than any context: the new tokens are never counted
+    served = run_figures(
+        plan, {"stages": records, "wall_s": 1.0, "num_engine_steps": 100, "recomputed_tokens": 0, "decisions": None}
+    )
     assert served["recomputed"].tolist() == [0, 0] and served["contexts"].tolist() == contexts
-    assert served["counters"]["next_turns"]["recomputed"] == served["counters"]["next_turns"][
-        "recomputed_full_blocks"] == 0
+    assert (
+        served["counters"]["next_turns"]["recomputed"]
+        == served["counters"]["next_turns"]["recomputed_full_blocks"]
+        == 0
+    )
 
 
 def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tmp_path, monkeypatch):
@@ -241,7 +277,9 @@ def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tm
     (tmp_path / "steps_a.json").write_text(json.dumps({"kept": True}))
     steps = engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)
     assert steps == {"a": {"kept": True}, "b": {"ran": True}} and runs[-1] == ["plan_b.json"]
-    assert engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)["a"] == {
-        "kept": True} and len(runs) == 2  # nothing left to run: no engine started
+    assert (
+        engine.run_plans({"a": {"x": 1}, "b": {"x": 3}}, tmp_path, Path("python"), resume=True)["a"] == {"kept": True}
+        and len(runs) == 2
+    )  # nothing left to run: no engine started
     engine.run_plans({"a": {"x": 1}}, tmp_path, Path("python"))
     assert runs[-1] == ["plan_a.json"]  # without resume, everything runs

@@ -6,6 +6,7 @@ replays again: every decision (start, drop, keep or evict at a tool call) of eve
 The same check with the per-workflow SLO computed from true lengths (the simulator's legacy `scaled` mode) must find
 a difference: that is the leak the referee removes, and the proof that this test can fail.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,7 @@ def lengthen(workflow: SimWorkflow, cut: int) -> None:
 
 def truncate(workflow: SimWorkflow, cut: int) -> None:
     """Drop the stages from `cut` on (a chain: each stage's one parent is the one before)."""
-    del workflow.stages[cut + 1:]
+    del workflow.stages[cut + 1 :]
     workflow.stages[cut].children = []
     workflow.num_stages_left = len(workflow.stages)
 
@@ -76,8 +77,9 @@ def decisions_before(replay: Replay, arm_name: str, change, target: tuple[int, i
 # maestro[oracle] is told the truth, its workflows' remaining work included: it is checked without that part (its
 # true stage lengths are the ready stage's own). Maestro's triage turns workflows away here (asserted): the check
 # covers its decisions too.
-@pytest.mark.parametrize("arm", ["edf", "maestro[oracle/no-remaining]", "maestro[none]", "edf+admission",
-                                 "maestro[none/slack]"])
+@pytest.mark.parametrize(
+    "arm", ["edf", "maestro[oracle/no-remaining]", "maestro[none]", "edf+admission", "maestro[none/slack]"]
+)
 @pytest.mark.parametrize("change", [lengthen, truncate])
 def test_no_decision_reads_the_future(replay, arm, change):
     if arm == "edf+admission":
@@ -93,8 +95,11 @@ def test_no_decision_reads_the_future(replay, arm, change):
 def test_the_check_catches_deadlines_from_true_lengths(replay):
     """With the legacy per-workflow SLO, lengthening a workflow's later stages moves its deadline from its arrival
     on: EDF's earlier decisions change for at least one of the workflows tried."""
-    leaks = [before != after for target in candidates(replay)
-             for before, after in [decisions_before(replay, "edf", lengthen, target, legacy_slo=True)]]
+    leaks = [
+        before != after
+        for target in candidates(replay)
+        for before, after in [decisions_before(replay, "edf", lengthen, target, legacy_slo=True)]
+    ]
     assert any(leaks)
 
 
@@ -104,15 +109,18 @@ def model_dir(tmp_path_factory):
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
     fast = ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))
     return Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(
-        tmp_path_factory.mktemp("model") / "predictor")
+        tmp_path_factory.mktemp("model") / "predictor"
+    )
 
 
 def test_the_oracle_margin_reads_the_training_side_only(replay, model_dir):
     """The oracle's (and the noise arms') reserve margin is the model's on training workflows: replayed workflows
     that ran three times longer leave it as it was."""
     longer = [s.model_copy(update={"output_tokens": 3 * s.output_tokens}) for s in replay.test]
-    margins = [Replay(replay.train, test, model_dir, nodes=NODES, workflows=WORKFLOWS).model_margin()
-               for test in (replay.test, longer)]
+    margins = [
+        Replay(replay.train, test, model_dir, nodes=NODES, workflows=WORKFLOWS).model_margin()
+        for test in (replay.test, longer)
+    ]
     assert margins[0] == margins[1] > 1.0
 
 

@@ -1,4 +1,5 @@
 """The replay benchmark's pieces on a small real workload: arms, quality, the table and the plots."""
+
 import argparse
 import json
 
@@ -6,8 +7,16 @@ from benchmarks.sim.replay import Replay, plot, quality, run_all, table
 
 
 def test_the_replay_runs_every_arm_at_a_rate_and_reports_their_quality(dev_traces, tmp_path):
-    args = argparse.Namespace(nodes=2, workflows=24, seed=0, slo="scaled", arms="oracle,noise0.5,none",
-                              baselines="edf", baseline_caps="16", system="maestro")
+    args = argparse.Namespace(
+        nodes=2,
+        workflows=24,
+        seed=0,
+        slo="scaled",
+        arms="oracle,noise0.5,none",
+        baselines="edf",
+        baseline_caps="16",
+        system="maestro",
+    )
     replay = Replay(dev_traces, tmp_path / "no-model", args)
     report = run_all(replay, [0.2], args)
     row = report["results"]["scaled"]["0.2"]

@@ -1,4 +1,5 @@
 """Admission (the AIMD window with hysteresis) and the keep/evict decisions during tool calls."""
+
 import math
 
 import pytest
@@ -67,7 +68,7 @@ def test_continuum_fixed_ttl_unless_tool_average_is_longer():
 def test_continuum_dy_cold_start_and_cdf():
     policy = create_tool_kv(ToolKVConfig(policy="continuum-dy", cold_start_samples=10))
     assert policy.ttl_s(call(reprefill_s=0.5, tool_s=0)) == 0.0  # B = 0.5 s ≤ 1 s
-    assert policy.ttl_s(call(reprefill_s=math.e ** 2, tool_s=0)) == pytest.approx(2.0)  # ln(B)
+    assert policy.ttl_s(call(reprefill_s=math.e**2, tool_s=0)) == pytest.approx(2.0)  # ln(B)
     for d in [0.1] * 90 + [30.0] * 10:
         policy.observe("bash", d)
     assert policy.ttl_s(call(reprefill_s=5.0, tool_s=0)) == pytest.approx(0.1)  # covers 90% cheaply, not the tail

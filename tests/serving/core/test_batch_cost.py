@@ -1,4 +1,5 @@
 """The batch-cost gate (what one more stage costs the running ones) and the workflows' remaining-work history."""
+
 import pytest
 
 from serving.core.admission.batch_cost import (
@@ -81,9 +82,13 @@ def test_remaining_work_is_learnt_from_ended_workflows_of_the_app():
 def test_a_node_described_without_token_counts_or_backlog_takes_the_documented_defaults():
     # pace 3 steps a token; the first stage started 1.5 s ago (first token after 0.5 s: 1 s at 60 ms = 16.7 tokens);
     # the second 0.2 s ago, its prefill 0.3 s from done: that backlog stalls both.
-    node = NodeState(now=10.0, running=(RunningStage(100, 100, 20.0, started_s=8.5),
-                                        RunningStage(40, 40, 30.0, started_s=9.8)),
-                     pace_s_per_token=STEP_S * 3, step_s=STEP_S, prefill_s=0.5)
+    node = NodeState(
+        now=10.0,
+        running=(RunningStage(100, 100, 20.0, started_s=8.5), RunningStage(40, 40, 30.0, started_s=9.8)),
+        pace_s_per_token=STEP_S * 3,
+        step_s=STEP_S,
+        prefill_s=0.5,
+    )
     inputs = gate_inputs(node, Candidate(deadline_s=100.0, tokens_pred=50))
     assert inputs.batch.remaining_tokens == pytest.approx([100 - 1.0 / 0.06, 40])
     assert inputs.batch.slack_s == pytest.approx([20 - 0.3 - 10 - (100 - 1.0 / 0.06) * 0.06, 30 - 0.3 - 10 - 40 * 0.06])
@@ -93,7 +98,8 @@ def test_a_node_described_without_token_counts_or_backlog_takes_the_documented_d
     resumed = Candidate(100.0, 50, produced=20, stall_s=0.1, added_step_s=0.002)  # a preempted stage's
     assert gate_inputs(counted, resumed).candidate_tokens == 30
     assert counted.batch.remaining_tokens == pytest.approx([70]) and counted.batch.slack_s == pytest.approx(
-        [20 - 1.0 - 10 - 70 * 0.06])
+        [20 - 1.0 - 10 - 70 * 0.06]
+    )
 
 
 def test_an_unmeasured_or_idle_node_lets_every_candidate_in():

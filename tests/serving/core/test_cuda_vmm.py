@@ -1,5 +1,6 @@
 """CUDA VMM backend on a real GPU: pages hold data as a range grows, the driver's memory follows the
 mapped pages, and both the declared pool and the device itself running out are a `False`, not a crash."""
+
 import numpy as np
 import pytest
 
@@ -7,12 +8,13 @@ from serving.core.kv import KVAllocator, KVAllocatorConfig
 
 pytestmark = pytest.mark.gpu
 
-MiB = 1024 ** 2
+MiB = 1024**2
 
 
 @pytest.fixture(scope="module")
 def cu():
     from serving.core.kv.cuda_vmm import cuda_driver
+
     try:
         driver = cuda_driver()
     except RuntimeError as error:

@@ -1,4 +1,5 @@
 """KV allocator: exact fit, overcommit, map failure, growth, and invariants under random operations."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,8 +73,10 @@ def test_config_and_factory_validate():
         create_backend("tpu", 1024, 4)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["reserve", "grow", "shrink", "release"]),
-                         st.integers(0, 20), st.integers(1, 400)), max_size=60)
+ops = st.lists(
+    st.tuples(st.sampled_from(["reserve", "grow", "shrink", "release"]), st.integers(0, 20), st.integers(1, 400)),
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,5 +1,6 @@
 """One reserve-sizing rule: the gateway's `prepare` and the simulator reserve the same tokens for the same answers,
 and the margin rho is applied at most once (a calibrated reserve is used as is)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,24 +33,31 @@ ROLES = ("coder", "planner", "a-role-never-seen")
 def trained() -> Predictor:
     """A small predictor without embeddings (trains in seconds): its answers carry a conformal reserve."""
     stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
-    fast = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                       regressor=dict(n_estimators=80, learning_rate=0.1))
+    fast = ModelConfig(
+        folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+    )
     return Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast)
 
 
 def gateway_jobs(tmp_path, predictor: Predictor | None, rho: float) -> list:
     """The gateway's `prepare` for each role × max_tokens, with the in-process predictor (model or no-model prior)."""
-    config = GatewayConfig(nodes=[NodeConfig("a", "http://127.0.0.1:9")], kv={"rho": rho},
-                           traces={"dir": str(tmp_path / "traces")})
+    config = GatewayConfig(
+        nodes=[NodeConfig("a", "http://127.0.0.1:9")], kv={"rho": rho}, traces={"dir": str(tmp_path / "traces")}
+    )
 
     async def prepare_all():
         local = LocalPredictor(predictor, timeout_s=30.0)
         await local.start()
         gateway = Gateway(config, local)
         try:
-            return [await gateway.prepare(StageMeta(f"w-{role}-{m}", "0", role=role), {
-                "messages": [{"role": "user", "content": f"step: write the parser for {role}"}], "max_tokens": m})
-                for role in ROLES for m in MAX_TOKENS]
+            return [
+                await gateway.prepare(
+                    StageMeta(f"w-{role}-{m}", "0", role=role),
+                    {"messages": [{"role": "user", "content": f"step: write the parser for {role}"}], "max_tokens": m},
+                )
+                for role in ROLES
+                for m in MAX_TOKENS
+            ]
         finally:
             await local.aclose()
             gateway.traces.close()

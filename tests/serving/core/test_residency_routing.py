@@ -1,4 +1,5 @@
 """Model residency transitions with hierarchical LRU, and node selection by S(N,T)."""
+
 import numpy as np
 import pytest
 
@@ -7,8 +8,12 @@ from serving.core.routing import FitnessConfig, robust_minmax, select_node
 
 
 def node(gpu_gib=40, cpu_gib=40, disk_gib=100):
-    r = NodeResidency(ResidencyConfig(gpu_weight_budget_bytes=gpu_gib * GiB, cpu_budget_bytes=cpu_gib * GiB,
-                                      disk_budget_bytes=disk_gib * GiB), {"a": 16 * GiB, "b": 16 * GiB, "c": 30 * GiB})
+    r = NodeResidency(
+        ResidencyConfig(
+            gpu_weight_budget_bytes=gpu_gib * GiB, cpu_budget_bytes=cpu_gib * GiB, disk_budget_bytes=disk_gib * GiB
+        ),
+        {"a": 16 * GiB, "b": 16 * GiB, "c": 30 * GiB},
+    )
     for m in "abc":
         r.place(m, ModelState.DISK)
     return r

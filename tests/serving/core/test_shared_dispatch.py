@@ -26,6 +26,7 @@ all nodes (a stage is placed when it starts); they decide alike while no stage w
 could use, which is what the multi-node sequence covers; waiting, backfill and the wake-up at a finish are covered on
 one node, where both queues are the same.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,11 +69,18 @@ class Live:
         self.pace = ModelPace.of(CostModel(cost or CostModelConfig()), MODEL)
         self.now = 0.0
         self.loop = asyncio.new_event_loop()
-        self.gateway = Gateway(GatewayConfig(
-            nodes=[{"name": name, "url": f"http://{name}"} for name in node_blocks],
-            system={"name": system.name, "admission_headroom_frac": system.admission_headroom_frac,
-                    "triage_rejects": system.triage_rejects},
-            kv={"admission": "peak", "overcommit": 1.0}, limits={"admission_recheck_s": 0, "max_queued": 64}))
+        self.gateway = Gateway(
+            GatewayConfig(
+                nodes=[{"name": name, "url": f"http://{name}"} for name in node_blocks],
+                system={
+                    "name": system.name,
+                    "admission_headroom_frac": system.admission_headroom_frac,
+                    "triage_rejects": system.triage_rejects,
+                },
+                kv={"admission": "peak", "overcommit": 1.0},
+                limits={"admission_recheck_s": 0, "max_queued": 64},
+            )
+        )
         self.system, self.dispatcher = self.gateway.system, self.gateway.dispatcher
         self.dispatcher.clock = lambda: self.now
         self.gateway.pace = self.pace  # the gateway's unit of service, here the simulated node's
@@ -86,9 +94,15 @@ class Live:
     @staticmethod
     def _report(node: Node, num_blocks: int, used_blocks: int) -> None:
         """What vLLM's /metrics would say (its null block included in num_gpu_blocks)."""
-        node.apply_metrics({"vllm:kv_cache_usage_perc": ({}, used_blocks / num_blocks),
-                            "vllm:cache_config_info": ({"num_gpu_blocks": str(num_blocks + 1),
-                                                        "block_size": str(BLOCK_TOKENS)}, 1.0)})
+        node.apply_metrics(
+            {
+                "vllm:kv_cache_usage_perc": ({}, used_blocks / num_blocks),
+                "vllm:cache_config_info": (
+                    {"num_gpu_blocks": str(num_blocks + 1), "block_size": str(BLOCK_TOKENS)},
+                    1.0,
+                ),
+            }
+        )
 
     def measure(self, pace_s_per_token: float, step_s: float, first_token_delay_s: float) -> None:
         """What the nodes' finished calls measured: the pace of a running stage, the fastest call's, the delay to a
@@ -104,19 +118,43 @@ class Live:
             self._report(node, node.num_blocks, node.kv.allocator.backend.num_mapped_pages)
         self.dispatcher.pump()
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S,
-               wf: tuple[float, float] | None = None) -> None:
+    def submit(
+        self,
+        name: str,
+        now: float,
+        prompt_tokens: int,
+        reserve_tokens: int,
+        slo_s: float = SLO_S,
+        wf: tuple[float, float] | None = None,
+    ) -> None:
         """`wf`: the workflow prediction's remaining calls and tokens (None: an answer without one)."""
         # built as both paths build it, at the simulator's pace, so that both order alike
         self.now = now
         level = WorkflowFallbackLevel.PRIOR if wf is None else WorkflowFallbackLevel.APP
         calls, tokens = wf or (4.0, 400.0)
-        prediction = Prediction(name, "s0", 0.0, reserve_tokens, reserve_tokens, FallbackLevel.ROLE,
-                                wf_remaining_calls=calls, wf_remaining_tokens=tokens, wf_fallback_level=level)
+        prediction = Prediction(
+            name,
+            "s0",
+            0.0,
+            reserve_tokens,
+            reserve_tokens,
+            FallbackLevel.ROLE,
+            wf_remaining_calls=calls,
+            wf_remaining_tokens=tokens,
+            wf_fallback_level=level,
+        )
         remaining_s = self.gateway.workflow_remaining_s(prediction, prompt_tokens, "shared", 0)
-        request = stage_request(WorkflowInfo(name, now, now + slo_s, remaining_s=remaining_s), "s0",
-                                prompt_tokens=prompt_tokens, tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens,
-                                max_tokens=reserve_tokens, pace=self.pace, ready_s=now, model=MODEL)
+        request = stage_request(
+            WorkflowInfo(name, now, now + slo_s, remaining_s=remaining_s),
+            "s0",
+            prompt_tokens=prompt_tokens,
+            tokens_pred=reserve_tokens,
+            tokens_reserve=reserve_tokens,
+            max_tokens=reserve_tokens,
+            pace=self.pace,
+            ready_s=now,
+            model=MODEL,
+        )
         mapped = output_tokens_to_map(self.system.reservation, reserve_tokens, reserve_tokens)  # as the gateway maps
         job = Job(StageMeta(name, "s0"), request, reserve_tokens=prompt_tokens + mapped, prediction=prediction)
         job.future, request.payload = self.loop.create_future(), job
@@ -139,17 +177,25 @@ class Live:
         return {name for name, job in self.jobs.items() if job.request.is_shed}
 
     def state(self) -> dict[str, str | None]:
-        return {name: (job.node.name if job.node is not None else None) for name, job in self.jobs.items()
-                if job.node is not None or not job.future.done()}
+        return {
+            name: (job.node.name if job.node is not None else None)
+            for name, job in self.jobs.items()
+            if job.node is not None or not job.future.done()
+        }
 
 
 class Simulated:
     """The simulator's path: its routing and per-node fill over SimNodes, the clock set by hand."""
 
     def __init__(self, node_blocks: dict[str, int], system: System, cost: CostModelConfig | None = None):
-        cluster = ClusterConfig(num_nodes=len(node_blocks), placement=[(MODEL,)], prefix_caching=False,
-                                show_progress=False, grow_chunk_tokens=1,  # on demand: a token at a time, as live
-                                cost=cost or CostModelConfig())
+        cluster = ClusterConfig(
+            num_nodes=len(node_blocks),
+            placement=[(MODEL,)],
+            prefix_caching=False,
+            show_progress=False,
+            grow_chunk_tokens=1,  # on demand: a token at a time, as live
+            cost=cost or CostModelConfig(),
+        )
         cluster.page_bytes = BLOCK_TOKENS * cluster.cost.models[MODEL].kv_bytes_per_token
         cluster.kv_pool_bytes = max(node_blocks.values()) * cluster.page_bytes
         self.sim = Simulator(cluster, system, [])
@@ -162,12 +208,30 @@ class Simulated:
     def poll(self, now: float) -> None:
         pass  # the simulator's nodes are always up to date
 
-    def submit(self, name: str, now: float, prompt_tokens: int, reserve_tokens: int, slo_s: float = SLO_S,
-               wf: tuple[float, float] | None = None) -> None:
+    def submit(
+        self,
+        name: str,
+        now: float,
+        prompt_tokens: int,
+        reserve_tokens: int,
+        slo_s: float = SLO_S,
+        wf: tuple[float, float] | None = None,
+    ) -> None:
         workflow = SimWorkflow(name, "shared", interactive=False, slo_s=slo_s, arrival_s=now)
-        stage = SimStage(workflow, 0, "s0", "agent", MODEL, [], output_tokens=reserve_tokens, is_tool_call=False,
-                         prompt_tokens=prompt_tokens, max_tokens=reserve_tokens, tokens_pred=reserve_tokens,
-                         tokens_reserve=reserve_tokens)
+        stage = SimStage(
+            workflow,
+            0,
+            "s0",
+            "agent",
+            MODEL,
+            [],
+            output_tokens=reserve_tokens,
+            is_tool_call=False,
+            prompt_tokens=prompt_tokens,
+            max_tokens=reserve_tokens,
+            tokens_pred=reserve_tokens,
+            tokens_reserve=reserve_tokens,
+        )
         if wf is not None:
             stage.remaining = known_remaining(*wf, WorkflowFallbackLevel.APP)
         workflow.stages, workflow.num_stages_left = [stage], 1
@@ -182,16 +246,22 @@ class Simulated:
         self.sim.dispatch.fill(stage.node)
 
     def state(self) -> dict[str, str | None]:
-        return {name: (self.names[s.node] if s in s.node.running else None) for name, s in self.stages.items()
-                if s.workflow.done_s < 0 and not s.workflow.is_dropped}
+        return {
+            name: (self.names[s.node] if s in s.node.running else None)
+            for name, s in self.stages.items()
+            if s.workflow.done_s < 0 and not s.workflow.is_dropped
+        }
 
     @property
     def rejected(self) -> set[str]:
         return {name for name, s in self.stages.items() if s.workflow.is_dropped}
 
     def shed(self) -> set[str]:
-        return {name for name, s in self.stages.items() if s.request is not None and s.request.is_shed
-                and s.workflow.done_s < 0 and not s.workflow.is_dropped}
+        return {
+            name
+            for name, s in self.stages.items()
+            if s.request is not None and s.request.is_shed and s.workflow.done_s < 0 and not s.workflow.is_dropped
+        }
 
 
 def blocks(n: int) -> tuple[int, int]:
@@ -201,16 +271,39 @@ def blocks(n: int) -> tuple[int, int]:
 
 
 # (step, stage, blocks it needs); "finish" ends a running stage, "poll" reads vLLM's /metrics.
-MULTI_NODE = [("submit", "s1", 4), ("submit", "s2", 4), ("submit", "s3", 3), ("submit", "s4", 6), ("finish", "s1", 0),
-              ("poll", "", 0), ("submit", "s5", 5), ("submit", "s6", 2), ("finish", "s4", 0), ("submit", "s7", 7),
-              ("submit", "s8", 2), ("submit", "big", 15)]
-ONE_NODE = [("submit", "s1", 6), ("submit", "s2", 6), ("submit", "big", 10), ("submit", "s3", 2), ("submit", "s4", 2),
-            ("finish", "s3", 0), ("submit", "s5", 2), ("submit", "s6", 1), ("finish", "s1", 0), ("poll", "", 0),
-            ("finish", "s2", 0), ("submit", "s7", 3)]
+MULTI_NODE = [
+    ("submit", "s1", 4),
+    ("submit", "s2", 4),
+    ("submit", "s3", 3),
+    ("submit", "s4", 6),
+    ("finish", "s1", 0),
+    ("poll", "", 0),
+    ("submit", "s5", 5),
+    ("submit", "s6", 2),
+    ("finish", "s4", 0),
+    ("submit", "s7", 7),
+    ("submit", "s8", 2),
+    ("submit", "big", 15),
+]
+ONE_NODE = [
+    ("submit", "s1", 6),
+    ("submit", "s2", 6),
+    ("submit", "big", 10),
+    ("submit", "s3", 2),
+    ("submit", "s4", 2),
+    ("finish", "s3", 0),
+    ("submit", "s5", 2),
+    ("submit", "s6", 1),
+    ("finish", "s1", 0),
+    ("poll", "", 0),
+    ("finish", "s2", 0),
+    ("submit", "s7", 3),
+]
 
 
-def run(path_cls, node_blocks: dict[str, int], steps: list, system: System = FITNESS_SYSTEM
-        ) -> list[dict[str, str | None]]:
+def run(
+    path_cls, node_blocks: dict[str, int], steps: list, system: System = FITNESS_SYSTEM
+) -> list[dict[str, str | None]]:
     path, states = path_cls(node_blocks, system), []
     for i, (step, name, num_blocks) in enumerate(steps):
         now = float(i + 1)
@@ -246,12 +339,22 @@ def test_the_sequences_exercise_node_choice_waiting_and_backfill():
     assert one[-1]["big"] == "a"  # and starts once a finish makes room
 
 
-
 HEADROOM_SYSTEM = FITNESS_SYSTEM.with_overrides(admission_headroom_frac=0.25)  # 2, 3 and 4 blocks of 8, 12, 16
 # One node: "s2" and later "s4" wait for the headroom; two: the headroom sends "s3" to the other node.
-HEADROOM_CASES = [({"a": 16}, [("submit", "s1", 6), ("submit", "s2", 7), ("submit", "s3", 3), ("finish", "s1", 0),
-                               ("poll", "", 0), ("submit", "s4", 5)]),
-                  ({"a": 8, "b": 12}, [("submit", "s1", 2), ("submit", "s2", 3), ("submit", "s3", 5)])]
+HEADROOM_CASES = [
+    (
+        {"a": 16},
+        [
+            ("submit", "s1", 6),
+            ("submit", "s2", 7),
+            ("submit", "s3", 3),
+            ("finish", "s1", 0),
+            ("poll", "", 0),
+            ("submit", "s4", 5),
+        ],
+    ),
+    ({"a": 8, "b": 12}, [("submit", "s1", 2), ("submit", "s2", 3), ("submit", "s3", 5)]),
+]
 
 
 @pytest.mark.parametrize("node_blocks, steps", HEADROOM_CASES)
@@ -263,15 +366,23 @@ def test_both_paths_keep_the_systems_admission_headroom_free(node_blocks, steps)
 
 # A GPU whose decode step is its fixed overhead (memory reads free, prefills not): every step the same, and a stage
 # adds nothing to one, which is what the gateway, measuring only its pace, assumes.
-GATE_COST = CostModelConfig(gpu="flat", gpus={"flat": GPUProfile("flat", 80e9, math.inf, 4.6e12)},
-                            step_overhead_s=2.0 ** -5)
+GATE_COST = CostModelConfig(
+    gpu="flat", gpus={"flat": GPUProfile("flat", 80e9, math.inf, 4.6e12)}, step_overhead_s=2.0**-5
+)
 GATE_PROMPT = 129  # every stage's, so one delay to a first token is every prefill's stall (0.9 s)
 # (time, step, stage, output tokens, SLO): "anchor" runs throughout, past its 1-token prediction on both paths; "warm"
 # stalls the node, so that its pace is measured congested (2.3-2.5 steps a token); "tight" can still make its SLO, but
 # not with another prefill: "late" and "later", which come during its own prefill, wait until it ends.
-GATE_STEPS = [(1.0, "submit", "anchor", 1, SLO_S), (2.0, "submit", "warm", 100, SLO_S), (3.0, "finish", "warm", 0, 0),
-              (4.0, "submit", "tight", 20, 2.5), (4.5, "submit", "late", 50, SLO_S),
-              (4.6, "submit", "later", 30, SLO_S), (5.0, "finish", "tight", 0, 0), (6.0, "finish", "late", 0, 0)]
+GATE_STEPS = [
+    (1.0, "submit", "anchor", 1, SLO_S),
+    (2.0, "submit", "warm", 100, SLO_S),
+    (3.0, "finish", "warm", 0, 0),
+    (4.0, "submit", "tight", 20, 2.5),
+    (4.5, "submit", "late", 50, SLO_S),
+    (4.6, "submit", "later", 30, SLO_S),
+    (5.0, "finish", "tight", 0, 0),
+    (6.0, "finish", "late", 0, 0),
+]
 
 
 class RecordingGate(BatchCostGate):
@@ -283,8 +394,17 @@ class RecordingGate(BatchCostGate):
 
     def admits(self, batch, stall_s, added_step_s, candidate_tokens, candidate_slack_s) -> bool:
         is_ok = super().admits(batch, stall_s, added_step_s, candidate_tokens, candidate_slack_s)
-        inputs = (batch.remaining_tokens, batch.slack_s, batch.is_savable, batch.pace_s_per_token, batch.step_s,
-                  stall_s, added_step_s, candidate_tokens, candidate_slack_s)
+        inputs = (
+            batch.remaining_tokens,
+            batch.slack_s,
+            batch.is_savable,
+            batch.pace_s_per_token,
+            batch.step_s,
+            stall_s,
+            added_step_s,
+            candidate_tokens,
+            candidate_slack_s,
+        )
         call = tuple(np.asarray(x, dtype=float) for x in inputs), is_ok
         if not self.calls or not _same_call(self.calls[-1], call):  # the simulator asks twice: to route, to start
             self.calls.append(call)
@@ -292,8 +412,9 @@ class RecordingGate(BatchCostGate):
 
 
 def _same_call(one: tuple, other: tuple) -> bool:
-    return one[1] == other[1] and all(np.allclose(a, b, rtol=1e-9, atol=0) and a.shape == b.shape
-                                      for a, b in zip(one[0], other[0]))
+    return one[1] == other[1] and all(
+        np.allclose(a, b, rtol=1e-9, atol=0) and a.shape == b.shape for a, b in zip(one[0], other[0])
+    )
 
 
 def run_gate(system: System) -> tuple[list, list, RecordingGate | None, RecordingGate | None]:
@@ -337,12 +458,23 @@ def test_the_batch_cost_gate_gets_the_same_inputs_and_holds_the_same_stages_back
 # predicted arrive while work waits: "fits" can make its deadline beside the rest; "long" (the most remaining work) and
 # "short-slo" (its own stage cannot end in time) cannot; "more" fits once "long" is gone, and "huge" not even then.
 # (step, name, SLO, the workflow prediction's remaining calls and tokens)
-TRIAGE_STEPS = [("submit", f"w{i}", SLO_S, (0.0, 0.0)) for i in range(1, 5)] + [
-    ("submit", f"q{i}", SLO_S, (1.0, 100.0)) for i in range(1, 7)] + [
-    ("finish", "w1", 0, None), ("finish", "w2", 0, None), ("finish", "w3", 0, None), ("finish", "w4", 0, None),
-    ("finish", "q1", 0, None), ("submit", "fits", 20.0, (2.0, 400.0)), ("submit", "long", 20.0, (3.0, 700.0)),
-    ("submit", "more", 25.0, (1.0, 300.0)), ("submit", "short-slo", 1.0, (0.0, 0.0)),
-    ("submit", "huge", 30.0, (6.0, 2000.0)), ("submit", "no-wf", SLO_S, None)]
+TRIAGE_STEPS = (
+    [("submit", f"w{i}", SLO_S, (0.0, 0.0)) for i in range(1, 5)]
+    + [("submit", f"q{i}", SLO_S, (1.0, 100.0)) for i in range(1, 7)]
+    + [
+        ("finish", "w1", 0, None),
+        ("finish", "w2", 0, None),
+        ("finish", "w3", 0, None),
+        ("finish", "w4", 0, None),
+        ("finish", "q1", 0, None),
+        ("submit", "fits", 20.0, (2.0, 400.0)),
+        ("submit", "long", 20.0, (3.0, 700.0)),
+        ("submit", "more", 25.0, (1.0, 300.0)),
+        ("submit", "short-slo", 1.0, (0.0, 0.0)),
+        ("submit", "huge", 30.0, (6.0, 2000.0)),
+        ("submit", "no-wf", SLO_S, None),
+    ]
+)
 TRIAGE_TIMES = [float(i + 1) for i in range(10)] + [11.0, 14.0, 17.0, 20.0, 23.0, 24.0, 24.5, 25.0, 25.5, 26.0, 26.5]
 
 
@@ -366,7 +498,8 @@ def test_gateway_and_simulator_shed_the_same_workflows(system):
     simulated, sim_states = run_triage(Simulated, system)
     assert live_states == sim_states
     assert live.gateway.triage.triage.pools[MODEL].capacity == pytest.approx(
-        simulated.sim.triage.pools[MODEL].capacity, rel=1e-12)
+        simulated.sim.triage.pools[MODEL].capacity, rel=1e-12
+    )
     if system.triage_rejects:
         assert live.rejected == simulated.rejected == {"long", "short-slo", "huge"}
         assert simulated.sim.recorder.rejected == live.gateway.triage.num_rejected_workflows == 3

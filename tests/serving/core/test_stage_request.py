@@ -1,4 +1,5 @@
 """One `StageRequest` builder for the gateway and the simulator: predicted and attained service in one unit."""
+
 from __future__ import annotations
 
 import math
@@ -15,10 +16,21 @@ COST = CostModel(CostModelConfig())
 
 @pytest.mark.parametrize("pace", [SERVICE_PACE, ModelPace.of(COST, "llama-3-8b")], ids=["live", "simulated"])
 def test_predicted_service_is_the_pace_of_the_prompt_and_the_capped_prediction(pace):
-    workflow = WorkflowInfo("w", arrival_s=1.0, deadline_s=61.0, interactive=True, attained_service_s=2.5,
-                            remaining_s=7.0)
-    request = stage_request(workflow, "s", prompt_tokens=300, tokens_pred=900, tokens_reserve=512, max_tokens=512,
-                            pace=pace, ready_s=3.0, is_kv_pinned=True, home_node="a")
+    workflow = WorkflowInfo(
+        "w", arrival_s=1.0, deadline_s=61.0, interactive=True, attained_service_s=2.5, remaining_s=7.0
+    )
+    request = stage_request(
+        workflow,
+        "s",
+        prompt_tokens=300,
+        tokens_pred=900,
+        tokens_reserve=512,
+        max_tokens=512,
+        pace=pace,
+        ready_s=3.0,
+        is_kv_pinned=True,
+        home_node="a",
+    )
     assert request.tokens_pred == 512 and request.pred_service_s == pytest.approx(pace.service_s(300, 512))
     assert (request.workflow_arrival_s, request.deadline_s, request.ready_s) == (1.0, 61.0, 3.0)
     assert (request.attained_service_s, request.workflow_remaining_s) == (2.5, 7.0)

@@ -1,4 +1,5 @@
 """Workflow triage: Moore–Hodgson on predicted remaining work, capacity measured only while work waits."""
+
 import math
 
 from serving.core.request import StageRequest
@@ -8,8 +9,15 @@ from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
 
 def request(workflow: str, deadline_s: float, work_s: float, ready_s: float = 0.0, model: str = "m") -> StageRequest:
     """A ready stage of `workflow` whose workflow has `work_s` unloaded seconds left, this stage's 1 s included."""
-    return StageRequest(workflow, f"{workflow}-s", model, deadline_s=deadline_s, ready_s=ready_s, pred_service_s=1.0,
-                        workflow_remaining_s=work_s - 1.0)
+    return StageRequest(
+        workflow,
+        f"{workflow}-s",
+        model,
+        deadline_s=deadline_s,
+        ready_s=ready_s,
+        pred_service_s=1.0,
+        workflow_remaining_s=work_s - 1.0,
+    )
 
 
 def measured(capacity: float, model: str = "m") -> WorkflowTriage:
@@ -34,8 +42,10 @@ def test_capacity_is_measured_only_over_windows_where_work_waited():
 def test_a_feasible_set_keeps_everyone():
     triage = measured(capacity=2.0)
     # by deadline: 10 s of work by t=20 (capacity 40), 30 by t=30 (60), 50 by t=40 (80)
-    assert not any(triage.assess(request(w, d, work), now=10.0) for w, d, work in
-                   [("a", 20.0, 10.0), ("b", 30.0, 20.0), ("c", 40.0, 20.0)])
+    assert not any(
+        triage.assess(request(w, d, work), now=10.0)
+        for w, d, work in [("a", 20.0, 10.0), ("b", 30.0, 20.0), ("c", 40.0, 20.0)]
+    )
     assert triage.shed == set()
 
 

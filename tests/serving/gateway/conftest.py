@@ -1,4 +1,5 @@
 """Fixtures for gateway tests: a gateway config/app wired to in-process upstreams, and real vLLM engines."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,13 @@ def metrics_text(blocks: int = 16, usage: float = 0.0) -> str:
     return METRICS % {"blocks": blocks + 1, "usage": usage}
 
 
-def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_delay_s: float = 0.0,
-              tails: list | None = None, headers: list | None = None) -> web.Application:
+def vllm_like(
+    tail_delay_s: float = 0.0,
+    received: list | None = None,
+    token_delay_s: float = 0.0,
+    tails: list | None = None,
+    headers: list | None = None,
+) -> web.Application:
     """An app that answers like vLLM: /metrics, JSON completions with usage, SSE streams ending in usage.
 
     `tail_delay_s`: a JSON answer comes that long after its last token, a stream's `[DONE]` that long after
@@ -42,6 +48,7 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
     `headers` the request headers;
     `token_delay_s`: time between stream chunks; `tails` gets a True each time a tail delay starts.
     """
+
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=metrics_text(16))
 
@@ -58,18 +65,25 @@ def vllm_like(tail_delay_s: float = 0.0, received: list | None = None, token_del
                 tails.append(True)
             await asyncio.sleep(tail_delay_s)
             choice = {"message": {"role": "assistant", "content": "x " * n}} if is_chat else {"text": "x " * n}
-            return web.json_response({"choices": [{"index": 0, **choice, "finish_reason": "length"}],
-                                      "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+            return web.json_response(
+                {
+                    "choices": [{"index": 0, **choice, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": n},
+                }
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         part = (lambda: {"delta": {"content": "x "}}) if is_chat else (lambda: {"text": "x "})
-        chunks = [{"id": "c1", "model": "tiny", "choices": [{"index": 0, **part(), "finish_reason": None}]}
-                  for _ in range(n)]
+        chunks = [
+            {"id": "c1", "model": "tiny", "choices": [{"index": 0, **part(), "finish_reason": None}]} for _ in range(n)
+        ]
         chunks[-1]["choices"][0]["finish_reason"] = "length"
         if (body.get("stream_options") or {}).get("continuous_usage_stats"):
             for i, chunk in enumerate(chunks):
                 chunk["usage"] = {"prompt_tokens": 5, "completion_tokens": i + 1}
-        chunks.append({"id": "c1", "model": "tiny", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        chunks.append(
+            {"id": "c1", "model": "tiny", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}}
+        )
         for chunk in chunks:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if token_delay_s:
@@ -115,8 +129,11 @@ async def run_app(tmp_path, alive: dict[str, bool], calls, predictor=None, node_
 async def serve_app(tmp_path, urls: dict[str, str], calls, predictor=None, **sections):
     """The gateway app in process over the nodes `urls` (name → url); `calls(client, gateway)` drives it; `sections`
     are GatewayConfig sections laid over the test defaults."""
-    config = GatewayConfig(nodes=[{"name": n, "url": u} for n, u in urls.items()], model="tiny", **merged(
-        {"traces": {"dir": str(tmp_path)}, "upstream": {"metrics_period_s": 60}}, sections))
+    config = GatewayConfig(
+        nodes=[{"name": n, "url": u} for n, u in urls.items()],
+        model="tiny",
+        **merged({"traces": {"dir": str(tmp_path)}, "upstream": {"metrics_period_s": 60}}, sections),
+    )
     gateway = Gateway(config, predictor=predictor)
     app = create_app(config, gateway)
     await gateway.start()

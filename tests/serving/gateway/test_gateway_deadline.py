@@ -10,6 +10,7 @@ stage with 504 even though `Job.remaining_s()` then still says some time is left
 time left, which aiohttp read as a call with no limit, and the stage waited out the node's stall timeout
 (test_gateway_faults: 33 s for a 3 s deadline).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,6 +57,7 @@ def run(loop: str, coro):
 
 async def busy(coro):
     """`coro` with the loop woken every millisecond."""
+
     async def tick():
         while True:
             await asyncio.sleep(0.001)
@@ -69,8 +71,9 @@ async def busy(coro):
 
 async def through_faults(tmp_path, faults: list[Fault], calls, num_ports: int = 2, **sections):
     """The gateway in process over `num_ports` nodes, each a port of one FaultProxy before one vLLM-like node."""
-    config = merged({"upstream": {"node_timeout_s": NODE_TIMEOUT_S}, "limits": {"request_timeout_s": DEADLINE_S}},
-                    sections)
+    config = merged(
+        {"upstream": {"node_timeout_s": NODE_TIMEOUT_S}, "limits": {"request_timeout_s": DEADLINE_S}}, sections
+    )
     async with fake_nodes({"vllm": True}) as engine:
         with FaultProxy(engine["vllm"], faults, num_ports=num_ports) as proxy:
             urls = {f"node{i}": url for i, url in enumerate(proxy.urls)}
@@ -83,6 +86,7 @@ def timed_call(stage: str, stream: bool, max_tokens: int = 8):
         started = time.monotonic()
         response = await client.post("/v1/chat/completions", json=body, headers={**HEADERS, "X-Maestro-Stage": stage})
         return response, time.monotonic() - started
+
     return call
 
 
@@ -121,8 +125,9 @@ def test_a_stall_on_any_path_before_the_client_gets_a_byte_is_a_504_at_the_deadl
     """Nothing reached the client: the attempt is cut at the deadline and not retried; the client gets a 504."""
     stream, stream_upstream, kind, after_events = PATHS[path]
     fault = Fault(kind, after_events=after_events, stall_s=STALL_S, times=2)
-    response, elapsed_s = run(loop, through_faults(tmp_path, [fault], timed_call(path, stream),
-                                                   upstream={"stream": stream_upstream}))
+    response, elapsed_s = run(
+        loop, through_faults(tmp_path, [fault], timed_call(path, stream), upstream={"stream": stream_upstream})
+    )
     assert response.status_code == 504 and "deadline" in response.json()["error"]["message"], response.text
     assert_within_deadline(elapsed_s)
     assert_traced_past_deadline(tmp_path, attempts=1)
@@ -161,8 +166,9 @@ def test_a_stage_queued_behind_a_stalled_one_is_cut_at_its_own_deadline(tmp_path
     fault = Fault("stall", stall_s=STALL_S, times=2)
 
     async def calls(client, gateway):
-        return await asyncio.gather(timed_call("first", False)(client, gateway),
-                                    timed_call("second", False)(client, gateway))
+        return await asyncio.gather(
+            timed_call("first", False)(client, gateway), timed_call("second", False)(client, gateway)
+        )
 
     answers = run(loop, through_faults(tmp_path, [fault], calls, num_ports=1, limits={"max_inflight_per_node": 1}))
     for response, elapsed_s in answers:
@@ -183,8 +189,9 @@ class NeverSettles(LocalPredictor):
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_wait_for_the_predictors_history_ends_at_the_deadline(tmp_path, loop):
     """A JSON answer waits for the predictor's history to take its stage, but not past the stage's deadline."""
-    response, elapsed_s = run(loop, through_faults(tmp_path, [], timed_call("settle", stream=False),
-                                                   predictor=NeverSettles()))
+    response, elapsed_s = run(
+        loop, through_faults(tmp_path, [], timed_call("settle", stream=False), predictor=NeverSettles())
+    )
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 8, response.text
     assert_within_deadline(elapsed_s)
     [line] = trace_lines(tmp_path)
@@ -194,6 +201,7 @@ def test_the_wait_for_the_predictors_history_ends_at_the_deadline(tmp_path, loop
 def test_an_upstream_call_with_no_time_left_is_not_sent_and_a_deadline_is_told_from_a_stall():
     """aiohttp reads `total=0` as no limit: a call with no time left must fail at once, unsent. A call cut by its
     `total` (the deadline) is told from one cut by the node's stall timeout (`sock_read`)."""
+
     async def main():
         async with fake_nodes({"vllm": True}) as engine:
             with FaultProxy(engine["vllm"], [Fault("stall", stall_s=STALL_S, times=2)]) as proxy:

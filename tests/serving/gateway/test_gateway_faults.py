@@ -4,6 +4,7 @@ The gateway has two nodes, both ports of one `FaultProxy` in front of the sessio
 tries first meets the fault, and a retry on the other goes through clean. Each test checks the client's answer
 and that every stage sent ends with exactly one trace line (completed, or failed with its reason).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,9 +33,15 @@ STALL_S = 30.0  # longer than both: only a timeout ends a stalled attempt
 @contextlib.contextmanager
 def faulty_gateway(engine, trace_dir: Path, **sections):
     """A gateway over two ports of one fault proxy; `send(..., fault=...)` arms the fault for that stage."""
-    config = merged({"server": {"port": free_port()}, "traces": {"dir": str(trace_dir)},
-                     "upstream": {"metrics_period_s": 0.2, "node_timeout_s": NODE_TIMEOUT_S},
-                     "limits": {"request_timeout_s": DEADLINE_S}}, sections)
+    config = merged(
+        {
+            "server": {"port": free_port()},
+            "traces": {"dir": str(trace_dir)},
+            "upstream": {"metrics_period_s": 0.2, "node_timeout_s": NODE_TIMEOUT_S},
+            "limits": {"request_timeout_s": DEADLINE_S},
+        },
+        sections,
+    )
     with FaultProxy(engine.url, num_ports=2) as proxy:
         nodes = [{"name": f"node{i}", "url": url} for i, url in enumerate(proxy.urls)]
         gateway = GatewayConfig(nodes=nodes, model="tiny", **config)
@@ -42,12 +49,17 @@ def faulty_gateway(engine, trace_dir: Path, **sections):
             yield gw, proxy
 
 
-def send(gw, proxy: FaultProxy, stage: str, stream: bool, fault: Fault, max_tokens: int = 12
-         ) -> tuple[httpx.Response, float]:
+def send(
+    gw, proxy: FaultProxy, stage: str, stream: bool, fault: Fault, max_tokens: int = 12
+) -> tuple[httpx.Response, float]:
     """One stage through the gateway, the proxy's next POST suffering `fault`; the answer and its time."""
     proxy.faults.append(fault)
-    body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream}
+    body = {
+        "messages": [{"role": "user", "content": "Plan a trip to Oslo."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     headers = {"X-Maestro-Workflow": "wf-faults", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
     started = time.monotonic()
     response = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
@@ -61,8 +73,14 @@ def events(response: httpx.Response) -> list[dict | str]:
 
 
 def streamed_tokens(response: httpx.Response) -> int | None:
-    return next((e["usage"]["completion_tokens"] for e in events(response)
-                 if isinstance(e, dict) and e.get("usage") and not e.get("choices")), None)
+    return next(
+        (
+            e["usage"]["completion_tokens"]
+            for e in events(response)
+            if isinstance(e, dict) and e.get("usage") and not e.get("choices")
+        ),
+        None,
+    )
 
 
 def traced(trace_dir: Path) -> dict[str, list[dict]]:
@@ -112,7 +130,9 @@ def test_a_stall_times_out_and_is_retried_within_the_deadline(vllm_engine, tmp_p
     assert NODE_TIMEOUT_S <= plain_s < DEADLINE_S / 2 and NODE_TIMEOUT_S <= streamed_s < DEADLINE_S / 2
     stages = assert_each_stage_traced_once(tmp_path, ["stall-json", "stall-stream"])
     assert all(s["attempts"] == 2 and s["output_tokens"] == 12 for s in stages.values())
-    assert [stages[s]["node"] != node_hit(proxy, f) for s, f in zip(("stall-json", "stall-stream"), faults)] == [True] * 2
+    assert [stages[s]["node"] != node_hit(proxy, f) for s, f in zip(("stall-json", "stall-stream"), faults)] == [
+        True
+    ] * 2
 
 
 def test_a_stream_cut_midway_ends_with_an_error_event_and_earlier_cuts_are_retried(vllm_engine, tmp_path):
@@ -141,8 +161,12 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_earlier_cuts_are_retri
 # only after two of them), far below the stall and the node timeout (STALL_S).
 LATE_DEADLINE_S = 8.0
 # The deadline test's paths: (stream, the stall both nodes meet: kind, events before it)
-DEADLINE_PATHS = {"json-stall": (False, "stall", 0), "json-no-headers": (False, "hang", 0),
-                  "stream-stall-before-first-event": (True, "stall", 0), "stream-stall-mid-body": (True, "stall", 2)}
+DEADLINE_PATHS = {
+    "json-stall": (False, "stall", 0),
+    "json-no-headers": (False, "hang", 0),
+    "stream-stall-before-first-event": (True, "stall", 0),
+    "stream-stall-mid-body": (True, "stall", 2),
+}
 
 
 @pytest.mark.parametrize("path", DEADLINE_PATHS)

@@ -1,5 +1,6 @@
 """A node's health from its /metrics polls: a busy engine that answers them late is not taken out of dispatch,
 so overload is answered from the bounded queue (429 + Retry-After), not with 503 "no healthy node"."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ class Engine:
 def busy_vllm(engine: Engine, tail_delay_s: float = 0.0) -> web.Application:
     """vLLM-like: /metrics waits while a completion is in flight (an engine too busy to answer it in time), or
     while the engine is stalled."""
+
     @web.middleware
     async def busy(request: web.Request, handler):
         if request.path == "/metrics":
@@ -104,19 +106,34 @@ def test_a_node_that_refuses_the_connection_is_down_at_once():
 def test_overload_of_a_busy_node_answers_429_with_retry_after_from_the_queue_and_traces_every_stage(tmp_path):
     """One stage's KV at a time, a queue of two, five stages at once, and an engine that answers /metrics only when
     idle: two are refused with 429 + Retry-After at once, the three others run in turn; the node stays healthy."""
+
     async def run():
         async with serving(busy_vllm(Engine(), tail_delay_s=0.6)) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
-                                   upstream={"metrics_period_s": 0.05, "connect_timeout_s": POLL_TIMEOUT_S},
-                                   limits={"max_queued": 2}, kv={"admission": "peak", "overcommit": 1.0}, model="tiny")
+            config = GatewayConfig(
+                nodes=[{"name": "a", "url": url}],
+                traces={"dir": str(tmp_path)},
+                upstream={"metrics_period_s": 0.05, "connect_timeout_s": POLL_TIMEOUT_S},
+                limits={"max_queued": 2},
+                kv={"admission": "peak", "overcommit": 1.0},
+                model="tiny",
+            )
             gateway = Gateway(config)
             await gateway.start()
             try:
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
-                                             base_url="http://gw") as client:
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw"
+                ) as client:
                     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
-                    responses = await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers={
-                        "X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"}) for i in range(5)))
+                    responses = await asyncio.gather(
+                        *(
+                            client.post(
+                                "/v1/chat/completions",
+                                json=body,
+                                headers={"X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"},
+                            )
+                            for i in range(5)
+                        )
+                    )
                 return responses, gateway.nodes[0]
             finally:
                 await gateway.stop()
@@ -139,13 +156,18 @@ def test_a_stage_that_failed_on_every_healthy_node_is_traced_with_the_attempts_r
         app = vllm_like()
         app.middlewares.append(failing)
         async with serving(app) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
-                                   upstream={"metrics_period_s": 60}, model="tiny")
+            config = GatewayConfig(
+                nodes=[{"name": "a", "url": url}],
+                traces={"dir": str(tmp_path)},
+                upstream={"metrics_period_s": 60},
+                model="tiny",
+            )
             gateway = Gateway(config)
             await gateway.start()
             try:
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
-                                             base_url="http://gw") as client:
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw"
+                ) as client:
                     return await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3})
             finally:
                 await gateway.stop()
@@ -159,19 +181,33 @@ def test_a_stage_that_failed_on_every_healthy_node_is_traced_with_the_attempts_r
 def test_stages_past_a_nodes_inflight_cap_wait_in_the_bounded_queue_and_overflow_with_429(tmp_path):
     """Plenty of KV, but at most one stage on the node: of three at once one runs, one waits in the gateway's queue
     of one and the third gets 429 + Retry-After, instead of all three going to vLLM's own queue."""
+
     async def run():
         engine = Engine()
         async with serving(busy_vllm(engine, tail_delay_s=0.3)) as url:
-            config = GatewayConfig(nodes=[{"name": "a", "url": url}], traces={"dir": str(tmp_path)},
-                                   upstream={"metrics_period_s": 60},
-                                   limits={"max_queued": 1, "max_inflight_per_node": 1}, model="tiny")
+            config = GatewayConfig(
+                nodes=[{"name": "a", "url": url}],
+                traces={"dir": str(tmp_path)},
+                upstream={"metrics_period_s": 60},
+                limits={"max_queued": 1, "max_inflight_per_node": 1},
+                model="tiny",
+            )
             gateway = Gateway(config)
             await gateway.start()
             try:
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
-                                             base_url="http://gw") as client:
-                    responses = await asyncio.gather(*(client.post("/v1/completions", json={
-                        "prompt": "p", "max_tokens": 3}, headers={"X-Maestro-Stage": f"s{i}"}) for i in range(3)))
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw"
+                ) as client:
+                    responses = await asyncio.gather(
+                        *(
+                            client.post(
+                                "/v1/completions",
+                                json={"prompt": "p", "max_tokens": 3},
+                                headers={"X-Maestro-Stage": f"s{i}"},
+                            )
+                            for i in range(3)
+                        )
+                    )
                 return responses, gateway.nodes[0].num_refused["inflight"]
             finally:
                 await gateway.stop()

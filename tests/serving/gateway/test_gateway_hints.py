@@ -1,5 +1,6 @@
 """Router hints: the gateway forwards each stage's prediction to a real vLLM-CPU engine as request headers and,
 with `router_hints: nvext`, as Dynamo's `nvext.agent_hints`; a proxy in between records what arrives."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,22 @@ HINT_HEADERS = ("x-maestro-osl", "x-maestro-osl-bucket", "x-maestro-reserve", "x
 def forwarded(engine, tmp_path, mode: str) -> list[tuple[dict, dict]]:
     """Two stages (JSON and streamed) through a gateway with `router_hints: mode`: (headers, body) as vLLM got them."""
     with FaultProxy(engine.url) as proxy:
-        config = GatewayConfig(nodes=[{"name": "node0", "url": proxy.urls[0]}], model="tiny",
-                               server={"port": free_port()}, traces={"dir": str(tmp_path)},
-                               upstream={"metrics_period_s": 0.2, "router_hints": mode})
+        config = GatewayConfig(
+            nodes=[{"name": "node0", "url": proxy.urls[0]}],
+            model="tiny",
+            server={"port": free_port()},
+            traces={"dir": str(tmp_path)},
+            upstream={"metrics_period_s": 0.2, "router_hints": mode},
+        )
         with RunningGateway(config) as gw:
             for stage, stream in (("s1", False), ("s2", True)):
-                body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 600,
-                        "ignore_eos": True, "stream": stream, "nvext": {"annotations": ["keep"]}}
+                body = {
+                    "messages": [{"role": "user", "content": "Plan a trip to Oslo."}],
+                    "max_tokens": 600,
+                    "ignore_eos": True,
+                    "stream": stream,
+                    "nvext": {"annotations": ["keep"]},
+                }
                 headers = {"X-Maestro-Workflow": f"wf-{mode}", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
                 response = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
                 assert response.status_code == 200, response.text
@@ -78,7 +88,9 @@ def test_agent_hints_follow_the_gateway_priority_and_keep_the_caller_fields(tmp_
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "nvext": {"session": "x"}}
             assert (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code == 200
 
-    asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}, upstream={"router_hints": "nvext"}))
+    asyncio.run(
+        run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}, upstream={"router_hints": "nvext"})
+    )
     hints = [body["nvext"]["agent_hints"] for body in received]
     assert [h["priority"] for h in hints] == [-body["priority"] for body in received]
     assert hints[0]["priority"] > hints[1]["priority"]  # the interactive stage first, in Dynamo's order too

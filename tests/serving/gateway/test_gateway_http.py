@@ -1,5 +1,6 @@
 """The gateway's HTTP surface under bad input: field validation (400 naming the field), body size (413), API keys
 (401, per-key idempotency and traces), every stage traced; and a property test fuzzing the body and headers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,12 @@ BAD_BODIES = [  # (path, body, param, words the message must hold)
     (CHAT, {"messages": [{"content": "hi"}]}, "messages[0].role", "required"),
     (CHAT, {"messages": [{"role": 1, "content": "hi"}]}, "messages[0].role", "string"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string or a list"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-     "messages[0].content[0].text", "string"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages[0].content[0].text",
+        "string",
+    ),
     (CHAT, {"prompt": "hi"}, "messages", "required"),
     (CHAT, {"messages": USER, "stream": "yes"}, "stream", "true or false"),
     (CHAT, {"messages": USER, "stream_options": [1]}, "stream_options", "object"),
@@ -72,17 +77,20 @@ def test_a_malformed_field_is_400_naming_it_before_anything_is_queued(tmp_path, 
     assert received == []  # vLLM never saw it
 
 
-@pytest.mark.parametrize("content,headers,param", [
-    (b"{not json", {}, None),
-    (b'{"messages": [{"role": "user"}], "temperature": NaN}', {}, None),
-    (b"[1, 2]", {}, None),
-    (b"[" * 100_000, {}, None),
-    (b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', {}, None),  # not UTF-8 (a raw surrogate)
-    (json.dumps({"messages": USER}).encode(), {"X-Maestro-Interactive": "maybe"}, "X-Maestro-Interactive"),
-    (json.dumps({"messages": USER}).encode(), {"X-Maestro-Stage": "s" * 300}, "X-Maestro-Stage"),
-    (json.dumps({"messages": USER}).encode(), {"X-Maestro-Workflow": "w\x01"}, "X-Maestro-Workflow"),
-    (json.dumps({"messages": USER}).encode(), {"X-Maestro-Parents": ",".join(["p"] * 2000)}, "X-Maestro-Parents"),
-])
+@pytest.mark.parametrize(
+    "content,headers,param",
+    [
+        (b"{not json", {}, None),
+        (b'{"messages": [{"role": "user"}], "temperature": NaN}', {}, None),
+        (b"[1, 2]", {}, None),
+        (b"[" * 100_000, {}, None),
+        (b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', {}, None),  # not UTF-8 (a raw surrogate)
+        (json.dumps({"messages": USER}).encode(), {"X-Maestro-Interactive": "maybe"}, "X-Maestro-Interactive"),
+        (json.dumps({"messages": USER}).encode(), {"X-Maestro-Stage": "s" * 300}, "X-Maestro-Stage"),
+        (json.dumps({"messages": USER}).encode(), {"X-Maestro-Workflow": "w\x01"}, "X-Maestro-Workflow"),
+        (json.dumps({"messages": USER}).encode(), {"X-Maestro-Parents": ",".join(["p"] * 2000)}, "X-Maestro-Parents"),
+    ],
+)
 def test_a_body_that_is_no_json_object_or_bad_headers_are_400(tmp_path, content, headers, param):
     async def calls(client, gateway):
         return await client.post(CHAT, content=content, headers=headers), gateway.traces.num_lines
@@ -100,18 +108,22 @@ def test_a_misspelt_maestro_header_is_400_naming_it_and_the_known_ones(tmp_path)
     async def calls(client, gateway):
         refused = await client.post(CHAT, json={"messages": USER}, headers=misspelt)
         left = gateway.counters["requests"], len(gateway.workflows), len(gateway.sessions.sessions)
-        spelt = await client.post(CHAT, json={"messages": USER}, headers={"x-MAESTRO-workflow": "w1",
-                                                                            "X-Maestro-Stage": "s1"})
+        spelt = await client.post(
+            CHAT, json={"messages": USER}, headers={"x-MAESTRO-workflow": "w1", "X-Maestro-Stage": "s1"}
+        )
         # the router hints a gateway in front sends on (gateway/hints.py) are Maestro's own: they pass
         hinted = await client.post(CHAT, json={"messages": USER}, headers={"X-Maestro-Osl": "12"})
         return refused, left, spelt, hinted, gateway.traces.num_lines
 
-    refused, left, spelt, hinted, num_traced = asyncio.run(run_app(tmp_path, {"a": True}, calls,
-                                                                   node_kw={"received": received}))
+    refused, left, spelt, hinted, num_traced = asyncio.run(
+        run_app(tmp_path, {"a": True}, calls, node_kw={"received": received})
+    )
     error = refused.json()["error"]
     assert refused.status_code == 400 and error["param"] == "X-Maestro-Workflow-Id"
-    assert error["message"].startswith("header X-Maestro-Workflow-Id: not a Maestro header (did you mean "
-                                       "X-Maestro-Workflow?); the known ones are X-Maestro-Workflow, X-Maestro-Stage,")
+    assert error["message"].startswith(
+        "header X-Maestro-Workflow-Id: not a Maestro header (did you mean "
+        "X-Maestro-Workflow?); the known ones are X-Maestro-Workflow, X-Maestro-Stage,"
+    )
     assert left == (0, 0, 0)  # not counted, no workflow, no session
     assert spelt.status_code == hinted.status_code == 200
     assert len(received) == num_traced == 2  # the refused call reached no node and named no stage
@@ -139,8 +151,14 @@ def test_the_openai_sdk_with_a_misspelt_maestro_header_gets_an_error_not_an_answ
 
 def test_a_valid_body_reaches_vllm_with_its_extra_fields(tmp_path):
     received = []
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u"}],
-            "max_tokens": 3, "temperature": 0, "ignore_eos": True, "vendor": {"x": [1, None]}, "n": None}
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+        "vendor": {"x": [1, None]},
+        "n": None,
+    }
 
     async def calls(client, gateway):
         return await client.post(CHAT, json=body)
@@ -155,7 +173,7 @@ def test_a_body_over_the_limit_is_413_by_content_length_or_by_the_bytes_read(tmp
 
     async def chunked():  # no Content-Length: the limit holds on what is read
         for i in range(0, len(big), 1000):
-            yield big[i:i + 1000]
+            yield big[i : i + 1000]
 
     async def calls(client, gateway):
         declared = await client.post(CHAT, content=big)
@@ -176,10 +194,14 @@ def test_api_keys_guard_every_route_but_health_and_scope_idempotency_and_traces(
     traced = tmp_path / "traces"
 
     async def calls(client, gateway):
-        anonymous = [await client.post(CHAT, json={"messages": USER}), await client.post(COMPLETIONS, json={}),
-                     await client.get("/v1/models"), await client.get("/maestro/status"),
-                     await client.post(CHAT, json={"messages": USER}, headers={"Authorization": f"Bearer {'c' * 24}"}),
-                     await client.post(CHAT, json={"messages": USER}, headers={"Authorization": KEY_A})]
+        anonymous = [
+            await client.post(CHAT, json={"messages": USER}),
+            await client.post(COMPLETIONS, json={}),
+            await client.get("/v1/models"),
+            await client.get("/maestro/status"),
+            await client.post(CHAT, json={"messages": USER}, headers={"Authorization": f"Bearer {'c' * 24}"}),
+            await client.post(CHAT, json={"messages": USER}, headers={"Authorization": KEY_A}),
+        ]
         health = await client.get("/health")
         stage = {"X-Maestro-Workflow": "w", "X-Maestro-Stage": "1"}
         body = {"messages": USER, "max_tokens": 2}
@@ -189,8 +211,15 @@ def test_api_keys_guard_every_route_but_health_and_scope_idempotency_and_traces(
         status = await client.get("/maestro/status", headers={"Authorization": f"Bearer {KEY_B}"})
         return anonymous, health, a1, b1, a2, status
 
-    anonymous, health, a1, b1, a2, status = asyncio.run(run_app(
-        traced, {"a": True}, calls, node_kw={"received": received}, server={"api_keys": [KEY_A], "api_keys_file": str(key_file)}))
+    anonymous, health, a1, b1, a2, status = asyncio.run(
+        run_app(
+            traced,
+            {"a": True},
+            calls,
+            node_kw={"received": received},
+            server={"api_keys": [KEY_A], "api_keys_file": str(key_file)},
+        )
+    )
     assert [r.status_code for r in anonymous] == [401] * 6
     assert all(r.json()["error"]["param"] == "Authorization" for r in anonymous)
     assert all(r.headers["www-authenticate"] == "Bearer" for r in anonymous)
@@ -246,24 +275,41 @@ def test_every_stage_ends_traced_completed_refused_or_failed(tmp_path):
     batch = {"X-Maestro-Interactive": "false"}
 
     async def calls(client, gateway):
-        invalid = await client.post(CHAT, json={"messages": USER, "max_tokens": -1},
-                                    headers={**batch, "X-Maestro-Workflow": "bad", "X-Maestro-Stage": "s"})
-        first = asyncio.ensure_future(client.post(CHAT, json={"messages": USER, "max_tokens": 40},
-                                                  headers={**batch, "X-Maestro-Workflow": "w1"}))
+        invalid = await client.post(
+            CHAT,
+            json={"messages": USER, "max_tokens": -1},
+            headers={**batch, "X-Maestro-Workflow": "bad", "X-Maestro-Stage": "s"},
+        )
+        first = asyncio.ensure_future(
+            client.post(CHAT, json={"messages": USER, "max_tokens": 40}, headers={**batch, "X-Maestro-Workflow": "w1"})
+        )
         await asyncio.sleep(0.05)  # w1 runs and holds the node's one place
-        second = asyncio.ensure_future(client.post(CHAT, json={"messages": USER, "max_tokens": 2},
-                                                   headers={**batch, "X-Maestro-Workflow": "w2"}))
+        second = asyncio.ensure_future(
+            client.post(CHAT, json={"messages": USER, "max_tokens": 2}, headers={**batch, "X-Maestro-Workflow": "w2"})
+        )
         await asyncio.sleep(0.05)  # w2 waits in the queue, which is now full
-        full = await client.post(CHAT, json={"messages": USER, "max_tokens": 2},
-                                 headers={**batch, "X-Maestro-Workflow": "w3"})
+        full = await client.post(
+            CHAT, json={"messages": USER, "max_tokens": 2}, headers={**batch, "X-Maestro-Workflow": "w3"}
+        )
         return invalid, full, await first, await second
 
-    invalid, full, first, second = asyncio.run(run_app(
-        tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, limits={"max_queued": 1, "max_inflight_per_node": 1}))
+    invalid, full, first, second = asyncio.run(
+        run_app(
+            tmp_path,
+            {"a": True},
+            calls,
+            node_kw={"tail_delay_s": 0.3},
+            limits={"max_queued": 1, "max_inflight_per_node": 1},
+        )
+    )
     assert (invalid.status_code, full.status_code, first.status_code, second.status_code) == (400, 429, 200, 200)
     lines = {line["workflow_id"]: line for line in traces(tmp_path)}
-    assert {w: line["outcome"] for w, line in lines.items()} == \
-        {"bad": "refused", "w3": "refused", "w1": "completed", "w2": "completed"}
+    assert {w: line["outcome"] for w, line in lines.items()} == {
+        "bad": "refused",
+        "w3": "refused",
+        "w1": "completed",
+        "w2": "completed",
+    }
     assert "max_tokens" in lines["bad"]["error"] and lines["bad"]["stage_id"] == "s"
     assert "queue full" in lines["w3"]["error"]
 
@@ -276,34 +322,83 @@ def test_every_stage_ends_traced_completed_refused_or_failed(tmp_path):
 
 
 # ---- property test: no body or header makes a 5xx, every 4xx names a field --------------------------------------
-FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
-          "temperature", "top_p", "stop", "seed", "tools", "metadata", "stream_interval", "user", "logprobs"]
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "tools",
+    "metadata",
+    "stream_interval",
+    "user",
+    "logprobs",
+]
 text = st.text(st.characters(exclude_categories=()), max_size=12)  # surrogates included
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | text,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8)
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)
 any_value = st.one_of(  # each kind of JSON value equally often (json_values draws mostly small leaves)
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), text.filter(bool),
-    st.lists(json_values, min_size=1, max_size=3), st.dictionaries(text, json_values, min_size=1, max_size=3))
-messages = st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "tool"])},
-    optional={"content": st.none() | text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}),
-                                                     max_size=2),
-              "tool_calls": json_values, "name": text}), min_size=1, max_size=3)
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    text.filter(bool),
+    st.lists(json_values, min_size=1, max_size=3),
+    st.dictionaries(text, json_values, min_size=1, max_size=3),
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool"])},
+        optional={
+            "content": st.none()
+            | text
+            | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2),
+            "tool_calls": json_values,
+            "name": text,
+        },
+    ),
+    min_size=1,
+    max_size=3,
+)
 ids = st.sampled_from(["w", "1", "a,b"]) | st.integers(0, 9) | text
-metadata = st.fixed_dictionaries({}, optional={k: ids for k in ("workflow_id", "stage_id", "role", "app", "parents")}
-                                 | {"interactive": st.booleans() | st.sampled_from(["true", "no"])})
-VALID = {"model": text, "max_tokens": st.integers(1, 64), "n": st.integers(1, 2), "stream": st.booleans(),
-         "temperature": st.floats(0, 2), "stop": text | st.lists(text, max_size=2), "seed": st.integers(),
-         "metadata": metadata, "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"),
-                                                                        "function": st.fixed_dictionaries({"name": text})}), max_size=2),
-         "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}), "logprobs": json_values}
+metadata = st.fixed_dictionaries(
+    {},
+    optional={k: ids for k in ("workflow_id", "stage_id", "role", "app", "parents")}
+    | {"interactive": st.booleans() | st.sampled_from(["true", "no"])},
+)
+VALID = {
+    "model": text,
+    "max_tokens": st.integers(1, 64),
+    "n": st.integers(1, 2),
+    "stream": st.booleans(),
+    "temperature": st.floats(0, 2),
+    "stop": text | st.lists(text, max_size=2),
+    "seed": st.integers(),
+    "metadata": metadata,
+    "tools": st.lists(
+        st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": text})}),
+        max_size=2,
+    ),
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "logprobs": json_values,
+}
 
 
 header_text = st.text(st.characters(min_codepoint=0, max_codepoint=127, exclude_characters="\r\n"), max_size=300)
 IDS = ["w", "1", "2", "a,b"]
 HEADERS = {f"X-Maestro-{name}": IDS for name in ("Workflow", "Stage", "Role", "App", "Parents")} | {
-    "X-Maestro-Interactive": ["true", "false", "0", "On"]}
+    "X-Maestro-Interactive": ["true", "false", "0", "On"]
+}
 
 
 @st.composite
@@ -311,12 +406,16 @@ def calls(draw, field: str | None) -> tuple[str, dict, dict]:
     """An endpoint, a body and headers: a valid body with `field` broken (any JSON value) and unknown fields added,
     under valid headers; with no field, a valid body under headers of any text."""
     path = draw(st.sampled_from([CHAT, COMPLETIONS]))
-    body = draw(st.fixed_dictionaries({"messages": messages} if path == CHAT else {"prompt": text | st.lists(text)},
-                                      optional=VALID))
+    body = draw(
+        st.fixed_dictionaries(
+            {"messages": messages} if path == CHAT else {"prompt": text | st.lists(text)}, optional=VALID
+        )
+    )
     if field is None:
         return path, body, draw(st.fixed_dictionaries({}, optional={h: header_text for h in [*HEADERS, "X-Other"]}))
-    extra = draw(st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in FIELDS), json_values,
-                                 max_size=2))
+    extra = draw(
+        st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in FIELDS), json_values, max_size=2)
+    )
     headers = draw(st.fixed_dictionaries({}, optional={h: st.sampled_from(v) for h, v in HEADERS.items()}))
     headers["X-Maestro-Workflow"] = draw(st.uuids()).hex  # a new stage each time: no replay of an earlier answer
     return path, {**extra, **body, field: draw(any_value)}, headers
@@ -340,8 +439,9 @@ def test_no_body_or_header_makes_a_5xx_and_every_4xx_names_a_field(fuzz_target, 
 
     # derandomize: the same examples every run, so CI cannot turn red by the draw; the explicit example is one a
     # random draw once found (a body key holding a "." is named whole, not cut at its dot)
-    @settings(max_examples=12 if field else 40, deadline=None, suppress_health_check=list(HealthCheck),
-              derandomize=True)
+    @settings(
+        max_examples=12 if field else 40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
     @given(call=calls(field))
     @example(call=("/v1/chat/completions", {"A.": {"\ud800": None}, "messages": [{"role": "user"}]}, {}))
     def check(call):
@@ -351,8 +451,9 @@ def test_no_body_or_header_makes_a_5xx_and_every_4xx_names_a_field(fuzz_target, 
         if response.status_code >= 400:
             param = response.json()["error"]["param"]
             named = {*body, *(h.lower() for h in headers), "messages", "prompt", "max_tokens"}
-            assert param and (param in named or param.lower() in named or re.split(r"[.\[]", param)[0] in named), \
+            assert param and (param in named or param.lower() in named or re.split(r"[.\[]", param)[0] in named), (
                 response.text
+            )
 
     check()
 
@@ -361,8 +462,12 @@ async def _fuzz_target(tmp_path) -> dict:
     """The app over one vLLM-like node, kept up across the property test's examples."""
     nodes = fake_nodes({"a": True})
     urls = await nodes.__aenter__()
-    config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], traces={"dir": str(tmp_path)},
-                           upstream={"metrics_period_s": 60}, model="tiny")
+    config = GatewayConfig(
+        nodes=[{"name": "a", "url": urls["a"]}],
+        traces={"dir": str(tmp_path)},
+        upstream={"metrics_period_s": 60},
+        model="tiny",
+    )
     gateway = Gateway(config)
     await gateway.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw")

@@ -2,6 +2,7 @@
 every fallback to the prior counted by reason (/maestro/status, /metrics, traces); and, against a real vLLM-CPU
 engine under concurrent load, the model answers (almost) every stage.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ from serving.gateway.predict import LocalPredictor, Source
 from .conftest import fake_nodes
 from driver.testbed.engines import ENGINE_CPU_NICE
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1))
+FAST_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 
 
 def train(num_stages: int, use_embedding: bool) -> Predictor:
@@ -46,23 +48,37 @@ def model_dir(tmp_path_factory):
 
 
 def stage(i: int, role: str = "coder") -> dict:
-    return {"workflow_id": f"w{i}", "stage_id": "0", "role": role, "prompt": f"step {i}: write the parser",
-            "app": "coding_agent", "parent_ids": [], "interactive": False}
+    return {
+        "workflow_id": f"w{i}",
+        "stage_id": "0",
+        "role": role,
+        "prompt": f"step {i}: write the parser",
+        "app": "coding_agent",
+        "parent_ids": [],
+        "interactive": False,
+    }
 
 
 async def post_stages(client: httpx.AsyncClient, num_stages: int) -> list[httpx.Response]:
     headers = lambda i: {"X-Maestro-Workflow": f"w{i}", "X-Maestro-Stage": "0", "X-Maestro-Role": "coder"}  # noqa: E731
     body = {"messages": [{"role": "user", "content": "write the parser"}], "max_tokens": 5}
-    return list(await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers=headers(i))
-                                       for i in range(num_stages))))
+    return list(
+        await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body, headers=headers(i)) for i in range(num_stages))
+        )
+    )
 
 
 def test_the_model_is_warmed_before_the_gateway_is_ready_and_its_answers_are_counted(model_dir, tmp_path):
     async def scenario():
         async with fake_nodes({"a": True}) as urls:
-            config = GatewayConfig(nodes=[{"name": "a", "url": urls["a"]}], model="tiny",
-                                   upstream={"metrics_period_s": 60}, traces={"dir": str(tmp_path)},
-                                   predictor={"model": str(model_dir)})
+            config = GatewayConfig(
+                nodes=[{"name": "a", "url": urls["a"]}],
+                model="tiny",
+                upstream={"metrics_period_s": 60},
+                traces={"dir": str(tmp_path)},
+                predictor={"model": str(model_dir)},
+            )
             gateway = Gateway(config)
             app = create_app(config, gateway)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
@@ -127,17 +143,22 @@ def test_fallbacks_are_counted_by_reason_and_the_first_of_each_is_a_warning(mode
         finally:
             await predictor.aclose()
 
-    predictors = {"slow": LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=0.05),
-                  "failing": LocalPredictor(Failing(loaded.featurizer, loaded.model, loaded.priors)),
-                  "none": LocalPredictor(timeout_s=0.05)}
+    predictors = {
+        "slow": LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=0.05),
+        "failing": LocalPredictor(Failing(loaded.featurizer, loaded.model, loaded.priors)),
+        "none": LocalPredictor(timeout_s=0.05),
+    }
     Stalling.delay_s = 0.0  # (its warm-up need not wait)
     with caplog.at_level(logging.WARNING, logger="serving.gateway.predict"):
         asyncio.run(predictors["slow"].start())
         Stalling.delay_s = 0.3
         roles = ["coder", "broken", "coder", "broken"]
         sources = {name: asyncio.run(answers(p, roles)) for name, p in predictors.items()}
-    assert sources == {"slow": [Source.TIMEOUT] * 4, "none": [Source.NO_MODEL] * 4,
-                       "failing": [Source.MODEL, Source.ERROR, Source.MODEL, Source.ERROR]}
+    assert sources == {
+        "slow": [Source.TIMEOUT] * 4,
+        "none": [Source.NO_MODEL] * 4,
+        "failing": [Source.MODEL, Source.ERROR, Source.MODEL, Source.ERROR],
+    }
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3 and "(timeout: no model answer within 0.05 s)" in warnings[0]
     assert "(error: RuntimeError: feature mismatch)" in warnings[1] and "(no_model)" in warnings[2]
@@ -201,11 +222,22 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
 
     engine_session = Path(f"/proc/{vllm_engine.process.pid}/autogroup")
     assert not engine_session.exists() or engine_session.read_text().split()[-1] == str(ENGINE_CPU_NICE)
-    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "traces": {"dir": str(tmp_path / "traces")},
-              "predictor": {"source": "local", "model": str(embedding_model_dir)}}
+    fields = {
+        "nodes": [{"name": "node0", "url": vllm_engine.url}],
+        "traces": {"dir": str(tmp_path / "traces")},
+        "predictor": {"source": "local", "model": str(embedding_model_dir)},
+    }
     with GatewayProcess(fields, tmp_path) as gateway:  # returns once /ready says the model is warm
-        config = DriveConfig(target=gateway.url, app="all", num_workflows=12, concurrency=8, token_scale=0.25,
-                             max_tokens_cap=48, max_prompt_chars=3000, run_tools=False)
+        config = DriveConfig(
+            target=gateway.url,
+            app="all",
+            num_workflows=12,
+            concurrency=8,
+            token_scale=0.25,
+            max_tokens_cap=48,
+            max_prompt_chars=3000,
+            run_tools=False,
+        )
         report = asyncio.run(drive(config, tmp_path / "drive.json"))
         status = httpx.get(f"{gateway.url}/maestro/status", timeout=10).json()["predictor"]
         metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text

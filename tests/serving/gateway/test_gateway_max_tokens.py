@@ -1,5 +1,6 @@
 """A chat call without max_tokens: the gateway sizes its KV reserve to a cap and sends vLLM that cap, never more
 than the node's context (`max_model_len` from /v1/models) leaves after the prompt's estimate."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,11 @@ HEADERS = {"X-Maestro-Workflow": "w", "X-Maestro-Role": "planner"}
 
 
 def test_the_cap_is_the_default_less_what_the_smallest_context_leaves():
-    gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}],
-                                    kv={"default_max_tokens": 512}))
+    gateway = Gateway(
+        GatewayConfig(
+            nodes=[{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}], kv={"default_max_tokens": 512}
+        )
+    )
     assert gateway.output_cap(100) == 512  # no node has listed its context yet
     gateway.nodes[0].vllm.max_model_len, gateway.nodes[1].vllm.max_model_len = 4096, 2048
     assert (gateway.output_cap(100), gateway.output_cap(1800), gateway.output_cap(3000)) == (512, 248, 1)
@@ -33,15 +37,20 @@ def test_a_chat_call_without_max_tokens_is_sent_with_its_cap_and_a_completion_ca
     received = []
 
     async def calls(client, gateway):
-        chat = await client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]},
-                                 headers={**HEADERS, "X-Maestro-Stage": "chat"})
-        asked = await client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7},
-                                  headers={**HEADERS, "X-Maestro-Stage": "asked"})
+        chat = await client.post(
+            CHAT, json={"messages": [{"role": "user", "content": "hi"}]}, headers={**HEADERS, "X-Maestro-Stage": "chat"}
+        )
+        asked = await client.post(
+            CHAT,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7},
+            headers={**HEADERS, "X-Maestro-Stage": "asked"},
+        )
         completion = await client.post(COMPLETIONS, json={"prompt": "hi"}, headers={**HEADERS, "X-Maestro-Stage": "c"})
         return chat, asked, completion
 
-    responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
-                                    kv={"default_max_tokens": 40}))
+    responses = asyncio.run(
+        run_app(tmp_path, {"a": True}, calls, node_kw={"received": received}, kv={"default_max_tokens": 40})
+    )
     assert [r.status_code for r in responses] == [200] * 3
     assert received[0]["max_tokens"] == 40 and received[1]["max_tokens"] == 7 and "max_tokens" not in received[2]
 
@@ -56,14 +65,22 @@ def test_on_vllm_a_call_without_max_tokens_gets_its_cap_or_the_room_its_prompt_l
     from .test_gateway_vllm import gateway_for
 
     catalog_text = " ".join(prompt_text(r["prompt"]) for r in generate(60, seed=3))
-    long_prompt = [{"role": "user", "content": catalog_text[:3 * (2048 - 30 - PromptSizer.template_tokens(1))]}]
+    long_prompt = [{"role": "user", "content": catalog_text[: 3 * (2048 - 30 - PromptSizer.template_tokens(1))]}]
     room = 2048 - PromptSizer(KVConfig().chars_per_token).estimate(len(prompt_text(long_prompt)), 1)
     with gateway_for([vllm_engine], tmp_path, kv={"default_max_tokens": 64}) as gw:
         node = until_listed(gw.url)
-        answers = {stage: httpx.post(f"{gw.url}{CHAT}", timeout=120, headers={**HEADERS, "X-Maestro-Stage": stage},
-                                     json={"messages": messages, "ignore_eos": True})
-                   for stage, messages in (("short", [{"role": "user", "content": "Plan a trip to Oslo."}]),
-                                           ("long", long_prompt))}
+        answers = {
+            stage: httpx.post(
+                f"{gw.url}{CHAT}",
+                timeout=120,
+                headers={**HEADERS, "X-Maestro-Stage": stage},
+                json={"messages": messages, "ignore_eos": True},
+            )
+            for stage, messages in (
+                ("short", [{"role": "user", "content": "Plan a trip to Oslo."}]),
+                ("long", long_prompt),
+            )
+        }
     assert node["max_model_len"] == 2048 and 20 < room < 64
     assert {s: a.status_code for s, a in answers.items()} == {"short": 200, "long": 200}
     traced = {s.stage_id: s.model_extra["max_tokens"] for s in collect(tmp_path)[0]}

@@ -1,4 +1,5 @@
 """The gateway's in-process predictor with an app training never saw: flagged, then corrected from its own stages."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +12,12 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 from serving.gateway.predict import LocalPredictor
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1),
-                         quantile=dict(n_estimators=80, learning_rate=0.1, num_leaves=15, min_child_samples=20))
+FAST_MODEL = ModelConfig(
+    folds=3,
+    classifier=dict(n_estimators=40, learning_rate=0.1),
+    regressor=dict(n_estimators=80, learning_rate=0.1),
+    quantile=dict(n_estimators=80, learning_rate=0.1, num_leaves=15, min_child_samples=20),
+)
 
 
 def test_a_new_apps_reserve_comes_down_as_its_stages_are_observed():
@@ -22,8 +26,14 @@ def test_a_new_apps_reserve_comes_down_as_its_stages_are_observed():
     predictor = Predictor.train([s for s in stages if s.app != new], FeaturizerConfig(use_embedding=False), FAST_MODEL)
 
     def stage(i: int) -> dict:
-        return {"workflow_id": f"n{i}", "stage_id": "0", "role": "agent", "prompt": "answer in one word", "app": new,
-                "parent_ids": []}
+        return {
+            "workflow_id": f"n{i}",
+            "stage_id": "0",
+            "role": "agent",
+            "prompt": "answer in one word",
+            "app": new,
+            "parent_ids": [],
+        }
 
     async def scenario():
         local = LocalPredictor(predictor, timeout_s=5)

@@ -4,6 +4,7 @@ vLLM is faked here (conftest's vLLM-like handlers); what is real is the predicto
 service, its AsyncPredictorClient, /predict answers from a trained model and /observe taking
 the gateway's finished stages.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,9 @@ from serving.gateway.http_predictor import HttpPredictor
 
 from .conftest import run_app
 
-FAST_MODEL = ModelConfig(folds=3, classifier=dict(n_estimators=40, learning_rate=0.1),
-                         regressor=dict(n_estimators=80, learning_rate=0.1))
+FAST_MODEL = ModelConfig(
+    folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
+)
 ROLES = ("planner", "coder", "planner")
 
 
@@ -45,8 +47,13 @@ def service_env(model_dir, root) -> dict:
 async def three_stages(client, gateway) -> list[httpx.Response]:
     responses = []
     for i, role in enumerate(ROLES):
-        headers = {"X-Maestro-Workflow": "w", "X-Maestro-Stage": str(i), "X-Maestro-Role": role,
-                   "X-Maestro-Parents": str(i - 1) if i else "", "X-Maestro-App": "coding_agent"}
+        headers = {
+            "X-Maestro-Workflow": "w",
+            "X-Maestro-Stage": str(i),
+            "X-Maestro-Role": role,
+            "X-Maestro-Parents": str(i - 1) if i else "",
+            "X-Maestro-App": "coding_agent",
+        }
         body = {"messages": [{"role": "user", "content": f"step {i}: write the parser"}], "max_tokens": 5}
         responses.append(await client.post("/v1/chat/completions", json=body, headers=headers))
     return responses
@@ -56,12 +63,15 @@ def assert_model_answered_and_observed(responses, trace_dir, num_observed: int) 
     assert [r.status_code for r in responses] == [200] * len(ROLES)
     stages = collect(trace_dir)[0]
     assert len(stages) == len(ROLES)
-    assert {s.model_extra["fallback_level"] for s in stages} <= {"role", "new_app", "global"}  # the model, not the prior
+    assert {s.model_extra["fallback_level"] for s in stages} <= {
+        "role",
+        "new_app",
+        "global",
+    }  # the model, not the prior
     assert num_observed == len(ROLES)
 
 
-def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir, tmp_path, monkeypatch,
-                                                                     bentoml_asgi):
+def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir, tmp_path, monkeypatch, bentoml_asgi):
     from predictor_service.service import PredictorService
 
     for key, value in service_env(model_dir, tmp_path).items():
@@ -71,10 +81,12 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
     async def scenario():
         async with service.router.lifespan_context(service):
             # In process, the client talks to the ASGI app instead of a socket.
-            client = AsyncPredictorClient(ClientConfig(url="http://predictor", timeout_s=5.0),
-                                          transport=httpx.ASGITransport(service))
-            responses = await run_app(tmp_path / "traces", {"a": True}, three_stages,
-                                      HttpPredictor(client, observe_period_s=0.01))
+            client = AsyncPredictorClient(
+                ClientConfig(url="http://predictor", timeout_s=5.0), transport=httpx.ASGITransport(service)
+            )
+            responses = await run_app(
+                tmp_path / "traces", {"a": True}, three_stages, HttpPredictor(client, observe_period_s=0.01)
+            )
             async with httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://p") as probe:
                 stats = (await probe.get("/stats")).json()
             return responses, stats
@@ -107,6 +119,7 @@ def test_unreachable_service_costs_the_deadline_and_answers_from_the_prior(tmp_p
 
 def test_closing_waits_for_the_batch_on_the_wire_and_sends_the_rest():
     """The race behind a flaky 'observed 1 of 3': the gateway stopped while a batch was being sent."""
+
     class SlowClient:
         config = ClientConfig(url="http://slow")
 
@@ -151,6 +164,8 @@ def test_gateway_with_a_real_bentoml_serve(model_dir, tmp_path):
             if stats["num_observed"] >= len(ROLES):
                 break
             time.sleep(0.2)
-    assert predictor.num_observed == len(ROLES) and not predictor.pending, (predictor.num_observed,
-                                                                            predictor.client.breaker.last_error)
+    assert predictor.num_observed == len(ROLES) and not predictor.pending, (
+        predictor.num_observed,
+        predictor.client.breaker.last_error,
+    )
     assert_model_answered_and_observed(responses, tmp_path / "traces", stats["num_observed"])

@@ -9,6 +9,7 @@ parents that finished behind the other. What is not: the idempotency key lives i
 a call retried on the survivor runs again on the engine (if it had finished behind the dead one, that engine run
 is the second); a call re-sent to the gateway that ran it is answered from that gateway's memory.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +39,15 @@ def read_traces(directory: Path) -> list[dict]:
 @pytest.fixture
 def services(model_dir, tmp_path):  # noqa: F811
     """Two service replicas on the same model, each with its own trace directory."""
-    servers = [LocalServer(ServerConfig(env={"MAESTRO_MODEL": str(model_dir),
-                                             "MAESTRO_TRACE_DIR": str(tmp_path / f"observed-{i}")},
-                                        log_path=str(tmp_path / f"service-{i}.log"))) for i in range(2)]
+    servers = [
+        LocalServer(
+            ServerConfig(
+                env={"MAESTRO_MODEL": str(model_dir), "MAESTRO_TRACE_DIR": str(tmp_path / f"observed-{i}")},
+                log_path=str(tmp_path / f"service-{i}.log"),
+            )
+        )
+        for i in range(2)
+    ]
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(LocalServer.__enter__, servers))
@@ -56,10 +63,11 @@ def gateways(vllm_engine, services, model_dir, tmp_path):  # noqa: F811
     replicas = []
     try:
         for name in ("a", "b"):
-            fields = {"nodes": [{"name": "vllm", "url": vllm_engine.url}],
-                      "traces": {"dir": str(tmp_path / f"gateway-{name}")},
-                      "predictor": {"source": ",".join(s.url for s in services), "model": str(model_dir),
-                                    "timeout_s": 10.0}}
+            fields = {
+                "nodes": [{"name": "vllm", "url": vllm_engine.url}],
+                "traces": {"dir": str(tmp_path / f"gateway-{name}")},
+                "predictor": {"source": ",".join(s.url for s in services), "model": str(model_dir), "timeout_s": 10.0},
+            }
             replicas.append(GatewayProcess(fields, tmp_path).start())
         yield [g.wait_ready() for g in replicas]
     finally:
@@ -88,10 +96,17 @@ async def drive_and_kill(config: DriveConfig, doomed: GatewayProcess) -> tuple[d
 def test_drive_sends_a_call_a_gateway_does_not_take_to_the_next(tmp_path):
     """A dead gateway (nobody listening) and a live vLLM-like target: every stage is answered, the ones that
     started at the dead one after failing over; with every target dead, each stage fails saying why."""
+
     async def scenario():
         async with fake_nodes({"dead": False, "live": True}) as urls:
-            config = DriveConfig(target=f"{urls['dead']},{urls['live']}", app="swe_coding", num_workflows=2,
-                                 max_tokens_cap=8, run_tools=False, timeout_s=10)
+            config = DriveConfig(
+                target=f"{urls['dead']},{urls['live']}",
+                app="swe_coding",
+                num_workflows=2,
+                max_tokens_cap=8,
+                run_tools=False,
+                timeout_s=10,
+            )
             report = await drive(config)
             config.target = urls["dead"] + "," + f"http://127.0.0.1:{free_port()}"
             return report, await drive(config)
@@ -112,8 +127,17 @@ def test_drive_sends_a_call_a_gateway_does_not_take_to_the_next(tmp_path):
 @pytest.mark.timeout(400)
 def test_a_gateway_killed_mid_run_loses_no_stage_and_no_history(gateways, tmp_path):
     doomed, survivor = gateways
-    config = DriveConfig(target=f"{doomed.url},{survivor.url}", app="all", num_workflows=4, concurrency=4,
-                         max_tokens_cap=24, max_prompt_chars=1500, run_tools=False, seed=3, timeout_s=120)
+    config = DriveConfig(
+        target=f"{doomed.url},{survivor.url}",
+        app="all",
+        num_workflows=4,
+        concurrency=4,
+        max_tokens_cap=24,
+        max_prompt_chars=1500,
+        run_tools=False,
+        seed=3,
+        timeout_s=120,
+    )
     report, last_status = asyncio.run(drive_and_kill(config, doomed))
     summary, rows = report["summary"], report["stages"]
     by_key = {(r["workflow_id"], r["stage_id"]): r for r in rows}
@@ -127,27 +151,40 @@ def test_a_gateway_killed_mid_run_loses_no_stage_and_no_history(gateways, tmp_pa
     assert broken, f"no call was in flight at the kill ({last_status['inflight']} said the gateway)"
 
     # Each stage ran on the engine once, except those whose first gateway died under them: those ran again.
-    completed = [line for name in ("a", "b") for line in read_traces(tmp_path / f"gateway-{name}")
-                 if line["outcome"] == "completed"]
+    completed = [
+        line
+        for name in ("a", "b")
+        for line in read_traces(tmp_path / f"gateway-{name}")
+        if line["outcome"] == "completed"
+    ]
     runs = Counter((line["workflow_id"], line["stage_id"]) for line in completed)
     assert set(runs) == set(by_key)
     assert {key for key, n in runs.items() if n > 1} <= {(r["workflow_id"], r["stage_id"]) for r in broken}
 
     # What is lost: outcomes the dead gateway had not yet sent to /observe when it died (it sends them at once).
-    observed = {(line["workflow_id"], line["stage_id"]) for i in (0, 1)
-                for line in read_traces(tmp_path / f"observed-{i}")}
+    observed = {
+        (line["workflow_id"], line["stage_id"]) for i in (0, 1) for line in read_traces(tmp_path / f"observed-{i}")
+    }
     lost = set(runs) - observed
     assert lost <= {(r["workflow_id"], r["stage_id"]) for r in rows if r["target"] == doomed.url}, lost
 
     # A stage whose parents finished behind the other gateway was predicted with their outcomes: the workflow's
     # owner replica had them (/observe), whichever gateway sent them.
-    crossed = [line for name, gateway in (("a", doomed), ("b", survivor))
-               for line in read_traces(tmp_path / f"gateway-{name}") if line["outcome"] == "completed"
-               and line["parent_ids"] and all(by_key[(line["workflow_id"], p)]["target"] != gateway.url
-                                              and (line["workflow_id"], p) not in lost for p in line["parent_ids"])]
+    crossed = [
+        line
+        for name, gateway in (("a", doomed), ("b", survivor))
+        for line in read_traces(tmp_path / f"gateway-{name}")
+        if line["outcome"] == "completed"
+        and line["parent_ids"]
+        and all(
+            by_key[(line["workflow_id"], p)]["target"] != gateway.url and (line["workflow_id"], p) not in lost
+            for p in line["parent_ids"]
+        )
+    ]
     assert crossed, "no stage had its parents behind the other gateway: nothing was checked"
     assert [line["history"] for line in crossed] == ["full"] * len(crossed), [
-        (line["stage_id"], line["history"], line["prediction_source"]) for line in crossed]
+        (line["stage_id"], line["history"], line["prediction_source"]) for line in crossed
+    ]
 
     # The survivor's idempotency key: a stage it ran, sent to it again, is answered from memory, not run again.
     asyncio.run(check_replay_and_no_history(survivor, rows, tmp_path / "gateway-b"))
@@ -155,8 +192,12 @@ def test_a_gateway_killed_mid_run_loses_no_stage_and_no_history(gateways, tmp_pa
 
 async def check_replay_and_no_history(survivor: GatewayProcess, rows: list[dict], trace_dir: Path) -> None:
     ran = next(r for r in rows if r["target"] == survivor.url)
-    headers = {"X-Maestro-Workflow": ran["workflow_id"], "X-Maestro-Stage": ran["stage_id"],
-               "X-Maestro-Role": ran["role"], "X-Maestro-App": ran["app"]}
+    headers = {
+        "X-Maestro-Workflow": ran["workflow_id"],
+        "X-Maestro-Stage": ran["stage_id"],
+        "X-Maestro-Role": ran["role"],
+        "X-Maestro-App": ran["app"],
+    }
     body = {"model": "tiny", "messages": [{"role": "user", "content": "again"}], "max_tokens": 4}
     num_lines = len(read_traces(trace_dir))
     async with httpx.AsyncClient(timeout=60) as client:

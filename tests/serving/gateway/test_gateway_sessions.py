@@ -1,6 +1,7 @@
 """MARS's session controls in the gateway (serving/gateway/sessions.py): the AIMD window fed by vLLM's KV usage and
 the sessions in a tool call, keep/evict of a session's context during its tool call, affinity to the node holding it,
 and a session's end (the caller's `final`, or silence)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,10 +29,18 @@ from .test_gateway_units import make_node
 NODES = [{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://b"}]
 
 
-def job_of(workflow: str, arrival: float, stage: str = "s", tokens: int = 128, interactive: bool = False,
-           loop=None) -> Job:
-    request = StageRequest(workflow, stage, interactive=interactive, workflow_arrival_s=arrival, ready_s=arrival,
-                           tokens_pred=tokens, pred_service_s=tokens / 50)
+def job_of(
+    workflow: str, arrival: float, stage: str = "s", tokens: int = 128, interactive: bool = False, loop=None
+) -> Job:
+    request = StageRequest(
+        workflow,
+        stage,
+        interactive=interactive,
+        workflow_arrival_s=arrival,
+        ready_s=arrival,
+        tokens_pred=tokens,
+        pred_service_s=tokens / 50,
+    )
     job = Job(StageMeta(workflow, stage, interactive=interactive), request, reserve_tokens=tokens)
     job.future = loop.create_future()
     request.payload = job
@@ -77,8 +86,13 @@ def test_the_tool_kv_policy_decides(policy, held):
 
 def test_a_hold_ends_at_its_ttl_and_a_silent_session_ends_giving_back_its_place_in_the_window():
     node = make_node("a", blocks=64)
-    window = Gateway(GatewayConfig(nodes=NODES[:1], system={"name": "mars"}, sessions={
-        "aimd": {"start_window": 1, "min_window": 1, "max_window": 1}})).dispatcher.cap
+    window = Gateway(
+        GatewayConfig(
+            nodes=NODES[:1],
+            system={"name": "mars"},
+            sessions={"aimd": {"start_window": 1, "min_window": 1, "max_window": 1}},
+        )
+    ).dispatcher.cap
     sessions = Sessions("keep-always", idle_s=10.0, cap=window)
     sessions.arrive("w", 0.0)
     window.started("w")
@@ -115,8 +129,13 @@ def test_a_policy_name_picks_the_same_session_cap_as_in_the_simulator_and_the_wi
         GatewayConfig(nodes=NODES, system={"cap": "workflow"})  # not a cap
     with pytest.raises(ValueError, match="sessions.aimd: unknown fields"):
         GatewayConfig(nodes=NODES, system={"name": "mars"}, sessions={"aimd": {"window": 3}})
-    gateway = Gateway(GatewayConfig(nodes=NODES, system={"name": "mars"}, sessions={
-        "aimd": {"start_window": 20, "min_window": 2, "max_window": 20}}))
+    gateway = Gateway(
+        GatewayConfig(
+            nodes=NODES,
+            system={"name": "mars"},
+            sessions={"aimd": {"start_window": 20, "min_window": 2, "max_window": 20}},
+        )
+    )
     gateway.nodes[:] = [make_node("a", blocks=16, usage=0.9), make_node("b", blocks=16, usage=0.9)]
     assert gateway.kv_usage() == pytest.approx(0.9375)  # whole blocks in use, as the node counts them
     window = gateway.dispatcher.cap
@@ -165,11 +184,23 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
     traces = tmp_path / "slice.jsonl"
     traces.write_text("\n".join(first_workflows(AGENT, 3)) + "\n")
     # Re-prefilling costs 10 ms a token here, so a context of a few hundred tokens outlasts short tools: kept.
-    fields = {"nodes": [{"name": "node0", "url": vllm_engine.url}], "traces": {"dir": str(tmp_path / "traces")},
-              "system": {"name": "mars"}, "sessions": {"prefill_s_per_token": 0.01, "idle_s": 60.0}}
+    fields = {
+        "nodes": [{"name": "node0", "url": vllm_engine.url}],
+        "traces": {"dir": str(tmp_path / "traces")},
+        "system": {"name": "mars"},
+        "sessions": {"prefill_s_per_token": 0.01, "idle_s": 60.0},
+    }
     with GatewayProcess(fields, tmp_path) as gateway:
-        config = DriveConfig(target=gateway.url, traces=str(traces), num_workflows=3, concurrency=3,
-                             max_tokens_cap=8, max_prompt_chars=1500, tool_wait_scale=0.02, max_stages_per_workflow=5)
+        config = DriveConfig(
+            target=gateway.url,
+            traces=str(traces),
+            num_workflows=3,
+            concurrency=3,
+            max_tokens_cap=8,
+            max_prompt_chars=1500,
+            tool_wait_scale=0.02,
+            max_stages_per_workflow=5,
+        )
         report = asyncio.run(drive(config, tmp_path / "drive.json"))
         import httpx
 
@@ -189,8 +220,11 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
 
 def tool_prone_predictor() -> LocalPredictor:
     """Priors only: the role `agent` ends in a tool call 90 % of the time, `user` never."""
-    priors = {"": NO_MODEL_PRIOR, "agent": Prior(p_tool=0.9, tokens_median=8.0, tokens_upper=16.0),
-              "user": Prior(p_tool=0.0, tokens_median=8.0, tokens_upper=16.0)}
+    priors = {
+        "": NO_MODEL_PRIOR,
+        "agent": Prior(p_tool=0.9, tokens_median=8.0, tokens_upper=16.0),
+        "user": Prior(p_tool=0.0, tokens_median=8.0, tokens_upper=16.0),
+    }
     return LocalPredictor(Predictor(None, None, priors))
 
 
@@ -203,22 +237,32 @@ def test_a_maestro_scheduler_node_is_told_the_tool_time_only_of_a_turn_predicted
     body = {"prompt": "hello", "max_tokens": 4}
 
     def headers(stage: str, role: str, **extra) -> dict:
-        return {"X-Maestro-Workflow": "w", "X-Maestro-Stage": stage, "X-Maestro-Role": role, "X-Maestro-App": "tau2",
-                **extra}
+        return {
+            "X-Maestro-Workflow": "w",
+            "X-Maestro-Stage": stage,
+            "X-Maestro-Role": role,
+            "X-Maestro-App": "tau2",
+            **extra,
+        }
 
     async def calls(urls):
-        config = GatewayConfig(nodes=[{"name": "m", "url": urls["m"], "maestro_scheduler": True},
-                                      {"name": "p", "url": urls["p"]}], model="tiny",
-                               traces={"dir": str(tmp_path)}, upstream={"metrics_period_s": 60})
+        config = GatewayConfig(
+            nodes=[{"name": "m", "url": urls["m"], "maestro_scheduler": True}, {"name": "p", "url": urls["p"]}],
+            model="tiny",
+            traces={"dir": str(tmp_path)},
+            upstream={"metrics_period_s": 60},
+        )
         gateway = Gateway(config, predictor=tool_prone_predictor())
         await gateway.start()
         maestro_node, plain_node = gateway.nodes
         plain_node.is_healthy = False  # every call goes to the Maestro node first
         try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(config, gateway)),
-                                         base_url="http://gw") as client:
-                await client.post("/v1/completions", json=body, headers=headers("a1", "agent", **{
-                    "X-Maestro-Tool-Call": "true"}))  # the caller runs a tool on its answer: a timed tool phase
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(create_app(config, gateway)), base_url="http://gw"
+            ) as client:
+                await client.post(
+                    "/v1/completions", json=body, headers=headers("a1", "agent", **{"X-Maestro-Tool-Call": "true"})
+                )  # the caller runs a tool on its answer: a timed tool phase
                 await asyncio.sleep(0.3)
                 await client.post("/v1/completions", json=body, headers=headers("a2", "agent"))
                 await client.post("/v1/completions", json=body, headers=headers("u1", "user"))

@@ -1,5 +1,6 @@
 """Maestro live: a workflow's SLO from its calls or the config, its deadline on the stage, and the batch-cost gate on a
 node's measured pace."""
+
 import asyncio
 import time
 
@@ -50,8 +51,9 @@ def running_node(deadline_s: float, tokens_pred: int = 200):
     node = make_node("a", blocks=64)
     node.pace.mean_pace, node.pace.recent_paces, node.pace.first_token_delay_s = 20.0, [20.0, 50.0], 0.5
     now = time.monotonic()
-    node.running_requests[StageRequest("w", "s", tokens_pred=tokens_pred, tokens_reserve=tokens_pred,
-                                       deadline_s=now + deadline_s)] = now - 1.0
+    node.running_requests[
+        StageRequest("w", "s", tokens_pred=tokens_pred, tokens_reserve=tokens_pred, deadline_s=now + deadline_s)
+    ] = now - 1.0
     return node, now
 
 
@@ -70,10 +72,13 @@ def test_the_gate_holds_a_stage_back_that_would_push_a_running_one_past_its_dead
 
 def test_the_dispatcher_keeps_a_stage_waiting_behind_the_gate_and_starts_it_when_the_running_one_ends():
     node, _ = running_node(deadline_s=9.8)
-    dispatcher = Dispatcher(create_scheduler("least-slack"), [node], max_queued=8, recheck_s=0, batch_cost=BatchCostGate())
+    dispatcher = Dispatcher(
+        create_scheduler("least-slack"), [node], max_queued=8, recheck_s=0, batch_cost=BatchCostGate()
+    )
     loop = asyncio.new_event_loop()
-    request = StageRequest("v", "s", tokens_pred=50, tokens_reserve=50, prompt_tokens=16,
-                           deadline_s=time.monotonic() + 600)
+    request = StageRequest(
+        "v", "s", tokens_pred=50, tokens_reserve=50, prompt_tokens=16, deadline_s=time.monotonic() + 600
+    )
     job = Job(StageMeta("v", "s"), request, reserve_tokens=66)
     job.future, request.payload = loop.create_future(), job
     dispatcher.submit(job)

@@ -1,5 +1,6 @@
 """`otel_spans`: one OpenTelemetry span per stage in the GenAI conventions, caught by the SDK's in-memory exporter;
 and the W3C trace context each call to vLLM carries, so that vLLM's own spans join the trace."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,9 @@ CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"  # the caller's trace and span
 CALLER = {"traceparent": f"00-{CALLER_TRACE}-00f067aa0ba902b7-01", "tracestate": "caller=1"}
 
 
-def spans_of(tmp_path, bodies: list[dict], headers: dict | None = None, node_headers: list | None = None,
-             **sections) -> tuple[list, bool]:
+def spans_of(
+    tmp_path, bodies: list[dict], headers: dict | None = None, node_headers: list | None = None, **sections
+) -> tuple[list, bool]:
     """The finished spans of `bodies` sent through the gateway (with `headers`), and whether the config alone made
     spans on; `node_headers` collects the headers of each call the node got."""
     exporter = InMemorySpanExporter()
@@ -30,10 +32,13 @@ def spans_of(tmp_path, bodies: list[dict], headers: dict | None = None, node_hea
 
     async def calls(client, gateway):
         is_on = gateway.spans is not None
-        gateway.spans = StageSpans(gateway.config.model, provider) if is_on else None  # the test's provider, not the process's global one
+        gateway.spans = (
+            StageSpans(gateway.config.model, provider) if is_on else None
+        )  # the test's provider, not the process's global one
         for i, body in enumerate(bodies):
-            await client.post("/v1/chat/completions", json=body,
-                              headers={**STAGE, "X-Maestro-Stage": f"s{i}", **(headers or {})})
+            await client.post(
+                "/v1/chat/completions", json=body, headers={**STAGE, "X-Maestro-Stage": f"s{i}", **(headers or {})}
+            )
         return is_on
 
     is_on = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"headers": node_headers}, **sections))
@@ -80,12 +85,26 @@ def test_a_stage_is_one_genai_client_span(tmp_path):
     (span,), is_on = spans_of(tmp_path, [body], server={"otel_spans": True})
     assert is_on and span.name == "chat tiny" and span.kind is SpanKind.CLIENT
     attributes = dict(span.attributes)
-    assert {k: attributes[k] for k in ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.request.max_tokens",
-                                       "gen_ai.conversation.id", "gen_ai.agent.name", "gen_ai.usage.input_tokens",
-                                       "gen_ai.usage.output_tokens")} == {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "tiny", "gen_ai.request.max_tokens": 7,
-        "gen_ai.conversation.id": "wf-otel", "gen_ai.agent.name": "planner", "gen_ai.usage.input_tokens": 5,
-        "gen_ai.usage.output_tokens": 7}
+    assert {
+        k: attributes[k]
+        for k in (
+            "gen_ai.operation.name",
+            "gen_ai.request.model",
+            "gen_ai.request.max_tokens",
+            "gen_ai.conversation.id",
+            "gen_ai.agent.name",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+        )
+    } == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "tiny",
+        "gen_ai.request.max_tokens": 7,
+        "gen_ai.conversation.id": "wf-otel",
+        "gen_ai.agent.name": "planner",
+        "gen_ai.usage.input_tokens": 5,
+        "gen_ai.usage.output_tokens": 7,
+    }
     assert attributes["gen_ai.response.finish_reasons"] == ("length",) and attributes["maestro.outcome"] == "completed"
     assert attributes["maestro.tokens_pred"] > 0 and attributes["maestro.node"] == "a"
     assert span.end_time > span.start_time and span.status.status_code is StatusCode.UNSET

@@ -2,6 +2,7 @@
 id and why (and so every later stage of it), the counts on /metrics, and the capacity's "work waited at this finish"
 read before the freed room is handed on. (That the gateway and the simulator shed the same workflows:
 tests/serving/core/test_shared_dispatch.py.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,17 +27,25 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def stage_headers(workflow: str, stage: str, slo_s: float | None = None) -> dict:
-    return {"X-Maestro-Workflow": workflow, "X-Maestro-Stage": stage, "X-Maestro-Role": "agent",
-            **({"X-Maestro-Slo-S": str(slo_s)} if slo_s else {})}
+    return {
+        "X-Maestro-Workflow": workflow,
+        "X-Maestro-Stage": stage,
+        "X-Maestro-Role": "agent",
+        **({"X-Maestro-Slo-S": str(slo_s)} if slo_s else {}),
+    }
 
 
 def late_workflow(tmp_path, system: dict):
     """Workflow "late" (SLO 0.5 s, on each call) sends s1; once its deadline has passed, while "busy-1" runs on the one
     node (one call at a time, each answered 0.5 s after it came) and "busy-2" waits, it sends s2 and s3; then "other"
     (no SLO) sends one stage."""
+
     async def post(client, workflow: str, stage: str, slo_s: float | None = None):
-        return await client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 4},
-                                 headers=stage_headers(workflow, stage, slo_s))
+        return await client.post(
+            "/v1/chat/completions",
+            json={"messages": USER, "max_tokens": 4},
+            headers=stage_headers(workflow, stage, slo_s),
+        )
 
     async def calls(client, gateway):
         answers = [await post(client, "late", "s1", 0.5)]
@@ -47,8 +56,16 @@ def late_workflow(tmp_path, system: dict):
         answers += [*await asyncio.gather(*busy), await post(client, "other", "s1")]
         return answers, samples((await client.get("/metrics")).text), (await client.get("/maestro/status")).json()
 
-    answers, values, status = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.5},
-                                                  system=system, limits={"max_inflight_per_node": 1}))
+    answers, values, status = asyncio.run(
+        run_app(
+            tmp_path,
+            {"a": True},
+            calls,
+            node_kw={"tail_delay_s": 0.5},
+            system=system,
+            limits={"max_inflight_per_node": 1},
+        )
+    )
     lines = [json.loads(line) for path in sorted(tmp_path.glob("*.jsonl")) for line in path.read_text().splitlines()]
     return answers, values, status, {line["stage_id"] + "@" + line["workflow_id"]: line for line in lines}
 
@@ -59,7 +76,11 @@ def test_a_shed_workflow_is_answered_503_naming_it_and_so_are_its_later_stages(t
     for refused in answers[1:3]:
         error = refused.json()["error"]
         assert (error["type"], error["reason"], error["workflow_id"], error["code"]) == (
-            "workflow_rejected", "deadline_infeasible", "late", 503)
+            "workflow_rejected",
+            "deadline_infeasible",
+            "late",
+            503,
+        )
         assert "cannot meet its deadline" in error["message"] and "new workflow" in error["message"]
         assert "retry-after" not in refused.headers  # retrying the same workflow does not help
     assert values[("maestro_gateway_workflows_rejected_total", ())] == 1
@@ -86,8 +107,17 @@ def test_the_slack_system_has_no_triage(tmp_path):
 
 
 def prediction(level: WorkflowFallbackLevel) -> Prediction:
-    return Prediction("w", "s", 0.1, 50, 80, FallbackLevel.ROLE, wf_remaining_calls=3.0, wf_remaining_tokens=420.0,
-                      wf_fallback_level=level)
+    return Prediction(
+        "w",
+        "s",
+        0.1,
+        50,
+        80,
+        FallbackLevel.ROLE,
+        wf_remaining_calls=3.0,
+        wf_remaining_tokens=420.0,
+        wf_fallback_level=level,
+    )
 
 
 def test_a_stages_remaining_work_comes_from_its_workflow_prediction_else_the_history():
@@ -99,7 +129,8 @@ def test_a_stages_remaining_work_comes_from_its_workflow_prediction_else_the_his
             gateway.remaining_work.observe(f"w{services[1]}", "app", service_s)
         gateway.remaining_work.end(f"w{services[1]}")
     assert gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.PRIOR), 300, "app", 0) == pytest.approx(
-        (6.0 + 8.0 + 10.0) / 3)  # the prior's guess is not used: what the app's workflows needed after position 0
+        (6.0 + 8.0 + 10.0) / 3
+    )  # the prior's guess is not used: what the app's workflows needed after position 0
 
 
 def test_the_capacity_reads_whether_work_waited_before_the_finish_starts_it():

@@ -3,6 +3,7 @@
 Upstream vLLM nodes are small aiohttp servers on 127.0.0.1 that answer like vLLM (usage, SSE, /metrics);
 the real-engine tests are in test_gateway_vllm.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -154,14 +155,18 @@ def test_backfill_respects_policy_order_and_skips_cancelled_stages():
     node = make_node("a", blocks=4)
     dispatcher = Dispatcher(create_scheduler("fcfs"), [node], max_queued=8, backfill_depth=8, backfill_max_overtaken=1)
     running, big = make_job("run", 128 * 3, loop=loop), make_job("big", 128 * 2, loop=loop)
-    dispatcher.core.overtaken[big.request] = 1  # already passed its one time: strict head-of-line while the others queue
+    dispatcher.core.overtaken[big.request] = (
+        1  # already passed its one time: strict head-of-line while the others queue
+    )
     cancelled, later, earlier = (make_job(name, 128, loop=loop) for name in ("cancelled", "later", "earlier"))
     cancelled.request.ready_s, later.request.ready_s, earlier.request.ready_s = 0.5, 2.0, 1.0
     for job in (running, big, cancelled, later, earlier):
         dispatcher.submit(job)
     assert not any(j.future.done() for j in (big, cancelled, later, earlier))
     cancelled.future.cancel()
-    dispatcher.core.overtaken[big.request] = 0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
+    dispatcher.core.overtaken[big.request] = (
+        0  # a fresh allowance: the cancelled stage is skipped; FCFS says `earlier` before `later`
+    )
     dispatcher.pump()
     assert earlier.future.done() and not later.future.done()
 
@@ -221,10 +226,22 @@ def test_fitness_prefers_the_emptier_node_and_skips_excluded():
 
 
 def test_metadata_from_headers_body_or_nothing():
-    meta = parse_metadata({"x-maestro-workflow": "w1", "x-maestro-stage": "3", "x-maestro-parents": "1,2",
-                           "x-maestro-interactive": "false"}, {"metadata": {"role": "coder"}})
-    assert (meta.workflow_id, meta.stage_id, meta.parent_ids, meta.interactive, meta.role) == \
-        ("w1", "3", ("1", "2"), False, "coder")
+    meta = parse_metadata(
+        {
+            "x-maestro-workflow": "w1",
+            "x-maestro-stage": "3",
+            "x-maestro-parents": "1,2",
+            "x-maestro-interactive": "false",
+        },
+        {"metadata": {"role": "coder"}},
+    )
+    assert (meta.workflow_id, meta.stage_id, meta.parent_ids, meta.interactive, meta.role) == (
+        "w1",
+        "3",
+        ("1", "2"),
+        False,
+        "coder",
+    )
     lone = parse_metadata({}, {})
     assert lone.stage_id == "0" and lone.workflow_id.startswith("gw-")
 
@@ -252,8 +269,16 @@ def test_the_gateway_readme_lists_the_known_headers_and_metadata_keys():
 def test_trace_writer_rotates_and_collect_reads_the_directory(tmp_path):
     writer = TraceWriter(tmp_path, rotate_lines=2)
     for i in range(5):
-        writer.write({"workflow_id": "w", "stage_id": str(i), "role": "r", "prompt": "p", "output_tokens": i,
-                      "is_tool_call": False})
+        writer.write(
+            {
+                "workflow_id": "w",
+                "stage_id": str(i),
+                "role": "r",
+                "prompt": "p",
+                "output_tokens": i,
+                "is_tool_call": False,
+            }
+        )
     writer.close()
     stages, errors = collect(tmp_path)
     assert writer.num_files == 3 and len(stages) == 5 and not errors
@@ -276,8 +301,9 @@ def test_app_json_stream_and_one_trace_per_stage(tmp_path):
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
         plain = await client.post("/v1/chat/completions", json=body, headers=headers)
         replay = await client.post("/v1/chat/completions", json=body, headers=headers)
-        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True},
-                                     headers={**headers, "X-Maestro-Stage": "2"})
+        streamed = await client.post(
+            "/v1/chat/completions", json={**body, "stream": True}, headers={**headers, "X-Maestro-Stage": "2"}
+        )
         return plain, replay, streamed
 
     plain, replay, streamed = asyncio.run(run_app(tmp_path, {"a": True}, calls))
@@ -391,16 +417,64 @@ def test_stream_assembler_rebuilds_the_non_streamed_answer():
     from serving.gateway.outcome import StreamAssembler
 
     chunks = [
-        {"id": "c1", "created": 7, "model": "tiny", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {
+            "id": "c1",
+            "created": 7,
+            "model": "tiny",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        },
         {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Let me "}}]},
         {"id": "c1", "choices": [{"index": 0, "delta": {"content": "look."}}]},
-        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "id": "t0", "type": "function", "function": {"name": "search", "arguments": ""}}]}}]},
-        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"q": '}}]}}]},
-        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 1, "id": "t1", "type": "function", "function": {"name": "open", "arguments": "{}"}}]}}]},
-        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"oslo"}'}}]},
-                                 "finish_reason": "tool_calls"}]},
+        {
+            "id": "c1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "t0",
+                                "type": "function",
+                                "function": {"name": "search", "arguments": ""},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+        {
+            "id": "c1",
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"q": '}}]}}],
+        },
+        {
+            "id": "c1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 1,
+                                "id": "t1",
+                                "type": "function",
+                                "function": {"name": "open", "arguments": "{}"},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+        {
+            "id": "c1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"oslo"}'}}]},
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        },
     ]
     assembler = StreamAssembler(is_chat=True)
     for chunk in chunks:
@@ -414,7 +488,8 @@ def test_stream_assembler_rebuilds_the_non_streamed_answer():
     assert choice["message"]["content"] == "Let me look." and choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"] == [
         {"id": "t0", "type": "function", "function": {"name": "search", "arguments": '{"q": "oslo"}'}},
-        {"id": "t1", "type": "function", "function": {"name": "open", "arguments": "{}"}}]
+        {"id": "t1", "type": "function", "function": {"name": "open", "arguments": "{}"}},
+    ]
     assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 21}
     result = CallResult()
     result.read_response(body)  # what the trace line is made from: as from vLLM's own non-streamed answer
@@ -450,9 +525,15 @@ def test_a_non_streamed_call_gives_its_kv_back_at_vllms_last_chunk_not_when_the_
     for stream_upstream in (True, False):
         received.clear()
         tails.clear()
-        response, held, answered = asyncio.run(run_app(
-            tmp_path / str(stream_upstream), {"a": True}, calls,
-            node_kw={"tail_delay_s": 2.0, "received": received, "tails": tails}, upstream={"stream": stream_upstream}))
+        response, held, answered = asyncio.run(
+            run_app(
+                tmp_path / str(stream_upstream),
+                {"a": True},
+                calls,
+                node_kw={"tail_delay_s": 2.0, "received": received, "tails": tails},
+                upstream={"stream": stream_upstream},
+            )
+        )
         assert response.status_code == 200 and not answered
         answer = response.json()
         assert answer["choices"][0]["message"]["content"] == "x " * 5 and answer["usage"]["completion_tokens"] == 5
@@ -476,12 +557,14 @@ def test_a_streaming_client_releases_at_the_usage_chunk_and_logprobs_calls_go_un
         await asyncio.sleep(0.3)  # the usage chunk is in; the stream's [DONE] is 0.6 s away
         held = node.num_inflight
         streamed = await call
-        plain = await client.post("/v1/chat/completions", json={**body, "logprobs": True},
-                                  headers={"X-Maestro-Stage": "lp"})
+        plain = await client.post(
+            "/v1/chat/completions", json={**body, "logprobs": True}, headers={"X-Maestro-Stage": "lp"}
+        )
         return held, streamed, plain
 
-    held, streamed, plain = asyncio.run(run_app(tmp_path, {"a": True}, calls,
-                                                node_kw={"tail_delay_s": 0.6, "received": received}))
+    held, streamed, plain = asyncio.run(
+        run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.6, "received": received})
+    )
     assert held == 0 and streamed.status_code == 200 and streamed.text.rstrip().endswith("[DONE]")
     assert plain.status_code == 200 and "stream" not in received[-1]  # logprobs: not rebuilt from chunks
 
@@ -512,8 +595,12 @@ def test_an_underoccupied_node_projects_new_stages_from_measured_streams_once_th
 def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_the_last(tmp_path):
     async def calls(client, gateway):
         node = gateway.nodes[0]
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 40,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         call = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
         deadline = time.monotonic() + 10
         while not received and time.monotonic() < deadline:
@@ -523,8 +610,9 @@ def test_a_streaming_client_asking_for_usage_in_every_chunk_keeps_its_kv_until_t
         return held, await call
 
     received: list[dict] = []
-    held, streamed = asyncio.run(run_app(tmp_path, {"a": True}, calls,
-                                         node_kw={"token_delay_s": 0.02, "received": received}))
+    held, streamed = asyncio.run(
+        run_app(tmp_path, {"a": True}, calls, node_kw={"token_delay_s": 0.02, "received": received})
+    )
     assert held == 1 and streamed.status_code == 200
     assert collect(tmp_path)[0][0].output_tokens == 40
 
@@ -535,9 +623,16 @@ def test_a_stage_request_carries_its_workflows_remaining_work_and_kept_context(t
     async def calls(client, gateway):
         for w in ("w1", "w2", "w3"):  # three workflows of app x end: 10 output tokens after their first stage
             for stage, final in (("s1", "false"), ("s2", "true")):
-                response = await client.post("/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, headers={
-                    "X-Maestro-Workflow": w, "X-Maestro-Stage": stage, "X-Maestro-App": "x", "X-Maestro-Final": final})
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10},
+                    headers={
+                        "X-Maestro-Workflow": w,
+                        "X-Maestro-Stage": stage,
+                        "X-Maestro-App": "x",
+                        "X-Maestro-Final": final,
+                    },
+                )
                 assert response.status_code == 200
         body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 50}
         first = await gateway.prepare(StageMeta("w4", "s1", app="x"), body)
@@ -558,8 +653,11 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
     async def calls(client, gateway):
         async def call(workflow: str, stage: str, tokens: int) -> None:
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
-            response = await client.post("/v1/chat/completions", json=body, headers={
-                "X-Maestro-Workflow": workflow, "X-Maestro-Stage": stage, "X-Maestro-Interactive": "false"})
+            response = await client.post(
+                "/v1/chat/completions",
+                json=body,
+                headers={"X-Maestro-Workflow": workflow, "X-Maestro-Stage": stage, "X-Maestro-Interactive": "false"},
+            )
             assert response.status_code == 200
 
         await call("old", "s1", 10)
@@ -569,8 +667,15 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
         return gateway, second
 
     received: list[dict] = []
-    gateway, (new2, old2) = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"received": received},
-                                                system={"name": "maestro-srtf", "options": {"attained_weight": 1.0}}))
+    gateway, (new2, old2) = asyncio.run(
+        run_app(
+            tmp_path,
+            {"a": True},
+            calls,
+            node_kw={"received": received},
+            system={"name": "maestro-srtf", "options": {"attained_weight": 1.0}},
+        )
+    )
     assert old2.request.attained_service_s == pytest.approx(10 * DECODE_S_PER_TOKEN)
     assert new2.request.attained_service_s == pytest.approx(4 * DECODE_S_PER_TOKEN)
     assert old2.request.workflow_arrival_s < new2.request.workflow_arrival_s
@@ -599,13 +704,22 @@ def test_policy_options_are_checked():
 
 
 # ---- cpu_nice (priority.py) ------------------------------------------------------------------------------------
-_NICE_PROBE = ("import json, sys; from serving.gateway.priority import apply_cpu_nice, current_cpu_nice; "
-               "w = apply_cpu_nice(int(sys.argv[1])); print(json.dumps({'warnings': w, **current_cpu_nice()}))")
+_NICE_PROBE = (
+    "import json, sys; from serving.gateway.priority import apply_cpu_nice, current_cpu_nice; "
+    "w = apply_cpu_nice(int(sys.argv[1])); print(json.dumps({'warnings': w, **current_cpu_nice()}))"
+)
 
 
 def _nice_probe(nice: int, own_session: bool) -> dict:
-    done = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(nice)], capture_output=True, text=True, timeout=60,
-                          start_new_session=own_session, cwd=Path(__file__).parents[3], check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _NICE_PROBE, str(nice)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=own_session,
+        cwd=Path(__file__).parents[3],
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -633,13 +747,28 @@ def test_cpu_nice_out_of_range_is_a_config_error():
 def test_a_stage_refused_for_a_full_queue_answers_429_with_retry_after_and_is_traced(tmp_path):
     """Peak admission, one stage's KV at a time, a queue of one: of three stages at once, one runs, one waits and
     the third is refused; all three end with one trace line each, the refused one with its reason."""
+
     async def calls(client, gateway):
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
-        return await asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers={
-            "X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"}) for i in range(3)))
+        return await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/chat/completions", json=body, headers={"X-Maestro-Workflow": "w", "X-Maestro-Stage": f"s{i}"}
+                )
+                for i in range(3)
+            )
+        )
 
-    responses = asyncio.run(run_app(tmp_path, {"a": True}, calls, node_kw={"tail_delay_s": 0.3}, limits={"max_queued": 1},
-                                    kv={"admission": "peak", "overcommit": 1.0}))
+    responses = asyncio.run(
+        run_app(
+            tmp_path,
+            {"a": True},
+            calls,
+            node_kw={"tail_delay_s": 0.3},
+            limits={"max_queued": 1},
+            kv={"admission": "peak", "overcommit": 1.0},
+        )
+    )
     assert sorted(r.status_code for r in responses) == [200, 200, 429]
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["Retry-After"] == "1"
@@ -650,8 +779,10 @@ def test_a_stage_refused_for_a_full_queue_answers_429_with_retry_after_and_is_tr
 
 def test_an_old_flat_config_file_says_where_each_field_went(tmp_path):
     path = tmp_path / "gw.yaml"
-    path.write_text("nodes: [{name: a, url: 'http://x'}]\npolicy: mars\nkv_admission: peak\nworkflow_cap: 4\n"
-                    "predictor: http://p:3000\n")
+    path.write_text(
+        "nodes: [{name: a, url: 'http://x'}]\npolicy: mars\nkv_admission: peak\nworkflow_cap: 4\n"
+        "predictor: http://p:3000\n"
+    )
     with pytest.raises(ValueError) as error:
         GatewayConfig.from_file(path)
     message = str(error.value)

@@ -3,6 +3,7 @@
 One session engine for most tests; a second one only for the failover test. The gateway runs
 in process under uvicorn on a free port, like `maestro gateway` does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,15 @@ class RunningGateway:
 
     def __init__(self, config: GatewayConfig, gateway=None):
         self.config = config
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config, gateway), host="127.0.0.1", port=config.server.port,
-                                                    log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config, gateway),
+                host="127.0.0.1",
+                port=config.server.port,
+                log_level="warning",
+                lifespan="on",
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{config.server.port}"
 
@@ -55,14 +63,29 @@ class RunningGateway:
 
 def gateway_for(engines, trace_dir: Path, **sections) -> RunningGateway:
     nodes = [{"name": f"node{i}", "url": e.url} for i, e in enumerate(engines)]
-    return RunningGateway(GatewayConfig(nodes=nodes, model="tiny", **merged(
-        {"server": {"port": free_port()}, "traces": {"dir": str(trace_dir)}, "upstream": {"metrics_period_s": 0.2}},
-        sections)))
+    return RunningGateway(
+        GatewayConfig(
+            nodes=nodes,
+            model="tiny",
+            **merged(
+                {
+                    "server": {"port": free_port()},
+                    "traces": {"dir": str(trace_dir)},
+                    "upstream": {"metrics_period_s": 0.2},
+                },
+                sections,
+            ),
+        )
+    )
 
 
 def chat(url: str, stage: str, max_tokens: int, stream: bool = False, **kw) -> httpx.Response:
-    body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream}
+    body = {
+        "messages": [{"role": "user", "content": "Plan a trip to Oslo."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     headers = {"X-Maestro-Workflow": "wf-test", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120, **kw)
 
@@ -83,13 +106,21 @@ def test_json_and_stream_match_vllm_usage_and_trace_once(vllm_engine, tmp_path):
 
 def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vllm_engine, tmp_path):
     """The gateway sends non-streaming clients' calls to vLLM streamed (to free KV at the last chunk)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 12,
-            "temperature": 0.0, "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Plan a trip to Oslo."}],
+        "max_tokens": 12,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     own = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60).json()
     with gateway_for([vllm_engine], tmp_path, upstream={"stream": True}) as gw:
         assembled = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60).json()
-        completion = httpx.post(f"{gw.url}/v1/completions", timeout=60,
-                                json={"prompt": "Oslo is", "max_tokens": 6, "temperature": 0.0, "ignore_eos": True})
+        completion = httpx.post(
+            f"{gw.url}/v1/completions",
+            timeout=60,
+            json={"prompt": "Oslo is", "max_tokens": 6, "temperature": 0.0, "ignore_eos": True},
+        )
         status = httpx.get(f"{gw.url}/maestro/status").json()
     assert status["nodes"][0]["inflight"] == 0
     reported = parse_metrics(httpx.get(f"{vllm_engine.url}/metrics").text)["vllm:cache_config_info"][0]
@@ -98,7 +129,9 @@ def test_a_non_streamed_answer_assembled_from_vllms_stream_matches_vllms_own(vll
     assert mine["message"]["content"] == theirs["message"]["content"]
     assert (mine["finish_reason"], mine["message"]["role"]) == (theirs["finish_reason"], theirs["message"]["role"])
     counts = lambda usage: {k: v for k, v in usage.items() if k.endswith("tokens")}  # noqa: E731
-    assert counts(assembled["usage"]) == counts(own["usage"]) and assembled["object"] == own["object"] == "chat.completion"
+    assert (
+        counts(assembled["usage"]) == counts(own["usage"]) and assembled["object"] == own["object"] == "chat.completion"
+    )
     extras = set(own) - set(assembled) - {"system_fingerprint"}  # (vLLM's stream chunks do not carry it)
     assert not [k for k in extras if own[k]], extras  # vLLM's extra fields, empty here
     assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 6
@@ -118,11 +151,17 @@ def test_stat_logger_plugin_records_requests(vllm_engine, tmp_path):
     deadline, mine, records = time.monotonic() + 30, [], []
     while not mine and time.monotonic() < deadline:
         time.sleep(0.2)
-        records = [json.loads(line) for p in stats_dir.glob("*.jsonl")
-                   for line in p.read_text().splitlines(keepends=True) if line.endswith("\n")]  # whole lines
+        records = [
+            json.loads(line)
+            for p in stats_dir.glob("*.jsonl")
+            for line in p.read_text().splitlines(keepends=True)
+            if line.endswith("\n")
+        ]  # whole lines
         mine = [r for r in records if r["kind"] == "request" and "wf-test::plugin" in (r["request_id"] or "")]
-    assert mine, (f"no request line for wf-test::plugin in {stats_dir} 30 s after the answer "
-                  f"({len(records)} lines there); see the engine's log {vllm_engine.config.log_path}")
+    assert mine, (
+        f"no request line for wf-test::plugin in {stats_dir} 30 s after the answer "
+        f"({len(records)} lines there); see the engine's log {vllm_engine.config.log_path}"
+    )
     # the join key is the gateway's X-Request-Id exactly, whatever vLLM wrapped it in (its prefix, its suffix)
     assert mine[0]["gateway_request_id"] == "wf-test::plugin#1", mine[0]["request_id"]
     assert mine[0]["generation_tokens"] == 5 and mine[0]["decode_s"] >= 0
@@ -140,9 +179,17 @@ def disconnect_once(vllm_engine, trace_dir: Path, max_tokens: int) -> dict:
     # One polling client, made before the stream: the gateway runs in a thread of this process, and a new
     # httpx client per poll (an SSL context each) held the GIL long enough to delay the gateway by seconds.
     with gateway_for([vllm_engine], trace_dir) as gw, httpx.Client(timeout=10) as poll:
-        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens,
-                                "ignore_eos": True, "stream": True}) as response:
+        with httpx.stream(
+            "POST",
+            f"{gw.url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "messages": [{"role": "user", "content": "go"}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ) as response:
             next(response.iter_lines())
         closed, closed_unix = time.monotonic(), time.time()
         while poll.get(f"{gw.url}/maestro/status").json()["cancelled"] < 1 and time.monotonic() < closed + 5:
@@ -153,9 +200,13 @@ def disconnect_once(vllm_engine, trace_dir: Path, max_tokens: int) -> dict:
         ended_after_s = time.monotonic() - closed
     [stage] = collect(trace_dir)[0]
     relayed_until = stage.arrival_s + stage.queue_s + stage.e2e_s if stage.e2e_s is not None else None
-    return {"cancelled_after_s": cancelled_after_s, "ended_after_s": ended_after_s, "stage": stage,
-            "generated": metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before,
-            "relayed_after_close_s": None if relayed_until is None else relayed_until - closed_unix}
+    return {
+        "cancelled_after_s": cancelled_after_s,
+        "ended_after_s": ended_after_s,
+        "stage": stage,
+        "generated": metric_sum(vllm_engine, "vllm:generation_tokens_total") - generated_before,
+        "relayed_after_close_s": None if relayed_until is None else relayed_until - closed_unix,
+    }
 
 
 def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
@@ -171,24 +222,36 @@ def test_client_disconnect_aborts_the_vllm_request(vllm_engine, tmp_path):
     max_tokens = 1900
     for attempt in range(3):
         out = disconnect_once(vllm_engine, tmp_path / f"try{attempt}", max_tokens)
-        report = (f"gateway cancelled {out['cancelled_after_s']:.2f} s after the client left; vLLM generated "
-                  f"{out['generated']:.0f} of {max_tokens} tokens and ended the request after {out['ended_after_s']:.1f} s")
-        print(f"try {attempt}: {report}; traced error {out['stage'].model_extra.get('error')}, "
-              f"relay ended {out['relayed_after_close_s']} s after the client left")
+        report = (
+            f"gateway cancelled {out['cancelled_after_s']:.2f} s after the client left; vLLM generated "
+            f"{out['generated']:.0f} of {max_tokens} tokens and ended the request after {out['ended_after_s']:.1f} s"
+        )
+        print(
+            f"try {attempt}: {report}; traced error {out['stage'].model_extra.get('error')}, "
+            f"relay ended {out['relayed_after_close_s']} s after the client left"
+        )
         assert metric_sum(vllm_engine, "vllm:num_requests_running") == 0, report
         if out["stage"].model_extra.get("error") == "client disconnected":
             assert out["cancelled_after_s"] < 1.0, report
             return
         assert out["relayed_after_close_s"] is not None and out["relayed_after_close_s"] < 1.0, (
             f"the gateway relayed the stream to its end without cancelling, {out['relayed_after_close_s']} s after "
-            f"the client left; {report}")
+            f"the client left; {report}"
+        )
     pytest.skip("3 tries: vLLM handed over the whole answer before the client left each time; nothing to cancel")
 
 
 def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second_engine, tmp_path):
     with gateway_for([vllm_engine, second_engine], tmp_path / "traces") as gw:
-        config = DriveConfig(target=gw.url, app="travel_planner", num_workflows=6, concurrency=6,
-                             token_scale=0.5, max_tokens_cap=120, seed=3)
+        config = DriveConfig(
+            target=gw.url,
+            app="travel_planner",
+            num_workflows=6,
+            concurrency=6,
+            token_scale=0.5,
+            max_tokens_cap=120,
+            seed=3,
+        )
         killer = threading.Timer(2.0, second_engine.kill)
         killer.start()
         report = asyncio.run(drive(config, tmp_path / "drive.json"))
@@ -198,6 +261,9 @@ def test_driver_workflows_through_gateway_with_a_node_killed(vllm_engine, second
     assert summary["num_stages_ok"] + summary["num_stages_failed"] == summary["num_stages"]
     assert summary["num_stages_ok"] == summary["num_stages"], summary["failure_reasons"]
     traced = {(s.workflow_id, s.stage_id): s.output_tokens for s in collect(tmp_path / "traces")[0]}
-    mismatched = [(r["workflow_id"], r["stage_id"], traced.get((r["workflow_id"], r["stage_id"])), r["output_tokens"])
-                  for r in report["stages"] if traced.get((r["workflow_id"], r["stage_id"])) != r["output_tokens"]]
+    mismatched = [
+        (r["workflow_id"], r["stage_id"], traced.get((r["workflow_id"], r["stage_id"])), r["output_tokens"])
+        for r in report["stages"]
+        if traced.get((r["workflow_id"], r["stage_id"])) != r["output_tokens"]
+    ]
     assert not mismatched, f"trace vs driver output_tokens: {mismatched}"

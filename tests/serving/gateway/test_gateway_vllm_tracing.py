@@ -1,5 +1,6 @@
 """A real vLLM-CPU engine exporting its OpenTelemetry spans (`--otlp-traces-endpoint`, OTLP/HTTP) to a receiver in
 this process: its request span for a call through the gateway is a child of the `traceparent` the gateway sent."""
+
 from __future__ import annotations
 
 import http.server
@@ -53,8 +54,9 @@ class OtlpReceiver:
         found = []
         for body in list(self.bodies):
             request = ExportTraceServiceRequest.FromString(body)
-            found += [span for resource in request.resource_spans for scope in resource.scope_spans
-                      for span in scope.spans]
+            found += [
+                span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans
+            ]
         return found
 
 
@@ -62,9 +64,13 @@ class OtlpReceiver:
 def traced_engine(tiny_model, tmp_path_factory):
     """An engine of its own that exports its spans to an OtlpReceiver (OTLP/HTTP, batched every 0.2 s)."""
     with OtlpReceiver() as receiver:
-        engine = start_engine(tiny_model, tmp_path_factory, kv_cache_bytes=32 * 1024 * 1024,
-                         extra_args=("--otlp-traces-endpoint", receiver.url),
-                         env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        engine = start_engine(
+            tiny_model,
+            tmp_path_factory,
+            kv_cache_bytes=32 * 1024 * 1024,
+            extra_args=("--otlp-traces-endpoint", receiver.url),
+            env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200"},
+        )
         try:
             yield engine.wait_ready(), receiver
         finally:
@@ -82,5 +88,7 @@ def test_vllms_request_span_is_a_child_of_the_traceparent_the_gateway_sent(trace
     while not mine and time.monotonic() < deadline:  # vLLM exports when its batch processor's period is up
         mine = [s for s in receiver.spans() if s.trace_id.hex() == CALLER_TRACE]
         time.sleep(0.2)
-    assert mine, f"no span of trace {CALLER_TRACE} in {len(receiver.spans())} vLLM exported; see {engine.config.log_path}"
+    assert mine, (
+        f"no span of trace {CALLER_TRACE} in {len(receiver.spans())} vLLM exported; see {engine.config.log_path}"
+    )
     assert {s.parent_span_id.hex() for s in mine} == {CALLER_SPAN}

@@ -1,4 +1,5 @@
 """Arrival processes and trace replay (the shared data is read only here, never by the package)."""
+
 from pathlib import Path
 
 import numpy as np

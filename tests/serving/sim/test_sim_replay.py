@@ -1,4 +1,5 @@
 """The simulator replays any contract file, keeps reserves within max_tokens, and keeps sessions on one node."""
+
 import json
 import warnings
 
@@ -24,19 +25,40 @@ def write_trace(path, num_workflows=6):
     """Tool loops whose models the simulator has no profile for; one output longer than the default max_tokens."""
     rows = []
     for w in range(num_workflows):
-        for i, (model, out, is_tool) in enumerate([(UNKNOWN, 40, False), ("claude-x", 120, True), (None, 60, True),
-                                                   ("claude-x", 4500 if w == 0 else 90, False)]):
-            rows.append({"workflow_id": f"wf{w}", "stage_id": f"s{i}", "role": "agent", "model": model,
-                         "parent_ids": [f"s{i - 1}"] if i else [], "prompt": "look up the order " * (40 + 30 * i),
-                         "output_tokens": out, "is_tool_call": is_tool, "tool_names": ["get_order"],
-                         "tool_exec_s": 0.5})
+        for i, (model, out, is_tool) in enumerate(
+            [
+                (UNKNOWN, 40, False),
+                ("claude-x", 120, True),
+                (None, 60, True),
+                ("claude-x", 4500 if w == 0 else 90, False),
+            ]
+        ):
+            rows.append(
+                {
+                    "workflow_id": f"wf{w}",
+                    "stage_id": f"s{i}",
+                    "role": "agent",
+                    "model": model,
+                    "parent_ids": [f"s{i - 1}"] if i else [],
+                    "prompt": "look up the order " * (40 + 30 * i),
+                    "output_tokens": out,
+                    "is_tool_call": is_tool,
+                    "tool_names": ["get_order"],
+                    "tool_exec_s": 0.5,
+                }
+            )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
 
 def replay(path, policies, model_map=None, predictions="oracle"):
-    run = RunConfig(policies=policies, rate_per_s=2.0, traces=str(path), model_map=model_map,
-                    predictions=PredictionConfig(source=predictions))
+    run = RunConfig(
+        policies=policies,
+        rate_per_s=2.0,
+        traces=str(path),
+        model_map=model_map,
+        predictions=PredictionConfig(source=predictions),
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = run_scenario(small("maestro-paper"), run)
@@ -57,13 +79,17 @@ def test_model_map_sets_the_profile_and_silences_its_warning(tmp_path):
     scenario = small("maestro-paper")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        workflows = build_workload(scenario, RunConfig(policies=("edf",), traces=str(path),
-                                                       model_map={UNKNOWN: "qwen2-7b"}), scenario.regimes[0])
+        workflows = build_workload(
+            scenario,
+            RunConfig(policies=("edf",), traces=str(path), model_map={UNKNOWN: "qwen2-7b"}),
+            scenario.regimes[0],
+        )
     assert [s.model for s in workflows[0].stages] == ["qwen2-7b", "llama-3-8b", "llama-3-8b", "llama-3-8b"]
     assert not any(UNKNOWN in str(w.message) for w in caught)
     with pytest.raises(ValueError, match="no cost profile 'gpt-9'; known: llama-3-8b"):
-        build_workload(scenario, RunConfig(policies=("edf",), traces=str(path), model_map={UNKNOWN: "gpt-9"}),
-                       scenario.regimes[0])
+        build_workload(
+            scenario, RunConfig(policies=("edf",), traces=str(path), model_map={UNKNOWN: "gpt-9"}), scenario.regimes[0]
+        )
 
 
 def test_traces_cycle_to_the_requested_number_of_workflows(tmp_path):
@@ -82,9 +108,11 @@ def test_the_reserve_never_exceeds_max_tokens(tmp_path, policy):
     scenario = small("maestro-paper")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        workflows = build_workload(scenario, RunConfig(policies=(policy,), traces=str(path),
-                                                       predictions=PredictionConfig(source="noise", sigma=2.0)),
-                                   scenario.regimes[0])
+        workflows = build_workload(
+            scenario,
+            RunConfig(policies=(policy,), traces=str(path), predictions=PredictionConfig(source="noise", sigma=2.0)),
+            scenario.regimes[0],
+        )
     long_stage = workflows[0].stages[3]
     assert long_stage.output_tokens == 4500 <= long_stage.max_tokens  # the recorded output bounds the limit
     dispatch = SimDispatcher(Simulator(scenario.cluster, get_system(policy), workflows))
@@ -100,9 +128,10 @@ def test_the_reserve_never_exceeds_max_tokens(tmp_path, policy):
 def hopping_run(policy="mars", kv_pool_gib=8, nodes=4):
     """mars-swe's long regime on small pools: evicted sessions get routed to other nodes."""
     scenario = small("mars-swe", nodes)
-    scenario.cluster.kv_pool_bytes = kv_pool_gib * 1024 ** 3
-    workflows = build_workload(scenario, RunConfig(policies=(policy,), num_workflows=40, rate_per_s=0.4),
-                               scenario.regimes[-1])
+    scenario.cluster.kv_pool_bytes = kv_pool_gib * 1024**3
+    workflows = build_workload(
+        scenario, RunConfig(policies=(policy,), num_workflows=40, rate_per_s=0.4), scenario.regimes[-1]
+    )
     return Simulator(scenario.cluster, get_system(policy), workflows), workflows
 
 

@@ -1,4 +1,5 @@
 """The simulator end to end at small scale: every policy runs, work is conserved, outputs are written."""
+
 import json
 
 import pytest
@@ -33,8 +34,9 @@ def test_cost_model_orders_of_magnitude():
 @pytest.mark.parametrize("policy", sorted(SYSTEMS))
 def test_every_policy_completes_a_small_workload(policy):
     scenario = small("maestro-paper")
-    workflows = build_workload(scenario, RunConfig(policies=(policy,), num_workflows=60, rate_per_s=2.0),
-                               scenario.regimes[0])
+    workflows = build_workload(
+        scenario, RunConfig(policies=(policy,), num_workflows=60, rate_per_s=2.0), scenario.regimes[0]
+    )
     sim = Simulator(scenario.cluster, get_system(policy), workflows)
     summary = sim.run().summary
     finished = sum(w.done_s >= 0 for w in workflows) + sum(w.is_dropped for w in workflows)
@@ -58,8 +60,9 @@ def test_pages_all_return_after_a_run():
 
 def test_maestro_reserves_less_than_max_len_and_oracle_predictions_work():
     scenario = small("maestro-paper")
-    run = RunConfig(policies=("edf", "maestro"), num_workflows=80, rate_per_s=3.0,
-                    predictions=PredictionConfig(source="oracle"))
+    run = RunConfig(
+        policies=("edf", "maestro"), num_workflows=80, rate_per_s=3.0, predictions=PredictionConfig(source="oracle")
+    )
     results = run_scenario(scenario, run)["results"]["default"]
     assert results["edf"]["kv_reserved_frac_vs_maxlen"] == pytest.approx(1.0)
     assert results["maestro"]["kv_reserved_frac_vs_maxlen"] < 0.5
@@ -114,8 +117,9 @@ def test_scaled_slo_is_a_multiple_of_unloaded_latency():
 
 def test_prefix_caching_spares_re_prefill_when_memory_is_free():
     scenario = small("mars-swe", nodes=1)
-    workflows = build_workload(scenario, RunConfig(policies=("evict-always",), num_workflows=10, rate_per_s=0.05),
-                               scenario.regimes[1])
+    workflows = build_workload(
+        scenario, RunConfig(policies=("evict-always",), num_workflows=10, rate_per_s=0.05), scenario.regimes[1]
+    )
     e2e = {}
     for caching in (False, True):
         scenario.cluster.prefix_caching = caching

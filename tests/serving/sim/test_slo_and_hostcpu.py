@@ -1,4 +1,5 @@
 """SLO definitions (scaled unloaded latency vs catalog) and the host-CPU modes for tool calls."""
+
 import pytest
 
 from serving.sim.costmodel import CostModel, CostModelConfig
@@ -10,11 +11,16 @@ from serving.sim.workload import SimStage, SimWorkflow
 def diamond() -> SimWorkflow:
     """a → (b, c) → d, where c is the slow branch; b is a tool call that d does not continue."""
     w = SimWorkflow("w", "app", True, 30.0)
-    specs = [("a", [], 100, False, 0.0), ("b", [0], 50, True, 2.0), ("c", [0], 800, False, 0.0),
-             ("d", [1, 2], 200, False, 0.0)]
+    specs = [
+        ("a", [], 100, False, 0.0),
+        ("b", [0], 50, True, 2.0),
+        ("c", [0], 800, False, 0.0),
+        ("d", [1, 2], 200, False, 0.0),
+    ]
     for i, (name, parents, out, tool, tool_s) in enumerate(specs):
-        w.stages.append(SimStage(w, i, name, "r", "llama-3-8b", parents, out, tool, tool_exec_s=tool_s,
-                                 prompt_tokens=500))
+        w.stages.append(
+            SimStage(w, i, name, "r", "llama-3-8b", parents, out, tool, tool_exec_s=tool_s, prompt_tokens=500)
+        )
     for s in w.stages:
         for p in s.parents:
             w.stages[p].children.append(s.index)

@@ -6,6 +6,7 @@ decision it checks does not depend on how fast the engine runs: a request that c
 prediction, and two requests whose real lengths must overflow the pool whatever their interleaving. The decisions are
 read from the scheduler's log lines, each request's preemptions from the stat plugin's request lines.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,11 +53,22 @@ def maestro_engine(tiny_model, tmp_path_factory):
     if not has_stats_plugin():
         pytest.skip("maestro-vllm-stats is not installed in .venv-vllm: run scripts/setup-vllm.sh")
     logs = tmp_path_factory.mktemp("maestro-scheduler")
-    extra = ("--scheduler-cls", SCHEDULER_CLS, "--additional-config",
-             json.dumps({"maestro_scheduler": {"log_period_s": 1.0, "prefill_s_per_token": PREFILL_S_PER_TOKEN}}))
-    config = EngineConfig(str(tiny_model), max_model_len=1536, kv_cache_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
-                          max_num_seqs=8, extra_args=extra, log_path=str(logs / "vllm.log"), cpu_nice=ENGINE_CPU_NICE,
-                          env={"PYTHONPATH": str(REPO), "MAESTRO_VLLM_STATS_DIR": str(logs / "stats")})
+    extra = (
+        "--scheduler-cls",
+        SCHEDULER_CLS,
+        "--additional-config",
+        json.dumps({"maestro_scheduler": {"log_period_s": 1.0, "prefill_s_per_token": PREFILL_S_PER_TOKEN}}),
+    )
+    config = EngineConfig(
+        str(tiny_model),
+        max_model_len=1536,
+        kv_cache_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
+        max_num_seqs=8,
+        extra_args=extra,
+        log_path=str(logs / "vllm.log"),
+        cpu_nice=ENGINE_CPU_NICE,
+        env={"PYTHONPATH": str(REPO), "MAESTRO_VLLM_STATS_DIR": str(logs / "stats")},
+    )
     engine = Engine(config).start()
     try:
         yield engine.wait_ready()
@@ -78,12 +90,14 @@ async def complete(client: httpx.AsyncClient, request_id: str, max_tokens: int, 
     return response.json()["usage"]["completion_tokens"]
 
 
-async def stream(client: httpx.AsyncClient, request_id: str, max_tokens: int, hints: MaestroHints,
-                 first_token: asyncio.Event) -> int:
+async def stream(
+    client: httpx.AsyncClient, request_id: str, max_tokens: int, hints: MaestroHints, first_token: asyncio.Event
+) -> int:
     """Output tokens of a streamed completion; `first_token` is set when its first token arrives (it is running)."""
     tokens = 0
-    async with client.stream("POST", "/v1/completions", json=body(max_tokens, hints, stream=True),
-                             headers={"X-Request-Id": request_id}) as response:
+    async with client.stream(
+        "POST", "/v1/completions", json=body(max_tokens, hints, stream=True), headers={"X-Request-Id": request_id}
+    ) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -132,8 +146,13 @@ def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work
     # 1. A second predicted request that cannot fit beside the running one by their predictions waits for it: both
     #    growing a token a step, when the long one ends they would hold 12 + 10 blocks of the 15. A request without a
     #    prediction starts at once, as in vLLM. Nothing is preempted.
-    answered = asyncio.run(long_then_others(maestro_engine.url, "hold-long", {
-        "hold-second": (1200, MaestroHints(tokens_pred=1200)), "hold-plain": (8, None)}))
+    answered = asyncio.run(
+        long_then_others(
+            maestro_engine.url,
+            "hold-long",
+            {"hold-second": (1200, MaestroHints(tokens_pred=1200)), "hold-plain": (8, None)},
+        )
+    )
     assert answered == {"hold-long": LONG, "hold-second": 1200, "hold-plain": 8}
     first = decisions_when(maestro_engine, lambda d: d["num_predicted"] + d["num_unpredicted"] == 3)
     assert (first["num_predicted"], first["num_unpredicted"], first["num_bad_hints"]) == (2, 1, 0)
@@ -146,8 +165,13 @@ def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work
     # 2. A short prediction (reserve 2 blocks) fits beside the long one, but its real length (1,000 tokens, 8 blocks)
     #    overflows the pool with the long one's 12 whatever their pace. vLLM would preempt the later one; Maestro takes
     #    the one with the most predicted work left: the long one, whose prediction it has not reached.
-    answered = asyncio.run(long_then_others(maestro_engine.url, "victim-long", {
-        "victim-short": (1000, MaestroHints(tokens_pred=100, tokens_reserve=200))}))
+    answered = asyncio.run(
+        long_then_others(
+            maestro_engine.url,
+            "victim-long",
+            {"victim-short": (1000, MaestroHints(tokens_pred=100, tokens_reserve=200))},
+        )
+    )
     assert answered == {"victim-long": LONG, "victim-short": 1000}
     second = decisions_when(maestro_engine, lambda d: d["num_predicted"] == 4)
     assert second["num_preempted"] == 1 and second["num_preempted_unpredicted"] == 0
@@ -164,12 +188,22 @@ def test_the_gateway_sends_its_prediction_to_a_node_running_the_plugin(maestro_e
     before = lines[-1] if lines else {"num_predicted": 0, "num_bad_hints": 0}
     with FaultProxy(maestro_engine.url) as proxy:
         node = {"name": "node0", "url": proxy.urls[0], "maestro_scheduler": True}
-        config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
-                               upstream={"metrics_period_s": 0.2}, system={"slo_s": 30.0})
+        config = GatewayConfig(
+            nodes=[node],
+            model="tiny",
+            server={"port": free_port()},
+            traces={"dir": str(tmp_path)},
+            upstream={"metrics_period_s": 0.2},
+            system={"slo_s": 30.0},
+        )
         with RunningGateway(config) as gateway:
             for stage, is_stream in (("s1", False), ("s2", True)):
-                body = {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}], "max_tokens": 64,
-                        "ignore_eos": True, "stream": is_stream}
+                body = {
+                    "messages": [{"role": "user", "content": "Plan a trip to Oslo."}],
+                    "max_tokens": 64,
+                    "ignore_eos": True,
+                    "stream": is_stream,
+                }
                 headers = {"X-Maestro-Workflow": "wf-plugin", "X-Maestro-Stage": stage, "X-Maestro-Role": "planner"}
                 response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=300)
                 assert response.status_code == 200, response.text
@@ -193,13 +227,26 @@ def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, t
     lines = parse_decision_lines(Path(maestro_engine.config.log_path).read_text())
     before = lines[-1] if lines else {"num_predicted": 0, "num_unpredicted": 0, "num_bad_hints": 0}
     node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
-    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()},
-                           traces={"dir": str(tmp_path / "traces")}, upstream={"metrics_period_s": 0.2},
-                           system={"slo_s": 120.0})
+    config = GatewayConfig(
+        nodes=[node],
+        model="tiny",
+        server={"port": free_port()},
+        traces={"dir": str(tmp_path / "traces")},
+        upstream={"metrics_period_s": 0.2},
+        system={"slo_s": 120.0},
+    )
     with RunningGateway(config) as gateway:
-        drive_config = DriveConfig(target=gateway.url, traces=str(path), num_workflows=1, concurrency=1,
-                                   max_tokens_cap=16, max_prompt_chars=1200, tool_wait_scale=0.01,
-                                   max_stages_per_workflow=6, workflow_suffix="plugin")
+        drive_config = DriveConfig(
+            target=gateway.url,
+            traces=str(path),
+            num_workflows=1,
+            concurrency=1,
+            max_tokens_cap=16,
+            max_prompt_chars=1200,
+            tool_wait_scale=0.01,
+            max_stages_per_workflow=6,
+            workflow_suffix="plugin",
+        )
         report = asyncio.run(drive(drive_config, tmp_path / "drive.json"))
     num_stages = sum(len(w) for w in report["plan"])
     check_replay(report, num_stages)
@@ -211,8 +258,9 @@ def test_a_replayed_workflow_through_the_gateway_to_the_plugin(maestro_engine, t
 def prefix_cache_hits(engine: Engine) -> float:
     """vLLM's /metrics counter of prompt tokens found in the prefix cache."""
     text = httpx.get(f"{engine.url}/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:prefix_cache_hits_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total")
+    )
 
 
 def test_a_tool_calling_session_finds_its_held_context_through_the_gateway(maestro_engine, tmp_path):
@@ -224,14 +272,25 @@ def test_a_tool_calling_session_finds_its_held_context_through_the_gateway(maest
     hits_before = prefix_cache_hits(maestro_engine)
     prompt = " ".join([PROMPT] * 20)  # about 400 tokens: 3 full blocks of 128
     node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
-    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
-                           upstream={"metrics_period_s": 0.2}, system={"slo_s": 60.0})
+    config = GatewayConfig(
+        nodes=[node],
+        model="tiny",
+        server={"port": free_port()},
+        traces={"dir": str(tmp_path)},
+        upstream={"metrics_period_s": 0.2},
+        system={"slo_s": 60.0},
+    )
     with RunningGateway(config) as gateway:
         answers = []
         for stage, (text, tool_s) in enumerate([(prompt, 2.0), (None, 0.0)]):
             text = text or f"{prompt}{answers[0]} Tool result: 12 flights found."
-            body = {"model": "tiny", "prompt": text, "max_tokens": 16, "ignore_eos": True,
-                    "vllm_xargs": SessionHint("wf-tool", tool_s).to_xargs()}
+            body = {
+                "model": "tiny",
+                "prompt": text,
+                "max_tokens": 16,
+                "ignore_eos": True,
+                "vllm_xargs": SessionHint("wf-tool", tool_s).to_xargs(),
+            }
             headers = {"X-Maestro-Workflow": "wf-tool", "X-Maestro-Stage": f"turn{stage}", "X-Maestro-Role": "agent"}
             response = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=300)
             assert response.status_code == 200, response.text
@@ -252,14 +311,24 @@ def test_the_gateway_tells_the_engine_to_hold_a_turn_its_prediction_says_ends_in
     before = lines[-1] if lines else {}
     prompt = " ".join([PROMPT] * 20)  # about 400 tokens: 3 full blocks of 128, 20 s to re-prefill at 50 ms a token
     node = {"name": "node0", "url": maestro_engine.url, "maestro_scheduler": True}
-    config = GatewayConfig(nodes=[node], model="tiny", server={"port": free_port()}, traces={"dir": str(tmp_path)},
-                           upstream={"metrics_period_s": 0.2}, system={"slo_s": 60.0})
+    config = GatewayConfig(
+        nodes=[node],
+        model="tiny",
+        server={"port": free_port()},
+        traces={"dir": str(tmp_path)},
+        upstream={"metrics_period_s": 0.2},
+        system={"slo_s": 60.0},
+    )
     with RunningGateway(config, Gateway(config, predictor=tool_prone_predictor())) as gateway:
         for role in ("user", "agent"):
             answer = ""
             for turn in range(2):
-                body = {"model": "tiny", "prompt": f"{role}: {prompt}" + (f"{answer} Tool result: 12 flights." if turn
-                                                                         else ""), "max_tokens": 16, "ignore_eos": True}
+                body = {
+                    "model": "tiny",
+                    "prompt": f"{role}: {prompt}" + (f"{answer} Tool result: 12 flights." if turn else ""),
+                    "max_tokens": 16,
+                    "ignore_eos": True,
+                }
                 headers = {"X-Maestro-Workflow": "wf-gw", "X-Maestro-Stage": f"{role}{turn}", "X-Maestro-Role": role}
                 response = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=300)
                 assert response.status_code == 200, response.text

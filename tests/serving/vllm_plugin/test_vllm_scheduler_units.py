@@ -1,4 +1,5 @@
 """The vLLM-free parts of Maestro's vLLM scheduler: the hints messages, KV arithmetic, config, decisions lines."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,15 @@ from serving.core.scheduler import Policy, create_scheduler
 from serving.core.systems import DEFAULT_SYSTEM, get_system
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
-from serving.vllm_plugin.hints import (MaestroHints, footprint_tokens, hints_for_stage, hints_from_extra_args,
-                                       output_bounds, remaining_tokens, request_from_hints)
+from serving.vllm_plugin.hints import (
+    MaestroHints,
+    footprint_tokens,
+    hints_for_stage,
+    hints_from_extra_args,
+    output_bounds,
+    remaining_tokens,
+    request_from_hints,
+)
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
 from serving.vllm_plugin.triage import POOL, EngineTriage
@@ -22,13 +30,27 @@ from serving.vllm_plugin.wait_bound import HoldBound
 
 
 def test_hints_round_trip_through_vllm_xargs_as_json_text():
-    hints = MaestroHints(tokens_pred=40, tokens_reserve=64, pred_service_s=0.8, deadline_s=12.5, interactive=True,
-                         workflow="wf-1")
+    hints = MaestroHints(
+        tokens_pred=40, tokens_reserve=64, pred_service_s=0.8, deadline_s=12.5, interactive=True, workflow="wf-1"
+    )
     xargs = hints.to_xargs()
     assert all(isinstance(v, str) for v in xargs.values())  # vLLM types vllm_xargs values as str | int | float | list
     assert hints_from_extra_args(xargs) == hints
-    assert hints_from_extra_args({"maestro": {"tokens_pred": 40, "tokens_reserve": 64, "pred_service_s": 0.8,
-                                              "deadline_s": 12.5, "interactive": True, "workflow": "wf-1"}}) == hints
+    assert (
+        hints_from_extra_args(
+            {
+                "maestro": {
+                    "tokens_pred": 40,
+                    "tokens_reserve": 64,
+                    "pred_service_s": 0.8,
+                    "deadline_s": 12.5,
+                    "interactive": True,
+                    "workflow": "wf-1",
+                }
+            }
+        )
+        == hints
+    )
 
 
 def test_no_deadline_is_left_out_of_the_message_and_reserve_defaults_to_the_prediction():
@@ -57,12 +79,32 @@ def test_stage_request_puts_the_relative_deadline_on_the_engine_clock():
 
 
 def test_a_stage_travels_to_the_engine_and_back_with_its_deadline_relative():
-    stage = request_from_hints("r1", 100.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5,
-                                                              workflow_remaining_s=4.0, deadline_s=30.0,
-                                                              interactive=True, workflow="w"), 0.02)
+    stage = request_from_hints(
+        "r1",
+        100.0,
+        12,
+        256,
+        MaestroHints(
+            tokens_pred=50,
+            tokens_reserve=80,
+            pred_service_s=1.5,
+            workflow_remaining_s=4.0,
+            deadline_s=30.0,
+            interactive=True,
+            workflow="w",
+        ),
+        0.02,
+    )
     hints = hints_for_stage(stage, now_s=110.0)
-    assert hints == MaestroHints(tokens_pred=50, tokens_reserve=80, pred_service_s=1.5, workflow_remaining_s=4.0,
-                                 deadline_s=20.0, interactive=True, workflow="w")
+    assert hints == MaestroHints(
+        tokens_pred=50,
+        tokens_reserve=80,
+        pred_service_s=1.5,
+        workflow_remaining_s=4.0,
+        deadline_s=20.0,
+        interactive=True,
+        workflow="w",
+    )
     no_deadline = request_from_hints("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5), 0.02)
     assert hints_for_stage(no_deadline, 3.0).deadline_s == math.inf
 
@@ -82,10 +124,15 @@ def test_a_session_hint_round_trips_through_vllm_xargs_as_flat_values():
     assert session_hint_from_extra_args({"maestro_tool_s": 2.0}) is None  # no session: nothing to continue
 
 
-@pytest.mark.parametrize("extra_args, key", [({"maestro_session": ""}, "maestro_session"),
-                                             ({"maestro_session": 7}, "maestro_session"),
-                                             ({"maestro_session": "s", "maestro_tool_s": -1}, "maestro_tool_s"),
-                                             ({"maestro_session": "s", "maestro_tool_s": "2"}, "maestro_tool_s")])
+@pytest.mark.parametrize(
+    "extra_args, key",
+    [
+        ({"maestro_session": ""}, "maestro_session"),
+        ({"maestro_session": 7}, "maestro_session"),
+        ({"maestro_session": "s", "maestro_tool_s": -1}, "maestro_tool_s"),
+        ({"maestro_session": "s", "maestro_tool_s": "2"}, "maestro_tool_s"),
+    ],
+)
 def test_a_malformed_session_hint_names_its_key(extra_args, key):
     with pytest.raises(ValueError, match=key):
         session_hint_from_extra_args(extra_args)
@@ -98,14 +145,17 @@ def test_the_tool_hold_settings_are_checked():
 
 def test_config_comes_from_vllms_additional_config():
     config = MaestroSchedulerConfig.from_additional_config(
-        {"maestro_scheduler": {"scheduler": {"policy": "edf"}, "clock": "step"}, "other_plugin": {}})
+        {"maestro_scheduler": {"scheduler": {"policy": "edf"}, "clock": "step"}, "other_plugin": {}}
+    )
     assert config.scheduler.policy == "edf" and config.clock == "step" and config.log_period_s == 5.0
     table_policy = get_system(DEFAULT_SYSTEM).scheduler.value
     assert MaestroSchedulerConfig.from_additional_config(object()).scheduler.policy == table_policy == "triage"
 
 
-@pytest.mark.parametrize("raw, match", [({"clock": "sundial"}, "clock"), ({"scheduler": {"policy": "x"}}, "policy"),
-                                        ({"log_period": 1}, "unknown keys")])
+@pytest.mark.parametrize(
+    "raw, match",
+    [({"clock": "sundial"}, "clock"), ({"scheduler": {"policy": "x"}}, "policy"), ({"log_period": 1}, "unknown keys")],
+)
 def test_config_errors_name_what_is_wrong(raw, match):
     with pytest.raises(ValueError, match=match):
         MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": raw})
@@ -205,8 +255,13 @@ def test_the_engine_pace_times_busy_steps_and_first_tokens():
     pace.step_scheduled(1.2, is_busy=False)  # nothing ran: the idle time until the next step is no step
     pace.step_began(5.0, tokens.get)
     assert len(pace.recent_steps_s) == 8
-    state = pace.node_state(5.0, [("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9, "unknown"),
-                                  ("b", MaestroHints(tokens_pred=10), 4.0, 0, "unknown")])
+    state = pace.node_state(
+        5.0,
+        [
+            ("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9, "unknown"),
+            ("b", MaestroHints(tokens_pred=10), 4.0, 0, "unknown"),
+        ],
+    )
     assert [(s.deadline_s, s.started_s, s.produced) for s in state.running] == [(30.0, 0.0, 9), (math.inf, 5.0, 0)]
     assert (state.pace_s_per_token, state.prefill_s) == (pace.pace_s_per_token, 0.5)
     assert gate_candidate(MaestroHints(tokens_pred=20, deadline_s=3.0), 2.0, 4) == Candidate(5.0, 20, 4)
@@ -228,8 +283,9 @@ def test_the_engine_triage_sheds_a_workflow_that_cannot_make_its_deadline_and_it
     assert triage.arrived("r1", 10.0, 5, 256, on_time, 10.0, is_backlogged=True) == on_time
     shed = triage.arrived("r2", 10.0, 5, 256, late, 10.0, is_backlogged=True)
     assert shed.is_shed and shed.deadline_s == math.inf and shed.tokens_pred == 100
-    assert triage.arrived("r3", 11.0, 5, 256, MaestroHints(tokens_pred=1, deadline_s=99.0, workflow="late"), 11.0,
-                          is_backlogged=False).is_shed  # shedding is final: the workflow's later requests too
+    assert triage.arrived(
+        "r3", 11.0, 5, 256, MaestroHints(tokens_pred=1, deadline_s=99.0, workflow="late"), 11.0, is_backlogged=False
+    ).is_shed  # shedding is final: the workflow's later requests too
     alone = MaestroHints(tokens_pred=100, deadline_s=1.0, workflow="alone")
     assert not triage.arrived("r4", 10.0, 5, 256, alone, 10.0, is_backlogged=False).is_shed  # nothing waits: kept
     policy = create_scheduler(get_system("maestro").scheduler.value)

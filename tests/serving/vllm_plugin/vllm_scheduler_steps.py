@@ -25,6 +25,7 @@ the node state and candidate the plugin described, the gate's inputs and its ans
 "after": ID, "gap": N}]}. A request with "after" is the next turn of that one's session: it arrives `gap` steps after
 that request finished, its prompt that request's tokens (prompt and output) and then its own `prompt_tokens` new ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,26 +58,45 @@ BLOCK_SIZE = 16
 TOKEN = 7
 MAX_MODEL_LEN = 1024
 STEP_CLOCK = {"clock": "step", "decode_s_per_token": 1.0}
-CLASSES = {("vllm", False): Scheduler, ("vllm", True): AsyncScheduler, ("maestro", False): MaestroScheduler,
-           ("maestro", True): MaestroAsyncScheduler}
+CLASSES = {
+    ("vllm", False): Scheduler,
+    ("vllm", True): AsyncScheduler,
+    ("maestro", False): MaestroScheduler,
+    ("maestro", True): MaestroAsyncScheduler,
+}
 
 
 def make_scheduler(scenario: dict) -> Scheduler:
     model = ModelConfig(model=scenario["model_dir"], max_model_len=MAX_MODEL_LEN, skip_tokenizer_init=True)
-    scheduler_config = SchedulerConfig(max_num_seqs=scenario["max_num_seqs"], max_num_batched_tokens=MAX_MODEL_LEN,
-                                       max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
-                                       policy=scenario["policy"], enable_chunked_prefill=True)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=scenario["max_num_seqs"],
+        max_num_batched_tokens=MAX_MODEL_LEN,
+        max_model_len=MAX_MODEL_LEN,
+        is_encoder_decoder=False,
+        policy=scenario["policy"],
+        enable_chunked_prefill=True,
+    )
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
     maestro = STEP_CLOCK | scenario.get("maestro_config", {})
-    vllm_config = VllmConfig(model_config=model, scheduler_config=scheduler_config, cache_config=cache,
-                             additional_config={"maestro_scheduler": maestro})
+    vllm_config = VllmConfig(
+        model_config=model,
+        scheduler_config=scheduler_config,
+        cache_config=cache,
+        additional_config={"maestro_scheduler": maestro},
+    )
     cache.num_gpu_blocks = scenario["num_blocks"]
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_config = KVCacheConfig(num_blocks=scenario["num_blocks"], kv_cache_tensors=[],
-                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    kv_config = KVCacheConfig(
+        num_blocks=scenario["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+    )
     cls = CLASSES[scenario["scheduler"], scenario.get("async", False)]
-    return cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=BLOCK_SIZE,
-               structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        block_size=BLOCK_SIZE,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        log_stats=True,
+    )
 
 
 class FakeTime:
@@ -117,8 +137,15 @@ def make_request(spec: dict, step: int, context: list[int], arrival_s: float) ->
     # Distinct prompts (no prefix-cache hits between requests), but for a turn's own context.
     tag = zlib.crc32(spec["id"].encode())
     own = [100 + tag % 1000, 100 + tag // 1000 % 1000] + [1] * (spec["prompt_tokens"] - 2)
-    return Request(spec["id"], context + own, params, None, arrival_time=arrival_s,
-                   priority=spec.get("priority", 0), block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
+    return Request(
+        spec["id"],
+        context + own,
+        params,
+        None,
+        arrival_time=arrival_s,
+        priority=spec.get("priority", 0),
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+    )
 
 
 def runner_output(scheduler: Scheduler, output) -> ModelRunnerOutput:
@@ -181,18 +208,28 @@ def run(scenario: dict) -> dict:
             in_flight.appendleft((output, runner_output(scheduler, output)))
         else:
             scheduler.update_from_output(output, runner_output(scheduler, output))
-        if in_flight and (len(in_flight) == (2 if scenario.get("async") else 1)
-                          or not output.total_num_scheduled_tokens):
+        if in_flight and (
+            len(in_flight) == (2 if scenario.get("async") else 1) or not output.total_num_scheduled_tokens
+        ):
             engine_outputs = scheduler.update_from_output(*in_flight.pop())
             for outs in engine_outputs.values():
                 finished += [o.request_id for o in outs.outputs if o.finish_reason]
             # "stop_at": a stop string matched after that many output tokens: the API server aborts the request
-            for rid in [r for r, spec in specs.items() if "stop_at" in spec and r in made and r not in finished
-                        and made[r].num_output_tokens >= spec["stop_at"]]:
+            for rid in [
+                r
+                for r, spec in specs.items()
+                if "stop_at" in spec
+                and r in made
+                and r not in finished
+                and made[r].num_output_tokens >= spec["stop_at"]
+            ]:
                 scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
                 finished.append(rid)
-            pending |= {rid: step + 1 + spec.get("gap", 0) for rid, spec in specs.items()
-                        if spec.get("after") in finished and rid not in made and rid not in pending}
+            pending |= {
+                rid: step + 1 + spec.get("gap", 0)
+                for rid, spec in specs.items()
+                if spec.get("after") in finished and rid not in made and rid not in pending
+            }
     # Prompt tokens that an earlier turn had computed and this one computed again.
     recomputed = {rid: computed.get(rid, 0) - new_tokens[rid] for rid, spec in specs.items() if "after" in spec}
     result = {"steps": steps, "finished": finished, "recomputed": recomputed}
