@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from driver.replay import ReplayConfig, load_replay, task_ids_of
 from pipelines.catalog import APPS, get_app
 from pipelines.synth import WorkflowGenerator
 from predictor_service.replicas import split_urls
-from driver.replay import ReplayConfig, load_replay, task_ids_of
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from maestro.contract import LineError, StageTrace, TOOL_ROLES, tool_calls, read_traces, task_id
+from maestro.contract import TOOL_ROLES, LineError, StageTrace, read_traces, task_id, tool_calls
 
 
 @dataclass

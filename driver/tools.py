@@ -61,7 +61,7 @@ class ToolBox:
         self.root = Path(scratch)
         self.db_path = self.root / "warehouse.sqlite"
 
-    def setup(self) -> "ToolBox":
+    def setup(self) -> ToolBox:
         (self.root / "src").mkdir(parents=True, exist_ok=True)
         (self.root / "tests").mkdir(exist_ok=True)
         (self.root / "docs").mkdir(exist_ok=True)

@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from maestro.contract import TOOL_ROLES, StageTrace
+from maestro.structure import derive_structure
 from pipelines.stage_features import (
     ASCII_FOLDS,
     BREVITY_CUE,
@@ -36,7 +37,6 @@ from pipelines.stage_features import (
     stage_rows,
     tool_results_since_user,
 )
-from maestro.structure import derive_structure
 from pipelines.turn_features import OWN_TURN_COLUMNS, own_turn_features
 
 SEPARATOR = "\x00"

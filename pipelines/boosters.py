@@ -29,7 +29,7 @@ def as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
     return matrix
 
 
-def raw_score(classifier: "lgb.Booster | float", X: pd.DataFrame | np.ndarray) -> np.ndarray:
+def raw_score(classifier: lgb.Booster | float, X: pd.DataFrame | np.ndarray) -> np.ndarray:
     """The tool-call classifier's uncalibrated scores (a constant where training held one class only)."""
     return np.full(len(X), classifier) if isinstance(classifier, float) else classifier.predict(X)
 

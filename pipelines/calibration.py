@@ -74,7 +74,7 @@ def group_levels(
     return np.fromiter(map(levels.__getitem__, rows), np.float64, n)
 
 
-def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: "ModelConfig") -> tuple[float, dict]:
+def calibrate_groups(scores: np.ndarray, levels: list[np.ndarray], config: ModelConfig) -> tuple[float, dict]:
     """Split-conformal levels of out-of-fold scores (log actual − log bound): over all rows, and per
     group key of each level (calibration_keys) with at least `min_group_calibration` rows."""
     groups = {}
@@ -96,7 +96,7 @@ class SigmoidCalibrator:
     out-of-fold scores. Strictly increasing for a > 0, so the ranking (AUC) of the raw score is kept;
     a constant (the base rate) when the labels hold one class only."""
 
-    def fit(self, raw: np.ndarray, y: np.ndarray) -> "SigmoidCalibrator":
+    def fit(self, raw: np.ndarray, y: np.ndarray) -> SigmoidCalibrator:
         y = np.asarray(y, int)
         rate = float(np.clip(y.mean(), 1e-6, 1 - 1e-6)) if len(y) else 0.5
         self.coef_, self.intercept_ = 0.0, float(np.log(rate / (1 - rate)))
@@ -114,12 +114,12 @@ class SigmoidCalibrator:
         return 1.0 / (1.0 + np.exp(-(self.coef_ * self._logit(raw) + self.intercept_)))
 
 
-def new_calibrator(method: str) -> "SigmoidCalibrator | IsotonicRegression":
+def new_calibrator(method: str) -> SigmoidCalibrator | IsotonicRegression:
     """An unfitted p_tool calibrator: sigmoid (keeps the ranking) or isotonic (steps: ties scores)."""
     return SigmoidCalibrator() if method == "sigmoid" else IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)
 
 
-def calibrate_scores(calibrator: "SigmoidCalibrator | IsotonicRegression", raw: np.ndarray) -> np.ndarray:
+def calibrate_scores(calibrator: SigmoidCalibrator | IsotonicRegression, raw: np.ndarray) -> np.ndarray:
     """P(tool call) from the classifier's raw scores, through the fitted calibrator."""
     if isinstance(calibrator, SigmoidCalibrator):
         return calibrator.predict(raw)

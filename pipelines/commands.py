@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from maestro.contract import line_report, read_traces
 from pipelines.featurize import featurizer_config
-from pipelines.params import load_params
 from pipelines.metrics import TARGETS, VERDICTS, score_frames, scoring_frames
+from pipelines.params import load_params
 from pipelines.plots import write_plots
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config, workflow_config

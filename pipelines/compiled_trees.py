@@ -134,7 +134,7 @@ def _build(model, source: Path) -> Path:
     return Path(tl2cgen.create_shared("gcc", source, long_build_time_warning=False))
 
 
-def load_boosters(directory: Path, model_sha256: str) -> dict[str, "CompiledBooster"] | None:
+def load_boosters(directory: Path, model_sha256: str) -> dict[str, CompiledBooster] | None:
     """The libraries of `directory` (name → CompiledBooster) if they were built here, for this predictor's
     files, and are unchanged; else None, with a warning saying why (LightGBM then answers)."""
     manifest_path = directory / MANIFEST

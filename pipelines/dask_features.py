@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import dask.dataframe as dd
 import numpy as np
@@ -22,12 +22,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.collect import source_files
 from maestro.contract import StageTrace, parse_record, read_traces, task_id
 from maestro.structure import derive_structure
+from pipelines.collect import source_files
 from pipelines.embedding import Embedder, EmbedderConfig
-from pipelines.static_embedding import StaticEmbedder
 from pipelines.features import CATEGORICAL, Featurizer, FeaturizerConfig, frequent_categories, structural_frame
+from pipelines.static_embedding import StaticEmbedder
 
 TRACE_COLUMNS = ("workflow_id", "stage_id", "record")
 LABEL_PREFIX = "label_"  # columns of a feature partition that are labels, not features

@@ -15,12 +15,11 @@ import pandas as pd
 from sklearn.decomposition import PCA
 
 from maestro.contract import StageTrace, task_id
+from pipelines.batch_features import StageInputs
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
-from pipelines.batch_features import StageInputs
 from pipelines.stage_features import BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame
 from pipelines.static_embedding import StaticEmbedder
-
 
 EMBEDDING_PREFIX = "emb_"  # the embedding's PCA columns: emb_0, emb_1, ...
 
@@ -65,7 +64,7 @@ class Featurizer:
         self.embedder = embedder or make_embedder(self.config.embedder)
         self.teacher = teacher  # MiniLM, for a static embedding fitted to it or the lexical targets
 
-    def fit(self, stages: list[StageTrace], progress: bool = False) -> "Featurizer":
+    def fit(self, stages: list[StageTrace], progress: bool = False) -> Featurizer:
         frame = structural_frame(stages)
         self.categories_ = {
             c: frequent_categories(frame[c].value_counts(), self.config.min_category_count) for c in CATEGORICAL
@@ -78,7 +77,7 @@ class Featurizer:
             self.fit_lexical(stages)
         return self
 
-    def fit_lexical(self, stages: list[StageTrace]) -> "Featurizer":
+    def fit_lexical(self, stages: list[StageTrace]) -> Featurizer:
         """The lexical models, on the labelled stages, by task; their out-of-fold scores kept (in memory, not in
         state()) for transform to give these same stages, so the boosters train on scores that never saw the
         stage's own label."""
@@ -109,7 +108,7 @@ class Featurizer:
                 scores[i] = oof.get((stage.workflow_id, stage.stage_id), scores[i])
         return scores
 
-    def fit_embedding(self, texts: list[str], progress: bool = False) -> "Featurizer":
+    def fit_embedding(self, texts: list[str], progress: bool = False) -> Featurizer:
         """The PCA of the training prompts' embedding; for a static one, first its token weights (and its fit
         to MiniLM), then the PCA folded into its table."""
         embedder = self._fitted_static(texts, progress) if self._static else self.embedder
@@ -230,7 +229,7 @@ class Featurizer:
         }
 
     @classmethod
-    def from_state(cls, state: dict, embedder: Embedder | StaticEmbedder | None = None) -> "Featurizer":
+    def from_state(cls, state: dict, embedder: Embedder | StaticEmbedder | None = None) -> Featurizer:
         featurizer = cls(state["config"], embedder)
         featurizer.categories_ = state["categories"]
         if state["pca"] is not None:

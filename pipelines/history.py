@@ -10,7 +10,7 @@ so the share of stages above it holds in each; every prediction says which condi
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -225,7 +225,7 @@ class LexicalModel(BucketScores):
         groups: np.ndarray,
         apps: list[str | None] | None = None,
         teacher_vectors: np.ndarray | None = None,
-    ) -> "LexicalModel":
+    ) -> LexicalModel:
         """`groups`: each row's task; no fold splits one, so a row's out-of-fold score never saw its own task.
         `apps`: each row's app (read with `per_app`); `teacher_vectors`: each row's MiniLM vector (with a teacher)."""
         if self.config.teacher is not None and (teacher_vectors is None or len(teacher_vectors) != len(texts)):
@@ -256,7 +256,7 @@ class LexicalModel(BucketScores):
         return {"config": self.config, "weights": self.weights_, "bias": self.bias_}
 
     @classmethod
-    def from_state(cls, state: dict) -> "LexicalModel":
+    def from_state(cls, state: dict) -> LexicalModel:
         model = cls(state["config"])
         model.weights_, model.bias_ = state["weights"], state["bias"]
         return model

@@ -26,7 +26,6 @@ from sklearn.model_selection import GroupKFold
 
 from pipelines.boosters import Regressor, RowPredictor, as_matrix, raw_score
 from pipelines.calibration import (
-    SigmoidCalibrator,
     app_keys,
     calibrate_groups,
     calibrate_scores,
@@ -57,7 +56,7 @@ class TwoStageModel:
         is_tool: np.ndarray,
         groups: np.ndarray,
         calibrate_only: np.ndarray | None = None,
-    ) -> "TwoStageModel":
+    ) -> TwoStageModel:
         """`groups`: each row's task (folds never split one); `calibrate_only`: rows predicted out of fold
         for calibration but left out of every fit."""
         cfg = self.config

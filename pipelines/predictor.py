@@ -13,6 +13,7 @@ import joblib
 import numpy as np
 import pandas as pd
 
+from maestro.contract import StageTrace, task_id
 from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
 from maestro.progressive import TABLE_FILE, ProgressiveTable, load_table
 from pipelines import compiled_trees
@@ -20,7 +21,6 @@ from pipelines import compiled_trees
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
 from pipelines.batch_features import StageInputs
-from maestro.contract import StageTrace, task_id
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
 from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
@@ -40,7 +40,7 @@ class Prior:
     tokens_upper: float
 
     @classmethod
-    def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> "Prior":
+    def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> Prior:
         return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
 
     def answer(self, workflow_id: str, stage_id: str, remaining: WorkflowRemaining = WORKFLOW_PRIOR) -> Prediction:
@@ -160,7 +160,7 @@ class Predictor:
         model_config: ModelConfig | None = None,
         progress: bool = False,
         workflow_config: WorkflowConfig | None = None,
-    ) -> "Predictor":
+    ) -> Predictor:
         """Fit featurizer, model and priors, and the workflow-level model, on the labelled stages among `stages`."""
         labelled = [s for s in stages if s.is_labelled and s.is_tool_call is not None]
         if not labelled:
@@ -174,7 +174,7 @@ class Predictor:
             predictor = cls.fit(featurizer, *training_frame(featurizer, labelled, seed, progress), model_config)
         return predictor.fit_workflow(labelled, workflow_config).fit_progressive(labelled)
 
-    def fit_workflow(self, stages: list[StageTrace], config: WorkflowConfig | None = None) -> "Predictor":
+    def fit_workflow(self, stages: list[StageTrace], config: WorkflowConfig | None = None) -> Predictor:
         """Fit the workflow-level model on finished, labelled workflows (the stage model's training stages) and keep
         it: predict() answers the `wf_*` fields from it. The DVC train stage calls it after fit()."""
         started = time.perf_counter()
@@ -186,7 +186,7 @@ class Predictor:
         }
         return self
 
-    def fit_progressive(self, stages: list[StageTrace], config: ProgressiveConfig | None = None) -> "Predictor":
+    def fit_progressive(self, stages: list[StageTrace], config: ProgressiveConfig | None = None) -> Predictor:
         """Fit the progressive re-predictor (pipelines/progressive.py) on the stage model's training stages, in its
         training order, and keep it: saved as progressive.json. Stages without an output_text leave it unfitted."""
         if any(s.output_text for s in stages):
@@ -201,7 +201,7 @@ class Predictor:
         labels: pd.DataFrame,
         model_config: ModelConfig | None = None,
         model: TwoStageModel | None = None,
-    ) -> "Predictor":
+    ) -> Predictor:
         """Fit model and priors on a feature frame (the DVC train stage starts here); `labels` may carry
         the history copies of training_frame (`copy`, `calibrate_only`). `model`: an unfitted TwoStageModel
         (a subclass) to fit instead of TwoStageModel(model_config)."""
@@ -314,7 +314,7 @@ class Predictor:
     @classmethod
     def load(
         cls, location: str | Path, expected_sha256: str | None = None, require_checksum: bool = False
-    ) -> "Predictor":
+    ) -> Predictor:
         """Load from a directory written by save(), or an MLflow URI such as models:/stage-length@champion.
 
         The files are checked against `expected_sha256` and the checksum save() recorded before

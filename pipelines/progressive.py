@@ -20,8 +20,8 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from maestro.progressive import PREFIX_CLASSES, UNKNOWN, ProgressiveTable, prefix_chars, prefix_class, table_features
 from maestro.contract import StageTrace
+from maestro.progressive import PREFIX_CLASSES, UNKNOWN, ProgressiveTable, prefix_chars, prefix_class, table_features
 
 CHECKPOINTS = (4, 8, 16, 32, 64, 128, 256, 512)
 LEVELS = (0.05, 0.1, 0.5, 0.8, 0.9, 0.95, 0.98)

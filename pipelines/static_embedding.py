@@ -162,7 +162,7 @@ class StaticEmbedder:
         self._tokenizer = self._python_tokenizer = None
 
     @classmethod
-    def distilled(cls, config: EmbedderConfig, cache: str | Path | None = None) -> "StaticEmbedder":
+    def distilled(cls, config: EmbedderConfig, cache: str | Path | None = None) -> StaticEmbedder:
         return cls(config, cache=cache)
 
     @property
@@ -244,12 +244,12 @@ class StaticEmbedder:
         p = p / max(p.sum(), 1)
         return (a / (a + p)).astype(np.float32)
 
-    def weighted(self, texts: list[str]) -> "StaticEmbedder":
+    def weighted(self, texts: list[str]) -> StaticEmbedder:
         """This embedder with each token's row scaled by its weight (token_weights of `texts`)."""
         table = self.table * self.token_weights(texts)[:, None]
         return StaticEmbedder(self.config, table, self._offset, self._tokenizer_json)
 
-    def projected(self, pca) -> "StaticEmbedder":
+    def projected(self, pca) -> StaticEmbedder:
         """This embedder followed by a fitted sklearn PCA: x ↦ (x − μ)·P (after the unit scaling, if any)."""
         projection = pca.components_.T.astype(np.float32)
         bias = -(pca.mean_ @ projection).astype(np.float32)
@@ -257,7 +257,7 @@ class StaticEmbedder:
             return StaticEmbedder(self.config, self.table, self._offset, self._tokenizer_json, head=(projection, bias))
         return self.linear(projection, bias)
 
-    def fitted_to(self, texts: list[str], targets: np.ndarray) -> "StaticEmbedder":
+    def fitted_to(self, texts: list[str], targets: np.ndarray) -> StaticEmbedder:
         """This embedder followed by the ridge regression of `targets` (the teacher's vectors of `texts`) on
         its own vectors of them: x ↦ x·W + b."""
         x = self.embed(texts).astype(np.float64)
@@ -267,7 +267,7 @@ class StaticEmbedder:
         weights = np.linalg.solve(xc.T @ xc + penalty * np.eye(x.shape[1]), xc.T @ (targets - y_mean))
         return self.linear(weights.astype(np.float32), (y_mean - x_mean @ weights).astype(np.float32))
 
-    def linear(self, weights: np.ndarray, bias: np.ndarray) -> "StaticEmbedder":
+    def linear(self, weights: np.ndarray, bias: np.ndarray) -> StaticEmbedder:
         """This embedder followed by x ↦ x·W + b, folded into the rows (the mean is linear):
         (mean(rows) − offset)·W + b = mean(rows·W) − (offset·W − b)."""
         offset = (self.offset @ weights - bias).astype(np.float32)
@@ -285,5 +285,5 @@ class StaticEmbedder:
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "StaticEmbedder":
+    def from_state(cls, state: dict) -> StaticEmbedder:
         return cls(state["config"], state["table"], state["offset"], state["tokenizer"], head=state.get("head"))

@@ -138,7 +138,7 @@ class RowEncoder:
     """Feature dicts as the float matrix LightGBM reads: the columns fixed at fit, categoricals as codes of the
     values seen in training (an unseen value: NaN, which the trees send down their missing-value branch)."""
 
-    def fit(self, rows: list[dict]) -> "RowEncoder":
+    def fit(self, rows: list[dict]) -> RowEncoder:
         if not rows:
             raise ValueError("RowEncoder.fit needs at least one feature row")
         self.columns_ = list(rows[0])
@@ -186,7 +186,7 @@ class TailScores(BucketScores):
     def __init__(self, config: LexicalConfig | None = None):
         self.config = config or LexicalConfig()
 
-    def fit(self, texts: list[str], targets: np.ndarray, groups: np.ndarray) -> "TailScores":
+    def fit(self, texts: list[str], targets: np.ndarray, groups: np.ndarray) -> TailScores:
         """`targets`: (n, k) log targets; `groups`: each row's task (no fold splits one)."""
         X, targets = design_matrix(texts, self.config), np.asarray(targets, np.float64)
         self.oof_ = np.zeros(targets.shape, np.float32)

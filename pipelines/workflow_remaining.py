@@ -24,15 +24,15 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
+from maestro.contract import StageTrace, parse_record, task_id
 from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
+from maestro.structure import derive_structure
 from pipelines.batch_features import StageInputs
 from pipelines.boosters import RowPredictor
 from pipelines.calibration import calibrate_groups
-from maestro.contract import StageTrace, parse_record, task_id
 from pipelines.features import UNKNOWN, StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
-from maestro.structure import derive_structure
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import AppPositionMedians, PositionTable
@@ -95,7 +95,7 @@ class WorkflowRemainingModel:
         self.config = config or WorkflowConfig()
 
     # ---- fitting ------------------------------------------------------------------------
-    def fit(self, stages: list[StageTrace], progress: bool = False) -> "WorkflowRemainingModel":
+    def fit(self, stages: list[StageTrace], progress: bool = False) -> WorkflowRemainingModel:
         """Fit on finished workflows: every stage labelled (`output_tokens`), whole workflows only."""
         stages = derive_structure(as_stages(stages))
         targets = dict(zip(TARGETS, remaining_targets(stages)))
@@ -256,7 +256,7 @@ class WorkflowRemainingModel:
         save_state(self, directory, {"config": asdict(self.config), "has_model": self.boosters_ is not None})
 
     @classmethod
-    def load(cls, directory) -> "WorkflowRemainingModel":
+    def load(cls, directory) -> WorkflowRemainingModel:
         """What save() wrote, checked against its recorded checksum before it is unpickled."""
         model = load_state(directory)
         if not isinstance(model, cls):

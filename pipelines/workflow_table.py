@@ -18,7 +18,7 @@ class Quantiles:
     upper: float
 
     @classmethod
-    def of(cls, values: np.ndarray, alpha: float) -> "Quantiles":
+    def of(cls, values: np.ndarray, alpha: float) -> Quantiles:
         """The median and the split-conformal (1 − α) level (the largest value where there are too few)."""
         n = len(values)
         level = min(1.0, np.ceil((n + 1) * (1 - alpha)) / n)
@@ -37,7 +37,7 @@ class PositionTable:
     stages has its own quantiles; later positions, and positions with fewer stages, share the pooled last row."""
 
     @classmethod
-    def fit(cls, positions: list[int], targets: dict[str, np.ndarray], config) -> "PositionTable":
+    def fit(cls, positions: list[int], targets: dict[str, np.ndarray], config) -> PositionTable:
         """`targets`: "calls" and "tokens" arrays aligned with `positions`; `config`: alpha, min_position_count."""
         table = cls()
         positions = np.asarray(positions, int)
@@ -66,7 +66,7 @@ class AppPositionMedians:
     the app, or the app at that position."""
 
     @classmethod
-    def fit(cls, apps: list[str], positions: list[int], targets: dict[str, np.ndarray]) -> "AppPositionMedians":
+    def fit(cls, apps: list[str], positions: list[int], targets: dict[str, np.ndarray]) -> AppPositionMedians:
         table = cls()
         cells: dict[tuple[str, int], list[int]] = {}
         for i, key in enumerate(zip(apps, positions)):

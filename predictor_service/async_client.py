@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import httpx
 
@@ -201,7 +201,7 @@ class AsyncPredictorClient:
     async def aclose(self) -> None:
         await asyncio.gather(*(http.aclose() for http in self._http.values()))
 
-    async def __aenter__(self) -> "AsyncPredictorClient":
+    async def __aenter__(self) -> AsyncPredictorClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -13,14 +13,14 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import httpx
 from pydantic import TypeAdapter
 
-from maestro.prediction import Prediction, Source
 from maestro.contract import StageTrace
+from maestro.prediction import Prediction, Source
 from pipelines.predictor import NO_MODEL_PRIOR, Prior
 from predictor_service.replicas import split_urls
 from predictor_service.schemas import LABEL_FIELDS, MAX_STAGES_PER_REQUEST, PredictionOut
@@ -179,7 +179,7 @@ class PredictorClient:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
 
-    def __enter__(self) -> "PredictorClient":
+    def __enter__(self) -> PredictorClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -200,7 +200,8 @@ def retrain(args: argparse.Namespace) -> int:
     """Exit 0 when the run did what was due (nothing, or kept the champion, or deployed), 1 when a deploy failed
     and was undone, 2 when the configuration or the pipeline failed."""
     from predictor_service.deploy import DeployConfig
-    from predictor_service.retrain import RetrainConfig, resolve_nodes, retrain as run_retrain
+    from predictor_service.retrain import RetrainConfig, resolve_nodes
+    from predictor_service.retrain import retrain as run_retrain
 
     repo = Path(args.repo).resolve()
     try:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from maestro.keys import read_keys
 from predictor_service.online import CorrectionConfig
@@ -53,7 +53,7 @@ class ServiceConfig:
             raise ValueError(f"max_body_bytes must be > 0, got {self.max_body_bytes} (MAESTRO_MAX_BODY_BYTES)")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ServiceConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:
         """MAESTRO_MODEL, MLFLOW_TRACKING_URI, MAESTRO_TRACE_DIR ('off' disables), MAESTRO_TRACE_MAX_BYTES,
         MAESTRO_TRACE_MAX_FILES, MAESTRO_TRACE_MAX_TOTAL_BYTES (retention; 0 keeps all),
         MAESTRO_CORRECTION_{WEIGHT,BOUND,HALF_LIFE_S,MIN_OBSERVATIONS,SIGNIFICANCE,RESERVE_STEP}, MAESTRO_ADMIN_TOKEN,

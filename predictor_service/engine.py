@@ -13,9 +13,9 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
+from maestro.contract import StageTrace
 from maestro.keys import ANONYMOUS
 from maestro.prediction import FallbackLevel, Prediction, Source
-from maestro.contract import StageTrace
 from pipelines.features import StageHistory
 from pipelines.predictor import Predictor
 from predictor_service import loading

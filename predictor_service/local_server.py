@@ -65,7 +65,7 @@ class LocalServer:
             str(REPO),
         ]
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         # A port picked free can be taken before bentoml binds it: with a picked port, try another.
         attempts = 1 if self.config.port else 3
         for attempt in range(attempts):
@@ -78,7 +78,7 @@ class LocalServer:
                 self.url = f"http://127.0.0.1:{self.port}"
         return self
 
-    def _start(self) -> "LocalServer":
+    def _start(self) -> LocalServer:
         # The service's configuration is exactly `config.env`: MAESTRO_* variables of this process are not inherited.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("MAESTRO_")}
         env = {**inherited, "OMP_NUM_THREADS": "1", "BENTOML_DO_NOT_TRACK": "True", **self.config.env}

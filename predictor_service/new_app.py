@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from maestro.prediction import FallbackLevel, Prediction
 from maestro.contract import StageTrace
+from maestro.prediction import FallbackLevel, Prediction
 from pipelines.calibration import conformal_quantile
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from uhashring import HashRing
 

@@ -13,8 +13,8 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
-from maestro.prediction import Prediction, Source
 from maestro.contract import StageTrace, derive_structure, prompt_text
+from maestro.prediction import Prediction, Source
 
 MAX_STAGES_PER_REQUEST = 256
 MAX_PROMPT_CHARS = 100_000
@@ -71,7 +71,7 @@ class PredictRequest(BaseModel):
     stages: list[StageIn] = Field(min_length=1, max_length=MAX_STAGES_PER_REQUEST)
 
     @model_validator(mode="after")
-    def _structure(self) -> "PredictRequest":
+    def _structure(self) -> PredictRequest:
         # Order-dependent structure (call_index, depth) is fixed per request, before adaptive batching
         # mixes requests: a stage's features must not depend on whose request it was batched with.
         derive_structure(self.stages)

@@ -37,8 +37,8 @@ from dataclasses import asdict
 from benchmarks.engine.arms import EngineArm
 from benchmarks.engine.config import MODEL, EngineConfig, step_cost
 from maestro.contract import StageTrace
-from serving.gateway.core import vllm_priority_value
 from serving.core.request import TokenPace, workflow_remaining_s
+from serving.gateway.core import vllm_priority_value
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin

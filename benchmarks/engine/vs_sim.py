@@ -24,8 +24,8 @@ import numpy as np
 from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
 from benchmarks.engine.report import run_figures
 from serving.core.residency import ResidencyConfig
-from serving.sim.engine import ClusterConfig, Simulator
 from serving.core.systems import get_system
+from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.workload import SimStage, SimWorkflow
 
 REPO = Path(__file__).resolve().parents[2]

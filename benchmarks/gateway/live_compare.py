@@ -42,18 +42,17 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from benchmarks.gateway.live_compare_report import SLO_FACTORS, markdown_table, plot, table, trace_stats  # noqa: E402
+from benchmarks.gateway.live_engine import KvSampler, calibrate, unloaded_s, vllm_metrics  # noqa: E402
+from benchmarks.sim.replay import split  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
 from driver.testbed.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
 from driver.testbed.gateway_process import GatewayProcess  # noqa: E402
 from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
-
-from benchmarks.sim.replay import split  # noqa: E402
 from maestro.cli import main as maestro_main  # noqa: E402
 from maestro.contract import read_traces, write_jsonl  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
-from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
-from benchmarks.gateway.live_engine import KvSampler, calibrate, unloaded_s, vllm_metrics  # noqa: E402
-from benchmarks.gateway.live_compare_report import SLO_FACTORS, markdown_table, plot, table, trace_stats  # noqa: E402
 
 ARMS = ("direct", "prior", "model", "service", "oracle")
 PRIOR_MEDIAN_TOKENS = 256  # pipelines.predictor.NO_MODEL_PRIOR's median: the oracle arm is exact up to it

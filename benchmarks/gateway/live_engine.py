@@ -45,7 +45,7 @@ class KvSampler:
                 continue
             self.blocks.append(m.get("vllm:kv_cache_usage_perc", 0.0) * max(0, m["num_gpu_blocks"] - 1))
 
-    def __enter__(self) -> "KvSampler":
+    def __enter__(self) -> KvSampler:
         self._thread.start()
         return self
 

@@ -30,13 +30,12 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from maestro.prediction import FallbackLevel  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
 from driver.testbed.engines import Engine, EngineConfig  # noqa: E402  (our test fixtures)
 from driver.testbed.gateway_process import GatewayProcess  # noqa: E402
 from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
-
+from maestro.prediction import FallbackLevel  # noqa: E402
 from pipelines.collect import collect  # noqa: E402
-from driver.runner import DriveConfig, drive  # noqa: E402
 from serving.gateway.config import merged  # noqa: E402
 
 

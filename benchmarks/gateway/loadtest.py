@@ -35,6 +35,8 @@ from benchmarks.gateway.load_accounting import (  # noqa: E402
     trace_lines,
 )
 from benchmarks.gateway.processes import start_gateway, stop  # noqa: E402
+from driver.testbed.engines import Engine, EngineConfig  # noqa: E402
+from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
 from maestro.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
 from pipelines.model import ModelConfig  # noqa: E402
@@ -42,8 +44,6 @@ from pipelines.predictor import Predictor  # noqa: E402
 from pipelines.synth import generate  # noqa: E402
 from predictor_service.client import to_wire  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
-from driver.testbed.engines import Engine, EngineConfig  # noqa: E402
-from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
 
 RAMP_CONCURRENCY = (1, 4, 16, 48)
 
@@ -87,7 +87,7 @@ class Load:
             ) as response:
                 await response.read()
                 row.update(status=response.status, retry_after=response.headers.get("Retry-After"))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        except (TimeoutError, aiohttp.ClientError) as error:
             row["error"] = type(error).__name__
             row["error_detail"] = str(error)[:200]
         row["latency_s"] = time.monotonic() - started

@@ -24,8 +24,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.serving.gateway.conftest import run_app  # noqa: E402  (our test fixtures)
-
 from maestro.contract import StageTrace  # noqa: E402
 from pipelines.features import FeaturizerConfig  # noqa: E402
 from pipelines.model import ModelConfig  # noqa: E402
@@ -33,6 +31,7 @@ from pipelines.predictor import Predictor  # noqa: E402
 from pipelines.synth import generate  # noqa: E402
 from predictor_service.local_server import LocalServer, ServerConfig  # noqa: E402
 from serving.gateway.http_predictor import HttpPredictor  # noqa: E402
+from tests.serving.gateway.conftest import run_app  # noqa: E402  (our test fixtures)
 
 ARMS = ("settle", "no_settle")
 SMALL_MODEL = ModelConfig(

@@ -13,9 +13,9 @@ import numpy as np
 import psutil
 import yaml
 
+from driver.testbed.engines import Engine, EngineConfig, free_port
 from serving.gateway.config import merged
 from serving.gateway.vllm_sync import parse_metrics
-from driver.testbed.engines import Engine, EngineConfig, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,13 +32,12 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from driver.testbed.engines import Engine  # noqa: E402  (our test fixtures)
-from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
-
-from pipelines.collect import collect  # noqa: E402
-from driver.runner import DriveConfig, drive  # noqa: E402
 from benchmarks.gateway.pressure import phase_pressure  # noqa: E402
 from benchmarks.gateway.processes import start_engines, start_gateway, stop  # noqa: E402
+from driver.runner import DriveConfig, drive  # noqa: E402
+from driver.testbed.engines import Engine  # noqa: E402  (our test fixtures)
+from driver.testbed.tiny_model import build_tiny_model  # noqa: E402
+from pipelines.collect import collect  # noqa: E402
 
 
 def phase_overhead(engine: Engine, gateway_url: str, num: int, gateway_pid: int) -> dict:

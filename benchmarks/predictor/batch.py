@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from maestro.contract import StageTrace
-from pipelines.predictor import Predictor
 from pipelines.batch_features import structural_columns
+from pipelines.predictor import Predictor
 from pipelines.stage_features import stage_rows
 
 

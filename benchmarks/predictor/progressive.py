@@ -30,8 +30,8 @@ from scipy.stats import kendalltau
 from tqdm import tqdm
 
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split, train_model
-from maestro.progressive import UNKNOWN, length_bounds, prefix_chars, prefix_class
 from maestro.contract import StageTrace
+from maestro.progressive import UNKNOWN, length_bounds, prefix_chars, prefix_class
 from pipelines.predictor import Predictor
 from pipelines.progressive import CHECKPOINTS, ProgressiveConfig, has_text
 

@@ -43,7 +43,7 @@ from pipelines.embedding import EmbedderConfig
 from pipelines.featurize import featurizer_config, locked_split
 from pipelines.history import without_labels
 from pipelines.lexical import LexicalConfig
-from pipelines.metrics import grouped_quality, quality, role_baselines, target_ratios
+from pipelines.metrics import quality, role_baselines, target_ratios
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config

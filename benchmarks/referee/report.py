@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 COLUMNS = (("slo_attainment", "SLO attainment", 3), ("e2e_p95_s", "p95 workflow time (s)", 0))
 DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),)
 

@@ -35,12 +35,12 @@ from tqdm import tqdm
 
 from maestro.contract import read_traces, write_jsonl
 from pipelines.featurize import grouped_split
+from serving.core.systems import get_system
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import Scenario, get_scenario
 from serving.sim.slo import SLOConfig
-from serving.core.systems import get_system
 from serving.sim.workload import SimWorkflow, reset
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -13,10 +13,10 @@ import json
 import time
 from pathlib import Path
 
+from serving.core.systems import get_system
 from serving.sim.engine import Simulator
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import get_scenario
-from serving.core.systems import get_system
 from serving.sim.workload import reset
 
 

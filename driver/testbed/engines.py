@@ -98,7 +98,7 @@ class Engine:
             *c.extra_args,
         ]
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.config.env}
         log = open(self.config.log_path or os.devnull, "w")
         self.process = subprocess.Popen(
@@ -106,7 +106,7 @@ class Engine:
         )
         return self
 
-    def wait_ready(self, timeout_s: float = 420.0) -> "Engine":  # (minutes on a loaded 2-core box)
+    def wait_ready(self, timeout_s: float = 420.0) -> Engine:  # (minutes on a loaded 2-core box)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

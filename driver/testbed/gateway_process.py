@@ -11,9 +11,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from serving.gateway.config import merged
-
 from driver.testbed.engines import REPO, free_port
+from serving.gateway.config import merged
 
 
 class GatewayProcess:
@@ -30,7 +29,7 @@ class GatewayProcess:
         self.log_path = self.workdir / f"gateway-{self.port}.log"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "GatewayProcess":
+    def start(self) -> GatewayProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [str(REPO / ".venv/bin/python"), "-m", "maestro.cli", "gateway", "--config", str(self.config_path)]
         self.process = subprocess.Popen(
@@ -43,7 +42,7 @@ class GatewayProcess:
         )
         return self
 
-    def wait_ready(self, timeout_s: float = 180.0) -> "GatewayProcess":
+    def wait_ready(self, timeout_s: float = 180.0) -> GatewayProcess:
         """Until /ready answers 200 (a gateway without /ready: /health)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -77,7 +76,7 @@ class GatewayProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def __enter__(self) -> "GatewayProcess":
+    def __enter__(self) -> GatewayProcess:
         return self.start().wait_ready()
 
     def __exit__(self, *exc) -> None:

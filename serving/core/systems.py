@@ -16,8 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from serving.core.admission.cap import CapKind
-from serving.core.dispatch import Router
 from serving.core.admission.sizing import ReservationMode
+from serving.core.dispatch import Router
 from serving.core.scheduler import Policy
 from serving.core.tool_kv import ToolKVPolicy
 
@@ -46,7 +46,7 @@ class System:
         if not 0 <= self.admission_headroom_frac < 1:
             raise ValueError(f"system '{self.name}': admission_headroom_frac must be in [0, 1)")
 
-    def with_overrides(self, **changes) -> "System":
+    def with_overrides(self, **changes) -> System:
         """This system with some of its parts (enum members, as the gateway config parses them) changed."""
         known = {f.name for f in dataclasses.fields(self)} - {"name"}
         if unknown := sorted(set(changes) - known):

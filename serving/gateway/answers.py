@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
-from maestro.prediction import Prediction, Source
 from maestro.contract import StageTrace
+from maestro.prediction import Prediction, Source
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 
 log = logging.getLogger(__name__)

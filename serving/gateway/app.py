@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from maestro.keys import ANONYMOUS, caller_key_id
+from serving.gateway.call import StageCall, error_response
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.exposition import MEDIA_TYPE
-from serving.gateway.call import StageCall, error_response
 
 
 def create_app(config: GatewayConfig, gateway: Gateway | None = None) -> Starlette:

@@ -11,8 +11,8 @@ given) no stage is ever endangered, and without measurements the gate admits: it
 from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate, Candidate, NodeState, RunningStage
-from serving.gateway.nodes import Node
 from serving.core.request import StageRequest
+from serving.gateway.nodes import Node
 
 
 def node_state(node: Node, now: float) -> NodeState:

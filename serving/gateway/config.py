@@ -16,13 +16,13 @@ from pydantic.dataclasses import dataclass
 from maestro.keys import read_keys
 from serving.core.admission.aimd import AIMDConfig
 from serving.core.admission.cap import CapKind
-from serving.core.dispatch import Router
 from serving.core.admission.sizing import DEFAULT_RHO, ReservationMode
-from serving.gateway.router_hints import RouterHints
+from serving.core.dispatch import Router
 from serving.core.scheduler import Policy, SchedulerConfig
 from serving.core.systems import DEFAULT_SYSTEM, System, get_system
 from serving.core.tool_kv import ToolKVPolicy
 from serving.gateway.legacy import moved_keys
+from serving.gateway.router_hints import RouterHints
 
 STRICT = ConfigDict(extra="forbid")
 
@@ -225,7 +225,7 @@ class GatewayConfig(Section):
         self.server.read_api_keys()  # raises on a missing file or a short key
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "GatewayConfig":
+    def from_file(cls, path: str | Path) -> GatewayConfig:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"gateway config {path} does not exist")

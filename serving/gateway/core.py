@@ -17,25 +17,25 @@ from maestro.prediction import Prediction, WorkflowFallbackLevel
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapKind, CapSignals, SessionCap
+from serving.core.request import ServicePace, workflow_remaining_s
+from serving.core.scheduler import Policy, create_scheduler
+from serving.core.scheduler.remaining import RemainingWork
 from serving.gateway.config import GatewayConfig
-from serving.gateway.jobs import Dispatcher, Job
 from serving.gateway.exposition import GatewayMetrics
+from serving.gateway.jobs import Dispatcher, Job
 from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import StagePredictor, create_predictor
 from serving.gateway.prepare import prepare_job
 from serving.gateway.priority import current_cpu_nice
+from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.record import record_call
 from serving.gateway.sessions import Sessions
-from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
-from serving.core.request import ServicePace, workflow_remaining_s
-from serving.core.scheduler.remaining import RemainingWork
-from serving.core.scheduler import Policy, create_scheduler
 
 log = logging.getLogger(__name__)
 BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first

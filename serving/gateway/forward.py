@@ -110,7 +110,7 @@ async def settled(call: StageCall) -> None:
     through any replica, is predicted with it."""
     try:
         await asyncio.wait_for(call.gateway.predictor.settled(), call.job.remaining_s())
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 

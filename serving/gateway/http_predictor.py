@@ -51,7 +51,7 @@ class HttpPredictor:
         self._sent = asyncio.Condition()
 
     @classmethod
-    def from_url(cls, url: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> "HttpPredictor":
+    def from_url(cls, url: str, model: str, timeout_s: float, startup_timeout_s: float = 30.0) -> HttpPredictor:
         """The client with the gateway's deadline; its local fallback uses `model`'s priors when given."""
         client = AsyncPredictorClient(ClientConfig(url=url, timeout_s=timeout_s), LocalFallback(model_priors(model)))
         return cls(client, startup_timeout_s=startup_timeout_s)

@@ -18,13 +18,13 @@ from maestro.prediction import Prediction
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapSignals, SessionCap
 from serving.core.dispatch import DispatchConfig, DispatchCore, Outcome, Router
-from serving.gateway import batch_gate
-from serving.gateway.metadata import StageMeta
-from serving.gateway.nodes import Admission, Node
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Scheduler
+from serving.gateway import batch_gate
+from serving.gateway.metadata import StageMeta
+from serving.gateway.nodes import Admission, Node
 
 
 class Full(Exception):

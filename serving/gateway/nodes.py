@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from serving.core.admission.projection import GrowingStage, peak_blocks
 from serving.core.admission.sizing import headroom_pages
+from serving.core.kv import Reservation
 from serving.gateway.config import NodeConfig
 from serving.gateway.kv_budget import KVBudget
 from serving.gateway.node_pace import DECODE_RATE_MARGIN, NodePace
 from serving.gateway.upstream import Upstream
 from serving.gateway.vllm_sync import VllmSync
-from serving.core.kv import Reservation
 
 # With fewer stages than this in flight on a node, a new stage is projected from measured streams (pace.py), not from
 # the fitted call time, which grows it too fast from dispatch: admission is less conservative on an under-occupied node.

@@ -14,18 +14,18 @@ import logging
 import sys
 import time
 
-from maestro.prediction import Prediction
 from maestro.contract import StageTrace
+from maestro.prediction import Prediction
+from maestro.structure import derive_structure
 from pipelines.features import StageHistory
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor
-from maestro.structure import derive_structure
 from predictor_service.client import LocalFallback
 from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
 from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
+from serving.gateway.config import PredictorConfig
 from serving.gateway.http_predictor import HttpPredictor
 from serving.gateway.model_thread import ModelWorker
-from serving.gateway.config import PredictorConfig
 
 log = logging.getLogger(__name__)
 # The GIL switch interval while a model thread shares the process with the event loop: a thread waiting for
@@ -52,7 +52,7 @@ class LocalPredictor:
         self.warmup_s: float | None = None
 
     @classmethod
-    def from_location(cls, location: str, timeout_s: float) -> "LocalPredictor":
+    def from_location(cls, location: str, timeout_s: float) -> LocalPredictor:
         if not location:
             return cls(timeout_s=timeout_s)
         return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}")

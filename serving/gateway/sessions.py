@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serving.core.admission.cap import SessionCap
-from serving.gateway.nodes import Node
 from serving.core.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
+from serving.gateway.nodes import Node
 from serving.vllm_plugin.session_kv import SessionHint
 
 DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool calls were never timed

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from serving.gateway.jobs import Dispatcher
 from serving.core.request import StageRequest
 from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
+from serving.gateway.jobs import Dispatcher
 
 MAX_REJECTED = 100_000  # turned-away workflows remembered, so that their later stages are refused too
 

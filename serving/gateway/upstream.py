@@ -70,7 +70,7 @@ class Upstream:
         if remaining_s is None:
             return self.timeout
         if remaining_s <= 0:
-            raise asyncio.TimeoutError
+            raise TimeoutError
         return aiohttp.ClientTimeout(
             total=remaining_s,
             sock_read=self.timeout.sock_read,

@@ -3,7 +3,6 @@ vLLM's own block count, /v1/models read for the context length; `VllmSync` is `n
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -94,7 +93,7 @@ class VllmSync:
         except aiohttp.ClientConnectorError:
             self.is_healthy, self.num_failed_polls = False, self.num_failed_polls + 1
             self.has_listed_models = False  # a restarted engine may serve another context length
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if is_busy:
                 self.num_slow_polls += 1
             else:

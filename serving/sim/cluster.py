@@ -15,18 +15,18 @@ kept context's TTL armed).
 from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate
-from serving.core.dispatch import Outcome, choose
 from serving.core.admission.sizing import ReservationMode, headroom_pages, output_tokens_to_map
+from serving.core.dispatch import Outcome, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
+from serving.core.tool_kv import ToolCallContext
 from serving.sim.context import SimContext
-from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.gpu_pace import ModelPace
+from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.sessions import occupy, session_home
 from serving.sim.slot import SimSlot, parent_of
 from serving.sim.workload import SimStage
-from serving.core.tool_kv import ToolCallContext
 
 
 class SimDispatcher:

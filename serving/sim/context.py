@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from serving.core.tool_kv import ToolKV
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
-from serving.core.tool_kv import ToolKV
 
 if TYPE_CHECKING:
+    from serving.core.systems import System
     from serving.sim.costmodel import CostModel
     from serving.sim.engine import ClusterConfig
     from serving.sim.metrics import Recorder
-    from serving.core.systems import System
     from serving.sim.workload import SimWorkflow
 
 

@@ -23,17 +23,17 @@ from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
 from serving.core.scheduler.triage import WorkflowTriage
-from serving.sim.costmodel import CostModel, CostModelConfig
+from serving.core.systems import System
+from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 from serving.sim.cluster import SimDispatcher
+from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, SimNode
 from serving.sim.sessions import leave
 from serving.sim.slo import stage_unloaded_s
 from serving.sim.stage_request import ready_request
-from serving.core.systems import System
 from serving.sim.workload import SimStage, SimWorkflow
-from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 
 ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 

@@ -24,8 +24,8 @@ from serving.sim.hostcpu import HostCPU
 from serving.sim.prefixcache import PrefixCache
 
 if TYPE_CHECKING:
-    from serving.sim.engine import ClusterConfig
     from serving.core.systems import System
+    from serving.sim.engine import ClusterConfig
 
 FINISH, GROW = 0, 1
 PACE_WINDOW_S = 10.0  # the measured pace is the step clock's rate over about this long

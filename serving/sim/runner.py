@@ -8,13 +8,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.core.systems import get_system
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig, annotate
 from serving.sim.scenarios import Regime, Scenario
 from serving.sim.slo import SLOConfig, apply_slo
-from serving.core.systems import get_system
 from serving.sim.workload import SimWorkflow, add_context, catalog_workflows, map_models, reset, trace_workflows
 
 

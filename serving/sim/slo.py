@@ -105,7 +105,7 @@ class SLOTable:
     global_s: float
 
     @classmethod
-    def fit(cls, train: list[SimWorkflow], cost: CostModel, scale: float) -> "SLOTable":
+    def fit(cls, train: list[SimWorkflow], cost: CostModel, scale: float) -> SLOTable:
         if not train:
             raise ValueError("SLOTable.fit: no training workflows to fix SLOs from")
         groups: dict[str, dict[str, list[float]]] = {}

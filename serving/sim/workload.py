@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from maestro.contract import StageTrace, prompt_text
 from maestro.prediction import WorkflowRemaining
 from pipelines.catalog import APPS
-from maestro.contract import StageTrace, prompt_text
 from pipelines.synth import MAX_TOKENS, WorkflowGenerator
 
 DEFAULT_SLO_S = {True: 30.0, False: 600.0}  # for trace apps the catalog does not know
@@ -24,7 +24,7 @@ DEFAULT_SLO_S = {True: 30.0, False: 600.0}  # for trace apps the catalog does no
 
 @dataclass(eq=False, slots=True)
 class SimStage:
-    workflow: "SimWorkflow"
+    workflow: SimWorkflow
     index: int
     stage_id: str
     role: str

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from serving.gateway.config import SessionsConfig
-from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.core.scheduler import SchedulerConfig
 from serving.core.systems import DEFAULT_SYSTEM, get_system
+from serving.gateway.config import SessionsConfig
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
 
 CONFIG_KEY = "maestro_scheduler"
 
@@ -55,7 +55,7 @@ class MaestroSchedulerConfig:
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 
     @classmethod
-    def from_additional_config(cls, additional_config) -> "MaestroSchedulerConfig":
+    def from_additional_config(cls, additional_config) -> MaestroSchedulerConfig:
         """From vLLM's `additional_config` (a dict, or a platform's own object, which holds nothing for us)."""
         raw = dict(additional_config.get(CONFIG_KEY, {})) if isinstance(additional_config, dict) else {}
         unknown = set(raw) - {f.name for f in fields(cls)}

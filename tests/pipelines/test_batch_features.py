@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from maestro.contract import StageTrace, read_traces
 from pipelines.batch_features import structural_columns
 from pipelines.boosters import as_matrix
-from maestro.contract import StageTrace, read_traces
 from pipelines.features import Featurizer, FeaturizerConfig
 from pipelines.history import hide_labels
 from pipelines.stage_features import ASCII_FOLDS, stage_rows

@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from maestro.contract import StageTrace
 from pipelines import compiled_trees
 from pipelines.boosters import RowPredictor
-from maestro.contract import StageTrace
 from pipelines.features import FeaturizerConfig
 from pipelines.history import without_labels
 from pipelines.model import ModelConfig

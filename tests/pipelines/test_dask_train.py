@@ -23,8 +23,8 @@ from pipelines.dask_features import (
 from pipelines.dask_model import _sklearn_objective
 from pipelines.dask_train import DaskTrainConfig, train_predictor
 from pipelines.embedding import Embedder, EmbedderConfig
-from pipelines.featurize import grouped_split
 from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.featurize import grouped_split
 from pipelines.metrics import quality
 from pipelines.model_config import ModelConfig, asymmetric_l2
 from pipelines.predictor import Predictor, label_frame

@@ -1,6 +1,8 @@
 """Behaviour on real multi-agent traces (../shared/data/dev-traces): the predictor must beat the
 per-role median on workflows it never saw, and react to what the prompt asks for."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,6 @@ from pipelines.metrics import quality
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
 from pipelines.train import model_config
-from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.metrics import expected_calibration_error
 from pipelines.calibration import conformal_quantile
+from pipelines.metrics import expected_calibration_error
 from pipelines.model import TwoStageModel
 from pipelines.model_config import ModelConfig, asymmetric_l2, regression_objective
 

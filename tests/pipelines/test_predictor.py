@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from maestro.cli import main as maestro
+from maestro.contract import StageTrace, read_traces, write_jsonl
 from maestro.prediction import WORKFLOW_FIELDS, WORKFLOW_PRIOR
 from maestro.progressive import TABLE_FILE
 from pipelines.artifact import ArtifactMismatch
-from maestro.contract import StageTrace, read_traces, write_jsonl
 from pipelines.features import FeaturizerConfig, StageHistory
 from pipelines.model import ModelConfig
 from pipelines.predictor import MIN_STAGES_FOR_MODEL, Predictor

@@ -9,11 +9,11 @@ import pytest
 from sklearn.decomposition import PCA
 
 from maestro.contract import StageTrace, read_traces
-from pipelines.embedding import EmbedderConfig
-from pipelines.static_embedding import StaticEmbedder, teacher_table
-from pipelines.features import Featurizer, FeaturizerConfig
-from pipelines.stage_features import BREVITY_CUE, JSON_CUE, _NEEDLES, _Cues
 from pipelines.boosters import RowPredictor
+from pipelines.embedding import EmbedderConfig
+from pipelines.features import Featurizer, FeaturizerConfig
+from pipelines.stage_features import _NEEDLES, BREVITY_CUE, JSON_CUE, _Cues
+from pipelines.static_embedding import StaticEmbedder, teacher_table
 
 STATIC = EmbedderConfig(kind="static")
 VOCAB = 30522  # MiniLM's WordPiece vocabulary

@@ -1,7 +1,7 @@
 import numpy as np
 
-from pipelines.catalog import APPS, get_app
 from maestro.contract import parse_record
+from pipelines.catalog import APPS, get_app
 from pipelines.synth import WorkflowGenerator, generate
 
 

@@ -8,12 +8,12 @@ import pickle
 import numpy as np
 import pytest
 
-from maestro.prediction import WORKFLOW_PRIOR
-from pipelines.batch_features import StageInputs
 from maestro.contract import parse_record, task_id
+from maestro.prediction import WORKFLOW_PRIOR
+from maestro.structure import derive_structure
+from pipelines.batch_features import StageInputs
 from pipelines.features import StageHistory
 from pipelines.lexical import LexicalConfig, design_matrix
-from maestro.structure import derive_structure
 from pipelines.synth import generate
 from pipelines.workflow_features import TailScores, known_history, remaining_targets, so_far_columns, workflow_rows
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel

@@ -1,9 +1,11 @@
 """The service's HTTP API through BentoML's ASGI app (no server process)."""
 
 import pytest
+
 from pipelines.collect import collect
+from predictor_service.client import parse_answers
+from predictor_service.client import to_wire as unlabelled
 from predictor_service.schemas import MAX_PROMPT_CHARS, MAX_STAGES_PER_REQUEST, PredictionOut
-from predictor_service.client import parse_answers, to_wire as unlabelled
 
 
 def first_error(response) -> dict:

@@ -15,8 +15,8 @@ from starlette.testclient import TestClient
 from maestro.keys import key_id
 from pipelines.predictor import ArtifactMismatch, Predictor
 from predictor_service import loading
-from predictor_service.config import ServiceConfig
 from predictor_service.client import to_wire as unlabelled
+from predictor_service.config import ServiceConfig
 from predictor_service.guard import Guard, refusal
 
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from benchmarks.service.online_correction import replay
+from maestro.contract import StageTrace
 from maestro.prediction import WORKFLOW_PRIOR
 from pipelines.collect import collect
-from maestro.contract import StageTrace
 from pipelines.predictor import Prior
 from predictor_service.async_client import AsyncPredictorClient
 from predictor_service.client import Breaker, ClientConfig, LocalFallback, PredictorClient, chunks, to_wire

@@ -16,7 +16,6 @@ import pytest
 
 from benchmarks.engine.config import KV_BYTES_PER_TOKEN
 from benchmarks.referee.engine import main
-
 from driver.testbed.engines import VLLM_PYTHON, has_vllm
 from driver.testbed.tiny_model import KV_BYTES_PER_TOKEN as TINY_KV_BYTES_PER_TOKEN
 

@@ -22,8 +22,7 @@ import pytest
 from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
-from benchmarks.engine.report import run_figures
-from benchmarks.engine.report import context_tokens
+from benchmarks.engine.report import context_tokens, run_figures
 from benchmarks.referee.engine import summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace

@@ -15,9 +15,9 @@ from benchmarks.referee.arms import parse_arm
 from benchmarks.referee.grid import Replay
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace
+from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor
-from pipelines.features import FeaturizerConfig
 from pipelines.synth import generate
 from serving.sim.ready import ReadyPredictions
 from serving.sim.slo import SLOConfig, apply_slo

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from benchmarks.sim.replay import Replay, plot, quality, run_all, table
+from benchmarks.sim.replay import Replay, plot, run_all, table
 
 
 def test_the_replay_runs_every_arm_at_a_rate_and_reports_their_quality(dev_traces, tmp_path):

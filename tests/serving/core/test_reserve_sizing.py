@@ -14,6 +14,7 @@ from pipelines.model import ModelConfig
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor
 from pipelines.synth import generate
 from serving.core.admission.sizing import ReservationMode, is_calibrated, output_tokens_to_map, reserve_output_tokens
+from serving.core.systems import get_system
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
 from serving.gateway.metadata import StageMeta
@@ -23,7 +24,6 @@ from serving.sim.engine import Simulator
 from serving.sim.predictions import apply_prediction
 from serving.sim.runner import RunConfig, build_workload
 from serving.sim.scenarios import get_scenario
-from serving.core.systems import get_system
 
 MAX_TOKENS = (8, 64, 300, 2000, 4096)
 ROLES = ("coder", "planner", "a-role-never-seen")

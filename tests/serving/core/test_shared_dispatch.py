@@ -39,20 +39,20 @@ import pytest
 from maestro.prediction import FallbackLevel, Prediction, WorkflowFallbackLevel
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.sizing import output_tokens_to_map
+from serving.core.kv import KVAllocator, KVAllocatorConfig
+from serving.core.request import WorkflowInfo, stage_request
+from serving.core.systems import SYSTEMS as TABLE
+from serving.core.systems import System, get_system
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Job
 from serving.gateway.metadata import StageMeta
 from serving.gateway.nodes import Node
-from serving.core.kv import KVAllocator, KVAllocatorConfig
-from serving.core.request import WorkflowInfo, stage_request
 from serving.sim.costmodel import CostModel, CostModelConfig, GPUProfile
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.gpu_pace import ModelPace
 from serving.sim.ready import known_remaining
 from serving.sim.workload import SimStage, SimWorkflow
-from serving.core.systems import SYSTEMS as TABLE
-from serving.core.systems import System, get_system
 
 BLOCK_TOKENS = 128
 MODEL = "llama-3-8b"

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from serving.gateway.workflows import DECODE_S_PER_TOKEN, SERVICE_PACE
 from serving.core.request import TokenPace, WorkflowInfo, stage_request
+from serving.gateway.workflows import DECODE_S_PER_TOKEN, SERVICE_PACE
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.gpu_pace import ModelPace
 

@@ -7,14 +7,12 @@ import contextlib
 import json
 
 import httpx
-import pytest
 from aiohttp import web
 
+from driver.testbed.engines import free_port
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig, merged
 from serving.gateway.core import Gateway
-
-from driver.testbed.engines import free_port
 
 METRICS = """# TYPE vllm:kv_cache_usage_perc gauge
 vllm:num_requests_running{engine="0",model_name="tiny"} 1.0

@@ -20,13 +20,12 @@ import time
 import pytest
 import uvloop
 
+from serving.gateway.config import merged
 from serving.gateway.predict import LocalPredictor
 from serving.gateway.upstream import Upstream, is_deadline
-
-from serving.gateway.config import merged
+from tests.serving.faultproxy import Fault, FaultProxy
 
 from .conftest import fake_nodes, serve_app
-from tests.serving.faultproxy import Fault, FaultProxy
 
 DEADLINE_S = 1.0
 NODE_TIMEOUT_S = 30.0  # only the deadline can end a stalled attempt in time

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.gateway.config import GatewayConfig, merged
-
 from driver.testbed.engines import free_port
+from serving.gateway.config import GatewayConfig, merged
 from tests.serving.faultproxy import Fault, FaultProxy
+
 from .test_gateway_vllm import RunningGateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(300)]

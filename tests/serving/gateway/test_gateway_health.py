@@ -10,13 +10,14 @@ import json
 import httpx
 from aiohttp import web
 
+from driver.testbed.engines import free_port
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
 from serving.gateway.nodes import Node
 from serving.gateway.upstream import Upstream
-from .conftest import metrics_text, vllm_like
-from driver.testbed.engines import free_port
+
+from .conftest import vllm_like
 
 POLL_TIMEOUT_S = 0.2
 

@@ -9,12 +9,12 @@ import json
 import httpx
 import pytest
 
+from driver.testbed.engines import free_port
 from predictor_service.route_hints import osl_bucket
 from serving.gateway.config import GatewayConfig
+from tests.serving.faultproxy import FaultProxy
 
 from .conftest import run_app
-from driver.testbed.engines import free_port
-from tests.serving.faultproxy import FaultProxy
 from .test_gateway_vllm import RunningGateway
 
 HINT_HEADERS = ("x-maestro-osl", "x-maestro-osl-bucket", "x-maestro-reserve", "x-maestro-p-tool")

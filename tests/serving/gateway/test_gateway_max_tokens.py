@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from pipelines.collect import collect
 from maestro.contract import prompt_text
+from pipelines.collect import collect
 from pipelines.synth import generate
 from serving.gateway.config import GatewayConfig, KVConfig
 from serving.gateway.core import Gateway

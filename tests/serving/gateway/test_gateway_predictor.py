@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from pipelines.collect import collect
 from maestro.contract import StageTrace
+from pipelines.collect import collect
 from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor

@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from predictor_service.local_server import LocalServer, ServerConfig
 from driver.runner import DriveConfig, drive
-
-from .conftest import fake_nodes
 from driver.testbed.engines import free_port
 from driver.testbed.gateway_process import GatewayProcess
+from predictor_service.local_server import LocalServer, ServerConfig
+
+from .conftest import fake_nodes
 from .test_gateway_predictor import model_dir  # noqa: F401 — the small trained predictor the services load
 
 KILL_AFTER_STAGES = 6  # stages completed behind the doomed gateway before it is killed (one at least in flight)

@@ -12,15 +12,15 @@ import pytest
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 from serving.core.admission.aimd import SessionWindow
 from serving.core.admission.cap import CapSignals
+from serving.core.request import StageRequest
+from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Job
 from serving.gateway.metadata import StageMeta, parse_metadata
-from serving.gateway.app import create_app
 from serving.gateway.predict import LocalPredictor
 from serving.gateway.sessions import DEFAULT_TOOL_S, TOOL_CALL_P, Sessions
 from serving.gateway.validation import BadRequest, check_headers
-from serving.core.request import StageRequest
 from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
 
 from .conftest import fake_nodes
@@ -175,7 +175,6 @@ def test_mars_sessions_live_on_real_vllm(vllm_engine, tmp_path):
     by the end; the AIMD window ran on vLLM's KV usage."""
     pytest.importorskip("driver.replay")
     from driver.runner import DriveConfig, drive
-
     from driver.testbed.gateway_process import GatewayProcess
     from tests.driver.test_drive_traces import AGENT, first_workflows
 

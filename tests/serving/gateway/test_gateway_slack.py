@@ -7,14 +7,15 @@ import time
 import pytest
 
 from serving.core.admission.batch_cost import BatchCostGate
+from serving.core.request import StageRequest
+from serving.core.scheduler import create_scheduler
 from serving.gateway import batch_gate
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Dispatcher, Job
 from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.validation import BadRequest, check_headers
-from serving.core.request import StageRequest
-from serving.core.scheduler import create_scheduler
+
 from .test_gateway_units import make_node
 
 

@@ -11,13 +11,13 @@ import json
 import pytest
 
 from maestro.prediction import FallbackLevel, Prediction, WorkflowFallbackLevel
+from serving.core.request import workflow_remaining_s
+from serving.core.scheduler import create_scheduler
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Dispatcher
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.workflows import SERVICE_PACE
-from serving.core.request import workflow_remaining_s
-from serving.core.scheduler import create_scheduler
 
 from .conftest import run_app
 from .test_gateway_metrics import samples

@@ -14,26 +14,26 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
 from pipelines.collect import collect
+from serving.core.admission.projection import CallTimeFit, GrowingStage, peak_blocks
+from serving.core.request import StageRequest
+from serving.core.scheduler import create_scheduler
+from serving.gateway.bodies import BodyMetadata
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
 from serving.gateway.jobs import Dispatcher, Full, Job, NoNode
 from serving.gateway.metadata import HEADERS, METADATA_KEYS, parse_metadata
 from serving.gateway.nodes import Admission, Node, Refusal
-from serving.gateway.vllm_sync import parse_metrics
-from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.gateway.outcome import CallResult
 from serving.gateway.priority import current_cpu_nice
-from serving.core.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.gateway.prompt_tokens import PromptSizer
 from serving.gateway.traces import TraceWriter
-from serving.gateway.bodies import BodyMetadata
 from serving.gateway.validation import BadRequest, check_header_names, check_metadata_keys
-from serving.core.request import StageRequest
-from serving.core.scheduler import create_scheduler
+from serving.gateway.vllm_sync import parse_metrics
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
+
 from .conftest import metrics_text, run_app
 
 

@@ -16,13 +16,12 @@ import httpx
 import pytest
 import uvicorn
 
-from pipelines.collect import collect
 from driver.runner import DriveConfig, drive
+from driver.testbed.engines import free_port, has_stats_plugin
+from pipelines.collect import collect
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig, merged
 from serving.gateway.vllm_sync import parse_metrics
-
-from driver.testbed.engines import free_port, has_stats_plugin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -45,7 +44,7 @@ class RunningGateway:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{config.server.port}"
 
-    def __enter__(self) -> "RunningGateway":
+    def __enter__(self) -> RunningGateway:
         self.thread.start()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

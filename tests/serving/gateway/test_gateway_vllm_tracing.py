@@ -11,8 +11,9 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.serving.engine_fixtures import start_engine
 from driver.testbed.engines import free_port
+from tests.serving.engine_fixtures import start_engine
+
 from .test_gateway_vllm import gateway_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -42,7 +43,7 @@ class OtlpReceiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "OtlpReceiver":
+    def __enter__(self) -> OtlpReceiver:
         self.thread.start()
         return self
 

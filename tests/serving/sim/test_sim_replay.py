@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 
+from serving.core.systems import SYSTEMS, get_system
 from serving.sim.cluster import SimDispatcher
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario
 from serving.sim.scenarios import get_scenario
-from serving.core.systems import SYSTEMS, get_system
 
 UNKNOWN = "gpt-4o (user simulator)"
 

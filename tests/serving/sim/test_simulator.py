@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from serving.sim.costmodel import CostModel, CostModelConfig, MODEL_PROFILES
+from serving.core.systems import SYSTEMS, get_system
+from serving.sim.costmodel import MODEL_PROFILES, CostModel, CostModelConfig
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario, write_outputs
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import unloaded_latency_s
-from serving.core.systems import SYSTEMS, get_system
 from serving.sim.workload import reset
 
 

@@ -19,19 +19,18 @@ import pytest
 
 from driver.plan import DriveConfig
 from driver.runner import drive
+from driver.testbed.engines import ENGINE_CPU_NICE, REPO, Engine, EngineConfig, free_port, has_stats_plugin, has_vllm
+from driver.testbed.tiny_model import KV_BYTES_PER_TOKEN
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.vllm_plugin.decisions import parse_decision_lines
 from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
 from serving.vllm_plugin.session_kv import SessionHint
-
-from driver.testbed.engines import ENGINE_CPU_NICE, REPO, Engine, EngineConfig, free_port, has_stats_plugin, has_vllm
-from tests.serving.faultproxy import FaultProxy
 from tests.driver.test_drive_traces import AGENT as AGENT_TRACES
 from tests.driver.test_drive_traces import check_replay, first_workflows
-from tests.serving.gateway.test_gateway_vllm import RunningGateway
-from driver.testbed.tiny_model import KV_BYTES_PER_TOKEN
+from tests.serving.faultproxy import FaultProxy
 from tests.serving.gateway.test_gateway_sessions import tool_prone_predictor
+from tests.serving.gateway.test_gateway_vllm import RunningGateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -15,10 +15,9 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 
+from driver.testbed.engines import REPO, VLLM_PYTHON, has_vllm
 from maestro.progressive import PREFIX_CLASSES, TABLE_FILE, ProgressiveTable
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage, gate_inputs
-
-from driver.testbed.engines import REPO, VLLM_PYTHON, has_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from serving.core.admission.batch_cost import Candidate
-from serving.gateway.config import SessionsConfig
-from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.systems import DEFAULT_SYSTEM, get_system
+from serving.gateway.config import SessionsConfig
+from serving.gateway.workflows import DECODE_S_PER_TOKEN
 from serving.vllm_plugin.decisions import Decisions, parse_decision_lines
 from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
 from serving.vllm_plugin.hints import (
