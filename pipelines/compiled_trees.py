@@ -161,7 +161,7 @@ def _problem(manifest: dict, directory: Path, model_sha256: str) -> str | None:
         return f"built on {manifest.get('system')}/{manifest.get('machine')}, this is {machine()}"
     if manifest.get("model_sha256") != model_sha256:
         return "built for other predictor files"
-    for name, entry in manifest["boosters"].items():
+    for entry in manifest["boosters"].values():
         library = directory / entry["file"]
         if not library.exists():
             return f"{library.name} is missing"

@@ -77,7 +77,8 @@ def locked_split(stages: list[StageTrace], test_fraction: float) -> tuple[list[i
 
 
 def featurize(stages: list[StageTrace], params: dict, cache: Path | None = None, static_cache: Path | None = None):
-    """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's (static_embedding.teacher_table)."""
+    """`cache`: MiniLM's embedding cache file; `static_cache`: the distilled table's
+    (static_embedding.teacher_table)."""
     train_idx, test_idx = locked_split(stages, params["test_fraction"])
     config = featurizer_config(params)
     minilm = Embedder(replace(config.embedder, kind="minilm"))  # the embedding, or the static one's teacher

@@ -54,7 +54,10 @@ def write_plots(frames: dict[str, pd.DataFrame], out: Path, max_points: int = 30
     ]
 
 
-def reserve_tradeoff(frames: dict[str, pd.DataFrame], shifts: np.ndarray = np.linspace(-0.6, 0.6, 25)) -> pd.DataFrame:
+SHIFTS = np.linspace(-0.6, 0.6, 25)  # the reserve scaled by e^shift, shift 0 the model's own
+
+
+def reserve_tradeoff(frames: dict[str, pd.DataFrame], shifts: np.ndarray = SHIFTS) -> pd.DataFrame:
     """What a reserve costs against what it misses: the model's reserve scaled by e^shift (shift 0 is the
     calibrated one), and each baseline's single point. Over-reservation as in `metrics.quality`."""
     rows = []

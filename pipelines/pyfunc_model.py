@@ -1,8 +1,8 @@
 """The `stage-length` model as MLflow loads it (models-from-code): contract stages in, predictions out.
 
 pipelines/registry.py logs this file as the model's code, the saved predictor as its artifact `predictor` and the
-pipelines/ and maestro/ packages as its `code_paths`; so `mlflow.pyfunc.load_model` and `mlflow models serve` need neither this
-repository installed nor a pickled wrapper. MLflow runs the file to load the model: `set_model` names it.
+pipelines/ and maestro/ packages as its `code_paths`; so `mlflow.pyfunc.load_model` and `mlflow models serve` need
+neither this repository installed nor a pickled wrapper. MLflow runs the file to load the model: `set_model` names it.
 """
 
 from __future__ import annotations

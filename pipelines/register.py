@@ -84,7 +84,7 @@ def traces_datasets(traces: str, source: str, test_labels: pd.DataFrame) -> tupl
             ),
         )
         for dataset in datasets:
-            dataset.schema  # inferred on first use: here, under the filter, not when the run logs it
+            _ = dataset.schema  # inferred on first use: here, under the filter, not when the run logs it
         return datasets
 
 

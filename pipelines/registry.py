@@ -95,8 +95,8 @@ def signature() -> ModelSignature:
 
 def log_predictor(directory: str | Path, pip_requirements: list[str], params: dict | None = None) -> ModelInfo:
     """Log a saved predictor as a pyfunc model of the active run (models-from-code, with its signature, an input
-    example and the pipelines/ and maestro/ packages as code), registered as MODEL_NAME; `params`: the recipe, shown on the
-    logged model too. The logged model's info."""
+    example and the pipelines/ and maestro/ packages as code), registered as MODEL_NAME; `params`: the recipe, shown on
+    the logged model too. The logged model's info."""
     return mlflow.pyfunc.log_model(
         name="predictor",
         python_model=str(PYFUNC_CODE),

@@ -1,1 +1,2 @@
-"""The decision core alone: scheduler decisions and allocator operations per second, the CUDA VMM KV backend on a GPU."""
+"""The decision core alone: scheduler decisions and allocator operations per second, the CUDA VMM KV
+backend on a GPU."""

@@ -13,9 +13,9 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   the plan asks the source exactly as a readiness call would (`at_readiness`).
 - **A workflow's remaining work** (`workflow_remaining_s`, in steps on the plugin's step clock, one a token): the
   source's workflow answer at readiness (the model's, the training side's (app, position) medians for `prior`, 0 for
-  `none`, the truth for `oracle`), turned into service by `serving.core.request.workflow_remaining_s` as the gateway and the
-  simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's last
-  stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
+  `none`, the truth for `oracle`), turned into service by `serving.core.request.workflow_remaining_s` as the gateway and
+  the simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's
+  last stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
 - **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
   seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
 - **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
@@ -23,9 +23,9 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it
   does not): what a live gateway knows when the turn ends, which is the only moment the plugin reads it
   (`serving/vllm_plugin/session_kv.py`); never whether the replay has a next turn. The prediction is the one the
-  simulator makes (`serving.core.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from the
-  catalog's mean or 1 s), made by `benchmarks/engine/steps.py` on the step clock; the plugin keeps the context by the
-  system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
+  simulator makes (`serving.core.tool_kv.ToolTimes`, a moving average of the tool times measured so far in the run, from
+  the catalog's mean or 1 s), made by `benchmarks/engine/steps.py` on the step clock; the plugin keeps the context by
+  the system's tool-KV rule (MARS: iff re-prefilling it, at the step cost model's `1 / max_num_batched_tokens` steps a
   token, takes longer than that).
 """
 

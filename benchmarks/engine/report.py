@@ -120,7 +120,7 @@ def next_turn_table(report: dict) -> list[str]:
             "|---|---|---|---|---|---|---|",
         ]
         for arm, row in sums.items():
-            ratio = lambda key: f"{row[key] / base[key]:.2f}×" if base and base[key] else "–"  # noqa: E731
+            ratio = lambda key, row=row: f"{row[key] / base[key]:.2f}×" if base and base[key] else "–"  # noqa: E731, B023
             lines.append(
                 f"| {arm} | {row['turns']} | {row['context_tokens']} | {row['recomputed']} | "
                 f"{ratio('recomputed')} | {row['recomputed_full_blocks']} | {ratio('recomputed_full_blocks')} |"

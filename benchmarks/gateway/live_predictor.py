@@ -10,7 +10,8 @@ stages answered by the model and by the prior (`fallback_level: prior`, and the 
 the prediction's time (`predict_s`); and the gateway's own counts and its model thread's batch times
 (/maestro/status `predictor`). Arms run interleaved, `--repeats` rounds (the box's load drifts between runs).
 Default arms: the engine at nice 0 and at nice 10. `--arm NAME=JSON` sets others: `engine_nice`,
-`gateway_fields` (config sections, e.g. {"server": {"cpu_nice": -10}}, root), `repo` (the gateway from another checkout, e.g. a `git worktree`).
+`gateway_fields` (config sections, e.g. {"server": {"cpu_nice": -10}}, root), `repo` (the gateway from
+another checkout, e.g. a `git worktree`).
 """
 
 from __future__ import annotations

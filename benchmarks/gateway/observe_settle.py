@@ -1,9 +1,10 @@
 """What the gateway's wait for a stage's /observe (`HttpPredictor.settled`) costs a call, and what it buys.
 
-    .venv/bin/python benchmarks/gateway/observe_settle.py --rounds 6 --calls 20 --out benchmarks/results/observe_settle.json
+    .venv/bin/python benchmarks/gateway/observe_settle.py --rounds 6 --calls 20 \
+        --out benchmarks/results/observe_settle.json
 
-The gateway app in process over a vLLM-like node that answers at once (tests/serving/gateway/conftest.py), its predictor a
-real `bentoml serve` of a small trained model. Each round drives one chain workflow (stage i's parent is stage
+The gateway app in process over a vLLM-like node that answers at once (tests/serving/gateway/conftest.py), its predictor
+a real `bentoml serve` of a small trained model. Each round drives one chain workflow (stage i's parent is stage
 i − 1, each sent when its parent's answer is in) per arm: `settle` (as the gateway runs) and `no_settle` (the
 answer goes back without waiting; the /observe still leaves at once). Arms alternate order by round. Reported:
 per-call latency p50 / p90 and the ratio, and the history condition the children were predicted in (trace lines).

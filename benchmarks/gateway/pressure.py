@@ -39,7 +39,8 @@ def per_mode(value: str, mode: str) -> str:
 def pressure_half(
     mode: str, gateway_fields: dict | None, model: Path, logs: Path, workdir: Path, args, index: int
 ) -> dict:
-    """One half of the pressure phase on a fresh engine: straight at vLLM (`gateway_fields` None) or through a gateway."""
+    """One half of the pressure phase on a fresh engine: straight at vLLM (`gateway_fields` None) or
+    through a gateway."""
     [engine] = start_engines(model, logs, args.pressure_kv_bytes, 1, max_model_len=1536)
     gateway, half, status = None, {"mode": mode, "load_average_1m_at_start": round(os.getloadavg()[0], 2)}, None
     try:

@@ -22,9 +22,10 @@ MiniLM encode of each test prompt's segment, all in the same run. Held out, the 
 (params.yaml otherwise; `--leave-one-app-out` trains params.yaml as it is). Writes JSON.
 
     python benchmarks/predictor/recipe.py [--data dev agent] [--leave-one-app-out] [--speed]
-    python benchmarks/predictor/recipe.py --data agent --leave-one-app-out --held-out-recipes   # an app never seen, alone
-    python benchmarks/predictor/recipe.py --data dev --unseen FILE_OR_DIR   # trained on all the dev traces, scored on FILE
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor/recipe.py --data --speed [--speed-recipes maestro-minilm] [--compiled-trees]
+    python benchmarks/predictor/recipe.py --data agent --leave-one-app-out --held-out-recipes  # an app never seen
+    python benchmarks/predictor/recipe.py --data dev --unseen FILE_OR_DIR  # trained on the dev traces, scored on FILE
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/predictor/recipe.py --data --speed \
+        [--speed-recipes maestro-minilm] [--compiled-trees]
 """
 
 from __future__ import annotations

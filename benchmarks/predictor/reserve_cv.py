@@ -4,8 +4,8 @@ read): the bound model's quantile × the calibration groups' minimum size.
 For each data set, the locked split's training side is cut into 3 task-grouped folds; Maestro's recipe
 (params.yaml) is trained on two and scored on the third, with and without history. Fitting the reserve is the
 model's last step, so each fold's model is fitted once and only its reserve is refitted per variant (the inputs
-of `TwoStageModel.fit_reserve` are recorded at the first fit, by a subclass). Figures pooled over the folds: the share of
-stages above the reserve, the reserve's waste against the per-role p90's, and the worst (fold, app) share above.
+of `TwoStageModel.fit_reserve` are recorded at the first fit, by a subclass). Figures pooled over the folds: the share
+of stages above the reserve, the reserve's waste against the per-role p90's, and the worst (fold, app) share above.
 
     python -m benchmarks.predictor.reserve_cv [--data dev agent] [--out benchmarks/results/reserve_cv.json]
 """

@@ -1,7 +1,8 @@
 """Training at scale: wall time and peak memory, one machine (`Predictor.train` on one list of stages) vs a
 Dask LocalCluster (`pipelines.dask_train`), on SYNTHETIC traces (pipelines/synth.py) of growing size.
 
-    python benchmarks/predictor/train_scale.py --sizes 20000 200000 --workers 2 --out benchmarks/results/train_scale.json
+    python benchmarks/predictor/train_scale.py --sizes 20000 200000 --workers 2 \
+        --out benchmarks/results/train_scale.json
     python benchmarks/predictor/train_scale.py --sizes 1000000 --arms dask --embedding-stages 0   # the cluster alone
 
 Each measurement runs in a fresh process (a fresh cluster for Dask), so that peak RSS (`ru_maxrss`) is

@@ -1,6 +1,7 @@
 """What each arm of the referee is: a system, the prediction source it is fed, and any part switched off.
 
-    fcfs, edf, srtf            the baselines as systems (`serving.core.systems`): max-len reservation, no prediction read
+    fcfs, edf, srtf            the baselines as systems (`serving.core.systems`): max-len reservation, no
+                               prediction read
     edf+admission              the Maestro system with only its order set to EDF, fed the trained model
     maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
     maestro[model@compare]     Maestro fed the predictor of --compare-model instead of --model's (same arms, same

@@ -10,7 +10,8 @@ reserve, over-reservation (Σ max(0, reserve − actual) / Σ actual), MAE, Kend
 off, `undamped` (one global margin, no dead zone, reserve scaled by the tokens factor: the
 earlier service's rule) and the default.
 
-    python -m benchmarks.service.online_correction [--traces FILE] [--splits 5] [--out benchmarks/results/online_correction.json]
+    python -m benchmarks.service.online_correction [--traces FILE] [--splits 5] \
+        [--out benchmarks/results/online_correction.json]
 """
 
 from __future__ import annotations

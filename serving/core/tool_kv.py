@@ -76,7 +76,7 @@ class ToolKV(ABC):
     @abstractmethod
     def ttl_s(self, call: ToolCallContext) -> float: ...
 
-    def observe(self, tool: str, duration_s: float) -> None:
+    def observe(self, tool: str, duration_s: float) -> None:  # noqa: B027 (a hook: most policies ignore it)
         """Learn from a finished tool call (most policies ignore it)."""
 
 

@@ -1,4 +1,5 @@
-"""Maestro's batch-cost gate live (serving/core/admission/batch_cost.py): a vLLM node described from what its calls measured.
+"""Maestro's batch-cost gate live (serving/core/admission/batch_cost.py): a vLLM node described from what its calls
+measured.
 
 The simulator reads its clock and cost model; here the node's own measurements stand in: the pace of its finished
 calls (output tokens ÷ call time, prefill and queueing in vLLM included) is what a running stage gets now, the fastest

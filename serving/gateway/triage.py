@@ -1,5 +1,5 @@
-"""Workflow triage at the gateway: the one `WorkflowTriage` of serving/core/scheduler/triage.py, fed as the simulator feeds
-it, and the workflows the system turned away.
+"""Workflow triage at the gateway: the one `WorkflowTriage` of serving/core/scheduler/triage.py, fed as the simulator
+feeds it, and the workflows the system turned away.
 
 `turns_away` when a stage becomes ready (its call is predicted and about to queue); `served` when a stage's call
 ended, with whether a stage waited in the queue when the stage gave its node back (the dispatcher records it before

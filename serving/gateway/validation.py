@@ -79,7 +79,9 @@ async def read_json(request, max_bytes: int) -> object:
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, or nested deeper than the parser goes
-        raise BadRequest(400, None, f"request body is not valid JSON ({type(error).__name__}: {str(error)[:120]})")
+        raise BadRequest(
+            400, None, f"request body is not valid JSON ({type(error).__name__}: {str(error)[:120]})"
+        ) from error
     if isinstance(body, dict) and SURROGATE_ESCAPE.search(raw):
         check_unicode(body)
     return body
@@ -91,7 +93,9 @@ def check_unicode(body: dict) -> None:
         try:
             json.dumps([key, value], ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            raise BadRequest(400, key, f"{key}: holds a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
+            raise BadRequest(
+                400, key, f"{key}: holds a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode"
+            ) from None
 
 
 def _no_constant(name: str):

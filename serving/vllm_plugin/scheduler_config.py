@@ -14,8 +14,8 @@ CONFIG_KEY = "maestro_scheduler"
 
 @dataclass
 class MaestroSchedulerConfig:
-    # The queue order is the system's (serving/core/systems.py, the gateway's and the simulator's table); `scheduler` sets
-    # the policy's knobs, or another policy.
+    # The queue order is the system's (serving/core/systems.py, the gateway's and the simulator's table); `scheduler`
+    # sets the policy's knobs, or another policy.
     system: str = DEFAULT_SYSTEM
     scheduler: SchedulerConfig | None = None
     # pred_service_s of a request whose hints do not say: its predicted tokens at the gateway's pace

@@ -1,5 +1,5 @@
-"""Workflow triage in the engine: the one `WorkflowTriage` of serving/core/scheduler/triage.py, which the gateway and the
-simulator also run, fed by Maestro's vLLM scheduler (plain Python, no vLLM).
+"""Workflow triage in the engine: the one `WorkflowTriage` of serving/core/scheduler/triage.py, which the gateway and
+the simulator also run, fed by Maestro's vLLM scheduler (plain Python, no vLLM).
 
 `arrived` when a predicted request enters the engine (a stage became ready there; work waits for the engine while
 predicted requests wait), `finished` when one leaves it, with its unloaded service: its tokens at the scheduler's

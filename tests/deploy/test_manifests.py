@@ -105,7 +105,7 @@ def test_probes_autoscaler_and_secrets_point_at_what_exists(objects):
     for name, pod in serving_pods(objects).items():
         for container in pod["spec"]["containers"]:
             assert "readinessProbe" in container and "livenessProbe" in container, f"{name} needs probes"
-    for name, pod in pod_specs(objects).items():
+    for pod in pod_specs(objects).values():
         for container in containers(pod):
             for env in container.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")

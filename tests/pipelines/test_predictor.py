@@ -218,7 +218,8 @@ def test_cli_train_then_predict_on_a_small_file(tmp_path):
 
 def test_a_model_subclass_fitted_by_predictor_fit_can_refit_its_reserve_alone(sample_stages):
     """Predictor.fit(model=...) fits the given TwoStageModel; its fit_reserve is the hook a subclass uses to keep
-    the reserve's inputs (benchmarks/predictor/reserve_cv.py), and calling it again with another config moves the levels."""
+    the reserve's inputs (benchmarks/predictor/reserve_cv.py), and calling it again with another config moves the
+    levels."""
     from dataclasses import replace
 
     from pipelines.features import Featurizer

@@ -23,7 +23,8 @@ from tests.pipelines.clone import run, small_clone
 from tests.predictor_service.servers import champion_server, registered_store
 
 ADMIN_TOKEN = "test-admin-token-retrain"
-# The tests' fast recipe (tests/predictor_service/conftest.py FAST_MODEL), without the embedding, as params.yaml sections.
+# The tests' fast recipe (tests/predictor_service/conftest.py FAST_MODEL), without the embedding, as params.yaml
+# sections.
 FAST_PARAMS = {
     "featurize": {"use_embedding": False},
     "train": {

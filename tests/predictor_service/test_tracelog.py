@@ -1,4 +1,5 @@
-"""Trace log retention: the oldest files go first, past a number of files or a total size; a file being written stays."""
+"""Trace log retention: the oldest files go first, past a number of files or a total size; a file being
+written stays."""
 
 import json
 import os

@@ -35,7 +35,8 @@ class SlackQueue:
         self.num_demoted = 0
 
     def tiebreak(self, request: StageRequest) -> float:
-        """Predicted remaining work with aging: the order among equal latest starts (no deadline) and in the late heap."""
+        """Predicted remaining work with aging: the order among equal latest starts (no deadline) and in the late
+        heap."""
         return request.pred_service_s + request.workflow_remaining_s + self.config.aging_per_s * request.ready_s
 
     def push(self, request: StageRequest, now: float) -> None:

@@ -1,4 +1,5 @@
-"""The pressure benchmark's comparison of gateway halves with the direct halves around them (benchmarks/gateway/suite.py)."""
+"""The pressure benchmark's comparison of gateway halves with the direct halves around them
+(benchmarks/gateway/pressure.py)."""
 
 from __future__ import annotations
 

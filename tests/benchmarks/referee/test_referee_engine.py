@@ -1,4 +1,5 @@
-"""The referee's engine replay knows no future: change what a workflow does later, and nothing it is told before changes.
+"""The referee's engine replay knows no future: change what a workflow does later, and nothing it is told before
+changes.
 
 The plans of `python -m benchmarks.referee --engine` (benchmarks/engine/replay.py) are built for real held-out
 workflows with a small trained predictor, for every default arm. Then one chain workflow is changed from a middle stage

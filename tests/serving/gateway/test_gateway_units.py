@@ -317,7 +317,6 @@ def test_app_json_stream_and_one_trace_per_stage(tmp_path):
 def test_dead_node_is_retried_elsewhere(tmp_path):
     async def calls(client, gateway):
         gateway.nodes[0].is_healthy = True  # it answered /metrics a moment ago, then died
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         return [await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 3}) for _ in range(3)]
 
     responses = asyncio.run(run_app(tmp_path, {"dead": False, "live": True}, calls))

