@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import joblib
 import numpy as np
 import pandas as pd
 
-from maestro.contract import StageTrace, task_id
+from maestro.contract import StageTrace
 from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
 from maestro.progressive import TABLE_FILE, ProgressiveTable, load_table
 from pipelines import compiled_trees
@@ -22,115 +21,17 @@ from pipelines import compiled_trees
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
 from pipelines.batch_features import StageInputs
 from pipelines.features import UNKNOWN, Featurizer, FeaturizerConfig, StageHistory
-from pipelines.history import hide_labels, without_labels
 from pipelines.model import ModelConfig, TwoStageModel
 from pipelines.new_app import NewAppLevels, fit_new_app_levels, model_frame, new_app_reserves
+
+# The priors (pipelines/priors.py) and the training frames (pipelines/training_frames.py) were defined here: still
+# importable from here, for the code that imports them so and for a pickle that names pipelines.predictor.Prior
+from pipelines.priors import NO_MODEL_PRIOR, Prior, fit_priors  # noqa: F401
 from pipelines.progressive import ProgressiveConfig, fit_for
+from pipelines.training_frames import evaluation_frame, label_frame, select_stages, training_frame  # noqa: F401
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
-
-
-@dataclass(frozen=True)
-class Prior:
-    """Empirical answer for a role (or for everything): median length, tool rate, (1−α) quantile."""
-
-    p_tool: float
-    tokens_median: float
-    tokens_upper: float
-
-    @classmethod
-    def of(cls, tokens: np.ndarray, is_tool: np.ndarray, alpha: float) -> Prior:
-        return cls(float(np.mean(is_tool)), float(np.median(tokens)), float(np.quantile(tokens, 1 - alpha)))
-
-    def answer(self, workflow_id: str, stage_id: str, remaining: WorkflowRemaining = WORKFLOW_PRIOR) -> Prediction:
-        """This prior as a stage's prediction: its median, its quantile as the (uncalibrated) reserve, no history;
-        `remaining`: the workflow fields."""
-        return Prediction(
-            workflow_id,
-            stage_id,
-            round(self.p_tool, 4),
-            int(round(self.tokens_median)),
-            math.ceil(self.tokens_upper),
-            FallbackLevel.PRIOR,
-            "none",
-            **remaining.remaining_fields(),
-        )
-
-
-# The answer when there is no data at all (no model, no fitted priors): the gateway without a trained model, the
-# predictor client when the service is down and no local priors are given, a predictor fitted on no labels. Its
-# upper bound is not calibrated, so sizing adds the margin rho to it (serving/core/admission/sizing.py).
-NO_MODEL_PRIOR = Prior(p_tool=0.0, tokens_median=256.0, tokens_upper=1024.0)
-
-
-def label_frame(stages: list[StageTrace]) -> pd.DataFrame:
-    """Identity, grouping and labels of labelled stages, aligned with their feature rows."""
-    return pd.DataFrame(
-        {
-            "workflow_id": [s.workflow_id for s in stages],
-            "stage_id": [s.stage_id for s in stages],
-            "role": [s.role for s in stages],
-            "app": [s.app or UNKNOWN for s in stages],
-            "group": [task_id(s) for s in stages],
-            "tokens": [s.output_tokens for s in stages],
-            "is_tool": [bool(s.is_tool_call) for s in stages],
-        }
-    )
-
-
-def select_stages(stages: list[StageTrace], labels: pd.DataFrame) -> list[StageTrace]:
-    """The stages among `stages` that a label frame holds (its stages as they are: the "full" copy where it has
-    copies), in the order of `stages`: a split's stages back from its labels."""
-    rows = labels[labels["copy"].eq("full")] if "copy" in labels else labels
-    wanted = set(zip(rows["workflow_id"].astype(str), rows["stage_id"].astype(str)))
-    return [s for s in stages if (s.workflow_id, s.stage_id) in wanted]
-
-
-def training_frame(
-    featurizer: Featurizer, stages: list[StageTrace], seed: int = 0, progress: bool = False
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Feature rows and label rows of labelled `stages`: as they are ("full"), and, when the featurizer's
-    config asks for history copies, again for the stages with parents with every label of the workflow
-    hidden ("none", fitted on) and with a random half hidden ("partial", calibrated on only). Labels
-    gain `copy` and `calibrate_only`."""
-    labels = label_frame(stages)
-    frames, parts = [featurizer.transform(stages, progress=progress)], [labels.assign(copy="full")]
-    if featurizer.config.history_copies:
-        has_parents = np.array([bool(s.parent_ids) for s in stages])
-        for copy, share in (("none", 1.0), ("partial", 0.5)):
-            X = featurizer.transform(hide_labels(stages, share, seed), progress=progress)
-            frames.append(X[has_parents])
-            parts.append(labels[has_parents].assign(copy=copy))
-    labels = pd.concat(parts, ignore_index=True)
-    return pd.concat(frames, ignore_index=True), labels.assign(calibrate_only=labels["copy"].eq("partial"))
-
-
-def evaluation_frame(
-    featurizer: Featurizer, stages: list[StageTrace], progress: bool = False
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Feature and label rows of labelled test `stages` twice: as they are ("full" copy: the ancestors'
-    outcomes known) and with every label stripped ("none": what a stage sent alone gets)."""
-    labels = label_frame(stages)
-    X = [
-        featurizer.transform(stages, progress=progress),
-        featurizer.transform([without_labels(s) for s in stages], progress=progress),
-    ]
-    return (
-        pd.concat(X, ignore_index=True),
-        pd.concat([labels.assign(copy="full"), labels.assign(copy="none")], ignore_index=True),
-    )
-
-
-def fit_priors(labels: pd.DataFrame, alpha: float, min_count: int = 5) -> dict[str, Prior]:
-    """Per-role priors where a role has `min_count` stages, plus the global one under key ''."""
-    if labels.empty:
-        return {"": NO_MODEL_PRIOR}
-    priors = {"": Prior.of(labels["tokens"].to_numpy(float), labels["is_tool"].to_numpy(float), alpha)}
-    for role, group in labels.groupby("role"):
-        if len(group) >= min_count:
-            priors[str(role)] = Prior.of(group["tokens"].to_numpy(float), group["is_tool"].to_numpy(float), alpha)
-    return priors
 
 
 class Predictor:
