@@ -26,6 +26,7 @@ from sklearn.model_selection import GroupKFold
 
 from pipelines.boosters import Regressor, RowPredictor, as_matrix, raw_score
 from pipelines.calibration import (
+    SigmoidCalibrator,  # noqa: F401 (models pickled when it lived here still load)
     app_keys,
     calibrate_groups,
     calibrate_scores,
