@@ -5,13 +5,13 @@ vLLM calls the interface not public, so the seams used are checked when the sche
 - `self.waiting`, a `RequestQueue` that `schedule()` peeks, pops and prepends to: replaced by `MaestroRequestQueue`
   (queue.py), which orders the requests that carry a prediction (`hints.py`) by the project's policy object.
 - `_handle_blocked_waiting_request(request) -> bool`, asked for each waiting request before vLLM tries to start it;
-  False skips it for this step. Admission by predicted KV need says False there.
+  False skips it for this step. Admission by predicted KV need says False there (admission.py).
 - The preemption victim: under `fcfs` vLLM takes `self.running[-1]`, under `priority` the running request with the
   largest `(priority, arrival_time)`. Before each step the predicted running requests are moved to the end of
   `self.running` in order of predicted remaining work, and their `priority` raised above any client's by that work, so
   either rule takes the one with the most predicted work left. Without a predicted request running, nothing moves.
-- The batch-cost gate (`serving.core.admission.batch_cost`, the system's, as the gateway and the simulator run it): in the
-  same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
+- The batch-cost gate (`serving.core.admission.batch_cost`, the system's, as the gateway and the simulator run it): in
+  the same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
   predicted request past its deadline. The engine's pace is the plugin's own timing of `schedule` calls whose
   `SchedulerOutput.total_num_scheduled_tokens` was not 0 (engine_pace.py).
 - Workflow triage, with the triage order (the `maestro` system's): `add_request` triages a predicted request as its
@@ -31,13 +31,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from serving.core.admission.batch_cost import BatchCostGate, Candidate, NodeState
-from serving.core.admission.projection import GrowingStage, peak_blocks
+from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.systems import get_system
 from serving.core.tool_kv import create_tool_kv
+from serving.vllm_plugin.admission import PredictedAdmission
 from serving.vllm_plugin.decisions import Decisions
-from serving.vllm_plugin.engine_pace import EnginePace, gate_candidate
+from serving.vllm_plugin.engine_pace import EnginePace
 from serving.vllm_plugin.hints import MaestroHints, hints_from_extra_args
 from serving.vllm_plugin.progress import OutputProgress
 from serving.vllm_plugin.queue import MaestroRequestQueue
@@ -65,10 +65,10 @@ def turn_ended(request: Request, tool_s: float) -> bool:
     )
 
 
-class MaestroMixin:
-    """Maestro's order, admission by predicted KV need and choice of preemption victim for the requests that carry a
-    prediction, and a session's KV held across its tool call, over one of vLLM's scheduler classes; a request without
-    hints is served as vLLM would (see the module docstring)."""
+class MaestroMixin(PredictedAdmission):
+    """Maestro's order, admission by predicted KV need (`PredictedAdmission`, admission.py) and choice of preemption
+    victim for the requests that carry a prediction, and a session's KV held across its tool call, over one of vLLM's
+    scheduler classes; a request without hints is served as vLLM would (see the module docstring)."""
 
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs):
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
@@ -214,96 +214,6 @@ class MaestroMixin:
         if (hint := self.session_hints.get(request_id)) is not None:
             block_ids = set(self.kv_cache_manager.get_block_ids(request_id)[0])
             self.session_holds.release_at_start(hint.session, block_ids, self.block_size)
-
-    def _handle_blocked_waiting_request(self, request: Request) -> bool:
-        """vLLM's own check, then admission: a predicted request starts only if its predicted KV need and the running
-        requests' still fit in the free blocks, no other request is overdue (wait_bound.py) and the batch-cost gate
-        lets it in; with nothing running it starts, as vLLM would start it."""
-        if not super()._handle_blocked_waiting_request(request):
-            return False
-        hints = self.hints.get(request.request_id)
-        if hints is None or not self.running:
-            return True
-        if (
-            not self.hold_bound.is_blocked(request.request_id)
-            and self._fits(request, hints)
-            and self._gate_admits(request, hints)
-        ):
-            return True
-        self.decisions.hold_back(request.request_id)
-        self.decisions.num_overdue += self.hold_bound.hold(request.request_id, self.waiting.now)
-        return False
-
-    def _fits(self, request: Request, hints: MaestroHints) -> bool:
-        """Whether the blocks that the running predicted requests and this one hold at once, each growing a token a
-        step to its reserve (`serving.core.admission.projection`), stay within what those requests hold plus the free
-        blocks and the blocks held for other sessions (released first when needed), from now until this one ends."""
-        running = [r for r in self.running if r.request_id in self.hints]
-        shared_tokens = self._num_shared_hit_blocks(request) * self.block_size
-        # A resumed (preempted) request starts again from its prompt and what it had produced.
-        candidate = GrowingStage(
-            prompt_tokens=max(request.num_tokens - shared_tokens, 0),
-            start_s=0.0,
-            output_tokens=self._output_tokens_at_end(request, hints) - request.num_output_tokens,
-        )
-        # A running request holds its prompt and what it produced, and grows a token a step from now to its end.
-        growing = [
-            GrowingStage(
-                prompt_tokens=r.num_prompt_tokens + r.num_output_tokens,
-                start_s=0.0,
-                first_token_s=0.0,
-                output_tokens=max(0, self._output_tokens_at_end(r, self.hints[r.request_id]) - r.num_output_tokens),
-                tokens_per_s=1.0,
-            )
-            for r in running
-        ]
-        held = sum(len(self.kv_cache_manager.get_block_ids(r.request_id)[0]) for r in running)
-        peak = peak_blocks(growing, candidate, now_s=0.0, tokens_per_s=1.0, block_size=self.block_size)
-        hint = self.session_hints.get(request.request_id)
-        releasable = self.session_holds.num_releasable_blocks(hint.session if hint else None)
-        return peak <= held + self.kv_cache_manager.block_pool.get_num_free_blocks() + releasable
-
-    def _gate_admits(self, request: Request, hints: MaestroHints) -> bool:
-        """Whether the system's batch-cost gate (if it has one) lets the request join the running batch; a refusal
-        is counted."""
-        if self.batch_gate is None:
-            return True
-        is_ok = self.batch_gate.admits_candidate(*self.gate_view(request, hints))
-        self.decisions.num_batch_cost_refused += not is_ok
-        return is_ok
-
-    def gate_view(self, request: Request, hints: MaestroHints) -> tuple[NodeState, Candidate]:
-        """The engine and the request as the batch-cost gate reads them: the predicted running requests (their hints,
-        arrival, tokens so far) and the engine's measured pace (engine_pace.py)."""
-        running = [
-            (
-                r.request_id,
-                self.hints[r.request_id],
-                r.arrival_time,
-                r.num_output_tokens,
-                self.progress.prefix(r.request_id, r.output_token_ids),
-            )
-            for r in self.running
-            if r.request_id in self.hints
-        ]
-        return (
-            self.engine_pace.node_state(self.waiting.now, running, self.progress.table),
-            gate_candidate(hints, request.arrival_time, request.num_output_tokens),
-        )
-
-    def _num_shared_hit_blocks(self, request: Request) -> int:
-        """Prefix-cache hits that other requests hold: the request needs them without taking a free block. (A hit on
-        a cached block nobody holds, a preempted request's own for one, is counted among the free blocks: taking it
-        costs one.)"""
-        if request.num_computed_tokens:
-            return 0
-        hit = self.kv_cache_manager.get_computed_blocks(request)[0].blocks
-        return sum(1 for block in (hit[0] if hit else ()) if block.ref_cnt > 0)
-
-    def _output_tokens_at_end(self, request: Request, hints: MaestroHints) -> int:
-        """Output tokens the request is predicted to hold at its end (its re-predicted reserve, within the context)."""
-        tokens = self.progress.footprint_tokens(request, hints)
-        return min(tokens, self.max_model_len) - request.num_prompt_tokens
 
     # ---- preemption ------------------------------------------------------------------------
     def _rank_victims(self) -> list[tuple[Request, int]]:
