@@ -1,4 +1,4 @@
-"""GPU tests under tests/serving skip cleanly where there is no NVIDIA GPU or no cuda-python."""
+"""Fixtures of every test under tests/serving: GPU tests skip cleanly without a GPU; no service keys."""
 
 import pytest
 
@@ -12,3 +12,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_predictor_service_keys(monkeypatch):
+    """The predictor service's tests (tests/predictor_service, collected before these) set an API key and an admin
+    token in the environment for their whole session; a service these tests start in process, or a `bentoml serve`
+    that inherits the environment, must not require them."""
+    for name in ("MAESTRO_API_KEYS", "MAESTRO_API_KEYS_FILE", "MAESTRO_ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)

@@ -88,7 +88,9 @@ def test_gateway_predicts_and_observes_through_the_service_in_process(model_dir,
                 tmp_path / "traces", {"a": True}, three_stages, HttpPredictor(client, observe_period_s=0.01)
             )
             async with httpx.AsyncClient(transport=httpx.ASGITransport(service), base_url="http://p") as probe:
-                stats = (await probe.get("/stats")).json()
+                got = await probe.get("/stats")
+                assert got.status_code == 200, got.text
+                stats = got.json()
             return responses, stats
 
     responses, stats = asyncio.run(scenario())
