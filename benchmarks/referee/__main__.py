@@ -38,9 +38,10 @@ from maestro.contract import read_traces
 # it beside the figures (serving/EXPERIMENTS.md lists them).
 # 8: the triage variants of 2026-12-03 (serving/EXPERIMENTS.md); the slack order before them was run with 0.
 # 9: the learned progressive re-prediction of 2026-12-03 (ablation `parametric`).
-# 15: six probes of what decides triage (capacity scale ×0.8 and ×1.25, a random shed, the upper quantile's
-# work, first-stage-only sheds, SRPT among kept workflows; serving/EXPERIMENTS.md, 2026-12-03), none adopted.
-VARIANTS_TRIED = 15
+# 16: seven probes of what decides triage (capacity scale ×0.8 and ×1.25, a random shed, the upper quantile's
+# work, first-stage-only sheds, sheds past the third stage only, SRPT among kept workflows; serving/EXPERIMENTS.md,
+# 2026-12-03), none adopted.
+VARIANTS_TRIED = 16
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
