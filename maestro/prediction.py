@@ -82,6 +82,9 @@ class OutputSize:
         return OutputSize(tokens_pred=self.tokens_pred, tokens_reserve=self.tokens_reserve)
 
 
+NO_SIZE = OutputSize(tokens_pred=0, tokens_reserve=0)  # what a mutable shape holds before its stage is sized
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkflowRemaining:
     """A workflow's remaining work seen from one of its stages when it becomes ready: the stages after it (a larger

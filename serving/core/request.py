@@ -12,9 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from maestro.prediction import OutputSize
-
-NO_SIZE = OutputSize(tokens_pred=0, tokens_reserve=0)  # a request built without a prediction
+from maestro.prediction import NO_SIZE, OutputSize
 
 
 @dataclass(eq=False, slots=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from maestro.contract import StageTrace, prompt_text
-from maestro.prediction import OutputSize, WorkflowRemaining
+from maestro.prediction import NO_SIZE, OutputSize, WorkflowRemaining
 from pipelines.catalog import APPS
 from pipelines.synth import MAX_TOKENS, WorkflowGenerator
 
@@ -44,7 +44,7 @@ class SimStage:
     session_parent: int = -1  # parent whose context this stage extends (tool loop), else -1
     max_tokens: int = MAX_TOKENS
     source: dict | None = None  # the contract row it came from (what a predictor may see)
-    size: OutputSize = OutputSize(tokens_pred=0, tokens_reserve=0)
+    size: OutputSize = NO_SIZE
     remaining: WorkflowRemaining | None = None  # its workflow's remaining work, predicted at readiness
     progressive: object = None  # its predictor's `maestro.progressive.ProgressiveTable`, set at readiness
     children: list[int] = field(default_factory=list)
