@@ -61,6 +61,30 @@ class WorkflowFallbackLevel(StrEnum):
     PRIOR = "prior"  # no workflow model at all: WORKFLOW_PRIOR
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutputSize:
+    """A stage's output length as one layer holds it: the point estimate `tokens_pred` and `tokens_reserve`, the
+    output tokens to hold KV for.
+
+    The one declaration of the pair. The frozen shapes that carry one are one (`Prediction`, the engine's
+    `MaestroHints`, the batch-cost gate's `RunningStage` and `Candidate`); the mutable ones hold one as `size`
+    (`StageRequest`, `SimStage`). What the numbers stand for is the holder's: a `Prediction`'s are the predictor's
+    answer, a `StageRequest`'s the pair as sized for the stage (serving/core/admission/sizing.py). Keyword-only, so
+    the two ints are never swapped by position, and a shape that is one keeps its own fields positional.
+    """
+
+    tokens_pred: int
+    tokens_reserve: int
+
+    @property
+    def size(self) -> OutputSize:
+        """The pair alone (of a shape that is one, too): what a mutable shape holds as its `size`."""
+        return OutputSize(tokens_pred=self.tokens_pred, tokens_reserve=self.tokens_reserve)
+
+
+NO_SIZE = OutputSize(tokens_pred=0, tokens_reserve=0)  # what a mutable shape holds before its stage is sized
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkflowRemaining:
     """A workflow's remaining work seen from one of its stages when it becomes ready: the stages after it (a larger
@@ -84,7 +108,7 @@ class WorkflowRemaining:
         return {name: getattr(self, name) for name in WORKFLOW_FIELDS}
 
     def to_dict(self) -> dict:
-        """The fields as plain JSON values, a prediction's own first, then the workflow's."""
+        """The fields as plain JSON values: a prediction's positional ones first, then its size, then the workflow's."""
         ordered = sorted(fields(self), key=lambda f: f.kw_only)  # a stable sort: declaration order otherwise
         return {f.name: _plain(getattr(self, f.name)) for f in ordered}
 
@@ -99,21 +123,21 @@ def _plain(value):
 
 
 @dataclass(frozen=True)
-class Prediction(WorkflowRemaining):
+class Prediction(WorkflowRemaining, OutputSize):
     """What the scheduler learns about a stage before it runs.
 
-    tokens_pred is the point estimate of output tokens; tokens_reserve the calibrated upper bound to reserve KV
-    for (see `FallbackLevel.is_calibrated`); fallback_level says which level answered. history says what the
-    stage's input held of its workflow's past (pipelines/history.py): "full", "partial" or "none" (also for a
-    prior, which reads no history); the reserve is calibrated per condition. The `wf_*` fields (WorkflowRemaining,
-    keyword-only) are the stage's workflow's remaining work; left out, they are WORKFLOW_PRIOR's.
+    Its `OutputSize` (keyword-only): tokens_pred, the point estimate of output tokens, and tokens_reserve, the
+    calibrated upper bound to reserve KV for (see `FallbackLevel.is_calibrated`). fallback_level says which level
+    answered. history says what the stage's input held of its workflow's past (pipelines/history.py): "full",
+    "partial" or "none" (also for a prior, which reads no history); the reserve is calibrated per condition. The
+    `wf_*` fields (WorkflowRemaining, keyword-only) are the stage's workflow's remaining work; left out, they are
+    WORKFLOW_PRIOR's. Built as `Prediction(workflow_id, stage_id, p_tool, fallback_level, tokens_pred=...,
+    tokens_reserve=...)`.
     """
 
     workflow_id: str
     stage_id: str
     p_tool: float
-    tokens_pred: int
-    tokens_reserve: int
     fallback_level: FallbackLevel
     history: str = "full"
 

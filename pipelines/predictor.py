@@ -175,10 +175,10 @@ class Predictor:
             stage.workflow_id,
             stage.stage_id,
             round(float(out["p_tool"][i]), 4),
-            int(round(out["tokens_pred"][i])),
-            int(np.ceil(out["tokens_reserve"][i])),
             level,
             str(out["history"][i]),
+            tokens_pred=int(round(out["tokens_pred"][i])),
+            tokens_reserve=int(np.ceil(out["tokens_reserve"][i])),
             **remaining.remaining_fields(),
         )
 

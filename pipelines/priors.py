@@ -31,10 +31,10 @@ class Prior:
             workflow_id,
             stage_id,
             round(self.p_tool, 4),
-            int(round(self.tokens_median)),
-            math.ceil(self.tokens_upper),
             FallbackLevel.PRIOR,
             "none",
+            tokens_pred=int(round(self.tokens_median)),
+            tokens_reserve=math.ceil(self.tokens_upper),
             **remaining.remaining_fields(),
         )
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, step_cost
 from benchmarks.engine.report import run_figures
+from maestro.prediction import OutputSize
 from serving.core.residency import ResidencyConfig
 from serving.core.systems import get_system
 from serving.sim.engine import ClusterConfig, Simulator
@@ -78,8 +79,10 @@ def sim_workflows(plan: dict, step_s: float) -> list[SimWorkflow]:
                     session_parent=spec["session_parent"],
                     max_tokens=spec["max_tokens"],
                     children=list(spec["children"]),
-                    tokens_pred=hints.get("tokens_pred", spec["max_tokens"]),
-                    tokens_reserve=hints.get("tokens_reserve", spec["max_tokens"]),
+                    size=OutputSize(
+                        tokens_pred=hints.get("tokens_pred", spec["max_tokens"]),
+                        tokens_reserve=hints.get("tokens_reserve", spec["max_tokens"]),
+                    ),
                 )
             )
         workflow.num_stages_left = len(workflow.stages)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -130,7 +130,7 @@ class Replay:
                 kept = stage.tokens_reserve
             point(stage)
             if reserve is not None:
-                stage.tokens_reserve = kept
+                stage.size = replace(stage.size, tokens_reserve=kept)
             if not arm.remaining:
                 stage.remaining = NOTHING_LEFT
             if not arm.progressive:

@@ -114,12 +114,10 @@ class Replay:
         """Set every stage's prediction from `arm` (computed on the first call, reused at every rate)."""
         if arm not in self.predictions:
             annotate(workflows, arm_config(arm, self.model_dir, self.args.seed))
-            self.predictions[arm] = {
-                (w.workflow_id, s.stage_id): (s.tokens_pred, s.tokens_reserve) for w in workflows for s in w.stages
-            }
+            self.predictions[arm] = {(w.workflow_id, s.stage_id): s.size for w in workflows for s in w.stages}
         for workflow in workflows:
             for stage in workflow.stages:
-                stage.tokens_pred, stage.tokens_reserve = self.predictions[arm][workflow.workflow_id, stage.stage_id]
+                stage.size = self.predictions[arm][workflow.workflow_id, stage.stage_id]
 
     def run(self, system: str, workflows: list[SimWorkflow], max_batch_seqs: int | None = None) -> dict:
         cluster = self.scenario.cluster

@@ -12,12 +12,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from maestro.prediction import NO_SIZE, OutputSize
+
 
 @dataclass(eq=False, slots=True)
 class StageRequest:
     """A stage waiting for (or holding) a GPU slot.
 
-    Times are absolute seconds on the serving clock. `pred_service_s` is the predicted time of
+    Times are absolute seconds on the serving clock. `size` is its output as sized for it: tokens_pred its prediction
+    capped at max_tokens (`stage_request`), tokens_reserve the reserve from serving/core/admission/sizing.py, not the
+    predictor's bound; `tokens_pred` and `tokens_reserve` read it. `pred_service_s` is the predicted time of
     this stage alone (`ServicePace.service_s` of its prompt and predicted output); `workflow_remaining_s` adds what
     the workflow is predicted to need after it. `attained_service_s` is what the workflow has already received, in
     the same unit.
@@ -31,8 +35,7 @@ class StageRequest:
     ready_s: float = 0.0
     deadline_s: float = float("inf")
     prompt_tokens: int = 0
-    tokens_pred: int = 0
-    tokens_reserve: int = 0
+    size: OutputSize = NO_SIZE
     max_tokens: int = 4096
     pred_service_s: float = 0.0
     workflow_remaining_s: float = 0.0
@@ -44,6 +47,14 @@ class StageRequest:
     payload: object = field(default=None, repr=False)  # the caller's own object (the simulator's stage)
     # Scheduler bookkeeping (lazy deletion): the heap entry that is live for this request, -1 if none.
     queue_seq: int = -1
+
+    @property
+    def tokens_pred(self) -> int:
+        return self.size.tokens_pred
+
+    @property
+    def tokens_reserve(self) -> int:
+        return self.size.tokens_reserve
 
 
 class ServicePace(Protocol):
@@ -115,8 +126,7 @@ def stage_request(
         ready_s,
         workflow.deadline_s,
         prompt_tokens,
-        tokens_pred,
-        tokens_reserve,
+        OutputSize(tokens_pred=tokens_pred, tokens_reserve=tokens_reserve),
         max_tokens,
         pace.service_s(prompt_tokens, tokens_pred),
         workflow.remaining_s,

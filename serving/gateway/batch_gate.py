@@ -21,7 +21,7 @@ def node_state(node: Node, now: float) -> NodeState:
     pace = node.pace
     is_measured = pace.mean_pace > 0 and bool(pace.recent_paces)
     running = tuple(
-        RunningStage(r.tokens_pred, r.tokens_reserve, r.deadline_s, started_s)
+        RunningStage(r.deadline_s, started_s, tokens_pred=r.tokens_pred, tokens_reserve=r.tokens_reserve)
         for r, started_s in node.running_requests.items()
     )
     return NodeState(
@@ -35,7 +35,7 @@ def node_state(node: Node, now: float) -> NodeState:
 
 def candidate(request: StageRequest) -> Candidate:
     """A queued stage asking to start: its deadline and predicted output (its stall: the node's first-token delay)."""
-    return Candidate(request.deadline_s, request.tokens_pred)
+    return Candidate(request.deadline_s, tokens_pred=request.tokens_pred, tokens_reserve=request.tokens_reserve)
 
 
 def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) -> str | None:

@@ -19,6 +19,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from maestro.prediction import OutputSize
 from serving.core.admission.sizing import DEFAULT_RHO, LengthPrediction, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
@@ -52,7 +53,7 @@ class PredictionConfig:
 
 
 def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
-    """Fill tokens_pred / tokens_reserve on every stage."""
+    """Size every stage's output (its `size`)."""
     source = PredictionSource(config.source)
     if source is PredictionSource.MODEL:
         return _from_model(workflows, config.model_dir, config.rho)
@@ -65,21 +66,22 @@ def annotate(workflows: list[SimWorkflow], config: PredictionConfig) -> None:
             true = stage.output_tokens
             pred = true if source is PredictionSource.ORACLE else true * math.exp(rng.normal(0.0, config.sigma))
             reserve = true if source is PredictionSource.ORACLE else pred * widen
-            stage.tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
-            stage.tokens_reserve = reserve_output_tokens(
-                stage.tokens_pred, math.ceil(reserve), stage.max_tokens, is_calibrated=True
-            )
+            tokens_pred = int(min(stage.max_tokens, max(1, round(pred))))
+            reserve = reserve_output_tokens(tokens_pred, math.ceil(reserve), stage.max_tokens, is_calibrated=True)
+            stage.size = OutputSize(tokens_pred=tokens_pred, tokens_reserve=reserve)
 
 
 def apply_prediction(stage: SimStage, prediction: LengthPrediction, rho: float = DEFAULT_RHO) -> None:
-    """Set a stage's tokens_pred / tokens_reserve from a predictor's answer, sized as the gateway sizes it."""
-    stage.tokens_pred = int(min(stage.max_tokens, max(1, prediction.tokens_pred)))
-    stage.tokens_reserve = reserve_output_tokens(
+    """Set a stage's size from a predictor's answer, sized as the gateway sizes it."""
+    reserve = reserve_output_tokens(
         prediction.tokens_pred,
         prediction.tokens_reserve,
         stage.max_tokens,
         is_calibrated=is_calibrated(prediction),
         rho=rho,
+    )
+    stage.size = OutputSize(
+        tokens_pred=int(min(stage.max_tokens, max(1, prediction.tokens_pred))), tokens_reserve=reserve
     )
 
 
@@ -104,7 +106,8 @@ def _from_priors(workflows: list[SimWorkflow], model_dir: str | None, rho: float
         priors = {role: Prior(**v) for role, v in json.loads((Path(model_dir) / "priors.json").read_text()).items()}
     for stage in (s for w in workflows for s in w.stages):
         prior = priors.get(stage.role) or priors.get("") or NO_MODEL_PRIOR
-        stage.tokens_pred = int(min(stage.max_tokens, max(1, round(prior.tokens_median))))
-        stage.tokens_reserve = reserve_output_tokens(
-            stage.tokens_pred, math.ceil(prior.tokens_upper), stage.max_tokens, is_calibrated=False, rho=rho
+        tokens_pred = int(min(stage.max_tokens, max(1, round(prior.tokens_median))))
+        reserve = reserve_output_tokens(
+            tokens_pred, math.ceil(prior.tokens_upper), stage.max_tokens, is_calibrated=False, rho=rho
         )
+        stage.size = OutputSize(tokens_pred=tokens_pred, tokens_reserve=reserve)

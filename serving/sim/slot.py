@@ -73,7 +73,14 @@ class SimSlot:
         if stage.model not in node.busy_models():
             added += cost.weight_read_s(model)
         stall = cost.prefill_s(model, context - cached, cached)
-        return Candidate(stage.request.deadline_s, stage.tokens_pred, stage.generated_tokens, stall, added)
+        return Candidate(
+            stage.request.deadline_s,
+            stage.generated_tokens,
+            stall,
+            added,
+            tokens_pred=stage.tokens_pred,
+            tokens_reserve=stage.tokens_reserve,
+        )
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Only if something runs here, or KV other than the stage's own context is kept here."""
@@ -104,13 +111,13 @@ def running_stage(stage: SimStage, produced: float) -> RunningStage:
     """A running stage as the gate reads it: its prediction, deadline, start, tokens so far, the class of its output
     so far and its predictor's re-prediction table."""
     return RunningStage(
-        stage.tokens_pred,
-        stage.tokens_reserve,
         stage.request.deadline_s,
         stage.start_s,
         produced,
         output_prefix(stage, produced),
         stage.progressive,
+        tokens_pred=stage.tokens_pred,
+        tokens_reserve=stage.tokens_reserve,
     )
 
 

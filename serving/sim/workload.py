@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from maestro.contract import StageTrace, prompt_text
-from maestro.prediction import WorkflowRemaining
+from maestro.prediction import NO_SIZE, OutputSize, WorkflowRemaining
 from pipelines.catalog import APPS
 from pipelines.synth import MAX_TOKENS, WorkflowGenerator
 
@@ -24,6 +24,12 @@ DEFAULT_SLO_S = {True: 30.0, False: 600.0}  # for trace apps the catalog does no
 
 @dataclass(eq=False, slots=True)
 class SimStage:
+    """A simulated stage: its place in its workflow, its true outcome, what is predicted of it and its runtime state.
+
+    `size` is its output as sized for it (serving/sim/predictions.py sets it, through serving/core/admission/sizing.py);
+    `tokens_pred` and `tokens_reserve` read it.
+    """
+
     workflow: SimWorkflow
     index: int
     stage_id: str
@@ -38,8 +44,7 @@ class SimStage:
     session_parent: int = -1  # parent whose context this stage extends (tool loop), else -1
     max_tokens: int = MAX_TOKENS
     source: dict | None = None  # the contract row it came from (what a predictor may see)
-    tokens_pred: int = 0
-    tokens_reserve: int = 0
+    size: OutputSize = NO_SIZE
     remaining: WorkflowRemaining | None = None  # its workflow's remaining work, predicted at readiness
     progressive: object = None  # its predictor's `maestro.progressive.ProgressiveTable`, set at readiness
     children: list[int] = field(default_factory=list)
@@ -60,6 +65,14 @@ class SimStage:
     tool_submit_s: float = 0.0
     finished_s: float = -1.0  # when its LLM call ended (its outcome known to a live gateway)
     is_oom: bool = False
+
+    @property
+    def tokens_pred(self) -> int:
+        return self.size.tokens_pred
+
+    @property
+    def tokens_reserve(self) -> int:
+        return self.size.tokens_reserve
 
 
 @dataclass(eq=False, slots=True)

@@ -79,13 +79,13 @@ class EnginePace:
         `now`. `table`: the predictor's progressive table the plugin was given (None: parametric)."""
         stages = tuple(
             RunningStage(
-                hints.tokens_pred,
-                hints.tokens_reserve,
                 arrival_s + hints.deadline_s,
                 self.started_s.get(request_id, now),
                 num_output_tokens,
                 prefix,
                 table,
+                tokens_pred=hints.tokens_pred,
+                tokens_reserve=hints.tokens_reserve,
             )
             for request_id, hints, arrival_s, num_output_tokens, prefix in running
         )
@@ -94,4 +94,9 @@ class EnginePace:
 
 def gate_candidate(hints: MaestroHints, arrival_s: float, num_output_tokens: int) -> Candidate:
     """A waiting predicted request asking to start (a resumed one with the tokens it had produced)."""
-    return Candidate(arrival_s + hints.deadline_s, hints.tokens_pred, num_output_tokens)
+    return Candidate(
+        arrival_s + hints.deadline_s,
+        num_output_tokens,
+        tokens_pred=hints.tokens_pred,
+        tokens_reserve=hints.tokens_reserve,
+    )

@@ -6,9 +6,9 @@ may hold the dict itself. Both become `request.sampling_params.extra_args` insid
 
 Plain Python (no vLLM), so the gateway, the tests and the scheduler share this one definition of the message.
 The hints are a `StageRequest` (the scheduler's view of a stage) as the engine reads it, not the predictor's answer
-(`maestro.prediction.Prediction`): their tokens_reserve is the reserve as sized for the stage
-(serving/core/admission/sizing.py). `hints_for_stage` and `request_from_hints` convert; maestro/README.md lists the
-shapes a prediction takes by layer.
+(`maestro.prediction.Prediction`): they are the stage's `OutputSize` as sized for it (serving/core/admission/sizing.py),
+so their tokens_reserve is the sized reserve, not the predictor's bound. `hints_for_stage` and `request_from_hints`
+convert; maestro/README.md lists the shapes a prediction takes by layer.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+from maestro.prediction import OutputSize
 from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
 from serving.core.request import StageRequest
 
@@ -24,8 +25,9 @@ XARGS_KEY = "maestro"
 
 
 @dataclass(frozen=True, slots=True)
-class MaestroHints:
-    """One stage's prediction as the engine sees it.
+class MaestroHints(OutputSize):
+    """One stage's prediction as the engine sees it: its sized `OutputSize` (tokens_pred, and tokens_reserve, the
+    output tokens to hold KV for; 0, as the wire may leave it out: tokens_pred), and what the scheduler orders it by.
 
     `deadline_s` counts seconds from the request's arrival at the engine (vLLM's `arrival_time`), so the sender's and
     the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` (the workflow's predicted work
@@ -34,8 +36,6 @@ class MaestroHints:
     (serving/core/scheduler/triage.py), so it has no deadline and queues behind; `final`: the workflow's last stage.
     """
 
-    tokens_pred: int
-    tokens_reserve: int = 0  # output tokens to hold KV for; 0: tokens_pred
     pred_service_s: float | None = None
     workflow_remaining_s: float = 0.0
     deadline_s: float = math.inf
@@ -66,7 +66,7 @@ def hints_from_extra_args(extra_args: dict | None) -> MaestroHints | None:
         return None
     try:
         fields = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        return MaestroHints(**fields)
+        return MaestroHints(**{"tokens_reserve": 0, **fields})
     except (TypeError, ValueError) as error:
         raise ValueError(f"extra_args[{XARGS_KEY!r}] is not a valid Maestro prediction ({error}): {raw!r}") from None
 
@@ -91,8 +91,7 @@ def request_from_hints(
         ready_s=arrival_s,
         deadline_s=arrival_s + hints.deadline_s,
         prompt_tokens=num_prompt_tokens,
-        tokens_pred=hints.tokens_pred,
-        tokens_reserve=hints.tokens_reserve,
+        size=hints.size,
         max_tokens=max_tokens,
         pred_service_s=pred_service_s,
         workflow_remaining_s=hints.workflow_remaining_s,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from maestro.prediction import OutputSize
 from maestro.progressive import (
     PREFIX_CLASSES,
     TABLE_FILE,
@@ -152,8 +153,7 @@ def test_the_simulator_and_the_plugin_give_the_gate_the_same_re_prediction(table
         output_tokens=40,
         is_tool_call=True,
         source={"output_text": TOOL_TEXT},
-        tokens_pred=100,
-        tokens_reserve=300,
+        size=OutputSize(tokens_pred=100, tokens_reserve=300),
         progressive=table,
         request=SimpleNamespace(deadline_s=50.0),
         start_s=1.0,

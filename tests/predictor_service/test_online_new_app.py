@@ -67,8 +67,8 @@ def test_the_in_process_predictor_serves_and_learns_a_new_apps_reserve():
     reserves = NewAppReserves(ALPHA)
     for i in range(40):
         stage = StageTrace(workflow_id=f"w{i}", stage_id="0", role="agent", prompt="p", app="new")
-        seen = Prediction(f"w{i}", "0", 0.1, 50, 400, "role")
-        new = Prediction(f"w{i}", "0", 0.1, 50, 400, NEW_APP)
+        seen = Prediction(f"w{i}", "0", 0.1, "role", tokens_pred=50, tokens_reserve=400)
+        new = Prediction(f"w{i}", "0", 0.1, NEW_APP, tokens_pred=50, tokens_reserve=400)
         assert reserves.serve([stage], [seen]) == [seen]
         (served,) = reserves.serve([stage], [new])
         reserves.observe(stage.model_copy(update={"output_tokens": 60, "is_tool_call": False}))

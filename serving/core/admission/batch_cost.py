@@ -28,6 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
+from maestro.prediction import OutputSize
 from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
 
 
@@ -119,11 +120,10 @@ UNMEASURED_ADDED_STEP_S = 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class RunningStage:
-    """A stage running on a node, as every runtime describes it to the gate."""
+class RunningStage(OutputSize):
+    """A stage running on a node, as every runtime describes it to the gate: its sized output (`OutputSize`,
+    keyword-only), deadline, start and output so far."""
 
-    tokens_pred: float
-    tokens_reserve: float
     deadline_s: float
     started_s: float  # when it started there (its prefill began)
     produced: float | None = None  # output tokens so far; None: not counted (`NodeState` estimates them)
@@ -180,13 +180,13 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
-    """A stage asking to join a node's running batch. `stall_s`: its prefill's stall (None: the node's `prefill_s`);
-    `added_step_s`: what it adds to each decode step (None: `UNMEASURED_ADDED_STEP_S`); `produced`: output tokens it
-    has already (a preempted stage's)."""
+class Candidate(OutputSize):
+    """A stage asking to join a node's running batch, with its sized output (`OutputSize`, keyword-only; the gate
+    reads its tokens_pred). `stall_s`: its prefill's stall (None: the node's `prefill_s`); `added_step_s`: what it adds
+    to each decode step (None: `UNMEASURED_ADDED_STEP_S`); `produced`: output tokens it has already (a preempted
+    stage's)."""
 
     deadline_s: float
-    tokens_pred: float
     produced: float = 0.0
     stall_s: float | None = None
     added_step_s: float | None = None

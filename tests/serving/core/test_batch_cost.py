@@ -84,18 +84,30 @@ def test_a_node_described_without_token_counts_or_backlog_takes_the_documented_d
     # the second 0.2 s ago, its prefill 0.3 s from done: that backlog stalls both.
     node = NodeState(
         now=10.0,
-        running=(RunningStage(100, 100, 20.0, started_s=8.5), RunningStage(40, 40, 30.0, started_s=9.8)),
+        running=(
+            RunningStage(20.0, 8.5, tokens_pred=100, tokens_reserve=100),
+            RunningStage(30.0, 9.8, tokens_pred=40, tokens_reserve=40),
+        ),
         pace_s_per_token=STEP_S * 3,
         step_s=STEP_S,
         prefill_s=0.5,
     )
-    inputs = gate_inputs(node, Candidate(deadline_s=100.0, tokens_pred=50))
+    inputs = gate_inputs(node, Candidate(deadline_s=100.0, tokens_pred=50, tokens_reserve=50))
     assert inputs.batch.remaining_tokens == pytest.approx([100 - 1.0 / 0.06, 40])
     assert inputs.batch.slack_s == pytest.approx([20 - 0.3 - 10 - (100 - 1.0 / 0.06) * 0.06, 30 - 0.3 - 10 - 40 * 0.06])
     assert (inputs.stall_s, inputs.added_step_s) == (0.5, UNMEASURED_ADDED_STEP_S)  # the node's prefill; no step cost
     assert inputs.candidate_slack_s == pytest.approx(100 - 10 - 0.5 - 50 * 0.06)
-    counted = NodeState(10.0, (RunningStage(100, 100, 20.0, 8.5, produced=30),), STEP_S * 3, STEP_S, 0.5, backlog_s=1.0)
-    resumed = Candidate(100.0, 50, produced=20, stall_s=0.1, added_step_s=0.002)  # a preempted stage's
+    counted = NodeState(
+        10.0,
+        (RunningStage(20.0, 8.5, produced=30, tokens_pred=100, tokens_reserve=100),),
+        STEP_S * 3,
+        STEP_S,
+        0.5,
+        backlog_s=1.0,
+    )
+    resumed = Candidate(
+        100.0, produced=20, stall_s=0.1, added_step_s=0.002, tokens_pred=50, tokens_reserve=50
+    )  # a preempted stage's
     assert gate_inputs(counted, resumed).candidate_tokens == 30
     assert counted.batch.remaining_tokens == pytest.approx([70]) and counted.batch.slack_s == pytest.approx(
         [20 - 1.0 - 10 - 70 * 0.06]
@@ -103,10 +115,12 @@ def test_a_node_described_without_token_counts_or_backlog_takes_the_documented_d
 
 
 def test_an_unmeasured_or_idle_node_lets_every_candidate_in():
-    gate, candidate = BatchCostGate(), Candidate(deadline_s=1.0, tokens_pred=50, stall_s=100.0)
-    busy = (RunningStage(100, 100, 5.0, 0.0, produced=10),)
+    gate, candidate = BatchCostGate(), Candidate(deadline_s=1.0, tokens_pred=50, tokens_reserve=50, stall_s=100.0)
+    busy = (RunningStage(5.0, 0.0, produced=10, tokens_pred=100, tokens_reserve=100),)
     assert gate_inputs(NodeState(0.0, busy, 0.0, 0.0), candidate) is None  # pace not measured yet
     assert gate.admits_candidate(NodeState(0.0, busy, 0.0, 0.0), candidate)
     assert gate.admits_candidate(NodeState(0.0, (), STEP_S * 3, STEP_S), candidate)
-    assert not gate.admits_candidate(NodeState(0.0, busy, STEP_S * 3, STEP_S), Candidate(600.0, 50, stall_s=100.0))
+    assert not gate.admits_candidate(
+        NodeState(0.0, busy, STEP_S * 3, STEP_S), Candidate(600.0, stall_s=100.0, tokens_pred=50, tokens_reserve=50)
+    )
     assert gate.num_refused == 1

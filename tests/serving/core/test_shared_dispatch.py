@@ -36,7 +36,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from maestro.prediction import FallbackLevel, Prediction, WorkflowFallbackLevel
+from maestro.prediction import FallbackLevel, OutputSize, Prediction, WorkflowFallbackLevel
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.sizing import output_tokens_to_map
 from serving.core.kv import KVAllocator, KVAllocatorConfig
@@ -136,9 +136,9 @@ class Live:
             name,
             "s0",
             0.0,
-            reserve_tokens,
-            reserve_tokens,
             FallbackLevel.ROLE,
+            tokens_pred=reserve_tokens,
+            tokens_reserve=reserve_tokens,
             wf_remaining_calls=calls,
             wf_remaining_tokens=tokens,
             wf_fallback_level=level,
@@ -229,8 +229,7 @@ class Simulated:
             is_tool_call=False,
             prompt_tokens=prompt_tokens,
             max_tokens=reserve_tokens,
-            tokens_pred=reserve_tokens,
-            tokens_reserve=reserve_tokens,
+            size=OutputSize(tokens_pred=reserve_tokens, tokens_reserve=reserve_tokens),
         )
         if wf is not None:
             stage.remaining = known_remaining(*wf, WorkflowFallbackLevel.APP)

@@ -179,7 +179,7 @@ def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_the
         batches.append([s.workflow_id for s in stages])
         busy.set()
         release.wait(5)  # the first batch holds the thread while the other calls arrive
-        return [Prediction(s.workflow_id, s.stage_id, 0.1, 10, 20, "role") for s in stages]
+        return [Prediction(s.workflow_id, s.stage_id, 0.1, "role", tokens_pred=10, tokens_reserve=20) for s in stages]
 
     async def scenario():
         worker = ModelWorker(lambda rows: [StageTrace.model_validate(r) for r in rows], predict_batch)

@@ -9,6 +9,7 @@ import asyncio
 import httpx
 import pytest
 
+from maestro.prediction import OutputSize
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 from serving.core.admission.aimd import SessionWindow
 from serving.core.admission.cap import CapSignals
@@ -38,7 +39,7 @@ def job_of(
         interactive=interactive,
         workflow_arrival_s=arrival,
         ready_s=arrival,
-        tokens_pred=tokens,
+        size=OutputSize(tokens_pred=tokens, tokens_reserve=0),
         pred_service_s=tokens / 50,
     )
     job = Job(StageMeta(workflow, stage, interactive=interactive), request, reserve_tokens=tokens)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from maestro.prediction import OutputSize
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.request import StageRequest
 from serving.core.scheduler import create_scheduler
@@ -53,13 +54,18 @@ def running_node(deadline_s: float, tokens_pred: int = 200):
     node.pace.mean_pace, node.pace.recent_paces, node.pace.first_token_delay_s = 20.0, [20.0, 50.0], 0.5
     now = time.monotonic()
     node.running_requests[
-        StageRequest("w", "s", tokens_pred=tokens_pred, tokens_reserve=tokens_pred, deadline_s=now + deadline_s)
+        StageRequest(
+            "w", "s", size=OutputSize(tokens_pred=tokens_pred, tokens_reserve=tokens_pred), deadline_s=now + deadline_s
+        )
     ] = now - 1.0
     return node, now
 
 
 def test_the_gate_holds_a_stage_back_that_would_push_a_running_one_past_its_deadline():
-    gate, candidate = BatchCostGate(), StageRequest("v", "s", tokens_pred=50, deadline_s=time.monotonic() + 600)
+    gate, candidate = (
+        BatchCostGate(),
+        StageRequest("v", "s", size=OutputSize(tokens_pred=50, tokens_reserve=0), deadline_s=time.monotonic() + 600),
+    )
     # 190 tokens left at 20/s: 9.5 s; a deadline 9.8 s away leaves 0.3 s, less than the 0.5 s the new prefill stalls
     node, now = running_node(deadline_s=9.8)
     assert batch_gate.refusal(gate, node, candidate, now) == "slack"
@@ -78,7 +84,11 @@ def test_the_dispatcher_keeps_a_stage_waiting_behind_the_gate_and_starts_it_when
     )
     loop = asyncio.new_event_loop()
     request = StageRequest(
-        "v", "s", tokens_pred=50, tokens_reserve=50, prompt_tokens=16, deadline_s=time.monotonic() + 600
+        "v",
+        "s",
+        size=OutputSize(tokens_pred=50, tokens_reserve=50),
+        prompt_tokens=16,
+        deadline_s=time.monotonic() + 600,
     )
     job = Job(StageMeta("v", "s"), request, reserve_tokens=66)
     job.future, request.payload = loop.create_future(), job

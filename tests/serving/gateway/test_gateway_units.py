@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from maestro.prediction import OutputSize
 from pipelines.collect import collect
 from serving.core.admission.projection import CallTimeFit, GrowingStage, peak_blocks
 from serving.core.request import StageRequest
@@ -51,7 +52,13 @@ def reserve(node: Node, prompt_tokens: int, output_tokens: int):
 
 
 def make_job(stage: str, tokens: int, interactive: bool = True, loop=None) -> Job:
-    request = StageRequest("w", stage, interactive=interactive, tokens_pred=tokens, pred_service_s=tokens / 50)
+    request = StageRequest(
+        "w",
+        stage,
+        interactive=interactive,
+        size=OutputSize(tokens_pred=tokens, tokens_reserve=0),
+        pred_service_s=tokens / 50,
+    )
     from serving.gateway.metadata import StageMeta
 
     job = Job(StageMeta("w", stage), request, reserve_tokens=tokens)

@@ -112,7 +112,9 @@ async def long_then_others(url: str, long_id: str, others: dict[str, tuple[int, 
     """A long predicted request, and once it runs, the others: {request id: output tokens}."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         running = asyncio.Event()
-        long = asyncio.create_task(stream(client, long_id, LONG, MaestroHints(tokens_pred=LONG), running))
+        long = asyncio.create_task(
+            stream(client, long_id, LONG, MaestroHints(tokens_pred=LONG, tokens_reserve=LONG), running)
+        )
         await running.wait()
         rest = [complete(client, rid, n, hints) for rid, (n, hints) in others.items()]
         counts = await asyncio.gather(long, *rest)
@@ -149,7 +151,7 @@ def test_scheduler_holds_back_by_prediction_and_preempts_the_most_remaining_work
         long_then_others(
             maestro_engine.url,
             "hold-long",
-            {"hold-second": (1200, MaestroHints(tokens_pred=1200)), "hold-plain": (8, None)},
+            {"hold-second": (1200, MaestroHints(tokens_pred=1200, tokens_reserve=1200)), "hold-plain": (8, None)},
         )
     )
     assert answered == {"hold-long": LONG, "hold-second": 1200, "hold-plain": 8}

@@ -210,11 +210,11 @@ def expected_gate_view(result: dict, record: dict) -> tuple[NodeState, Candidate
     specs = {spec["id"]: spec for spec in GATE_SCENARIO["requests"]}
     running = tuple(
         RunningStage(
-            specs[rid]["hints"]["tokens_pred"],
-            specs[rid]["hints"]["tokens_pred"],
             times[specs[rid]["step"]] + specs[rid]["hints"]["deadline_s"],
             times[first[rid]],
             sum(rid in step["scheduled"] for step in steps[:k]),
+            tokens_pred=specs[rid]["hints"]["tokens_pred"],
+            tokens_reserve=specs[rid]["hints"]["tokens_pred"],
         )
         for rid in record["running"]
     )
@@ -222,7 +222,8 @@ def expected_gate_view(result: dict, record: dict) -> tuple[NodeState, Candidate
         times[k], running, float(np.mean(busy)) if len(busy) >= 8 else 0.0, min(busy), float(np.median(delays))
     )
     late = specs["late"]
-    return node, Candidate(times[late["step"]] + late["hints"]["deadline_s"], late["hints"]["tokens_pred"])
+    tokens = late["hints"]["tokens_pred"]
+    return node, Candidate(times[late["step"]] + late["hints"]["deadline_s"], tokens_pred=tokens, tokens_reserve=tokens)
 
 
 CANDIDATE_INPUTS = ("stall_s", "added_step_s", "candidate_tokens", "candidate_slack_s")

@@ -54,9 +54,10 @@ def test_hints_round_trip_through_vllm_xargs_as_json_text():
 
 
 def test_no_deadline_is_left_out_of_the_message_and_reserve_defaults_to_the_prediction():
-    hints = MaestroHints(tokens_pred=30)
+    hints = MaestroHints(tokens_pred=30, tokens_reserve=0)
     assert "deadline_s" not in hints.to_xargs()["maestro"] and hints.tokens_reserve == 30
     assert hints_from_extra_args(hints.to_xargs()).deadline_s == math.inf
+    assert hints_from_extra_args({"maestro": '{"tokens_pred": 30}'}) == hints  # the wire may leave the reserve out
 
 
 @pytest.mark.parametrize("extra_args", [None, {}, {"other": 1}])
@@ -71,10 +72,12 @@ def test_malformed_hints_are_a_value_error_that_names_the_field(raw):
 
 
 def test_stage_request_puts_the_relative_deadline_on_the_engine_clock():
-    stage = request_from_hints("r1", 1000.0, 12, 256, MaestroHints(tokens_pred=50, deadline_s=30.0, workflow="w"), 0.02)
+    stage = request_from_hints(
+        "r1", 1000.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=50, deadline_s=30.0, workflow="w"), 0.02
+    )
     assert (stage.workflow_id, stage.stage_id, stage.ready_s, stage.deadline_s) == ("w", "r1", 1000.0, 1030.0)
     assert stage.pred_service_s == pytest.approx(1.0) and stage.prompt_tokens == 12
-    capped = request_from_hints("r2", 0.0, 1, 10, MaestroHints(tokens_pred=50), 0.02)
+    capped = request_from_hints("r2", 0.0, 1, 10, MaestroHints(tokens_pred=50, tokens_reserve=50), 0.02)
     assert capped.pred_service_s == pytest.approx(0.2) and capped.workflow_id == "r2"
 
 
@@ -105,7 +108,7 @@ def test_a_stage_travels_to_the_engine_and_back_with_its_deadline_relative():
         interactive=True,
         workflow="w",
     )
-    no_deadline = request_from_hints("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5), 0.02)
+    no_deadline = request_from_hints("r2", 0.0, 1, 9, MaestroHints(tokens_pred=5, tokens_reserve=5), 0.02)
     assert hints_for_stage(no_deadline, 3.0).deadline_s == math.inf
 
 
@@ -163,8 +166,12 @@ def test_config_errors_name_what_is_wrong(raw, match):
 
 def test_stage_requests_order_by_the_policy_object():
     policy = create_scheduler("least-slack")
-    urgent = request_from_hints("urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=2.0), 0.02)
-    relaxed = request_from_hints("relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.02)
+    urgent = request_from_hints(
+        "urgent", 5.0, 1, 100, MaestroHints(tokens_pred=10, tokens_reserve=10, deadline_s=2.0), 0.02
+    )
+    relaxed = request_from_hints(
+        "relaxed", 0.0, 1, 100, MaestroHints(tokens_pred=10, tokens_reserve=10, deadline_s=60.0), 0.02
+    )
     for stage in (relaxed, urgent):
         policy.add(stage, 5.0)
     assert [s.stage_id for s in policy.in_order(5.0)] == ["urgent", "relaxed"]
@@ -188,7 +195,7 @@ def test_a_request_that_outlives_its_prediction_is_re_predicted_from_the_tail():
     # The longer it has run, the more it is predicted to still need (a log-normal's tail grows).
     assert remaining_tokens(800, hints) > remaining_tokens(400, hints)
     # A point prediction (reserve = median) moves only to what was produced.
-    assert output_bounds(50, MaestroHints(tokens_pred=40)) == (51, 51)
+    assert output_bounds(50, MaestroHints(tokens_pred=40, tokens_reserve=40)) == (51, 51)
 
 
 def test_the_tail_bound_holds_the_reserve_level_for_log_normal_lengths():
@@ -258,19 +265,23 @@ def test_the_engine_pace_times_busy_steps_and_first_tokens():
     state = pace.node_state(
         5.0,
         [
-            ("a", MaestroHints(tokens_pred=40, deadline_s=30.0), 0.0, 9, "unknown"),
-            ("b", MaestroHints(tokens_pred=10), 4.0, 0, "unknown"),
+            ("a", MaestroHints(tokens_pred=40, tokens_reserve=40, deadline_s=30.0), 0.0, 9, "unknown"),
+            ("b", MaestroHints(tokens_pred=10, tokens_reserve=10), 4.0, 0, "unknown"),
         ],
     )
     assert [(s.deadline_s, s.started_s, s.produced) for s in state.running] == [(30.0, 0.0, 9), (math.inf, 5.0, 0)]
     assert (state.pace_s_per_token, state.prefill_s) == (pace.pace_s_per_token, 0.5)
-    assert gate_candidate(MaestroHints(tokens_pred=20, deadline_s=3.0), 2.0, 4) == Candidate(5.0, 20, 4)
+    assert gate_candidate(MaestroHints(tokens_pred=20, tokens_reserve=20, deadline_s=3.0), 2.0, 4) == Candidate(
+        5.0, 4, tokens_pred=20, tokens_reserve=20
+    )
     pace.forget("a")
     assert "a" not in pace.started_s
 
 
 def test_triage_hints_travel_to_the_engine():
-    stage = request_from_hints("r1", 0.0, 12, 256, MaestroHints(tokens_pred=50, workflow="w", is_shed=True), 0.02)
+    stage = request_from_hints(
+        "r1", 0.0, 12, 256, MaestroHints(tokens_pred=50, tokens_reserve=50, workflow="w", is_shed=True), 0.02
+    )
     assert stage.is_shed and stage.deadline_s == math.inf
     hints = hints_for_stage(stage, 1.0, final=True)
     assert hints.is_shed and hints.final and hints_from_extra_args(hints.to_xargs()) == hints
@@ -278,15 +289,23 @@ def test_triage_hints_travel_to_the_engine():
 
 def test_the_engine_triage_sheds_a_workflow_that_cannot_make_its_deadline_and_it_queues_behind():
     triage, decode_s = EngineTriage(DECODE_S_PER_TOKEN), DECODE_S_PER_TOKEN
-    late = MaestroHints(tokens_pred=100, deadline_s=1.0, workflow="late")  # 2 s of work, 1 s left, work waiting
-    on_time = MaestroHints(tokens_pred=100, deadline_s=60.0, workflow="ok")
+    late = MaestroHints(
+        tokens_pred=100, tokens_reserve=100, deadline_s=1.0, workflow="late"
+    )  # 2 s of work, 1 s left, work waiting
+    on_time = MaestroHints(tokens_pred=100, tokens_reserve=100, deadline_s=60.0, workflow="ok")
     assert triage.arrived("r1", 10.0, 5, 256, on_time, 10.0, is_backlogged=True) == on_time
     shed = triage.arrived("r2", 10.0, 5, 256, late, 10.0, is_backlogged=True)
     assert shed.is_shed and shed.deadline_s == math.inf and shed.tokens_pred == 100
     assert triage.arrived(
-        "r3", 11.0, 5, 256, MaestroHints(tokens_pred=1, deadline_s=99.0, workflow="late"), 11.0, is_backlogged=False
+        "r3",
+        11.0,
+        5,
+        256,
+        MaestroHints(tokens_pred=1, tokens_reserve=1, deadline_s=99.0, workflow="late"),
+        11.0,
+        is_backlogged=False,
     ).is_shed  # shedding is final: the workflow's later requests too
-    alone = MaestroHints(tokens_pred=100, deadline_s=1.0, workflow="alone")
+    alone = MaestroHints(tokens_pred=100, tokens_reserve=100, deadline_s=1.0, workflow="alone")
     assert not triage.arrived("r4", 10.0, 5, 256, alone, 10.0, is_backlogged=False).is_shed  # nothing waits: kept
     policy = create_scheduler(get_system("maestro").scheduler.value)
     for rid, hints in (("r2", shed), ("r1", on_time)):
@@ -296,13 +315,15 @@ def test_the_engine_triage_sheds_a_workflow_that_cannot_make_its_deadline_and_it
 
 def test_the_engine_triage_counts_a_finished_requests_tokens_and_ends_its_workflow_at_its_final_request():
     triage = EngineTriage(0.5)
-    triage.arrived("r1", 0.0, 5, 256, MaestroHints(tokens_pred=10, deadline_s=60.0, workflow="w"), 0.0, False)
-    triage.finished("r1", MaestroHints(tokens_pred=10, workflow="w"), 5, 8, 1.0, True)
+    triage.arrived(
+        "r1", 0.0, 5, 256, MaestroHints(tokens_pred=10, tokens_reserve=10, deadline_s=60.0, workflow="w"), 0.0, False
+    )
+    triage.finished("r1", MaestroHints(tokens_pred=10, tokens_reserve=10, workflow="w"), 5, 8, 1.0, True)
     pool = triage.triage.pools[POOL]
     assert pool.window_work_s == 8 * 0.5 and "w" in pool.open  # the workflow goes on
-    triage.finished("r2", MaestroHints(tokens_pred=10, workflow="w", final=True), 5, 2, 2.0, True)
+    triage.finished("r2", MaestroHints(tokens_pred=10, tokens_reserve=10, workflow="w", final=True), 5, 2, 2.0, True)
     assert "w" not in pool.open and pool.window_work_s == 10 * 0.5
-    triage.arrived("r3", 0.0, 5, 256, MaestroHints(tokens_pred=10, deadline_s=60.0), 0.0, False)
+    triage.arrived("r3", 0.0, 5, 256, MaestroHints(tokens_pred=10, tokens_reserve=10, deadline_s=60.0), 0.0, False)
     assert "r3" in pool.open  # no workflow named: the request is its own, and ends with it
-    triage.finished("r3", MaestroHints(tokens_pred=10), 5, 1, 3.0, True)
+    triage.finished("r3", MaestroHints(tokens_pred=10, tokens_reserve=10), 5, 1, 3.0, True)
     assert "r3" not in pool.open
