@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from maestro.structure import derive_structure
 
 Prompt = str | list[dict[str, Any]]
+# A stage as a JSON object with `StageTrace`'s field names, not yet validated: how the gateway hands stages to its
+# predictor, so that its event loop builds no pydantic object (the predictor validates them on its own thread,
+# `parse_record`, where a refused stage fails only its own answer). Its fields are `StageTrace`'s; see that class.
+StageRow = dict[str, Any]
 
 
 class StageTrace(BaseModel):

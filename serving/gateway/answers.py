@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
-from maestro.contract import StageTrace
+from maestro.contract import StageRow, StageTrace
 from maestro.prediction import Prediction, Source
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 
@@ -71,9 +71,9 @@ class StagePredictor(Protocol):
 
     async def start(self) -> None: ...
 
-    async def predict(self, stages: list[dict]) -> list[StageAnswer]: ...
+    async def predict(self, stages: list[StageRow]) -> list[StageAnswer]: ...
 
-    def observe(self, stage: dict) -> None: ...
+    def observe(self, stage: StageRow) -> None: ...
 
     async def settled(self) -> None:
         """Returns once the stages observed so far are in the predictor's history (or their sending failed)."""
@@ -83,7 +83,7 @@ class StagePredictor(Protocol):
     async def aclose(self) -> None: ...
 
 
-def observed_row(trace: dict) -> dict:
+def observed_row(trace: StageRow) -> StageRow:
     """A finished stage as /observe takes it: the contract fields of its trace line."""
     return {k: v for k, v in trace.items() if k in OBSERVED_FIELDS}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from maestro.contract import StageRow
 from maestro.prediction import FallbackLevel, Source
 from predictor_service.async_client import AsyncPredictorClient
 from predictor_service.client import ClientConfig, LocalFallback
@@ -38,7 +39,7 @@ class HttpPredictor:
         self.observe_period_s = observe_period_s
         self.max_pending = max_pending
         self.startup_timeout_s = startup_timeout_s
-        self.pending: list[dict] = []
+        self.pending: list[StageRow] = []
         self.num_observed = 0
         self.num_observe_dropped = 0
         self.counts = AnswerCounts(f"service {client.config.url}")
@@ -68,7 +69,7 @@ class HttpPredictor:
                 self.startup_error,
             )
 
-    async def predict(self, stages: list[dict]) -> list[StageAnswer]:
+    async def predict(self, stages: list[StageRow]) -> list[StageAnswer]:
         answers, reason = await self.client.predict_or_fallback(stages)
         # With service replicas, one call can mix answers from a replica and the local prior (a replica failed).
         fallback = {"timeout": Source.TIMEOUT, "cooldown": Source.UNAVAILABLE}.get(reason, Source.ERROR)
@@ -83,7 +84,7 @@ class HttpPredictor:
             self.is_ready = True
         return out
 
-    def observe(self, stage: dict) -> None:
+    def observe(self, stage: StageRow) -> None:
         self._num_queued += 1
         if len(self.pending) >= self.max_pending:  # the service has been away a long time: keep the newest
             self.pending.pop(0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from maestro.contract import StageTrace
+from maestro.contract import StageRow, StageTrace
 from pipelines.predictor import Prediction
 
 MAX_BATCH_STAGES = 64  # stages the model thread predicts in one go (the calls that waited while it was busy)
@@ -23,7 +23,7 @@ NUM_TIMED_BATCHES = 1024  # the latest batches whose times /maestro/status summa
 
 @dataclass(slots=True)
 class _Call:
-    stages: list[dict]
+    stages: list[StageRow]
     future: asyncio.Future
     deadline_s: float  # time.monotonic(): past it the caller has answered from the prior
     submitted_s: float = field(default_factory=time.monotonic)
@@ -59,7 +59,7 @@ class ModelWorker:
 
     def __init__(
         self,
-        parse: Callable[[list[dict]], list[StageTrace]],
+        parse: Callable[[list[StageRow]], list[StageTrace]],
         predict_batch: Callable[[list[StageTrace]], list[Prediction]],
         max_batch_stages: int = MAX_BATCH_STAGES,
     ):
@@ -78,7 +78,7 @@ class ModelWorker:
         self._thread.start()
         return ready
 
-    def submit(self, stages: list[dict], deadline_s: float) -> asyncio.Future:
+    def submit(self, stages: list[StageRow], deadline_s: float) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self._calls.put(_Call(stages, future, deadline_s))
         return future

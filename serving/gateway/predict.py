@@ -1,7 +1,7 @@
 """The predictor as the gateway sees it: start() makes it ready, predict(stages) answers within a deadline,
 observe(finished stage) feeds it; every answer says who gave it (`maestro.prediction.Source`) and is counted.
 
-Stages travel as plain dicts with contract fields (`maestro.contract.StageTrace` names), so the event loop
+Stages travel as `maestro.contract.StageRow`s, plain dicts with `StageTrace`'s field names, so the event loop
 builds no pydantic object. `LocalPredictor` answers in-process: a trained `pipelines.predictor.Predictor` runs
 on its own thread (`ModelWorker`), loaded and warmed before the gateway takes calls; without one, its priors
 answer. `http_predictor.HttpPredictor` calls predictor_service/ instead; `create_predictor` picks one by name.
@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 
-from maestro.contract import StageTrace
+from maestro.contract import StageRow, StageTrace
 from maestro.prediction import Prediction
 from maestro.structure import derive_structure
 from pipelines.features import StageHistory
@@ -81,7 +81,7 @@ class LocalPredictor:
             torch.set_num_threads(1)  # one stage's MiniLM pass: more threads only contend with vLLM for cores
         self.predictor.predict([WARMUP_STAGE.model_copy()])
 
-    async def predict(self, stages: list[dict]) -> list[StageAnswer]:
+    async def predict(self, stages: list[StageRow]) -> list[StageAnswer]:
         if self.worker is None:
             return self._prior(stages, Source.NO_MODEL)
         if not self.is_ready:
@@ -97,7 +97,7 @@ class LocalPredictor:
         self.counts.add(Source.MODEL, len(answers))
         return [StageAnswer(p, Source.MODEL) for p in answers]
 
-    def _parse(self, stage_dicts: list[dict]) -> list[StageTrace]:
+    def _parse(self, stage_dicts: list[StageRow]) -> list[StageTrace]:
         # Order-dependent structure (call_index, depth) is fixed per call, before the model thread batches calls:
         # a stage's features do not depend on whose call it was predicted with (as predictor_service does).
         stages = [StageTrace.model_validate(s) for s in stage_dicts]
@@ -106,11 +106,11 @@ class LocalPredictor:
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
         return self.new_apps.serve(stages, self.predictor.predict(stages, self.history))
 
-    def _prior(self, stages: list[dict], source: Source, cause: str = "") -> list[StageAnswer]:
+    def _prior(self, stages: list[StageRow], source: Source, cause: str = "") -> list[StageAnswer]:
         self.counts.add(source, len(stages), cause)
         return [StageAnswer(self.fallback.predict(s), source) for s in stages]
 
-    def observe(self, stage: dict) -> None:
+    def observe(self, stage: StageRow) -> None:
         self.num_observed += 1
         if self.has_model:
             try:
