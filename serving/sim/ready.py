@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maestro.prediction import WorkflowFallbackLevel, WorkflowRemaining
+from maestro.prediction import OutputSize, WorkflowFallbackLevel, WorkflowRemaining
 from serving.core.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
@@ -96,7 +96,8 @@ class ReadyPredictions:
         answer = self.cache.get(key)
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
-        stage.tokens_pred, stage.tokens_reserve, stage.remaining = answer
+        tokens_pred, tokens_reserve, stage.remaining = answer
+        stage.size = OutputSize(tokens_pred=tokens_pred, tokens_reserve=tokens_reserve)
         stage.progressive = self.progressive
 
     def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
