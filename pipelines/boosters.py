@@ -29,6 +29,16 @@ def as_matrix(X: pd.DataFrame, categories: list[list] | None) -> np.ndarray:
     return matrix
 
 
+def column_matrix(columns: dict, names: list[str], num_rows: int) -> np.ndarray:
+    """The C-contiguous (num_rows, len(names)) float64 matrix of `columns` (name → num_rows values, a list or an
+    array; None: NaN) in `names` order. One row is built from one flat list: numpy's shape discovery over a list
+    of one-value lists costs ~20 µs more."""
+    if num_rows == 1:
+        return np.array([[columns[c][0] for c in names]], np.float64)
+    matrix = np.array([columns.get(c, ()) for c in names], np.float64).reshape(len(names), num_rows)
+    return np.ascontiguousarray(matrix.T)
+
+
 def raw_score(classifier: lgb.Booster | float, X: pd.DataFrame | np.ndarray) -> np.ndarray:
     """The tool-call classifier's uncalibrated scores (a constant where training held one class only)."""
     return np.full(len(X), classifier) if isinstance(classifier, float) else classifier.predict(X)
