@@ -73,7 +73,7 @@ def machine() -> dict:
     return {"system": platform.system(), "machine": platform.machine()}
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -97,7 +97,7 @@ def compile_boosters(boosters: dict, directory: Path, model_sha256: str) -> dict
         library = _build(treelite.frontend.from_lightgbm(booster), directory / f"{name}-source")
         library = library.rename(directory / f"{name}.so")
         shutil.rmtree(directory / f"{name}-source")
-        files[name] = {"file": library.name, "sha256": _digest(library), "num_trees": booster.num_trees()}
+        files[name] = {"file": library.name, "sha256": file_digest(library), "num_trees": booster.num_trees()}
     manifest = {
         **machine(),
         "model_sha256": model_sha256,
@@ -166,7 +166,7 @@ def _problem(manifest: dict, directory: Path, model_sha256: str) -> str | None:
         library = directory / entry["file"]
         if not library.exists():
             return f"{library.name} is missing"
-        if _digest(library) != entry["sha256"]:
+        if file_digest(library) != entry["sha256"]:
             return f"{library.name} changed after it was built"
     return None
 
