@@ -1,5 +1,6 @@
-"""The two-stage model's boosters compiled to native code (treelite + tl2cgen, the `fast` extra): an optional
-artifact saved beside a predictor, loaded with it, and answering exactly as LightGBM does.
+"""A predictor's boosters (the two-stage model's and the workflow model's) compiled to native code (treelite + tl2cgen,
+the `fast` extra): an optional artifact saved beside a predictor, loaded with it, and answering exactly as LightGBM
+does. With pipelines.row_walker (the default) they answer batches and the walker one row.
 
 tl2cgen turns each booster into C: its trees in units of TREES_PER_UNIT, each a function adding its trees'
 leaves to a row's sum in LightGBM's tree order, thresholds compared as integers (a value's rank among the

@@ -29,6 +29,7 @@ MODEL = ModelConfig(
     folds=3,
     regressor_bags=2,
     compile_trees=True,
+    row_walker=False,  # one row through the compiled boosters too (with the walker, they answer batches alone)
     classifier=dict(n_estimators=30, learning_rate=0.1),
     regressor=dict(n_estimators=60, learning_rate=0.1, extra_trees=True),
     quantile=dict(n_estimators=30, learning_rate=0.1),
