@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 DIRECTORY = "row_walker"  # inside a saved predictor's directory
 MANIFEST, LIBRARY, ARRAYS = "manifest.json", "walker.so", "boosters.npz"
-LANES = 8  # trees walked together: 4 measured ~15 % slower, 16 the same
+LANES = 8  # trees walked together, their cache misses overlapping (pipelines/EXPERIMENTS.md: 1 to 16 tried)
 NODE = np.dtype(
     [("value", "f8"), ("child", "i4", 2), ("feature", "i4"), ("nan_right", "u1"), ("kind", "u1"), ("pad", "u1", 2)]
 )
