@@ -247,7 +247,7 @@ def structural_columns(
     categoricals as lists of text. One stage alone goes through stage_rows: its dict costs less than the arrays."""
     if len(stages) < 2:
         rows = stage_rows(stages, known, texts)
-        return {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
+        return {name: [value] for name, value in rows[0].items()} if rows else {}
     derive_structure(stages, known)
     ids = {(w, i): s for w, members in (known or {}).items() for i, s in members.items()}
     ids.update({(s.workflow_id, s.stage_id): s for s in stages})

@@ -1,5 +1,6 @@
-"""The two-stage model's boosters compiled to native code (treelite + tl2cgen, the `fast` extra): an optional
-artifact saved beside a predictor, loaded with it, and answering exactly as LightGBM does.
+"""A predictor's boosters (the two-stage model's and the workflow model's) compiled to native code (treelite + tl2cgen,
+the `fast` extra): an optional artifact saved beside a predictor, loaded with it, and answering exactly as LightGBM
+does. With pipelines.row_walker (the default) they answer batches and the walker one row.
 
 tl2cgen turns each booster into C: its trees in units of TREES_PER_UNIT, each a function adding its trees'
 leaves to a row's sum in LightGBM's tree order, thresholds compared as integers (a value's rank among the
@@ -20,6 +21,7 @@ import logging
 import math
 import platform
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def machine() -> dict:
     return {"system": platform.system(), "machine": platform.machine()}
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -96,7 +98,7 @@ def compile_boosters(boosters: dict, directory: Path, model_sha256: str) -> dict
         library = _build(treelite.frontend.from_lightgbm(booster), directory / f"{name}-source")
         library = library.rename(directory / f"{name}.so")
         shutil.rmtree(directory / f"{name}-source")
-        files[name] = {"file": library.name, "sha256": _digest(library), "num_trees": booster.num_trees()}
+        files[name] = {"file": library.name, "sha256": file_digest(library), "num_trees": booster.num_trees()}
     manifest = {
         **machine(),
         "model_sha256": model_sha256,
@@ -165,14 +167,15 @@ def _problem(manifest: dict, directory: Path, model_sha256: str) -> str | None:
         library = directory / entry["file"]
         if not library.exists():
             return f"{library.name} is missing"
-        if _digest(library) != entry["sha256"]:
+        if file_digest(library) != entry["sha256"]:
             return f"{library.name} changed after it was built"
     return None
 
 
 class CompiledBooster:
     """One compiled booster, called as RowPredictor is: a float64 matrix of the booster's columns (NaN where
-    missing) → its predictions (the classifier's probability, a regressor's raw sum)."""
+    missing) → its predictions (the classifier's probability, a regressor's raw sum). One row goes through a row
+    and an output buffer whose pointers are made once (an array's `.ctypes.data` costs ~10 µs a call)."""
 
     def __init__(self, library: Path):
         self.library = library
@@ -180,11 +183,19 @@ class CompiledBooster:
         self._lib.predict_rows.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
         self._lib.predict_rows.restype = None
         self.num_feature = int(self._lib.get_num_feature())
+        self._row, self._out = np.zeros((1, self.num_feature), np.float64), np.zeros(1, np.float64)
+        self._row_pointer, self._out_pointer = self._row.ctypes.data, self._out.ctypes.data
+        self._lock = threading.Lock()  # one row buffer and one output buffer: one row at a time
 
     def __call__(self, matrix: np.ndarray) -> np.ndarray:
+        if matrix.ndim != 2 or matrix.shape[1] != self.num_feature:
+            raise ValueError(f"{self.library.name} reads {self.num_feature} columns, got an array of {matrix.shape}")
+        if len(matrix) == 1:
+            with self._lock:
+                self._row[:] = matrix
+                self._lib.predict_rows(self._row_pointer, 1, 0, self._out_pointer)
+                return self._out.copy()
         rows = np.ascontiguousarray(matrix, np.float64)
-        if rows.ndim != 2 or rows.shape[1] != self.num_feature:
-            raise ValueError(f"{self.library.name} reads {self.num_feature} columns, got an array of {rows.shape}")
         out = np.empty(len(rows), np.float64)
         self._lib.predict_rows(rows.ctypes.data, len(rows), 0, out.ctypes.data)
         return out
@@ -200,17 +211,26 @@ def model_boosters(model) -> dict:
     return boosters
 
 
-def attach(model, directory: Path, model_sha256: str) -> bool:
-    """Have `model` answer through the compiled boosters in `directory` where they are usable (load_boosters)."""
+def workflow_boosters(workflow) -> dict:
+    """A fitted WorkflowRemainingModel's boosters by library name (none where the position table answers)."""
+    pairs = (workflow.boosters_ or {}) if workflow is not None else {}
+    return {f"workflow_{name}_{part}": b for name, pair in pairs.items() for part, b in zip(("median", "upper"), pair)}
+
+
+def attach(model, directory: Path, model_sha256: str, workflow=None) -> bool:
+    """Have `model` and `workflow` (a WorkflowRemainingModel, or None) answer through the compiled boosters in
+    `directory` where they are usable (load_boosters). Libraries saved before the workflow model's were compiled
+    serve the stage model alone."""
     compiled = load_boosters(directory, model_sha256)
     if compiled is None:
         return False
-    if set(compiled) != set(model_boosters(model)):
+    stage, flow = model_boosters(model), workflow_boosters(workflow)
+    if set(compiled) not in ({*stage, *flow}, set(stage)):
         log.warning(
-            "compiled boosters in %s not used: they are %s, the model's are %s",
+            "compiled boosters in %s not used: they are %s, the models' are %s",
             directory,
             sorted(compiled),
-            sorted(model_boosters(model)),
+            sorted({*stage, *flow}),
         )
         return False
     num_regressors = len(model.regressor_.boosters)
@@ -219,4 +239,11 @@ def attach(model, directory: Path, model_sha256: str) -> bool:
         upper=compiled.get("upper"),
         regressors=[compiled[f"regressor_{i}"] for i in range(num_regressors)],
     )
+    if flow and set(flow) <= set(compiled):
+        workflow.use_row_predictors(
+            {
+                name: (compiled[f"workflow_{name}_median"], compiled[f"workflow_{name}_upper"])
+                for name in workflow.boosters_
+            }
+        )
     return True

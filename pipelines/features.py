@@ -16,6 +16,7 @@ from sklearn.decomposition import PCA
 
 from maestro.contract import StageTrace, task_id
 from pipelines.batch_features import StageInputs
+from pipelines.boosters import column_matrix
 from pipelines.embedding import Embedder, EmbedderConfig, make_embedder
 from pipelines.lexical import LEXICAL_COLUMNS, LexicalConfig, LexicalModel
 from pipelines.stage_features import BASIC_COLUMNS, CATEGORICAL, UNKNOWN, StageHistory, structural_frame
@@ -179,8 +180,7 @@ class Featurizer:
                 f"the model reads features {missing} that this featurizer does not make: "
                 "model and featurizer come from different trainings; retrain or reload both"
             )
-        matrix = np.array([values.get(c, ()) for c in columns], np.float64).reshape(len(columns), len(stages))
-        return np.ascontiguousarray(matrix.T), roles
+        return column_matrix(values, columns, len(stages)), roles
 
     def embed(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """The prompt texts' embedding projected by the fitted PCA, as float32 (what the model was trained on)."""

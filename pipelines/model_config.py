@@ -71,6 +71,9 @@ class ModelConfig:
     classifier_embedding: bool = True
     # save the boosters compiled to native code beside the predictor (pipelines.compiled_trees; the `fast` extra)
     compile_trees: bool = False
+    # save the boosters packed for pipelines.row_walker beside the predictor (gcc, < 1 s): one stage's trees in native
+    # code; without gcc, LightGBM's single-row API
+    row_walker: bool = True
 
     @property
     def bound_level(self) -> float:

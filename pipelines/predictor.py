@@ -15,7 +15,7 @@ import pandas as pd
 from maestro.contract import StageTrace
 from maestro.prediction import WORKFLOW_PRIOR, FallbackLevel, Prediction, WorkflowRemaining
 from maestro.progressive import TABLE_FILE, ProgressiveTable, load_table
-from pipelines import compiled_trees
+from pipelines import compiled_trees, row_walker
 
 # ArtifactMismatch: what load() raises on changed files, importable with the loader
 from pipelines.artifact import WORKFLOW_DIR, ArtifactMismatch, artifact_digest, verify_artifact  # noqa: F401
@@ -205,10 +205,15 @@ class Predictor:
         meta = {**self.meta, "artifact_sha256": artifact_digest(directory)}
         shutil.rmtree(directory / compiled_trees.DIRECTORY, ignore_errors=True)  # a library of an earlier save
         if self.model is not None and getattr(self.model.config, "compile_trees", False):
+            boosters = {**compiled_trees.model_boosters(self.model), **compiled_trees.workflow_boosters(self.workflow)}
             manifest = compiled_trees.compile_boosters(
-                compiled_trees.model_boosters(self.model), directory / compiled_trees.DIRECTORY, meta["artifact_sha256"]
+                boosters, directory / compiled_trees.DIRECTORY, meta["artifact_sha256"]
             )
             meta["compiled_trees"] = {k: manifest[k] for k in ("compile_s", "tl2cgen", "treelite", "machine")}
+        if self.model is not None and getattr(self.model.config, "row_walker", False):
+            row_walker.save(self.model, self.workflow, directory / row_walker.DIRECTORY, meta["artifact_sha256"])
+        else:
+            shutil.rmtree(directory / row_walker.DIRECTORY, ignore_errors=True)  # an earlier save's
         (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return directory
 
@@ -228,10 +233,11 @@ class Predictor:
         featurizer = Featurizer.from_state(state["featurizer"]) if state["featurizer"] is not None else None
         priors = {k: Prior(**v) for k, v in json.loads((directory / "priors.json").read_text()).items()}
         meta = json.loads((directory / "meta.json").read_text())
-        if state["model"] is not None:  # the compiled boosters saved beside it, where usable on this machine
-            compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest)
         has_workflow = (directory / WORKFLOW_DIR).exists()
         workflow = WorkflowRemainingModel.load(directory / WORKFLOW_DIR) if has_workflow else None
+        if state["model"] is not None:  # the compiled boosters saved beside it, where usable on this machine
+            compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest, workflow)
+            row_walker.attach(state["model"], workflow, directory / row_walker.DIRECTORY, digest)
         return cls(featurizer, state["model"], priors, meta, state.get("new_app"), workflow, load_table(directory))
 
 

@@ -20,6 +20,7 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import GroupKFold
 
 from maestro.contract import StageTrace
+from pipelines.boosters import column_matrix
 from pipelines.lexical import BucketScores, LexicalConfig, design_matrix
 from pipelines.stage_features import ancestors_of, stage_rows
 
@@ -168,7 +169,7 @@ class RowEncoder:
             columns[c] if (codes := self.codes_.get(c)) is None else [codes.get(str(v), np.nan) for v in columns[c]]
             for c in self.columns_
         ]
-        return np.ascontiguousarray(np.array(table, np.float64).reshape(len(self.columns_), n).T)
+        return column_matrix(dict(zip(self.columns_, table)), self.columns_, n)
 
     def knows(self, column: str, value: str) -> bool:
         return value in self.codes_.get(column, {})

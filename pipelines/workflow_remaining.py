@@ -217,6 +217,11 @@ class WorkflowRemainingModel:
             }
         return rows
 
+    def use_row_predictors(self, rows: dict) -> None:
+        """Answer through these callables (target → (median, upper), each a float64 matrix → predictions, as
+        RowPredictor), e.g. the compiled boosters of pipelines.compiled_trees."""
+        self.__dict__["_row_predictors"] = rows
+
     def _answer(self, stage: StageTrace, out: dict, i: int) -> WorkflowRemaining:
         if not self.encoder_.knows("app", stage.app or UNKNOWN):
             return self.fallback(stage)

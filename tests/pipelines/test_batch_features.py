@@ -170,8 +170,9 @@ def test_lowercasing_keeps_each_character_one_character_of_its_word_class():
         assert not (lower.isascii() and not char.isascii()), hex(code)  # no ASCII out of non-ASCII
 
 
-def test_the_live_matrix_of_a_batch_is_the_frames():
-    """Featurizer.matrix (several stages: the batch path) against Featurizer.transform (the per-stage rows)."""
+def test_the_live_matrix_of_a_batch_and_of_one_stage_is_the_frames():
+    """Featurizer.matrix (several stages: the batch path; one stage: the live path, a dict of one-value columns read
+    into one row) against Featurizer.transform (the per-stage rows)."""
     stages = [StageTrace.model_validate(s) for s in generate(300, seed=4)] + random_stages(9, 120)
     featurizer = Featurizer(FeaturizerConfig(use_embedding=False)).fit(stages)
     frame = featurizer.transform([s.model_copy(deep=True) for s in stages])
@@ -179,3 +180,9 @@ def test_the_live_matrix_of_a_batch_is_the_frames():
     matrix, roles = featurizer.matrix([s.model_copy(deep=True) for s in stages], list(frame.columns))
     np.testing.assert_array_equal(matrix, as_matrix(frame, categories))
     assert roles == [str(r) for r in frame["role"]]
+    for stage in stages[::7]:  # alone: no ancestor in the call, so its own frame is the reference
+        one = featurizer.transform([stage.model_copy(deep=True)])
+        row, role = featurizer.matrix([stage.model_copy(deep=True)], list(frame.columns))
+        assert row.shape == (1, len(frame.columns)) and row.flags.c_contiguous
+        np.testing.assert_array_equal(row, as_matrix(one, categories))
+        assert role == [str(one["role"].iloc[0])]

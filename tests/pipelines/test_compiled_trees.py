@@ -11,12 +11,15 @@ import pytest
 
 from maestro.contract import StageTrace
 from pipelines import compiled_trees
+from pipelines.batch_features import StageInputs
 from pipelines.boosters import RowPredictor
 from pipelines.features import FeaturizerConfig
 from pipelines.history import without_labels
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor
 from pipelines.synth import generate
+from pipelines.workflow_features import so_far_columns
+from pipelines.workflow_remaining import WorkflowConfig
 
 pytest.importorskip("tl2cgen")
 if shutil.which("gcc") is None:
@@ -26,10 +29,12 @@ MODEL = ModelConfig(
     folds=3,
     regressor_bags=2,
     compile_trees=True,
+    row_walker=False,  # one row through the compiled boosters too (with the walker, they answer batches alone)
     classifier=dict(n_estimators=30, learning_rate=0.1),
     regressor=dict(n_estimators=60, learning_rate=0.1, extra_trees=True),
     quantile=dict(n_estimators=30, learning_rate=0.1),
 )
+WORKFLOW = WorkflowConfig(folds=3, booster=dict(n_estimators=20, learning_rate=0.1, num_leaves=7))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def stages():
 @pytest.fixture(scope="module")
 def saved(stages, tmp_path_factory):
     """A trained predictor (LightGBM's boosters) and the directory it was saved to, compiled."""
-    predictor = Predictor.train(stages[:600], FeaturizerConfig(use_embedding=False), MODEL)
+    predictor = Predictor.train(stages[:600], FeaturizerConfig(use_embedding=False), MODEL, workflow_config=WORKFLOW)
     return predictor, predictor.save(tmp_path_factory.mktemp("predictor"))
 
 
@@ -52,6 +57,7 @@ def test_the_compiled_boosters_answer_as_lightgbm_does(saved, stages):
     trained, directory = saved
     loaded = Predictor.load(directory)
     assert all(isinstance(r, compiled_trees.CompiledBooster) for r in loaded.model._rows["regressors"])
+    assert all(isinstance(r, compiled_trees.CompiledBooster) for pair in loaded.workflow._rows.values() for r in pair)
     assert loaded.meta["compiled_trees"]["compile_s"] > 0
     test = [s.model_copy() for s in stages[600:]]
     for batch in (test, [without_labels(s) for s in test]):
@@ -69,12 +75,27 @@ def test_each_compiled_booster_gives_lightgbms_floats_exactly(saved, stages):
         np.testing.assert_array_equal(compiled(matrix), lightgbm(matrix))
         for row in matrix[:30]:
             np.testing.assert_array_equal(compiled(row[None, :]), lightgbm(row[None, :]))
+    inputs = StageInputs(stages[600:], None)
+    columns = {**inputs.columns, **so_far_columns(inputs.stages, inputs.ids)}
+    flow = np.column_stack(
+        [
+            trained.workflow.encoder_.columns_matrix(columns, len(stages) - 600),
+            trained.workflow.lexical_.score(inputs.texts),
+        ]
+    )
+    flow[::5, 0] = np.nan
+    for name, pair in trained.workflow._rows.items():
+        for lightgbm, compiled in zip(pair, loaded.workflow._rows[name]):
+            np.testing.assert_array_equal(compiled(flow), lightgbm(flow))
+            for row in flow[:30]:
+                np.testing.assert_array_equal(compiled(row[None, :]), lightgbm(row[None, :]))
 
 
 def load_with_warning(directory, caplog) -> Predictor:
     with caplog.at_level(logging.WARNING, logger=compiled_trees.__name__):
         predictor = Predictor.load(directory)
     assert all(isinstance(r, RowPredictor) for r in predictor.model._rows["regressors"])
+    assert all(isinstance(r, RowPredictor) for pair in predictor.workflow._rows.values() for r in pair)
     return predictor
 
 

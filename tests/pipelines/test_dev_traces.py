@@ -1,6 +1,7 @@
 """Behaviour on real multi-agent traces (../shared/data/dev-traces): the predictor must beat the
 per-role median on workflows it never saw, and react to what the prompt asks for."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -8,9 +9,11 @@ import pytest
 
 from maestro.contract import read_traces
 from pipelines.featurize import featurizer_config, grouped_split
+from pipelines.history import without_labels
 from pipelines.metrics import quality
 from pipelines.params import load_params
 from pipelines.predictor import Predictor, label_frame
+from pipelines.row_walker import RowWalker
 from pipelines.train import model_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def held_out(request):
+def trained(request):
+    """The default recipe (params.yaml) trained on a grouped split of the dev traces: train, test, predictor."""
     path = request.getfixturevalue("dev_traces")
     stages = read_traces(path).stages
     train_idx, test_idx = grouped_split(stages, 0.25, seed=0)
@@ -28,6 +32,12 @@ def held_out(request):
     predictor = Predictor.train(
         train, featurizer_config(load_params("featurize", params)), model_config(load_params("train", params))
     )
+    return train, test, predictor
+
+
+@pytest.fixture(scope="module")
+def held_out(trained):
+    train, test, predictor = trained
     frame = label_frame(test).assign(
         **{k: [getattr(p, k) for p in predictor.predict(test)] for k in ("p_tool", "tokens_pred", "tokens_reserve")}
     )
@@ -60,3 +70,14 @@ def test_one_line_instructions_are_predicted_shorter_than_coding_phases(held_out
     actual = frame["tokens"][one_line].median() / frame["tokens"][coding].median()
     predicted = frame["tokens_pred"][one_line].median() / frame["tokens_pred"][coding].median()
     assert actual < 0.6 and predicted < 0.6
+
+
+def test_saved_it_answers_each_stage_alone_as_lightgbm_does(trained, tmp_path):
+    """Saved and loaded, the default recipe answers one stage through the row walker (gcc, pipelines.row_walker):
+    every test stage's answer is the trained predictor's (LightGBM's single-row API), labels kept and stripped."""
+    _, test, predictor = trained
+    loaded = Predictor.load(predictor.save(tmp_path / "predictor"))
+    walked = isinstance(loaded.model._rows["regressors"][0], RowWalker)
+    assert walked or shutil.which("gcc") is None
+    for stages in (test, [without_labels(s) for s in test]):
+        assert [loaded.predict([s]) for s in stages] == [predictor.predict([s]) for s in stages]
