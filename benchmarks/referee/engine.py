@@ -16,6 +16,8 @@ and from where, is in `benchmarks/engine/replay.py`; the arms:
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
     vllm-priority-deadline    vLLM's priority fed the workflow's deadline (earliest first)
     maestro[SOURCE]           MaestroScheduler fed SOURCE at readiness: model, prior, none, oracle, noiseσ
+    maestro[SOURCE/preempt]   ... with Maestro's order preemptive (`preemptive`: vLLM's admission, the victim the
+                              running request last in Maestro's order; serving/vllm_plugin/victims.py)
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and
@@ -99,6 +101,8 @@ def num_workflows(rate: float, arrival_steps: int) -> int:
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
     out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
+    # A variant against its source's arm: maestro[model/preempt] - maestro[model]
+    out += [(a, a.split("/")[0] + "]") for a in names if a.startswith("maestro[") and "/" in a]
     return out + [
         ("vllm-priority-deadline", "vllm-fcfs"),
         ("maestro[model]", "maestro[none]"),
