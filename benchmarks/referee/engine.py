@@ -132,7 +132,7 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, plan in plans.items():
-        plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
+        plan_path, out_path = work / f"plan_{file_stem(name)}.json", work / f"steps_{file_stem(name)}.json"
         text = json.dumps(plan)
         if resume and out_path.exists() and plan_path.exists() and plan_path.read_text() == text:
             continue
@@ -153,7 +153,12 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
     }
     if paths:
         subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
-    return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
+    return {name: json.loads((work / f"steps_{file_stem(name)}.json").read_text()) for name in plans}
+
+
+def file_stem(arm: str) -> str:
+    """An arm's name as its plan's and step records' file names hold it: a variant's '/' as '+'."""
+    return arm.replace("/", "+")
 
 
 def ensure_llm(path: Path, max_model_len: int) -> Path:

@@ -295,3 +295,5 @@ def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tm
     )  # nothing left to run: no engine started
     engine.run_plans({"a": {"x": 1}}, tmp_path, Path("python"))
     assert runs[-1] == ["plan_a.json"]  # without resume, everything runs
+    assert engine.run_plans({"m[model/v]": {"x": 1}}, tmp_path, Path("python")) == {"m[model/v]": {"ran": True}}
+    assert runs[-1] == ["plan_m[model+v].json"]  # a variant's '/' is no folder
