@@ -38,7 +38,9 @@ def remaining_ranks(running: Iterable[RunningView]) -> dict[str, int]:
     return {r.request_id: r.remaining_tokens for r in running}
 
 
-def order_ranks(policy: Scheduler, running: Iterable[RunningView], now: float, decode_s_per_token: float) -> dict:
+def order_ranks(
+    policy: Scheduler, running: Iterable[RunningView], now: float, decode_s_per_token: float
+) -> dict[str, int]:
     """Each request's place (0 first) in the order `policy`, an empty policy object, would serve the running requests
     in at `now` were they waiting, each with the predicted work it has left as its service; the last place is
     preempted first."""
