@@ -19,19 +19,31 @@ DEFAULT_ARMS = (
     "maestro[none]",
     "maestro[oracle]",
 )
-MAESTRO_ARM = re.compile(r"maestro\[(model|prior|none|oracle|noise[0-9.]*)\]")
+# maestro[SOURCE/VARIANT]: MaestroScheduler with these `MaestroSchedulerConfig` fields over the engine's own.
+MAESTRO_VARIANTS = {
+    # Maestro's order may preempt: vLLM's admission, the victim the last in Maestro's order (vllm_plugin/victims.py)
+    "preempt": {"preemptive": True},
+}
+SOURCES = r"model|prior|none|oracle|noise[0-9.]*"
+MAESTRO_ARM = re.compile(rf"maestro\[({SOURCES})(?:/({'|'.join(MAESTRO_VARIANTS)}))?\]")
 
 
 @dataclass(frozen=True)
 class EngineArm:
     """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
-    (`maestro`) fed `source`."""
+    (`maestro`) fed `source`, in its `variant` (a key of `MAESTRO_VARIANTS`) if named."""
 
     name: str
     scheduler: str
     policy: str
     source: str | None
     priority: str | None = None
+    variant: str | None = None
+
+    @property
+    def maestro_options(self) -> dict:
+        """The `MaestroSchedulerConfig` fields this arm sets over the engine's (none but for a variant)."""
+        return dict(MAESTRO_VARIANTS[self.variant]) if self.variant else {}
 
     @property
     def needs_model(self) -> bool:
@@ -45,6 +57,7 @@ def engine_arm(name: str) -> EngineArm:
     match = MAESTRO_ARM.fullmatch(name)
     if not match:
         raise ValueError(
-            f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, maestro[model|prior|none|oracle|noiseσ]"
+            f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, maestro[model|prior|none|oracle|noiseσ], "
+            f"optionally /VARIANT with VARIANT one of {', '.join(MAESTRO_VARIANTS)} (maestro[model/preempt])"
         )
-    return EngineArm(name, "maestro", "priority", match.group(1))
+    return EngineArm(name, "maestro", "priority", match.group(1), variant=match.group(2))

@@ -189,7 +189,7 @@ class EngineWorkload:
                     "name": arm.name,
                     "scheduler": arm.scheduler,
                     "policy": arm.policy,
-                    "maestro_config": self.config.maestro(),
+                    "maestro_config": {**self.config.maestro(), **arm.maestro_options},
                 },
                 "workflows": self.told(arm, base, raw),
             }

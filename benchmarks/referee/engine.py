@@ -16,6 +16,8 @@ and from where, is in `benchmarks/engine/replay.py`; the arms:
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
     vllm-priority-deadline    vLLM's priority fed the workflow's deadline (earliest first)
     maestro[SOURCE]           MaestroScheduler fed SOURCE at readiness: model, prior, none, oracle, noiseσ
+    maestro[SOURCE/preempt]   ... with Maestro's order preemptive (`preemptive`: vLLM's admission, the victim the
+                              running request last in Maestro's order; serving/vllm_plugin/victims.py)
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and
@@ -48,8 +50,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
 # 2026-12-03 (serving/EXPERIMENTS.md): 1-2, the rates 300 and 450 (seed 0, three arms) to find a load where fcfs
 # preempts and the arms' SLO attainment differ (the grid at 300 and 450 ran with 2); 3-4, the slow-prefill engine at 100
-# and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0.
-VARIANTS_TRIED = 4
+# and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0. 5, the arm
+# maestro[model/preempt] (Maestro's order preemptive) on the grid at 300 and 450.
+VARIANTS_TRIED = 5
 # The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
 # steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
 # 25-block pool full, 1 preemption), not at 50.
@@ -99,6 +102,8 @@ def num_workflows(rate: float, arrival_steps: int) -> int:
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
     out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
+    # A variant against its source's arm: maestro[model/preempt] - maestro[model]
+    out += [(a, a.split("/")[0] + "]") for a in names if a.startswith("maestro[") and "/" in a]
     return out + [
         ("vllm-priority-deadline", "vllm-fcfs"),
         ("maestro[model]", "maestro[none]"),
@@ -128,7 +133,7 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, plan in plans.items():
-        plan_path, out_path = work / f"plan_{name}.json", work / f"steps_{name}.json"
+        plan_path, out_path = work / f"plan_{file_stem(name)}.json", work / f"steps_{file_stem(name)}.json"
         text = json.dumps(plan)
         if resume and out_path.exists() and plan_path.exists() and plan_path.read_text() == text:
             continue
@@ -149,7 +154,12 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
     }
     if paths:
         subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
-    return {name: json.loads((work / f"steps_{name}.json").read_text()) for name in plans}
+    return {name: json.loads((work / f"steps_{file_stem(name)}.json").read_text()) for name in plans}
+
+
+def file_stem(arm: str) -> str:
+    """An arm's name as its plan's and step records' file names hold it: a variant's '/' as '+'."""
+    return arm.replace("/", "+")
 
 
 def ensure_llm(path: Path, max_model_len: int) -> Path:

@@ -3,10 +3,12 @@
 vLLM asks `_handle_blocked_waiting_request(request)` of each waiting request before it tries to start it; False skips
 the request for this step. `PredictedAdmission` answers there for a predicted request, after vLLM's own check: it starts
 only if the KV of the running predicted requests and its own, projected forward (`serving.core.admission.projection`),
-fits in what they hold plus the free blocks and the blocks held for other sessions (session_kv.py), no other request is
-overdue (wait_bound.py) and the system's batch-cost gate (`serving.core.admission.batch_cost`) lets it join the batch.
+fits in what they hold plus the free blocks and the blocks held for other sessions (session_kv.py) (unless the plugin is
+`preemptive`: then vLLM's allocation alone decides, victims.py), no other request is overdue (wait_bound.py) and the
+system's batch-cost gate (`serving.core.admission.batch_cost`) lets it join the batch.
 It is a base of `MaestroMixin`, whose `__init__` sets what it reads: `hints`, `session_hints`, `decisions`,
-`hold_bound`, `session_holds`, `batch_gate`, `progress`, `engine_pace` and the `MaestroRequestQueue` (its `now`).
+`hold_bound`, `session_holds`, `batch_gate`, `progress`, `engine_pace`, `maestro_config` and the `MaestroRequestQueue`
+(its `now`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ class PredictedAdmission:
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's own check, then admission: a predicted request starts only if its predicted KV need and the running
-        requests' still fit in the free blocks, no other request is overdue (wait_bound.py) and the batch-cost gate
-        lets it in; with nothing running it starts, as vLLM would start it."""
+        requests' still fit in the free blocks (not asked when `preemptive`: vLLM's own allocation decides, and its
+        preemption makes room), no other request is overdue (wait_bound.py) and the batch-cost gate lets it in; with
+        nothing running it starts, as vLLM would start it."""
         if not super()._handle_blocked_waiting_request(request):
             return False
         hints = self.hints.get(request.request_id)
@@ -34,7 +37,7 @@ class PredictedAdmission:
             return True
         if (
             not self.hold_bound.is_blocked(request.request_id)
-            and self._fits(request, hints)
+            and (self.maestro_config.preemptive or self._fits(request, hints))
             and self._gate_admits(request, hints)
         ):
             return True

@@ -8,8 +8,9 @@ vLLM calls the interface not public, so the seams used are checked when the sche
   False skips it for this step. Admission by predicted KV need says False there (admission.py).
 - The preemption victim: under `fcfs` vLLM takes `self.running[-1]`, under `priority` the running request with the
   largest `(priority, arrival_time)`. Before each step the predicted running requests are moved to the end of
-  `self.running` in order of predicted remaining work, and their `priority` raised above any client's by that work, so
-  either rule takes the one with the most predicted work left. Without a predicted request running, nothing moves.
+  `self.running` in order of their rank for preemption (victims.py: predicted remaining work, or, when `preemptive`,
+  their place in Maestro's queue order), and their `priority` raised above any client's by that rank, so either rule
+  takes the one ranked first. Without a predicted request running, nothing moves.
 - The batch-cost gate (`serving.core.admission.batch_cost`, the system's, as the gateway and the simulator run it): in
   the same `_handle_blocked_waiting_request`, a predicted request is held back while starting it would push a running
   predicted request past its deadline. The engine's pace is the plugin's own timing of `schedule` calls whose
@@ -45,6 +46,7 @@ from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.seams import check_seams
 from serving.vllm_plugin.session_kv import SessionHint, SessionHolds, session_hint_from_extra_args
 from serving.vllm_plugin.triage import EngineTriage
+from serving.vllm_plugin.victims import RunningView, order_ranks, remaining_ranks
 from serving.vllm_plugin.wait_bound import HoldBound
 
 # Under vLLM's logger tree, so the engine's log shows these lines with vLLM's own.
@@ -218,23 +220,37 @@ class MaestroMixin(PredictedAdmission):
     # ---- preemption ------------------------------------------------------------------------
     def _rank_victims(self) -> list[tuple[Request, int]]:
         """Order the running requests so that vLLM's victim rule (fcfs: the last; priority: the largest priority)
-        takes the predicted request with the most predicted work left (module docstring). Returns the requests whose
-        priority was raised, with their own, which `schedule` gives back after the step."""
-        remaining = {
-            r.request_id: self.progress.remaining_tokens(r, self.hints[r.request_id])
-            for r in self.running
-            if r.request_id in self.hints
-        }
-        if not remaining:
+        takes the predicted request ranked first for preemption (victims.py: the most predicted work left, or the last
+        in Maestro's order when preemptive). Returns the requests whose priority was raised, with their own, which
+        `schedule` gives back after the step."""
+        ranks = self._victim_ranks()
+        if not ranks:
             return []
-        predicted = sorted(
-            (r for r in self.running if r.request_id in remaining), key=lambda r: remaining[r.request_id]
-        )
-        self.running[:] = [r for r in self.running if r.request_id not in remaining] + predicted
+        predicted = sorted((r for r in self.running if r.request_id in ranks), key=lambda r: ranks[r.request_id])
+        self.running[:] = [r for r in self.running if r.request_id not in ranks] + predicted
         raised = [(request, request.priority) for request in predicted]
         for request in predicted:
-            request.priority = VICTIM_PRIORITY + remaining[request.request_id]
+            request.priority = VICTIM_PRIORITY + ranks[request.request_id]
         return raised
+
+    def _victim_ranks(self) -> dict[str, int]:
+        """Each predicted running request's rank for preemption, the largest preempted first (victims.py)."""
+        running = [
+            RunningView(
+                r.request_id,
+                r.arrival_time,
+                r.num_prompt_tokens,
+                r.max_tokens,
+                self.hints[r.request_id],
+                self.progress.remaining_tokens(r, self.hints[r.request_id]),
+            )
+            for r in self.running
+            if r.request_id in self.hints
+        ]
+        if not self.maestro_config.preemptive:
+            return remaining_ranks(running)
+        policy = create_scheduler(self.maestro_config.scheduler)
+        return order_ranks(policy, running, self.waiting.now, self.maestro_config.decode_s_per_token)
 
     def _preempt_request(self, request: Request, *args, **kwargs) -> None:
         is_predicted = request.request_id in self.hints

@@ -37,6 +37,12 @@ class MaestroSchedulerConfig:
     # A running request's re-prediction (progress.py): the predictor directory (or its progressive.json) whose
     # learned table to read; None: the parametric bounds.
     progressive: str | None = None
+    # How the KV pool is shared among predicted requests (victims.py). False: a request starts only once its predicted
+    # footprint fits beside the running ones' (admission.py), so vLLM preempts only a request that outgrew its
+    # prediction, and then the one with the most predicted work left. True: Maestro's order may preempt: a request
+    # starts whenever vLLM can allocate its prompt, and when a running request cannot grow, vLLM preempts the running
+    # request that Maestro's queue order would serve last (its slack counted from its predicted work left).
+    preemptive: bool = False
 
     def __post_init__(self):
         try:
@@ -51,6 +57,8 @@ class MaestroSchedulerConfig:
             raise ValueError(f"{CONFIG_KEY}: max_hold_s must be > 0 or null, got {self.max_hold_s}")
         if self.prefill_s_per_token < 0 or self.tool_hold_factor <= 0:
             raise ValueError(f"{CONFIG_KEY}: prefill_s_per_token must be >= 0 and tool_hold_factor > 0")
+        if not isinstance(self.preemptive, bool):
+            raise ValueError(f"{CONFIG_KEY}: preemptive must be true or false, got {self.preemptive!r}")
         if self.clock not in ("wall", "step"):
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 

@@ -24,7 +24,7 @@ from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import context_tokens, run_figures
-from benchmarks.referee.engine import summarize_rate
+from benchmarks.referee.engine import pairs, summarize_rate
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace
 from pipelines.features import FeaturizerConfig
@@ -33,7 +33,7 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 
 RATE, SEED, WORKFLOWS = 20.0, 0, 40
-ARMS = [engine_arm(name) for name in DEFAULT_ARMS]
+ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "maestro[model/preempt]")]
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +177,18 @@ def test_every_arm_gets_the_same_deadlines_one_per_app_and_class(original):
     assert all("hints" not in s and "priority" not in s for wf in built["vllm-fcfs"]["workflows"] for s in wf["stages"])
 
 
+def test_a_maestro_variant_is_its_sources_arm_with_its_config_fields_set(original):
+    """maestro[model/preempt]: maestro[model]'s workflows and hints, its plugin config the engine's with preemptive
+    set, and its difference from maestro[model] reported; every other arm's config is the engine's."""
+    variant, base = original["maestro[model/preempt]"], original["maestro[model]"]
+    assert variant["workflows"] == base["workflows"]
+    assert variant["arm"]["maestro_config"] == {**base["arm"]["maestro_config"], "preemptive": True}
+    assert all("preemptive" not in plan["arm"]["maestro_config"] for arm, plan in original.items() if "/" not in arm)
+    assert ("maestro[model/preempt]", "maestro[model]") in pairs(["maestro[model]", "maestro[model/preempt]"])
+    with pytest.raises(ValueError, match="preempt"):
+        engine_arm("maestro[model/preemptive]")
+
+
 def test_only_maestro_arms_carry_sessions_and_a_next_turn_shares_its_parents(original):
     """vLLM's arms have the prefix cache alone; a Maestro arm's turn names its session, the same as the turn it
     continues, and a session's first turn names itself."""
@@ -283,3 +295,5 @@ def test_resume_runs_only_the_plans_without_step_records_beside_the_same_plan(tm
     )  # nothing left to run: no engine started
     engine.run_plans({"a": {"x": 1}}, tmp_path, Path("python"))
     assert runs[-1] == ["plan_a.json"]  # without resume, everything runs
+    assert engine.run_plans({"m[model/v]": {"x": 1}}, tmp_path, Path("python")) == {"m[model/v]": {"ran": True}}
+    assert runs[-1] == ["plan_m[model+v].json"]  # a variant's '/' is no folder

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from serving.core.admission.batch_cost import Candidate
-from serving.core.scheduler import Policy, create_scheduler
+from serving.core.scheduler import Policy, SchedulerConfig, create_scheduler
 from serving.core.systems import DEFAULT_SYSTEM, get_system
 from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
@@ -26,6 +26,7 @@ from serving.vllm_plugin.hints import (
 from serving.vllm_plugin.scheduler_config import MaestroSchedulerConfig
 from serving.vllm_plugin.session_kv import SessionHint, session_hint_from_extra_args
 from serving.vllm_plugin.triage import POOL, EngineTriage
+from serving.vllm_plugin.victims import RunningView, order_ranks, remaining_ranks
 from serving.vllm_plugin.wait_bound import HoldBound
 
 
@@ -327,3 +328,39 @@ def test_the_engine_triage_counts_a_finished_requests_tokens_and_ends_its_workfl
     assert "r3" in pool.open  # no workflow named: the request is its own, and ends with it
     triage.finished("r3", MaestroHints(tokens_pred=10, tokens_reserve=10), 5, 1, 3.0, True)
     assert "r3" not in pool.open
+
+
+def running_view(rid: str, arrival_s: float, deadline_s: float, remaining: int) -> RunningView:
+    hints = MaestroHints(tokens_pred=remaining + 10, deadline_s=deadline_s, workflow=rid)
+    return RunningView(rid, arrival_s, 10, 200, hints, remaining)
+
+
+def test_preemptive_victims_are_ranked_by_maestros_order_the_last_served_preempted_first():
+    # At step 100: "urgent" must start by 110 to make its deadline, "relaxed" by 995, and "lost" could not make its
+    # deadline at all (late: served after the on-time work). The most predicted work left is urgent's.
+    running = [
+        running_view("urgent", 50.0, 100.0, remaining=40),
+        running_view("relaxed", 0.0, 1000.0, remaining=5),
+        running_view("lost", 90.0, 5.0, remaining=10),
+    ]
+    policy = create_scheduler(SchedulerConfig(policy="least-slack"))
+    ranks = order_ranks(policy, running, now=100.0, decode_s_per_token=1.0)
+    assert sorted(ranks, key=ranks.get) == ["urgent", "relaxed", "lost"]  # lost is preempted first, urgent last
+    by_work = remaining_ranks(running)
+    assert max(by_work, key=by_work.get) == "urgent"  # not preemptive: the most work left goes first
+
+
+def test_a_running_requests_slack_counts_the_work_it_has_left_not_its_whole_prediction():
+    # Same deadline; "nearly_done" was predicted at 90 tokens and has 2 left, "fresh" has 60: fresh has less slack.
+    nearly_done = RunningView("nearly_done", 0.0, 10, 200, MaestroHints(tokens_pred=90, deadline_s=100.0), 2)
+    running = [nearly_done, running_view("fresh", 0.0, 100.0, remaining=60)]
+    ranks = order_ranks(create_scheduler("least-slack"), running, now=10.0, decode_s_per_token=1.0)
+    assert ranks == {"fresh": 0, "nearly_done": 1}
+
+
+def test_preemptive_is_off_by_default_and_set_from_the_additional_config():
+    assert MaestroSchedulerConfig().preemptive is False
+    config = MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"preemptive": True}})
+    assert config.preemptive is True
+    with pytest.raises(ValueError, match="preemptive"):
+        MaestroSchedulerConfig(preemptive="yes")

@@ -1,0 +1,42 @@
+"""Maestro's order preemptive (`maestro_scheduler.preemptive`), stepped in process against the default on the fake
+20-block pool of test_vllm_scheduler_steps.py (vllm_scheduler_steps.py), over both of vLLM's scheduler classes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.serving.vllm_plugin.test_vllm_scheduler_steps import is_async, num_preempted, request, steps_of
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+__all__ = ["is_async"]  # the fixture, shared
+
+
+def victims(result: dict) -> list[str]:
+    return [rid for step in result["steps"] for rid in step["preempted"]]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preemptive_maestro_admits_the_urgent_request_and_preempts_the_one_its_order_serves_last(
+    tmp_path, tiny_model, is_async, policy
+):
+    # 14 + 19 blocks at their ends > 19. By default "urgent" waits until "relaxed" ends. Preemptive, it starts at once;
+    # when the pool runs out (~step 145) relaxed has ~55 tokens left and urgent ~135, but relaxed's deadline is far:
+    # the order serves it last, so it is the victim, and urgent ends first.
+    requests = [
+        request("relaxed", 0, 200, {"tokens_pred": 200, "deadline_s": 5000}),
+        request("urgent", 3, 280, {"tokens_pred": 280, "deadline_s": 700}),
+    ]
+    default, preemptive = steps_of(
+        tmp_path,
+        tiny_model,
+        *(
+            {"scheduler": "maestro", "policy": policy, "requests": requests, "maestro_config": config}
+            for config in ({}, {"preemptive": True})
+        ),
+        is_async=is_async,
+    )
+    assert num_preempted(default) == 0 and default["finished"] == ["relaxed", "urgent"]
+    assert default["decisions"]["num_requests_held_back"] == 1
+    assert victims(preemptive) == ["relaxed"] and preemptive["finished"] == ["urgent", "relaxed"]
+    assert preemptive["decisions"]["num_held_back"] == 0 and preemptive["decisions"]["num_preempted"] == 1
