@@ -331,7 +331,7 @@ def test_the_engine_triage_counts_a_finished_requests_tokens_and_ends_its_workfl
 
 
 def running_view(rid: str, arrival_s: float, deadline_s: float, remaining: int) -> RunningView:
-    hints = MaestroHints(tokens_pred=remaining + 10, deadline_s=deadline_s, workflow=rid)
+    hints = MaestroHints(tokens_pred=remaining + 10, tokens_reserve=0, deadline_s=deadline_s, workflow=rid)
     return RunningView(rid, arrival_s, 10, 200, hints, remaining)
 
 
@@ -352,7 +352,9 @@ def test_preemptive_victims_are_ranked_by_maestros_order_the_last_served_preempt
 
 def test_a_running_requests_slack_counts_the_work_it_has_left_not_its_whole_prediction():
     # Same deadline; "nearly_done" was predicted at 90 tokens and has 2 left, "fresh" has 60: fresh has less slack.
-    nearly_done = RunningView("nearly_done", 0.0, 10, 200, MaestroHints(tokens_pred=90, deadline_s=100.0), 2)
+    nearly_done = RunningView(
+        "nearly_done", 0.0, 10, 200, MaestroHints(tokens_pred=90, tokens_reserve=0, deadline_s=100.0), 2
+    )
     running = [nearly_done, running_view("fresh", 0.0, 100.0, remaining=60)]
     ranks = order_ranks(create_scheduler("least-slack"), running, now=10.0, decode_s_per_token=1.0)
     assert ranks == {"fresh": 0, "nearly_done": 1}
