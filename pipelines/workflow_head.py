@@ -11,18 +11,25 @@ its task, the task statement sits elsewhere in the prompt, and every stage of th
   first OPENING_MESSAGES messages (the greeting and the customer's request, for the agent and the simulator alike).
 
 Only the stage's own prompt is read: nothing a live system lacks when the stage becomes ready.
+
+The ridges' targets are the log targets, or with `centred` each row's deviation from the mean of its (app, position)
+group (positions past CENTRE_LAST_POSITION pooled; means from the fold's training rows): the trees know the app and
+the position, and what is asked of the text is how long this task runs against others at the same point.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import GroupKFold
 
 from maestro.contract import Prompt, prompt_text
-from pipelines.lexical import LexicalConfig
+from pipelines.lexical import LexicalConfig, design_matrix
 from pipelines.workflow_features import TailScores
 
 OPENING_MESSAGES = 2  # the conversation's first messages read: the greeting and the request
 HEAD_COUNT_COLUMNS = ("head_chars", "head_commas", "head_lines")
+CENTRE_LAST_POSITION = 20  # centred targets: later positions share one group per app
 
 
 def head_text(prompt: Prompt, chars: int) -> str:
@@ -47,16 +54,38 @@ class HeadSignal:
     stage's: the head's two ridge scores (log remaining calls, log remaining tokens), then, with `counts`, its
     characters, commas and lines."""
 
-    def __init__(self, chars: int, counts: bool = True, folds: int = 5):
+    def __init__(self, chars: int, counts: bool = True, folds: int = 5, centred: bool = False):
         if chars < 1:
             raise ValueError(f"HeadSignal reads a prompt's first characters: chars ≥ 1, got {chars}")
-        self.chars, self.counts, self.folds = chars, counts, folds
+        self.chars, self.counts, self.folds, self.centred = chars, counts, folds, centred
 
-    def fit(self, prompts: list[Prompt], targets: np.ndarray, groups: np.ndarray) -> np.ndarray:
-        """`targets`: (n, k) log targets; `groups`: each row's task (no fold splits one)."""
+    @classmethod
+    def of(cls, config) -> HeadSignal | None:
+        """The head signal a WorkflowConfig asks for (`head_chars`, `head_counts`, `head_centred`), else None."""
+        return (
+            cls(config.head_chars, config.head_counts, config.folds, config.head_centred) if config.head_chars else None
+        )
+
+    def fit(
+        self, prompts: list[Prompt], targets: np.ndarray, groups: np.ndarray, apps: list[str], positions: list[int]
+    ) -> np.ndarray:
+        """`targets`: (n, k) log targets; `groups`: each row's task (no fold splits one); `apps`, `positions`: each
+        row's app and call_index (the cells of centred targets)."""
         texts = [head_text(p, self.chars) for p in prompts]
-        self.scores_ = TailScores(LexicalConfig(tail_chars=0, folds=self.folds)).fit(texts, targets, groups)
-        return self._columns(self.scores_.oof_, texts)
+        self.scores_ = TailScores(LexicalConfig(tail_chars=0, folds=self.folds))
+        if not self.centred:
+            self.scores_.fit(texts, targets, groups)
+            return self._columns(self.scores_.oof_, texts)
+        X, targets = design_matrix(texts, self.scores_.config), np.asarray(targets, np.float64)
+        cells = np.array([f"{a}|{min(p, CENTRE_LAST_POSITION)}" for a, p in zip(apps, positions)])
+        oof = np.zeros(targets.shape, np.float32)
+        fit = lambda rows: Ridge(alpha=self.scores_.config.ridge).fit(X[rows], _centred(targets, cells, rows))
+        for train, held in GroupKFold(n_splits=min(self.folds, len(set(groups)))).split(X, groups=groups):
+            oof[held] = fit(train).predict(X[held])
+        ridge = fit(np.arange(len(texts)))
+        self.scores_.weights_ = ridge.coef_.T.astype(np.float32)
+        self.scores_.bias_ = ridge.intercept_.astype(np.float32)
+        return self._columns(oof, texts)
 
     def columns(self, prompts: list[Prompt]) -> np.ndarray:
         texts = [head_text(p, self.chars) for p in prompts]
@@ -64,3 +93,11 @@ class HeadSignal:
 
     def _columns(self, scores: np.ndarray, texts: list[str]) -> np.ndarray:
         return np.column_stack([scores, head_counts(texts)]) if self.counts else scores
+
+
+def _centred(targets: np.ndarray, cells: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`targets[rows]` less the mean of their cell over `rows`."""
+    names, index = np.unique(cells[rows], return_inverse=True)
+    sums = np.zeros((len(names), targets.shape[1]))
+    np.add.at(sums, index, targets[rows])
+    return targets[rows] - (sums / np.bincount(index)[:, None])[index]

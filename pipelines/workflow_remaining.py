@@ -53,6 +53,7 @@ class WorkflowConfig:
     tail_chars: int = 1024  # the prompt's last characters the tail scores read
     head_chars: int = 0  # > 0: the task as the prompt's head shows it, this many characters (pipelines.workflow_head)
     head_counts: bool = True  # with the head: its characters, commas and lines as features too
+    head_centred: bool = False  # the head's ridges fitted to the targets less their (app, position) mean
     # the upper bound's conformal levels aim at this share of alpha: new tasks miss more than the training side's
     # task folds show (a workflow's stages miss together, and an app has a few dozen tasks)
     calibration_share: float = 0.75
@@ -116,10 +117,9 @@ class WorkflowRemainingModel:
             if self.config.lexical
             else None
         )
-        cfg = self.config
-        self.head_ = HeadSignal(cfg.head_chars, cfg.head_counts, cfg.folds) if cfg.head_chars else None
-        head = self.head_.fit([s.prompt for s in stages], log_targets, groups) if self.head_ else None
         apps, positions = [s.app or UNKNOWN for s in stages], [s.call_index for s in stages]
+        self.head_ = HeadSignal.of(self.config)
+        head = self.head_.fit([s.prompt for s in stages], log_targets, groups, apps, positions) if self.head_ else None
         self.medians_ = AppPositionMedians.fit(apps, positions, targets) if self.config.position_medians else None
         folds = list(GroupKFold(n_splits=min(self.config.folds, len(set(groups)))).split(stages, groups=groups))
         extra = [

@@ -59,6 +59,7 @@ VARIANTS = {
     "head 2048": dict(head_chars=2048),
     "head 2048, no counts": dict(head_chars=2048, head_counts=False),
     "head 1024": dict(head_chars=1024),
+    "head 2048, centred per (app, position)": dict(head_chars=2048, head_centred=True),
 }
 
 
