@@ -4,13 +4,17 @@ own prompt only (no later stage, no true output), and that the option survives s
 from __future__ import annotations
 
 import pickle
+import shutil
 
 import numpy as np
 import pytest
 
-from maestro.contract import parse_record, task_id
+from maestro.contract import StageTrace, parse_record, task_id
 from maestro.structure import derive_structure
-from pipelines.features import StageHistory
+from pipelines.features import FeaturizerConfig, StageHistory
+from pipelines.history import without_labels
+from pipelines.model import ModelConfig
+from pipelines.predictor import Predictor
 from pipelines.synth import generate
 from pipelines.workflow_head import OPENING_MESSAGES, HeadSignal, head_counts, head_text
 from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
@@ -113,3 +117,25 @@ def test_centred_targets_fit_within_each_app_and_position(split):
     )
     assert oof.shape == (len(stages), 2) and np.isfinite(oof).all()
     assert signal.columns([s.prompt for s in stages[:5]]).shape == (5, 2)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to build the row walker with")
+def test_a_predictor_with_the_head_answers_the_same_saved_and_one_stage_at_a_time(tmp_path):
+    """The predictor's path: the workflow model reads StageInputs (predict_inputs), its boosters walked one row at a
+    time after load (pipelines.row_walker), the head's columns after the tail scores'."""
+    stages = [StageTrace.model_validate(s) for s in generate(700, seed=8)]
+    model = ModelConfig(
+        folds=3,
+        regressor_bags=1,
+        classifier=dict(n_estimators=20, learning_rate=0.1),
+        regressor=dict(n_estimators=30, learning_rate=0.1),
+        quantile=dict(n_estimators=20, learning_rate=0.1),
+    )
+    trained = Predictor.train(stages[:500], FeaturizerConfig(use_embedding=False), model, workflow_config=CONFIG)
+    assert trained.workflow.head_ is not None
+    loaded = Predictor.load(trained.save(tmp_path))
+    answers = lambda predictor, batch: [a.to_dict() for a in predictor.predict(batch)]
+    test = [s.model_copy() for s in stages[500:]]
+    for batch in (test, [without_labels(s) for s in test]):
+        assert answers(loaded, batch) == answers(trained, batch)
+        assert [answers(loaded, [s]) for s in batch[:80]] == [answers(trained, [s]) for s in batch[:80]]
