@@ -34,6 +34,7 @@ from pipelines.features import UNKNOWN, StageHistory
 from pipelines.history import history_conditions, without_labels
 from pipelines.lexical import LexicalConfig
 from pipelines.workflow_features import RowEncoder, TailScores, remaining_targets, so_far_columns, workflow_rows
+from pipelines.workflow_head import HeadSignal
 from pipelines.workflow_store import load_state, save_state
 from pipelines.workflow_table import AppPositionMedians, PositionTable
 
@@ -50,6 +51,9 @@ class WorkflowConfig:
     lexical: bool = True  # the prompt tail's lexical scores fitted to the targets
     position_medians: bool = False  # the per-(app, position) medians and the app's median length as features
     tail_chars: int = 1024  # the prompt's last characters the tail scores read
+    head_chars: int = 0  # > 0: the task as the prompt's head shows it, this many characters (pipelines.workflow_head)
+    head_counts: bool = True  # with the head: its characters, commas and lines as features too
+    head_centred: bool = False  # the head's ridges fitted to the targets less their (app, position) mean
     # the upper bound's conformal levels aim at this share of alpha: new tasks miss more than the training side's
     # task folds show (a workflow's stages miss together, and an app has a few dozen tasks)
     calibration_share: float = 0.75
@@ -105,19 +109,23 @@ class WorkflowRemainingModel:
         if len(stages) < MIN_STAGES_FOR_MODEL or len(set(groups)) < 2:
             return self
         texts = [s.prompt_text() for s in stages]
+        log_targets = np.column_stack([np.log1p(targets[k]) for k in TARGETS])
         self.lexical_ = (
             TailScores(LexicalConfig(tail_chars=self.config.tail_chars, folds=self.config.folds)).fit(
-                texts, np.column_stack([np.log1p(targets[k]) for k in TARGETS]), groups
+                texts, log_targets, groups
             )
             if self.config.lexical
             else None
         )
         apps, positions = [s.app or UNKNOWN for s in stages], [s.call_index for s in stages]
+        self.head_ = HeadSignal.of(self.config)
+        head = self.head_.fit([s.prompt for s in stages], log_targets, groups, apps, positions) if self.head_ else None
         self.medians_ = AppPositionMedians.fit(apps, positions, targets) if self.config.position_medians else None
         folds = list(GroupKFold(n_splits=min(self.config.folds, len(set(groups)))).split(stages, groups=groups))
         extra = [
             self.lexical_.oof_ if self.lexical_ is not None else None,
             AppPositionMedians.out_of_fold(apps, positions, targets, folds) if self.medians_ else None,
+            head,
         ]
         has_parents = np.array([bool(s.parent_ids) for s in stages])
         hidden = [without_labels(s) for s in stages]
@@ -190,6 +198,7 @@ class WorkflowRemainingModel:
             self.medians_.lookup([s.app or UNKNOWN for s in stages], [s.call_index for s in stages])
             if self.medians_ is not None
             else None,
+            head.columns([s.prompt for s in stages]) if (head := getattr(self, "head_", None)) is not None else None,
         ]
         X = np.column_stack([self.encoder_.columns_matrix(columns, len(stages)), *(e for e in extra if e is not None)])
         out = self.predict_matrix(X, self._conditions(X))
@@ -197,7 +206,7 @@ class WorkflowRemainingModel:
 
     def predict_matrix(self, X: np.ndarray, conditions: np.ndarray) -> dict[str, np.ndarray]:
         """Median and calibrated upper bound of each target for feature rows (the encoder's columns, then the
-        tail scores and the position medians where the config asks for them)."""
+        tail scores, the position medians and the head's columns where the config asks for them)."""
         keys = self._keys(X, conditions)
         out = {}
         for name, (median, upper) in self._rows.items():
