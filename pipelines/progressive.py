@@ -2,8 +2,9 @@
 far, fitted on the traces' `output_text` at checkpoints of produced tokens.
 
 Rows: each labelled stage with an output text, at each checkpoint k < its length L (a stage that has ended by k is no
-longer running there): the class of its first min(k, PREFIX_TOKENS) tokens, whose text is cut from `output_text` by
-proportion (`maestro.progressive.prefix_chars`: k ÷ L of its characters, since L tokens made the whole text), the
+longer running there): the class of its first min(k, PREFIX_TOKENS) tokens, whose text is its first
+`CHARS_PER_TOKEN` × k characters (`maestro.progressive.prefix_chars`: what a runtime could have read, never the
+length L), the
 stage's `table_features` at k from its prediction (`first_guesses`), and the target log(L ÷ max(tokens_pred, k)).
 Each row is also kept once with the class `unknown`, for a runtime that cannot read the text.
 
@@ -63,7 +64,7 @@ def checkpoint_rows(
             continue
         total = stage.output_tokens
         for k in (k for k in checkpoints if k < total):
-            prefix = prefix_class(prefix_chars(stage.output_text, total, k))
+            prefix = prefix_class(prefix_chars(stage.output_text, k))
             features = table_features(k, pred, reserve)
             rows.append((i, stage.app or "", k, total, prefix, *features, np.log(total / max(pred, k))))
     return pd.DataFrame(rows, columns=["stage", "app", "produced", "tokens", *FEATURES, "target"])

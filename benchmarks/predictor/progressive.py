@@ -11,8 +11,8 @@ training side with the stage model's out-of-fold medians (`Predictor.fit_progres
 At each checkpoint k of produced tokens, over the held-out stages still running there (L > k), per app and pooled:
 Kendall τ of the remaining tokens (predicted median − k against L − k), MAE of the median, the share of stages above
 the upper bound (at the predictor's reserve level 1 − α) and the median of upper ÷ L (what the bound costs). Arms:
-`parametric`, `learned` (the first tokens' class read from the text, cut by proportion as in training) and
-`learned, no prefix` (the class unknown: what the vLLM plugin has without a tokenizer).
+`parametric`, `learned` (the first tokens' class read from the text, cut at `CHARS_PER_TOKEN` a token as in
+training) and `learned, no prefix` (the class unknown: what the vLLM plugin has without a tokenizer).
 
     python -m benchmarks.predictor.progressive [--model DIR] [--side dev|locked] [--variants NAME ...] [--out FILE]
 """
@@ -65,7 +65,7 @@ def held_out_rows(predictor: Predictor, test: list[StageTrace]) -> list[dict]:
                     "app": stage.app or "",
                     "produced": k,
                     "tokens": stage.output_tokens,
-                    "prefix": prefix_class(prefix_chars(stage.output_text, stage.output_tokens, k)),
+                    "prefix": prefix_class(prefix_chars(stage.output_text, k)),
                     "tokens_pred": answer.tokens_pred,
                     "tokens_reserve": answer.tokens_reserve,
                 }

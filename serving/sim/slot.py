@@ -125,7 +125,7 @@ def output_prefix(stage: SimStage, produced: float) -> str:
     """The class of a running stage's first output tokens (`maestro.progressive.prefix_class`), read off its trace's
     output_text as the training rows read it; unknown where the stage has no re-prediction table to read it."""
     text = (stage.source or {}).get("output_text") if stage.progressive is not None else None
-    return prefix_class(prefix_chars(text, stage.output_tokens, produced)) if text else UNKNOWN
+    return prefix_class(prefix_chars(text, produced)) if text else UNKNOWN
 
 
 def parent_of(stage: SimStage) -> SimStage | None:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from maestro.contract import StageTrace
 from maestro.prediction import OutputSize
 from maestro.progressive import (
     PREFIX_CLASSES,
@@ -21,11 +22,12 @@ from maestro.progressive import (
     length_bounds,
     load_table,
     parametric_bounds,
+    prefix_chars,
     prefix_class,
 )
-from pipelines.progressive import ProgressiveConfig, fit_table
+from pipelines.progressive import ProgressiveConfig, checkpoint_rows, fit_table
 from serving.core.admission.batch_cost import fewest_remaining_tokens
-from serving.sim.slot import running_stage
+from serving.sim.slot import output_prefix, running_stage
 from serving.sim.workload import SimStage
 from serving.vllm_plugin.engine_pace import EnginePace
 from serving.vllm_plugin.hints import MaestroHints, output_bounds
@@ -54,6 +56,30 @@ PROSE_TEXT = "I understand your concern about the delayed order. Let me look int
 )
 def test_the_prefix_class_tells_a_tool_calls_json_from_prose(text, expected):
     assert prefix_class(text) == expected
+
+
+def test_a_running_stages_class_reads_neither_its_length_nor_text_it_had_not_produced(table):
+    """The simulator and the training rows read a stage's class at k tokens from its trace's text: the same class
+    whatever its length, and whatever its text says past what k tokens made (a code fence far into a prose answer)."""
+    start = "Sure. Here is the plan you asked for, "
+
+    def sim(text: str, tokens: int) -> SimStage:
+        return SimStage(
+            workflow=None, index=0, stage_id="s", role="agent", model="m", parents=[], output_tokens=tokens,
+            is_tool_call=False, source={"output_text": text}, size=OutputSize(tokens_pred=100, tokens_reserve=300),
+            progressive=table,
+        )  # fmt: skip
+
+    variants = [(start + "step by step, in prose.", 20), (start + "```python\nimport os", 20), (start, 4000)]
+    for k in (4, 8, 16):
+        assert len({prefix_chars(text, k) for text, _ in variants}) == 1
+        assert {output_prefix(sim(text, tokens), k) for text, tokens in variants} == {"prose"}
+    traces = [
+        StageTrace(workflow_id="w", stage_id=f"s{i}", role="agent", prompt="p", output_tokens=tokens, output_text=text)
+        for i, (text, tokens) in enumerate(variants)
+    ]
+    rows = checkpoint_rows(traces, np.array([[100.0, 300.0]] * len(traces)), checkpoints=(4, 8, 16))
+    assert set(rows["prefix"]) == {"prose"}
 
 
 def rows_with_short_tool_calls(num: int = 3000, seed: int = 0) -> pd.DataFrame:
