@@ -23,6 +23,8 @@ DEFAULT_ARMS = (
 MAESTRO_VARIANTS = {
     # Maestro's order may preempt: vLLM's admission, the victim the last in Maestro's order (vllm_plugin/victims.py)
     "preempt": {"preemptive": True},
+    # vLLM's admission as in `preempt`, the default victim (the most predicted work left): what the admission alone buys
+    "admit": {"preemptive": True, "victim": "remaining"},
 }
 SOURCES = r"model|prior|none|oracle|noise[0-9.]*"
 MAESTRO_ARM = re.compile(rf"maestro\[({SOURCES})(?:/({'|'.join(MAESTRO_VARIANTS)}))?\]")

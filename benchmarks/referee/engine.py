@@ -18,6 +18,7 @@ and from where, is in `benchmarks/engine/replay.py`; the arms:
     maestro[SOURCE]           MaestroScheduler fed SOURCE at readiness: model, prior, none, oracle, noiseσ
     maestro[SOURCE/preempt]   ... with Maestro's order preemptive (`preemptive`: vLLM's admission, the victim the
                               running request last in Maestro's order; serving/vllm_plugin/victims.py)
+    maestro[SOURCE/admit]     ... preempt's admission with the default victim: what the admission alone buys
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and
@@ -50,9 +51,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Engine policy variants tried on this referee (dev side) since it was built: raise it with every variant tried.
 # 2026-12-03 (serving/EXPERIMENTS.md): 1-2, the rates 300 and 450 (seed 0, three arms) to find a load where fcfs
 # preempts and the arms' SLO attainment differ (the grid at 300 and 450 ran with 2); 3-4, the slow-prefill engine at 100
-# and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0. 5, the arm
-# maestro[model/preempt] (Maestro's order preemptive) on the grid at 300 and 450.
-VARIANTS_TRIED = 5
+# and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0. 5, maestro[model/preempt]
+# on the grid at 300 and 450; 2026-12-04: 6, maestro[model/admit] at 450; 7, --policy triage at 450.
+VARIANTS_TRIED = 7
 # The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
 # steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
 # 25-block pool full, 1 preemption), not at 50.
@@ -102,8 +103,10 @@ def num_workflows(rate: float, arrival_steps: int) -> int:
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
     out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
-    # A variant against its source's arm: maestro[model/preempt] - maestro[model]
-    out += [(a, a.split("/")[0] + "]") for a in names if a.startswith("maestro[") and "/" in a]
+    # Variants against their source's arm (maestro[model/preempt] - maestro[model]) and against each other
+    variants = [a for a in names if a.startswith("maestro[") and "/" in a]
+    out += [(a, a.split("/")[0] + "]") for a in variants]
+    out += [(a, b) for a in variants for b in variants if a > b and a.split("/")[0] == b.split("/")[0]]
     return out + [
         ("vllm-priority-deadline", "vllm-fcfs"),
         ("maestro[model]", "maestro[none]"),

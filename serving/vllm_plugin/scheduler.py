@@ -221,8 +221,8 @@ class MaestroMixin(PredictedAdmission):
     def _rank_victims(self) -> list[tuple[Request, int]]:
         """Order the running requests so that vLLM's victim rule (fcfs: the last; priority: the largest priority)
         takes the predicted request ranked first for preemption (victims.py: the most predicted work left, or the last
-        in Maestro's order when preemptive). Returns the requests whose priority was raised, with their own, which
-        `schedule` gives back after the step."""
+        in Maestro's order: `MaestroSchedulerConfig.victim_rule`). Returns the requests whose priority was raised,
+        with their own, which `schedule` gives back after the step."""
         ranks = self._victim_ranks()
         if not ranks:
             return []
@@ -247,7 +247,7 @@ class MaestroMixin(PredictedAdmission):
             for r in self.running
             if r.request_id in self.hints
         ]
-        if not self.maestro_config.preemptive:
+        if self.maestro_config.victim_rule == "remaining":
             return remaining_ranks(running)
         policy = create_scheduler(self.maestro_config.scheduler)
         return order_ranks(policy, running, self.waiting.now, self.maestro_config.decode_s_per_token)

@@ -10,6 +10,7 @@ from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
 
 CONFIG_KEY = "maestro_scheduler"
+VICTIM_RULES = ("remaining", "order")  # victims.py: remaining_ranks, order_ranks
 
 
 @dataclass
@@ -43,6 +44,10 @@ class MaestroSchedulerConfig:
     # starts whenever vLLM can allocate its prompt, and when a running request cannot grow, vLLM preempts the running
     # request that Maestro's queue order would serve last (its slack counted from its predicted work left).
     preemptive: bool = False
+    # Which predicted running request vLLM's preemption takes (victims.py): "remaining", the most predicted work left;
+    # "order", the last in Maestro's queue order. None: "order" when preemptive, else "remaining". Set apart from
+    # `preemptive`, it tells the engine referee which of the two changes carries a preemptive arm's gain.
+    victim: str | None = None
 
     def __post_init__(self):
         try:
@@ -59,8 +64,15 @@ class MaestroSchedulerConfig:
             raise ValueError(f"{CONFIG_KEY}: prefill_s_per_token must be >= 0 and tool_hold_factor > 0")
         if not isinstance(self.preemptive, bool):
             raise ValueError(f"{CONFIG_KEY}: preemptive must be true or false, got {self.preemptive!r}")
+        if self.victim not in (None, *VICTIM_RULES):
+            raise ValueError(f"{CONFIG_KEY}: victim must be one of {list(VICTIM_RULES)} or null, got {self.victim!r}")
         if self.clock not in ("wall", "step"):
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
+
+    @property
+    def victim_rule(self) -> str:
+        """The victim rule in force: `victim`, or the one `preemptive` implies."""
+        return self.victim or ("order" if self.preemptive else "remaining")
 
     @classmethod
     def from_additional_config(cls, additional_config) -> MaestroSchedulerConfig:

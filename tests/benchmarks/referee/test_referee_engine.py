@@ -33,7 +33,7 @@ from pipelines.predictor import Predictor
 from pipelines.synth import generate
 
 RATE, SEED, WORKFLOWS = 20.0, 0, 40
-ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "maestro[model/preempt]")]
+ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "maestro[model/preempt]", "maestro[model/admit]")]
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,12 @@ def test_a_maestro_variant_is_its_sources_arm_with_its_config_fields_set(origina
     assert variant["workflows"] == base["workflows"]
     assert variant["arm"]["maestro_config"] == {**base["arm"]["maestro_config"], "preemptive": True}
     assert all("preemptive" not in plan["arm"]["maestro_config"] for arm, plan in original.items() if "/" not in arm)
-    assert ("maestro[model/preempt]", "maestro[model]") in pairs(["maestro[model]", "maestro[model/preempt]"])
+    admit = original["maestro[model/admit]"]["arm"]["maestro_config"]
+    assert admit == {**base["arm"]["maestro_config"], "preemptive": True, "victim": "remaining"}
+    variants = ["maestro[model]", "maestro[model/preempt]", "maestro[model/admit]"]
+    assert {("maestro[model/preempt]", "maestro[model]"), ("maestro[model/preempt]", "maestro[model/admit]")} <= set(
+        pairs(variants)
+    )
     with pytest.raises(ValueError, match="preempt"):
         engine_arm("maestro[model/preemptive]")
 

@@ -27,12 +27,12 @@ def test_preemptive_maestro_admits_the_urgent_request_and_preempts_the_one_its_o
         request("relaxed", 0, 200, {"tokens_pred": 200, "deadline_s": 5000}),
         request("urgent", 3, 280, {"tokens_pred": 280, "deadline_s": 700}),
     ]
-    default, preemptive = steps_of(
+    default, preemptive, admit_only = steps_of(
         tmp_path,
         tiny_model,
         *(
             {"scheduler": "maestro", "policy": policy, "requests": requests, "maestro_config": config}
-            for config in ({}, {"preemptive": True})
+            for config in ({}, {"preemptive": True}, {"preemptive": True, "victim": "remaining"})
         ),
         is_async=is_async,
     )
@@ -40,3 +40,7 @@ def test_preemptive_maestro_admits_the_urgent_request_and_preempts_the_one_its_o
     assert default["decisions"]["num_requests_held_back"] == 1
     assert victims(preemptive) == ["relaxed"] and preemptive["finished"] == ["urgent", "relaxed"]
     assert preemptive["decisions"]["num_held_back"] == 0 and preemptive["decisions"]["num_preempted"] == 1
+    # vLLM's admission with the default victim rule: urgent starts at once too, but the victim is the one with the
+    # most predicted work left, urgent itself, and relaxed ends first.
+    assert victims(admit_only) == ["urgent"] and admit_only["finished"] == ["relaxed", "urgent"]
+    assert admit_only["decisions"]["num_held_back"] == 0

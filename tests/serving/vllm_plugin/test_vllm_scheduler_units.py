@@ -366,3 +366,13 @@ def test_preemptive_is_off_by_default_and_set_from_the_additional_config():
     assert config.preemptive is True
     with pytest.raises(ValueError, match="preemptive"):
         MaestroSchedulerConfig(preemptive="yes")
+
+
+def test_the_victim_rule_follows_preemptive_unless_set_and_a_wrong_one_is_refused_by_name():
+    assert [MaestroSchedulerConfig(preemptive=p).victim_rule for p in (False, True)] == ["remaining", "order"]
+    config = MaestroSchedulerConfig.from_additional_config(
+        {"maestro_scheduler": {"preemptive": True, "victim": "remaining"}}
+    )
+    assert config.victim_rule == "remaining" and MaestroSchedulerConfig(victim="order").victim_rule == "order"
+    with pytest.raises(ValueError, match=r"victim must be one of \['remaining', 'order'\]"):
+        MaestroSchedulerConfig(victim="last")
