@@ -4,9 +4,9 @@ far, fitted on the traces' `output_text` at checkpoints of produced tokens.
 Rows: each labelled stage with an output text, at each checkpoint k < its length L (a stage that has ended by k is no
 longer running there): the class of its first min(k, PREFIX_TOKENS) tokens, whose text is its first
 `CHARS_PER_TOKEN` × k characters (`maestro.progressive.prefix_chars`: what a runtime could have read, never the
-length L), the
-stage's `table_features` at k from its prediction (`first_guesses`), and the target log(L ÷ max(tokens_pred, k)).
-Each row is also kept once with the class `unknown`, for a runtime that cannot read the text.
+length L), the stage's `table_features` at k from its prediction (`first_guesses`), and the target
+log(L ÷ max(tokens_pred, k)). Each row is also kept once with the class `unknown`, for a runtime that cannot read the
+text.
 
 One LightGBM quantile model a level on (class, `table_features`); each is a sum of trees, so constant between its
 split thresholds: the table is the models evaluated once per cell of the grid those thresholds make, made

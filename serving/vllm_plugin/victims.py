@@ -2,8 +2,9 @@
 
 vLLM preempts when a running request cannot grow: under `fcfs` the last of `running`, under `priority` the largest
 `(priority, arrival_time)`. `MaestroMixin._rank_victims` (scheduler.py) orders the predicted running requests by a rank,
-largest last, and raises their priority by it for the step, so either rule takes the largest rank. The rank depends on
-how the pool is shared (`MaestroSchedulerConfig.preemptive`):
+largest last, and raises their priority by it for the step, so either rule takes the largest rank. The rank is the
+config's `victim_rule`, which by default follows how the pool is shared (`MaestroSchedulerConfig.preemptive`; `victim`
+sets it apart, so that the engine referee can measure admission and victim separately):
 
 - Not preemptive: admission holds a request back until its predicted footprint fits (admission.py), so vLLM preempts
   only when a request outgrew its prediction; the rank is its predicted work left (`remaining_ranks`).
@@ -34,7 +35,8 @@ class RunningView:
 
 
 def remaining_ranks(running: Iterable[RunningView]) -> dict[str, int]:
-    """Each request's rank when not preemptive: its predicted tokens left (the most left is preempted first)."""
+    """Each request's rank under the `remaining` rule (the default when not preemptive): its predicted tokens left
+    (the most left is preempted first)."""
     return {r.request_id: r.remaining_tokens for r in running}
 
 
