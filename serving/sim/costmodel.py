@@ -9,9 +9,25 @@ datasheet numbers (dense BF16); model shapes are from the models' configs. See s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 GB = 1e9
+
+
+@dataclass
+class StepLoad:
+    """What one engine step carries for one model: the unit every step price is computed from."""
+
+    num_decodes: int = 0  # sequences that decode one token in this step
+    decode_context_tokens: int = 0  # the KV tokens those decodes read (their contexts summed)
+    prefill_tokens: int = 0  # new prompt tokens in this step's prefill chunks
+    prefill_pair_tokens: float = 0.0  # attention query-key pairs of those chunks: sum of chunk x (cached + chunk / 2)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the linear layers process in this step (vLLM's scheduled tokens)."""
+        return self.num_decodes + self.prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,17 @@ class CostModel:
         # The per-step overhead is host-side work (scheduling, input prep, sampling, launches), so it
         # is what stretches when tools take the engine's CPU (serving/sim/hostcpu.py, `shared`).
         return self.config.step_overhead_s * host_slowdown + weight_read_s + self.kv_read_s(kv_bytes)
+
+    def step_time_s(self, loads: Mapping[str, StepLoad], host_slowdown: float = 1.0) -> float:
+        """One engine step carrying `loads` (model name -> what it carries for that model), datasheet-priced: the
+        weights read once per model, the decodes' KV read, the prefill chunks' FLOPs."""
+        total = self.config.step_overhead_s * host_slowdown
+        for name, load in loads.items():
+            model = self.model(name)
+            total += self.weight_read_s(model) + self.kv_read_s(load.decode_context_tokens * model.kv_bytes_per_token)
+            pairs = 4.0 * model.num_layers * model.attention_dim * load.prefill_pair_tokens
+            total += (2.0 * model.active_params * load.prefill_tokens + pairs) / self._flops
+        return total
 
     def decode_s(self, model: ModelProfile, tokens: int, context_tokens: int) -> float:
         """A lone sequence's decode time: what the predictor's tokens turn into for SRTF keys."""
