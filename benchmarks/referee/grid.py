@@ -95,23 +95,28 @@ class Replay:
         return self.slo.ceiling(self._workflows(self.test, None, seed), self.cost)
 
     def source(self, name: str, seed: int) -> ReadyPredictions:
-        """The arm's prediction source, built and prewarmed once (noise: once per seed)."""
+        """The arm's prediction source, built and prewarmed once on the replayed side (noise: once per seed)."""
         key = (name, seed if name.startswith("noise") else 0)
         if key not in self.sources:
-            margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
-            base, compare, _ = name.partition(COMPARE)
-            if compare and self.compare_dir is None:
-                raise ValueError(f"source '{name}' needs a second predictor: give --compare-model DIR")
-            predictions = ReadyPredictions(
-                base,
-                self.compare_dir if compare else self.model_dir,
-                seed=key[1],
-                margin=margin,
-                workflow_prior=self.workflow_prior,
-            )
-            predictions.prewarm([s for w in self.base for s in w.stages])
-            self.sources[key] = predictions
+            self.sources[key] = self.build_source(name, key[1], self.base)
         return self.sources[key]
+
+    def build_source(self, name: str, seed: int, workflows: list[SimWorkflow]) -> ReadyPredictions:
+        """The arm's prediction source prewarmed on `workflows`, not cached (the leak tests build one per changed
+        workload, so that a source reading a changed truth would see the change)."""
+        margin = self.model_margin() if name == "oracle" or name.startswith("noise") else 1.0
+        base, compare, _ = name.partition(COMPARE)
+        if compare and self.compare_dir is None:
+            raise ValueError(f"source '{name}' needs a second predictor: give --compare-model DIR")
+        predictions = ReadyPredictions(
+            base,
+            self.compare_dir if compare else self.model_dir,
+            seed=seed,
+            margin=margin,
+            workflow_prior=self.workflow_prior,
+        )
+        predictions.prewarm([s for w in workflows for s in w.stages])
+        return predictions
 
     def model_margin(self) -> float:
         """The oracle's and the noise arms' reserve margin, from the model on (a sample of) the training side."""
@@ -119,10 +124,16 @@ class Replay:
             self.margin = reserve_margin(self.model_dir, self.train_workflows[:MARGIN_WORKFLOWS])
         return self.margin
 
-    def run(self, arm: Arm, workflows: list[SimWorkflow], seed: int, log_decisions: bool = False) -> Outcomes:
+    def run(
+        self, arm: Arm, workflows: list[SimWorkflow], seed: int, log_decisions: bool = False, fresh: bool = False
+    ) -> Outcomes:
+        """One arm on `workflows`; with `fresh`, its sources built from these workflows (`build_source`), not cached."""
         reset(workflows)
-        point = self.source(arm.source, seed)
-        reserve = self.source(arm.reserve_source, seed) if arm.reserve_source else None
+        sources = {}
+        for name in filter(None, (arm.source, arm.reserve_source)):
+            sources[name] = self.build_source(name, seed, workflows) if fresh else self.source(name, seed)
+        point = sources[arm.source]
+        reserve = sources[arm.reserve_source] if arm.reserve_source else None
 
         def predict_ready(stage):
             if reserve is not None:

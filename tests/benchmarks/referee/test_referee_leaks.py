@@ -1,16 +1,25 @@
-"""The referee's simulator knows no future: change what a workflow does later, and nothing decided before is changed.
+"""The referee's simulator knows no future: change what a workflow does from one of its stages on, and nothing decided
+before that stage became ready is changed — for every arm, its prediction sources rebuilt from the changed workload.
 
-Each case replays real held-out workflows, picks one workflow and a moment T (the time one of its stages becomes
-ready), changes that workflow from there on — its later stages three times longer, or its last stages dropped — and
-replays again: every decision (start, drop, keep or evict at a tool call) of every workflow before T must be the same.
-The same check with the per-workflow SLO computed from true lengths (the simulator's legacy `scaled` mode) must find
-a difference: that is the leak the referee removes, and the proof that this test can fail.
+Each case replays real held-out workflows, picks one replayed workflow and a cut stage, and changes every copy the
+replay makes of that workflow from the cut on: either every label of the cut stage and of each later stage (its true
+output length, three times longer within its cap or a third at the cap; `is_tool_call` flipped; its tool time longer),
+in the simulator's stages and in the trace rows a predictor reads alike; or the stages after the cut dropped. Both runs
+build every source the arm reads (`Replay.run(..., fresh=True)`: model, prior, none, oracle) from the workload they
+replay, so a source that read a changed truth — at readiness or while it is prewarmed — would answer differently. T
+is the moment the cut stage first became ready (over the copies, in either run): every decision (start, drop, keep or
+evict at a tool call, reject) of every workflow before T must be the same.
+
+Two planted leaks must make the same check fail: the per-workflow SLO from every stage's true length (the simulator's
+legacy `scaled` mode), and a prediction source that reads the next stage's true length while it is prewarmed (which
+the sources built once from the unchanged workload, as the grid caches them, do not see).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.referee import grid
 from benchmarks.referee.arms import parse_arm
 from benchmarks.referee.grid import Replay
 from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
@@ -19,88 +28,36 @@ from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import Predictor
 from pipelines.synth import generate
-from serving.sim.ready import ReadyPredictions
+from serving.sim.ready import ReadyPredictions, all_ancestors, base_id
 from serving.sim.slo import SLOConfig, apply_slo
-from serving.sim.workload import SimWorkflow
+from serving.sim.workload import SimStage, SimWorkflow
 
 NODES, RATE, WORKFLOWS = 1, 1.0, 160  # past the knee on one node: queues form, so the order decides who starts
+CUTS = 3  # cut workflows tried per arm and change
+# maestro[oracle] is told its workflows' remaining work (the truth of later stages, by definition of that arm): it is
+# checked without that part; its own stage's true length is read at readiness. `vllm` and `vllm-edf` where the referee
+# has them. Maestro's triage turns workflows away here (asserted): the check covers its rejections too.
+ARMS = [
+    "fcfs",
+    "edf",
+    "srtf",
+    "edf+admission",
+    "maestro[model]",
+    "maestro[prior]",
+    "maestro[none]",
+    "maestro[oracle/no-remaining]",
+    "maestro[none/slack]",
+    "vllm",
+    "vllm-edf",
+]
 
 
-@pytest.fixture(scope="module")
-def replay() -> Replay:
-    split = side_split(read_all(DEFAULT_TRACES), "dev")
-    return Replay(split.train, split.test, None, nodes=NODES, workflows=WORKFLOWS)
-
-
-def candidates(replay: Replay, limit: int = 4) -> list[tuple[int, int]]:
-    """(workflow index, stage index) pairs: a workflow of several stages, cut at a middle stage."""
-    workflows = replay.workload(RATE, 0)
-    out = []
-    middle = len(workflows) // 2  # arrived once queues have formed
-    for i, workflow in enumerate(workflows[middle:], start=middle):
-        if len(workflow.stages) >= 4 and all(s.parents == [s.index - 1] for s in workflow.stages[1:]):
-            out.append((i, len(workflow.stages) // 2))
-        if len(out) == limit:
-            break
-    return out
-
-
-def lengthen(workflow: SimWorkflow, cut: int) -> None:
-    for stage in workflow.stages[cut:]:
-        stage.output_tokens = min(stage.max_tokens, stage.output_tokens * 3)
-
-
-def truncate(workflow: SimWorkflow, cut: int) -> None:
-    """Drop the stages from `cut` on (a chain: each stage's one parent is the one before)."""
-    del workflow.stages[cut + 1 :]
-    workflow.stages[cut].children = []
-    workflow.num_stages_left = len(workflow.stages)
-
-
-def decisions_before(replay: Replay, arm_name: str, change, target: tuple[int, int], legacy_slo: bool):
-    """(decisions of the original run before T, of the changed run before T)."""
-    arm, (index, cut) = parse_arm(arm_name), target
-    runs = []
-    for changed in (False, True):
-        workflows = replay.workload(RATE, 0)
-        if changed:
-            change(workflows[index], cut)
-        if legacy_slo:  # the deadline from every stage's true length, the future included
-            apply_slo(workflows, replay.cost, SLOConfig(mode="scaled"))
-        outcome = replay.run(arm, workflows, 0, log_decisions=True)
-        runs.append((outcome.extra["decisions"], workflows[index].stages[cut].ready_s))
-    # T: when the first changed stage became ready (never, where its workflow was abandoned before it in both runs)
-    moment = min([ready for _, ready in runs if ready >= 0], default=float("inf"))
-    return [[d for d in log if d[0] < moment] for log, _ in runs]
-
-
-# maestro[oracle] is told the truth, its workflows' remaining work included: it is checked without that part (its
-# true stage lengths are the ready stage's own). Maestro's triage turns workflows away here (asserted): the check
-# covers its decisions too.
-@pytest.mark.parametrize(
-    "arm", ["edf", "maestro[oracle/no-remaining]", "maestro[none]", "edf+admission", "maestro[none/slack]"]
-)
-@pytest.mark.parametrize("change", [lengthen, truncate])
-def test_no_decision_reads_the_future(replay, arm, change):
-    if arm == "edf+admission":
-        arm = "maestro[oracle/no-order,no-remaining]"  # the same system without a trained model (EDF order)
-    for target in candidates(replay):
-        before, after = decisions_before(replay, arm, change, target, legacy_slo=False)
-        assert before, "the cut must come after some decisions, or the test checks nothing"
-        assert before == after, f"{arm}, {change.__name__} at {target}: a decision before the change differs"
-        if arm == "maestro[none]":
-            assert any(d[1] == "reject" for d in before)
-
-
-def test_the_check_catches_deadlines_from_true_lengths(replay):
-    """With the legacy per-workflow SLO, lengthening a workflow's later stages moves its deadline from its arrival
-    on: EDF's earlier decisions change for at least one of the workflows tried."""
-    leaks = [
-        before != after
-        for target in candidates(replay)
-        for before, after in [decisions_before(replay, "edf", lengthen, target, legacy_slo=True)]
-    ]
-    assert any(leaks)
+def known(name: str) -> bool:
+    try:
+        parse_arm(name)
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +68,154 @@ def model_dir(tmp_path_factory):
     return Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(
         tmp_path_factory.mktemp("model") / "predictor"
     )
+
+
+@pytest.fixture(scope="module")
+def sides():
+    if not DEFAULT_TRACES[0].exists():
+        pytest.skip(f"{DEFAULT_TRACES[0]} is missing (../shared/data)")
+    return side_split(read_all(DEFAULT_TRACES), "dev")
+
+
+@pytest.fixture(scope="module")
+def replay(sides, model_dir) -> Replay:
+    return Replay(sides.train, sides.test, model_dir, nodes=NODES, workflows=WORKFLOWS)
+
+
+def is_chain(workflow: SimWorkflow) -> bool:
+    return all(s.parents == [s.index - 1] for s in workflow.stages[1:])
+
+
+def candidates(workflows: list[SimWorkflow], limit: int = CUTS) -> list[tuple[str, int]]:
+    """(replayed workflow id, cut) from a finished run: chains of at least 4 stages cut at a middle stage that became
+    ready, the stage before it having waited in a queue (so that what is known of it can move a decision); `limit` of
+    them, spread over the cut stages' readiness times."""
+    found: dict[str, tuple[float, int]] = {}
+    for workflow in workflows:
+        cut = len(workflow.stages) // 2
+        if len(workflow.stages) < 4 or not is_chain(workflow):
+            continue
+        stage, before = workflow.stages[cut], workflow.stages[cut - 1]
+        if stage.ready_s >= 0 and before.first_start_s > before.ready_s >= 0:
+            found[base_id(workflow)] = min(found.get(base_id(workflow), (stage.ready_s, cut)), (stage.ready_s, cut))
+    ordered = sorted(found.items(), key=lambda item: item[1])
+    picks = sorted({round(i * (len(ordered) - 1) / max(1, limit - 1)) for i in range(limit)}) if ordered else []
+    return [(ordered[i][0], ordered[i][1][1]) for i in picks]
+
+
+def relabel(stage: SimStage) -> None:
+    """Change every label of the stage: its true length, whether it ends in a tool call, its tool time."""
+    longer = min(stage.max_tokens, stage.output_tokens * 3)
+    stage.output_tokens = longer if longer != stage.output_tokens else max(1, stage.output_tokens // 3)
+    stage.is_tool_call = not stage.is_tool_call
+    stage.tool_exec_s = 2 * stage.tool_exec_s + 1.0
+    labels = {"output_tokens": stage.output_tokens, "is_tool_call": stage.is_tool_call, "output_text": "changed"}
+    stage.source = {**(stage.source or {}), **labels}  # the trace row a predictor reads, labels included
+
+
+def relabel_from(workflow: SimWorkflow, cut: int) -> None:
+    for stage in workflow.stages[cut:]:
+        relabel(stage)
+
+
+def truncate(workflow: SimWorkflow, cut: int) -> None:
+    """Drop the stages after `cut` (a chain: each stage's one parent is the one before)."""
+    del workflow.stages[cut + 1 :]
+    workflow.stages[cut].children = []
+    workflow.num_stages_left = len(workflow.stages)
+
+
+def run(replay: Replay, arm_name: str, change=None, target=None, legacy_slo: bool = False, fresh: bool = True):
+    """One run of the arm, `change` applied to every copy of the target's workflow from its cut on: its decisions and
+    its workflows."""
+    workflows = replay.workload(RATE, 0)
+    if change is not None:
+        base, cut = target
+        for workflow in workflows:
+            if base_id(workflow) == base:
+                change(workflow, cut)
+    if legacy_slo:  # the deadline from every stage's true length, the future included
+        apply_slo(workflows, replay.cost, SLOConfig(mode="scaled"))
+    outcome = replay.run(parse_arm(arm_name), workflows, 0, log_decisions=True, fresh=fresh)
+    return outcome.extra["decisions"], workflows
+
+
+def readiness(workflows: list[SimWorkflow], target: tuple[str, int]) -> float:
+    """When the target's cut stage first became ready over its workflow's copies (inf: never)."""
+    base, cut = target
+    ready = [w.stages[cut].ready_s for w in workflows if base_id(w) == base and w.stages[cut].ready_s >= 0]
+    return min(ready, default=float("inf"))
+
+
+def check_no_leak(replay: Replay, arm: str, change, target, original, **options) -> list:
+    """Assert that `original` (the unchanged run's decisions and workflows) and the run with `change` made the same
+    decisions before the cut stage became ready; returns those decisions."""
+    after, changed = run(replay, arm, change, target, **options)
+    moment = min(readiness(original[1], target), readiness(changed, target))
+    before, after = [d for d in original[0] if d[0] < moment], [d for d in after if d[0] < moment]
+    assert before, f"{arm}: the cut {target} must come after some decisions, or the check checks nothing"
+    differ = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    assert before == after, (
+        f"{arm}, {change.__name__} of {target[0]} at stage {target[1]}: decision {differ} of the {len(before)} made "
+        f"before the cut stage became ready (t={moment:.1f} s) differs: "
+        f"{before[differ] if differ < len(before) else None} became {after[differ] if differ < len(after) else None}"
+    )
+    return before
+
+
+@pytest.mark.parametrize("arm", [a for a in ARMS if known(a)])
+def test_no_decision_reads_the_future(replay, arm):
+    original = run(replay, arm)
+    targets = candidates(original[1])
+    assert len(targets) == CUTS, f"{arm}: too few workflows to cut"
+    for target in targets:
+        for change in (relabel_from, truncate):
+            check_no_leak(replay, arm, change, target, original)
+    if arm == "maestro[none]":
+        assert any(d[1] == "reject" for d in original[0])
+
+
+def test_the_check_catches_deadlines_from_true_lengths(replay):
+    """With the legacy per-workflow SLO, changing a workflow's later stages moves its deadline from its arrival on:
+    EDF's earlier decisions change for at least one of the workflows tried."""
+    original = run(replay, "edf", legacy_slo=True)
+    messages = []
+    for target in candidates(original[1]):
+        try:
+            check_no_leak(replay, "edf", relabel_from, target, original, legacy_slo=True)
+        except AssertionError as error:
+            messages.append(str(error).splitlines()[0])
+    assert messages, "deadlines from every stage's true length passed the check"
+    print("\n".join(messages))
+
+
+class ReadsTheNextLength(ReadyPredictions):
+    """A planted leak: while prewarmed, each stage's prediction becomes its next stage's true length."""
+
+    def prewarm(self, stages: list[SimStage], batch_size: int = 2048) -> None:
+        super().prewarm(stages, batch_size)
+        for stage in stages:
+            if stage.children:
+                key = (base_id(stage.workflow), stage.stage_id, all_ancestors(stage))
+                tokens = stage.workflow.stages[stage.children[0]].output_tokens
+                self.cache[key] = (tokens, tokens, self.cache[key][2])
+
+
+@pytest.mark.parametrize("arm", ["maestro[model]", "maestro[none]"])
+def test_the_check_catches_a_source_that_reads_the_next_length(sides, model_dir, monkeypatch, arm):
+    """Sources rebuilt from the changed workload catch the planted source; built once from the unchanged workload (as
+    the grid caches them) they do not."""
+    monkeypatch.setattr(grid, "ReadyPredictions", ReadsTheNextLength)
+    leaky = Replay(sides.train, sides.test, model_dir, nodes=NODES, workflows=WORKFLOWS)
+    original, messages = run(leaky, arm), []
+    for target in candidates(original[1]):
+        try:
+            check_no_leak(leaky, arm, relabel_from, target, original)
+        except AssertionError as error:
+            messages.append(str(error).splitlines()[0])
+        check_no_leak(leaky, arm, relabel_from, target, run(leaky, arm, fresh=False), fresh=False)
+    assert messages, f"{arm}: a source reading the next stage's true length passed the check"
+    print("\n".join(messages))
 
 
 def test_the_oracle_margin_reads_the_training_side_only(replay, model_dir):
@@ -129,8 +234,7 @@ def test_a_model_prediction_reads_finished_ancestors_only(replay, model_dir):
     chain = next(w for w in replay.workload(RATE, 0) if len(w.stages) >= 4)
     first = ReadyPredictions("model", model_dir)
     first.prewarm(chain.stages)
-    lengthen(chain, 1)
-    chain.stages[1].is_tool_call = not chain.stages[1].is_tool_call
+    relabel_from(chain, 1)
     second = ReadyPredictions("model", model_dir)
     second.prewarm(chain.stages)
     changed = {s.stage_id for s in chain.stages[1:]}
