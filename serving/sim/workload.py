@@ -97,7 +97,8 @@ def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
     for i, row in enumerate(rows):
         parents = [by_id[str(p)] for p in row.get("parent_ids") or [] if str(p) in by_id]
         tools = row.get("tool_names") or []
-        output_tokens = int(row.get("output_tokens") or 1)
+        max_tokens = declared_max_tokens(row)
+        output_tokens = min(int(row.get("output_tokens") or 1), max_tokens)
         stage = SimStage(
             workflow,
             i,
@@ -110,8 +111,7 @@ def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
             tool_name=str(tools[0]) if tools else "tool",
             tool_exec_s=float(row.get("tool_exec_s") or 0.0),
             prompt_tokens=max(1, int(row.get("prompt_tokens") or len(prompt_text(row["prompt"])) // 4)),
-            # a recorded output longer than the limit shows the call's real limit was at least that
-            max_tokens=max(int(row.get("max_tokens") or MAX_TOKENS), output_tokens),
+            max_tokens=max_tokens,
         )
         stage.source = row
         if len(parents) == 1 and rows[parents[0]].get("is_tool_call") and rows[parents[0]].get("role") == stage.role:
@@ -122,6 +122,21 @@ def _link(workflow: SimWorkflow, rows: list[dict]) -> SimWorkflow:
             workflow.stages[p].children.append(stage.index)
     workflow.num_stages_left = len(workflow.stages)
     return workflow
+
+
+def declared_max_tokens(row: dict) -> int:
+    """The output cap the stage's request is sent with: the trace's own `max_tokens` where it declares one, else the
+    default cap. Never the recorded length: a stage whose recorded output is longer is replayed truncated to its cap
+    (it ends by length there, as that request would)."""
+    declared = row.get("max_tokens")
+    if declared is None:
+        return MAX_TOKENS
+    if isinstance(declared, bool) or not isinstance(declared, (int, float)) or declared < 1:
+        raise ValueError(
+            f"stage {row.get('stage_id')!r} of workflow {row.get('workflow_id')!r}: max_tokens must be a positive "
+            f"number of tokens, got {declared!r}; fix the trace row or leave the field out (default {MAX_TOKENS})"
+        )
+    return int(declared)
 
 
 def _pick_tool(row: dict, rng: np.random.Generator) -> None:
