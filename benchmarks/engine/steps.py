@@ -6,24 +6,25 @@ Run by `.venv-vllm`'s python (the repository on PYTHONPATH) from `benchmarks.ref
     python -m benchmarks.engine.steps PLAN.json OUT.json [PLAN.json OUT.json ...]
 
 The engine is vLLM 0.32's `LLMEngine` with its core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the tiny test
-model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The clock is the engine's step: a stage is
-added when its workflow arrives or its parents (and the tool call after one) are done, with `arrival_time` the
-scheduler's step count then; when nothing is in the engine and nothing is ready, the clock jumps to the next arrival
-(no engine step runs, so the scheduler's count stays behind the replay's by the skipped steps, which no live request
-sees). A stage ends as a real turn ends, inside the step that samples its last token: vLLM finishes it by length
-(`FINISHED_LENGTH_CAPPED`, as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix
-cache; with MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only
-while vLLM reads the step's sampled tokens (`update_from_output`), each running request's `max_tokens` is its recorded
-length; when it schedules, it and MaestroScheduler see `max_tokens` = the declared cap (with `ignore_eos`), so the
-recorded length reaches neither one's decisions. Requests end in the order vLLM iterates that step's batch, so the
-same plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts
-with its parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache
-are recorded per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger
-plugin (`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its
-session and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls
-that have returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the
-steady window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are
-recorded (`window_tokens`).
+model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The clock is the engine's step: a stage is added
+when its workflow arrives or its parents (and the tool call after one) are done, with `arrival_time` the scheduler's
+step count then; when nothing is in the engine and nothing is ready, the clock jumps to the next arrival (no engine step
+runs, so the scheduler's count stays behind the replay's by the skipped steps, which no live request sees). A stage ends
+as a real turn ends, inside the step that samples its last token: vLLM finishes it by length (`FINISHED_LENGTH_CAPPED`,
+as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix cache; with
+MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only while vLLM appends
+one request's sampled tokens and checks them for a stop (`_update_request_with_output`), that request's `max_tokens` is
+its recorded length; at every other moment every request's is the declared cap (with `ignore_eos`): vLLM's and
+MaestroScheduler's decisions, and the plugin's code that runs as a request leaves, never see a recorded length
+(tests/benchmarks/engine/test_engine_leaks.py). Requests end in the order vLLM iterates that step's batch, so the same
+plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts with its
+parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache are recorded
+per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger plugin
+(`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its session
+and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls that have
+returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the steady
+window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are recorded
+(`window_tokens`).
 """
 
 from __future__ import annotations
@@ -79,20 +80,23 @@ class Replay:
                     self._make_ready(stage, wf["arrival_step"])
 
     def _end_turns_at_recorded_length(self) -> None:
-        """While vLLM reads a step's sampled tokens, each live request's `max_tokens` is its recorded length, so that
-        vLLM finishes it by length in the step that samples its last token; at any other moment, the declared cap."""
-        update = self.scheduler.update_from_output
+        """While vLLM appends a request's sampled tokens and checks them for a stop (`_update_request_with_output`,
+        inside `update_from_output`), that request's `max_tokens` is its recorded length, so that vLLM finishes it by
+        length in the step that samples its last token; at any other moment, and for every other request then, the
+        declared cap: the plugin's code (its `_free_request` included) never sees a recorded length."""
+        update = self.scheduler._update_request_with_output
 
-        def update_from_output(*args, **kwargs):
-            for stage in self.live.values():
-                stage.request.max_tokens = stage.spec["output_tokens"]
+        def update_request_with_output(request, *args, **kwargs):
+            stage = self.live.get(request.request_id)
+            if stage is None:
+                return update(request, *args, **kwargs)
+            request.max_tokens = stage.spec["output_tokens"]
             try:
-                return update(*args, **kwargs)
+                return update(request, *args, **kwargs)
             finally:
-                for stage in self.live.values():
-                    stage.request.max_tokens = stage.spec["max_tokens"]
+                request.max_tokens = stage.spec["max_tokens"]
 
-        self.scheduler.update_from_output = update_from_output
+        self.scheduler._update_request_with_output = update_request_with_output
 
     def _make_ready(self, stage: Stage, step: int) -> None:
         stage.ready_step = step
