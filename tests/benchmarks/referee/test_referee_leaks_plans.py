@@ -1,0 +1,120 @@
+"""The engine plans tell a stage nothing of its own outcome: what a request is sent with (its Maestro hints, its vLLM
+priority) is the same whatever its own true length and `is_tool_call`, and those of its later stages.
+
+tests/benchmarks/referee/test_referee_engine.py checks the stages before a cut; this checks the cut stage itself, for
+every default engine arm. A chain workflow is changed from its cut on (every stage's true output three times longer or
+a third as long, `is_tool_call` flipped), the plans built again: the cut stage's hints and priority must be the same,
+in every copy of the workflow. maestro[oracle] is told its own true length and its workflow's true remaining work (by
+definition of that arm): its tokens and remaining work are left out of its comparison. With the later stages dropped
+instead, the cut stage becomes its workflow's last and its `final` hint turns true: the one hint that may follow the
+future, because the plugin reads it only as the request leaves the engine, when its client knows it
+(tests/benchmarks/engine/test_engine_leaks.py checks that on a real engine).
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
+from benchmarks.engine.config import EngineConfig
+from benchmarks.engine.replay import EngineWorkload
+from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
+from maestro.contract import StageTrace
+from pipelines.features import FeaturizerConfig
+from pipelines.model import ModelConfig
+from pipelines.predictor import Predictor
+from pipelines.synth import generate
+
+RATE, SEED, WORKFLOWS = 20.0, 0, 40
+ARMS = [engine_arm(name) for name in DEFAULT_ARMS]
+ORACLE_TRUTHS = ("tokens_pred", "tokens_reserve", "workflow_remaining_s")
+
+
+@pytest.fixture(scope="module")
+def sides():
+    if not DEFAULT_TRACES[0].exists():
+        pytest.skip(f"{DEFAULT_TRACES[0]} is missing (../shared/data)")
+    split = side_split(read_all(DEFAULT_TRACES), "dev")
+    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
+    model_dir = tempfile.mkdtemp()
+    fast = ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))
+    Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(model_dir)
+    return split, model_dir
+
+
+def chains(test: list[StageTrace], limit: int = 2) -> list[tuple[str, int]]:
+    by_workflow: dict[str, list[StageTrace]] = {}
+    for stage in test:
+        by_workflow.setdefault(stage.workflow_id, []).append(stage)
+    out = []
+    for workflow_id, stages in by_workflow.items():
+        ids = [s.stage_id for s in stages]
+        if len(stages) >= 4 and all(s.parent_ids == [ids[i - 1]] for i, s in enumerate(stages) if i):
+            out.append((workflow_id, len(stages) // 2))
+    return out[:limit]
+
+
+def relabel_from(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
+    out, position = [], 0
+    for stage in test:
+        if stage.workflow_id == workflow_id:
+            if position >= cut:
+                tokens = stage.output_tokens * 3 if stage.output_tokens < 1000 else stage.output_tokens // 3
+                stage = stage.model_copy(update={"output_tokens": tokens, "is_tool_call": not stage.is_tool_call})
+            position += 1
+        out.append(stage)
+    return out
+
+
+def truncate(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
+    out, position = [], 0
+    for stage in test:
+        if stage.workflow_id == workflow_id:
+            position += 1
+            if position > cut + 1:
+                continue
+        out.append(stage)
+    return out
+
+
+def told(plan: dict, workflow_id: str, cut: int, allowed: tuple[str, ...]) -> list:
+    """What each copy of the workflow's cut stage is sent with: its hints (less `allowed`) and its priority."""
+    out = []
+    for wf in plan["workflows"]:
+        if wf["id"].split("#")[0] == workflow_id:
+            spec = wf["stages"][cut]
+            hints = {k: v for k, v in (spec.get("hints") or {}).items() if k not in allowed}
+            out.append((wf["id"], hints, spec.get("priority")))
+    return out
+
+
+@pytest.mark.parametrize("change", [relabel_from, truncate])
+def test_a_stage_is_told_nothing_of_its_own_outcome(sides, change):
+    split, model_dir = sides
+    targets = chains(split.test)
+    assert targets, "the replayed side must hold chain workflows to cut"
+    original = EngineWorkload(split.train, split.test, model_dir, EngineConfig()).plans(ARMS, RATE, SEED, WORKFLOWS, "")
+    for workflow_id, cut in targets:
+        test = change(split.test, workflow_id, cut)
+        changed = EngineWorkload(split.train, test, model_dir, EngineConfig()).plans(ARMS, RATE, SEED, WORKFLOWS, "")
+        for arm in original:
+            allowed = ORACLE_TRUTHS if arm == "maestro[oracle]" else ()
+            allowed += ("final",) if change is truncate else ()
+            before, after = (
+                told(original[arm], workflow_id, cut, allowed),
+                told(changed[arm], workflow_id, cut, allowed),
+            )
+            assert before, f"{workflow_id} is not replayed in the plan"
+            assert before == after, (
+                f"{arm}, {change.__name__} of {workflow_id} at {cut}: the cut stage is told otherwise"
+            )
+        if change is relabel_from:  # the comparison sees a truth where one is told: the oracle's own length
+            oracle = [
+                told(plans[arm], workflow_id, cut, ()) for plans in (original, changed) for arm in ["maestro[oracle]"]
+            ]
+            assert oracle[0] != oracle[1]
+        if change is truncate:  # the cut stage is now the last: told `final`, in every Maestro arm
+            finals = [h.get("final") for _, h, _ in told(changed["maestro[none]"], workflow_id, cut, ())]
+            assert finals and all(finals)
