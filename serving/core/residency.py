@@ -49,6 +49,8 @@ class NodeResidency:
         self._lru = {s: OrderedDict() for s in ModelState}  # most recent last
         for model in weight_bytes:
             self._lru[ModelState.REMOTE][model] = None
+        self.num_loads = 0  # counted activations of a model that was not Running (see `activate`)
+        self.load_s = 0.0  # the seconds those activations cost
 
     def ready_cost_s(self, model: str) -> float:
         """Seconds until `model` can run here, from its current state."""
@@ -68,14 +70,18 @@ class NodeResidency:
     def touch(self, model: str) -> None:
         self._lru[self.state[model]].move_to_end(model)
 
-    def activate(self, model: str, busy_models: set[str] = frozenset()) -> float | None:
-        """Make `model` Running; returns the transition cost, or None if busy models leave no room."""
+    def activate(self, model: str, busy_models: set[str] = frozenset(), is_counted: bool = True) -> float | None:
+        """Make `model` Running; returns the transition cost, or None if busy models leave no room. A counted
+        activation that moves weights adds to `num_loads` and `load_s` (the initial placement is not counted)."""
         if self.state[model] is ModelState.RUNNING:
             self.touch(model)
             return 0.0
         if not self.can_activate(model, busy_models):
             return None
         cost = self.ready_cost_s(model)
+        if is_counted:
+            self.num_loads += 1
+            self.load_s += cost
         self._move(model, ModelState.RUNNING)
         self._rebalance(busy_models | {model})
         return cost

@@ -60,7 +60,7 @@ class SimDispatcher:
             for model in node.residency.state:
                 node.residency.place(model, ModelState.DISK)
             for model in placement[node.index % len(placement)]:
-                node.residency.activate(model)
+                node.residency.activate(model, is_counted=False)
         self._index_models()
 
     def _index_models(self) -> None:

@@ -23,6 +23,7 @@ class Recorder:
         self.abandoned = 0
         self.rejected = 0  # workflows turned away by triage (serving/core/scheduler/triage.py)
         self.never_fit = 0
+        self.kv_refused: set[int] = set()  # stages a node could not start for want of KV pages, at least once
         self.num_ready = 0  # stages that became ready
         self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)
         self.summary: dict = {}
@@ -74,4 +75,7 @@ class Recorder:
             "num_demoted": sum(getattr(node.sched, "num_demoted", 0) for node in sim.nodes),
             "num_refused_by_batch_cost": sim.dispatch.batch_gate.num_refused if sim.dispatch.batch_gate else 0,
             "makespan_s": last - first,
+            "num_kv_refused": len(self.kv_refused),
+            "num_model_loads": sum(node.residency.num_loads for node in sim.nodes),
+            "model_load_s": sum(node.residency.load_s for node in sim.nodes),
         }

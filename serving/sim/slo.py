@@ -133,3 +133,48 @@ class SLOTable:
 
 def slo_class(workflow: SimWorkflow) -> str:
     return "interactive" if workflow.interactive else "batch"
+
+
+def turn_unloaded_s(stage: SimStage, cost: CostModel) -> float:
+    """One LLM call alone on its GPU: `stage_unloaded_s` without its tool (the turn ends when the call does)."""
+    return stage_unloaded_s(stage, cost) - (stage.tool_exec_s if stage.is_tool_call else 0.0)
+
+
+@dataclass(frozen=True)
+class TurnSLO:
+    """The per-turn SLO of interactive workflows (the mixed-class scenario): each LLM call of an interactive workflow
+    is a turn its user waits on, judged on its own latency — from ready to the call's end, queueing, prefill, decode
+    and preemptions included, its tool excluded — against scale × the median unloaded turn of that app's interactive
+    training workflows (`global_s`, over all of them, for an app training never saw). Fixed from the training side,
+    as `SLOTable`; it scores, it is not a deadline any scheduler reads."""
+
+    scale: float
+    by_app: dict[str, float]
+    global_s: float
+
+    @classmethod
+    def fit(cls, train: list[SimWorkflow], cost: CostModel, scale: float) -> TurnSLO:
+        groups: dict[str, list[float]] = {}
+        for workflow in (w for w in train if w.interactive):
+            groups.setdefault(workflow.app, []).extend(turn_unloaded_s(s, cost) for s in workflow.stages)
+        every = [t for turns in groups.values() for t in turns]
+        by_app = {app: scale * float(np.median(turns)) for app, turns in groups.items()}
+        return cls(scale, by_app, scale * float(np.median(every)) if every else float("inf"))
+
+    def bound_s(self, workflow: SimWorkflow) -> float:
+        return self.by_app.get(workflow.app, self.global_s)
+
+    def report(self, workflows: list[SimWorkflow], cost: CostModel) -> dict:
+        """After a run: the share of interactive turns within their bound (a turn never finished misses), the share
+        of interactive workflows every turn of which did, and each share's ceiling (the turns alone)."""
+        inter = [w for w in workflows if w.interactive]
+        met = [[s.finished_s >= 0 and s.finished_s - s.ready_s <= self.bound_s(w) for s in w.stages] for w in inter]
+        alone = [[turn_unloaded_s(s, cost) <= self.bound_s(w) for s in w.stages] for w in inter]
+        turns, alone_turns = [t for m in met for t in m], [t for a in alone for t in a]
+        return {
+            "turn_attainment": float(np.mean(turns)) if turns else None,
+            "turn_ceiling": float(np.mean(alone_turns)) if alone_turns else None,
+            "interactive_all_turns": float(np.mean([all(m) for m in met])) if met else None,
+            "interactive_all_turns_ceiling": float(np.mean([all(a) for a in alone])) if alone else None,
+            "num_interactive_turns": len(turns),
+        }

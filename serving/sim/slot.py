@@ -31,6 +31,8 @@ class SimSlot:
         if not node.residency.can_activate(stage.model, node.busy_models()):
             return None
         victims = self.dispatcher.kv_plan(node, stage)
+        if victims is None:
+            self.dispatcher.sim.recorder.kv_refused.add(id(stage))
         return victims if victims is not None and self.batch_gate_admits(stage) else None
 
     def batch_gate_admits(self, stage: SimStage) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -242,9 +243,10 @@ def add_context(
 
     The first stage of a session gets LogNormal(mean=context_tokens, σ=0.5) tokens of context;
     each tool loop round adds the parent's output plus LogNormal(mean=tool_result_tokens, σ=0.7).
+    The draws are fixed by (seed, workflow id): a workflow grows the same wherever it is replayed.
     """
-    rng = np.random.default_rng(seed)
     for workflow in workflows:
+        rng = np.random.default_rng([seed, zlib.crc32(workflow.workflow_id.encode())])
         for stage in workflow.stages:
             if stage.session_parent >= 0:
                 parent = workflow.stages[stage.session_parent]
