@@ -77,15 +77,16 @@ def profile_fit(profiles: list[LinearProfile], steps: list[Path] = ()) -> tuple[
     section["fit"] = vars(full)
     section["table_thinning"] = thinning_error(profiles)
     if steps:
-        section["steps"] = step_section(steps)
+        section["steps"] = step_section(steps, profiles)
     return section, {name.removeprefix("model:"): s["fit"] for name, s in model_splits.items()}
 
 
-def step_section(paths: list[Path]) -> dict:
+def step_section(paths: list[Path], profiles: list[LinearProfile]) -> dict:
+    """Whole steps measured on a GPU: the step fit on them and the per-layer profiles together, its error on them."""
     from serving.sim.steptime_steps import fit_steps, step_errors
 
     samples = [s for path in paths for s in read_step_csv(path)]
-    fit = fit_steps(samples)
+    fit = fit_steps(samples, profiles)
     return {"num_samples": len(samples), "fit": fit.to_json()} | errors_summary(step_errors(fit, samples))
 
 

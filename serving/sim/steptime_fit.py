@@ -130,7 +130,9 @@ def held_out(profiles: list[LinearProfile]) -> dict[str, dict]:
 
 
 def thin(profile: LinearProfile, ratio: float = THIN_RATIO) -> LinearProfile:
-    """The profile at the measured token counts nearest a geometric grid (always the first and the last)."""
+    """The profile at the measured token counts nearest a geometric grid (always the first and the last), made
+    non-decreasing (a running max): a step that carries more tokens never costs less in the simulator, where the
+    measurements dip by a few % past some tile sizes."""
     tokens = np.array(profile.num_tokens)
     grid = np.unique(np.round(ratio ** np.arange(0, np.log(tokens[-1]) / np.log(ratio) + 1)))
     keep = sorted({int(np.abs(tokens - g).argmin()) for g in grid} | {0, len(tokens) - 1})
@@ -140,7 +142,7 @@ def thin(profile: LinearProfile, ratio: float = THIN_RATIO) -> LinearProfile:
         profile.tensor_parallel_size,
         profile.shape,
         tuple(profile.num_tokens[i] for i in keep),
-        tuple(profile.layer_s[i] for i in keep),
+        tuple(float(v) for v in np.maximum.accumulate([profile.layer_s[i] for i in keep])),
     )
 
 
