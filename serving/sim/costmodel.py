@@ -143,7 +143,9 @@ class CostModelConfig:
     attention_mbu: float = 0.7  # fitted model: decode attention's share of HBM bandwidth (docs/cost.md)
     attention_mfu: float = 0.5  # fitted model: prefill attention's share of peak FLOPs (FlashAttention-2, A100)
     tensor_parallel_size: int = 1  # GPUs a model's weights are split over (fitted model only)
-    max_num_batched_tokens: int = 8192  # vLLM's token budget a step: a lone prefill runs in chunks of this
+    # vLLM's token budget a step (a lone prefill runs in chunks of it); 0: vLLM 0.32's default for its OpenAI
+    # server on this GPU (engine/arg_utils.py: 8192 on H100/H200 and other >= 70 GiB GPUs, 2048 on an A100)
+    max_num_batched_tokens: int = 0
 
     def __post_init__(self):
         if self.gpu not in self.gpus:
@@ -154,8 +156,15 @@ class CostModelConfig:
             raise ValueError("prefill_mfu and decode_mbu must be in (0, 1]; step_overhead_s >= 0")
         if not (0 < self.attention_mbu <= 1 and 0 < self.attention_mfu <= 1):
             raise ValueError("attention_mbu and attention_mfu must be in (0, 1]")
-        if self.tensor_parallel_size < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("tensor_parallel_size and max_num_batched_tokens must be >= 1")
+        if self.tensor_parallel_size < 1 or self.max_num_batched_tokens < 0:
+            raise ValueError("tensor_parallel_size must be >= 1 and max_num_batched_tokens >= 0 (0: vLLM's default)")
+
+    @property
+    def token_budget(self) -> int:
+        if self.max_num_batched_tokens:
+            return self.max_num_batched_tokens
+        gpu = self.gpus[self.gpu]
+        return 2048 if gpu.profiled_as == "a100" or gpu.hbm_bytes < 70 * 2**30 else 8192
 
 
 class CostModel:
@@ -183,7 +192,7 @@ class CostModel:
         return {name: self.steps.source(model).note for name, model in self.config.models.items()}
 
     def prefill_s(self, model: ModelProfile, new_tokens: int, cached_tokens: int = 0) -> float:
-        """A lone prefill of `new_tokens` after `cached_tokens` (fitted: in chunks of the step's token budget)."""
+        """A lone prefill of `new_tokens` after `cached_tokens` (fitted: steps of the token budget's chunks)."""
         p = max(0, new_tokens)
         if self.steps is not None:
             return self.lone_prefill_s(model, p, cached_tokens)
@@ -192,12 +201,13 @@ class CostModel:
         return (linear + attention) / self._flops
 
     def lone_prefill_s(self, model: ModelProfile, new_tokens: int, cached_tokens: int) -> float:
-        """The steps (overhead excluded, as the datasheet prefill) of one prefill chunked at the token budget."""
-        budget, total, done = self.config.max_num_batched_tokens, 0.0, 0
+        """The steps of one prefill chunked at the token budget, each with its per-step overhead."""
+        budget, total, done = self.config.token_budget, 0.0, 0
         while done < new_tokens:
             chunk = min(budget, new_tokens - done)
             pairs = chunk * (cached_tokens + done + chunk / 2)
-            total += self.steps.model_step_s(model, StepLoad(prefill_tokens=chunk, prefill_pair_tokens=pairs))
+            load = StepLoad(prefill_tokens=chunk, prefill_pair_tokens=pairs)
+            total += self.config.step_overhead_s + self.steps.model_step_s(model, load)
             done += chunk
         return total
 

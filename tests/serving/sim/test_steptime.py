@@ -75,6 +75,7 @@ def test_each_model_says_how_it_is_priced_and_unprofiled_ones_are_flagged():
         ("attention_mbu", 0.0, "attention_mbu"),
         ("attention_mfu", 1.5, "attention_mfu"),
         ("tensor_parallel_size", 0, "tensor_parallel_size"),
+        ("max_num_batched_tokens", -1, "max_num_batched_tokens"),
     ],
 )
 def test_config_rejects_bad_values_by_name(field, value, words):
@@ -97,7 +98,9 @@ def test_fitted_and_datasheet_agree_on_a_lone_decode_but_only_the_fit_charges_fo
 def test_a_lone_prefill_runs_in_chunks_of_the_token_budget_and_a_decode_at_its_mean_context():
     cost = CostModel(CostModelConfig(max_num_batched_tokens=1024))
     chunks = [StepLoad(prefill_tokens=1024, prefill_pair_tokens=1024 * (c + 512)) for c in (0, 1024)]
-    assert cost.prefill_s(LLAMA, 2048) == pytest.approx(sum(cost.steps.model_step_s(LLAMA, s) for s in chunks))
+    steps = sum(cost.step_time_s({"llama-3-8b": s}) for s in chunks)
+    assert cost.prefill_s(LLAMA, 2048) == pytest.approx(steps)
+    assert CostModelConfig().token_budget == 2048 and CostModelConfig(gpu="h200").token_budget == 8192
     assert cost.prefill_s(LLAMA, 0) == 0.0 and cost.decode_s(LLAMA, 0, 500) == 0.0
     step = cost.step_time_s({"llama-3-8b": StepLoad(1, 550)})
     assert cost.decode_s(LLAMA, 100, 500) == pytest.approx(100 * step)
