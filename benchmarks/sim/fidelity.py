@@ -10,6 +10,8 @@ out, and the in-sample error of the same fit beside it; `median_abs_pct_err` poo
 `--steps` adds whole-step CSVs measured on a GPU (`benchmarks/sim/gpu_profile.py`): the step fit
 (`serving.sim.steptime_steps`) and its error are reported under `profile_fit.steps`.
 The plot: predicted against measured per profile, the prediction from the fit that left that model out.
+`prices`: what the simulator charges, fitted beside datasheet, for each of its models and GPUs (`PRICED_LOADS`),
+and how each model's linear operators are priced there (a measured profile, or the fit).
 """
 
 from __future__ import annotations
@@ -20,12 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.sim.costmodel import GPU_PROFILES, CostModel, CostModelConfig, StepLoad
 from serving.sim.steptime_fit import abs_pct_errors, fit_linear, held_out, predict, thin
 from serving.sim.steptime_profiles import LinearProfile, read_step_csv, read_vidur_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO.parent / "shared" / "data" / "gpu-profiles"
 TOKEN_BANDS = ((1, 64), (65, 512), (513, 1 << 20))  # decode-only steps, mixed steps, prefill-heavy steps
+PRICED_LOADS = {  # step shapes (each decode at 2,000 tokens of context) the prices section shows
+    "1_decode": StepLoad(1, 2000),
+    "64_decodes": StepLoad(64, 64 * 2000),
+    "64_decodes_512_prefill": StepLoad(64, 64 * 2000, 512, 512 * 256, 1),
+    "256_decodes": StepLoad(256, 256 * 2000),
+}
 
 
 def errors_summary(errors: np.ndarray) -> dict:
@@ -90,6 +99,25 @@ def step_section(paths: list[Path], profiles: list[LinearProfile]) -> dict:
     return {"num_samples": len(samples), "fit": fit.to_json()} | errors_summary(step_errors(fit, samples))
 
 
+def prices() -> dict:
+    """Step times in ms, fitted and datasheet, per simulated GPU and model, and each model's pricing source."""
+    out = {}
+    for gpu in GPU_PROFILES:
+        fitted, datasheet = (CostModel(CostModelConfig(gpu=gpu, step_model=m)) for m in ("fitted", "datasheet"))
+        out[gpu] = {}
+        for name in fitted.config.models:
+            row = {"pricing": fitted.pricing()[name]}
+            for label, load in PRICED_LOADS.items():
+                for cost in (fitted, datasheet):
+                    row[f"{label}.{cost.config.step_model}_ms"] = 1e3 * cost.step_time_s({name: load})
+            model = fitted.model(name)
+            row |= {
+                f"prefill_4096.{c.config.step_model}_ms": 1e3 * c.prefill_s(model, 4096) for c in (fitted, datasheet)
+            }
+            out[gpu][name] = row
+    return out
+
+
 def plot_profile_fit(profiles: list[LinearProfile], fits: dict, path: Path) -> None:
     import matplotlib
 
@@ -119,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     profiles = read_vidur_dir(args.profiles)
     section, fits = profile_fit(profiles, args.steps)
-    result = {"profile_fit": section}
+    result = {"profile_fit": section, "prices": prices()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     plot_profile_fit(profiles, fits, args.plot or args.json.with_suffix(".png"))
