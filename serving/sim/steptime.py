@@ -95,7 +95,9 @@ class StepTimeModel:
     def find_profile(self, model: ModelProfile) -> tuple[LinearSource, LinearProfile | None]:
         shape, where = model.layer_shape, f"{self.gpu.name} at TP {self.tensor_parallel_size}"
         if model.weight_bytes_per_param != 2.0:
-            return LinearSource("parametric", "", f"{model.weight_bytes_per_param:g}-byte weights: no profile"), None
+            return LinearSource(
+                "parametric", "", f"parametric fit: {model.weight_bytes_per_param:g}-byte weights, no quantized profile"
+            ), None
         for profile in self.table.profiles:
             if (profile.shape, profile.gpu, profile.tensor_parallel_size) == (
                 shape,
@@ -104,7 +106,9 @@ class StepTimeModel:
             ):
                 same = "" if is_same_model(profile.model, model.name) else f", the layer shape of {model.name}"
                 return LinearSource("profile", profile.name, f"measured profile {profile.name}{same}"), profile
-        return LinearSource("parametric", "", f"no measured profile of this layer shape on {where}"), None
+        return LinearSource(
+            "parametric", "", f"parametric fit: no measured profile of this layer shape on {where}"
+        ), None
 
     def linear_s(self, model: ModelProfile, num_tokens: int) -> float:
         """All layers' linear operators for `num_tokens` tokens (0 tokens: nothing runs)."""

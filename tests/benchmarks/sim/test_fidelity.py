@@ -109,6 +109,11 @@ def test_the_profiling_plan_fits_the_budget_and_steps_are_read_from_computed_tok
     assert load == StepLoad(2, 3000, 456, 256 * 128 + 200 * 200, 2)
 
 
+def test_the_dry_run_prints_the_plan_and_touches_no_gpu(tmp_path, capsys):
+    assert gpu_profile.main(["--model", "any", "--out", str(tmp_path / "x.csv"), "--dry-run"]) == []
+    assert "64 decodes @ 4096 + prefill 2048" in capsys.readouterr().out and not (tmp_path / "x.csv").exists()
+
+
 def test_read_step_csv_names_the_missing_columns(tmp_path):
     (tmp_path / "bad.csv").write_text("gpu,step_s\na100-80gb,0.01\n")
     with pytest.raises(ValueError, match="missing step-profile columns.*num_decodes"):
