@@ -54,10 +54,12 @@ def plan_batches(
 
 
 def step_load(before: dict[str, tuple[int, int]], after: dict[str, int]) -> StepLoad:
-    """What one step carried, from each request's (computed tokens, prompt tokens) before it and computed after."""
+    """What one step carried, from each request's (computed tokens, prompt tokens) before it and computed after.
+    A request gone after the step finished in it: vLLM ends a request only on a sampled token, so it computed the
+    rest of its prompt (a prefill) or one token (a decode)."""
     load = StepLoad()
     for request_id, (computed, prompt) in before.items():
-        done = after.get(request_id, computed) - computed
+        done = after.get(request_id, max(computed + 1, prompt)) - computed
         if done <= 0:
             continue
         if computed >= prompt and done == 1:
@@ -114,11 +116,12 @@ class Profiler:
             model=args.model,
             tensor_parallel_size=args.tp,
             max_model_len=args.max_model_len,
-            max_num_seqs=max(DECODES) + 2,
+            max_num_seqs=max(args.decodes) + 2,
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_prefix_caching=False,
             skip_tokenizer_init=True,
             load_format=args.load_format,
+            **({"kv_cache_memory_bytes": args.kv_cache_bytes} if args.kv_cache_bytes else {}),
         )
         self.engine = LLMEngine.from_engine_args(engine_args)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
@@ -150,10 +153,14 @@ class Profiler:
             step_s = time.perf_counter() - started
             after = {rid: r.num_computed_tokens for rid, r in self.scheduler.requests.items()}
             samples.append(sample_of(step_load(before, after), step_s, gpu, self.model))
-        self.engine.abort_request([r for r in ids if r in self.scheduler.requests])
+        self.engine.abort_request([r for r in ids if r in self.scheduler.requests], internal=True)
         while self.engine.has_unfinished_requests():
             self.engine.step()
         return samples
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
 
 
 def detect_gpu() -> str:
@@ -178,10 +185,14 @@ def main(argv: list[str] | None = None) -> list[StepSample]:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per batch")
+    parser.add_argument("--kv-cache-bytes", type=int, default=0, help="KV pool size (default: vLLM sizes it)")
     parser.add_argument("--load-format", default="dummy", help="dummy: random weights (step time is the same)")
+    parser.add_argument("--decodes", type=int_list, default=DECODES, help="decodes a step, comma-separated")
+    parser.add_argument("--contexts", type=int_list, default=CONTEXTS, help="each decode's context, comma-separated")
+    parser.add_argument("--prefills", type=int_list, default=PREFILLS, help="prefill chunk tokens, comma-separated")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     args = parser.parse_args(argv)
-    plan = plan_batches(budget_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+    plan = plan_batches(args.decodes, args.contexts, args.prefills, args.max_num_batched_tokens, args.max_model_len)
     if args.dry_run:
         print("\n".join(f"{b.num_decodes} decodes @ {b.context_tokens} + prefill {b.prefill_tokens}" for b in plan))
         return []

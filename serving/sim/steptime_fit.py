@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from serving.sim.steptime_profiles import LayerShape, LinearProfile, read_vidur_dir
 
@@ -99,6 +98,8 @@ def profiled_gpu(name: str) -> tuple[float, float]:
 
 def fit_linear(profiles: list[LinearProfile]) -> LinearFit:
     """Least squares on log(predicted / measured) over every row of `profiles`."""
+    from scipy.optimize import least_squares  # fitting only: the simulator prices steps without scipy
+
     if not profiles:
         raise ValueError("fit_linear: no profiles to fit")
     measured = [np.log(np.array(p.layer_s)) for p in profiles]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from serving.sim.costmodel import GPUProfile, ModelProfile, StepLoad
 from serving.sim.steptime import StepTable, StepTimeModel
@@ -74,6 +73,8 @@ def step_errors(fit: StepFit, samples: list[StepSample]) -> np.ndarray:
 
 def fit_steps(samples: list[StepSample], profiles: list[LinearProfile] = ()) -> StepFit:
     """Least squares on log(predicted / measured) over the steps and the per-layer profile rows together."""
+    from scipy.optimize import least_squares  # fitting only: the profiling script runs where scipy may not be
+
     if not samples:
         raise ValueError("fit_steps: no step samples; write some with benchmarks/sim/gpu_profile.py")
     measured = np.log([s.step_s for s in samples])

