@@ -83,6 +83,8 @@ class StepTimeModel:
         self.table = table or shipped_table()
         self.roofline = (gpu.hbm_bytes_per_s, gpu.peak_flops)
         self.sources: dict[str, tuple[LinearSource, LinearProfile | None]] = {}
+        self.linear_cache: dict[tuple[str, int], float] = {}  # (model, tokens) -> seconds
+        self.lm_head_cache: dict[tuple[str, int], float] = {}  # (model, sequences) -> seconds
 
     def source(self, model: ModelProfile) -> LinearSource:
         return self.resolve(model)[0]
@@ -93,27 +95,28 @@ class StepTimeModel:
         return self.sources[model.name]
 
     def find_profile(self, model: ModelProfile) -> tuple[LinearSource, LinearProfile | None]:
-        shape, where = model.layer_shape, f"{self.gpu.name} at TP {self.tensor_parallel_size}"
         if model.weight_bytes_per_param != 2.0:
-            return LinearSource(
-                "parametric", "", f"parametric fit: {model.weight_bytes_per_param:g}-byte weights, no quantized profile"
-            ), None
+            width = f"{model.weight_bytes_per_param:g}-byte weights, no quantized profile"
+            return LinearSource("parametric", "", f"parametric fit: {width}"), None
+        key = (model.layer_shape, self.gpu.profiled_as, self.tensor_parallel_size)
         for profile in self.table.profiles:
-            if (profile.shape, profile.gpu, profile.tensor_parallel_size) == (
-                shape,
-                self.gpu.profiled_as,
-                self.tensor_parallel_size,
-            ):
+            if (profile.shape, profile.gpu, profile.tensor_parallel_size) == key:
                 same = "" if is_same_model(profile.model, model.name) else f", the layer shape of {model.name}"
                 return LinearSource("profile", profile.name, f"measured profile {profile.name}{same}"), profile
+        where = f"{self.gpu.name} at TP {self.tensor_parallel_size}"
         return LinearSource(
             "parametric", "", f"parametric fit: no measured profile of this layer shape on {where}"
         ), None
 
     def linear_s(self, model: ModelProfile, num_tokens: int) -> float:
-        """All layers' linear operators for `num_tokens` tokens (0 tokens: nothing runs)."""
-        if num_tokens <= 0:
-            return 0.0
+        """All layers' linear operators for `num_tokens` tokens (0 tokens: nothing runs); memoized per model and
+        token count, since the simulator asks for the same few thousand counts at every step."""
+        key = (model.name, num_tokens)
+        if key not in self.linear_cache:
+            self.linear_cache[key] = self.compute_linear_s(model, num_tokens) if num_tokens > 0 else 0.0
+        return self.linear_cache[key]
+
+    def compute_linear_s(self, model: ModelProfile, num_tokens: int) -> float:
         _, profile = self.resolve(model)
         if profile is None or num_tokens > profile.num_tokens[-1]:
             per_layer = self.parametric_layer_s(model, num_tokens)
@@ -137,10 +140,12 @@ class StepTimeModel:
         return float(seconds[0])
 
     def lm_head_s(self, model: ModelProfile, num_sequences: int) -> float:
-        if num_sequences <= 0 or not model.vocab_size:
-            return 0.0
-        params = model.vocab_size * model.hidden_size / self.tensor_parallel_size
-        return matmul_s(self.table.fit, params, self.roofline, num_sequences, model.weight_bytes_per_param)
+        key = (model.name, num_sequences)
+        if key not in self.lm_head_cache:
+            params = model.vocab_size * model.hidden_size / self.tensor_parallel_size
+            seconds = matmul_s(self.table.fit, params, self.roofline, num_sequences, model.weight_bytes_per_param)
+            self.lm_head_cache[key] = seconds if num_sequences > 0 and model.vocab_size else 0.0
+        return self.lm_head_cache[key]
 
     def attention_s(self, model: ModelProfile, load: StepLoad) -> float:
         kv_bytes = load.decode_context_tokens * model.kv_bytes_per_token / self.tensor_parallel_size
