@@ -89,6 +89,7 @@ def step_cost(config: EngineConfig) -> CostModelConfig:
     )
     return CostModelConfig(
         gpu="engine-steps",
+        step_model="datasheet",  # the step clock's formulas above, not GPU measurements
         prefill_mfu=1.0,
         decode_mbu=1.0,
         step_overhead_s=step_s,

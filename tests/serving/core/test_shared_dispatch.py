@@ -364,9 +364,12 @@ def test_both_paths_keep_the_systems_admission_headroom_free(node_blocks, steps)
 
 
 # A GPU whose decode step is its fixed overhead (memory reads free, prefills not): every step the same, and a stage
-# adds nothing to one, which is what the gateway, measuring only its pace, assumes.
+# adds nothing to one, which is what the gateway, measuring only its pace, assumes (the datasheet model's formulas).
 GATE_COST = CostModelConfig(
-    gpu="flat", gpus={"flat": GPUProfile("flat", 80e9, math.inf, 4.6e12)}, step_overhead_s=2.0**-5
+    gpu="flat",
+    gpus={"flat": GPUProfile("flat", 80e9, math.inf, 4.6e12)},
+    step_overhead_s=2.0**-5,
+    step_model="datasheet",
 )
 GATE_PROMPT = 129  # every stage's, so one delay to a first token is every prefill's stall (0.9 s)
 # (time, step, stage, output tokens, SLO): "anchor" runs throughout, past its 1-token prediction on both paths; "warm"
