@@ -76,9 +76,11 @@ class WorkflowTriage:
         pool = self.pools.setdefault(request.model, _Pool())
         work = request.pred_service_s + request.workflow_remaining_s
         pool.open[workflow] = (request.deadline_s, work)
-        if not backlogged:
+        if request.deadline_s < now:
+            self._shed(workflow)
+        elif not backlogged:
             return False
-        if request.pred_service_s > request.deadline_s - now:
+        elif request.pred_service_s > request.deadline_s - now:
             self._shed(workflow)
         elif pool.capacity is not None and math.isfinite(request.deadline_s):
             self._moore_hodgson(pool, now)

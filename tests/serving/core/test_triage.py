@@ -65,9 +65,16 @@ def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():
     assert not any(unmeasured.assess(request(f"w{i}", 20.0, 15.0), now=10.0) for i in range(5))
     triage = measured(capacity=1.0)
     assert not any(triage.assess(request(f"w{i}", 20.0, 15.0), now=10.0, backlogged=False) for i in range(5))
-    # past its deadline: lost, but with room for it nobody gains by turning it away; with work waiting, it goes
-    assert not triage.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
-    assert triage.assess(request("late", 9.0, 1.0), now=10.0)
+    # a ready stage that cannot end by its deadline sheds its workflow only while work waits for the pool
+    assert not triage.assess(request("tight", 10.5, 1.0), now=10.0, backlogged=False)
+    assert triage.assess(request("tight", 10.5, 1.0), now=10.0)
+
+
+def test_a_workflow_past_its_deadline_is_shed_even_with_room():
+    # its deadline can no longer be met: serving it only takes the pool from on-time work (or it is abandoned)
+    unmeasured = WorkflowTriage()
+    assert unmeasured.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
+    assert not unmeasured.assess(request("on-time", 11.0, 1.0), now=10.0, backlogged=False)
 
 
 def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
