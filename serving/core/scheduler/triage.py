@@ -12,12 +12,14 @@ the admitted set is feasible when, for every w,
 
 and while it is not, the workflow with the largest W among those up to the first violation is shed, and so is one
 whose ready stage alone cannot end before its deadline (only the stage: the workflow's remaining work is a median, and
-a single workflow may well need less). A workflow whose deadline has passed when a stage of it becomes ready is shed
-whatever the pool's state: it can no longer be met, and serving it only takes the pool from work that can (or ends in
-abandonment). Shedding is final, and it withdraws the workflow's claim to its deadline (`apply`): its stages carry no
-deadline from then on, so they queue behind every on-time stage (`TriageScheduler`) and the batch-cost gate admits one
-only where it endangers no running stage that can still make its deadline. The capacity goes to the workflows that can
-still be met; the rest end when there is room (or by the starvation bound, `late_max_wait_s`).
+a single workflow may well need less). A workflow whose deadline has passed when a stage of it becomes ready can no
+longer be met: it is shed while the pool is saturated (it takes the pool from work that can), and whatever the pool's
+state where its predicted work, at the pool's pace, would end after its callers give it up (`patience_slo_x` × its
+SLO after it arrived, where the caller knows it): the alternative is abandonment, after the work. Shedding is final,
+and it withdraws the workflow's claim to its deadline (`apply`): its stages carry no deadline from then on, so they
+queue behind every on-time stage (`TriageScheduler`) and the batch-cost gate admits one only where it endangers no
+running stage that can still make its deadline. The capacity goes to the workflows that can still be met; the rest
+end when there is room (or by the starvation bound, `late_max_wait_s`).
 
 The feasibility test runs only while the pool is saturated: work waits for its nodes (`backlogged`), or its stages run
 `saturated_stretch` × slower than alone (a pool whose batches take every stage never queues; it slows everyone
@@ -71,12 +73,15 @@ class TriageConfig:
     smoothing: float = 0.5  # weight of the newest saturated window in the capacity's moving average
     saturated_stretch: float = 2.0  # stages slowed this much (wall / unloaded) mean the pool is saturated
     min_seed_stages: int = 8  # timed finishes before the stretch (and the seeded capacity) is read
+    patience_slo_x: float | None = None  # callers give a workflow up this many × its SLO after it arrived, if known
 
     def __post_init__(self):
         if self.window_s <= 0 or not 0 < self.smoothing <= 1:
             raise ValueError("TriageConfig: window_s must be > 0 and smoothing in (0, 1]")
         if self.saturated_stretch < 1 or self.min_seed_stages < 1:
             raise ValueError("TriageConfig: saturated_stretch must be >= 1 and min_seed_stages >= 1")
+        if self.patience_slo_x is not None and self.patience_slo_x < 1:
+            raise ValueError("TriageConfig: patience_slo_x must be >= 1 (callers wait at least the SLO) or None")
 
 
 class WorkflowTriage:
@@ -98,9 +103,10 @@ class WorkflowTriage:
             return True
         pool = self.pools.setdefault(request.model, _Pool())
         pool.open[workflow] = (request.deadline_s, request.pred_service_s + request.workflow_remaining_s)
-        if request.deadline_s < now:
+        is_saturated = self.is_saturated(pool, backlogged)
+        if request.deadline_s < now and (is_saturated or self.is_given_up(request, pool, now)):
             self._shed(workflow)
-        elif self.is_saturated(pool, backlogged):
+        elif is_saturated:
             capacity = self.capacity_s(pool)
             if request.pred_service_s > request.deadline_s - now:
                 self._shed(workflow)
@@ -118,6 +124,17 @@ class WorkflowTriage:
         if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
             return pool.window_wall_s / pool.window_timed_work_s
         return None
+
+    def is_given_up(self, request: StageRequest, pool: _Pool, now: float) -> bool:
+        """Whether the workflow's predicted work, at the pool's pace, ends after its callers give it up
+        (`patience_slo_x` × its SLO after it arrived); False where the patience is not known."""
+        if self.config.patience_slo_x is None:
+            return False
+        give_up_s = request.workflow_arrival_s + self.config.patience_slo_x * (
+            request.deadline_s - request.workflow_arrival_s
+        )
+        work_s = request.pred_service_s + request.workflow_remaining_s
+        return now + work_s * max(1.0, self.stretch(pool) or 1.0) > give_up_s
 
     def is_saturated(self, pool: _Pool, backlogged: bool) -> bool:
         stretch = self.stretch(pool)

@@ -70,11 +70,16 @@ def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():
     assert triage.assess(request("tight", 10.5, 1.0), now=10.0)
 
 
-def test_a_workflow_past_its_deadline_is_shed_even_with_room():
-    # its deadline can no longer be met: serving it only takes the pool from on-time work (or it is abandoned)
-    unmeasured = WorkflowTriage()
-    assert unmeasured.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
-    assert not unmeasured.assess(request("on-time", 11.0, 1.0), now=10.0, backlogged=False)
+def test_a_workflow_past_its_deadline_is_turned_away_where_the_alternative_is_abandonment():
+    # SLO 10 s (arrived at 0, deadline 10); callers give it up at 3 × 10 = 30 s
+    patient = WorkflowTriage(TriageConfig(patience_slo_x=3.0))
+    assert patient.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=False)  # 11 + 25 > 30
+    assert not patient.assess(request("late", 10.0, 5.0), now=11.0, backlogged=False)  # ends late, before 30
+    assert not patient.assess(request("on-time", 20.0, 25.0), now=11.0, backlogged=False)  # its deadline is ahead
+    # callers' patience unknown: a late workflow goes only while the pool is saturated (it takes from on-time work)
+    unknown = WorkflowTriage()
+    assert not unknown.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=False)
+    assert unknown.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=True)
 
 
 def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
