@@ -21,19 +21,21 @@ queue behind every on-time stage (`TriageScheduler`) and the batch-cost gate adm
 running stage that can still make its deadline. The capacity goes to the workflows that can still be met; the rest
 end when there is room (or by the starvation bound, `late_max_wait_s`).
 
-The feasibility test runs only while the pool is saturated: work waits for its nodes (`backlogged`), or its stages run
-`saturated_stretch` × slower than alone (a pool whose batches take every stage never queues; it slows everyone
-instead). With room for every stage at near its own pace, shedding one helps nobody. The stretch is wall over
-unloaded seconds of the stages the pool finished (where the caller reports their wall time), per window.
+The feasibility test runs only while the pool is saturated: work waits for its nodes (`backlogged`), or, where
+`saturated_stretch` is set, its stages run that many × slower than alone (a pool whose batches take every stage never
+queues; it slows everyone instead). With room for every stage at near its own pace, shedding one helps nobody. The
+stretch is wall over unloaded seconds of the stages the pool finished (where the caller reports their wall time), per
+window.
 
 Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window, divided by the
 window, kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch
-was at least `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. Before the
-first such window — a burst into an empty fleet — it is seeded from what the pool has shown so far: its stages in
-flight (assessed, not yet served) at the pace its finished stages ran, `num_in_flight / stretch`, once
-`min_seed_stages` finishes were timed. The seed errs high (queued and never-served stages count as in flight), so it
-sheds less than the truth would, and the first window's rate — low, since it counts a stage's work only when it ends —
-is raised to it.
+reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. With
+`saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from what
+the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
+`num_in_flight / stretch`, once `min_seed_stages` finishes were timed. The seed errs high (queued and never-served
+stages count as in flight), and the first window's rate — low, since it counts a stage's work only when it ends — is
+raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
+as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
 With no workflow prediction (`workflow_remaining_s` = 0) W is the ready stage's own service, and triage sheds by
 stage size alone; fed the predicted remaining work it sheds the workflows that would use the most of the pool.
@@ -71,14 +73,16 @@ class _Pool:
 class TriageConfig:
     window_s: float = 10.0  # the capacity measurement's window
     smoothing: float = 0.5  # weight of the newest saturated window in the capacity's moving average
-    saturated_stretch: float = 2.0  # stages slowed this much (wall / unloaded) mean the pool is saturated
+    # stages slowed this much (wall / unloaded) mean the pool is saturated, and its capacity is seeded before the first
+    # saturated window; None: saturated only while work waits for it (the default: see serving/EXPERIMENTS.md)
+    saturated_stretch: float | None = None
     min_seed_stages: int = 8  # timed finishes before the stretch (and the seeded capacity) is read
     patience_slo_x: float | None = None  # callers give a workflow up this many × its SLO after it arrived, if known
 
     def __post_init__(self):
         if self.window_s <= 0 or not 0 < self.smoothing <= 1:
             raise ValueError("TriageConfig: window_s must be > 0 and smoothing in (0, 1]")
-        if self.saturated_stretch < 1 or self.min_seed_stages < 1:
+        if (self.saturated_stretch is not None and self.saturated_stretch < 1) or self.min_seed_stages < 1:
             raise ValueError("TriageConfig: saturated_stretch must be >= 1 and min_seed_stages >= 1")
         if self.patience_slo_x is not None and self.patience_slo_x < 1:
             raise ValueError("TriageConfig: patience_slo_x must be >= 1 (callers wait at least the SLO) or None")
@@ -136,15 +140,18 @@ class WorkflowTriage:
         work_s = request.pred_service_s + request.workflow_remaining_s
         return now + work_s * max(1.0, self.stretch(pool) or 1.0) > give_up_s
 
+    def is_stretched(self, stretch: float | None) -> bool:
+        threshold = self.config.saturated_stretch
+        return threshold is not None and stretch is not None and stretch >= threshold
+
     def is_saturated(self, pool: _Pool, backlogged: bool) -> bool:
-        stretch = self.stretch(pool)
-        return backlogged or (stretch is not None and stretch >= self.config.saturated_stretch)
+        return backlogged or self.is_stretched(self.stretch(pool))
 
     def capacity_s(self, pool: _Pool) -> float | None:
         """Unloaded seconds the pool serves per wall second: measured over saturated windows; before the first, seeded
         from what the pool has shown so far — its stages in flight at the pace its finished stages ran
         (`num_in_flight` / stretch), which over-counts rather than under-counts (queued stages are in flight too)."""
-        if pool.capacity is not None:
+        if pool.capacity is not None or self.config.saturated_stretch is None:
             return pool.capacity
         stretch = self.stretch(pool)
         return pool.num_in_flight / stretch if stretch is not None and pool.num_in_flight > 0 else None
@@ -203,8 +210,7 @@ class WorkflowTriage:
         seed = self.capacity_s(pool)
         if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
             pool.stretch = pool.window_wall_s / pool.window_timed_work_s
-        stretch = pool.stretch
-        if pool.window_backlogged or (stretch is not None and stretch >= self.config.saturated_stretch):
+        if pool.window_backlogged or self.is_stretched(pool.stretch):
             a = self.config.smoothing
             pool.capacity = max(rate, seed or 0.0) if pool.capacity is None else a * rate + (1 - a) * pool.capacity
 

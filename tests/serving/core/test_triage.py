@@ -104,7 +104,7 @@ def burst(triage: WorkflowTriage, num_workflows: int, deadline_s: float, work_s:
 
 
 def test_a_burst_is_triaged_from_its_start_once_the_seed_says_capacity_is_short():
-    triage = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=2))
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
     burst(triage, 10, deadline_s=12.0, work_s=15.0)
     assert triage.shed == set()  # nothing finished yet: no pace, no capacity, nobody shed
     for t in (1.0, 2.0):  # two stages finish, each 4× slower than alone: the pool is saturated
@@ -119,13 +119,13 @@ def test_a_burst_is_triaged_from_its_start_once_the_seed_says_capacity_is_short(
 
 def test_no_shedding_with_room():
     # the same burst, but its stages run at their own pace: the pool is not saturated, nobody is shed
-    triage = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=2))
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
     burst(triage, 10, deadline_s=12.0, work_s=15.0)
     for t in (1.0, 2.0):
         triage.served("m", 1.0, t, backlogged=False, wall_s=1.1)
     assert not triage.assess(request("big", 12.0, 30.0), now=2.0, backlogged=False)
     # saturated, but the deadlines leave room for all the work in flight
-    roomy = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=2))
+    roomy = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
     burst(roomy, 10, deadline_s=500.0, work_s=15.0)
     for t in (1.0, 2.0):
         roomy.served("m", 1.0, t, backlogged=False, wall_s=4.0)
@@ -133,8 +133,17 @@ def test_no_shedding_with_room():
     assert roomy.shed == set()
 
 
+def test_without_a_saturating_stretch_only_waiting_work_saturates_and_nothing_is_seeded():
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=2))
+    burst(triage, 10, deadline_s=12.0, work_s=15.0)
+    for t in (1.0, 2.0):
+        triage.served("m", 1.0, t, backlogged=False, wall_s=4.0)
+    assert triage.capacity_s(triage.pools["m"]) is None
+    assert not triage.assess(request("late-long", 12.0, 30.0), now=2.0, backlogged=False)
+
+
 def test_the_seed_comes_from_the_history_the_triage_saw():
-    triage = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=3))
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=3))
     burst(triage, 6, deadline_s=100.0, work_s=5.0)
     pool = triage.pools["m"]
     triage.served("m", 2.0, 1.0, backlogged=False, wall_s=6.0)
