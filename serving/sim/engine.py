@@ -22,7 +22,7 @@ from serving.core.residency import ResidencyConfig
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
-from serving.core.scheduler.triage import WorkflowTriage
+from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
 from serving.core.systems import System
 from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 from serving.sim.cluster import SimDispatcher
@@ -100,7 +100,11 @@ class Simulator:
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
         self.dispatch.place_models()
-        self.triage = WorkflowTriage() if Policy(system.scheduler) is Policy.TRIAGE else None
+        self.triage = (
+            WorkflowTriage(TriageConfig(patience_slo_x=cluster.abandon_after_slo_x))
+            if Policy(system.scheduler) is Policy.TRIAGE
+            else None
+        )
 
     def push(self, time_s: float, kind: int, obj, tag: int = 0) -> None:
         heapq.heappush(self._events, (time_s, next(self._tie), kind, obj, tag))

@@ -65,9 +65,21 @@ def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():
     assert not any(unmeasured.assess(request(f"w{i}", 20.0, 15.0), now=10.0) for i in range(5))
     triage = measured(capacity=1.0)
     assert not any(triage.assess(request(f"w{i}", 20.0, 15.0), now=10.0, backlogged=False) for i in range(5))
-    # past its deadline: lost, but with room for it nobody gains by turning it away; with work waiting, it goes
-    assert not triage.assess(request("late", 9.0, 1.0), now=10.0, backlogged=False)
-    assert triage.assess(request("late", 9.0, 1.0), now=10.0)
+    # a ready stage that cannot end by its deadline sheds its workflow only while work waits for the pool
+    assert not triage.assess(request("tight", 10.5, 1.0), now=10.0, backlogged=False)
+    assert triage.assess(request("tight", 10.5, 1.0), now=10.0)
+
+
+def test_a_workflow_past_its_deadline_is_turned_away_where_the_alternative_is_abandonment():
+    # SLO 10 s (arrived at 0, deadline 10); callers give it up at 3 × 10 = 30 s
+    patient = WorkflowTriage(TriageConfig(patience_slo_x=3.0))
+    assert patient.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=False)  # 11 + 25 > 30
+    assert not patient.assess(request("late", 10.0, 5.0), now=11.0, backlogged=False)  # ends late, before 30
+    assert not patient.assess(request("on-time", 20.0, 25.0), now=11.0, backlogged=False)  # its deadline is ahead
+    # callers' patience unknown: a late workflow goes only while the pool is saturated (it takes from on-time work)
+    unknown = WorkflowTriage()
+    assert not unknown.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=False)
+    assert unknown.assess(request("hopeless", 10.0, 25.0), now=11.0, backlogged=True)
 
 
 def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
@@ -83,3 +95,66 @@ def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
     assert scheduler.pop(102.0).workflow_id == "b"  # ... until it has waited late_max_wait_s
     triage.end("b")
     assert "b" not in triage.shed
+
+
+def burst(triage: WorkflowTriage, num_workflows: int, deadline_s: float, work_s: float) -> None:
+    """`num_workflows` workflows arrive at t=0 into an empty fleet that takes every stage into its batches."""
+    for i in range(num_workflows):
+        triage.assess(request(f"b{i}", deadline_s, work_s), now=0.0, backlogged=False)
+
+
+def test_a_burst_is_triaged_from_its_start_once_the_seed_says_capacity_is_short():
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
+    burst(triage, 10, deadline_s=12.0, work_s=15.0)
+    assert triage.shed == set()  # nothing finished yet: no pace, no capacity, nobody shed
+    for t in (1.0, 2.0):  # two stages finish, each 4× slower than alone: the pool is saturated
+        triage.served("m", 1.0, t, backlogged=False, wall_s=4.0)
+    pool = triage.pools["m"]
+    assert pool.capacity is None  # no window has closed
+    assert math.isclose(triage.capacity_s(pool), 8 / 4.0)  # 8 stages in flight at a quarter of their pace
+    # 2 s/s × 10 s left: a 15 s workflow per deadline cannot all fit; the longest go first, well before t=10
+    assert triage.assess(request("late-long", 12.0, 30.0), now=2.0, backlogged=False)
+    assert len(triage.shed) >= 9
+
+
+def test_no_shedding_with_room():
+    # the same burst, but its stages run at their own pace: the pool is not saturated, nobody is shed
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
+    burst(triage, 10, deadline_s=12.0, work_s=15.0)
+    for t in (1.0, 2.0):
+        triage.served("m", 1.0, t, backlogged=False, wall_s=1.1)
+    assert not triage.assess(request("big", 12.0, 30.0), now=2.0, backlogged=False)
+    # saturated, but the deadlines leave room for all the work in flight
+    roomy = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=2))
+    burst(roomy, 10, deadline_s=500.0, work_s=15.0)
+    for t in (1.0, 2.0):
+        roomy.served("m", 1.0, t, backlogged=False, wall_s=4.0)
+    assert not roomy.assess(request("big", 500.0, 30.0), now=2.0, backlogged=False)
+    assert roomy.shed == set()
+
+
+def test_without_a_saturating_stretch_only_waiting_work_saturates_and_nothing_is_seeded():
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, min_seed_stages=2))
+    burst(triage, 10, deadline_s=12.0, work_s=15.0)
+    for t in (1.0, 2.0):
+        triage.served("m", 1.0, t, backlogged=False, wall_s=4.0)
+    assert triage.capacity_s(triage.pools["m"]) is None
+    assert not triage.assess(request("late-long", 12.0, 30.0), now=2.0, backlogged=False)
+
+
+def test_the_seed_comes_from_the_history_the_triage_saw():
+    triage = WorkflowTriage(TriageConfig(window_s=10.0, saturated_stretch=2.0, min_seed_stages=3))
+    burst(triage, 6, deadline_s=100.0, work_s=5.0)
+    pool = triage.pools["m"]
+    triage.served("m", 2.0, 1.0, backlogged=False, wall_s=6.0)
+    triage.served("m", 1.0, 1.5, backlogged=False, wall_s=4.0)
+    assert triage.capacity_s(pool) is None  # two timed finishes: too few to read a pace from
+    triage.served("m", 1.0, 2.0, backlogged=False)  # untimed: counts as served, not towards the pace
+    assert triage.capacity_s(pool) is None
+    triage.served("m", 1.0, 2.5, backlogged=False, wall_s=5.0)
+    # the stages finished so far: 15 wall s for 4 unloaded s; the 2 still in flight run at that pace
+    assert math.isclose(triage.capacity_s(pool), 2 / (15.0 / 4.0))
+    # the first saturated window sets the capacity: its rate, or the seed where that is higher (the rate is low while
+    # long stages still run)
+    triage.served("m", 0.1, 11.0, backlogged=False, wall_s=1.0)
+    assert math.isclose(pool.capacity, max(5.1 / 10.0, 1 / (16.0 / 4.1)))
