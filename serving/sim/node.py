@@ -79,7 +79,7 @@ class SimNode:
 
     def step_s(self) -> float:
         """The price of the step the node runs now: its decodes and the chunks of its prefills under way."""
-        return self._cached_step_s(False)
+        return self._cached_step_s(not self.steps.prefills)  # without prefills, the bare decode step
 
     def decode_step_s(self) -> float:
         """The bare decode step: the price of a step carrying the decodes alone."""
