@@ -232,6 +232,7 @@ class SimDispatcher:
         stage.generated_tokens = min(stage.generated_tokens, stage.output_tokens - 1)
         node.remove_running(stage)
         node.release(stage, stage.reservation)
+        node.hold_starts()
         stage.reservation = None
         sim.recorder.preemptions += 1
         stage.request.is_preempted = True

@@ -64,6 +64,7 @@ class SimNode:
         self.last_s = 0.0
         self.stall_end_s = 0.0
         self.steps = StepBuilder(cluster.max_num_batched_tokens)
+        self.starts_held_until_v = float("-inf")  # vLLM schedules no waiting request in a step that preempted
         self._step_s: dict[bool, tuple[tuple[int, float], float]] = {}  # is bare -> ((batch changes, slowdown), price)
         self._models = Counter()
 
@@ -133,6 +134,8 @@ class SimNode:
         while heap and heap[0][3].epoch != heap[0][4]:
             heapq.heappop(heap)
         next_v = min(heap[0][0] if heap else float("inf"), self.steps.next_end_v())
+        if self.running and self.starts_held_until_v > self.v and len(self.core):
+            next_v = min(next_v, self.starts_held_until_v)  # the step after a preemption may start the queue
         if next_v == float("inf"):
             return None
         return max(self.last_s, self.stall_end_s) + max(0.0, next_v - self.v) * self.step_s()
@@ -165,6 +168,14 @@ class SimNode:
         stage.v_start = self.v - 1.0
         self.num_batch_changes += 1
         return True
+
+    def hold_starts(self) -> None:
+        """A step preempted: no stage starts before the next step (vLLM's scheduler admits none in that step)."""
+        self.starts_held_until_v = self.v + 1.0
+
+    def may_start(self, now: float) -> bool:
+        """False during a step that preempted (an idle node's next step is now)."""
+        return not self.running or self.v_at(now) >= self.starts_held_until_v - 1e-6
 
     def is_prefilling(self, stage) -> bool:
         return stage in self.steps.prefills

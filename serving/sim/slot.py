@@ -23,10 +23,11 @@ class SimSlot:
 
     def admit(self, request: StageRequest) -> list[SimStage] | None:
         """The kept tool-call KV to reclaim so that the stage starts here now (`SimDispatcher.kv_plan`): the
-        node's admission, applied when the stage starts; None where it may not start (no batch slot, the model
-        cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it back)."""
+        node's admission, applied when the stage starts; None where it may not start (no batch slot, a step that
+        preempted, the model cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it
+        back)."""
         node, stage = self.node, request.payload
-        if len(node.running) >= self.dispatcher.max_batch_seqs:
+        if len(node.running) >= self.dispatcher.max_batch_seqs or not node.may_start(self.dispatcher.sim.now):
             return None
         if not node.residency.can_activate(stage.model, node.busy_models()):
             return None
@@ -77,9 +78,12 @@ class SimSlot:
         )
 
     def may_fit_later(self, request: StageRequest) -> bool:
-        """Only if something runs here, or KV other than the stage's own context is kept here."""
+        """Only if something runs here, KV other than the stage's own context is kept here, or a preemption holds
+        starts until the next step."""
         parent = parent_of(request.payload)
-        return bool(self.node.running) or any(kept is not parent for kept in self.node.pinned)
+        node = self.node
+        is_held = not node.may_start(self.dispatcher.sim.now)
+        return bool(node.running) or is_held or any(kept is not parent for kept in node.pinned)
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the work on the node (running stages, each a mean stage, and the queued

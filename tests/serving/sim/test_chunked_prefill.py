@@ -126,7 +126,7 @@ def test_a_preempted_stage_recomputes_its_context_through_chunks(monkeypatch):
 
     def spy(self, key, model, context_tokens, cached_tokens, v):
         start_prefill(self, key, model, context_tokens, cached_tokens, v)
-        started.append((key.stage_id, context_tokens, cached_tokens, self.prefills[key].end_v - v))
+        started.append((key.stage_id, context_tokens, cached_tokens, self.prefills[key].end_v - v, v))
 
     monkeypatch.setattr(StepBuilder, "start_prefill", spy)
     cluster = ClusterConfig(
@@ -137,10 +137,41 @@ def test_a_preempted_stage_recomputes_its_context_through_chunks(monkeypatch):
     sim = Simulator(cluster, get_system("vllm"), workflows)
     sim.run()
     assert sim.recorder.preemptions > 0
-    restarts = [(context, cached, num_steps) for _, context, cached, num_steps in started if context > 300]
+    restarts = [(context, cached, num_steps) for _, context, cached, num_steps, _ in started if context > 300]
     assert restarts and all(cached == 0 for _, cached, _ in restarts)  # prompt + generated, all of it recomputed
     assert all(num_steps >= math.ceil(context / 256) for context, _, num_steps in restarts)  # in chunks
+
     assert all(w.done_s > 0 for w in workflows)
+
+
+def test_no_stage_starts_in_a_step_that_preempted(monkeypatch):
+    """Two stages fill a 2-sequence batch and outgrow the KV; a small one waits. When the later of the two is
+    preempted, the small one fits in its slot, yet starts only in the next step, as vLLM admits no waiting request in
+    a step that preempted."""
+    held_v, started_v = [], {}
+    hold_starts, start_prefill = SimNode.hold_starts, StepBuilder.start_prefill
+
+    def hold_spy(self):
+        held_v.append(self.v)
+        hold_starts(self)
+
+    def start_spy(self, key, model, context_tokens, cached_tokens, v):
+        started_v.setdefault(key.stage_id, v)
+        start_prefill(self, key, model, context_tokens, cached_tokens, v)
+
+    monkeypatch.setattr(SimNode, "hold_starts", hold_spy)
+    monkeypatch.setattr(StepBuilder, "start_prefill", start_spy)
+    cluster = ClusterConfig(
+        num_nodes=1, max_batch_seqs=2, show_progress=False, prefix_caching=False, grow_chunk_tokens=16
+    )
+    cluster.kv_pool_bytes = 64 * cluster.page_bytes
+    stages = [make_stage("a", 300, 700), make_stage("b", 300, 700, 0.01), make_stage("c", 20, 5, 0.02)]
+    sim = Simulator(cluster, get_system("vllm"), [s.workflow for s in stages])
+    sim.run()
+    assert held_v and all(s.workflow.done_s > 0 for s in stages)
+    first_hold_v = held_v[0]
+    assert first_hold_v < started_v["c"]  # the small one waited for the preemption's slot ...
+    assert started_v["c"] == pytest.approx(first_hold_v + 1.0)  # ... and started in the next step
 
 
 def test_the_token_budget_is_validated():
