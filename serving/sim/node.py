@@ -83,13 +83,13 @@ class SimNode:
         return self._cached_step_s(not self.steps.prefills)  # without prefills, the bare decode step
 
     def decode_step_s(self) -> float:
-        """The bare decode step: the price of a step carrying the decodes alone."""
+        """The bare decode step: the price of a step in which every running stage decodes, none prefills."""
         return self._cached_step_s(True)
 
     def _cached_step_s(self, is_bare: bool) -> float:
         key, cached = (self.num_batch_changes, self.host.engine_slowdown()), self._step_s.get(is_bare)
         if cached is None or cached[0] != key:
-            loads = self.steps.decode_loads() if is_bare else self.steps.loads()
+            loads = self.steps.bare_loads() if is_bare else self.steps.loads()
             cached = self._step_s[is_bare] = (key, self.price_s(loads))
         return cached[1]
 

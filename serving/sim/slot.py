@@ -78,12 +78,9 @@ class SimSlot:
         )
 
     def may_fit_later(self, request: StageRequest) -> bool:
-        """Only if something runs here, KV other than the stage's own context is kept here, or a preemption holds
-        starts until the next step."""
+        """Only if something runs here, or KV other than the stage's own context is kept here."""
         parent = parent_of(request.payload)
-        node = self.node
-        is_held = not node.may_start(self.dispatcher.sim.now)
-        return bool(node.running) or is_held or any(kept is not parent for kept in node.pinned)
+        return bool(self.node.running) or any(kept is not parent for kept in self.node.pinned)
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the work on the node (running stages, each a mean stage, and the queued

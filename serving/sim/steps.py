@@ -143,8 +143,16 @@ class StepBuilder:
     def loads(self) -> dict[str, StepLoad]:
         return step_loads(self.decodes, self.prefills.values())
 
-    def decode_loads(self) -> dict[str, StepLoad]:
-        return step_loads(self.decodes, ())
+    def bare_decodes(self) -> dict[str, StepLoad]:
+        """The batch decoding alone: every running stage, those still prefilling at their whole context."""
+        decodes = {m: StepLoad(d.num_decodes, d.decode_context_tokens) for m, d in self.decodes.items()}
+        for p in self.prefills.values():
+            add_decode(decodes, p.model, p.context_tokens)
+        return decodes
+
+    def bare_loads(self) -> dict[str, StepLoad]:
+        """The bare decode step's content (`bare_decodes`)."""
+        return step_loads(self.bare_decodes(), ())
 
     def next_end_v(self) -> float:
         return min((p.end_v for p in self.prefills.values()), default=math.inf)
@@ -192,9 +200,9 @@ class StepBuilder:
         return total
 
     def added_decode_s(self, price: Price, model: str, context_tokens: float) -> float:
-        """What one more decode of `context_tokens` adds to each decode step (its KV; the weights, for a model the
-        step does not carry yet)."""
-        decodes = {m: StepLoad(d.num_decodes, d.decode_context_tokens) for m, d in self.decodes.items()}
+        """What one more decode of `context_tokens` adds to each bare decode step (its KV; the weights, for a model
+        the batch does not run yet)."""
+        decodes = self.bare_decodes()
         before = price(step_loads(decodes, ()))
         add_decode(decodes, model, context_tokens)
         return price(step_loads(decodes, ())) - before

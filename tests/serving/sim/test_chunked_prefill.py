@@ -102,9 +102,11 @@ def test_the_gate_reads_a_starts_chunks_from_the_same_step_builder():
     assert node.prefill_backlog_s(node.last_s) == 0.0
     node.add_running(make_stage("p", 1000, 10), 1000)
     assert node.prefill_backlog_s(node.last_s) == pytest.approx(added_s)  # one whole chunk step still to come
-    one_more = {MODEL: StepLoad(5, 4 * 200 + 300)}
+    bare = {MODEL: StepLoad(5, 4 * 200 + 1000)}  # the bare batch counts the prefilling stage as a decode
+    assert node.decode_step_s() == pytest.approx(node.cost.step_time_s(bare))
+    one_more = {MODEL: StepLoad(6, 4 * 200 + 1000 + 300)}
     assert node.added_decode_s(MODEL, 300) == pytest.approx(
-        node.cost.step_time_s(one_more) - node.cost.step_time_s(decodes)
+        node.cost.step_time_s(one_more) - node.cost.step_time_s(bare)
     )
 
 
