@@ -82,6 +82,16 @@ def test_a_long_prefill_slows_the_decodes_beside_it_but_does_not_stop_them():
     assert node.step_s() == pytest.approx(node.decode_step_s())  # both decode now
 
 
+def test_every_step_is_priced_by_step_time_s_alone(monkeypatch):
+    """With a step price of 0.1 s whatever a step carries, a stage alone takes one step a chunk (the last one samples
+    its first token) and one a further output token: nothing else prices the node's time."""
+    monkeypatch.setattr(CostModel, "step_time_s", lambda self, loads, host_slowdown=1.0: 0.1)
+    cluster = ClusterConfig(num_nodes=1, show_progress=False, max_num_batched_tokens=1024)
+    stage = make_stage("s", 3000, 40)
+    Simulator(cluster, get_system("fcfs"), [stage.workflow]).run()
+    assert stage.finished_s - stage.start_s == pytest.approx(0.1 * (math.ceil(3000 / 1024) + 40 - 1))
+
+
 def test_a_step_with_a_chunk_is_priced_above_one_without():
     cost = CostModel(CostModelConfig())
     decodes = StepLoad(num_decodes=32, decode_context_tokens=32 * 1000)
