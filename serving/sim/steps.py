@@ -9,7 +9,7 @@ batch-cost gate's view: the prefills under way, a candidate's chunks). Approxima
   whole steps it needs: its last, partial chunk takes a whole step (a P-token prefill alone with budget B takes
   ceil(P / B) steps), and its steps count from its start, so a batch change part-way through a step costs no step;
 - a chunk's attention pairs are priced at the middle of the prefill's remaining tokens (exact when the batch does not
-  change before it ends); chunk sizes may be fractional;
+  change before it ends); a chunk's tokens may be fractional on the clock, and a step's price counts them rounded;
 - a decode's KV read is its context when it began decoding (its growth while it decodes is not priced);
 - a prefill computes at least one token (vLLM recomputes the last prompt token on a full prefix hit).
 """
@@ -79,13 +79,16 @@ def progress(prefills: Iterable[Prefill], num_steps: float) -> None:
 
 
 def step_loads(decodes: dict[str, StepLoad], prefills: Iterable[Prefill]) -> dict[str, StepLoad]:
-    """One step's content per model: the decodes, then the prefills' chunks."""
+    """One step's content per model: the decodes, then the prefills' chunks (their tokens rounded to whole ones, at
+    least one, as a step schedules them)."""
     loads = {m: StepLoad(d.num_decodes, d.decode_context_tokens) for m, d in decodes.items() if d.num_decodes}
+    chunk_tokens: dict[str, float] = {}
     for p in prefills:
         if p.chunk_tokens > 0:
-            load = loads.setdefault(p.model, StepLoad())
-            load.prefill_tokens += p.chunk_tokens
-            load.prefill_pair_tokens += p.pair_tokens
+            loads.setdefault(p.model, StepLoad()).prefill_pair_tokens += p.pair_tokens
+            chunk_tokens[p.model] = chunk_tokens.get(p.model, 0.0) + p.chunk_tokens
+    for model, tokens in chunk_tokens.items():
+        loads[model].prefill_tokens = max(1, round(tokens))
     return loads
 
 

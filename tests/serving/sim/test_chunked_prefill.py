@@ -56,7 +56,7 @@ def test_a_prefill_alone_takes_ceil_of_its_tokens_over_the_budget_steps(prompt_t
     assert node.steps.next_end_v() == pytest.approx(num_steps)
     chunk = prompt_tokens / num_steps
     pairs = chunk * prompt_tokens / 2
-    step_s = node.cost.step_time_s({MODEL: StepLoad(0, 0, chunk, pairs)})
+    step_s = node.cost.step_time_s({MODEL: StepLoad(0, 0, round(chunk), pairs)})
     assert node.step_s() == pytest.approx(step_s)
     assert run_until_prefilled(node, stage) == pytest.approx(num_steps * step_s)
     assert node.produced_tokens(stage, node.v) == pytest.approx(1.0)  # the last chunk's step samples a token
@@ -130,6 +130,7 @@ def test_chunks_share_the_budget_in_start_order_after_the_decodes():
     left = 999 - first.chunk_tokens  # what the first leaves of the budget, spread over the steps the second needs
     assert second.chunk_tokens == pytest.approx(3000 / math.ceil(3000 / left))
     assert steps.loads()[MODEL].num_tokens <= 1000
+    assert isinstance(steps.loads()[MODEL].prefill_tokens, int)  # a step schedules whole tokens
 
 
 def test_a_preempted_stage_recomputes_its_context_through_chunks(monkeypatch):
