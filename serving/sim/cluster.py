@@ -6,10 +6,10 @@ core's node choice among the nodes that could start it at once, else among all t
 core starts its queue in policy order, gated by the session cap (MARS: the AIMD window), with the gateway's bounded
 backfill. A `SimSlot` (slot.py) answers the core's questions for one node: may this stage start here now (a batch
 slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`, the admission a start
-applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (prefill,
-reservation), decode growth and preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation
-through `SimContext`: what it reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a
-kept context's TTL armed).
+applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (reservation,
+chunked prefill), the prefill's end, decode growth and preemption, finishing, and the tool-KV keep/evict decision. It
+sees the simulation through `SimContext`: what it reads, and the events it raises (children ready, a workflow dropped,
+a tool submitted, a kept context's TTL armed).
 """
 
 from __future__ import annotations
@@ -188,12 +188,14 @@ class SimDispatcher:
             stage.maxlen_pages = node.alloc.pages_for(stage.prompt_tokens + stage.max_tokens, model.kv_bytes_per_token)
         stage.reservation, stage.node, stage.start_s = reservation, node, sim.now
         stage.peak_pages = max(stage.peak_pages, reservation.mapped_pages)
-        context = stage.prompt_tokens + stage.generated_tokens
         node.advance(sim.now)
-        node.stall(sim.now, sim.cost.prefill_s(model, context - cached_tokens, cached_tokens))
-        node.add_running(stage, context)
+        node.add_running(stage, stage.prompt_tokens + stage.generated_tokens, cached_tokens)
         occupy(node, stage.workflow)
-        self._arm(node, stage)
+
+    def prefilled(self, node: SimNode, stage: SimStage) -> None:
+        """The stage's last prefill chunk ran: it decodes from now (its first token sampled)."""
+        if node.end_prefill(stage):
+            self._arm(node, stage)
 
     def _arm(self, node: SimNode, stage: SimStage) -> None:
         left = stage.output_tokens - stage.generated_tokens
@@ -226,10 +228,11 @@ class SimDispatcher:
 
     def preempt(self, node: SimNode, stage: SimStage) -> None:
         sim = self.sim
-        stage.generated_tokens += int(node.v - stage.v_start)
+        stage.generated_tokens += int(node.produced_tokens(stage, node.v) + 1e-6)
         stage.generated_tokens = min(stage.generated_tokens, stage.output_tokens - 1)
         node.remove_running(stage)
         node.release(stage, stage.reservation)
+        node.hold_starts()
         stage.reservation = None
         sim.recorder.preemptions += 1
         stage.request.is_preempted = True

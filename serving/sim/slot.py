@@ -23,10 +23,11 @@ class SimSlot:
 
     def admit(self, request: StageRequest) -> list[SimStage] | None:
         """The kept tool-call KV to reclaim so that the stage starts here now (`SimDispatcher.kv_plan`): the
-        node's admission, applied when the stage starts; None where it may not start (no batch slot, the model
-        cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it back)."""
+        node's admission, applied when the stage starts; None where it may not start (no batch slot, a step that
+        preempted, the model cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it
+        back)."""
         node, stage = self.node, request.payload
-        if len(node.running) >= self.dispatcher.max_batch_seqs:
+        if len(node.running) >= self.dispatcher.max_batch_seqs or not node.may_start(self.dispatcher.sim.now):
             return None
         if not node.residency.can_activate(stage.model, node.busy_models()):
             return None
@@ -40,41 +41,35 @@ class SimSlot:
         node, gate = self.node, self.dispatcher.batch_gate
         if gate is None or not node.running:
             return True
-        if not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now), node.step_s()):
+        if not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now), node.decode_step_s()):
             return True  # (the gate's own first test, before the node is described)
         return gate.admits_candidate(self.node_state(), self.candidate(stage))
 
     def node_state(self) -> NodeState:
         """The node as the gate reads it now, from its clock: each running stage's tokens so far on the step clock,
-        the step clock's measured pace, the cost model's step, the prefills under way (built once per batch change
-        and time)."""
+        the step clock's measured pace, the bare decode step, what the prefills under way still add to the decodes'
+        steps (built once per batch change and time)."""
         node, now = self.node, self.dispatcher.sim.now
         version = (now, node.num_batch_changes)
         if self._state is None or self._state[0] != version:
             v = node.v_at(now)
-            running = tuple(running_stage(s, s.generated_tokens + v - s.v_start) for s in node.running)
-            self._state = (
-                version,
-                NodeState(
-                    now, running, node.pace_s_per_token(now), node.step_s(), backlog_s=max(0.0, node.stall_end_s - now)
-                ),
-            )
+            running = tuple(running_stage(s, s.generated_tokens + node.produced_tokens(s, v)) for s in node.running)
+            pace_s, step_s = node.pace_s_per_token(now), node.decode_step_s()
+            self._state = (version, NodeState(now, running, pace_s, step_s, backlog_s=node.prefill_backlog_s(now)))
         return self._state[1]
 
     def candidate(self, stage: SimStage) -> Candidate:
-        """Starting `stage` here now, from the cost model: its prefill (less its session's cached context) and the
-        KV (and weights, for a model not running here) it adds to each decode step."""
-        node, cost = self.node, self.dispatcher.sim.cost
-        model = cost.model(stage.model)
+        """Starting `stage` here now, priced by the node's own step builder: what its prefill chunks (less its
+        session's cached context) add to the steps they share with the running decodes, then the KV (and weights, for
+        a model the steps do not carry yet) its decode adds to each step."""
+        node, now = self.node, self.dispatcher.sim.now
         parent = parent_of(stage)
         cached = 0
         if parent is not None and (parent in node.pinned or parent in node.cache):
             cached = min(stage.prompt_tokens, parent.prompt_tokens + parent.output_tokens)
         context = stage.prompt_tokens + stage.generated_tokens
-        added = cost.kv_read_s((context + stage.tokens_pred / 2) * model.kv_bytes_per_token)
-        if stage.model not in node.busy_models():
-            added += cost.weight_read_s(model)
-        stall = cost.prefill_s(model, context - cached, cached)
+        stall = node.added_prefill_s(stage.model, context, cached, now)
+        added = node.added_decode_s(stage.model, context + stage.tokens_pred / 2)
         return Candidate(
             stage.request.deadline_s,
             stage.generated_tokens,
