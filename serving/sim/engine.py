@@ -48,8 +48,6 @@ class ClusterConfig:
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     placement: list[tuple[str, ...]] = field(default_factory=lambda: [("llama-3-8b",)])  # cycled over nodes
     max_batch_seqs: int = 256
-    # vLLM's token budget per step (chunked prefill): its OpenAI-server default on an A100 (8192 on H100/H200).
-    max_num_batched_tokens: int = 2048
     num_tool_workers: int = 8  # host cores tools may use (MARS pins tools to 8 cores)
     host_cpu: str = "workers"  # workers | time-sliced | shared (serving/sim/hostcpu.py)
     prefix_caching: bool = True  # vLLM V1's default: released KV stays reusable until overwritten
@@ -62,9 +60,9 @@ class ClusterConfig:
     def __post_init__(self):
         if self.num_nodes < 1 or self.max_batch_seqs < 1 or self.num_tool_workers < 1:
             raise ValueError("num_nodes, max_batch_seqs and num_tool_workers must be >= 1")
-        if self.max_num_batched_tokens < self.max_batch_seqs:
+        if self.cost.token_budget < self.max_batch_seqs:
             raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_batch_seqs "
+                f"cost.max_num_batched_tokens ({self.cost.token_budget}) must be >= max_batch_seqs "
                 f"({self.max_batch_seqs}), as vLLM requires: raise the budget or lower max_batch_seqs"
             )
         if self.grow_chunk_tokens < 1 or not self.placement:

@@ -85,7 +85,9 @@ def step_loads(decodes: dict[str, StepLoad], prefills: Iterable[Prefill]) -> dic
     chunk_tokens: dict[str, float] = {}
     for p in prefills:
         if p.chunk_tokens > 0:
-            loads.setdefault(p.model, StepLoad()).prefill_pair_tokens += p.pair_tokens
+            load = loads.setdefault(p.model, StepLoad())
+            load.prefill_pair_tokens += p.pair_tokens
+            load.num_prefills += 1
             chunk_tokens[p.model] = chunk_tokens.get(p.model, 0.0) + p.chunk_tokens
     for model, tokens in chunk_tokens.items():
         loads[model].prefill_tokens = max(1, round(tokens))

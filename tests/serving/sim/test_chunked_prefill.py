@@ -35,7 +35,9 @@ def make_stage(name: str, prompt_tokens: int, output_tokens: int, arrival_s: flo
 
 
 def bare_node(budget_tokens: int = 2048) -> SimNode:
-    cluster = ClusterConfig(num_nodes=1, max_num_batched_tokens=budget_tokens, show_progress=False)
+    cluster = ClusterConfig(
+        num_nodes=1, cost=CostModelConfig(max_num_batched_tokens=budget_tokens), show_progress=False
+    )
     return SimNode(0, CostModel(cluster.cost), cluster, get_system("fcfs"))
 
 
@@ -86,7 +88,7 @@ def test_every_step_is_priced_by_step_time_s_alone(monkeypatch):
     """With a step price of 0.1 s whatever a step carries, a stage alone takes one step a chunk (the last one samples
     its first token) and one a further output token: nothing else prices the node's time."""
     monkeypatch.setattr(CostModel, "step_time_s", lambda self, loads, host_slowdown=1.0: 0.1)
-    cluster = ClusterConfig(num_nodes=1, show_progress=False, max_num_batched_tokens=1024)
+    cluster = ClusterConfig(num_nodes=1, show_progress=False, cost=CostModelConfig(max_num_batched_tokens=1024))
     stage = make_stage("s", 3000, 40)
     Simulator(cluster, get_system("fcfs"), [stage.workflow]).run()
     assert stage.finished_s - stage.start_s == pytest.approx(0.1 * (math.ceil(3000 / 1024) + 40 - 1))
@@ -143,7 +145,11 @@ def test_a_preempted_stage_recomputes_its_context_through_chunks(monkeypatch):
 
     monkeypatch.setattr(StepBuilder, "start_prefill", spy)
     cluster = ClusterConfig(
-        num_nodes=1, show_progress=False, prefix_caching=False, max_num_batched_tokens=256, grow_chunk_tokens=16
+        num_nodes=1,
+        show_progress=False,
+        prefix_caching=False,
+        cost=CostModelConfig(max_num_batched_tokens=256),
+        grow_chunk_tokens=16,
     )
     cluster.kv_pool_bytes = 64 * cluster.page_bytes  # 64 pages of 16 tokens: the two stages cannot both grow
     workflows = [make_stage("a", 300, 700).workflow, make_stage("b", 300, 700, arrival_s=0.01).workflow]
@@ -189,5 +195,5 @@ def test_no_stage_starts_in_a_step_that_preempted(monkeypatch):
 
 def test_the_token_budget_is_validated():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        ClusterConfig(max_num_batched_tokens=128, max_batch_seqs=256)
-    assert ClusterConfig().max_num_batched_tokens == 2048
+        ClusterConfig(cost=CostModelConfig(max_num_batched_tokens=128), max_batch_seqs=256)
+    assert ClusterConfig().cost.token_budget == 2048

@@ -84,8 +84,9 @@ def test_mars_swe_long_burst_binds_memory_for_stock_vllm(split):
     scenario = get_scenario("mars-swe", 1)
     workflows, _, _ = replay(scenario, split, 40, rate=64.0)
     summary = Simulator(scenario.cluster, get_system("vllm"), workflows).run().summary
-    assert summary["num_kv_refused"] > 0  # stages waited for KV pages
-    assert summary["num_preemptions"] > 0 and summary["oom_rate"] > 0  # and running ones lost theirs (recompute)
+    # Memory binds as refused starts: contexts (~40k tokens) dwarf outputs (median 64), so a running stage rarely
+    # outgrows its blocks; under chunked prefill no running stage is preempted in this burst.
+    assert summary["num_kv_refused"] > 0
     pool_tokens = (
         scenario.cluster.kv_pool_bytes
         / CostModel(scenario.cluster.cost).model("qwen3-coder-30b-a3b").kv_bytes_per_token
