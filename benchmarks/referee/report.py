@@ -50,12 +50,34 @@ def rate_tables(report: dict, heading, columns=COLUMNS, difference_columns=DIFFE
 
 def table(report: dict) -> str:
     lines = [
-        f"Side `{report['side']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
-        f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; variants "
+        f"Side `{report['side']}`, scenario `{report['scenario']}`"
+        + (f" (regime `{report['regime']}`)" if report.get("regime") else "")
+        + f", cost `{report['cost']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
+        f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; rates "
+        f"{'found by `' + report['rates_found_by'] + '`' if report['rates_found_by'] else 'given'}; variants "
         f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap].",
         "",
     ]
-    lines += rate_tables(report, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
+    if not report["folds"]:
+        return "\n".join(
+            lines + rate_tables(report, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
+        )
+    by_fold = report["pooled"]["rates_by_fold"]
+    lines += [
+        f"Pooled over the folds ({', '.join(f['split'] for f in report['folds'])}) by {report['pooled']['by']}.",
+        "",
+    ]
+    lines += rate_tables(
+        report,
+        lambda key, row: (
+            f"**{key}** (pooled; rates/s by fold: "
+            + ", ".join(f"{split} {rate}" for split, rate in by_fold[key].items())
+            + f"; ceiling {row['ceiling']:.3f})"
+        ),
+    )
+    for fold in report["folds"]:
+        lines += [f"### Fold `{fold['split']}` (replayed; trained on the rest)", ""]
+        lines += rate_tables(fold, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
     return "\n".join(lines)
 
 
@@ -68,7 +90,8 @@ def plot(report: dict, out: Path) -> Path:
     rates = list(report["results"])
     arms = [a for a in report["results"][rates[0]] if a != "ceiling"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    x = [float(r) for r in rates]
+    is_numeric = not report["folds"] or report["rates_found_by"] is None  # pooled auto rates are names (light, knee, ...)
+    x = [float(r) for r in rates] if is_numeric else list(range(len(rates)))
     ax.plot(x, [report["results"][r]["ceiling"] for r in rates], "k--", label="ceiling")
     for arm in arms:
         stats = [report["results"][r][arm]["slo_attainment"] for r in rates]
@@ -82,11 +105,13 @@ def plot(report: dict, out: Path) -> Path:
             label=arm,
         )
     ax.set(
-        xlabel="workflow arrivals/s",
+        xlabel="workflow arrivals/s" if is_numeric else "load (each fold's own rates, pooled by index)",
         ylabel="SLO attainment (95 % CI)",
-        xscale="log",
-        title=f"referee, side '{report['side']}' ({report['seeds']} seeds)",
+        xscale="log" if is_numeric else "linear",
+        title=f"referee, {report['scenario']}, side '{report['side']}' ({report['seeds']} seeds)",
     )
+    if not is_numeric:
+        ax.set_xticks(x, rates)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out.with_suffix(".png")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from serving.core.residency import GiB, ResidencyConfig
 from serving.sim.costmodel import CostModelConfig
 from serving.sim.engine import ClusterConfig
+from serving.sim.workload import SimWorkflow
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,12 @@ class Scenario:
     regimes: tuple[Regime, ...] = (Regime("default"),)
     model_override: str | None = None
     default_policies: tuple[str, ...] = field(default=("fcfs", "edf", "srtf", "maestro"))
+    referee_arms: tuple[str, ...] = ()  # the referee's extra baselines here (system names)
+
+    def prepare(self, workflows: list[SimWorkflow]) -> None:
+        """In place, on workflows whose trace models are already mapped to cost profiles: the scenario's own changes
+        to a replayed workload (context growth, classes, model mapping). This scenario replays the traces as they
+        are."""
 
 
 def maestro_paper(num_nodes: int, gpu: str = "a100-80gb") -> Scenario:
@@ -83,9 +90,14 @@ def mars_swe(num_nodes: int, gpu: str = "h200") -> Scenario:
 SCENARIOS = {"maestro-paper": maestro_paper, "mars-swe": mars_swe}
 
 
-def get_scenario(name: str, num_nodes: int, gpu: str | None = None) -> Scenario:
+def get_scenario(name: str, num_nodes: int, gpu: str | None = None, regime: str | None = None) -> Scenario:
+    """The scenario `name` on `num_nodes` nodes; `regime` names one of its context regimes (None: its default)."""
     try:
         build = SCENARIOS[name]
     except KeyError:
         raise ValueError(f"unknown scenario '{name}'; known scenarios: {', '.join(SCENARIOS)}") from None
-    return build(num_nodes, gpu) if gpu else build(num_nodes)
+    scenario = build(num_nodes, gpu) if gpu else build(num_nodes)
+    known = [r.name for r in scenario.regimes]
+    if regime is not None and regime not in known:
+        raise ValueError(f"scenario '{name}' has no regime '{regime}'; known regimes: {', '.join(known)}")
+    return scenario
