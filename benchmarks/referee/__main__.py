@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.referee import report
-from benchmarks.referee.arms import DEFAULT_ARMS, STOCK, SYSTEM_ARMS, parse_arms
+from benchmarks.referee.arms import DEFAULT_ARMS, SYSTEM_ARMS, parse_arms
 from benchmarks.referee.grid import RATE_TARGETS, RATES_FOUND_BY, Replay, find_rates, run_grid
 from benchmarks.referee.sides import (
     DEFAULT_TRACES,
@@ -68,7 +68,7 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
     """The differences reported: Maestro's arms and edf+admission against max-len EDF and stock vLLM (deadline order,
     FCFS), the prediction sources against each other, and the model against a scenario's extra baselines."""
     challengers = [a for a in arms if a.startswith("maestro[") or a == "edf+admission"]
-    out = [(a, base) for base in ("edf", *reversed(STOCK)) for a in challengers]
+    out = [(a, base) for base in ("edf", "vllm-edf", "vllm") for a in challengers]
     out += [
         ("vllm-edf", "edf"),
         ("maestro[model]", "maestro[none]"),
