@@ -133,7 +133,9 @@ def pooled(runs: list[dict], grids: list[dict], args: argparse.Namespace) -> dic
     """The folds pooled by rate index: top-level figures over every fold's workflows, and how they were pooled."""
     keys = list(RATE_TARGETS) if args.rates == "auto" else list(grids[0])
     ceiling = round(float(np.mean([next(iter(r["results"].values()))["ceiling"] for r in runs])), 4)
-    figures_pooled = figures(pool_grids(grids, keys), [a.name for a in parse_arms(args.arms)], ceiling)
+    figures_pooled = figures(
+        pool_grids(grids, [r["rates"] for r in runs], keys), [a.name for a in parse_arms(args.arms)], ceiling
+    )
     return {
         "slo": {"mode": "per-app-from-train, per fold (folds[*].slo)", "scale": args.slo_scale},
         "rates": keys,

@@ -194,9 +194,9 @@ def find_rates(replay: Replay, ceiling: float, targets=TARGETS, iterations: int 
 def run_grid(replay: Replay, arms: list[Arm], rates: list[float], seeds: int) -> dict[str, dict[str, list]]:
     """`out[rate][arm]` = the arm's `Outcomes` per seed; a progress bar over the runs."""
     out: dict[str, dict[str, list]] = {str(rate): {arm.name: [] for arm in arms} for rate in rates}
-    bar = tqdm(total=len(rates) * seeds * len(arms), desc="referee", unit="run")
+    bar = tqdm(total=len(out) * seeds * len(arms), desc="referee", unit="run")
     started = time.perf_counter()
-    for rate in rates:
+    for rate in dict.fromkeys(rates):  # a rate found twice (the search's bound) runs once
         for seed in range(seeds):
             workflows = replay.workload(rate, seed)
             for arm in arms:
@@ -204,5 +204,5 @@ def run_grid(replay: Replay, arms: list[Arm], rates: list[float], seeds: int) ->
                 out[str(rate)][arm.name].append(replay.run(arm, workflows, seed))
                 bar.update(1)
     bar.close()
-    print(f"grid: {len(rates) * seeds * len(arms)} runs in {time.perf_counter() - started:.0f} s")
+    print(f"grid: {len(out) * seeds * len(arms)} runs in {time.perf_counter() - started:.0f} s")
     return out

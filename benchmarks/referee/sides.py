@@ -6,7 +6,8 @@ policies) and `locked` (reported once per change). Both splits hash the task id 
 so a task's side never depends on the rest of the data or a seed. `--folds K` instead assigns the tasks to K folds by
 the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1. `--folds family`
 groups the traces by app family instead (`FAMILIES`): each family is replayed with the predictor trained and the SLOs
-fixed on the other families, so nothing of the replayed family's apps was seen.
+fixed on the other families, so nothing of the replayed family's apps was seen: their SLO is the training side's
+global one (`SLOTable.global_s`, the median over every training workflow × the scale).
 """
 
 from __future__ import annotations

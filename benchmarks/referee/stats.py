@@ -93,12 +93,13 @@ def pool(runs: list[Outcomes]) -> Outcomes:
     )
 
 
-def pool_grids(grids: list[dict[str, dict[str, list[Outcomes]]]], keys: list[str]) -> dict[str, dict[str, list]]:
-    """`grids[f][rate][arm][seed]`, one per fold, each with as many rates as `keys`: the folds pooled by rate index
-    (the i-th rate of every fold under `keys[i]`), seed by seed."""
+def pool_grids(grids: list[dict[str, dict[str, list[Outcomes]]]], rates: list[list[float]], keys: list[str]) -> dict:
+    """`grids[f][str(rate)][arm][seed]` and `rates[f]`, one per fold, each fold with as many rates as `keys`: the
+    folds pooled by rate index (every fold's i-th rate under `keys[i]`; two rates of a fold may be one run), seed by
+    seed."""
     pooled = {}
     for index, key in enumerate(keys):
-        rows = [list(grid.values())[index] for grid in grids]
+        rows = [grid[str(fold_rates[index])] for grid, fold_rates in zip(grids, rates)]
         pooled[key] = {
             arm: [pool([row[arm][seed] for row in rows]) for seed in range(len(runs))] for arm, runs in rows[0].items()
         }

@@ -12,7 +12,7 @@ from benchmarks.referee import __main__ as referee
 from benchmarks.referee.__main__ import main, pairs
 from benchmarks.referee.arms import DEFAULT_ARMS, SYSTEM_ARMS, parse_arm
 from benchmarks.referee.sides import DEFAULT_TRACES, FAMILIES, app_family, family_splits
-from benchmarks.referee.stats import Outcomes, pool, summarize
+from benchmarks.referee.stats import Outcomes, pool, pool_grids, summarize
 from maestro.contract import StageTrace
 from serving.core.admission.sizing import ReservationMode
 from serving.core.scheduler import Policy
@@ -83,6 +83,16 @@ def test_pooled_folds_count_every_folds_workflows_and_keep_clusters_apart():
     assert pooled.extra == {"num_preemptions": 3.0}  # the mean run; per-run logs are not pooled
     results, _ = summarize({"x": [pooled]}, [], draws=200)
     assert results["x"]["slo_attainment"]["mean"] == pytest.approx(4 / 6, abs=1e-4)
+
+
+def test_folds_are_pooled_by_rate_index_even_where_a_fold_found_one_rate_twice():
+    def grid(*rates):
+        return {str(r): {"edf": [Outcomes(np.array([r > 2]), np.ones(1), np.zeros(1, int), {})]} for r in rates}
+
+    # the second fold's search hit its bound twice: one run stands for both of its rates
+    pooled = pool_grids([grid(1.0, 4.0), grid(64.0)], [[1.0, 4.0], [64.0, 64.0]], ["light", "heavy"])
+    assert list(pooled) == ["light", "heavy"] and len(pooled["light"]["edf"]) == 1
+    assert list(pooled["light"]["edf"][0].met) == [False, True] and list(pooled["heavy"]["edf"][0].met) == [True, True]
 
 
 def test_family_folds_put_every_fold_in_folds_and_pool_them(tmp_path):
