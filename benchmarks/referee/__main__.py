@@ -1,21 +1,27 @@
 r"""The referee: replay held-out workflows under SLOs a live system can know, every arm with the same information.
 
-    python -m benchmarks.referee [--train TRAIN.jsonl --test TEST.jsonl | --traces FILE --folds K] [--model DIR] \
-        [--rates auto|R1,R2,...] [--seeds 3] [--arms fcfs,edf,...] [--side dev|locked] [--json OUT] \
+    python -m benchmarks.referee [--train TRAIN.jsonl --test TEST.jsonl | --traces FILE --folds K | --folds family]
+        [--scenario maestro-paper|mars-swe|... [--regime medium|long]] [--cost fitted|datasheet] [--model DIR] \
+        [--rates auto|R1,R2,...] [--seeds 3] [--arms fcfs,edf,vllm,vllm-edf,...] [--side dev|locked] [--json OUT] \
         [--compare-model DIR2 --arms ...,maestro[model],maestro[model@compare]]
 
 Without --train/--test it splits ../shared/data's real traces by task: 70 % train, the rest halved into `dev` (choose
 policies here) and `locked` (report once per change). It trains the predictor on the train side with `maestro
 train` (or reads --model), fixes one SLO per (app, class) = --slo-scale × the median unloaded latency of that app's
-training workflows, and replays the test side's workflows on --nodes simulated nodes (maestro-paper) at each rate
-for seeds 0..N−1 (arrivals, workflow order, tool times). Predictions are made when a stage becomes ready, from its
-finished ancestors only; nothing reads a future stage or a true length outside the oracle arm (tests/benchmarks/
-test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.5 / 0.3 of the ceiling (seed 0).
+training workflows, and replays the test side's workflows on --nodes simulated nodes (the scenario's) at each rate
+for seeds 0..N−1 (arrivals, workflow order, tool times); --scenario names the cluster and prepares every workflow
+(`serving.sim.scenarios`; its extra baselines join the default arms). Predictions are made when a stage becomes
+ready, from its finished ancestors only; nothing reads a future stage or a true length outside the oracle arm
+(tests/benchmarks/test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.7 / 0.5 of the ceiling
+(seed 0): light, knee, past, heavy. `--folds family` replays each app family with the predictor trained and the SLOs
+fixed on the others (`sides.FAMILIES`); every fold goes in `folds`, and the top-level figures pool the folds by rate
+index (each fold finds its own rates), over every fold's workflows.
 With --compare-model, the arm maestro[model@compare] is Maestro fed that second predictor, and
 `maestro[model] - maestro[model@compare]` is reported: two predictors (recipes) paired on the same workloads and seeds.
 
-Writes OUT (JSON: slo, rates, variants_tried, tool_times, results.<rate>.{ceiling, <arm>}, differences.<rate>),
-OUT.md and OUT.png.
+Writes OUT (JSON: scenario, regime, cost, slo, rates, rates_found_by, variants_tried, tool_times,
+results.<rate>.{ceiling, <arm>}, differences.<rate>, counters.<rate>.<arm>, folds[*] with split, pooled), OUT.md
+and OUT.png.
 """
 
 from __future__ import annotations
@@ -28,39 +34,72 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.referee import report
-from benchmarks.referee.arms import DEFAULT_ARMS, parse_arms
-from benchmarks.referee.grid import Replay, find_rates, run_grid
-from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, fold_splits, read_all, side_split, train_model
-from benchmarks.referee.stats import summarize
+from benchmarks.referee.arms import DEFAULT_ARMS, SYSTEM_ARMS, parse_arms
+from benchmarks.referee.grid import RATE_TARGETS, RATES_FOUND_BY, Replay, find_rates, run_grid
+from benchmarks.referee.sides import (
+    DEFAULT_TRACES,
+    SIDES,
+    Split,
+    family_splits,
+    fold_splits,
+    read_all,
+    side_split,
+    train_model,
+)
+from benchmarks.referee.stats import pool_grids, summarize
 from maestro.contract import read_traces
+from serving.sim.costmodel import STEP_MODELS
+from serving.sim.scenarios import SCENARIOS, get_scenario
 
 # Policy variants tried on this referee (dev side) since it was built: raise it with every variant you try, and report
-# it beside the figures (serving/EXPERIMENTS.md lists them).
+# it beside the figures (serving/EXPERIMENTS.md lists them). Adding a baseline arm is not a variant.
 # 8: the triage variants of 2026-12-03 (serving/EXPERIMENTS.md); the slack order before them was run with 0.
 # 9: the learned progressive re-prediction of 2026-12-03 (ablation `parametric`).
 # 16: seven probes of what decides triage (capacity scale ×0.8 and ×1.25, a random shed, the upper quantile's
 # work, first-stage-only sheds, sheds past the third stage only, SRPT among kept workflows; serving/EXPERIMENTS.md,
 # 2026-12-03), none adopted.
+<<<<<<< HEAD
 # 22: six triage variants of 2026-12-04 on cross-family splits and the dev side (serving/EXPERIMENTS.md):
 # past-deadline shedding whatever the load / only while saturated / while saturated or past the callers' patience
 # (adopted); saturation read from stretch with a seeded capacity, the ready-stage check at the pool's stretch, and
 # stretch-only windows that only raise the capacity (all three left off).
 VARIANTS_TRIED = 22
+=======
+DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
+>>>>>>> ref
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
-    out = [(a, "edf") for a in arms if a.startswith("maestro[") or a == "edf+admission"]
+    """The differences reported: Maestro's arms and edf+admission against max-len EDF and stock vLLM (deadline order,
+    FCFS), the prediction sources against each other, and the model against a scenario's extra baselines."""
+    challengers = [a for a in arms if a.startswith("maestro[") or a == "edf+admission"]
+    out = [(a, base) for base in ("edf", "vllm-edf", "vllm") for a in challengers]
     out += [
+        ("vllm-edf", "edf"),
         ("maestro[model]", "maestro[none]"),
         ("maestro[model]", "maestro[prior]"),
         ("maestro[oracle]", "maestro[none]"),
         ("maestro[oracle]", "maestro[model]"),
     ]
     out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/") or a.startswith("maestro[model@")]
+    out += [("maestro[model]", a) for a in arms if a in SYSTEM_ARMS]
     return out
 
 
-def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
+def figures(grid: dict[str, dict[str, list]], names: list[str], ceiling: float) -> dict:
+    """Per rate: every arm's figures with intervals, the differences of `pairs`, the mean counters over seeds."""
+    results, differences, counters = {}, {}, {}
+    for rate, by_arm in grid.items():
+        results[rate], differences[rate] = summarize(by_arm, pairs(names))
+        results[rate]["ceiling"] = ceiling
+        counters[rate] = {
+            arm: {k: float(np.mean([o.extra[k] for o in runs])) for k in runs[0].extra} for arm, runs in by_arm.items()
+        }
+    return {"results": results, "differences": differences, "counters": counters}
+
+
+def judge(split: Split, args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
+    """One split replayed: its JSON figures and its grid (`grid[rate][arm][seed]`, for pooling folds)."""
     model_dir = Path(args.model) if args.model else None
     arms = parse_arms(args.arms)
     if model_dir is None and any(a.needs_model for a in arms):
@@ -68,31 +107,130 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> dict:
         model_dir = train_model(train_path, work / split.name / "model", args.retrain)
     compare_dir = Path(args.compare_model) if args.compare_model else None
     replay = Replay(
-        split.train, split.test, model_dir, args.nodes, args.workflows, args.slo_scale, compare_dir=compare_dir
+        split.train,
+        split.test,
+        model_dir,
+        args.nodes,
+        args.workflows,
+        args.slo_scale,
+        compare_dir=compare_dir,
+        scenario_name=args.scenario,
+        regime=args.regime,
+        step_model=args.step_model,
     )
     ceilings = [replay.ceiling(seed) for seed in range(args.seeds)]
     rates = find_rates(replay, ceilings[0]) if args.rates == "auto" else [float(r) for r in args.rates.split(",")]
     grid = run_grid(replay, arms, rates, args.seeds)
-    names = [a.name for a in arms]
-    results, differences, counters = {}, {}, {}
-    for rate, by_arm in grid.items():
-        results[rate], differences[rate] = summarize(by_arm, pairs(names))
-        results[rate]["ceiling"] = round(float(np.mean(ceilings)), 4)
-        counters[rate] = {
-            arm: {k: float(np.mean([o.extra[k] for o in runs])) for k in runs[0].extra} for arm, runs in by_arm.items()
-        }
-    return {
+    run = {
         "split": split.name,
         "slo": replay.slo.to_json(),
         "rates": rates,
-        "results": results,
-        "differences": differences,
-        "counters": counters,
+        **figures(grid, [a.name for a in arms], round(float(np.mean(ceilings)), 4)),
         "tool_times": replay.tool_times.to_json(),
         "num_test_workflows": len(replay.base),
         "model": str(model_dir) if model_dir else None,
         "compare_model": str(compare_dir) if compare_dir else None,
     }
+    return run, grid
+
+
+def pooled(runs: list[dict], grids: list[dict], args: argparse.Namespace) -> dict:
+    """The folds pooled by rate index: top-level figures over every fold's workflows, and how they were pooled."""
+    keys = list(RATE_TARGETS) if args.rates == "auto" else list(grids[0])
+    ceiling = round(float(np.mean([next(iter(r["results"].values()))["ceiling"] for r in runs])), 4)
+    figures_pooled = figures(
+        pool_grids(grids, [r["rates"] for r in runs], keys), [a.name for a in parse_arms(args.arms)], ceiling
+    )
+    return {
+        "slo": {"mode": "per-app-from-train, per fold (folds[*].slo)", "scale": args.slo_scale},
+        "rates": keys,
+        "tool_times": runs[0]["tool_times"],
+        "num_test_workflows": sum(r["num_test_workflows"] for r in runs),
+        **figures_pooled,
+        "pooled": {
+            "by": "rate index: each fold's i-th rate pooled under rates[i] (with --rates auto each fold finds its own "
+            "rates: light, knee, past, heavy); attainment over every fold's workflows, each fold's held-out "
+            "workflows clusters of the bootstrap; counters: the mean run over folds",
+            "rates_by_fold": {key: {r["split"]: r["rates"][i] for r in runs} for i, key in enumerate(keys)},
+            "ceiling_by_fold": {r["split"]: next(iter(r["results"].values()))["ceiling"] for r in runs},
+            **figures_pooled,
+        },
+    }
+
+
+def folds_arg(text: str) -> int | str:
+    if text == "family":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--folds takes a number of task folds (>= 2) or 'family', got '{text}'"
+        ) from None
+
+
+def splits_of(args: argparse.Namespace) -> list[Split]:
+    if args.train:
+        return [Split("given", read_traces(args.train).stages, read_traces(args.test).stages)]
+    if args.folds == "family":
+        return family_splits(read_all(args.traces.split(",") if args.traces else DEFAULT_TRACES))
+    if args.folds:
+        return fold_splits(read_all([args.traces]), args.folds)
+    return [side_split(read_all(DEFAULT_TRACES), args.side)]
+
+
+def parser_of() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--engine", action="store_true", help="replay on vLLM-CPU instead: --engine --help")
+    add("--train", help="labelled stages to train on and fix the SLOs from")
+    add("--test", help="labelled stages to replay (no task in common with --train)")
+    add(
+        "--traces", help="with --folds K: one file split into K task folds; with --folds family: files, comma-separated"
+    )
+    add("--folds", type=folds_arg, default=0, help="K task folds, or 'family': leave one app family out")
+    add("--scenario", default="maestro-paper", help=f"the cluster and workload preparation: {', '.join(SCENARIOS)}")
+    add("--regime", help=f"the scenario's context regime, where it has several (default {DEFAULT_REGIME})")
+    add("--cost", default="fitted", choices=STEP_MODELS, help="the cost model's step pricing")
+    add("--model", help="a trained predictor directory (default: train one on the train side)")
+    add(
+        "--compare-model",
+        help="a second trained predictor, fed to the arm maestro[model@compare] "
+        "(its difference from maestro[model] is reported, paired on the same workloads)",
+    )
+    add("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
+    add("--rates", default="auto")
+    add("--seeds", type=int, default=3)
+    add("--arms", help="comma-separated (default: the standard arms and the scenario's extra baselines)")
+    add("--nodes", type=int, default=8)
+    add("--workflows", type=int, default=1600)
+    add("--slo-scale", type=float, default=5.0)
+    add("--work", default="benchmarks/results/referee", help="splits and models")
+    add("--retrain", action="store_true")
+    add("--json", default="benchmarks/results/referee.json")
+    return parser
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that do not go together, a scenario or regime unknown; fills the scenario's arms, regime and cost."""
+    if bool(args.train) != bool(args.test):
+        parser.error("--train and --test go together")
+    if isinstance(args.folds, int) and args.folds and not args.traces:
+        parser.error("--folds K needs --traces")
+    if args.folds and args.model:
+        parser.error("--model with --folds: that predictor saw every fold; leave --model out to train one per fold")
+    try:
+        scenario = get_scenario(args.scenario, args.nodes, regime=args.regime)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.regime is None and len(scenario.regimes) > 1:
+        args.regime = DEFAULT_REGIME
+        get_scenario(args.scenario, args.nodes, regime=args.regime)
+    if args.arms is None:
+        args.arms = ",".join(dict.fromkeys(DEFAULT_ARMS + tuple(scenario.referee_arms)))
+    if not args.compare_model and any(a.needs_compare_model for a in parse_arms(args.arms)):
+        parser.error("the arm maestro[model@compare] needs --compare-model DIR (a second trained predictor)")
+    args.step_model = args.cost
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,52 +240,26 @@ def main(argv: list[str] | None = None) -> None:
 
         engine.main([a for a in argv if a != "--engine"])
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", action="store_true", help="replay on vLLM-CPU instead: --engine --help")
-    parser.add_argument("--train", help="labelled stages to train on and fix the SLOs from")
-    parser.add_argument("--test", help="labelled stages to replay (no task in common with --train)")
-    parser.add_argument("--traces", help="with --folds: one file split into K task folds")
-    parser.add_argument("--folds", type=int, default=0)
-    parser.add_argument("--model", help="a trained predictor directory (default: train one on the train side)")
-    parser.add_argument(
-        "--compare-model",
-        help="a second trained predictor, fed to the arm maestro[model@compare] "
-        "(its difference from maestro[model] is reported, paired on the same workloads)",
-    )
-    parser.add_argument("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
-    parser.add_argument("--rates", default="auto")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS))
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--workflows", type=int, default=1600)
-    parser.add_argument("--slo-scale", type=float, default=5.0)
-    parser.add_argument("--work", default="benchmarks/results/referee", help="splits and models")
-    parser.add_argument("--retrain", action="store_true")
-    parser.add_argument("--json", default="benchmarks/results/referee.json")
+    parser = parser_of()
     args = parser.parse_args(argv)
-    if bool(args.train) != bool(args.test):
-        parser.error("--train and --test go together")
-    if args.folds and not args.traces:
-        parser.error("--folds needs --traces")
-    if not args.compare_model and any(a.needs_compare_model for a in parse_arms(args.arms)):
-        parser.error("the arm maestro[model@compare] needs --compare-model DIR (a second trained predictor)")
+    check(parser, args)
     started = time.perf_counter()
-    if args.train:
-        splits = [Split("given", read_traces(args.train).stages, read_traces(args.test).stages)]
-    elif args.folds:
-        splits = fold_splits(read_all([args.traces]), args.folds)
-    else:
-        splits = [side_split(read_all(DEFAULT_TRACES), args.side)]
-    runs = [judge(split, args, Path(args.work)) for split in splits]
+    splits = splits_of(args)
+    judged = [judge(split, args, Path(args.work)) for split in splits]
+    runs, grids = [run for run, _ in judged], [grid for _, grid in judged]
     out = {
         "date": time.strftime("%Y-%m-%d"),
-        "side": args.side if not (args.train or args.folds) else splits[0].name,
+        "side": args.side if not (args.train or args.folds) else "given" if args.train else f"folds-{args.folds}",
+        "scenario": args.scenario,
+        "regime": args.regime,
+        "cost": args.cost,
         "seeds": args.seeds,
         "nodes": args.nodes,
         "workflows": args.workflows,
+        "rates_found_by": RATES_FOUND_BY if args.rates == "auto" else None,
         "variants_tried": VARIANTS_TRIED,
-        **runs[0],
-        "folds": runs[1:] if len(runs) > 1 else [],
+        **(pooled(runs, grids, args) if args.folds else runs[0]),
+        "folds": runs if args.folds else [],
     }
     out["wall_s"] = round(time.perf_counter() - started, 1)
     paths = report.write(out, Path(args.json))

@@ -2,6 +2,10 @@
 
     fcfs, edf, srtf            the baselines as systems (`serving.core.systems`): max-len reservation, no
                                prediction read
+    vllm, vllm-edf             stock vLLM as users run it: blocks on demand, recompute on preemption; FCFS, or its
+                               priority fed the deadline (EDF order); no prediction read
+    mars, continuum, ...       any other baseline system of the table by its name (a scenario's extra baselines:
+                               `Scenario.referee_arms`), fed `none`
     edf+admission              the Maestro system with only its order set to EDF, fed the trained model
     maestro[SOURCE]            Maestro fed SOURCE: model, prior, none, oracle, noiseσ (`serving.sim.ready`)
     maestro[model@compare]     Maestro fed the predictor of --compare-model instead of --model's (same arms, same
@@ -22,13 +26,17 @@ import re
 from dataclasses import dataclass
 
 from serving.core.scheduler import Policy
-from serving.core.systems import System, get_system
+from serving.core.systems import SYSTEMS, System, get_system
 
 BASELINES = ("fcfs", "edf", "srtf")
+STOCK = ("vllm", "vllm-edf")  # stock vLLM, FCFS and deadline order
+# the table's other systems that read no stage prediction (Maestro's own variants are maestro[...] arms)
+SYSTEM_ARMS = tuple(name for name in SYSTEMS if name not in BASELINES + STOCK and not name.startswith("maestro"))
 DEFAULT_ARMS = (
     "fcfs",
     "edf",
     "srtf",
+    *STOCK,
     "edf+admission",
     "maestro[model]",
     "maestro[prior]",
@@ -61,7 +69,7 @@ class Arm:
 
 
 def parse_arm(name: str) -> Arm:
-    if name in BASELINES:
+    if name in BASELINES + STOCK + SYSTEM_ARMS:
         return Arm(name, get_system(name), "none")
     maestro = get_system("maestro")
     if name == "edf+admission":
@@ -69,7 +77,7 @@ def parse_arm(name: str) -> Arm:
     match = _MAESTRO.match(name)
     if not match:
         raise ValueError(
-            f"unknown arm '{name}'; known: {', '.join(BASELINES)}, edf+admission, "
+            f"unknown arm '{name}'; known: {', '.join(BASELINES + STOCK + SYSTEM_ARMS)}, edf+admission, "
             f"maestro[model|model@compare|prior|none|oracle|noiseσ] with optional "
             f"/{','.join(ABLATIONS)}"
         )

@@ -2,7 +2,9 @@
 
 Per seed: the held-out workflows cycled to `--workflows` in a seeded order, Poisson arrivals, tool times drawn from
 the stated distribution (`serving.sim.tooltime`), the per-app SLOs fixed from the training side
-(`serving.sim.slo.SLOTable`). Per arm: the system, fed predictions made at readiness (`serving.sim.ready`).
+(`serving.sim.slo.SLOTable`). Per arm: the system, fed predictions made at readiness (`serving.sim.ready`). The
+cluster is the named scenario's (`serving.sim.scenarios`), which also prepares every workflow it replays or fixes
+SLOs from (its context growth, classes, model mapping), priced by the cost model's `step_model` where one is named.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ MODEL_MAP = {  # trace model -> cost profile: each large family on its own place
     "ModelType.GPT_3_5_TURBO": "qwen2-72b",
     "ModelType.GPT_3_5_TURBO_NEW": "qwen2-72b",
 }
+# `--rates auto`: each rate's name and the share of the ceiling the search's arm attains there
+RATE_TARGETS = {"light": 0.99, "knee": 0.9, "past": 0.7, "heavy": 0.5}
+TARGETS = tuple(RATE_TARGETS.values())
+RATES_FOUND_BY = "edf"  # the arm the rate search runs
 MARGIN_WORKFLOWS = 120  # training workflows the oracle's reserve margin is measured on
 COUNTERS = (
     "num_preemptions",
@@ -63,10 +69,15 @@ class Replay:
     tool_times: ToolTimeDistribution = field(default_factory=ToolTimeDistribution)
     sources: dict = field(default_factory=dict)
     compare_dir: Path | None = None  # the predictor of the `model@compare` source
+    scenario_name: str = "maestro-paper"
+    regime: str | None = None  # the scenario's context regime (None: its default)
+    step_model: str | None = None  # the cost model's step pricing, `fitted` or `datasheet` (None: the config's)
 
     def __post_init__(self):
-        self.scenario = get_scenario("maestro-paper", self.nodes)
+        self.scenario = get_scenario(self.scenario_name, self.nodes, regime=self.regime)
         self.scenario.cluster.show_progress = False
+        if self.step_model is not None:
+            self.scenario.cluster.cost = replace(self.scenario.cluster.cost, step_model=self.step_model)
         self.cost = CostModel(self.scenario.cluster.cost)
         self.default_model = self.scenario.cluster.placement[0][0]
         self.train_workflows = self._workflows(self.train, None, seed=0)
@@ -81,6 +92,7 @@ class Replay:
             warnings.simplefilter("ignore")  # unmapped trace models run as the default model
             workflows = trace_workflows(stages, self.default_model, count, seed)
             map_models(workflows, self.scenario.cluster.cost.models, self.default_model, MODEL_MAP)
+        self.scenario.prepare(workflows)
         self.tool_times.draw(workflows, seed)
         return workflows
 
@@ -161,13 +173,13 @@ class Replay:
         return Outcomes(met, e2e, clusters, extra)
 
 
-def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.7, 0.5), iterations: int = 6) -> list[float]:
-    """Arrival rates where EDF attains about each target × the ceiling (seed 0; bisection in log space): light, the
-    knee, sustained overload and (EDF keeps about half of the ceiling even when every workflow arrives at once, the
-    replay's fixed number of workflows then being a burst) the search's upper bound."""
+def find_rates(replay: Replay, ceiling: float, targets=TARGETS, iterations: int = 6) -> list[float]:
+    """Arrival rates where EDF (`RATES_FOUND_BY`) attains about each target × the ceiling (seed 0; bisection in log
+    space): light, the knee, sustained overload and (EDF keeps about half of the ceiling even when every workflow
+    arrives at once, the replay's fixed number of workflows then being a burst) the search's upper bound."""
     from benchmarks.referee.arms import parse_arm
 
-    edf, cache = parse_arm("edf"), {}
+    edf, cache = parse_arm(RATES_FOUND_BY), {}
 
     def attained(rate: float) -> float:
         if rate not in cache:
@@ -193,9 +205,9 @@ def find_rates(replay: Replay, ceiling: float, targets=(0.99, 0.9, 0.7, 0.5), it
 def run_grid(replay: Replay, arms: list[Arm], rates: list[float], seeds: int) -> dict[str, dict[str, list]]:
     """`out[rate][arm]` = the arm's `Outcomes` per seed; a progress bar over the runs."""
     out: dict[str, dict[str, list]] = {str(rate): {arm.name: [] for arm in arms} for rate in rates}
-    bar = tqdm(total=len(rates) * seeds * len(arms), desc="referee", unit="run")
+    bar = tqdm(total=len(out) * seeds * len(arms), desc="referee", unit="run")
     started = time.perf_counter()
-    for rate in rates:
+    for rate in dict.fromkeys(rates):  # a rate found twice (the search's bound) runs once
         for seed in range(seeds):
             workflows = replay.workload(rate, seed)
             for arm in arms:
@@ -203,5 +215,5 @@ def run_grid(replay: Replay, arms: list[Arm], rates: list[float], seeds: int) ->
                 out[str(rate)][arm.name].append(replay.run(arm, workflows, seed))
                 bar.update(1)
     bar.close()
-    print(f"grid: {len(rates) * seeds * len(arms)} runs in {time.perf_counter() - started:.0f} s")
+    print(f"grid: {len(out) * seeds * len(arms)} runs in {time.perf_counter() - started:.0f} s")
     return out

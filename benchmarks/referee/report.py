@@ -7,6 +7,13 @@ from pathlib import Path
 
 COLUMNS = (("slo_attainment", "SLO attainment", 3), ("e2e_p95_s", "p95 workflow time (s)", 0))
 DIFFERENCE_COLUMNS = (("slo_attainment", "SLO attainment (pp)", 1, 100.0),)
+# counters shown beside each arm's figures (`counters.<rate>.<arm>`, the mean run): key, title, digits
+COUNTER_COLUMNS = (
+    ("num_preemptions", "preemptions", 0),
+    ("oom_rate", "OOM rate", 3),
+    ("num_rejected", "turned away", 0),
+    ("num_abandoned", "abandoned", 0),
+)
 
 
 def cell(stat: dict, digits: int = 3, scale: float = 1.0, signed: bool = False) -> str:
@@ -21,18 +28,25 @@ def cell(stat: dict, digits: int = 3, scale: float = 1.0, signed: bool = False) 
     return text
 
 
-def rate_tables(report: dict, heading, columns=COLUMNS, difference_columns=DIFFERENCE_COLUMNS) -> list[str]:
-    """Per rate: `heading(rate, row)`, a table of every arm's figures, and one of the differences (signed)."""
+def rate_tables(
+    report: dict, heading, columns=COLUMNS, difference_columns=DIFFERENCE_COLUMNS, counter_columns=()
+) -> list[str]:
+    """Per rate: `heading(rate, row)`, a table of every arm's figures (and its `counter_columns`), and one of the
+    differences (signed)."""
     lines = []
     for rate, row in report["results"].items():
         arms = [a for a in row if a != "ceiling"]
+        titles = [t for _, t, _ in columns] + [t for _, t, _ in counter_columns]
+        lines += [heading(rate, row), "", "| arm | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
         lines += [
-            heading(rate, row),
-            "",
-            "| arm | " + " | ".join(t for _, t, _ in columns) + " |",
-            "|---" * (len(columns) + 1) + "|",
+            f"| {arm} | "
+            + " | ".join(
+                [cell(row[arm][k], d) for k, _, d in columns]
+                + [f"{report['counters'][rate][arm][k]:.{d}f}" for k, _, d in counter_columns]
+            )
+            + " |"
+            for arm in arms
         ]
-        lines += [f"| {arm} | " + " | ".join(cell(row[arm][k], d) for k, _, d in columns) + " |" for arm in arms]
         lines += [
             "",
             "| difference | " + " | ".join(t for _, t, _, _ in difference_columns) + " |",
@@ -48,14 +62,40 @@ def rate_tables(report: dict, heading, columns=COLUMNS, difference_columns=DIFFE
     return lines
 
 
+def per_rate(rate: str, row: dict) -> str:
+    return f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})"
+
+
 def table(report: dict) -> str:
     lines = [
-        f"Side `{report['side']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
-        f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; variants "
-        f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap].",
+        f"Side `{report['side']}`, scenario `{report['scenario']}`"
+        + (f" (regime `{report['regime']}`)" if report.get("regime") else "")
+        + f", cost `{report['cost']}`, {report['seeds']} seeds, {report['workflows']} workflows a run on "
+        f"{report['nodes']} nodes, SLO per app from the training side × {report['slo']['scale']}; rates "
+        f"{'found by `' + report['rates_found_by'] + '`' if report['rates_found_by'] else 'given'}; variants "
+        f"tried on this referee: {report['variants_tried']}. Cells: mean over seeds [95 % paired bootstrap]; "
+        "counters: the mean run.",
         "",
     ]
-    lines += rate_tables(report, lambda rate, row: f"**{rate} workflows/s** (ceiling {row['ceiling']:.3f})")
+    if not report["folds"]:
+        return "\n".join(lines + rate_tables(report, per_rate, counter_columns=COUNTER_COLUMNS))
+    by_fold = report["pooled"]["rates_by_fold"]
+    lines += [
+        f"Pooled over the folds ({', '.join(f['split'] for f in report['folds'])}) by {report['pooled']['by']}.",
+        "",
+    ]
+    lines += rate_tables(
+        report,
+        lambda key, row: (
+            f"**{key}** (pooled; rates/s by fold: "
+            + ", ".join(f"{split} {rate}" for split, rate in by_fold[key].items())
+            + f"; ceiling {row['ceiling']:.3f})"
+        ),
+        counter_columns=COUNTER_COLUMNS,
+    )
+    for fold in report["folds"]:
+        lines += [f"### Fold `{fold['split']}` (replayed; trained on the rest)", ""]
+        lines += rate_tables(fold, per_rate, counter_columns=COUNTER_COLUMNS)
     return "\n".join(lines)
 
 
@@ -68,7 +108,10 @@ def plot(report: dict, out: Path) -> Path:
     rates = list(report["results"])
     arms = [a for a in report["results"][rates[0]] if a != "ceiling"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    x = [float(r) for r in rates]
+    is_numeric = (
+        not report["folds"] or report["rates_found_by"] is None
+    )  # pooled auto rates are names (light, knee, ...)
+    x = [float(r) for r in rates] if is_numeric else list(range(len(rates)))
     ax.plot(x, [report["results"][r]["ceiling"] for r in rates], "k--", label="ceiling")
     for arm in arms:
         stats = [report["results"][r][arm]["slo_attainment"] for r in rates]
@@ -82,11 +125,13 @@ def plot(report: dict, out: Path) -> Path:
             label=arm,
         )
     ax.set(
-        xlabel="workflow arrivals/s",
+        xlabel="workflow arrivals/s" if is_numeric else "load (each fold's own rates, pooled by index)",
         ylabel="SLO attainment (95 % CI)",
-        xscale="log",
-        title=f"referee, side '{report['side']}' ({report['seeds']} seeds)",
+        xscale="log" if is_numeric else "linear",
+        title=f"referee, {report['scenario']}, side '{report['side']}' ({report['seeds']} seeds)",
     )
+    if not is_numeric:
+        ax.set_xticks(x, rates)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out.with_suffix(".png")

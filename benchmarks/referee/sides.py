@@ -4,7 +4,10 @@ Tasks (not stages, not workflows) are split, so that no task has stages on two s
 predictor and fixes the SLOs; the other 30 % are replayed, halved by a hash of the task id into `dev` (for choosing
 policies) and `locked` (reported once per change). Both splits hash the task id (`pipelines.featurize.locked_split`),
 so a task's side never depends on the rest of the data or a seed. `--folds K` instead assigns the tasks to K folds by
-the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1.
+the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1. `--folds family`
+groups the traces by app family instead (`FAMILIES`): each family is replayed with the predictor trained and the SLOs
+fixed on the other families, so nothing of the replayed family's apps was seen: their SLO is the training side's
+global one (`SLOTable.global_s`, the median over every training workflow × the scale).
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from pipelines.featurize import locked_split
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 DEFAULT_TRACES = (SHARED / "dev-traces" / "dev_traces.jsonl", *sorted((SHARED / "agent-traces").glob("*.jsonl")))
 SIDES = ("dev", "locked")
+# app (a trace's `app` field) -> app family; telecom and telecom-solo run the same tasks, so they are one family
+FAMILIES = {
+    "chatdev_warehouse": "chatdev",
+    "autogen_notebooks": "autogen",
+    "tau2_retail": "tau2-retail",
+    "tau2_telecom": "tau2-telecom",
+    "tau2_telecom_solo": "tau2-telecom",
+    "tau2_medical_triage": "tau2-medical-triage",
+}
 
 
 @dataclass
@@ -75,6 +87,33 @@ def fold_splits(stages: list[StageTrace], folds: int) -> list[Split]:
             raise ValueError(f"fold {k} of {folds} has no tasks on one side: use fewer folds")
         splits.append(Split(f"fold{k}", train, test))
     return splits
+
+
+def app_family(stage: StageTrace) -> str:
+    """The app family of a stage's trace, by its `app` field."""
+    try:
+        return FAMILIES[stage.app]
+    except KeyError:
+        raise ValueError(
+            f"trace '{stage.workflow_id}' has app {stage.app!r}, of no known family; known apps: "
+            f"{', '.join(FAMILIES)} (add the app to FAMILIES in benchmarks/referee/sides.py, or use --folds K)"
+        ) from None
+
+
+def family_splits(stages: list[StageTrace]) -> list[Split]:
+    """Leave one family out: each family replayed, the rest the train side (families in `FAMILIES` order)."""
+    family = [app_family(s) for s in stages]
+    present = [f for f in dict.fromkeys(FAMILIES.values()) if f in family]
+    if len(present) < 2:
+        raise ValueError(f"--folds family needs traces of two families or more, got {present or 'none'}")
+    return [
+        Split(
+            name,
+            [s for s, f in zip(stages, family) if f != name],
+            [s for s, f in zip(stages, family) if f == name],
+        )
+        for name in present
+    ]
 
 
 def train_model(train: Path, out: Path, retrain: bool = False) -> Path:

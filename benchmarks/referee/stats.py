@@ -4,7 +4,8 @@ Per seed, every arm replays the same workflows; a replay cycles each held-out wo
 resampling is the held-out workflow (all its copies together: a cluster), drawn with replacement within each seed.
 One draw weights every arm alike (paired), each statistic is computed per seed and averaged over seeds, and the 95 %
 interval is the 2.5–97.5 percentile of the draws. An abandoned or unfinished workflow counts as a miss and as +∞ in
-latency percentiles; a percentile that lands on +∞ is reported as null.
+latency percentiles; a percentile that lands on +∞ is reported as null. Folds are pooled (`pool`) seed by seed,
+each fold's held-out workflows clusters of their own, so one interval covers every fold's workflows.
 """
 
 from __future__ import annotations
@@ -77,3 +78,29 @@ def summarize(
                     name: interval(point[a, name] - point[b, name], boot[a, name] - boot[b, name]) for name in STATS
                 }
     return results, differences
+
+
+def pool(runs: list[Outcomes]) -> Outcomes:
+    """Several replays (one per fold, same seed) as one: their workflows side by side, each fold's held-out
+    workflows clusters of their own, each counter the mean over the runs (a run's count, as for one fold)."""
+    offsets = np.cumsum([0] + [int(o.clusters.max()) + 1 for o in runs[:-1]])
+    counters = [k for k, v in runs[0].extra.items() if isinstance(v, int | float | np.number)]
+    return Outcomes(
+        np.concatenate([o.met for o in runs]),
+        np.concatenate([o.e2e_s for o in runs]),
+        np.concatenate([o.clusters + offset for o, offset in zip(runs, offsets)]),
+        {k: float(np.mean([o.extra[k] for o in runs])) for k in counters},
+    )
+
+
+def pool_grids(grids: list[dict[str, dict[str, list[Outcomes]]]], rates: list[list[float]], keys: list[str]) -> dict:
+    """`grids[f][str(rate)][arm][seed]` and `rates[f]`, one per fold, each fold with as many rates as `keys`: the
+    folds pooled by rate index (every fold's i-th rate under `keys[i]`; two rates of a fold may be one run), seed by
+    seed."""
+    pooled = {}
+    for index, key in enumerate(keys):
+        rows = [grid[str(fold_rates[index])] for grid, fold_rates in zip(grids, rates)]
+        pooled[key] = {
+            arm: [pool([row[arm][seed] for row in rows]) for seed in range(len(runs))] for arm, runs in rows[0].items()
+        }
+    return pooled

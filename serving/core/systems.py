@@ -7,7 +7,7 @@ Maestro's batch-cost gate holds stages back. The gateway's config names a system
 
 Baselines of the Maestro paper (FCFS, EDF, SRTF) reserve KV for max_tokens, the traditional static reservation the
 −67.2 % is read against; the agent baselines of MARS (Continuum, Continuum-Dy, InferCept, keep/evict-always) run on
-vLLM's paged, on-demand allocation.
+vLLM's paged, on-demand allocation, as does stock vLLM (`vllm`: FCFS; `vllm-edf`: its priority fed the deadline).
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ SYSTEMS: dict[str, System] = {
         System("keep-always", _P.FCFS, _R.ON_DEMAND, _T.KEEP_ALWAYS),
         System("evict-always", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
         System("vllm", _P.FCFS, _R.ON_DEMAND, _T.EVICT_ALWAYS),
+        # stock vLLM with its request priority fed the workflow's deadline: EDF order, blocks on demand, recompute
+        System("vllm-edf", _P.EDF, _R.ON_DEMAND, _T.EVICT_ALWAYS),
     ]
 }
 
