@@ -58,15 +58,12 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 16: seven probes of what decides triage (capacity scale ×0.8 and ×1.25, a random shed, the upper quantile's
 # work, first-stage-only sheds, sheds past the third stage only, SRPT among kept workflows; serving/EXPERIMENTS.md,
 # 2026-12-03), none adopted.
-<<<<<<< HEAD
 # 22: six triage variants of 2026-12-04 on cross-family splits and the dev side (serving/EXPERIMENTS.md):
 # past-deadline shedding whatever the load / only while saturated / while saturated or past the callers' patience
 # (adopted); saturation read from stretch with a seeded capacity, the ready-stage check at the pool's stretch, and
 # stretch-only windows that only raise the capacity (all three left off).
 VARIANTS_TRIED = 22
-=======
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
->>>>>>> ref
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
