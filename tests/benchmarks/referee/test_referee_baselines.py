@@ -22,7 +22,9 @@ TWO_FAMILIES = [p for p in DEFAULT_TRACES if p.stem in ("tau2_medical_triage", "
 
 
 def stage(workflow_id: str, app: str | None) -> StageTrace:
-    return StageTrace(workflow_id=workflow_id, stage_id="s0", role="agent", prompt="hi", output_tokens=3, app=app)
+    return StageTrace(
+        workflow_id=workflow_id, stage_id="s0", role="agent", prompt="hi", output_tokens=3, app=app, call_index=0
+    )
 
 
 def test_stock_vllm_arms_allocate_on_demand_and_read_no_prediction():
