@@ -12,11 +12,13 @@ the linear layers; context_token_s the attention of a decode over one token of K
 prefill chunk per query-key pair. Fitted by non-negative least squares on relative residuals (every row counts by
 its % error, the measure reported), so no coefficient goes negative and small steps are not drowned by large ones.
 
-CSV (one row per distinct step content, aggregated over repeats; `CSV_COLUMNS`): model, device, family (decode:
-decodes only; prefill: one or more chunks, no decode, nothing cached; mixed: decodes beside chunks; cached: a chunk
-whose prompt starts with tokens already in the KV cache), num_decodes, decode_context_tokens, prefill_tokens,
-prefill_cached_tokens, prefill_pair_tokens, num_samples, time_s (the median of the clock fitted: the process's CPU
-time on vLLM-CPU), time_p25_s, time_p75_s, wall_s (the median wall time).
+CSV (one row per distinct step content, aggregated over repeats): the columns of the GPU step profile
+(`benchmarks/sim/gpu_profile.py`, `serving.sim.steptime_profiles.STEP_CSV_COLUMNS`: the device and its nominal
+bandwidth and peak, the model's shape, what the step carried, `step_s`), here `step_s` the median of the clock
+fitted (the process's CPU time on vLLM-CPU), then `EXTRA_COLUMNS`: family (decode: decodes only; prefill: chunks, no
+decode, nothing cached; mixed: decodes beside chunks; cached: a chunk whose prompt starts with tokens already in the KV
+cache), prefill_cached_tokens, num_samples, step_p25_s and step_p75_s (quartiles of the same clock), wall_s (the
+median wall time).
 """
 
 from __future__ import annotations
@@ -30,21 +32,30 @@ import numpy as np
 
 from serving.sim.costmodel import CostModel, CostModelConfig, StepLoad
 
-CSV_COLUMNS = (
+STEP_COLUMNS = (  # the GPU step profile's, in its order (serving.sim.steptime_profiles.StepSample)
+    "gpu",
+    "hbm_bytes_per_s",
+    "peak_flops",
     "model",
-    "device",
-    "family",
+    "tensor_parallel_size",
+    "num_layers",
+    "hidden_size",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "ffn_dim",
+    "vocab_size",
+    "weight_bytes_per_param",
     "num_decodes",
     "decode_context_tokens",
     "prefill_tokens",
-    "prefill_cached_tokens",
     "prefill_pair_tokens",
-    "num_samples",
-    "time_s",
-    "time_p25_s",
-    "time_p75_s",
-    "wall_s",
+    "num_prefills",
+    "step_s",
 )
+EXTRA_COLUMNS = ("family", "prefill_cached_tokens", "num_samples", "step_p25_s", "step_p75_s", "wall_s")
+CSV_COLUMNS = STEP_COLUMNS + EXTRA_COLUMNS
+TEXT_COLUMNS = ("gpu", "model", "family")
 FAMILIES = ("decode", "prefill", "mixed", "cached")
 
 
@@ -56,30 +67,30 @@ def family(num_decodes: int, prefill_tokens: int, prefill_cached_tokens: int) ->
     return "mixed" if num_decodes else "prefill"
 
 
-def aggregate(model: str, device: str, samples) -> list[dict]:
-    """(ScheduledStep, wall s, CPU s) samples as CSV rows: one per distinct content, medians and quartiles."""
+def aggregate(device: dict, samples) -> list[dict]:
+    """(ScheduledStep, wall s, CPU s) samples as CSV rows, one per distinct content (medians and quartiles); `device`
+    holds the columns every row shares (device, model shape)."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
     for step, wall_s, cpu_s in samples:
         load = step.load
         key = (load.num_decodes, load.decode_context_tokens, load.prefill_tokens, step.prefill_cached_tokens)
-        groups.setdefault(key, []).append((wall_s, cpu_s, load.prefill_pair_tokens))
+        groups.setdefault(key + (step.num_prefills, load.prefill_pair_tokens), []).append((wall_s, cpu_s))
     rows = []
-    for (decodes, context, prefill, cached), times in sorted(groups.items()):
+    for (decodes, context, prefill, cached, num_prefills, pairs), times in sorted(groups.items()):
         wall, cpu = np.array([t[0] for t in times]), np.array([t[1] for t in times])
+        content = dict(num_decodes=decodes, decode_context_tokens=context, prefill_tokens=prefill)
         rows.append(
             {
-                "model": model,
-                "device": device,
+                **device,
+                **content,
+                "prefill_pair_tokens": pairs,
+                "num_prefills": num_prefills,
+                "step_s": float(np.median(cpu)),
                 "family": family(decodes, prefill, cached),
-                "num_decodes": decodes,
-                "decode_context_tokens": context,
-                "prefill_tokens": prefill,
                 "prefill_cached_tokens": cached,
-                "prefill_pair_tokens": times[0][2],
                 "num_samples": len(times),
-                "time_s": float(np.median(cpu)),
-                "time_p25_s": float(np.percentile(cpu, 25)),
-                "time_p75_s": float(np.percentile(cpu, 75)),
+                "step_p25_s": float(np.percentile(cpu, 25)),
+                "step_p75_s": float(np.percentile(cpu, 75)),
                 "wall_s": float(np.median(wall)),
             }
         )
@@ -100,8 +111,7 @@ def read_csv(path: Path) -> list[dict]:
         missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ValueError(f"{path}: columns {missing} missing; a step profile CSV has {list(CSV_COLUMNS)}")
-        text = ("model", "device", "family")
-        return [{k: v if k in text else float(v) for k, v in row.items()} for row in reader]
+        return [{k: v if k in TEXT_COLUMNS else float(v) for k, v in row.items()} for row in reader]
 
 
 @dataclass(frozen=True)
@@ -136,12 +146,12 @@ def features(rows: list[dict]) -> np.ndarray:
 
 
 def fit(rows: list[dict]) -> LinearStepModel:
-    """Least-squares coefficients (non-negative) of `rows`' `time_s`, each row weighted by 1 / its time."""
+    """Least-squares coefficients (non-negative) of `rows`' `step_s`, each row weighted by 1 / its time."""
     from scipy.optimize import nnls
 
     if len(rows) < 5:
         raise ValueError(f"{len(rows)} rows: the step model has 5 coefficients; profile more step shapes")
-    times = np.array([row["time_s"] for row in rows])
+    times = np.array([row["step_s"] for row in rows])
     scale = features(rows).max(axis=0)
     scale[scale == 0] = 1.0
     coefficients, _ = nnls(features(rows) / scale / times[:, None], np.ones(len(rows)))
@@ -153,7 +163,7 @@ def predict(model: LinearStepModel, rows: list[dict]) -> np.ndarray:
 
 
 def median_abs_pct_err(model: LinearStepModel, rows: list[dict]) -> float:
-    times = np.array([row["time_s"] for row in rows])
+    times = np.array([row["step_s"] for row in rows])
     return float(np.median(np.abs(predict(model, rows) - times) / times) * 100)
 
 
@@ -185,6 +195,9 @@ class FittedStepCost(CostModel):
         if name not in self.fits:
             raise ValueError(f"no fitted step model for model '{name}'; fitted: {', '.join(self.fits)}")
         return self.fits[name]
+
+    def pricing(self) -> dict[str, str]:
+        return {name: "fitted to measured engine steps (benchmarks/engine/step_fit.py)" for name in self.fits}
 
     def step_time_s(self, loads: Mapping[str, StepLoad], host_slowdown: float = 1.0) -> float:
         return self.overhead_s * host_slowdown + sum(self.fit_of(name).added_s(load) for name, load in loads.items())

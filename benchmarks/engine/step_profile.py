@@ -42,8 +42,12 @@ LIMITS = {
     "tiny": (180_000, 2048, (16, 32, 64, 128, 256, 512, 1024, 2048), (1, 4, 16, 64), (32, 512, 2048)),
     "wide": (40_000, 1024, (16, 32, 64, 128, 256, 512, 1024), (1, 4, 16, 32), (32, 512, 1024)),
 }
+DECODE_BINS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, 64))  # the plot's colours
 DECODE_STEPS = 8  # decode steps recorded per (N, C) plan once all N are decoding
 VOCAB = 2000  # token ids drawn below the tiny tokenizer's vocabulary (2,048)
+# The device as the CSV names it; its bandwidth and peak are nominal figures for one AVX-512 core (a roofline fitted
+# on these rows fits its efficiencies against them; the linear step fit does not read them).
+DEVICE, DEVICE_BYTES_PER_S, DEVICE_FLOPS = "cpu-1-thread", 20e9, 150e9
 
 
 @dataclass
@@ -54,8 +58,11 @@ class Plan:
     waves: list[list[tuple[list[int], int]]]
 
 
-def scenarios(model: str, repeat: int) -> list[Plan]:
+def scenarios(model: str, repeat: int, quick: bool = False) -> list[Plan]:
+    """The planned batches; `quick`: a few of each family (the vLLM test's)."""
     _, budget, prefills, decodes, contexts = LIMITS[model]
+    if quick:
+        prefills, decodes, contexts = prefills[:1] + prefills[-2:-1], decodes[1:2], contexts[:1]
     rng = random.Random(f"{model}/{repeat}")
 
     def ids(n: int) -> list[int]:
@@ -66,13 +73,13 @@ def scenarios(model: str, repeat: int) -> list[Plan]:
         for c in contexts:
             steps = -(-n * c // budget) + DECODE_STEPS + 2
             plans.append(Plan(f"decode {n}x{c}", [[(ids(c), steps) for _ in range(n)]]))
-    for n in (4, decodes[-1]):
+    for n in dict.fromkeys((4, decodes[-1])):
         sizes = [p for p in prefills if p + n <= budget]
         decoders = [(ids(256), -(-n * 256 // budget) + 2 * len(sizes) + 4) for _ in range(n)]
         plans.append(Plan(f"mixed {n}", [decoders] + [[(ids(p), 1)] for p in sizes]))
-    for n in (0, 8):
-        for prefix in (256, 1024):
-            for new in (32, 256):
+    for n in (0, 8)[: 1 + (not quick)]:
+        for prefix in (256, 1024)[: 1 + (not quick)]:
+            for new in (32, 256)[: 1 + (not quick)]:
                 base = ids(prefix)
                 decoders = [[(ids(64), 6) for _ in range(n)]] if n else []
                 plans.append(Plan(f"cached {n}", decoders + [[(base, 1)], [(base + ids(new), 1)]]))
@@ -91,15 +98,15 @@ def model_dir(root: Path, model: str) -> Path:
     return path
 
 
-def measure(model: str, path: Path, repeats: int, csv_path: Path) -> None:
+def measure(model: str, path: Path, repeats: int, csv_path: Path, quick: bool = False) -> None:
     """Run every plan `repeats` times on one engine (run in `.venv-vllm`); write the aggregated rows."""
     from benchmarks.engine.step_fit import aggregate, write_csv
     from benchmarks.engine.step_load import LoadTap
     from benchmarks.engine.vllm_engine import build_engine
 
     kv_tokens, budget, *_ = LIMITS[model]
-    kv_bytes = json.loads((path / "config.json").read_text())
-    per_token = 2 * kv_bytes["num_hidden_layers"] * kv_bytes["num_key_value_heads"] * kv_bytes["head_dim"] * 2
+    config = json.loads((path / "config.json").read_text())
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 2
     engine = build_engine(
         {
             "model_dir": str(path),
@@ -115,13 +122,32 @@ def measure(model: str, path: Path, repeats: int, csv_path: Path) -> None:
     scheduler = engine.engine_core.engine_core.scheduler
     tap, samples = LoadTap(scheduler), []
     for repeat in range(repeats + 1):  # the first pass warms the engine up and is not recorded
-        for plan in scenarios(model, repeat):
+        for plan in scenarios(model, repeat, quick):
             for step, wall_s, cpu_s in run_plan(engine, scheduler, tap, plan, f"{repeat}/{plan.name}"):
                 if repeat and not step.is_empty:
                     samples.append((step, wall_s, cpu_s))
         print(f"[{model}] pass {repeat}: {len(samples)} steps recorded", file=sys.stderr, flush=True)
     engine.engine_core.shutdown()
-    write_csv(csv_path, aggregate(model, "cpu-1-thread", samples))
+    write_csv(csv_path, aggregate(device_columns(model, config), samples))
+
+
+def device_columns(model: str, config: dict) -> dict:
+    """The columns every row of a model's profile shares: the device (nominal figures) and the model's shape."""
+    return {
+        "gpu": DEVICE,
+        "hbm_bytes_per_s": DEVICE_BYTES_PER_S,
+        "peak_flops": DEVICE_FLOPS,
+        "model": model,
+        "tensor_parallel_size": 1,
+        "num_layers": config["num_hidden_layers"],
+        "hidden_size": config["hidden_size"],
+        "num_q_heads": config["num_attention_heads"],
+        "num_kv_heads": config["num_key_value_heads"],
+        "head_dim": config["head_dim"],
+        "ffn_dim": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "weight_bytes_per_param": 2.0,
+    }
 
 
 def run_plan(engine, scheduler, tap, plan: Plan, tag: str):
@@ -146,11 +172,11 @@ def run_plan(engine, scheduler, tap, plan: Plan, tag: str):
 
 def spread(rows: list[dict]) -> dict:
     """How much the repeats of one step content disagree, and how far the wall clock ran from the CPU clock."""
-    iqr = [(r["time_p75_s"] - r["time_p25_s"]) / r["time_s"] for r in rows if r["num_samples"] > 1]
+    iqr = [(r["step_p75_s"] - r["step_p25_s"]) / r["step_s"] for r in rows if r["num_samples"] > 1]
     return {
         "median_iqr_pct_of_median": round(float(np.median(iqr)) * 100, 2) if iqr else None,
         "p90_iqr_pct_of_median": round(float(np.percentile(iqr, 90)) * 100, 2) if iqr else None,
-        "median_wall_over_cpu": round(float(np.median([r["wall_s"] / r["time_s"] for r in rows])), 3),
+        "median_wall_over_cpu": round(float(np.median([r["wall_s"] / r["step_s"] for r in rows])), 3),
     }
 
 
@@ -191,15 +217,16 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
         mine = [row for row in rows if row["model"] == model]
-        counts = sorted({int(r["num_decodes"]) for r in mine})
-        colors = plt.cm.viridis(np.linspace(0, 0.9, len(counts)))
-        for count, color in zip(counts, colors):
-            pts = [r for r in mine if int(r["num_decodes"]) == count]
-            x = [r["num_decodes"] + r["prefill_tokens"] for r in pts]
-            ax.scatter(x, [r["time_s"] * 1e3 for r in pts], s=10, color=color, label=f"{count} decodes")
+        colors = plt.cm.viridis(np.linspace(0, 0.9, len(DECODE_BINS)))
+        for (low, high), color in zip(DECODE_BINS, colors):
+            for fam, marker in (("decode", "o"), ("prefill", "s"), ("mixed", "^"), ("cached", "x")):
+                pts = [r for r in mine if low <= r["num_decodes"] <= high and r["family"] == fam]
+                x = [r["num_decodes"] + r["prefill_tokens"] for r in pts]
+                label = f"{low}-{high} decodes, {fam}" if pts else None
+                ax.scatter(x, [r["step_s"] * 1e3 for r in pts], s=9, color=color, marker=marker, label=label)
         ax.set(xscale="log", yscale="log", xlabel="tokens in the step (decodes + prefill chunk)", ylabel="CPU ms")
         ax.set_title(f"vLLM-CPU step time: {model}")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -211,11 +238,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="tiny,wide", help=f"of {', '.join(SHAPES)} (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
+    parser.add_argument("--quick", action="store_true", help="a few batches of each family (a smoke test)")
     parser.add_argument("--measure", nargs=3, metavar=("MODEL", "MODEL_DIR", "CSV"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
         model, path, csv_path = args.measure
-        measure(model, Path(path), args.repeats, Path(csv_path))
+        measure(model, Path(path), args.repeats, Path(csv_path), args.quick)
         return {}
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in SHAPES]
@@ -237,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     for model in models:
         part = args.out / f"step_profile_{model}.csv"
         command = [str(args.vllm_python), "-m", "benchmarks.engine.step_profile", "--repeats", str(args.repeats)]
+        command += ["--quick"] if args.quick else []
         command += ["--out", str(args.out), "--measure", model, str(model_dir(args.out / "models", model)), str(part)]
         subprocess.run(command, cwd=REPO, env=env, check=True)
         parts.append(part)

@@ -41,7 +41,7 @@ ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 @dataclass
 class ClusterConfig:
     num_nodes: int = 4
-    cost: CostModelConfig = field(default_factory=CostModelConfig)
+    cost: CostModelConfig | CostModel = field(default_factory=CostModelConfig)  # a config, or a built cost model
     kv_pool_bytes: int = 32 * 1024**3
     page_bytes: int = 2 * 1024**2
     overcommit: float = 3.0
@@ -83,7 +83,7 @@ class Simulator:
     ):
         self.cluster, self.system, self.workflows = cluster, system, workflows
         self.predict_ready = predict_ready
-        self.cost = CostModel(cluster.cost)
+        self.cost = cluster.cost if isinstance(cluster.cost, CostModel) else CostModel(cluster.cost)
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         self.nodes = [SimNode(i, self.cost, cluster, system, self._is_live) for i in range(cluster.num_nodes)]
         self.recorder = Recorder()
