@@ -184,7 +184,9 @@ class Replay:
         self.num_measured_left -= first <= stage.workflow < last
         if self.num_finished % 100 == 0:
             print(
-                f"[{self.arm['name']}] step {self.step:.0f}: {self.num_finished} stages done", file=sys.stderr, flush=True
+                f"[{self.arm['name']}] step {self.step:.0f}: {self.num_finished} stages done",
+                file=sys.stderr,
+                flush=True,
             )
         if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
             heapq.heappush(

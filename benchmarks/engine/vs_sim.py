@@ -2,17 +2,18 @@ r"""The simulator checked against the real engine: the engine replay's workload 
 
     .venv/bin/python -m benchmarks.engine.vs_sim --engine OUT.json --run RATE-SEED
 
-Reads one run of the referee's engine mode (`python -m benchmarks.referee --engine --json OUT.json`: the plans and
-step records in OUT/RATE-SEED/, the same workflows, arrivals, tool gaps, deadlines and each arm's predictions), and
-runs the plans on one simulated node priced by the run's own clock (`EngineConfig.cost`): under `--clock fitted`,
-vLLM-CPU's fitted step time (`benchmarks/engine/step_fit.py`), so that the engine's steps and the simulator's are
-priced by one model and only what each puts in a step differs; under `--clock step`, `step_cost` (a decode step
-costs one step whatever the batch, a prefill its tokens over the engine's prefill chunk). The KV pool and block are
-the engine's. Each engine arm runs as the simulator's
-system of the same kind: `vllm-fcfs` as `vllm` (on-demand KV, preempt on overflow), Maestro's arms as `maestro` fed
-the same predictions. vLLM's priority arms have no simulated counterpart. Figures are in engine steps, over the
-measured workflows of the run; preemptions over the whole run (the engine's stops once the measured workflows ended,
-the simulator's runs every workflow to its end). Writes JSON and a Markdown table next to `--out`.
+Reads one run of the referee's engine mode (`python -m benchmarks.referee --engine --json OUT.json`: the plans and step
+records in OUT/RATE-SEED/, the same workflows, arrivals, tool gaps, deadlines and each arm's predictions), and runs the
+plans on one simulated node priced by the run's own clock (`EngineConfig.cost`): under `--clock fitted`, vLLM-CPU's
+fitted step time (`benchmarks/engine/step_fit.py`), so that the engine's steps and the simulator's are priced by one
+model and only what each puts in a step differs; under `--clock step`, `step_cost` (a decode step costs one step
+whatever the batch, a prefill its tokens over the engine's prefill chunk). The KV pool and block are the engine's. Each
+engine arm runs as the simulator's system of the same kind: `vllm-fcfs` as `vllm` (on-demand KV, preempt on overflow),
+Maestro's arms as `maestro` fed the same predictions, in the engine's MaestroScheduler order (`--policy`) and turning
+nothing away (`sim_system`). vLLM's priority arms have no simulated counterpart. Figures are in the run's clock units
+(engine steps under `--clock step`), over the measured workflows of the run; preemptions over the whole run (the
+engine's stops once the measured workflows ended, the simulator's runs every workflow to its end). Writes JSON and a
+Markdown table next to `--out`.
 """
 
 from __future__ import annotations
@@ -27,15 +28,22 @@ from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, Engi
 from benchmarks.engine.report import run_figures
 from maestro.prediction import OutputSize
 from serving.core.residency import ResidencyConfig
-from serving.core.systems import get_system
+from serving.core.scheduler.base import Policy
+from serving.core.systems import System, get_system
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.workload import SimStage, SimWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def sim_system(arm: str) -> str | None:
-    return "vllm" if arm == "vllm-fcfs" else "maestro" if arm.startswith("maestro[") else None
+def sim_system(arm: str, policy: str) -> System | None:
+    """The simulator's system for an engine arm: `vllm` for vllm-fcfs; for a Maestro arm, Maestro with the order the
+    engine's MaestroScheduler keeps (`policy`) and nothing turned away, as the plugin turns nothing away."""
+    if arm == "vllm-fcfs":
+        return get_system("vllm")
+    if arm.startswith("maestro["):
+        return get_system("maestro").with_overrides(scheduler=Policy(policy), triage_rejects=False)
+    return None
 
 
 def fitted_cluster(config: dict) -> ClusterConfig:
@@ -105,14 +113,15 @@ def latency_figures(met, latency_steps, preemptions: int) -> dict:
 
 def simulate(plan: dict, config: dict) -> dict:
     """The plan on the fitted node; figures over the plan's measured workflows, as the engine's."""
-    step_s, system = config["step_s"], sim_system(plan["arm"]["name"])
+    step_s, system = config["step_s"], sim_system(plan["arm"]["name"], config.get("policy", "least-slack"))
     workflows = sim_workflows(plan, step_s)
-    summary = Simulator(fitted_cluster(config), get_system(system), workflows).run().summary
+    summary = Simulator(fitted_cluster(config), system, workflows).run().summary
     first, last = plan["measured"]
     measured = workflows[first:last]
     latency = [(w.done_s - w.arrival_s) / step_s if w.done_s >= 0 else np.inf for w in measured]
     met = [w.done_s >= 0 and w.done_s - w.arrival_s <= w.slo_s for w in measured]
-    return {"system": system, **latency_figures(met, latency, summary["num_preemptions"])}
+    name = system.name if system.name == "vllm" else f"maestro, {system.scheduler.value}"
+    return {"system": name, **latency_figures(met, latency, summary["num_preemptions"])}
 
 
 def rank(rows: dict) -> list[str]:
@@ -124,7 +133,7 @@ def compare(config: dict, run: Path) -> dict:
     for plan_path in sorted(run.glob("plan_*.json")):
         plan = json.loads(plan_path.read_text())
         arm = plan["arm"]["name"]
-        if sim_system(arm) is None:
+        if sim_system(arm, config.get("policy", "least-slack")) is None:
             continue
         steps = json.loads((run / f"steps_{arm}.json").read_text())
         figures = run_figures(plan, steps)
