@@ -83,9 +83,7 @@ class EngineConfig:
 
     def cost(self) -> CostModel:
         """The replay clock's cost model, in seconds of `step_s` a clock unit: what the SLOs are priced by."""
-        if self.clock == "step":
-            return CostModel(step_cost(self))
-        return FittedStepCost(step_cost(self), {MODEL: self.step_fit()}, self.max_num_batched_tokens)
+        return plan_cost(self, self.clock_plan().get("clock"))
 
     def clock_plan(self) -> dict:
         """The clock as a plan carries it to `benchmarks/engine/steps.py` (`step_price` reads it back); none under
@@ -148,11 +146,17 @@ def step_cost(config: EngineConfig) -> CostModelConfig:
     )
 
 
+def plan_cost(config: EngineConfig, clock: dict | None) -> CostModel:
+    """The cost model of a plan's clock (`EngineConfig.clock_plan`; none: the step clock): under `fitted`, the fit the
+    plan carries, so that a run is priced as it ran whatever the shipped fit is now."""
+    if clock is None or clock["kind"] == "step":
+        return CostModel(step_cost(config))
+    return FittedStepCost(step_cost(config), {MODEL: LinearStepModel(**clock["fit"])}, clock["chunk_tokens"])
+
+
 def step_price(clock: dict | None) -> Callable[[StepLoad], float]:
-    """What an engine step carrying a load counts on a plan's clock (`EngineConfig.clock_plan`; none: the step
-    clock)."""
+    """What an engine step carrying a load counts on a plan's clock (none: the step clock, one a step)."""
     if clock is None or clock["kind"] == "step":
         return lambda load: 1.0
-    config = EngineConfig(step_s=clock["step_s"], max_num_batched_tokens=clock["chunk_tokens"], clock="fitted")
-    cost = FittedStepCost(step_cost(config), {MODEL: LinearStepModel(**clock["fit"])}, clock["chunk_tokens"])
+    cost = plan_cost(EngineConfig(step_s=clock["step_s"], max_num_batched_tokens=clock["chunk_tokens"]), clock)
     return lambda load: cost.step_time_s({MODEL: load}) / clock["step_s"]

