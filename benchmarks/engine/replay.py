@@ -35,12 +35,11 @@ import math
 from dataclasses import asdict
 
 from benchmarks.engine.arms import EngineArm
-from benchmarks.engine.config import MODEL, EngineConfig, step_cost
+from benchmarks.engine.config import MODEL, EngineConfig
 from maestro.contract import StageTrace
 from serving.core.request import TokenPace, workflow_remaining_s
 from serving.gateway.core import vllm_priority_value
 from serving.sim.arrivals import arrival_times
-from serving.sim.costmodel import CostModel
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
@@ -122,7 +121,7 @@ class EngineWorkload:
     ):
         self.train, self.test, self.model_dir, self.config = train, test, model_dir, config
         self.tool_times = tool_times or ToolTimeDistribution()
-        self.cost = CostModel(step_cost(config))
+        self.cost = config.cost()
         trained = self.workflows(train, None, 0)
         self.slo = SLOTable.fit(trained, self.cost, slo_scale)
         self.base = trace_workflows(test, MODEL)
@@ -179,6 +178,7 @@ class EngineWorkload:
         first, last = (round(share * count) for share in STEADY)
         shared = {
             "engine": self.config.engine(llm, seed),
+            **self.config.clock_plan(),
             "measured": [first, last],
             "window": [arrivals[first], arrivals[min(last, count - 1)]],
         }

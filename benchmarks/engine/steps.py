@@ -6,26 +6,26 @@ Run by `.venv-vllm`'s python (the repository on PYTHONPATH) from `benchmarks.ref
     python -m benchmarks.engine.steps PLAN.json OUT.json [PLAN.json OUT.json ...]
 
 The engine is vLLM 0.32's `LLMEngine` with its core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the tiny test
-model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The clock is the engine's step: a stage is added
-when its workflow arrives or its parents (and the tool call after one) are done, with `arrival_time` the scheduler's
-step count then; when nothing is in the engine and nothing is ready, the clock jumps to the next arrival (no engine step
-runs, so the scheduler's count stays behind the replay's by the skipped steps, which no live request sees). A stage ends
-as a real turn ends, inside the step that samples its last token: vLLM finishes it by length (`FINISHED_LENGTH_CAPPED`,
-as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix cache; with
-MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only while vLLM appends
-one request's sampled tokens and checks them for a stop (`_update_request_with_output`), that request's `max_tokens` is
-its recorded length; at every other moment every request's is the declared cap (with `ignore_eos`): vLLM's and
-MaestroScheduler's decisions, and the plugin's code that runs as a request leaves, never see a recorded length
-(tests/benchmarks/engine/test_engine_leaks.py). Requests end in the order vLLM iterates that step's batch, so the same
-plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts with its
-parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache are recorded
-per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger plugin
-(`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its session
-and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls that have
-returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the steady
-window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are recorded
-(`window_tokens`).
-"""
+model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The clock is the engine's step (the plan's
+`clock` absent), or each engine step's price from the content it carried (`clock` fitted: vLLM-CPU's fitted step time in
+units of `step_s`, `benchmarks.engine.config.step_price`): a stage is added when its workflow arrives or its parents
+(and the tool call after one) are done, with `arrival_time` the scheduler's step count then; when nothing is in the
+engine and nothing is ready, the clock jumps to the next arrival (no engine step runs, so the scheduler's count stays
+behind the replay's by the skipped steps, which no live request sees). A stage ends as a real turn ends, inside the step
+that samples its last token: vLLM finishes it by length (`FINISHED_LENGTH_CAPPED`, as a stop token would finish it), so
+its KV goes where a finished turn's goes (vLLM's prefix cache; with MaestroScheduler and a session hint, possibly a hold
+for its session's next turn). For that, and only while vLLM appends one request's sampled tokens and checks them for a
+stop (`_update_request_with_output`), that request's `max_tokens` is its recorded length; at every other moment every
+request's is the declared cap (with `ignore_eos`): vLLM's and MaestroScheduler's decisions, and the plugin's code that
+runs as a request leaves, never see a recorded length (tests/benchmarks/engine/test_engine_leaks.py). Requests end in
+the order vLLM iterates that step's batch, so the same plan gives the same steps. Prompts are seeded token ids; a stage
+that continues its session (tool loop) starts with its parent's prompt and output, so the prefix cache can hold them;
+the prompt tokens vLLM served from its cache are recorded per stage (`cached_tokens`, the request's first output) and
+checked against what the project's stat-logger plugin (`maestro_vllm_stats`, attached to the engine) logs for each
+finished request. A Maestro arm's turn carries its session and predicted tool time (`benchmarks/engine/replay.py`); the
+prediction is `ToolTimes` over the tool calls that have returned by then. The run ends once every measured workflow (the
+plan's `measured` range) has ended and the steady window (`window`, in replay steps) is over; the output tokens each
+stage produced inside the window are recorded (`window_tokens`)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.engine.config import step_price
 from benchmarks.engine.replay_stage import Stage, prompt_ids
+from benchmarks.engine.step_load import LoadTap
 from benchmarks.engine.vllm_engine import build_engine
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its scheduler is ours
@@ -57,6 +59,7 @@ class Replay:
         self.plan, self.arm, self.stats_dir = plan, plan["arm"], stats_dir
         self.engine = build_engine(plan["engine"], self.arm)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
+        self.load_tap, self.price = LoadTap(self.scheduler), step_price(plan.get("clock"))
         self.stages = [
             [Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]] for w, wf in enumerate(plan["workflows"])
         ]
@@ -68,7 +71,7 @@ class Replay:
         first, last = plan["measured"]
         self.num_measured_left = sum(len(wf["stages"]) for wf in plan["workflows"][first:last])
         self.window = plan["window"]
-        self.step, self.skipped = 0, 0
+        self.step = 0  # the replay's clock: engine steps, or their fitted price (`step_price`), in units of step_s
         # per engine step: (replay step, KV blocks used, requests running, output tokens produced)
         self.steps: list[tuple[int, int, int, int]] = []
         self.recomputed_tokens, self.num_finished = 0, 0
@@ -140,7 +143,7 @@ class Replay:
                 name,
                 {"prompt_token_ids": stage.prompt_ids},
                 params,
-                arrival_time=float(self.step - self.skipped),
+                arrival_time=float(len(self.steps)),  # the scheduler's step count, the plugin's clock
                 priority=spec.get("priority", 0),
             )
             stage.request = self.scheduler.requests[stage.request_id]
@@ -185,7 +188,9 @@ class Replay:
         self.num_measured_left -= first <= stage.workflow < last
         if self.num_finished % 100 == 0:
             print(
-                f"[{self.arm['name']}] step {self.step}: {self.num_finished} stages done", file=sys.stderr, flush=True
+                f"[{self.arm['name']}] step {self.step:.0f}: {self.num_finished} stages done",
+                file=sys.stderr,
+                flush=True,
             )
         if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
             heapq.heappush(
@@ -211,11 +216,10 @@ class Replay:
         started = time.perf_counter()
         while (self.ready or self.live) and (self.num_measured_left or self.step < self.window[1]):
             if not self.live and self.ready and self.ready[0][0] > self.step:
-                self.skipped += self.ready[0][0] - self.step
                 self.step = self.ready[0][0]
             self._inject()
             self._note_cache_hits(self.engine.step())
-            self.step += 1
+            self.step += self.price(self.load_tap.last.load)
             self._after_step()
         return self.report(time.perf_counter() - started)
 

