@@ -1,6 +1,7 @@
 r"""How far the simulator's prices are from measurements: one function per section, one JSON.
 
-    .venv/bin/python -m benchmarks.sim.fidelity --json OUT.json [--profiles DIR] [--steps CSV ...] [--plot PNG]
+    .venv/bin/python -m benchmarks.sim.fidelity --json OUT.json [--profiles DIR] [--steps CSV ...] [--plot PNG] \
+        [--engine ENGINE_REPORT.json --run RATE-SEED]
 
 `profile_fit`: the parametric step-time roofline (`serving.sim.steptime_fit`) fitted on some of Vidur's measured
 per-layer profiles (microsoft/vidur, MIT; Agrawal et al., MLSys 2024) and checked on the others: each model left
@@ -12,6 +13,9 @@ out, and the in-sample error of the same fit beside it; `median_abs_pct_err` poo
 The plot: predicted against measured per profile, the prediction from the fit that left that model out.
 `prices`: what the simulator charges, fitted beside datasheet, for each of its models and GPUs (`PRICED_LOADS`),
 and how each model's linear operators are priced there (a measured profile, or the fit).
+`engine_vs_sim` (with `--engine`): one run of the engine referee (`python -m benchmarks.referee --engine --json
+ENGINE_REPORT.json`, its plans and step records beside it) replayed through the simulator on the run's own clock, arm
+by arm (`benchmarks.engine.vs_sim.engine_vs_sim`; docs/engine_clock.md).
 """
 
 from __future__ import annotations
@@ -144,10 +148,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profiles", type=Path, default=PROFILES, help="Vidur's <gpu>__<model>__mlp.csv folder")
     parser.add_argument("--steps", type=Path, nargs="*", default=[], help="step CSVs from gpu_profile.py")
     parser.add_argument("--plot", type=Path, default=None, help="(default: next to --json, .png)")
+    parser.add_argument("--engine", type=Path, default=None, help="an engine referee report (section engine_vs_sim)")
+    parser.add_argument("--run", default=None, help="with --engine: its run, RATE-SEED (e.g. 150-0)")
     args = parser.parse_args(argv)
+    if bool(args.engine) != bool(args.run):
+        parser.error("--engine and --run go together: an engine referee report and one of its runs (RATE-SEED)")
     profiles = read_vidur_dir(args.profiles)
     section, fits = profile_fit(profiles, args.steps)
     result = {"profile_fit": section, "prices": prices()}
+    if args.engine:
+        from benchmarks.engine.vs_sim import engine_vs_sim
+
+        result["engine_vs_sim"] = engine_vs_sim(args.engine, args.run)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     plot_profile_fit(profiles, fits, args.plot or args.json.with_suffix(".png"))

@@ -159,3 +159,8 @@ def test_the_profiler_reads_what_real_vllm_steps_carried(tiny_model, tmp_path):
         (b.num_decodes, b.prefill_tokens) for b in planned for _ in range(2)
     ]
     assert all(r.decode_context_tokens >= r.num_decodes * 64 and r.step_s > 0 for r in rows)
+
+
+def test_the_engine_section_needs_a_report_and_a_run(tmp_path):
+    with pytest.raises(SystemExit):
+        fidelity.main(["--json", str(tmp_path / "f.json"), "--engine", str(tmp_path / "engine.json")])
