@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from serving.sim.engine import ClusterConfig
 
 FINISH, GROW, PREFILLED = 0, 1, 2
+HOLD_TOLERANCE_STEPS = 1e-6  # a step clock this close to the end of a preempting step has passed it
 PACE_WINDOW_S = 10.0  # the measured pace is the step clock's rate over about this long
 _TIE = itertools.count()
 
@@ -134,7 +135,9 @@ class SimNode:
         while heap and heap[0][3].epoch != heap[0][4]:
             heapq.heappop(heap)
         next_v = min(heap[0][0] if heap else float("inf"), self.steps.next_end_v())
-        if self.running and self.starts_held_until_v > self.v and len(self.core):
+        # (within the tolerance `may_start` reads the hold with: an event a float's rounding ahead would not move the
+        # clock, and would come back at the same instant for ever)
+        if self.running and self.starts_held_until_v > self.v + HOLD_TOLERANCE_STEPS and len(self.core):
             next_v = min(next_v, self.starts_held_until_v)  # the step after a preemption may start the queue
         if next_v == float("inf"):
             return None
@@ -175,7 +178,7 @@ class SimNode:
 
     def may_start(self, now: float) -> bool:
         """False during a step that preempted (an idle node's next step is now)."""
-        return not self.running or self.v_at(now) >= self.starts_held_until_v - 1e-6
+        return not self.running or self.v_at(now) >= self.starts_held_until_v - HOLD_TOLERANCE_STEPS
 
     def is_prefilling(self, stage) -> bool:
         return stage in self.steps.prefills

@@ -197,3 +197,14 @@ def test_the_token_budget_is_validated():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         ClusterConfig(cost=CostModelConfig(max_num_batched_tokens=128), max_batch_seqs=256)
     assert ClusterConfig().cost.token_budget == 2048
+
+
+def test_a_hold_that_has_all_but_passed_schedules_no_event_at_the_same_instant(monkeypatch):
+    """A preempting step's hold within a float's rounding of the clock has passed (as `may_start` reads it): were it
+    scheduled, its event would not move the clock and would come back at the same instant for ever."""
+    node, stage = bare_node(), make_stage("s", 100, 10)
+    monkeypatch.setattr(type(node.core), "__len__", lambda self: 1)  # a stage waits
+    node.add_running(stage, 100)
+    node.starts_held_until_v = node.v + 1e-9
+    assert node.may_start(node.last_s)
+    assert node.next_event_s() - node.last_s >= 0.5 * node.step_s()  # the prefill's end, a step away
