@@ -22,10 +22,13 @@ FALLBACKS = (Source.TIMEOUT, Source.ERROR, Source.UNAVAILABLE, Source.NO_MODEL)
 
 @dataclass(frozen=True, slots=True)
 class StageAnswer:
-    """A stage's prediction as the gateway serves it, and who gave it."""
+    """A stage's prediction as the gateway serves it, who gave it and, where the predictor knows, when it was
+    ready (monotonic: the model's finish, or the deadline at which the prior answered), so the stage's `predict_s`
+    is the predictor's wait, not the event loop's delay in getting back to the call."""
 
     prediction: Prediction
     source: Source
+    answered_s: float | None = None
 
 
 class AnswerCounts:

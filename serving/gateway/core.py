@@ -22,7 +22,7 @@ from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork
 from serving.gateway.config import GatewayConfig
 from serving.gateway.exposition import GatewayMetrics
-from serving.gateway.jobs import Dispatcher, Job
+from serving.gateway.jobs import Arrival, Dispatcher, Job
 from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
@@ -170,9 +170,9 @@ class Gateway:
             self.dispatcher.fail_all_queued(f"no healthy vLLM node (last failure: {node.name})")
 
     # ---- one call ---------------------------------------------------------------------------
-    async def prepare(self, meta: StageMeta, body: dict) -> Job:
+    async def prepare(self, meta: StageMeta, body: dict, arrival: Arrival | None = None) -> Job:
         """Predict the stage and size its KV reserve (prepare.py); the Job is ready for `dispatcher.submit`."""
-        return await prepare_job(self, meta, body)
+        return await prepare_job(self, meta, body, arrival)
 
     def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
         """A stage's predicted work after it: from its workflow prediction (as the simulator's), or where the answer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import time
 
@@ -86,16 +87,17 @@ class LocalPredictor:
             return self._prior(stages, Source.NO_MODEL)
         if not self.is_ready:
             return self._prior(stages, Source.ERROR, "the model is not warmed up: the gateway was not started")
+        deadline_s = time.monotonic() + self.timeout_s
         try:
-            answers = await asyncio.wait_for(
-                self.worker.submit(stages, time.monotonic() + self.timeout_s), self.timeout_s
-            )
+            answers, done_s = await asyncio.wait_for(self.worker.submit(stages, deadline_s), self.timeout_s)
         except TimeoutError:
-            return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s")
+            done_s = math.inf
         except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
             return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
+        if done_s > deadline_s:  # (also where the loop, starved of CPU, got back to this call after the model)
+            return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s", deadline_s)
         self.counts.add(Source.MODEL, len(answers))
-        return [StageAnswer(p, Source.MODEL) for p in answers]
+        return [StageAnswer(p, Source.MODEL, done_s) for p in answers]
 
     def _parse(self, stage_dicts: list[StageRow]) -> list[StageTrace]:
         # Order-dependent structure (call_index, depth) is fixed per call, before the model thread batches calls:
@@ -106,9 +108,11 @@ class LocalPredictor:
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
         return self.new_apps.serve(stages, self.predictor.predict(stages, self.history))
 
-    def _prior(self, stages: list[StageRow], source: Source, cause: str = "") -> list[StageAnswer]:
+    def _prior(
+        self, stages: list[StageRow], source: Source, cause: str = "", answered_s: float | None = None
+    ) -> list[StageAnswer]:
         self.counts.add(source, len(stages), cause)
-        return [StageAnswer(self.fallback.predict(s), source) for s in stages]
+        return [StageAnswer(self.fallback.predict(s), source, answered_s) for s in stages]
 
     def observe(self, stage: StageRow) -> None:
         self.num_observed += 1

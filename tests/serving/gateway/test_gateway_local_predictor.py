@@ -192,12 +192,13 @@ def test_the_model_thread_batches_the_calls_that_waited_and_skips_those_past_the
         release.set()
         results = await asyncio.gather(first, *waiting)
         await asyncio.to_thread(worker.stop)
-        return worker, expired, results
+        return worker, expired, results, now
 
-    worker, expired, results = asyncio.run(scenario())
+    worker, expired, results, now = asyncio.run(scenario())
     assert batches == [["w0"], ["w2", "w3", "w4"]]
     assert worker.num_batches == 2 and worker.num_expired == 1 and not expired.done()
-    assert [len(r) for r in results] == [1, 1, 1, 1]
+    assert [len(predictions) for predictions, _ in results] == [1, 1, 1, 1]
+    assert all(now <= done_s <= time.monotonic() for _, done_s in results)  # when the model finished them
     first_pass = worker.batch_times[0]  # its wait for `release` is neither CPU nor a wait for a core
     assert 0 <= first_pass.cpu_s <= first_pass.wall_s and 0 <= first_pass.runqueue_s <= first_pass.wall_s + 1e-3
     assert set(worker.time_summary()) == {"queued_ms", "wall_ms", "cpu_ms", "runqueue_ms"}

@@ -198,7 +198,7 @@ def disconnect_once(vllm_engine, trace_dir: Path, max_tokens: int) -> dict:
             time.sleep(0.1)
         ended_after_s = time.monotonic() - closed
     [stage] = collect(trace_dir)[0]
-    relayed_until = stage.arrival_s + stage.queue_s + stage.e2e_s if stage.e2e_s is not None else None
+    relayed_until = stage.arrival_s + stage.e2e_s if stage.e2e_s is not None else None
     return {
         "cancelled_after_s": cancelled_after_s,
         "ended_after_s": ended_after_s,
