@@ -35,21 +35,18 @@ from serving.gateway.sessions import Sessions
 from serving.gateway.traces import TraceWriter
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
+from serving.gateway.vllm_priority import BATCH_PRIORITY, deadline_priority, vllm_priority_value
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
 
 log = logging.getLogger(__name__)
-BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first
 MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recently seen is forgotten first
-
-
-def vllm_priority_value(is_interactive: bool, rank: int) -> int:
-    """vLLM's `priority` of a stage (lower first): interactive before batch, then by `rank` within each."""
-    return (0 if is_interactive else BATCH_PRIORITY) + rank
+__all__ = ["BATCH_PRIORITY", "Gateway", "vllm_priority_value"]
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config, self.system = config, config.system.resolve()
+        self.started_s = time.monotonic()  # the origin of the deadlines sent as vLLM's priority
         kv, limits = config.kv, config.limits
         self.upstream = Upstream(config.upstream.node_timeout_s, config.upstream.connect_timeout_s)
         self.nodes = [
@@ -214,18 +211,19 @@ class Gateway:
         return max(1, min(default, room))
 
     def vllm_priority(self, job: Job) -> int:
-        """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
+        """vLLM's `priority` (lower first; vLLM also preempts the highest first): the stage's deadline
+        (vllm_priority.py: interactive before batch, then the earliest deadline, in ms since the gateway started).
 
-        Interactive before batch; then, under a policy that puts workflows further along first (continuum,
-        mars, maestro with attained_weight) or with a workflow cap, the workflow's arrival rank (older first),
-        else predicted tokens.
+        A stage without a deadline goes after those with one, ranked, under a policy that puts workflows further
+        along first (continuum, mars, maestro with attained_weight) or with a workflow cap, by the workflow's arrival
+        rank (older first), else by predicted tokens.
         """
         if self.scheduler_config.is_workflow_order or self.dispatcher.cap is not None:
             state = self.workflows.get(job.meta.workflow_key)
             rank = state.seq if state is not None else self._num_workflows_seen
         else:
             rank = min(9999, job.request.tokens_pred)
-        return vllm_priority_value(job.meta.interactive, rank)
+        return deadline_priority(job.meta.interactive, job.request.deadline_s, self.started_s, rank)
 
     def workflow(self, workflow_id: str, now: float) -> WorkflowState:
         """The workflow's state (by `StageMeta.workflow_key`), made at its first stage; the least recently seen are

@@ -26,6 +26,7 @@ from serving.gateway.answers import FALLBACKS
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
+from serving.gateway.metadata import StageMeta
 from serving.gateway.model_thread import ModelWorker
 from serving.gateway.predict import LocalPredictor, Source
 
@@ -279,3 +280,30 @@ def test_a_stage_gets_the_same_answer_alone_as_batched_with_its_siblings(model_d
     assert num_batches == 2  # the busy call, then both siblings in one pass
     assert [a.prediction for [a] in together] == [a.prediction for [a] in alone]
     assert {a.source for [a] in together + alone} == {Source.MODEL}
+
+
+@pytest.mark.parametrize("model_s, source", [(0.05, Source.MODEL), (0.4, Source.TIMEOUT)])
+def test_predict_s_is_the_predictors_wait_however_late_the_event_loop_gets_back(model_dir, model_s, source):
+    """The event loop starved past the deadline (the engine holding the cores): a model answer ready in time is
+    served with the time it took; a late one is the prior's at the deadline. Either way predict_s ≤ timeout_s."""
+    loaded, timeout_s = Predictor.load(model_dir), 0.2
+    body = {"messages": [{"role": "user", "content": "write the parser"}], "max_tokens": 20}
+
+    async def scenario():
+        predictor = LocalPredictor(Stalling(loaded.featurizer, loaded.model, loaded.priors), timeout_s=timeout_s)
+        Stalling.delay_s = 0.0
+        await predictor.start()
+        gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}]), predictor=predictor)
+        Stalling.delay_s, Stalling.started = model_s, threading.Event()
+        try:
+            prepared = asyncio.ensure_future(gateway.prepare(StageMeta("w", "s", role="coder"), body))
+            await asyncio.to_thread(Stalling.started.wait, 5)
+            time.sleep(0.6)  # the loop gets no CPU until well past the deadline
+            return await prepared
+        finally:
+            await predictor.aclose()
+
+    job = asyncio.run(scenario())
+    assert job.prediction_source == source.value
+    assert job.predict_s <= timeout_s + 0.05
+    assert job.predict_s >= (model_s if source is Source.MODEL else timeout_s) - 0.01
