@@ -11,7 +11,8 @@ from typing import Protocol
 
 from maestro.contract import StageRow, StageTrace
 from maestro.prediction import Prediction, Source
-from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
+from pipelines.predictor import NO_MODEL_PRIOR, Prior
+from serving.gateway.model_source import load_model
 
 log = logging.getLogger(__name__)
 # What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
@@ -92,5 +93,6 @@ def observed_row(trace: StageRow) -> StageRow:
 
 
 def model_priors(model: str) -> dict[str, Prior]:
-    """The priors of the model at `model` (a registry or path), or the no-model prior without one."""
-    return Predictor.load(model).priors if model else {"": NO_MODEL_PRIOR}
+    """The priors of the model at `model` (a registry URI or a directory: model_source.py), or the no-model prior
+    without one."""
+    return load_model(model)[0].priors if model else {"": NO_MODEL_PRIOR}

@@ -20,6 +20,7 @@ from serving.core.admission.cap import CapKind, CapSignals, SessionCap
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork
+from serving.gateway import events
 from serving.gateway.config import GatewayConfig
 from serving.gateway.exposition import GatewayMetrics
 from serving.gateway.jobs import Arrival, Dispatcher, Job
@@ -126,6 +127,7 @@ class Gateway:
         await self.upstream.start()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_loop())
+        events.log.info(events.start_line(self))
 
     async def stop(self) -> None:
         if self._poller:

@@ -26,6 +26,7 @@ from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
 from serving.gateway.config import PredictorConfig
 from serving.gateway.http_predictor import HttpPredictor
+from serving.gateway.model_source import load_model
 from serving.gateway.model_thread import ModelWorker
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,11 @@ SWITCH_INTERVAL_S = 0.0005
 class LocalPredictor:
     """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
 
-    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local"):
+    def __init__(
+        self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local", version: str = ""
+    ):
         self.predictor = predictor or Predictor(None, None, {"": NO_MODEL_PRIOR})
+        self.version = version  # the model's version (model_source.load_model), "" for none
         self.fallback = LocalFallback(self.predictor.priors)
         self.timeout_s = timeout_s
         self.num_observed = 0
@@ -56,7 +60,8 @@ class LocalPredictor:
     def from_location(cls, location: str, timeout_s: float) -> LocalPredictor:
         if not location:
             return cls(timeout_s=timeout_s)
-        return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}")
+        predictor, version = load_model(location)
+        return cls(predictor, timeout_s=timeout_s, what=f"local model {location}", version=version)
 
     async def start(self) -> None:
         """Warm the model on its thread (MiniLM and the trees load lazily: seconds) before the first call."""
@@ -137,6 +142,7 @@ class LocalPredictor:
         return {
             "kind": "local",
             "model": self.counts.what,
+            "version": self.version or None,
             "ready": self.is_ready,
             "warmup_s": self.warmup_s,
             "timeout_s": self.timeout_s,
