@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 from pathlib import Path
-
-import numpy as np
 
 from maestro.progressive import TABLE_FILE
 from pipelines.workflow_store import META_FILE, MODEL_FILE
@@ -59,13 +56,3 @@ def verify_artifact(directory: Path, expected_sha256: str | None = None, require
                 "they changed after they were saved; not loading them"
             )
     return actual
-
-
-def save_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
-    """`np.savez`'s file (read back with `np.load`), the same bytes for the same arrays: savez stamps each member with
-    the time it was written, so a rerun of the pipeline on the same inputs changed its outputs' hashes (dvc.lock)."""
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, array in arrays.items():
-            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(member, "w", force_zip64=True) as file:
-                np.lib.format.write_array(file, np.asanyarray(array), allow_pickle=False)

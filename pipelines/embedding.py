@@ -22,8 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.artifact import save_arrays
-
 EMBEDDING_DIM = 384
 EMBEDDING_KINDS = ("minilm", "static")
 STATIC_WEIGHTINGS = ("corpus", "zipf", "none")
@@ -151,7 +149,7 @@ class Embedder:
 
     def save_cache(self, path: str | Path) -> None:
         keys, vectors = self.cached()
-        save_arrays(path, {"keys": np.array(keys), "vectors": vectors})
+        np.savez(path, keys=np.array(keys), vectors=vectors)
 
     def load_cache(self, path: str | Path) -> int:
         path = Path(path)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.artifact import save_arrays
 from pipelines.embedding import EMBEDDING_DIM, EmbedderConfig, model_path
 
 # What the distilled table depends on besides the teacher's weights: bump it when distill_table changes.
@@ -79,7 +78,7 @@ def teacher_table(cache: str | Path | None = None) -> np.ndarray:
             return _TABLES[key]
     table = distill_table()
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_arrays(path, {"table": table, "teacher": np.array(key)})
+    np.savez(path, table=table, teacher=np.array(key))
     _TABLES[key] = table
     return table
 
