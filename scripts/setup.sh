@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv in the repo root and install Maestro with its test tools (idempotent).
+# A .venv that is a symlink (another checkout's environment, shared) is used as it is: installing this checkout
+# into it would point that checkout's editable install here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -L .venv ] && [ -x .venv/bin/python ]; then
+  echo "setup: .venv is a link to $(readlink -f .venv): using it as it is (nothing installed)"
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

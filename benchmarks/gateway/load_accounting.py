@@ -71,7 +71,10 @@ def account(rows: list[dict], overload_rows: list[dict], duration_s: float, capa
         "refused": refused,
         "failed": len(rows) - answered - refused,
         "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
-        "refused_without_retry_after": sum(r["retry_after"] is None for r in busy),
+        # (a workflow turned away is answered without one: retrying it does not help)
+        "refused_without_retry_after": sum(
+            r["retry_after"] is None and r.get("error_type") != "workflow_rejected" for r in busy
+        ),
         "client_errors": dict(Counter(r["error"] for r in rows if r["status"] is None)),
         "overload_sent": len(overload_rows),
         "overload_offered_per_s": round(len(overload_rows) / duration_s, 2),
@@ -118,4 +121,25 @@ def gateway_accounting(rows: list[dict], lines: list[dict]) -> dict:
         "intake_s": p50_max(
             [line["arrival_s"] - sent_s[line["stage_id"]] for line in lines if line["stage_id"] in sent_s]
         ),
+    }
+
+
+# The 5xx the gateway's README documents: every node failed, no healthy node, the deadline; a workflow turned away.
+DOCUMENTED_5XX = {(502, "upstream_error"), (503, "upstream_error"), (503, "workflow_rejected"), (504, "upstream_error")}
+
+
+def error_type(content: bytes) -> str:
+    """An OpenAI-style error's `type`."""
+    try:
+        return str(json.loads(content)["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return "not an OpenAI error"
+
+
+def errors_5xx(rows: list[dict]) -> dict:
+    """Each 5xx by its status and error type, and how many the gateway's README does not list."""
+    seen = Counter((r["status"], r.get("error_type")) for r in rows if (r["status"] or 0) >= 500)
+    return {
+        "errors_5xx": {f"{status} {kind}": n for (status, kind), n in sorted(seen.items())},
+        "undocumented_5xx": sum(n for key, n in seen.items() if key not in DOCUMENTED_5XX),
     }

@@ -9,14 +9,26 @@ process is alive at the end; peak RSS of each process tree, sampled every second
 of the overload, to show it bounded); every 429/503 carries Retry-After; sent = answered + refused + failed, and
 for the gateway every stage sent has exactly one trace line (lost = 0, duplicated = 0), its outcomes by reason.
 Where time went: `overload_client_lag_s` (the generator sending late: its own CPU share) and, for the gateway,
-`intake_s` (sent → the stage's `arrival_s` in its trace: HTTP, validation and prediction before it is queued).
+`intake_s` (sent → the stage's `arrival_s` in its trace: HTTP until the gateway read the call).
 Service calls carry `--service-stages` stages each, as the gateway sends a tick's stages in one call.
+
+Overload and faults with the deployed system (gateway phase only):
+
+    .venv/bin/python benchmarks/gateway/loadtest.py --targets gateway --system maestro --slo-s 20 --engines 2 \
+        --kill-engine-at-s 20 --predictor local --duration-s 60
+
+`--system maestro --slo-s S`: workflows of 4 calls with that SLO, turned away (503 `workflow_rejected`) when triage
+sheds them; `--kill-engine-at-s T`: the last engine SIGKILLed T s into the overload and started again on its port
+(`engine_fault` in the report: when, and when it answered again). `--predictor local`: the trained predictor in the
+gateway's process instead of a `bentoml serve`. `errors_5xx` counts each 5xx by its error type; `undocumented_5xx`
+those the gateway's README does not list (502/503/504 `upstream_error`, 503 `workflow_rejected`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
@@ -27,9 +39,12 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from benchmarks.gateway.engine_fault import EngineFault  # noqa: E402
 from benchmarks.gateway.load_accounting import (  # noqa: E402
     RssSampler,
     account,
+    error_type,
+    errors_5xx,
     gateway_accounting,
     listen_overflows,
     trace_lines,
@@ -63,8 +78,9 @@ def chat_body(i: int, max_tokens: int) -> dict:
     }
 
 
-def stage_headers(i: int) -> dict:
-    return {"X-Maestro-Workflow": f"lt-{i // 4}", "X-Maestro-Stage": f"s{i}", "X-Maestro-Role": "planner"}
+def stage_headers(i: int, slo_s: float = 0.0) -> dict:
+    headers = {"X-Maestro-Workflow": f"lt-{i // 4}", "X-Maestro-Stage": f"s{i}", "X-Maestro-Role": "planner"}
+    return {**headers, "X-Maestro-SLO-S": str(slo_s)} if slo_s else headers
 
 
 class Load:
@@ -85,8 +101,10 @@ class Load:
             async with self.session.post(
                 f"{self.target.url}{self.target.route}", json=self.target.body(i), headers=self.target.headers(i)
             ) as response:
-                await response.read()
+                content = await response.read()
                 row.update(status=response.status, retry_after=response.headers.get("Retry-After"))
+                if response.status >= 500:
+                    row["error_type"] = error_type(content)
         except (TimeoutError, aiohttp.ClientError) as error:
             row["error"] = type(error).__name__
             row["error_detail"] = str(error)[:200]
@@ -114,7 +132,9 @@ class Load:
         await asyncio.gather(*tasks)
 
 
-async def run_target(target: Target, ramp_s: float, duration_s: float, overload: float, timeout_s: float) -> tuple:
+async def run_target(
+    target: Target, ramp_s: float, duration_s: float, overload: float, timeout_s: float, on_overload=None
+) -> tuple:
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=timeout_s),
         # a fresh connection per request: a pooled one the server closed while
@@ -125,6 +145,8 @@ async def run_target(target: Target, ramp_s: float, duration_s: float, overload:
         ramp = {c: round(await load.closed(c, ramp_s), 2) for c in RAMP_CONCURRENCY}
         capacity = max(ramp.values())
         overload_started = time.monotonic()
+        if on_overload is not None:
+            on_overload()
         await load.open(overload * capacity, duration_s)
     return load.rows, ramp, capacity, overload_started
 
@@ -160,20 +182,39 @@ def main() -> None:
         help="stages per /predict call (as the gateway batches a tick's stages): one-stage calls "
         "at 2x the service's capacity are more than one load generator on 2 cores can send",
     )
+    parser.add_argument("--system", default="", help="the gateway's system.name (default: the config's)")
+    parser.add_argument("--slo-s", type=float, default=0.0, help="each workflow's SLO, sent on its calls (0: none)")
+    parser.add_argument("--engines", type=int, default=1, help="vLLM engines behind the gateway")
+    parser.add_argument(
+        "--kill-engine-at-s",
+        type=float,
+        default=0.0,
+        help="kill the last engine this far into the overload and start it again (0: no fault)",
+    )
+    parser.add_argument("--predictor", choices=("service", "local"), default="service")
     parser.add_argument("--out", default="benchmarks/results/loadtest.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="maestro-loadtest-"))
     model_dir, predictor_dir = build_tiny_model(work / "tiny"), train_predictor(work)
-    engine = Engine(EngineConfig(str(model_dir), kv_cache_bytes=64 * 2**20, log_path=str(work / "vllm.log"))).start()
+    engines = [
+        Engine(EngineConfig(str(model_dir), kv_cache_bytes=64 * 2**20, log_path=str(work / f"vllm{i}.log"))).start()
+        for i in range(args.engines)
+    ]
     service_env = {"MAESTRO_MODEL": str(predictor_dir), "MAESTRO_TRACE_DIR": str(work / "observed")}
     report = {"command": " ".join(sys.argv), "args": vars(args), "workdir": str(work)}
-    with LocalServer(ServerConfig(env=service_env, log_path=str(work / "service.log"))) as service:
-        engine.wait_ready()
+    fault = EngineFault(engines[-1], args.kill_engine_at_s) if args.kill_engine_at_s else None
+    with contextlib.ExitStack() as stack:
+        service = None
+        if args.predictor == "service" or "service" in args.targets.split(","):
+            service = stack.enter_context(LocalServer(ServerConfig(env=service_env, log_path=str(work / "svc.log"))))
+        for engine in engines:
+            engine.wait_ready()
         gateway, url = start_gateway(
-            [engine],
+            engines,
             work / "traces",
             work,
-            predictor={"source": service.url},
+            predictor={"source": service.url} if args.predictor == "service" else {"model": str(predictor_dir)},
+            system={"name": args.system} if args.system else {},
             limits={
                 "max_queued": args.max_queued,
                 "request_timeout_s": args.request_timeout_s,
@@ -181,14 +222,21 @@ def main() -> None:
             },
             upstream={"metrics_period_s": 0.25},
         )
-        sampler = RssSampler({"gateway": gateway.pid, "service": service.process.pid, "vllm": engine.process.pid})
+        pids = {"gateway": gateway.pid, **{f"vllm{i}": e.process.pid for i, e in enumerate(engines)}}
+        sampler = RssSampler({**pids, **({"service": service.process.pid} if service else {})})
         sampler.start()
         try:
             targets = [
-                Target("gateway", url, "/v1/chat/completions", lambda i: chat_body(i, args.max_tokens), stage_headers),
+                Target(
+                    "gateway",
+                    url,
+                    "/v1/chat/completions",
+                    lambda i: chat_body(i, args.max_tokens),
+                    lambda i: stage_headers(i, args.slo_s),
+                ),
                 Target(
                     "service",
-                    service.url,
+                    service.url if service else "",
                     "/predict",
                     lambda i: {
                         "stages": [wire[(i * args.service_stages + k) % len(wire)] for k in range(args.service_stages)]
@@ -198,8 +246,9 @@ def main() -> None:
             wire = [to_wire(r) for r in generate(256, seed=123)]
             for target in [t for t in targets if t.name in args.targets.split(",")]:
                 overflows = listen_overflows()
+                arm = fault.start if fault is not None and target.name == "gateway" else None
                 rows, ramp, capacity, since = asyncio.run(
-                    run_target(target, args.ramp_s, args.duration_s, args.overload, args.request_timeout_s + 30)
+                    run_target(target, args.ramp_s, args.duration_s, args.overload, args.request_timeout_s + 30, arm)
                 )
                 overflows = listen_overflows() - overflows
                 overload_rows = [r for r in rows if r["phase"] == "overload"]
@@ -211,18 +260,22 @@ def main() -> None:
                     "listen_overflows": overflows,
                 }
                 if target.name == "gateway":
-                    result.update(gateway_accounting(rows, trace_lines(work / "traces")))
+                    result.update(gateway_accounting(rows, trace_lines(work / "traces")), **errors_5xx(rows))
+                    if fault is not None:
+                        fault.thread.join(timeout=600)
+                        result["engine_fault"], engines[-1] = fault.report(), fault.engine
                 report[target.name] = result
                 print(target.name, json.dumps(result), flush=True)
             report["alive"] = {
                 "gateway": gateway.poll() is None,
-                "service": service.process.poll() is None,
-                "vllm": engine.process.poll() is None,
+                **({"service": service.process.poll() is None} if service else {}),
+                **{f"vllm{i}": e.process.poll() is None for i, e in enumerate(engines)},
             }
         finally:
             sampler.stop_event.set()
             stop(gateway)
-            engine.stop()
+            for engine in [*engines, *([fault.engine] if fault is not None else [])]:
+                engine.stop()
     report["date"] = time.strftime("%Y-%m-%d")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

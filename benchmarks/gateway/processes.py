@@ -154,13 +154,14 @@ def handover(trace_dir: Path, stats_dir: Path, pid: int) -> dict | None:
         for line in p.read_text().splitlines():
             t = json.loads(line)
             r = finished.get(f"{t['workflow_id']}::{t['stage_id']}#{t.get('attempts', 1)}")
-            released = t.get("kv_released_s") or t.get("e2e_s")  # unstreamed: the KV goes back with the whole answer
-            if r is None or released is None:
+            if r is None or t.get("upstream_s") is None:
                 continue
-            dispatched = t["arrival_s"] + t["queue_s"]
+            # (times from the call's arrival; unstreamed, the KV goes back with the whole answer)
+            released = t["arrival_s"] + (t.get("kv_released_s") or t["e2e_s"])
+            dispatched = t["arrival_s"] + t["e2e_s"] - t["upstream_s"]
             send.append(r["t"] - r["e2e_s"] - dispatched)
-            back.append(dispatched + released - r["t"])
-            inflight.append(released)
+            back.append(released - r["t"])
+            inflight.append(released - dispatched)
     if not send:
         return None
     stats = lambda v: {

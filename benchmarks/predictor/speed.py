@@ -105,7 +105,7 @@ def speed(
         stage_only = Predictor(predictor.featurizer, predictor.model, predictor.priors, new_app=predictor.new_app)
         out[name] = {
             "train_s": round(train_s, 1),
-            "workflow_train_s": predictor.meta["workflow"]["train_seconds"],  # inside train_s
+            "workflow_train_s": trained.meta["workflow"]["train_seconds"],  # inside train_s (not saved)
             "save_and_load_s": round(save_and_load_s, 1),  # the row walker's build and, if asked, the compiled trees
             "row_walker": type(predictor.model._rows["regressors"][0]).__name__ == "RowWalker",
             "latency_ms": latency_ms(predictor, test),  # the stage and its workflow's remaining work

@@ -11,7 +11,8 @@ from typing import Protocol
 
 from maestro.contract import StageRow, StageTrace
 from maestro.prediction import Prediction, Source
-from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
+from pipelines.predictor import NO_MODEL_PRIOR, Prior
+from serving.gateway.model_source import load_model
 
 log = logging.getLogger(__name__)
 # What /observe takes of a trace line: the contract fields (derived structure is recomputed by the service).
@@ -22,10 +23,13 @@ FALLBACKS = (Source.TIMEOUT, Source.ERROR, Source.UNAVAILABLE, Source.NO_MODEL)
 
 @dataclass(frozen=True, slots=True)
 class StageAnswer:
-    """A stage's prediction as the gateway serves it, and who gave it."""
+    """A stage's prediction as the gateway serves it, who gave it and, where the predictor knows, when it was
+    ready (monotonic: the model's finish, or the deadline at which the prior answered), so the stage's `predict_s`
+    is the predictor's wait, not the event loop's delay in getting back to the call."""
 
     prediction: Prediction
     source: Source
+    answered_s: float | None = None
 
 
 class AnswerCounts:
@@ -89,5 +93,6 @@ def observed_row(trace: StageRow) -> StageRow:
 
 
 def model_priors(model: str) -> dict[str, Prior]:
-    """The priors of the model at `model` (a registry or path), or the no-model prior without one."""
-    return Predictor.load(model).priors if model else {"": NO_MODEL_PRIOR}
+    """The priors of the model at `model` (a registry URI or a directory: model_source.py), or the no-model prior
+    without one."""
+    return load_model(model)[0].priors if model else {"": NO_MODEL_PRIOR}

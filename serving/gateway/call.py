@@ -14,7 +14,6 @@ its queued job or closes the upstream request, which makes vLLM abort it.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from serving.gateway.attempt import DeadlinePassed, NodeFailed
 from serving.gateway.core import Gateway
 from serving.gateway.forward import forward_body, forward_json, set_engine_order, wait_disconnect
-from serving.gateway.jobs import Full, Job, NoNode
+from serving.gateway.jobs import Arrival, Full, Job, NoNode
 from serving.gateway.metadata import StageMeta, parse_metadata
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
@@ -47,7 +46,8 @@ class StageCall:
 
     def __init__(self, gateway: Gateway, request: Request, path: str, caller_id: str = ""):
         self.gateway, self.request, self.path, self.caller_id = gateway, request, path, caller_id
-        self.arrived_s = time.monotonic()
+        self.arrival = Arrival.now()  # before the body is read: the stage's clock (trace times, deadline, workflow)
+        self.arrived_s = self.arrival.monotonic_s
         self.body: dict = {}
         self.meta: StageMeta | None = None
         self.job: Job | None = None
@@ -58,15 +58,17 @@ class StageCall:
     async def respond(self) -> Response:
         """A body too big, not JSON or with bad workflow metadata is refused untraced (no stage to name); a stage
         whose body the endpoint cannot take is refused with 400, one of a workflow triage turned away with 503, both
-        traced."""
+        traced. Every call counts in `requests`, and each refusal once, by its reason."""
         gateway = self.gateway
+        self.count("requests")
         try:
             self.body = await read_call(self.request, gateway.config.server.max_body_bytes)
         except BadRequest as error:
+            self.count("rejected_invalid")
             return error_response(error.status, error.message, "invalid_request_error", param=error.param)
         self.meta = meta = parse_metadata(self.request.headers, self.body, self.caller_id)
-        self.count("requests")
         if meta.key in gateway.inflight:
+            self.count("rejected_invalid")
             return error_response(
                 409, f"stage {meta.label} is already running; stage ids are idempotency keys", "conflict"
             )
@@ -79,14 +81,14 @@ class StageCall:
         try:
             check_body(self.path, self.body)
         except BadRequest as error:
-            self.job = Job(meta=meta, request=None, reserve_tokens=0)  # no prediction: traced as refused
+            self.job = self.unpredicted_job()  # no prediction: traced as refused
             return self.fail(error.status, error.message, param=error.param, counter="rejected_invalid")
         response = None
         try:
             if gateway.triage is not None and gateway.triage.has_rejected(meta.workflow_key):
-                self.job = Job(meta=meta, request=None, reserve_tokens=0)  # turned away before: not predicted again
+                self.job = self.unpredicted_job()  # turned away before: not predicted again
                 return self.turn_away()
-            self.job = await gateway.prepare(meta, self.body)
+            self.job = await gateway.prepare(meta, self.body, self.arrival)
             if gateway.turns_away(self.job):
                 return self.turn_away()
             self.upstream = forward_body(gateway, self.body, self.job.request.max_tokens)
@@ -110,7 +112,7 @@ class StageCall:
             if isinstance(node, Response):
                 return node
             if gateway.spans is not None and job.span is None:
-                job.span = gateway.spans.start(job.meta.trace_context, job.arrival_unix_s)
+                job.span = gateway.spans.start(job.meta.trace_context, job.arrival.unix_s)
             set_engine_order(self.upstream, gateway, job, node)
             try:
                 if self.upstream.get("stream"):
@@ -131,6 +133,10 @@ class StageCall:
             f"stage {job.meta.label} failed on every node tried ({last_error}); retry later or check the vLLM nodes",
         )
 
+    def unpredicted_job(self) -> Job:
+        """The Job of a stage refused before its prediction: traced as refused, from the call's arrival."""
+        return Job(meta=self.meta, request=None, reserve_tokens=0, arrival=self.arrival)
+
     # ---- waiting for a node ---------------------------------------------------------------------------------
     async def wait_for_node(self) -> Node | Response:
         """Submit to the scheduler and wait for a node, or answer 429/503/413 or the client's disconnect."""
@@ -143,7 +149,6 @@ class StageCall:
             self.end(CallResult(error=f"refused: {error}"), counter="rejected_full")
             return error_response(429, f"{error}; retry after {retry_after} s", "rate_limited", retry_after)
         except NoNode as error:
-            self.count("rejected_no_node")
             return self.no_node(error)
         if not job.future.done():
             disconnect = asyncio.ensure_future(wait_disconnect(self.request))
@@ -163,10 +168,11 @@ class StageCall:
             return self.no_node(error)
 
     def no_node(self, error: NoNode) -> Response:
-        """503 with Retry-After (no healthy node now), or 413 (no node could ever hold the stage's KV)."""
+        """503 with Retry-After (no healthy node now), or 413 (no node could ever hold the stage's KV: the call must
+        ask for less, so a client error)."""
         if error.status == 413:
-            return self.fail(413, str(error), param="max_tokens")
-        return self.fail(error.status, str(error), self.gateway.config.limits.retry_after_s)
+            return self.fail(413, str(error), param="max_tokens", counter="rejected_invalid")
+        return self.fail(error.status, str(error), self.gateway.config.limits.retry_after_s, counter="rejected_no_node")
 
     # ---- the way out ----------------------------------------------------------------------------------------
     def count(self, counter: str) -> None:
@@ -202,12 +208,11 @@ class StageCall:
         message: str,
         retry_after_s: int | None = None,
         param: str | None = None,
-        counter: str | None = None,
+        counter: str = "failed",
     ) -> Response:
-        """End the stage with an error: counted as failed (and as `counter`), traced with its reason."""
-        if counter is not None:
-            self.count(counter)
-        self.end(CallResult(error=message), counter="failed")
+        """End the stage with an error: counted once as `counter` (`failed`: the nodes failed it), traced with its
+        reason."""
+        self.end(CallResult(error=message), counter=counter)
         kind = "upstream_error" if status >= 500 else "invalid_request_error" if status == 400 else "rejected"
         return error_response(status, message, kind, retry_after_s, param)
 

@@ -22,8 +22,10 @@ def register(subparsers) -> None:
 def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from serving.gateway import events
     from serving.gateway.app import create_app
     from serving.gateway.config import GatewayConfig
+    from serving.gateway.model_source import ModelNotFound
     from serving.gateway.priority import apply_cpu_nice
 
     config = GatewayConfig.from_file(args.config)
@@ -32,8 +34,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     server.port = args.port or server.port
     for warning in apply_cpu_nice(server.cpu_nice):
         print(f"maestro gateway: {warning}", file=sys.stderr, flush=True)
+    events.show_on_stderr()  # its start line, and each node going down or up
+    try:
+        app = create_app(config)
+    except ModelNotFound as error:
+        print(f"maestro gateway: {error}", file=sys.stderr, flush=True)
+        return 2
     uvicorn.run(
-        create_app(config),
+        app,
         host=server.host,
         port=server.port,
         log_level=args.log_level,

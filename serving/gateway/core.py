@@ -20,9 +20,10 @@ from serving.core.admission.cap import CapKind, CapSignals, SessionCap
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork
+from serving.gateway import events
 from serving.gateway.config import GatewayConfig
 from serving.gateway.exposition import GatewayMetrics
-from serving.gateway.jobs import Dispatcher, Job
+from serving.gateway.jobs import Arrival, Dispatcher, Job
 from serving.gateway.metadata import StageMeta, workflow_key
 from serving.gateway.nodes import Node
 from serving.gateway.outcome import CallResult
@@ -35,21 +36,18 @@ from serving.gateway.sessions import Sessions
 from serving.gateway.traces import TraceWriter
 from serving.gateway.triage import GatewayTriage
 from serving.gateway.upstream import Upstream
+from serving.gateway.vllm_priority import BATCH_PRIORITY, deadline_priority, vllm_priority_value
 from serving.gateway.workflows import SERVICE_PACE, WorkflowState
 
 log = logging.getLogger(__name__)
-BATCH_PRIORITY = 1 << 40  # vLLM priority offset of batch stages: every interactive one goes first
 MAX_WORKFLOWS = 100000  # workflows remembered (WorkflowState); the least recently seen is forgotten first
-
-
-def vllm_priority_value(is_interactive: bool, rank: int) -> int:
-    """vLLM's `priority` of a stage (lower first): interactive before batch, then by `rank` within each."""
-    return (0 if is_interactive else BATCH_PRIORITY) + rank
+__all__ = ["BATCH_PRIORITY", "Gateway", "vllm_priority_value"]
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig, predictor: StagePredictor | None = None):
         self.config, self.system = config, config.system.resolve()
+        self.started_s = time.monotonic()  # the origin of the deadlines sent as vLLM's priority
         kv, limits = config.kv, config.limits
         self.upstream = Upstream(config.upstream.node_timeout_s, config.upstream.connect_timeout_s)
         self.nodes = [
@@ -129,6 +127,7 @@ class Gateway:
         await self.upstream.start()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_loop())
+        events.log.info(events.start_line(self))
 
     async def stop(self) -> None:
         if self._poller:
@@ -170,9 +169,9 @@ class Gateway:
             self.dispatcher.fail_all_queued(f"no healthy vLLM node (last failure: {node.name})")
 
     # ---- one call ---------------------------------------------------------------------------
-    async def prepare(self, meta: StageMeta, body: dict) -> Job:
+    async def prepare(self, meta: StageMeta, body: dict, arrival: Arrival | None = None) -> Job:
         """Predict the stage and size its KV reserve (prepare.py); the Job is ready for `dispatcher.submit`."""
-        return await prepare_job(self, meta, body)
+        return await prepare_job(self, meta, body, arrival)
 
     def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
         """A stage's predicted work after it: from its workflow prediction (as the simulator's), or where the answer
@@ -214,18 +213,19 @@ class Gateway:
         return max(1, min(default, room))
 
     def vllm_priority(self, job: Job) -> int:
-        """vLLM's `priority` (lower first; vLLM also preempts the highest first), in the gateway's order.
+        """vLLM's `priority` (lower first; vLLM also preempts the highest first): the stage's deadline
+        (vllm_priority.py: interactive before batch, then the earliest deadline, in ms since the gateway started).
 
-        Interactive before batch; then, under a policy that puts workflows further along first (continuum,
-        mars, maestro with attained_weight) or with a workflow cap, the workflow's arrival rank (older first),
-        else predicted tokens.
+        A stage without a deadline goes after those with one, ranked, under a policy that puts workflows further
+        along first (continuum, mars, maestro with attained_weight) or with a workflow cap, by the workflow's arrival
+        rank (older first), else by predicted tokens.
         """
         if self.scheduler_config.is_workflow_order or self.dispatcher.cap is not None:
             state = self.workflows.get(job.meta.workflow_key)
             rank = state.seq if state is not None else self._num_workflows_seen
         else:
             rank = min(9999, job.request.tokens_pred)
-        return vllm_priority_value(job.meta.interactive, rank)
+        return deadline_priority(job.meta.interactive, job.request.deadline_s, self.started_s, rank)
 
     def workflow(self, workflow_id: str, now: float) -> WorkflowState:
         """The workflow's state (by `StageMeta.workflow_key`), made at its first stage; the least recently seen are

@@ -26,7 +26,7 @@ PREDICT_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 HISTOGRAMS = {
     "ttft_s": (
         "stage_ttft_seconds",
-        "A completed stage's time to its first token, from its (last) dispatch to vLLM",
+        "A completed stage's time to its first token, from the call's arrival (prediction and queue included)",
         SECONDS,
     ),
     "queue_s": ("stage_queue_seconds", "A stage's time in the gateway's queue, every attempt's wait included", SECONDS),
@@ -37,7 +37,7 @@ HISTOGRAMS = {
     ),
     "e2e_s": (
         "stage_e2e_seconds",
-        "A completed stage's time from its (last) dispatch to vLLM to its answer's end",
+        "A completed stage's time from the call's arrival to its answer's end",
         SECONDS,
     ),
 }

@@ -84,7 +84,7 @@ async def forward_json(call: StageCall, node: Node) -> Response:
     response, parsed = send.result()  # NodeFailed propagates to the retry loop
     if response.status_code != 200:
         result.error = f"vLLM {node.name} answered {response.status_code}: {response.text[:300]}"
-        call.end(result, node, kv_usage)
+        call.end(result, node, kv_usage, counter="rejected_invalid")  # (a 5xx was retried: this is the call's fault)
         return Response(response.content, response.status_code, media_type="application/json")
     result.read_response(parsed if parsed is not None else json.loads(response.content))
     call.end(result, node, kv_usage, answer=response.content)

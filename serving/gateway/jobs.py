@@ -39,6 +39,18 @@ class NoNode(Exception):
         self.status = status
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """When a call was read, before anything else (its prediction included), on both clocks."""
+
+    monotonic_s: float
+    unix_s: float
+
+    @classmethod
+    def now(cls) -> Arrival:
+        return cls(time.monotonic(), time.time())
+
+
 @dataclass(eq=False)
 class Job:
     """One stage's call on its way through the gateway."""
@@ -50,7 +62,7 @@ class Job:
     prediction_source: str = ""  # maestro.prediction.Source: "model", or why the prior answered
     predict_s: float = 0.0  # time the prediction took, deadline included
     future: asyncio.Future | None = None
-    arrival_unix_s: float = field(default_factory=time.time)
+    arrival: Arrival = field(default_factory=Arrival.now)  # the call's arrival: trace times, span and workflow start
     enqueued_s: float = field(default_factory=time.monotonic)
     node: Node | None = None
     reservation: Reservation | None = None

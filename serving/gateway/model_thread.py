@@ -52,7 +52,8 @@ def runqueue_s() -> float:
 
 class ModelWorker:
     """The trained model's own thread. The calls that arrived while it was busy go through the model together
-    (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed.
+    (one featurization, one MiniLM batch); a call whose deadline has passed is skipped, not computed. A call's
+    future gets its predictions and the instant (monotonic) the model finished them.
 
     `parse(stage dicts)` → one call's StageTraces (raises ValueError on a bad one); `predict_batch(stages)` → one
     Prediction per stage (`Predictor.predict` with the live history)."""
@@ -161,9 +162,9 @@ class ModelWorker:
                 for one in parsed:
                     self._predict([one])
             return
-        start = 0
+        start, done_s = 0, time.monotonic()
         for call, stages in parsed:
-            _settle(call.future, answers[start : start + len(stages)])
+            _settle(call.future, (answers[start : start + len(stages)], done_s))
             start += len(stages)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from serving.core.admission.projection import GrowingStage, peak_blocks
 from serving.core.admission.sizing import headroom_pages
 from serving.core.kv import Reservation
+from serving.gateway import events
 from serving.gateway.config import NodeConfig
 from serving.gateway.kv_budget import KVBudget
 from serving.gateway.node_pace import DECODE_RATE_MARGIN, NodePace
@@ -76,6 +77,7 @@ class Node:
     ):
         self.name, self.url, self.upstream = config.name, config.url, upstream
         self.runs_maestro_scheduler = config.maestro_scheduler
+        self.has_polled = False  # /metrics asked at least once (a node's first answer is no state change)
         if kv_admission not in KV_ADMISSIONS:
             raise ValueError(f"node {config.name}: kv_admission must be one of {KV_ADMISSIONS}, got {kv_admission!r}")
         self.kv_admission = kv_admission
@@ -169,7 +171,13 @@ class Node:
     # ---- its engine, as other parts of the gateway see it ------------------------------------
     async def poll(self, timeout_s: float, down_after_failed_polls: int = 1) -> bool:
         """Ask vLLM's /metrics (`VllmSync.poll`; busy while stages are in flight here); returns the node's health."""
-        return await self.vllm.poll(timeout_s, down_after_failed_polls, is_busy=self.num_inflight > 0)
+        was_healthy, is_first = self.vllm.is_healthy, not self.has_polled
+        is_healthy = await self.vllm.poll(timeout_s, down_after_failed_polls, is_busy=self.num_inflight > 0)
+        self.has_polled = True
+        if is_healthy != was_healthy and not is_first:  # (the first poll's answer is in the gateway's start line)
+            why = "its /metrics answers" if is_healthy else "its /metrics poll failed"
+            events.node_changed(self.name, self.url, is_healthy, why)
+        return is_healthy
 
     def apply_metrics(self, samples: dict[str, tuple[dict, float]], asked_s: float | None = None) -> None:
         self.vllm.apply_metrics(samples, asked_s)
@@ -180,6 +188,9 @@ class Node:
 
     @is_healthy.setter
     def is_healthy(self, is_healthy: bool) -> None:  # a failed forward marks it down until /metrics answers
+        if is_healthy != self.vllm.is_healthy:
+            why = "marked up" if is_healthy else "a call to it failed"
+            events.node_changed(self.name, self.url, is_healthy, why)
         self.vllm.is_healthy = is_healthy
 
     @property

@@ -84,6 +84,15 @@ class CallResult:
         self.has_final_usage = self.has_final_usage or bool(chunk.get("usage") and not chunk.get("choices"))
 
 
+def has_content(chunk: dict) -> bool:
+    """Whether a stream chunk carries output (text, content, reasoning or a tool call), not just a role or usage."""
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("text") or any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls")):
+            return True
+    return False
+
+
 # Request fields whose non-streamed answer carries what the assembler does not rebuild: those go to vLLM unstreamed.
 NOT_ASSEMBLED = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "best_of", "return_tokens_as_token_ids")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import time
 
@@ -25,6 +26,7 @@ from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
 from serving.gateway.config import PredictorConfig
 from serving.gateway.http_predictor import HttpPredictor
+from serving.gateway.model_source import load_model
 from serving.gateway.model_thread import ModelWorker
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,11 @@ SWITCH_INTERVAL_S = 0.0005
 class LocalPredictor:
     """In-process predictor: a trained model on its own thread (`ModelWorker`) within `timeout_s`, else the priors."""
 
-    def __init__(self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local"):
+    def __init__(
+        self, predictor: Predictor | None = None, timeout_s: float = 0.5, what: str = "local", version: str = ""
+    ):
         self.predictor = predictor or Predictor(None, None, {"": NO_MODEL_PRIOR})
+        self.version = version  # the model's version (model_source.load_model), "" for none
         self.fallback = LocalFallback(self.predictor.priors)
         self.timeout_s = timeout_s
         self.num_observed = 0
@@ -55,7 +60,8 @@ class LocalPredictor:
     def from_location(cls, location: str, timeout_s: float) -> LocalPredictor:
         if not location:
             return cls(timeout_s=timeout_s)
-        return cls(Predictor.load(location), timeout_s=timeout_s, what=f"local model {location}")
+        predictor, version = load_model(location)
+        return cls(predictor, timeout_s=timeout_s, what=f"local model {location}", version=version)
 
     async def start(self) -> None:
         """Warm the model on its thread (MiniLM and the trees load lazily: seconds) before the first call."""
@@ -86,16 +92,17 @@ class LocalPredictor:
             return self._prior(stages, Source.NO_MODEL)
         if not self.is_ready:
             return self._prior(stages, Source.ERROR, "the model is not warmed up: the gateway was not started")
+        deadline_s = time.monotonic() + self.timeout_s
         try:
-            answers = await asyncio.wait_for(
-                self.worker.submit(stages, time.monotonic() + self.timeout_s), self.timeout_s
-            )
+            answers, done_s = await asyncio.wait_for(self.worker.submit(stages, deadline_s), self.timeout_s)
         except TimeoutError:
-            return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s")
+            done_s = math.inf
         except Exception as error:  # noqa: BLE001 — any model failure falls back to the priors
             return self._prior(stages, Source.ERROR, f"{type(error).__name__}: {error}")
+        if done_s > deadline_s:  # (also where the loop, starved of CPU, got back to this call after the model)
+            return self._prior(stages, Source.TIMEOUT, f"no model answer within {self.timeout_s} s", deadline_s)
         self.counts.add(Source.MODEL, len(answers))
-        return [StageAnswer(p, Source.MODEL) for p in answers]
+        return [StageAnswer(p, Source.MODEL, done_s) for p in answers]
 
     def _parse(self, stage_dicts: list[StageRow]) -> list[StageTrace]:
         # Order-dependent structure (call_index, depth) is fixed per call, before the model thread batches calls:
@@ -106,9 +113,11 @@ class LocalPredictor:
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
         return self.new_apps.serve(stages, self.predictor.predict(stages, self.history))
 
-    def _prior(self, stages: list[StageRow], source: Source, cause: str = "") -> list[StageAnswer]:
+    def _prior(
+        self, stages: list[StageRow], source: Source, cause: str = "", answered_s: float | None = None
+    ) -> list[StageAnswer]:
         self.counts.add(source, len(stages), cause)
-        return [StageAnswer(self.fallback.predict(s), source) for s in stages]
+        return [StageAnswer(self.fallback.predict(s), source, answered_s) for s in stages]
 
     def observe(self, stage: StageRow) -> None:
         self.num_observed += 1
@@ -133,6 +142,7 @@ class LocalPredictor:
         return {
             "kind": "local",
             "model": self.counts.what,
+            "version": self.version or None,
             "ready": self.is_ready,
             "warmup_s": self.warmup_s,
             "timeout_s": self.timeout_s,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from maestro.contract import prompt_text
 from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
 from serving.core.request import WorkflowInfo, stage_request
-from serving.gateway.jobs import Job
+from serving.gateway.jobs import Arrival, Job
 from serving.gateway.metadata import StageMeta
 
 if TYPE_CHECKING:
@@ -34,12 +34,18 @@ def predictor_stage(meta: StageMeta, prompt: str | list) -> dict:
     }
 
 
-async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
-    """Predict the stage and size its KV reserve; the Job is ready for `dispatcher.submit`."""
+async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Arrival | None = None) -> Job:
+    """Predict the stage and size its KV reserve; the Job is ready for `dispatcher.submit`. `arrival`: when its
+    call was read (now if not given); the workflow's first arrival and the stage's ready time are taken from it.
+
+    `predict_s` is the predictor's wait: up to its answer's `answered_s` where it says (a local model's finish, or
+    the deadline where the prior answered), so it stays within `predictor.timeout_s` however late the event loop
+    gets back to the call."""
+    arrival = arrival or Arrival.now()
     prompt = body.get("messages") if "messages" in body else str(body.get("prompt", ""))
     started = time.monotonic()
     answer = (await gateway.predictor.predict([predictor_stage(meta, prompt)]))[0]
-    prediction, predict_s = answer.prediction, time.monotonic() - started
+    prediction, predict_s = answer.prediction, (answer.answered_s or time.monotonic()) - started
     num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
     prompt_tokens = gateway.sizer.estimate(num_chars, num_messages)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or gateway.output_cap(prompt_tokens))
@@ -55,7 +61,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
         max_tokens,
     )
     now = time.monotonic()
-    workflow = gateway.workflow(meta.workflow_key, now)
+    workflow = gateway.workflow(meta.workflow_key, arrival.monotonic_s)
     # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
     # until this call's arrival lets the hold go.
     is_kv_pinned = any(meta.workflow_key in n.kv.held for n in gateway.nodes)
@@ -78,7 +84,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
         tokens_reserve=reserve,
         max_tokens=max_tokens,
         pace=gateway.pace,
-        ready_s=now,
+        ready_s=arrival.monotonic_s,
         is_kv_pinned=is_kv_pinned,
         home_node=home_node,
     )
@@ -88,7 +94,8 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict) -> Job:
         reserve_tokens=prompt_tokens + reserve,
         prediction=prediction,
         prediction_source=answer.source.value,
-        predict_s=predict_s,
+        predict_s=max(0.0, predict_s),
+        arrival=arrival,
         prompt_chars=num_chars,
         num_messages=num_messages,
     )

@@ -28,7 +28,7 @@ def record_call(
     gateway.traces.write(record)
     gateway.metrics.observe(record)
     if gateway.spans is not None:
-        gateway.spans.emit(record, job.span or gateway.spans.start(job.meta.trace_context, job.arrival_unix_s))
+        gateway.spans.emit(record, job.span or gateway.spans.start(job.meta.trace_context, job.arrival.unix_s))
     node = next((n for n in gateway.nodes if n.name == node_name), None)
     key = job.meta.workflow_key
     if "output_tokens" not in record:
@@ -54,4 +54,4 @@ def record_call(
     gateway.predictor.observe(record)
     gateway.sizer.observe(job.prompt_chars, job.num_messages, result.prompt_tokens)
     if node is not None:
-        node.observe_decode(result.output_tokens, record["e2e_s"])
+        node.observe_decode(result.output_tokens, record["upstream_s"])  # the node's time, not the gateway's

@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from serving.gateway.attempt import NodeFailed, attempt_failed, describe, end_stream, upstream_headers
 from serving.gateway.nodes import Node
-from serving.gateway.outcome import CallResult, StreamAssembler
+from serving.gateway.outcome import CallResult, StreamAssembler, has_content
 from serving.gateway.upstream import Reply, UpstreamError, is_deadline
 
 if TYPE_CHECKING:
@@ -51,9 +51,9 @@ async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tupl
             buffer += decoder.decode(raw)
             *lines, buffer = buffer.split("\n")
             for line in lines:
-                if assembler.feed_line(line) is not None:
+                if (chunk := assembler.feed_line(line)) is not None:
                     call.count("upstream_chunks")
-                    if result.first_token_s is None and assembler.choices:
+                    if has_content(chunk):
                         result.mark_token()
             if job.node is None:
                 continue
@@ -80,8 +80,9 @@ async def post_streamed(call: StageCall, node: Node, result: CallResult) -> tupl
 
 
 async def open_stream(call: StageCall, node: Node) -> Response:
-    """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it."""
-    gateway, job = call.gateway, call.job
+    """Open the upstream stream and read its first whole event (a failure until then is retryable), then relay it.
+    The call's clock (`CallResult.started_s`) starts before the request goes upstream."""
+    gateway, job, result = call.gateway, call.job, CallResult()
     try:
         response = await node.upstream.open_stream(
             f"{node.url}{call.path}", call.upstream, upstream_headers(gateway, job), job.remaining_s()
@@ -94,10 +95,12 @@ async def open_stream(call: StageCall, node: Node) -> Response:
     if response.status != 200:
         content = await response.read()
         response.release()
-        call.end(CallResult(error=f"vLLM answered {response.status}"), node, node.kv_usage)
+        result.error = f"vLLM answered {response.status}"
+        call.end(result, node, node.kv_usage, counter="rejected_invalid")  # (a 5xx was retried: the call's fault)
         return Response(content, response.status, media_type="application/json")
-    first = await read_first_event(response)
-    relay = relay_stream(call, node, response, first)
+    events = EventReader(result)
+    first = events.feed(await read_first_event(response))
+    relay = relay_stream(call, node, response, events, first)
     return StreamingResponse(relay, media_type="text/event-stream", headers={"X-Maestro-Node": node.name})
 
 
@@ -119,24 +122,38 @@ async def read_first_event(response: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def relay_stream(call: StageCall, node: Node, response: aiohttp.ClientResponse, first: bytes = b""):
-    """Relay whole SSE events to the client; a node failing mid-stream, or a stream ending without `[DONE]`,
-    ends it with an error event (a partial event is dropped, so the client's stream stays well-formed)."""
-    gateway, job = call.gateway, call.job
-    result, kv_usage, pending = CallResult(), node.kv_usage, ""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+class EventReader:
+    """A vLLM stream's bytes → its whole SSE events, each read into the call's `CallResult` as it comes in (so its
+    first content event is the stage's first token), a partial event kept until its end arrives."""
+
+    def __init__(self, result: CallResult):
+        self.result, self.pending = result, ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+
+    def feed(self, raw: bytes) -> str:
+        """The whole events `raw` completes ("" for none), already read into the result."""
+        head, end, self.pending = (self.pending + self.decoder.decode(raw)).rpartition("\n\n")
+        for line in head.split("\n") if end else ():
+            self.result.read_sse_line(line)
+        return head + end
+
+
+async def relay_stream(
+    call: StageCall, node: Node, response: aiohttp.ClientResponse, events: EventReader, first: str = ""
+):
+    """Relay whole SSE events to the client (`first`: those read before the relay began); a node failing
+    mid-stream, or a stream ending without `[DONE]`, ends it with an error event (a partial event is dropped, so the
+    client's stream stays well-formed)."""
+    gateway, job, result, kv_usage = call.gateway, call.job, events.result, node.kv_usage
     is_complete = False
     try:
-        async for raw in _prepend(first, response.content.iter_any()):
-            head, end, pending = (pending + decoder.decode(raw)).rpartition("\n\n")
-            if not end:
+        async for text in _prepend(first, response.content.iter_any(), events.feed):
+            if not text:
                 continue
-            for line in head.split("\n"):
-                result.read_sse_line(line)
             if job.node is not None and result.has_final_usage:  # vLLM's last chunk
                 gateway.dispatcher.finish(job)  # KV back before the tail is written to the client
                 result.released_s = time.monotonic()
-            yield head + end
+            yield text
         is_complete = True
         if not result.is_stream_done:
             result.error = f"{node.name}'s stream ended before data: [DONE]"
@@ -153,11 +170,10 @@ async def relay_stream(call: StageCall, node: Node, response: aiohttp.ClientResp
         end_stream(response, is_complete)
 
 
-async def _prepend(first: bytes, rest):
-    if first:
-        yield first
+async def _prepend(first: str, rest, read):
+    yield first
     async for raw in rest:
-        yield raw
+        yield read(raw)
 
 
 def sse_error(message: str, status: int = 502) -> str:

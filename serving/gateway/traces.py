@@ -8,6 +8,7 @@ Files are named `<prefix>-<start stamp>-<seq>.jsonl`, so name order is write ord
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -63,8 +64,14 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
     `outcome`: completed (labelled), failed (it reached a node), or refused (it never did: invalid, queue full,
     no node, deadline or client gone while queued; `error` says which). A stage refused as invalid has no
     prediction (`job.prediction` None) and its body is only what the client sent.
+
+    Times: `arrival_s` (Unix) is when the call was read, before its prediction; `ttft_s`, `e2e_s` and
+    `kv_released_s` count from it, so each holds `predict_s` and `queue_s`; `upstream_s` is the last attempt's
+    time at its node (sent → answer's end). `slo_s` is the SLO the call sent, `deadline_s` (Unix) the deadline
+    the stage was scheduled by (its workflow's first arrival + the SLO, the call's or `system.slo_s`).
     """
     meta, prediction, end = job.meta, job.prediction, time.monotonic()
+    since_arrival = lambda instant: round(instant - job.arrival.monotonic_s, 6) if instant is not None else None
     tools = body.get("tools") if prediction is not None else None  # (an invalid body's tools may be anything)
     record = {
         "workflow_id": meta.workflow_id,
@@ -78,7 +85,8 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
         "prompt": body.get("messages") if "messages" in body else body.get("prompt", ""),
         "n_tools": len(tools or []) or None,
         "tool_names": [t.get("function", {}).get("name") for t in tools or []] or None,
-        "arrival_s": round(job.arrival_unix_s, 6),
+        "arrival_s": round(job.arrival.unix_s, 6),
+        "slo_s": meta.slo_s,
         "queue_s": round(job.queue_s, 6),
         "node": node_name,
         "kv_usage_seen": kv_usage,
@@ -95,6 +103,7 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
             predict_s=round(job.predict_s, 6),
             kv_tokens_reserved=job.reserve_tokens,
             max_tokens=job.request.max_tokens,
+            deadline_s=unix_deadline(job),
         )
     if result.error is None and result.output_tokens is not None:
         record["outcome"] = "completed"
@@ -104,11 +113,20 @@ def trace_record(job: Job, body: dict, result: CallResult, node_name: str | None
             is_tool_call=result.is_tool_call,
             output_text=result.output_text,
             finish_reason=result.finish_reason,
-            e2e_s=round(end - result.started_s, 6),
-            ttft_s=round(result.first_token_s - result.started_s, 6) if result.first_token_s else None,
-            kv_released_s=round(result.released_s - result.started_s, 6) if result.released_s else None,
+            e2e_s=since_arrival(end),
+            ttft_s=since_arrival(result.first_token_s),
+            kv_released_s=since_arrival(result.released_s),
+            upstream_s=round(end - result.started_s, 6),
         )
     else:
         record["outcome"] = "failed" if job.num_attempts else "refused"
         record["error"] = result.error or "no usage in vLLM's response"
     return {k: v for k, v in record.items() if v is not None}
+
+
+def unix_deadline(job: Job) -> float | None:
+    """The deadline the stage was scheduled by, on the Unix clock of `arrival_s` (None without an SLO)."""
+    deadline_s = job.request.deadline_s
+    if not math.isfinite(deadline_s):
+        return None
+    return round(job.arrival.unix_s + deadline_s - job.arrival.monotonic_s, 6)

@@ -107,7 +107,7 @@ def test_a_misspelt_maestro_header_is_400_naming_it_and_the_known_ones(tmp_path)
 
     async def calls(client, gateway):
         refused = await client.post(CHAT, json={"messages": USER}, headers=misspelt)
-        left = gateway.counters["requests"], len(gateway.workflows), len(gateway.sessions.sessions)
+        left = gateway.counters["rejected_invalid"], len(gateway.workflows), len(gateway.sessions.sessions)
         spelt = await client.post(
             CHAT, json={"messages": USER}, headers={"x-MAESTRO-workflow": "w1", "X-Maestro-Stage": "s1"}
         )
@@ -124,7 +124,7 @@ def test_a_misspelt_maestro_header_is_400_naming_it_and_the_known_ones(tmp_path)
         "header X-Maestro-Workflow-Id: not a Maestro header (did you mean "
         "X-Maestro-Workflow?); the known ones are X-Maestro-Workflow, X-Maestro-Stage,"
     )
-    assert left == (0, 0, 0)  # not counted, no workflow, no session
+    assert left == (1, 0, 0)  # counted as a client error, no workflow, no session
     assert spelt.status_code == hinted.status_code == 200
     assert len(received) == num_traced == 2  # the refused call reached no node and named no stage
 

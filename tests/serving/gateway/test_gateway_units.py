@@ -655,6 +655,7 @@ def test_a_stage_request_carries_its_workflows_remaining_work_and_kept_context(t
 def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_policy_order(tmp_path, monkeypatch):
     from serving.gateway import core
     from serving.gateway.metadata import StageMeta
+    from serving.gateway.vllm_priority import NO_DEADLINE
 
     async def calls(client, gateway):
         async def call(workflow: str, stage: str, tokens: int) -> None:
@@ -690,11 +691,12 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
         scheduler.add(job.request, 0.0)
     order = [scheduler.pop(0.0).payload for _ in range(2)]
     assert order == [old2, new2]  # the workflow further along first, and vLLM agrees:
-    assert [gateway.vllm_priority(j) for j in order] == [core.BATCH_PRIORITY, core.BATCH_PRIORITY + 1]
+    no_deadline = core.BATCH_PRIORITY + NO_DEADLINE  # (no SLO: after every stage with a deadline, in its class)
+    assert [gateway.vllm_priority(j) for j in order] == [no_deadline, no_deadline + 1]
     assert received[0]["priority"] < received[1]["priority"]  # sent as "old" then "new"
 
     per_stage = core.Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"name": "maestro"}))
-    assert per_stage.vllm_priority(old2) == core.BATCH_PRIORITY + old2.request.tokens_pred  # stage order: tokens
+    assert per_stage.vllm_priority(old2) == no_deadline + old2.request.tokens_pred  # stage order: tokens
 
     monkeypatch.setattr(core, "MAX_WORKFLOWS", 2)
     for i, workflow in enumerate(("a", "b", "a", "c")):  # "a" seen again: "b" is the least recently seen
