@@ -53,6 +53,9 @@ COUNTERS = (
     "num_rejected",
     "oom_rate",
     "kv_reserved_frac_vs_maxlen",
+    "num_kv_refused",  # stages a node could not start for want of KV pages (memory binding before a preemption)
+    "num_model_loads",
+    "model_load_s",
 )
 
 
