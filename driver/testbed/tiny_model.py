@@ -2,7 +2,8 @@
 
 vLLM serves it with `--load-format dummy` (random weights), so there are no weights to ship:
 outputs are random text, and lengths are set with `max_tokens` + `ignore_eos`. The tokenizer is
-trained on text that is already on disk — the workload catalog's prompts and this repo's sources.
+trained on the workload catalog's prompts, tasks and tool schemas only (about 3.2 characters a token on catalog text),
+so that it is the same on every machine whatever else is on disk.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ MODEL_SHAPE = dict(
 KV_BYTES_PER_TOKEN = 2 * 2 * 64 * 2 * 2
 
 
-def training_texts(repo: Path) -> list[str]:
-    """Local text for the tokenizer: the catalog's system prompts and tasks, and the repo's Python sources."""
+def training_texts() -> list[str]:
+    """Text for the tokenizer: the catalog's system prompts and tasks and its tools' schemas (nothing read from disk:
+    a tokenizer trained on the repository's files or installed packages changed with them, and with it every token
+    count a test sizes its prompts by)."""
     from pipelines.agent_tools import TOOLS
     from pipelines.catalog import APPS
 
     texts = [r.system_prompt for a in APPS.values() for r in a.roles.values()]
-    texts += [t for a in APPS.values() for t in a.tasks] + [json.dumps(t.schema()) for t in TOOLS.values()]
-    texts += [p.read_text(errors="replace") for p in sorted(repo.glob("**/*.py"))[:300] if ".venv" not in p.parts]
-    return texts
+    return texts + [t for a in APPS.values() for t in a.tasks] + [json.dumps(t.schema()) for t in TOOLS.values()]
 
 
 def train_tokenizer(texts: list[str]):
@@ -56,12 +57,11 @@ def train_tokenizer(texts: list[str]):
     return tokenizer
 
 
-def build_tiny_model(out: str | Path, repo: str | Path | None = None, max_position_embeddings: int = 4096) -> Path:
+def build_tiny_model(out: str | Path, max_position_embeddings: int = 4096) -> Path:
     """Write config.json, tokenizer files and generation_config.json into `out`; returns `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    repo = Path(repo) if repo else Path(__file__).resolve().parents[2]
-    tokenizer = train_tokenizer(training_texts(repo))
+    tokenizer = train_tokenizer(training_texts())
     tokenizer.save(str(out / "tokenizer.json"))
     ids = {name: tokenizer.token_to_id(name) for name in SPECIAL_TOKENS}
     _write(
