@@ -36,7 +36,7 @@ def prose_files() -> list[Path]:
 
 def _is_ours(path: Path) -> bool:
     top = path.relative_to(ROOT).parts[0]
-    return not top.startswith(".") and top not in {"data", "mlruns", "models", "file:"}
+    return not top.startswith(".") and top not in {"data", "mlruns", "models"}
 
 
 def rel(path: Path) -> str:

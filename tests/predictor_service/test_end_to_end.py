@@ -153,8 +153,11 @@ def test_a_node_that_fails_undoes_the_rollout_and_the_alias_never_moves(server, 
     assert alias_version(store) == "1"
 
 
-def test_an_alias_that_cannot_move_puts_the_nodes_back(server, store, capsys):
+def test_an_alias_that_cannot_move_puts_the_nodes_back(server, store, capsys, tmp_path, monkeypatch):
     """Every node verified on version 2, then the registry refuses the alias move (read-only): nodes back on 1."""
+    # MLflow makes the parent folders of a SQLite path, and takes an SQLite URI filename (`file:PATH`) for a relative
+    # path: it would leave a folder named `file:` in the working directory.
+    monkeypatch.chdir(tmp_path)
     read_only = store.replace("sqlite:///", "sqlite:///file:") + "?mode=ro&uri=true"
     before = serving(server)
     code = maestro(
