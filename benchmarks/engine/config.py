@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.engine.step_fit import FittedStepCost, LinearStepModel
@@ -153,7 +153,8 @@ def plan_cost(config: EngineConfig, clock: dict | None) -> CostModel:
     plan carries, so that a run is priced as it ran whatever the shipped fit is now."""
     if clock is None or clock["kind"] == "step":
         return CostModel(step_cost(config))
-    return FittedStepCost(step_cost(config), {MODEL: LinearStepModel(**clock["fit"])}, clock["chunk_tokens"])
+    budget = replace(config, max_num_batched_tokens=clock["chunk_tokens"])  # the chunk the plan ran with
+    return FittedStepCost(step_cost(budget), {MODEL: LinearStepModel(**clock["fit"])})
 
 
 def step_price(clock: dict | None) -> Callable[[StepLoad], float]:

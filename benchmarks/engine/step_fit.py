@@ -179,16 +179,15 @@ def held_out(rows: list[dict]) -> dict[str, float]:
 
 class FittedStepCost(CostModel):
     """A `CostModel` whose steps are priced by fitted `LinearStepModel`s (model name -> fit): one home for the price of
-    a step, a lone prefill (`prefill_s`: its chunks of `chunk_tokens`, one step each) and a lone decode (`decode_s`).
-    `config` gives the models' KV shapes. The node that still prices a decode step by KV bytes (`step_s`) gets the
-    overhead and the context term; the per-decode term needs the decode count, which only `step_time_s` carries."""
+    a step, a lone prefill (`prefill_s`: chunks of the config's token budget, one step each) and a lone decode
+    (`decode_s`). `config` gives the models' KV shapes and the engine's token budget."""
 
-    def __init__(self, config: CostModelConfig, fits: Mapping[str, LinearStepModel], chunk_tokens: int):
+    def __init__(self, config: CostModelConfig, fits: Mapping[str, LinearStepModel]):
         super().__init__(config)
         unknown = [name for name in fits if name not in config.models]
-        if unknown or chunk_tokens < 1:
-            raise ValueError(f"fits for models {unknown} not in the cost config, or chunk_tokens {chunk_tokens} < 1")
-        self.fits, self.chunk_tokens = dict(fits), chunk_tokens
+        if unknown:
+            raise ValueError(f"fits for models {unknown} not in the cost config")
+        self.fits, self.chunk_tokens = dict(fits), config.token_budget
         self.overhead_s = max(fit.overhead_s for fit in self.fits.values())
 
     def fit_of(self, name: str) -> LinearStepModel:
@@ -213,14 +212,3 @@ class FittedStepCost(CostModel):
     def decode_s(self, model, tokens: int, context_tokens: int) -> float:
         load = StepLoad(num_decodes=1, decode_context_tokens=round(context_tokens + tokens / 2))
         return tokens * self.step_time_s({model.name: load})
-
-    def weight_read_s(self, model) -> float:
-        return 0.0
-
-    def kv_read_s(self, kv_bytes: float) -> float:
-        fit = next(iter(self.fits.values()))
-        model = self.model(next(iter(self.fits)))
-        return fit.context_token_s * kv_bytes / model.kv_bytes_per_token
-
-    def step_s(self, weight_read_s: float, kv_bytes: float, host_slowdown: float = 1.0) -> float:
-        return self.overhead_s * host_slowdown + weight_read_s + self.kv_read_s(kv_bytes)
