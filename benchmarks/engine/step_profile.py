@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.engine.vllm_engine import engine_env
 
 REPO = Path(__file__).resolve().parents[2]
 # The profiled models: the engine replay's tiny model (driver/testbed/tiny_model.py) and a wider, deeper one.
@@ -253,15 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.vllm_python.exists():
         parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "MAESTRO_VLLM_STATS_DIR": str(args.out / "vllm-stats"),
-    }
+    env = engine_env(MAESTRO_VLLM_STATS_DIR=str(args.out / "vllm-stats"))
     parts = []
     for model in models:
         part = args.out / f"step_profile_{model}.csv"

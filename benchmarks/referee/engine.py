@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import CLOCKS, EngineConfig
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import plot, run_figures, table
+from benchmarks.engine.vllm_engine import engine_env
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
 from benchmarks.referee.stats import Outcomes, summarize
 from maestro.contract import read_traces
@@ -142,18 +142,7 @@ def run_plans(plans: dict[str, dict], work: Path, python: Path, resume: bool = F
         plan_path.write_text(text)
         out_path.unlink(missing_ok=True)
         paths += [str(plan_path), str(out_path)]
-    # One OpenMP thread, unbound: the tiny model needs none more, and on shared cores a second one waiting at every
-    # barrier for its turn made runs 2.5-3x slower (2026-12-03). Step records do not depend on it; the environment wins.
-    env = {
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
+    env = engine_env()
     if paths:
         subprocess.run([str(python), "-m", "benchmarks.engine.steps", *paths], cwd=REPO, env=env, check=True)
     return {name: json.loads((work / f"steps_{file_stem(name)}.json").read_text()) for name in plans}

@@ -19,7 +19,6 @@ its request arrives.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -28,7 +27,8 @@ import pytest
 from benchmarks.engine.arms import engine_arm
 from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
-from benchmarks.referee.engine import REPO, ensure_llm
+from benchmarks.engine.vllm_engine import engine_env
+from benchmarks.referee.engine import ensure_llm
 from driver.testbed.engines import VLLM_PYTHON, has_vllm
 from maestro.contract import read_traces
 
@@ -56,16 +56,7 @@ def probe(plan: dict, work: Path, *plant: str) -> dict:
     """The plan run on a real engine with the probe: the replay's report and the probe's `log`."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "plan.json").write_text(json.dumps(plan))
-    env = {
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
+    env = engine_env()
     command = [str(VLLM_PYTHON), "-m", "tests.benchmarks.engine.engine_leak_probe", "plan.json", "out.json", *plant]
     subprocess.run(command, cwd=work, env=env, check=True)
     return json.loads((work / "out.json").read_text())
