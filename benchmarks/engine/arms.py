@@ -1,9 +1,10 @@
-"""The engine replay's arms: vLLM's scheduler under a policy and priority, or MaestroScheduler fed a source."""
+"""The engine replay's arms: vLLM's scheduler under a policy and priority, or MaestroScheduler fed a source; either
+behind the gateway's decisions (`gateway+ARM`, benchmarks/engine/gateway_arm.py)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 VLLM_ARMS = {
     "vllm-fcfs": ("fcfs", None),
@@ -27,13 +28,18 @@ MAESTRO_VARIANTS = {
     "admit": {"preemptive": True, "victim": "remaining"},
 }
 SOURCES = r"model|prior|none|oracle|noise[0-9.]*"
+# gateway+ARM: the gateway's triage and deadline priority in front of ARM, one of these engine sides
+GATEWAY_PREFIX = "gateway+"
+GATEWAY_ENGINES = ("vllm-priority-deadline", "maestro[")
+GATEWAY_SOURCE = "model"  # what the gateway predicts with in front of stock vLLM: its trained predictor
 MAESTRO_ARM = re.compile(rf"maestro\[({SOURCES})(?:/({'|'.join(MAESTRO_VARIANTS)}))?\]")
 
 
 @dataclass(frozen=True)
 class EngineArm:
     """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
-    (`maestro`) fed `source`, in its `variant` (a key of `MAESTRO_VARIANTS`) if named."""
+    (`maestro`) fed `source`, in its `variant` (a key of `MAESTRO_VARIANTS`) if named; with `is_gateway`, behind the
+    gateway's triage, which is fed `source` too and sends the deadline as vLLM's priority."""
 
     name: str
     scheduler: str
@@ -41,6 +47,7 @@ class EngineArm:
     source: str | None
     priority: str | None = None
     variant: str | None = None
+    is_gateway: bool = False
 
     @property
     def maestro_options(self) -> dict:
@@ -53,6 +60,15 @@ class EngineArm:
 
 
 def engine_arm(name: str) -> EngineArm:
+    if name.startswith(GATEWAY_PREFIX):
+        engine = name.removeprefix(GATEWAY_PREFIX)
+        if not engine.startswith(GATEWAY_ENGINES):
+            raise ValueError(
+                f"unknown engine arm '{name}': the gateway goes in front of vllm-priority-deadline or "
+                "maestro[SOURCE] (gateway+vllm-priority-deadline, gateway+maestro[model])"
+            )
+        arm = engine_arm(engine)
+        return replace(arm, name=name, source=arm.source or GATEWAY_SOURCE, priority=None, is_gateway=True)
     if name in VLLM_ARMS:
         policy, priority = VLLM_ARMS[name]
         return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
@@ -60,6 +76,7 @@ def engine_arm(name: str) -> EngineArm:
     if not match:
         raise ValueError(
             f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, maestro[model|prior|none|oracle|noiseσ], "
-            f"optionally /VARIANT with VARIANT one of {', '.join(MAESTRO_VARIANTS)} (maestro[model/preempt])"
+            f"optionally /VARIANT with VARIANT one of {', '.join(MAESTRO_VARIANTS)} (maestro[model/preempt]), and "
+            f"{GATEWAY_PREFIX}ARM for ARM vllm-priority-deadline or a maestro arm"
         )
     return EngineArm(name, "maestro", "priority", match.group(1), variant=match.group(2))

@@ -16,6 +16,9 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   `none`, the truth for `oracle`), turned into service by `serving.core.request.workflow_remaining_s` as the gateway and
   the simulator do; never a sum over the replayed workflow's own later stages outside `maestro[oracle]`. A workflow's
   last stage carries `final` (its client says it is done), so the plugin's triage forgets the workflow when it ends.
+- **The gateway** (`gateway+` arms): the same source's `tokens_pred`, `tokens_reserve` and `workflow_remaining_s`, at
+  the same moment (`gateway` in each stage); it triages on them and sends the deadline
+  (`benchmarks/engine/gateway_arm.py`).
 - **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
   seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
 - **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
@@ -190,6 +193,7 @@ class EngineWorkload:
                     "scheduler": arm.scheduler,
                     "policy": arm.policy,
                     "maestro_config": {**self.config.maestro(), **arm.maestro_options},
+                    "gateway": {"step_s": self.config.step_s} if arm.is_gateway else None,
                 },
                 "workflows": self.told(arm, base, raw),
             }
@@ -211,21 +215,24 @@ class EngineWorkload:
                     predict(stage)
                     pred = min(spec["max_tokens"], scaled(stage.tokens_pred, self.config.token_scale))
                     reserve = min(spec["max_tokens"], max(pred, scaled(stage.tokens_reserve, self.config.token_scale)))
+                    remaining_s = workflow_remaining_s(
+                        TokenPace(1.0),
+                        0,
+                        stage.remaining.wf_remaining_calls,
+                        scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale),
+                    )
+                    told = {
+                        "tokens_pred": pred,
+                        "tokens_reserve": reserve,
+                        "workflow_remaining_s": round(remaining_s, 2),
+                    }
                     if arm.priority == "rank":
                         spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
+                    if arm.is_gateway:
+                        spec["gateway"] = told
                     if arm.scheduler == "maestro":
                         spec["hints"] = {
-                            "tokens_pred": pred,
-                            "tokens_reserve": reserve,
-                            "workflow_remaining_s": round(
-                                workflow_remaining_s(
-                                    TokenPace(1.0),
-                                    0,
-                                    stage.remaining.wf_remaining_calls,
-                                    scaled(stage.remaining.wf_remaining_tokens, self.config.token_scale),
-                                ),
-                                2,
-                            ),
+                            **told,
                             "final": stage is workflow.stages[-1],
                             "interactive": wf["interactive"],
                             "workflow": wf["id"],

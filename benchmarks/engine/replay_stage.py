@@ -3,8 +3,10 @@ steps, its vLLM request and what it produced; and its prompt, seeded token ids t
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 VOCAB_LOW, VOCAB_HIGH = 16, 2000  # prompt token ids drawn from here (clear of the tiny tokenizer's special tokens)
 
@@ -27,6 +29,8 @@ class Stage:
     cached_tokens: int = -1  # prompt tokens served from the prefix cache at its first start (-1: not started)
     window_tokens: int = 0  # output tokens produced inside the plan's steady window
     tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
+    triaged: object = None  # the StageRequest the gateway triaged it as (gateway arms only)
+    is_rejected: bool = False  # never ran: the gateway turned its workflow away
 
 
 def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:
@@ -35,3 +39,16 @@ def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None)
     rng = random.Random(f"{plan_seed}:{workflow}:{stage['index']}")
     head = (parent.prompt_ids + parent.output_ids)[: stage["prompt_tokens"] - 1] if parent is not None else []
     return head + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(stage["prompt_tokens"] - len(head))]
+
+
+def cached_tokens_check(stats_dir: Path, by_name: dict[str, Stage]) -> dict:
+    """The stages' `cached_tokens` (by request id) against the stat-logger plugin's `num_cached_tokens` of each
+    finished request, as it logged them into `stats_dir`."""
+    logged = {}
+    for path in sorted(stats_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "request":
+                logged[record["request_id"]] = record["num_cached_tokens"]
+    mismatched = [name for name, cached in logged.items() if by_name[name].cached_tokens != cached]
+    return {"num_logged": len(logged), "num_mismatched": len(mismatched), "mismatched": mismatched[:5]}

@@ -1,12 +1,13 @@
 """The engine replay's figures: one run's step records (benchmarks/engine/steps.py) as per-workflow outcomes that the
 referee's paired bootstrap (`benchmarks.referee.stats`) resamples, and the engine mode's table and plot.
 
-Per measured workflow (arrived in the steady part of the run, the plan's `measured` range): whether it met its SLO,
-its time in steps from arrival to its last stage's end, its stages' preemptions, and its next turns' prompt tokens not
-served from vLLM's prefix cache (a stage that continues its session: of its prompt, the previous turn's prompt and
-output that it starts with, `context_tokens`, less what the cache served). Per replayed workflow: the
-output tokens it produced inside the steady window, so that their mean × workflows ÷ window steps is the engine's
-tokens per step there. Step figures depend only on the plan; `wall_s` is this machine's wall clock.
+Per measured workflow (arrived in the steady part of the run, the plan's `measured` range): whether it met its SLO, its
+time in steps from arrival to its last stage's end, its stages' preemptions, whether the gateway turned it away
+(`gateway+` arms: it missed), and its next turns' prompt tokens not served from vLLM's prefix cache (a stage that
+continues its session: of its prompt, the previous turn's prompt and output that it starts with, `context_tokens`, less
+what the cache served). Per replayed workflow: the output tokens it produced inside the steady window, so that their
+mean × workflows ÷ window steps is the engine's tokens per step there. Step figures depend only on the plan; `wall_s` is
+this machine's wall clock.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def run_figures(plan: dict, steps: dict) -> dict:
         turns = [
             (context_tokens(workflow, spec), r)
             for spec, r in zip(workflow["stages"], records)
-            if spec["session_parent"] >= 0
+            if spec["session_parent"] >= 0 and not r.get("is_rejected")  # a turn that never ran computed nothing
         ]
         recomputed.append(sum(context - min(context, max(0, r["cached_tokens"])) for context, r in turns))
         contexts.append(sum(context for context, _ in turns))
@@ -70,8 +71,30 @@ def run_figures(plan: dict, steps: dict) -> dict:
             "session_kv": session_kv(steps["decisions"]),
             "next_turns": next_turn_recompute(plan, steps),
             "cached_tokens_check": steps.get("cached_tokens_check"),
+            "num_rejected": num_rejected(plan, steps),
         },
     }
+
+
+def num_rejected(plan: dict, steps: dict) -> int:
+    """The measured workflows the gateway turned away (a stage of theirs never ran); 0 without a gateway."""
+    first, last = plan["measured"]
+    return sum(any(r.get("is_rejected") for r in records) for records in steps["stages"][first:last])
+
+
+def rejected_table(report: dict) -> list[str]:
+    """Per rate, the measured workflows each arm turned away, summed over seeds (0 for arms without a gateway)."""
+    lines = []
+    for rate, by_arm in report["counters"].items():
+        rows = {arm: sum(run.get("num_rejected") or 0 for run in runs) for arm, runs in by_arm.items()}
+        lines += [
+            f"Measured workflows turned away at {rate}, summed over seeds:",
+            "",
+            "| arm | num_rejected |",
+            "|---|---|",
+        ]
+        lines += [f"| {arm} | {count} |" for arm, count in rows.items()] + [""]
+    return lines
 
 
 def context_tokens(workflow: dict, spec: dict) -> int:
@@ -90,7 +113,7 @@ def next_turn_recompute(plan: dict, steps: dict) -> dict:
     out = {"turns": 0, "context_tokens": 0, "recomputed": 0, "recomputed_full_blocks": 0}
     for workflow, records in zip(plan["workflows"], steps["stages"]):
         for spec, record in zip(workflow["stages"], records):
-            if spec["session_parent"] >= 0:
+            if spec["session_parent"] >= 0 and not record.get("is_rejected"):
                 context, cached = context_tokens(workflow, spec), max(0, record["cached_tokens"])
                 out["turns"] += 1
                 out["context_tokens"] += context
@@ -178,7 +201,7 @@ def table(report: dict) -> str:
         COLUMNS,
         DIFFERENCE_COLUMNS,
     )
-    lines += session_kv_table(report) + next_turn_table(report)
+    lines += rejected_table(report) + session_kv_table(report) + next_turn_table(report)
     return "\n".join(lines)
 
 

@@ -11,21 +11,23 @@ model with dummy weights, and vLLM's own scheduler or MaestroScheduler. The cloc
 units of `step_s`, `benchmarks.engine.config.step_price`): a stage is added when its workflow arrives or its parents
 (and the tool call after one) are done, with `arrival_time` the scheduler's step count then; when nothing is in the
 engine and nothing is ready, the clock jumps to the next arrival (no engine step runs, so the scheduler's count stays
-behind the replay's by the skipped steps, which no live request sees). A stage ends as a real turn ends, inside the step
-that samples its last token: vLLM finishes it by length (`FINISHED_LENGTH_CAPPED`, as a stop token would finish it), so
-its KV goes where a finished turn's goes (vLLM's prefix cache; with MaestroScheduler and a session hint, possibly a hold
-for its session's next turn). For that, and only while vLLM appends one request's sampled tokens and checks them for a
-stop (`_update_request_with_output`), that request's `max_tokens` is its recorded length; at every other moment every
-request's is the declared cap (with `ignore_eos`): vLLM's and MaestroScheduler's decisions, and the plugin's code that
-runs as a request leaves, never see a recorded length (tests/benchmarks/engine/test_engine_leaks.py). Requests end in
-the order vLLM iterates that step's batch, so the same plan gives the same steps. Prompts are seeded token ids; a stage
-that continues its session (tool loop) starts with its parent's prompt and output, so the prefix cache can hold them;
-the prompt tokens vLLM served from its cache are recorded per stage (`cached_tokens`, the request's first output) and
-checked against what the project's stat-logger plugin (`maestro_vllm_stats`, attached to the engine) logs for each
-finished request. A Maestro arm's turn carries its session and predicted tool time (`benchmarks/engine/replay.py`); the
-prediction is `ToolTimes` over the tool calls that have returned by then. The run ends once every measured workflow (the
-plan's `measured` range) has ended and the steady window (`window`, in replay steps) is over; the output tokens each
-stage produced inside the window are recorded (`window_tokens`)."""
+behind the replay's by the skipped steps, which no live request sees). Under a `gateway+` arm a ready stage passes the
+gateway's triage first (`benchmarks/engine/gateway_arm.py`), and is sent with the gateway's vLLM priority. A stage ends
+as a real turn ends, inside the step that samples its last token: vLLM finishes it by length (`FINISHED_LENGTH_CAPPED`,
+as a stop token would finish it), so its KV goes where a finished turn's goes (vLLM's prefix cache; with
+MaestroScheduler and a session hint, possibly a hold for its session's next turn). For that, and only while vLLM appends
+one request's sampled tokens and checks them for a stop (`_update_request_with_output`), that request's `max_tokens` is
+its recorded length; at every other moment every request's is the declared cap (with `ignore_eos`): vLLM's and
+MaestroScheduler's decisions, and the plugin's code that runs as a request leaves, never see a recorded length
+(tests/benchmarks/engine/test_engine_leaks.py). Requests end in the order vLLM iterates that step's batch, so the same
+plan gives the same steps. Prompts are seeded token ids; a stage that continues its session (tool loop) starts with its
+parent's prompt and output, so the prefix cache can hold them; the prompt tokens vLLM served from its cache are recorded
+per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger plugin
+(`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its session
+and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls that have
+returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the steady
+window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are recorded
+(`window_tokens`)."""
 
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ import time
 from pathlib import Path
 
 from benchmarks.engine.config import step_price
-from benchmarks.engine.replay_stage import Stage, prompt_ids
+from benchmarks.engine.gateway_arm import GatewayArm
+from benchmarks.engine.replay_stage import Stage, cached_tokens_check, prompt_ids
 from benchmarks.engine.step_load import LoadTap
 from benchmarks.engine.vllm_engine import build_engine
 
@@ -60,6 +63,8 @@ class Replay:
         self.engine = build_engine(plan["engine"], self.arm)
         self.scheduler = self.engine.engine_core.engine_core.scheduler
         self.load_tap, self.price = LoadTap(self.scheduler), step_price(plan.get("clock"))
+        gateway = self.arm.get("gateway")
+        self.gateway = GatewayArm(gateway["step_s"], self.scheduler) if gateway else None
         self.stages = [
             [Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]] for w, wf in enumerate(plan["workflows"])
         ]
@@ -102,6 +107,8 @@ class Replay:
         self.scheduler._update_request_with_output = update_request_with_output
 
     def _make_ready(self, stage: Stage, step: int) -> None:
+        if stage.is_rejected:
+            return
         stage.ready_step = step
         heapq.heappush(self.ready, (step, next(self._seq), stage.workflow, stage.index))
 
@@ -124,6 +131,8 @@ class Replay:
         while self.ready and self.ready[0][0] <= self.step:
             _, _, w, i = heapq.heappop(self.ready)
             stage, spec, wf = self.stages[w][i], self.stages[w][i].spec, self.plan["workflows"][w]
+            if stage.is_rejected or not self._admitted(stage, wf):
+                continue
             parent = self.stages[w][spec["session_parent"]] if spec["session_parent"] >= 0 else None
             stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
             extra = {}
@@ -144,10 +153,25 @@ class Replay:
                 {"prompt_token_ids": stage.prompt_ids},
                 params,
                 arrival_time=float(len(self.steps)),  # the scheduler's step count, the plugin's clock
-                priority=spec.get("priority", 0),
+                priority=self.gateway.priority(stage.triaged) if self.gateway else spec.get("priority", 0),
             )
             stage.request = self.scheduler.requests[stage.request_id]
             self.live[stage.request_id] = self.by_name[name] = stage
+
+    def _admitted(self, stage: Stage, wf: dict) -> bool:
+        """Whether the gateway (where the arm has one) lets the ready stage through; a workflow it turns away ends
+        there: its stages that have not started never run."""
+        if self.gateway is None:
+            return True
+        stage.triaged = self.gateway.request(wf, stage.spec, self.stages[stage.workflow], self.step)
+        if not self.gateway.turns_away(stage.triaged, self.step):
+            return True
+        first, last = self.plan["measured"]
+        for other in self.stages[stage.workflow]:
+            if other.request is None and not other.is_rejected:
+                other.is_rejected = True
+                self.num_measured_left -= first <= other.workflow < last
+        return False
 
     def _note_cache_hits(self, outputs) -> None:
         """The prompt tokens vLLM served from its prefix cache, from each request's first output."""
@@ -173,6 +197,8 @@ class Replay:
             if request.is_finished():
                 stage.output_ids = list(request.output_token_ids)
                 done.append(stage)
+        if self.gateway is not None:
+            self.gateway.after_step()
         pool = self.scheduler.kv_cache_manager.block_pool
         self.steps.append(
             (self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running), produced)
@@ -203,6 +229,10 @@ class Replay:
                 ),
             )
         siblings = self.stages[stage.workflow]
+        if self.gateway is not None:
+            self.gateway.served(stage.triaged, stage.spec["prompt_tokens"], stage.num_output_tokens, self.step)
+            if all(s.finish_step >= 0 or s.is_rejected for s in siblings):
+                self.gateway.end(stage.triaged.workflow_id)
         for child in stage.spec["children"]:
             siblings[child].num_parents_left -= 1
             if not siblings[child].num_parents_left:
@@ -223,17 +253,6 @@ class Replay:
             self._after_step()
         return self.report(time.perf_counter() - started)
 
-    def cached_tokens_check(self) -> dict:
-        """The stages' `cached_tokens` against the stat-logger plugin's `num_cached_tokens` of each finished request."""
-        logged = {}
-        for path in sorted(self.stats_dir.glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record.get("kind") == "request":
-                    logged[record["request_id"]] = record["num_cached_tokens"]
-        mismatched = [name for name, cached in logged.items() if self.by_name[name].cached_tokens != cached]
-        return {"num_logged": len(logged), "num_mismatched": len(mismatched), "mismatched": mismatched[:5]}
-
     def report(self, wall_s: float) -> dict:
         decisions = getattr(self.scheduler, "decisions", None)
         return {
@@ -252,13 +271,15 @@ class Replay:
                         "cached_tokens": s.cached_tokens,
                         "window_tokens": s.window_tokens,
                         "tool_pred_steps": s.tool_pred_steps,
+                        "is_rejected": s.is_rejected,
                     }
                     for s in wf
                 ]
                 for wf in self.stages
             ],
-            "cached_tokens_check": self.cached_tokens_check(),
+            "cached_tokens_check": cached_tokens_check(self.stats_dir, self.by_name),
             "decisions": decisions.snapshot() if decisions is not None else None,
+            "gateway": self.gateway.snapshot() if self.gateway is not None else None,
         }
 
 

@@ -101,7 +101,9 @@ def num_workflows(rate: float, arrival_steps: int) -> int:
 
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     baselines = ("vllm-fcfs", "vllm-priority", "vllm-priority-deadline")
-    out = [(a, b) for a in names if a.startswith("maestro[") for b in baselines]
+    out = [(a, b) for a in names if a.startswith(("maestro[", "gateway+")) for b in baselines]
+    # The gateway in front of an engine side against that side alone (gateway+maestro[model] - maestro[model])
+    out += [(a, a.removeprefix("gateway+")) for a in names if a.startswith("gateway+maestro[")]
     # Variants against their source's arm (maestro[model/preempt] - maestro[model]) and against each other
     variants = [a for a in names if a.startswith("maestro[") and "/" in a]
     out += [(a, a.split("/")[0] + "]") for a in variants]

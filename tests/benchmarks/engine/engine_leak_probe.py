@@ -15,7 +15,11 @@ Records, beside the replay's own report (`log` in OUT):
   ran for another request (inside vLLM's `update_from_output`, where the replay ends turns at their recorded length),
   with the step it was in; `num_frees_beside_capped`: how many such frees had a request beside them whose recorded
   length differs from its cap (what could have been exposed).
-`--plant read-final`: a planted policy that reads a request's `final` hint as it arrives (the test's failing case).
+- `priorities`: each request's vLLM `priority` as it arrives;
+- `gateway_reads` (a `gateway+` arm): every key of a stage's plan entry (`spec.KEY`) and of its workflow's
+  (`workflow.KEY`) that the gateway reads when it triages the stage (`GatewayArm.request`).
+`--plant read-final`: a planted policy that reads a request's `final` hint as it arrives (the test's failing case);
+`--plant gateway-reads-length`: a planted gateway that reads a stage's recorded length as it triages it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ def watch(replay, plant: str | None) -> dict:
     from serving.vllm_plugin.session_kv import SessionHint
 
     scheduler = replay.scheduler
-    log = {"received": {}, "reads": [], "seen_at_schedule": [], "exposed": [], "num_schedules": 0}
+    log = {"received": {}, "priorities": {}, "reads": [], "seen_at_schedule": [], "exposed": [], "num_schedules": 0}
+    if replay.gateway is not None:
+        log["gateway_reads"] = watch_gateway(replay.gateway, plant)
     log["num_frees_beside_capped"] = 0
     freeing: list = []  # (request id, its hints, its session hint) while the plugin's _free_request runs for it
 
@@ -81,6 +87,7 @@ def watch(replay, plant: str | None) -> dict:
 
     def add_request(request):
         log["received"][request.request_id] = request.sampling_params.extra_args
+        log["priorities"][request.request_id] = request.priority
         add(request)
         if plant == "read-final" and request.request_id in scheduler.hints:
             scheduler.hints[request.request_id].final  # noqa: B018 - the planted policy's read
@@ -103,7 +110,8 @@ def watch(replay, plant: str | None) -> dict:
         log["num_frees_beside_capped"] += any(
             s.request is not request and s.spec["output_tokens"] != s.spec["max_tokens"] for s in replay.live.values()
         )
-        freeing.append((rid, scheduler.hints.get(rid), scheduler.session_hints.get(rid)))
+        hints, sessions = getattr(scheduler, "hints", {}), getattr(scheduler, "session_hints", {})  # none: vLLM's own
+        freeing.append((rid, hints.get(rid), sessions.get(rid)))
         try:
             return free(request, *args, **kwargs)
         finally:
@@ -111,6 +119,37 @@ def watch(replay, plant: str | None) -> dict:
 
     scheduler.add_request, scheduler.schedule, scheduler._free_request = add_request, watched_schedule, free_request
     return log
+
+
+class Watched(dict):
+    """A plan entry that records each key read (`NAME.KEY`) into `reads`."""
+
+    def __init__(self, data: dict, name: str, reads: set):
+        super().__init__(data)
+        self.name, self.reads = name, reads
+
+    def __getitem__(self, key):
+        self.reads.add(f"{self.name}.{key}")
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.reads.add(f"{self.name}.{key}")
+        return super().get(key, default)
+
+
+def watch_gateway(gateway, plant: str | None) -> set:
+    """The keys of the plan entries the gateway reads as it triages a stage."""
+    reads: set = set()
+    request = gateway.request
+
+    def watched_request(workflow, spec, stages, step):
+        spec = Watched(spec, "spec", reads)
+        if plant == "gateway-reads-length":
+            spec["output_tokens"]  # noqa: B018 - the planted gateway's read
+        return request(Watched(workflow, "workflow", reads), spec, stages, step)
+
+    gateway.request = watched_request
+    return reads
 
 
 def main() -> None:
@@ -122,10 +161,11 @@ def main() -> None:
     log = watch(replay, plant)
     report = replay.run()
     replay.engine.engine_core.shutdown()
-    received = log.pop("received")
-    log["received"] = [
-        [s.workflow, s.index, received[s.request_id]] for wf in replay.stages for s in wf if s.request_id
-    ]
+    received, priorities = log.pop("received"), log.pop("priorities")
+    sent = [s for wf in replay.stages for s in wf if s.request_id]
+    log["received"] = [[s.workflow, s.index, received[s.request_id]] for s in sent]
+    log["priorities"] = [[s.workflow, s.index, priorities[s.request_id]] for s in sent]
+    log["gateway_reads"] = sorted(log.get("gateway_reads", ()))
     Path(out_path).write_text(json.dumps({**report, "log": log}))
 
 

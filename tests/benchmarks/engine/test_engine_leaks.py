@@ -13,7 +13,8 @@ and `engine_leak_probe.py` records what the plugin receives and reads. The invar
   recorded length by setting `max_tokens` to it), nor while the plugin's `_free_request` runs for another request,
   unless that request too ends in the same step (its last token sampled).
 A planted run must fail the first two: every workflow's first stage told `final`, and a policy that reads `final` as
-its request arrives.
+its request arrives. The gateway's arms (`gateway+ARM`) run these checks too, with what the gateway reads of each
+stage's plan entry, in tests/benchmarks/engine/test_engine_gateway.py.
 """
 
 from __future__ import annotations
