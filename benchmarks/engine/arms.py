@@ -19,6 +19,8 @@ DEFAULT_ARMS = (
     "maestro[prior]",
     "maestro[none]",
     "maestro[oracle]",
+    "gateway+vllm-priority-deadline",
+    "gateway+maestro[model]",
 )
 # maestro[SOURCE/VARIANT]: MaestroScheduler with these `MaestroSchedulerConfig` fields over the engine's own.
 MAESTRO_VARIANTS = {

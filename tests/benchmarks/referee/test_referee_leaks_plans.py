@@ -80,13 +80,14 @@ def truncate(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTr
 
 
 def told(plan: dict, workflow_id: str, cut: int, allowed: tuple[str, ...]) -> list:
-    """What each copy of the workflow's cut stage is sent with: its hints (less `allowed`) and its priority."""
+    """What each copy of the workflow's cut stage is sent with: its hints (less `allowed`), its priority and what its
+    gateway is told (`gateway+` arms)."""
     out = []
     for wf in plan["workflows"]:
         if wf["id"].split("#")[0] == workflow_id:
             spec = wf["stages"][cut]
             hints = {k: v for k, v in (spec.get("hints") or {}).items() if k not in allowed}
-            out.append((wf["id"], hints, spec.get("priority")))
+            out.append((wf["id"], hints, spec.get("priority"), spec.get("gateway")))
     return out
 
 
@@ -116,5 +117,5 @@ def test_a_stage_is_told_nothing_of_its_own_outcome(sides, change):
             ]
             assert oracle[0] != oracle[1]
         if change is truncate:  # the cut stage is now the last: told `final`, in every Maestro arm
-            finals = [h.get("final") for _, h, _ in told(changed["maestro[none]"], workflow_id, cut, ())]
+            finals = [h.get("final") for _, h, *_ in told(changed["maestro[none]"], workflow_id, cut, ())]
             assert finals and all(finals)
