@@ -197,7 +197,7 @@ def test_a_maestro_variant_is_its_sources_arm_with_its_config_fields_set(origina
 def test_only_maestro_arms_carry_sessions_and_a_next_turn_shares_its_parents(original):
     """vLLM's arms have the prefix cache alone; a Maestro arm's turn names its session, the same as the turn it
     continues, and a session's first turn names itself."""
-    for arm, plan in original.items():
+    for plan in original.values():
         stages = [(wf, s) for wf in plan["workflows"] for s in wf["stages"]]
         if plan["arm"]["scheduler"] != "maestro":  # gateway+maestro[...] runs the plugin too
             assert all("session" not in s for _, s in stages)
