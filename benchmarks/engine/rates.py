@@ -3,10 +3,10 @@ of the simulator mode's targets (`benchmarks.referee.grid.RATE_TARGETS`: 0.99 / 
 
 Every probe is a real engine run (seed 0, one arm, sustained arrivals), so the search is frugal: a geometric sweep
 from `start_rate` (×`factor` up while the arm still attains the lowest target, ÷`factor` down while it misses the
-highest), then, while probes are left (at most `max_probes` in all), one probe at the rate interpolated for the target
-whose bracket is widest in log rate. Attainment is read as non-increasing in rate (a noisy probe above a lower
-rate's counts as that rate's) and interpolated linearly in log rate between the two probes that bracket a target; a
-target no probe brackets takes the last rate probed on its side, and `RateSearch.unbracketed` names it.
+highest), then, while probes are left (at most `max_probes` in all), one probe at the rate interpolated for a target
+(the least refined first, then the widest bracket in log rate). Attainment is read as non-increasing in rate (probes
+that rise with rate, by noise, are pooled) and interpolated linearly in log rate between the two probes that bracket a
+target; a target no probe brackets takes the last rate probed on its side, and `RateSearch.unbracketed` names it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from benchmarks.referee.grid import RATE_TARGETS
+from benchmarks.referee.grid import RATE_TARGETS, TARGETS
 
 RATES_FOUND_BY = "vllm-priority-deadline"  # the engine arm the search runs
 AUTO = "auto"
@@ -52,20 +52,24 @@ class RateSearch:
     """The probes of one search (rate -> attainment) and the rates interpolated from them."""
 
     ceiling: float
-    targets: tuple[float, ...] = tuple(RATE_TARGETS.values())
+    targets: tuple[float, ...] = TARGETS
     probes: dict[float, float] = field(default_factory=dict)
 
     def levels(self) -> list[float]:
         return [target * self.ceiling for target in self.targets]
 
     def curve(self) -> tuple[list[float], list[float]]:
-        """The probed rates, ascending, and their attainment made non-increasing (a running minimum)."""
+        """The probed rates, ascending, and their attainment made non-increasing: adjacent probes that rise are
+        pooled to their mean weighted by rate, as a run measures workflows in proportion to its rate (isotonic
+        regression by pooling adjacent violators)."""
         rates = sorted(self.probes)
-        attained, low = [], math.inf
+        blocks: list[list[float]] = []  # [weighted attainment sum, weight, number of probes]
         for rate in rates:
-            low = min(low, self.probes[rate])
-            attained.append(low)
-        return rates, attained
+            blocks.append([self.probes[rate] * rate, rate, 1])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+                total, weight, count = blocks.pop()
+                blocks[-1] = [blocks[-1][0] + total, blocks[-1][1] + weight, blocks[-1][2] + count]
+        return rates, [total / weight for total, weight, count in blocks for _ in range(count)]
 
     def bracket(self, level: float) -> tuple[int, int] | None:
         """Indices (i, i + 1) into `curve()` whose attainment goes from >= `level` to below it; None if none does."""
@@ -92,18 +96,20 @@ class RateSearch:
         """The targets no two probes bracket (their rate is a bound of the probed range)."""
         return [t for t, level in zip(self.targets, self.levels()) if self.bracket(level) is None]
 
-    def widest(self, tolerance: float) -> float | None:
-        """The rate to probe next: interpolated for the target with the widest bracket, if wider than `tolerance`."""
+    def next_rate(self, tolerance: float, refined: list[float]) -> tuple[float, float] | None:
+        """(target level, rate to probe for it): among the targets whose bracket is wider than `tolerance`, the one
+        least often in `refined`, then the widest; the rate interpolated for it, kept inside its bracket."""
         rates, _ = self.curve()
         brackets = [(b, level) for level in self.levels() if (b := self.bracket(level)) is not None]
+        brackets = [(b, level) for b, level in brackets if rates[b[1]] / rates[b[0]] > tolerance]
         if not brackets:
             return None
-        (i, j), level = max(brackets, key=lambda found: rates[found[0][1]] / rates[found[0][0]])
-        if rates[j] / rates[i] <= tolerance:
-            return None
+        (i, j), level = min(
+            brackets, key=lambda found: (refined.count(found[1]), rates[found[0][0]] / rates[found[0][1]])
+        )
         low, high = math.log(rates[i]), math.log(rates[j])
         inside = min(max(math.log(self.rate_for(level)), low + 0.15 * (high - low)), high - 0.15 * (high - low))
-        return round(math.exp(inside), 1)
+        return level, round(math.exp(inside), 1)
 
     def describe(self) -> dict:
         return {
@@ -138,8 +144,10 @@ def find_rates(
     while search.probes[min(search.probes)] < top and rate / config.factor >= config.min_rate and has_budget():
         rate /= config.factor
         run(rate)
-    while has_budget() and (rate := search.widest(config.tolerance)) is not None and rate not in search.probes:
-        run(rate)
+    refined: list[float] = []
+    while has_budget() and (found := search.next_rate(config.tolerance, refined)) and found[1] not in search.probes:
+        refined.append(found[0])
+        run(found[1])
     bar.close()
     return search
 

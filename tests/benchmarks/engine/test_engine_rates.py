@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks.engine.rates import RateSearchConfig, find_rates, parse_rates
-from benchmarks.referee.grid import RATE_TARGETS
+from benchmarks.referee.grid import RATE_TARGETS, TARGETS
 
 
 def logistic(knee: float, width: float = 0.3, ceiling: float = 1.0):
@@ -48,9 +48,20 @@ def test_a_noisy_rise_is_read_as_flat_and_a_target_past_the_bounds_is_named():
     # the arm never falls below half the ceiling within max_rate: the heavy target stays at the bound
     search = find_rates(lambda r: 1.0 if r < 100 else 0.6, 1.0, RateSearchConfig(max_probes=4, max_rate=400))
     assert 0.5 in search.unbracketed() and search.rates()[-1] == 400
-    search.probes = {50.0: 1.0, 100.0: 0.8, 200.0: 0.85, 400.0: 0.4}  # 200 rises by noise: counted as 0.8
-    assert search.curve()[1] == [1.0, 0.8, 0.8, 0.4]
-    assert search.rate_for(0.6) == pytest.approx(200 * 2**0.5)
+    search.probes = {50.0: 1.0, 100.0: 0.8, 200.0: 0.85, 400.0: 0.4}  # 200 rises by noise: pooled with 100
+    pooled = (0.8 * 100 + 0.85 * 200) / 300  # weighted by rate: a run measures workflows in proportion to it
+    assert search.curve()[1] == pytest.approx([1.0, pooled, pooled, 0.4])
+    assert search.rate_for(0.6) == pytest.approx(200 * 2 ** ((pooled - 0.6) / (pooled - 0.4)))
+
+
+def test_every_bracketed_target_is_refined_before_any_is_refined_twice():
+    calls = []
+    curve = logistic(150.0)
+    find_rates(lambda r: calls.append(r) or curve(r), 1.0, RateSearchConfig(max_probes=8, min_rate=5, max_rate=5000))
+    sweep, refinements = calls[:4], calls[4:]  # up to 200 (below half), down to 25 (above 0.99)
+    assert sweep == [100, 200, 50, 25]
+    nearest = [min(TARGETS, key=lambda t: abs(curve(r) - t)) for r in refinements]
+    assert sorted(nearest) == sorted(TARGETS)  # one probe near each target
 
 
 def test_the_search_stops_at_its_budget_and_its_floor():
