@@ -22,6 +22,12 @@ each rate and its attainment in the JSON's `rate_search`). What each arm is told
                               running request last in Maestro's order; serving/vllm_plugin/victims.py)
     maestro[SOURCE/admit]     ... preempt's admission with the default victim: what the admission alone buys
 
+The default grid (the arms below, `--rates auto`, 3 seeds, `--clock fitted`) is sized to end within an hour on two
+shared cores: the engine stays the small one of the options below (an 800-token KV pool, so that fcfs preempts at the
+two highest rates), and the workflows arrive over 1,000 steps, enough to measure about 40 workflows at the knee (over
+400, about 15: too few to tell the search's targets apart) and few enough that the heaviest rate's run stays under a
+few minutes; the search costs at most 8 engine runs, on one arm and one seed (serving/EXPERIMENTS.md, 2026-12-05).
+
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and summarised with the referee's
 paired, seed-stratified bootstrap (`benchmarks.referee.stats.summarize`). All arms of one seed run in one process of
