@@ -38,12 +38,12 @@ class RateSearchConfig:
         if not 0 < self.min_rate <= self.start_rate <= self.max_rate:
             raise ValueError(
                 f"rate search: need 0 < min_rate {self.min_rate} <= start_rate {self.start_rate} <= "
-                f"max_rate {self.max_rate}"
+                f"max_rate {self.max_rate} (the engine referee's min_rate is 10 workflows a run: raise --arrival-steps)"
             )
         if self.factor <= 1 or self.tolerance <= 1 or self.max_probes < 2:
             raise ValueError(
                 f"rate search: factor {self.factor} and tolerance {self.tolerance} must be > 1, max_probes "
-                f"{self.max_probes} >= 2"
+                f"(--rate-probes) {self.max_probes} >= 2"
             )
 
 
@@ -149,6 +149,10 @@ def find_rates(
         refined.append(found[0])
         run(found[1])
     bar.close()
+    if search.unbracketed():
+        print(
+            f"rate search: no two probes bracket the targets {search.unbracketed()}; their rates are the probed bounds"
+        )
     return search
 
 

@@ -186,7 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.clock,
         )
         args.rate_list = parse_rates(args.rates)
-        args.search = RateSearchConfig(min_rate=10_000 / args.arrival_steps, max_probes=args.rate_probes)
+        floor = 10_000 / args.arrival_steps  # 10 workflows a run
+        start = max(floor, RateSearchConfig.start_rate)
+        args.search = RateSearchConfig(start_rate=start, min_rate=floor, max_probes=args.rate_probes)
     except ValueError as error:
         parser.error(str(error))
     if not args.vllm_python.exists():

@@ -93,3 +93,15 @@ def test_the_engine_referee_takes_rates_auto_and_refuses_bad_rates(capsys):
     with pytest.raises(SystemExit):
         parse_args(base + ["--rates", "fast"])
     assert "--rates 'fast': give 'auto' or positive" in capsys.readouterr().err
+
+
+def test_the_engine_referee_refuses_a_search_it_cannot_run(capsys):
+    from benchmarks.referee.engine import parse_args
+
+    base = ["--vllm-python", sys.executable, "--arms", "vllm-fcfs"]
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--rate-probes", "1"])
+    assert "--rate-probes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--arrival-steps", "5"])  # 10 workflows a run would need 2,000 per 1,000 steps
+    assert "raise --arrival-steps" in capsys.readouterr().err
