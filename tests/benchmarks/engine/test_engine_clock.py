@@ -66,8 +66,8 @@ def test_the_shipped_fit_loads():
 
 def test_the_referee_takes_the_clock():
     base = ["--vllm-python", sys.executable, "--arms", "vllm-fcfs"]
-    assert parse_args(base).config.clock == "step"
-    assert parse_args(base + ["--clock", "fitted"]).config.clock == "fitted"
+    assert parse_args(base).config.clock == "fitted"
+    assert parse_args(base + ["--clock", "step"]).config.clock == "step"
     with pytest.raises(SystemExit):
         parse_args(base + ["--clock", "wall"])
 
