@@ -62,7 +62,11 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # past-deadline shedding whatever the load / only while saturated / while saturated or past the callers' patience
 # (adopted); saturation read from stretch with a seeded capacity, the ready-stage check at the pool's stretch, and
 # stretch-only windows that only raise the capacity (all three left off).
-VARIANTS_TRIED = 22
+# 23: 2026-12-05, the batch-cost gate holding batch work only (interactive candidates always admitted), tried on the
+# dev side in mixed-class (adopted; serving/EXPERIMENTS.md).
+# 24: 2026-12-05, the same with an interactive candidate still held for the running interactive stages it would
+# endanger (left off: interactive queueing p95 back to 1.1-2.9 s, SLO within 0.4 pp).
+VARIANTS_TRIED = 24
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

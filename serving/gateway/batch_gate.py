@@ -35,7 +35,12 @@ def node_state(node: Node, now: float) -> NodeState:
 
 def candidate(request: StageRequest) -> Candidate:
     """A queued stage asking to start: its deadline and predicted output (its stall: the node's first-token delay)."""
-    return Candidate(request.deadline_s, tokens_pred=request.tokens_pred, tokens_reserve=request.tokens_reserve)
+    return Candidate(
+        request.deadline_s,
+        is_interactive=request.interactive,
+        tokens_pred=request.tokens_pred,
+        tokens_reserve=request.tokens_reserve,
+    )
 
 
 def refusal(gate: BatchCostGate, node: Node, request: StageRequest, now: float) -> str | None:

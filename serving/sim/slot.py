@@ -75,6 +75,7 @@ class SimSlot:
             stage.generated_tokens,
             stall,
             added,
+            stage.request.interactive,
             tokens_pred=stage.tokens_pred,
             tokens_reserve=stage.tokens_reserve,
         )

@@ -97,6 +97,7 @@ def gate_candidate(hints: MaestroHints, arrival_s: float, num_output_tokens: int
     return Candidate(
         arrival_s + hints.deadline_s,
         num_output_tokens,
+        is_interactive=hints.interactive,
         tokens_pred=hints.tokens_pred,
         tokens_reserve=hints.tokens_reserve,
     )

@@ -15,6 +15,10 @@ batch back, and a candidate that would itself miss by waiting for the next runni
 Holding back stops the stalls, so the pace recovers and the gate opens again; meanwhile a queue forms and its order
 (least slack first) decides who goes next. The gate acts only on a congested node (pace ≥ `min_stretch` × step).
 
+The gate holds batch work only: an interactive candidate (a turn a person waits on) always goes in. Its stall still
+counts — it shows in the node's measured pace, so batch candidates are held the longer — and a running interactive
+stage is still protected from batch candidates like any running stage.
+
 Every runtime describes its node the same way, as a `NodeState` (its running stages, its pace, its step, what a
 prefill stalls), and a stage that asks to join as a `Candidate`; `gate_inputs` turns the two into what the gate reads,
 one way for all: the simulator (its clock and cost model), the gateway (what its calls measured) and the vLLM plugin
@@ -184,12 +188,13 @@ class Candidate(OutputSize):
     """A stage asking to join a node's running batch, with its sized output (`OutputSize`, keyword-only; the gate
     reads its tokens_pred). `stall_s`: its prefill's stall (None: the node's `prefill_s`); `added_step_s`: what it adds
     to each decode step (None: `UNMEASURED_ADDED_STEP_S`); `produced`: output tokens it has already (a preempted
-    stage's)."""
+    stage's); `is_interactive`: a stage of an interactive workflow (the gate never holds it)."""
 
     deadline_s: float
     produced: float = 0.0
     stall_s: float | None = None
     added_step_s: float | None = None
+    is_interactive: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,10 @@ class BatchCostGate:
 
     def admits_candidate(self, node: NodeState, candidate: Candidate) -> bool:
         """Whether `candidate` may join `node`'s running batch now: the one entry of the simulator, the gateway and
-        the vLLM plugin (`gate_inputs`, then `admits`)."""
+        the vLLM plugin (`gate_inputs`, then `admits`). An interactive candidate always may: the gate holds batch
+        work only."""
+        if candidate.is_interactive:
+            return True
         if not node.running or not self.is_congested(node.pace_s_per_token, node.bare_step_s):
             return True
         inputs = gate_inputs(node, candidate)

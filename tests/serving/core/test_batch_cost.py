@@ -124,3 +124,16 @@ def test_an_unmeasured_or_idle_node_lets_every_candidate_in():
         NodeState(0.0, busy, STEP_S * 3, STEP_S), Candidate(600.0, stall_s=100.0, tokens_pred=50, tokens_reserve=50)
     )
     assert gate.num_refused == 1
+
+
+def test_the_gate_holds_batch_work_only_an_interactive_candidate_always_goes_in():
+    # a congested node (pace 3× the step) whose running stage would be pushed past its deadline by a 100 s stall
+    gate = BatchCostGate()
+    busy = NodeState(
+        0.0, (RunningStage(5.0, 0.0, produced=10, tokens_pred=100, tokens_reserve=100),), STEP_S * 3, STEP_S
+    )
+    held = Candidate(600.0, stall_s=100.0, tokens_pred=50, tokens_reserve=50)
+    assert not gate.admits_candidate(busy, held)
+    turn = Candidate(600.0, stall_s=100.0, is_interactive=True, tokens_pred=50, tokens_reserve=50)
+    assert gate.admits_candidate(busy, turn)  # the same stage, a turn someone waits on: never held
+    assert gate.num_refused == 1

@@ -217,8 +217,9 @@ class Simulated:
         reserve_tokens: int,
         slo_s: float = SLO_S,
         wf: tuple[float, float] | None = None,
+        interactive: bool = False,
     ) -> None:
-        workflow = SimWorkflow(name, "shared", interactive=False, slo_s=slo_s, arrival_s=now)
+        workflow = SimWorkflow(name, "shared", interactive=interactive, slo_s=slo_s, arrival_s=now)
         stage = SimStage(
             workflow,
             0,
@@ -471,6 +472,18 @@ def test_the_batch_cost_gate_gets_the_same_inputs_and_holds_the_same_stages_back
     step_s = GATE_COST.step_overhead_s
     assert all(_same_call(one, other, atol=step_s) for one, other in zip(live_gate.calls, sim_gate.calls))
     assert [is_ok for _, is_ok in live_gate.calls].count(False) == 3  # "late" twice, "later" once
+
+
+def test_the_simulators_gate_never_holds_an_interactive_stage_back():
+    """`GATE_STEPS` with "late" an interactive turn: it starts in "tight"'s prefill; "later", batch, is still held."""
+    simulated = Simulated({"a": 16}, TABLE["maestro"], GATE_COST)
+    for now, step, name, tokens, slo_s in GATE_STEPS[:6]:
+        simulated.end_prefills(now)
+        if step == "submit":
+            simulated.submit(name, now, GATE_PROMPT, tokens, slo_s, interactive=name == "late")
+        else:
+            simulated.finish(name, now)
+    assert simulated.state()["late"] == "a" and simulated.state()["later"] is None
 
 
 # Workflow triage (serving/core/scheduler/triage.py) on one node of 16 blocks, every stage 4 of them and ~1.9 s of work:

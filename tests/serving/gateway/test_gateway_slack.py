@@ -100,3 +100,10 @@ def test_the_dispatcher_keeps_a_stage_waiting_behind_the_gate_and_starts_it_when
     dispatcher.finish(job)
     assert request not in node.running_requests
     loop.close()
+
+
+def test_the_gate_never_holds_an_interactive_stage_back():
+    node, now = running_node(deadline_s=9.8)  # a running stage 0.3 s from missing: a batch stage is held (above)
+    size = OutputSize(tokens_pred=50, tokens_reserve=0)
+    turn = StageRequest("v", "s", size=size, deadline_s=now + 600, interactive=True)
+    assert batch_gate.refusal(BatchCostGate(), node, turn, now) is None

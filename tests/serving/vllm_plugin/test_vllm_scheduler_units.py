@@ -275,6 +275,8 @@ def test_the_engine_pace_times_busy_steps_and_first_tokens():
     assert gate_candidate(MaestroHints(tokens_pred=20, tokens_reserve=20, deadline_s=3.0), 2.0, 4) == Candidate(
         5.0, 4, tokens_pred=20, tokens_reserve=20
     )
+    turn = MaestroHints(tokens_pred=20, tokens_reserve=20, deadline_s=3.0, interactive=True)
+    assert gate_candidate(turn, 2.0, 0).is_interactive  # the gate never holds it
     pace.forget("a")
     assert "a" not in pace.started_s
 
