@@ -65,6 +65,7 @@ class _Pool:
     window_backlogged: bool = True
     window_timed_work_s: float = 0.0  # the window's work whose wall time was reported
     window_wall_s: float = 0.0
+    window_max_wall_s: float = 0.0  # the longest wall time of a stage the window credits
     window_num_timed: int = 0
     open: dict[str, tuple[float, float]] = field(default_factory=dict)  # workflow → (deadline, predicted work)
 
@@ -197,11 +198,13 @@ class WorkflowTriage:
             pool.window_timed_work_s += work_s
             pool.window_wall_s += wall_s
             pool.window_num_timed += 1
+            pool.window_max_wall_s = max(pool.window_max_wall_s, wall_s)
         elapsed = now - pool.window_start_s
-        if elapsed >= self.config.window_s:
+        if elapsed >= max(self.config.window_s, pool.window_max_wall_s):
             self._close_window(pool, pool.window_work_s / elapsed)
             pool.window_start_s, pool.window_work_s, pool.window_backlogged = now, 0.0, True
             pool.window_timed_work_s, pool.window_wall_s, pool.window_num_timed = 0.0, 0.0, 0
+            pool.window_max_wall_s = 0.0
 
     def _close_window(self, pool: _Pool, rate: float) -> None:
         """A window of the pool closed having served `rate` unloaded seconds a second: that is its capacity where it
