@@ -62,7 +62,8 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # past-deadline shedding whatever the load / only while saturated / while saturated or past the callers' patience
 # (adopted); saturation read from stretch with a seeded capacity, the ready-stage check at the pool's stretch, and
 # stretch-only windows that only raise the capacity (all three left off).
-VARIANTS_TRIED = 22
+# 23 (2026-12-05): a triage capacity window stays open until it spans the longest stage it credits (adopted).
+VARIANTS_TRIED = 23
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
