@@ -66,7 +66,9 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # dev side in mixed-class (adopted; serving/EXPERIMENTS.md).
 # 24: 2026-12-05, the same with an interactive candidate still held for the running interactive stages it would
 # endanger (left off: interactive queueing p95 back to 1.1-2.9 s, SLO within 0.4 pp).
-VARIANTS_TRIED = 24
+# 25: 2026-12-05, a triage capacity window stays open until it spans the longest stage it credits (adopted; dev
+# side, serving/EXPERIMENTS.md).
+VARIANTS_TRIED = 25
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

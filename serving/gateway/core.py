@@ -201,7 +201,8 @@ class Gateway:
     def served(self, job: Job, work_s: float) -> None:
         """A stage's call ended after `work_s` unloaded seconds: the triage measures the pool's capacity with it."""
         if self.triage is not None:
-            self.triage.served(job.request, work_s, job.was_backlogged)
+            wall_s = None if job.started_s is None else self.dispatcher.clock() - job.started_s
+            self.triage.served(job.request, work_s, job.was_backlogged, wall_s)
 
     def output_cap(self, prompt_tokens: int) -> int:
         """A call without max_tokens is sized to, and sent with (forward.forward_body), `default_max_tokens`, less where

@@ -76,6 +76,7 @@ class Job:
     deadline_s: float | None = None  # monotonic; past it the stage fails with 504 (GatewayConfig.request_timeout_s)
     span: object = None  # the stage's OpenTelemetry span from its dispatch on, with otel_spans (spans.StageSpans)
     was_backlogged: bool = False  # a stage waited in the queue when this one gave its node back (triage's capacity)
+    started_s: float | None = None  # the dispatcher's clock when its last attempt started on a node
 
     def remaining_s(self) -> float | None:
         """Seconds left before the stage's deadline (0 once past it); None without a deadline."""
@@ -263,6 +264,7 @@ class Dispatcher:
         job.reservation, job.node = reservation, node
         job.num_attempts += 1
         job.queue_s += now - job.enqueued_s
+        job.started_s = now
         node.num_inflight += 1
         node.running_requests[job.request] = now
         self.num_dispatched += 1

@@ -62,9 +62,10 @@ class GatewayTriage:
             self.rejected.popitem(last=False)
         return True
 
-    def served(self, request: StageRequest, work_s: float, was_backlogged: bool) -> None:
-        """A stage's call ended after `work_s` unloaded seconds; `was_backlogged`: a stage waited when it ended."""
-        self.triage.served(request.model, work_s, self.dispatcher.clock(), was_backlogged)
+    def served(self, request: StageRequest, work_s: float, was_backlogged: bool, wall_s: float | None = None) -> None:
+        """A stage's call ended after `work_s` unloaded seconds (`wall_s` on the clock since it started on its node);
+        `was_backlogged`: a stage waited when it ended."""
+        self.triage.served(request.model, work_s, self.dispatcher.clock(), was_backlogged, wall_s)
 
     def end(self, workflow_id: str) -> None:
         self.triage.end(workflow_id)

@@ -29,7 +29,10 @@ window.
 
 Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window, divided by the
 window, kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch
-reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. With
+reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. A stage's work
+is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages started before
+it end, not the pool's: where the caller reports wall times, a window stays open until it is at least as long as the
+longest stage it counts (docs/triage.md: pools of long stages read several times low while they filled). With
 `saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from what
 the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
 `num_in_flight / stretch`, once `min_seed_stages` finishes were timed. The seed errs high (queued and never-served
@@ -65,6 +68,7 @@ class _Pool:
     window_backlogged: bool = True
     window_timed_work_s: float = 0.0  # the window's work whose wall time was reported
     window_wall_s: float = 0.0
+    window_max_wall_s: float = 0.0  # the longest wall time of a stage the window credits
     window_num_timed: int = 0
     open: dict[str, tuple[float, float]] = field(default_factory=dict)  # workflow → (deadline, predicted work)
 
@@ -197,11 +201,13 @@ class WorkflowTriage:
             pool.window_timed_work_s += work_s
             pool.window_wall_s += wall_s
             pool.window_num_timed += 1
+            pool.window_max_wall_s = max(pool.window_max_wall_s, wall_s)
         elapsed = now - pool.window_start_s
-        if elapsed >= self.config.window_s:
+        if elapsed >= max(self.config.window_s, pool.window_max_wall_s):
             self._close_window(pool, pool.window_work_s / elapsed)
             pool.window_start_s, pool.window_work_s, pool.window_backlogged = now, 0.0, True
             pool.window_timed_work_s, pool.window_wall_s, pool.window_num_timed = 0.0, 0.0, 0
+            pool.window_max_wall_s = 0.0
 
     def _close_window(self, pool: _Pool, rate: float) -> None:
         """A window of the pool closed having served `rate` unloaded seconds a second: that is its capacity where it

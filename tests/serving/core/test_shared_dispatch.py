@@ -487,10 +487,11 @@ def test_the_simulators_gate_never_holds_an_interactive_stage_back():
 
 
 # Workflow triage (serving/core/scheduler/triage.py) on one node of 16 blocks, every stage 4 of them and ~1.9 s of work:
-# "w1"-"w4" fill it and "q1"-"q6" wait (SLO_S); five finishes, 3 s apart with work waiting at each, measure its
-# capacity (~0.77 s of work a second over the first 12 s). Then workflows with tight SLOs and their remaining work
-# predicted arrive while work waits: "fits" can make its deadline beside the rest; "long" (the most remaining work) and
-# "short-slo" (its own stage cannot end in time) cannot; "more" fits once "long" is gone, and "huge" not even then.
+# "w1"-"w4" fill it and "q1"-"q6" wait (SLO_S); five finishes with work waiting at each measure its capacity (~0.54 s
+# of work a second over 16 s: the window stays open until it spans "w4", which ran 16 s). Then workflows with tight
+# SLOs and their remaining work predicted arrive while work waits: "fits" can make its deadline beside the rest; "long"
+# (the most remaining work) and "short-slo" (its own stage cannot end in time) cannot; "more" fits once "long" is gone,
+# and "huge" not even then.
 # (step, name, SLO, the workflow prediction's remaining calls and tokens)
 TRIAGE_STEPS = (
     [("submit", f"w{i}", SLO_S, (0.0, 0.0)) for i in range(1, 5)]
@@ -509,7 +510,7 @@ TRIAGE_STEPS = (
         ("submit", "no-wf", SLO_S, None),
     ]
 )
-TRIAGE_TIMES = [float(i + 1) for i in range(10)] + [11.0, 14.0, 17.0, 20.0, 23.0, 24.0, 24.5, 25.0, 25.5, 26.0, 26.5]
+TRIAGE_TIMES = [float(i + 1) for i in range(10)] + [11.0, 14.0, 17.0, 20.0, 27.0, 28.0, 28.5, 29.0, 29.5, 30.0, 30.5]
 
 
 def run_triage(path_cls, system: System) -> tuple[object, list]:

@@ -39,6 +39,21 @@ def test_capacity_is_measured_only_over_windows_where_work_waited():
     assert math.isclose(triage.pools["m"].capacity, 8.0)
 
 
+def test_a_window_spans_the_wall_time_of_the_stages_it_credits():
+    # a stage's work is credited when it ends: a window shorter than a stage it credits reads the completions of
+    # stages that started before it, not the pool's pace, so it stays open until it is as long as the longest
+    triage = WorkflowTriage(TriageConfig(window_s=10.0))
+    triage.served("m", 0.0, 0.0, backlogged=True)
+    triage.served("m", 1.0, 10.0, backlogged=True, wall_s=30.0)  # 10 s in, one stage that ran 30 s: still open
+    assert triage.pools["m"].capacity is None
+    triage.served("m", 59.0, 30.0, backlogged=True, wall_s=28.0)
+    assert math.isclose(triage.pools["m"].capacity, 60.0 / 30.0)
+    # the next window starts afresh: stages of 5 s close it after window_s
+    triage.served("m", 20.0, 35.0, backlogged=True, wall_s=5.0)
+    triage.served("m", 20.0, 40.0, backlogged=True, wall_s=5.0)
+    assert math.isclose(triage.pools["m"].capacity, 0.5 * 40.0 / 10.0 + 0.5 * 2.0)
+
+
 def test_a_feasible_set_keeps_everyone():
     triage = measured(capacity=2.0)
     # by deadline: 10 s of work by t=20 (capacity 40), 30 by t=30 (60), 50 by t=40 (80)
