@@ -33,7 +33,7 @@ def test_preemptive_maestro_admits_the_urgent_request_and_preempts_the_one_its_o
         tiny_model,
         *(
             {"scheduler": "maestro", "policy": policy, "requests": requests, "maestro_config": config}
-            for config in ({"admission": "hold"}, {"preemptive": True}, {"preemptive": True, "victim": "remaining"})
+            for config in ({"admission": "hold"}, {"admission": "vllm"}, {"admission": "vllm", "victim": "remaining"})
         ),
         is_async=is_async,
     )
