@@ -6,8 +6,8 @@ only if the pool's room lets it, by `MaestroSchedulerConfig.admission`: "hold", 
 requests and its own, projected forward (`serving.core.admission.projection`), fits in what they hold plus the free
 blocks and the blocks held for other sessions (session_kv.py); "vllm", always (vLLM's allocation decides, and its
 preemption makes room, victims.py); "adaptive", where it fits or holding it back does not pay (adaptive.py); no other
-request is overdue (wait_bound.py) and the
-system's batch-cost gate (`serving.core.admission.batch_cost`) lets it join the batch.
+request is overdue (wait_bound.py) and the system's batch-cost gate (`serving.core.admission.batch_cost`) lets it join
+the batch.
 It is a base of `MaestroMixin`, whose `__init__` sets what it reads: `hints`, `session_hints`, `decisions`,
 `hold_bound`, `session_holds`, `batch_gate`, `progress`, `engine_pace`, `maestro_config` and the `MaestroRequestQueue`
 (its `now`).
