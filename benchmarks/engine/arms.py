@@ -28,6 +28,11 @@ MAESTRO_VARIANTS = {
     "preempt": {"preemptive": True},
     # vLLM's admission as in `preempt`, the default victim (the most predicted work left): what the admission alone buys
     "admit": {"preemptive": True, "victim": "remaining"},
+    # Hold-back by predicted footprint (admission.py), named so that it stays the same arm whatever the default
+    "hold": {"admission": "hold"},
+    # vLLM's admission and Maestro's victim, but held back where the re-prefill would cost more than the wait
+    # (vllm_plugin/adaptive.py)
+    "adaptive": {"admission": "adaptive"},
 }
 SOURCES = r"model|prior|none|oracle|noise[0-9.]*"
 # gateway+ARM: the gateway's triage and deadline priority in front of ARM, one of these engine sides

@@ -28,6 +28,10 @@ class Decisions:
     num_preempted_unpredicted: int = 0  # victims chosen by vLLM's own rule (no predicted request was running)
     num_requests_held_back: int = 0
     num_overdue: int = 0  # requests held back past max_hold_s, for which the others were then held (wait_bound.py)
+    # admission "adaptive" (adaptive.py), for a request whose footprint did not fit: (request, step) pairs held back
+    # because the re-prefill would cost more than the wait (in num_held_back too), and pairs left to vLLM's allocation
+    num_adaptive_held: int = 0
+    num_adaptive_admitted: int = 0
     num_batch_cost_refused: int = 0  # (request, step) pairs the batch-cost gate held back (in num_held_back too)
     # predicted requests of a workflow that workflow triage shed (triage.py): served behind the rest, no deadline
     num_shed: int = 0

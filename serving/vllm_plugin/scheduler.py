@@ -223,7 +223,7 @@ class MaestroMixin(PredictedAdmission):
         takes the predicted request ranked first for preemption (victims.py: the most predicted work left, or the last
         in Maestro's order: `MaestroSchedulerConfig.victim_rule`). Returns the requests whose priority was raised,
         with their own, which `schedule` gives back after the step."""
-        ranks = self._victim_ranks()
+        ranks = self.victim_ranks()
         if not ranks:
             return []
         predicted = sorted((r for r in self.running if r.request_id in ranks), key=lambda r: ranks[r.request_id])
@@ -233,8 +233,10 @@ class MaestroMixin(PredictedAdmission):
             request.priority = VICTIM_PRIORITY + ranks[request.request_id]
         return raised
 
-    def _victim_ranks(self) -> dict[str, int]:
-        """Each predicted running request's rank for preemption, the largest preempted first (victims.py)."""
+    def victim_ranks(self, candidate: Request | None = None) -> dict[str, int]:
+        """Each predicted running request's rank for preemption, the largest preempted first (victims.py), with a
+        predicted waiting `candidate` among them as if it were running (admission "adaptive" asks which would go)."""
+        requests = [r for r in self.running if r.request_id in self.hints]
         running = [
             RunningView(
                 r.request_id,
@@ -244,8 +246,7 @@ class MaestroMixin(PredictedAdmission):
                 self.hints[r.request_id],
                 self.progress.remaining_tokens(r, self.hints[r.request_id]),
             )
-            for r in self.running
-            if r.request_id in self.hints
+            for r in (requests + [candidate] if candidate is not None else requests)
         ]
         if self.maestro_config.victim_rule == "remaining":
             return remaining_ranks(running)

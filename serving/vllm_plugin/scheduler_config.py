@@ -11,6 +11,10 @@ from serving.gateway.workflows import DECODE_S_PER_TOKEN
 
 CONFIG_KEY = "maestro_scheduler"
 VICTIM_RULES = ("remaining", "order")  # victims.py: remaining_ranks, order_ranks
+ADMISSIONS = ("hold", "vllm", "adaptive")  # MaestroSchedulerConfig.admission
+# "vllm" by measurement (serving/EXPERIMENTS.md, 2026-12-05): on the engine referee neither "hold" nor "adaptive" beat
+# it at any rate, and "hold" lost up to 4.8 pp to vLLM's priority fed the deadline where "vllm" tied it or lost 1-2 pp.
+DEFAULT_ADMISSION = "vllm"
 
 
 @dataclass
@@ -38,15 +42,19 @@ class MaestroSchedulerConfig:
     # A running request's re-prediction (progress.py): the predictor directory (or its progressive.json) whose
     # learned table to read; None: the parametric bounds.
     progressive: str | None = None
-    # How the KV pool is shared among predicted requests (victims.py). False: a request starts only once its predicted
-    # footprint fits beside the running ones' (admission.py), so vLLM preempts only a request that outgrew its
-    # prediction, and then the one with the most predicted work left. True: Maestro's order may preempt: a request
-    # starts whenever vLLM can allocate its prompt, and when a running request cannot grow, vLLM preempts the running
-    # request that Maestro's queue order would serve last (its slack counted from its predicted work left).
-    preemptive: bool = False
+    # How a predicted request is admitted (admission.py; ADMISSIONS). "hold": it starts only once its predicted
+    # footprint fits beside the running ones', so vLLM preempts only a request that outgrew its prediction, and then
+    # the one with the most predicted work left. "vllm": it starts whenever vLLM can allocate its prompt, and when a
+    # running request cannot grow, vLLM preempts the running request that Maestro's queue order would serve last (its
+    # slack counted from its predicted work left). "adaptive": as "vllm", but a request whose footprint does not fit
+    # is held back where the re-prefill a preemption would then cost exceeds the wait for room it saves (adaptive.py).
+    # None: DEFAULT_ADMISSION, or what `preemptive` says.
+    admission: str | None = None
+    # The older switch, kept for configs that set it: true is admission "vllm", false "hold".
+    preemptive: bool | None = None
     # Which predicted running request vLLM's preemption takes (victims.py): "remaining", the most predicted work left;
-    # "order", the last in Maestro's queue order. None: "order" when preemptive, else "remaining". Set apart from
-    # `preemptive`, it tells the engine referee which of the two changes carries a preemptive arm's gain.
+    # "order", the last in Maestro's queue order. None: "remaining" under admission "hold", else "order". Set apart
+    # from the admission, it tells the engine referee which of the two changes carries an arm's gain.
     victim: str | None = None
 
     def __post_init__(self):
@@ -62,17 +70,32 @@ class MaestroSchedulerConfig:
             raise ValueError(f"{CONFIG_KEY}: max_hold_s must be > 0 or null, got {self.max_hold_s}")
         if self.prefill_s_per_token < 0 or self.tool_hold_factor <= 0:
             raise ValueError(f"{CONFIG_KEY}: prefill_s_per_token must be >= 0 and tool_hold_factor > 0")
-        if not isinstance(self.preemptive, bool):
-            raise ValueError(f"{CONFIG_KEY}: preemptive must be true or false, got {self.preemptive!r}")
+        self.admission = self._resolved_admission()
         if self.victim not in (None, *VICTIM_RULES):
             raise ValueError(f"{CONFIG_KEY}: victim must be one of {list(VICTIM_RULES)} or null, got {self.victim!r}")
         if self.clock not in ("wall", "step"):
             raise ValueError(f"{CONFIG_KEY}: clock must be 'wall' or 'step', got {self.clock!r}")
 
+    def _resolved_admission(self) -> str:
+        """`admission`, or the one `preemptive` names, or the default; a wrong value or a disagreement is refused."""
+        if self.preemptive is not None and not isinstance(self.preemptive, bool):
+            raise ValueError(f"{CONFIG_KEY}: preemptive must be true, false or null, got {self.preemptive!r}")
+        if self.admission not in (None, *ADMISSIONS):
+            raise ValueError(
+                f"{CONFIG_KEY}: admission must be one of {list(ADMISSIONS)} or null, got {self.admission!r}"
+            )
+        implied = None if self.preemptive is None else ("vllm" if self.preemptive else "hold")
+        if implied is not None and self.admission not in (None, implied):
+            raise ValueError(
+                f"{CONFIG_KEY}: admission {self.admission!r} and preemptive {self.preemptive} disagree "
+                f"(preemptive {self.preemptive} means admission {implied!r}): drop preemptive"
+            )
+        return self.admission or implied or DEFAULT_ADMISSION
+
     @property
     def victim_rule(self) -> str:
-        """The victim rule in force: `victim`, or the one `preemptive` implies."""
-        return self.victim or ("order" if self.preemptive else "remaining")
+        """The victim rule in force: `victim`, or the one the admission implies."""
+        return self.victim or ("remaining" if self.admission == "hold" else "order")
 
     @classmethod
     def from_additional_config(cls, additional_config) -> MaestroSchedulerConfig:

@@ -3,14 +3,15 @@
 vLLM preempts when a running request cannot grow: under `fcfs` the last of `running`, under `priority` the largest
 `(priority, arrival_time)`. `MaestroMixin._rank_victims` (scheduler.py) orders the predicted running requests by a rank,
 largest last, and raises their priority by it for the step, so either rule takes the largest rank. The rank is the
-config's `victim_rule`, which by default follows how the pool is shared (`MaestroSchedulerConfig.preemptive`; `victim`
-sets it apart, so that the engine referee can measure admission and victim separately):
+config's `victim_rule`, which by default follows the admission (`MaestroSchedulerConfig.admission`; `victim` sets it
+apart, so that the engine referee can measure admission and victim separately):
 
-- Not preemptive: admission holds a request back until its predicted footprint fits (admission.py), so vLLM preempts
-  only when a request outgrew its prediction; the rank is its predicted work left (`remaining_ranks`).
-- Preemptive: admission is vLLM's, so the pool runs short as load rises; the rank is the place the request would take
-  in Maestro's queue order were it waiting now, its service the predicted work it has left (`order_ranks`), so the
-  request the order would serve last goes first, and the one it would serve first goes last.
+- Admission "hold": a request is held back until its predicted footprint fits (admission.py), so vLLM preempts only
+  when a request outgrew its prediction; the rank is its predicted work left (`remaining_ranks`).
+- Admission "vllm" or "adaptive": a request starts as vLLM starts it (adaptive: unless holding it back pays), so the
+  pool runs short as load rises; the rank is the place the request would take in Maestro's queue order were it
+  waiting now, its service the predicted work it has left (`order_ranks`), so the request the order would serve last
+  goes first, and the one it would serve first goes last.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class RunningView:
 
 
 def remaining_ranks(running: Iterable[RunningView]) -> dict[str, int]:
-    """Each request's rank under the `remaining` rule (the default when not preemptive): its predicted tokens left
+    """Each request's rank under the `remaining` rule (the default under admission "hold"): its predicted tokens left
     (the most left is preempted first)."""
     return {r.request_id: r.remaining_tokens for r in running}
 

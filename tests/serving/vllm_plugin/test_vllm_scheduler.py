@@ -56,7 +56,15 @@ def maestro_engine(tiny_model, tmp_path_factory):
         "--scheduler-cls",
         SCHEDULER_CLS,
         "--additional-config",
-        json.dumps({"maestro_scheduler": {"log_period_s": 1.0, "prefill_s_per_token": PREFILL_S_PER_TOKEN}}),
+        json.dumps(
+            {
+                "maestro_scheduler": {
+                    "log_period_s": 1.0,
+                    "prefill_s_per_token": PREFILL_S_PER_TOKEN,
+                    "admission": "hold",  # the hold-back's admission and victim, which the first test checks
+                }
+            }
+        ),
     )
     config = EngineConfig(
         str(tiny_model),

@@ -362,12 +362,17 @@ def test_a_running_requests_slack_counts_the_work_it_has_left_not_its_whole_pred
     assert ranks == {"fresh": 0, "nearly_done": 1}
 
 
-def test_preemptive_is_off_by_default_and_set_from_the_additional_config():
-    assert MaestroSchedulerConfig().preemptive is False
+def test_the_older_preemptive_switch_still_names_an_admission_and_a_disagreement_is_refused_by_name():
+    assert MaestroSchedulerConfig().preemptive is None
     config = MaestroSchedulerConfig.from_additional_config({"maestro_scheduler": {"preemptive": True}})
-    assert config.preemptive is True
-    with pytest.raises(ValueError, match="preemptive"):
+    assert config.admission == "vllm" and MaestroSchedulerConfig(preemptive=False).admission == "hold"
+    assert MaestroSchedulerConfig(preemptive=True, admission="vllm").admission == "vllm"
+    with pytest.raises(ValueError, match="preemptive must be true, false or null"):
         MaestroSchedulerConfig(preemptive="yes")
+    with pytest.raises(ValueError, match="preemptive must be true, false or null"):
+        MaestroSchedulerConfig(preemptive=1)
+    with pytest.raises(ValueError, match="admission 'adaptive' and preemptive True disagree"):
+        MaestroSchedulerConfig(admission="adaptive", preemptive=True)
 
 
 def test_the_victim_rule_follows_preemptive_unless_set_and_a_wrong_one_is_refused_by_name():

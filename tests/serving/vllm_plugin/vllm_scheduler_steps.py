@@ -15,8 +15,8 @@ those preempted, the order in which requests finished, and the prompt tokens eac
 prefix cache, counted again after a preemption).
 
 SCENARIO: {"scheduler": "vllm" | "maestro", "async": bool, "policy": "fcfs" | "priority", "num_blocks": N,
-"max_num_seqs": N, "model_dir": DIR, "maestro_config": {...} (over STEP_CLOCK), "without_seam": NAME (deleted from
-vLLM's Scheduler class first, and vLLM's version set to "vllm_version": the run reports the error that building the
+"max_num_seqs": N, "model_dir": DIR, "maestro_config": {...} (over STEP_CLOCK, HOLD), "without_seam": NAME (deleted
+from vLLM's Scheduler class first, and vLLM's version set to "vllm_version": the run reports the error that building the
 scheduler raised), "wall": {"step_s": S, "prefill_token_s": P} (Maestro on the wall clock, a fake one on which a
 step lasts S plus P per prompt token it computes; a request arrives at its step's time; each step reports its
 "time_s", and every batch-cost gate decision is reported under "gate": its step, the predicted running request ids,
@@ -58,6 +58,9 @@ BLOCK_SIZE = 16
 TOKEN = 7
 MAX_MODEL_LEN = 1024
 STEP_CLOCK = {"clock": "step", "decode_s_per_token": 1.0}
+# The scenarios test the hold-back's mechanics (admission, wait bound, victim by work left) unless they name another
+# admission; the plugin's default is admission "vllm" (scheduler_config.py).
+HOLD = {"admission": "hold"}
 CLASSES = {
     ("vllm", False): Scheduler,
     ("vllm", True): AsyncScheduler,
@@ -77,7 +80,7 @@ def make_scheduler(scenario: dict) -> Scheduler:
         enable_chunked_prefill=True,
     )
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
-    maestro = STEP_CLOCK | scenario.get("maestro_config", {})
+    maestro = STEP_CLOCK | HOLD | scenario.get("maestro_config", {})
     vllm_config = VllmConfig(
         model_config=model,
         scheduler_config=scheduler_config,
