@@ -37,11 +37,13 @@ class GatewayTriage:
         self.is_rejecting, self.dispatcher = is_rejecting, dispatcher
         self.rejected: OrderedDict[str, None] = OrderedDict()  # workflow keys turned away, oldest first
         self.max_rejected = max_rejected
-        self.num_shed_workflows = 0  # workflows the triage shed (turned away or served behind the rest)
+        self.num_rejected_workflows = 0  # workflows turned away (a stage of theirs refused)
 
     @property
-    def num_rejected_workflows(self) -> int:
-        return self.num_shed_workflows if self.is_rejecting else 0
+    def num_shed_workflows(self) -> int:
+        """Workflows the triage shed (turned away, or served behind the rest), counted when shed: a workflow shed
+        while another's stage was assessed counts then, not at its own next stage."""
+        return self.triage.num_shed
 
     def has_rejected(self, workflow_id: str) -> bool:
         return workflow_id in self.rejected
@@ -52,12 +54,11 @@ class GatewayTriage:
         workflow_id = request.workflow_id
         if workflow_id in self.rejected:
             return True
-        was_shed = workflow_id in self.triage.shed
         is_shed = self.triage.apply(request, self.dispatcher.clock(), self.dispatcher.is_backlogged())
-        self.num_shed_workflows += is_shed and not was_shed
         if not (is_shed and self.is_rejecting):
             return False
         self.rejected[workflow_id] = None
+        self.num_rejected_workflows += 1
         while len(self.rejected) > self.max_rejected:
             self.rejected.popitem(last=False)
         return True

@@ -100,6 +100,7 @@ class WorkflowTriage:
         self.pools: dict[str, _Pool] = {}
         self.shed: set[str] = set()
         self.num_assessed = 0
+        self.num_shed = 0  # workflows shed so far, whichever workflow's stage the test that shed them ran for
 
     def assess(self, request: StageRequest, now: float, backlogged: bool = True) -> bool:
         """A stage of `request.workflow_id` became ready: update its workflow's predicted work, re-check the pool's
@@ -184,6 +185,7 @@ class WorkflowTriage:
             self._shed(names[longest])
 
     def _shed(self, workflow: str) -> None:
+        self.num_shed += workflow not in self.shed
         self.shed.add(workflow)
         for pool in self.pools.values():
             pool.open.pop(workflow, None)

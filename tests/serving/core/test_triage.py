@@ -72,7 +72,9 @@ def test_when_the_set_cannot_all_make_it_the_longest_goes_not_the_latest():
     assert not triage.assess(request("short-2", 40.0, 6.0), now=10.0)
     assert not triage.assess(request("short-3", 41.0, 4.0), now=10.0)
     assert triage.shed == {"long"}  # Moore–Hodgson: drop the longest so far, keep the most workflows on time
+    assert triage.num_shed == 1  # counted when shed, while another workflow's stage was assessed
     assert triage.assess(request("long", 35.0, 17.0), now=11.0)  # final: its next stage is shed too
+    assert triage.num_shed == 1
 
 
 def test_no_shedding_without_a_measured_capacity_or_while_nothing_waits():

@@ -148,3 +148,29 @@ def test_the_capacity_reads_whether_work_waited_before_the_finish_starts_it():
     triage = GatewayTriage(True, dispatcher)
     triage.served(running.request, 2.0, running.was_backlogged)
     assert triage.triage.pools[""].window_backlogged
+
+
+def test_a_workflow_shed_for_another_is_counted_when_shed_and_turned_away_at_its_next_stage():
+    from serving.core.request import StageRequest
+
+    dispatcher = Dispatcher(create_scheduler("triage"), [make_node("a", blocks=16)], max_queued=8, recheck_s=0)
+    clock = {"now": 0.0}
+    dispatcher.clock = lambda: clock["now"]
+    dispatcher.is_backlogged = lambda: True
+    triage = GatewayTriage(True, dispatcher)
+    triage.triage.served("m", 0.0, 0.0, backlogged=True)
+    triage.triage.served("m", 10.0, 10.0, backlogged=True)  # capacity 1 unloaded second a second
+
+    def stage(workflow: str, deadline_s: float, work_s: float) -> StageRequest:
+        return StageRequest(
+            workflow, f"{workflow}-s", "m", deadline_s=deadline_s, pred_service_s=1.0, workflow_remaining_s=work_s - 1
+        )
+
+    clock["now"] = 10.0
+    assert not triage.turns_away(stage("long", 35.0, 18.0))
+    assert not triage.turns_away(stage("short-1", 30.0, 5.0))
+    assert not triage.turns_away(stage("short-2", 40.0, 10.0))  # 33 s by t=40 with 30 s: "long" is shed for it
+    assert triage.num_shed_workflows == 1 and triage.num_rejected_workflows == 0
+    assert triage.turns_away(stage("long", 35.0, 17.0))  # its next stage is refused
+    assert triage.turns_away(stage("long", 35.0, 16.0))
+    assert (triage.num_shed_workflows, triage.num_rejected_workflows) == (1, 1)
