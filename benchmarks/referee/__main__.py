@@ -13,15 +13,16 @@ for seeds 0..N−1 (arrivals, workflow order, tool times); --scenario names the 
 (`serving.sim.scenarios`; its extra baselines join the default arms). Predictions are made when a stage becomes
 ready, from its finished ancestors only; nothing reads a future stage or a true length outside the oracle arm
 (tests/benchmarks/test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.7 / 0.5 of the ceiling
-(seed 0): light, knee, past, heavy. `--folds family` replays each app family with the predictor trained and the SLOs
-fixed on the others (`sides.FAMILIES`); every fold goes in `folds`, and the top-level figures pool the folds by rate
-index (each fold finds its own rates), over every fold's workflows.
+(seed 0): light, knee, past, heavy. `--folds family` replays each app family with the predictor trained on the others
+(`sides.FAMILIES`) and its apps' SLOs declared from a calibration pilot of its own tasks, never replayed (`folds`);
+every fold goes in `folds`, and the top-level figures pool the folds by rate index (each fold finds its own rates),
+over every fold's workflows.
 With --compare-model, the arm maestro[model@compare] is Maestro fed that second predictor, and
 `maestro[model] - maestro[model@compare]` is reported: two predictors (recipes) paired on the same workloads and seeds.
 
 Writes OUT (JSON: scenario, regime, cost, slo, rates, rates_found_by, variants_tried, tool_times,
-results.<rate>.{ceiling, <arm>}, differences.<rate>, counters.<rate>.<arm>, folds[*] with split, pooled), OUT.md
-and OUT.png.
+results.<rate>.{ceiling, <arm>}, differences.<rate>, counters.<rate>.<arm>, folds[*] with split, sides,
+slo_source and model, pooled), OUT.md and OUT.png.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.referee import report
+from benchmarks.referee import folds, report
 from benchmarks.referee.arms import DEFAULT_ARMS, SYSTEM_ARMS, parse_arms
-from benchmarks.referee.grid import RATE_TARGETS, RATES_FOUND_BY, Replay, find_rates, run_grid
+from benchmarks.referee.grid import RATES_FOUND_BY, Replay, find_rates, run_grid
 from benchmarks.referee.sides import (
     DEFAULT_TRACES,
     SIDES,
@@ -44,9 +45,9 @@ from benchmarks.referee.sides import (
     fold_splits,
     read_all,
     side_split,
-    train_model,
+    split_model,
 )
-from benchmarks.referee.stats import pool_grids, summarize
+from benchmarks.referee.stats import summarize
 from maestro.contract import read_traces
 from serving.sim.costmodel import STEP_MODELS
 from serving.sim.scenarios import SCENARIOS, get_scenario
@@ -106,8 +107,7 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> tuple[dict, dic
     model_dir = Path(args.model) if args.model else None
     arms = parse_arms(args.arms)
     if model_dir is None and any(a.needs_model for a in arms):
-        train_path, _ = split.write(work / split.name)
-        model_dir = train_model(train_path, work / split.name / "model", args.retrain)
+        model_dir = split_model(split, work, args.retrain)
     compare_dir = Path(args.compare_model) if args.compare_model else None
     replay = Replay(
         split.train,
@@ -120,13 +120,16 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> tuple[dict, dic
         scenario_name=args.scenario,
         regime=args.regime,
         step_model=args.step_model,
+        calibration=split.calibration,
     )
     ceilings = [replay.ceiling(seed) for seed in range(args.seeds)]
     rates = find_rates(replay, ceilings[0]) if args.rates == "auto" else [float(r) for r in args.rates.split(",")]
     grid = run_grid(replay, arms, rates, args.seeds)
     run = {
         "split": split.name,
+        "sides": folds.sides_record(split),
         "slo": replay.slo.to_json(),
+        "slo_source": folds.slo_source(split),
         "rates": rates,
         **figures(grid, [a.name for a in arms], round(float(np.mean(ceilings)), 4)),
         "tool_times": replay.tool_times.to_json(),
@@ -138,27 +141,9 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> tuple[dict, dic
 
 
 def pooled(runs: list[dict], grids: list[dict], args: argparse.Namespace) -> dict:
-    """The folds pooled by rate index: top-level figures over every fold's workflows, and how they were pooled."""
-    keys = list(RATE_TARGETS) if args.rates == "auto" else list(grids[0])
-    ceiling = round(float(np.mean([next(iter(r["results"].values()))["ceiling"] for r in runs])), 4)
-    figures_pooled = figures(
-        pool_grids(grids, [r["rates"] for r in runs], keys), [a.name for a in parse_arms(args.arms)], ceiling
-    )
-    return {
-        "slo": {"mode": "per-app-from-train, per fold (folds[*].slo)", "scale": args.slo_scale},
-        "rates": keys,
-        "tool_times": runs[0]["tool_times"],
-        "num_test_workflows": sum(r["num_test_workflows"] for r in runs),
-        **figures_pooled,
-        "pooled": {
-            "by": "rate index: each fold's i-th rate pooled under rates[i] (with --rates auto each fold finds its own "
-            "rates: light, knee, past, heavy); attainment over every fold's workflows, each fold's held-out "
-            "workflows clusters of the bootstrap; counters: the mean run over folds",
-            "rates_by_fold": {key: {r["split"]: r["rates"][i] for r in runs} for i, key in enumerate(keys)},
-            "ceiling_by_fold": {r["split"]: next(iter(r["results"].values()))["ceiling"] for r in runs},
-            **figures_pooled,
-        },
-    }
+    names = [a.name for a in parse_arms(args.arms)]
+    keys = None if args.rates == "auto" else list(grids[0])
+    return folds.pooled(runs, grids, keys, lambda grid, ceiling: figures(grid, names, ceiling), args.slo_scale)
 
 
 def folds_arg(text: str) -> int | str:

@@ -75,6 +75,7 @@ class Replay:
     scenario_name: str = "maestro-paper"
     regime: str | None = None  # the scenario's context regime (None: its default)
     step_model: str | None = None  # the cost model's step pricing, `fitted` or `datasheet` (None: the config's)
+    calibration: list[StageTrace] = field(default_factory=list)  # SLOs of apps the train side lacks; never replayed
 
     def __post_init__(self):
         self.scenario = get_scenario(self.scenario_name, self.nodes, regime=self.regime)
@@ -85,6 +86,8 @@ class Replay:
         self.default_model = self.scenario.cluster.placement[0][0]
         self.train_workflows = self._workflows(self.train, None, seed=0)
         self.slo = SLOTable.fit(self.train_workflows, self.cost, self.slo_scale)
+        if self.calibration:
+            self.slo = self.slo.declared(self._workflows(self.calibration, None, seed=0), self.cost)
         self.margin: float | None = None
         self.workflow_prior = WorkflowPrior(self.train)
         self.base = self._workflows(self.test, None, seed=0)

@@ -5,15 +5,17 @@ predictor and fixes the SLOs; the other 30 % are replayed, halved by a hash of t
 policies) and `locked` (reported once per change). Both splits hash the task id (`pipelines.featurize.locked_split`),
 so a task's side never depends on the rest of the data or a seed. `--folds K` instead assigns the tasks to K folds by
 the same kind of hash, and each fold is replayed with a predictor trained on the other K − 1. `--folds family`
-groups the traces by app family instead (`FAMILIES`): each family is replayed with the predictor trained and the SLOs
-fixed on the other families, so nothing of the replayed family's apps was seen: their SLO is the training side's
-global one (`SLOTable.global_s`, the median over every training workflow × the scale).
+groups the traces by app family instead (`FAMILIES`): each family is replayed with the predictor trained on the other
+families. Its apps' SLOs come from what a live system has for an app it never served: the owner's declaration, made
+from a pilot. A seeded `CALIBRATION_FRACTION` of the family's tasks (by a salted hash of the task id) is that pilot:
+its workflows fix the family's per-app SLOs by the same rule as every other app's (`SLOTable.declared`), and they
+are never replayed nor trained on. Policy parameters are never chosen per family.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from maestro.contract import StageTrace, read_traces, task_id, write_jsonl
@@ -22,6 +24,7 @@ from pipelines.featurize import locked_split
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 DEFAULT_TRACES = (SHARED / "dev-traces" / "dev_traces.jsonl", *sorted((SHARED / "agent-traces").glob("*.jsonl")))
 SIDES = ("dev", "locked")
+CALIBRATION_FRACTION = 0.3  # a left-out family's tasks that make its owner's pilot (SLOs only, never replayed)
 # app (a trace's `app` field) -> app family; telecom and telecom-solo run the same tasks, so they are one family
 FAMILIES = {
     "chatdev_warehouse": "chatdev",
@@ -35,11 +38,13 @@ FAMILIES = {
 
 @dataclass
 class Split:
-    """One train side and the replayed side it is judged on."""
+    """One train side, the replayed side it is judged on, and the replayed apps' calibration tasks (their SLOs'
+    source where the train side has none of their apps; empty otherwise)."""
 
     name: str
     train: list[StageTrace]
     test: list[StageTrace]
+    calibration: list[StageTrace] = field(default_factory=list)
 
     def write(self, work: Path) -> tuple[Path, Path]:
         work.mkdir(parents=True, exist_ok=True)
@@ -100,26 +105,54 @@ def app_family(stage: StageTrace) -> str:
         ) from None
 
 
+def is_calibration(stage: StageTrace) -> bool:
+    """Whether the stage's task is in its family's calibration pilot (`CALIBRATION_FRACTION` of tasks, by hash)."""
+    return task_bucket(stage, 1000, "referee-calibration") < round(1000 * CALIBRATION_FRACTION)
+
+
 def family_splits(stages: list[StageTrace]) -> list[Split]:
-    """Leave one family out: each family replayed, the rest the train side (families in `FAMILIES` order)."""
+    """Leave one family out: each family replayed but for its calibration tasks, the other families the train side
+    (families in `FAMILIES` order)."""
     family = [app_family(s) for s in stages]
     present = [f for f in dict.fromkeys(FAMILIES.values()) if f in family]
     if len(present) < 2:
         raise ValueError(f"--folds family needs traces of two families or more, got {present or 'none'}")
-    return [
-        Split(
-            name,
-            [s for s, f in zip(stages, family) if f != name],
-            [s for s, f in zip(stages, family) if f == name],
-        )
-        for name in present
-    ]
+    return [family_split(name, stages, family) for name in present]
+
+
+def family_split(name: str, stages: list[StageTrace], family: list[str]) -> Split:
+    held = [s for s, f in zip(stages, family) if f == name]
+    split = Split(
+        name,
+        [s for s, f in zip(stages, family) if f != name],
+        [s for s in held if not is_calibration(s)],
+        [s for s in held if is_calibration(s)],
+    )
+    for app in dict.fromkeys(s.app for s in held):
+        sides = [side for side in ("test", "calibration") if not any(s.app == app for s in getattr(split, side))]
+        if sides:
+            raise ValueError(
+                f"family '{name}': app '{app}' has no task on the {' and '.join(sides)} side of its calibration "
+                f"split ({CALIBRATION_FRACTION:.0%} of its tasks fix its SLO): add traces of more of its tasks"
+            )
+    return split
+
+
+def split_model(split: Split, work: Path, retrain: bool = False) -> Path:
+    """The split's predictor, trained on its train side only, in `work/<split>/model` (cached)."""
+    train_path, _ = split.write(work / split.name)
+    return train_model(train_path, work / split.name / "model", retrain)
 
 
 def train_model(train: Path, out: Path, retrain: bool = False) -> Path:
-    """The predictor trained on `train` with `maestro train` (reused when `out` exists, unless `retrain`)."""
-    if retrain or not (out / "predictor.joblib").exists():
+    """The predictor trained on `train` with `maestro train`, reused while `out` holds one trained on the same
+    stages (their digest in `out/train.sha256`), unless `retrain`."""
+    digest = hashlib.sha256(train.read_bytes()).hexdigest()
+    stamp = out / "train.sha256"
+    fresh = (out / "predictor.joblib").exists() and stamp.exists() and stamp.read_text() == digest
+    if retrain or not fresh:
         from maestro.cli import main as maestro
 
         maestro(["train", "--traces", str(train), "--out", str(out)])
+        stamp.write_text(digest)
     return out

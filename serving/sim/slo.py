@@ -115,6 +115,12 @@ class SLOTable:
         by_app = {app: {c: scale * float(np.median(v)) for c, v in classes.items()} for app, classes in groups.items()}
         return cls(scale, by_app, scale * float(np.median(unloaded)))
 
+    def declared(self, calibration: list[SimWorkflow], cost: CostModel) -> SLOTable:
+        """This table with the SLOs of apps it has none of declared from their owners' pilot (`calibration`
+        workflows, never replayed) by the same rule as `fit`; its own apps and `global_s` stay as they are."""
+        pilot = SLOTable.fit(calibration, cost, self.scale).by_app
+        return SLOTable(self.scale, {**pilot, **self.by_app}, self.global_s)
+
     def slo_s(self, workflow: SimWorkflow) -> float:
         return self.by_app.get(workflow.app, {}).get(slo_class(workflow), self.global_s)
 

@@ -55,13 +55,13 @@ def test_maestro_and_edf_with_admission_are_paired_against_stock_vllm_beside_edf
 
 def test_telecom_and_telecom_solo_are_one_family_and_no_family_is_on_both_sides():
     assert app_family(stage("a", "tau2_telecom")) == app_family(stage("b", "tau2_telecom_solo")) == "tau2-telecom"
-    stages = [stage(f"{app}/w{i}", app) for app in FAMILIES for i in range(2)]
+    stages = [stage(f"{app}/w{i}", app) for app in FAMILIES for i in range(20)]
     splits = family_splits(stages)
     assert [s.name for s in splits] == ["chatdev", "autogen", "tau2-retail", "tau2-telecom", "tau2-medical-triage"]
     for split in splits:
         replayed = {app_family(s) for s in split.test}
         assert replayed == {split.name} and not replayed & {app_family(s) for s in split.train}
-        assert len(split.train) + len(split.test) == len(stages)
+        assert len(split.train) + len(split.test) + len(split.calibration) == len(stages)
     telecom = next(s for s in splits if s.name == "tau2-telecom")
     assert {s.app for s in telecom.test} == {"tau2_telecom", "tau2_telecom_solo"}
 
@@ -106,9 +106,11 @@ def test_family_folds_put_every_fold_in_folds_and_pool_them(tmp_path):
     assert report["scenario"] == "maestro-paper" and report["regime"] is None and report["rates_found_by"] is None
     assert report["cost"] == "fitted"
     assert report["rates"] == ["1.0", "6.0"] and report["pooled"]["rates_by_fold"]["6.0"]["tau2-telecom"] == 6.0
-    for fold in report["folds"]:
-        assert set(fold["slo"]["by_app"]).isdisjoint({"tau2_medical_triage"} if "triage" in fold["split"] else
-                                                      {"tau2_telecom", "tau2_telecom_solo"})  # fmt: skip
+    for fold in report["folds"]:  # the left-out apps' SLOs from their calibration tasks, which are not replayed
+        left_out = fold["sides"]["test"]["apps"]
+        assert fold["slo_source"]["by_apps"]["calibration"] == fold["sides"]["calibration"]["apps"] == left_out
+        assert set(left_out) <= set(fold["slo"]["by_app"]) and not set(left_out) & set(fold["sides"]["train"]["apps"])
+        assert fold["num_test_workflows"] == fold["sides"]["test"]["num_workflows"] and fold["model"] is None
     for figures in (report, *report["folds"]):
         for rate, row in figures["results"].items():
             assert 0 < row["ceiling"] <= 1
