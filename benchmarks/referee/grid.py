@@ -56,6 +56,7 @@ COUNTERS = (
     "num_kv_refused",  # stages a node could not start for want of KV pages (memory binding before a preemption)
     "num_model_loads",
     "model_load_s",
+    "interactive_queue_p95_s",  # interactive stages' queueing p95 (s): mixed-class's interactive/batch split
 )
 
 

@@ -13,6 +13,7 @@ COUNTER_COLUMNS = (
     ("oom_rate", "OOM rate", 3),
     ("num_rejected", "turned away", 0),
     ("num_abandoned", "abandoned", 0),
+    ("interactive_queue_p95_s", "interactive queueing p95 (s)", 2),
 )
 
 
@@ -26,6 +27,11 @@ def cell(stat: dict, digits: int = 3, scale: float = 1.0, signed: bool = False) 
     if stat["lo"] is not None and stat["hi"] is not None:
         text += f" [{scale * stat['lo']:{sign}.{digits}f}, {scale * stat['hi']:{sign}.{digits}f}]"
     return text
+
+
+def counter_cell(value: float | None, digits: int) -> str:
+    """A counter's mean run; "–" where the run did not count it (a report written before the counter existed)."""
+    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def rate_tables(
@@ -42,7 +48,7 @@ def rate_tables(
             f"| {arm} | "
             + " | ".join(
                 [cell(row[arm][k], d) for k, _, d in columns]
-                + [f"{report['counters'][rate][arm][k]:.{d}f}" for k, _, d in counter_columns]
+                + [counter_cell(report["counters"][rate][arm].get(k), d) for k, _, d in counter_columns]
             )
             + " |"
             for arm in arms

@@ -58,6 +58,10 @@ class Recorder:
         self.summary = {
             "slo_attainment": good / n,
             "interactive_queue_delay_s": _stats(self.interactive_waits_s, (95,)),
+            # interactive stages' wait from ready to start, p95 (0 with no interactive stage)
+            "interactive_queue_p95_s": float(np.percentile(self.interactive_waits_s, 95))
+            if self.interactive_waits_s
+            else 0.0,
             "e2e_s": _stats(e2e, (90, 95)),
             "kv_reserved_frac_vs_maxlen": self.peak_pages / max(1, self.maxlen_pages),
             "oom_rate": self.num_oom_stages / max(1, self.num_stages),

@@ -102,7 +102,10 @@ def test_mixed_class_tau2_interactive_chatdev_batch_on_shared_nodes(split):
         by_app.setdefault(w.app, set()).add(w.interactive)
     assert by_app["tau2_retail"] == by_app["tau2_telecom"] == {True}
     assert by_app["chatdev_warehouse"] == by_app["tau2_telecom_solo"] == {False}
-    Simulator(scenario.cluster, get_system("maestro"), workflows).run()
+    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
+    summary = sim.run().summary
+    waits = sim.recorder.interactive_waits_s
+    assert waits and summary["interactive_queue_p95_s"] == pytest.approx(np.percentile(waits, 95))
     ran = [(w.interactive, s.node.index) for w in workflows for s in w.stages if s.node is not None]
     nodes = {c: {n for i, n in ran if i is c} for c in (True, False)}
     assert nodes[True] & nodes[False]  # both classes ran on the same node
