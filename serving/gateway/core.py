@@ -13,13 +13,13 @@ import logging
 import time
 from collections import OrderedDict
 
-from maestro.prediction import Prediction, WorkflowFallbackLevel
+from maestro.prediction import Prediction
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapKind, CapSignals, SessionCap
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
-from serving.core.scheduler.remaining import RemainingWork
+from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
 from serving.gateway import events
 from serving.gateway.config import GatewayConfig
 from serving.gateway.exposition import GatewayMetrics
@@ -174,13 +174,16 @@ class Gateway:
         return await prepare_job(self, meta, body, arrival)
 
     def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
-        """A stage's predicted work after it: from its workflow prediction (as the simulator's), or where the answer
-        has none (no workflow model answered: its level is the prior) what the app's ended workflows needed after
-        this position."""
-        if prediction.wf_fallback_level is WorkflowFallbackLevel.PRIOR:
-            return self.remaining_work.estimate(app, position)
-        return workflow_remaining_s(
-            self.pace, prompt_tokens, prediction.wf_remaining_calls, prediction.wf_remaining_tokens
+        """A stage's predicted work after it: its workflow prediction or what the app's ended workflows needed after
+        this position, by the rule the simulator follows too (`remaining_after_s`)."""
+        return remaining_after_s(
+            prediction.wf_fallback_level,
+            lambda: workflow_remaining_s(
+                self.pace, prompt_tokens, prediction.wf_remaining_calls, prediction.wf_remaining_tokens
+            ),
+            self.remaining_work,
+            app,
+            position,
         )
 
     def turns_away(self, job: Job) -> bool:

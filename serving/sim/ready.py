@@ -206,9 +206,13 @@ class WorkflowPrior:
         )
 
     def lookup(self, stage: SimStage) -> WorkflowRemaining:
+        """The cell's medians, at level APP where training saw the cell; else 0 at level POSITION (where the app's
+        own ended workflows then answer, `remaining_after_s`)."""
         position = (stage.source or {}).get("call_index", stage.index)
-        calls, tokens = self.table.cells_.get((stage.workflow.app or "", position), (0.0, 0.0))
-        return known_remaining(calls, tokens, WorkflowFallbackLevel.POSITION)
+        cell = self.table.cells_.get((stage.workflow.app or "", position))
+        if cell is None:
+            return known_remaining(0.0, 0.0, WorkflowFallbackLevel.POSITION)
+        return known_remaining(*cell, WorkflowFallbackLevel.APP)
 
 
 def all_ancestors(stage: SimStage) -> frozenset[str]:

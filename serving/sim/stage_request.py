@@ -7,10 +7,12 @@ workflow prediction made at readiness, else the app's ended workflows) and wheth
 
 from __future__ import annotations
 
+from maestro.prediction import WorkflowFallbackLevel
 from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
-from serving.core.scheduler.remaining import RemainingWork
+from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
 from serving.sim.costmodel import CostModel
 from serving.sim.gpu_pace import ModelPace
+from serving.sim.ready import NOTHING_LEFT
 from serving.sim.workload import SimStage
 
 
@@ -45,16 +47,20 @@ def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: 
 
 
 def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: RemainingWork) -> float:
-    """The work predicted after this stage: from the workflow prediction made at readiness (each later call
-    prefills about this stage's prompt), else what the app's ended workflows say (never the replay's future).
-    Counts the stage as its workflow's next ready one (its position in `RemainingWork`)."""
-    workflow = stage.workflow
+    """The work predicted after this stage, by the gateway's rule (`remaining_after_s`): the workflow prediction made
+    at readiness (each later call prefills about this stage's prompt) or what the app's ended workflows say (never
+    the replay's future); a stage with no prediction goes by the history. An arm that reads no workflow estimate
+    (`NOTHING_LEFT`: the `none` source, the no-remaining ablation) keeps its answer, 0 calls and tokens. Counts the
+    stage as its workflow's next ready one (its position in `RemainingWork`)."""
+    workflow, answer = stage.workflow, stage.remaining
     position, workflow.num_ready = workflow.num_ready, workflow.num_ready + 1
-    if stage.remaining is not None:
+
+    def predicted_s() -> float:
         return workflow_remaining_s(
-            ModelPace.of(cost, stage.model),
-            stage.prompt_tokens,
-            stage.remaining.wf_remaining_calls,
-            stage.remaining.wf_remaining_tokens,
+            ModelPace.of(cost, stage.model), stage.prompt_tokens, answer.wf_remaining_calls, answer.wf_remaining_tokens
         )
-    return remaining_work.estimate(workflow.app, position)
+
+    if answer is NOTHING_LEFT:
+        return predicted_s()
+    level = WorkflowFallbackLevel.PRIOR if answer is None else answer.wf_fallback_level
+    return remaining_after_s(level, predicted_s, remaining_work, workflow.app, position)

@@ -4,18 +4,23 @@ Nobody knows at a stage how many stages its workflow has still to run: an agent 
 the history. For every app, each ended workflow of n stages adds, at every position k < n, the service its stages after
 the k-th took; the estimate at position k is the mean of those sums over the ended workflows that reached k (those
 that stopped at k add 0). Positions no ended workflow of the app reached fall back to all apps' table, and with no
-history at all the estimate is 0 (the stage's own prediction is then the whole of what is known). Service is counted in
+history at all the estimate is 0 (the stage's own prediction is then the whole of what is known); `own_estimate`
+answers from the app's table alone (None where it has none). Service is counted in
 unloaded seconds (prefill, lone decode, tool time), the unit of `StageRequest.pred_service_s`, so that queueing in the
 history does not inflate it.
 
 The gateway and the simulator feed it the same way: `observe` when a stage of a workflow ends, `end` when the workflow
 does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a stage
-becomes ready.
+becomes ready. `remaining_after_s` is the one rule, for both, of which estimate a ready stage gets: the workflow
+prediction's or this history's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from maestro.prediction import WorkflowFallbackLevel
 
 ALL_APPS = ""
 
@@ -67,6 +72,12 @@ class RemainingWork:
         for key in {app, ALL_APPS}:
             self._tables.setdefault(key, _Table()).add(services)
 
+    def own_estimate(self, app: str, position: int) -> float | None:
+        """Seconds of work expected after `position` from `app`'s own ended workflows; None where fewer than
+        `min_count` of them reached it (no fallback to the other apps)."""
+        table = self._tables.get(app)
+        return table.mean(position, self.min_count) if table is not None else None
+
     def estimate(self, app: str, position: int) -> float:
         """Seconds of work expected after the stage at `position` (0-based) of a workflow of `app`."""
         for key in (app, ALL_APPS):
@@ -75,3 +86,26 @@ class RemainingWork:
             if mean is not None:
                 return mean
         return 0.0
+
+
+def remaining_after_s(
+    level: WorkflowFallbackLevel,
+    predicted_s: Callable[[], float],
+    history: RemainingWork,
+    app: str,
+    position: int,
+) -> float:
+    """The work a ready stage's workflow is expected to need after it, from the workflow prediction's `level` and its
+    answer in seconds (`predicted_s`, called only where it is used) or the ended workflows' `history`.
+
+    APP (the model, for an app it was trained on): the prediction. POSITION (only the per-position table over the
+    training apps) and PRIOR (no workflow model): the app's own ended workflows once `min_count` of them reached this
+    position, else the prediction (POSITION) or every app's history (PRIOR)."""
+    if level is WorkflowFallbackLevel.APP:
+        return predicted_s()
+    own_s = history.own_estimate(app, position)
+    if own_s is not None:
+        return own_s
+    if level is WorkflowFallbackLevel.POSITION:
+        return predicted_s()
+    return history.estimate(app, position)

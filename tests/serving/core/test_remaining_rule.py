@@ -1,0 +1,58 @@
+"""Which remaining-work estimate a ready stage gets (`remaining_after_s`), the one rule the gateway and the simulator
+follow: the model's workflow answer for an app it was trained on, else the app's own ended workflows once they reached
+the position, else the all-apps table (POSITION) or every app's history (PRIOR)."""
+
+import pytest
+
+from maestro.prediction import WorkflowFallbackLevel
+from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
+
+APP, POSITION, PRIOR = WorkflowFallbackLevel.APP, WorkflowFallbackLevel.POSITION, WorkflowFallbackLevel.PRIOR
+PREDICTED_S = 50.0
+
+
+def history(runs: dict[str, list[list[float]]]) -> RemainingWork:
+    """Ended workflows, per app, as lists of their stages' service seconds."""
+    work = RemainingWork(min_count=2)
+    for app, workflows in runs.items():
+        for i, services in enumerate(workflows):
+            for service_s in services:
+                work.observe(f"{app}-{i}", app, service_s)
+            work.end(f"{app}-{i}")
+    return work
+
+
+def rule(level: WorkflowFallbackLevel, work: RemainingWork, app: str, position: int = 0) -> float:
+    return remaining_after_s(level, lambda: PREDICTED_S, work, app, position)
+
+
+def test_an_app_the_model_was_trained_on_gets_the_prediction_even_with_history():
+    work = history({"seen": [[1.0, 2.0], [1.0, 4.0]]})
+    assert rule(APP, work, "seen") == PREDICTED_S
+
+
+def test_a_table_or_prior_answer_gives_way_to_the_apps_own_history():
+    work = history({"new": [[1.0, 2.0], [1.0, 4.0]], "other": [[1.0, 100.0], [1.0, 100.0]]})
+    assert rule(POSITION, work, "new") == pytest.approx(3.0)  # (2 + 4) / 2: its own workflows, not "other"'s
+    assert rule(PRIOR, work, "new") == pytest.approx(3.0)
+
+
+def test_without_the_apps_own_history_a_table_answer_stands():
+    work = history({"other": [[1.0, 100.0], [1.0, 100.0]], "new": [[1.0, 2.0]]})  # one ended workflow < min_count
+    assert work.own_estimate("new", 0) is None
+    assert rule(POSITION, work, "new") == PREDICTED_S
+    assert rule(POSITION, work, "other", position=5) == PREDICTED_S  # no ended workflow of "other" reached 5
+
+
+def test_without_the_apps_own_history_a_prior_answer_takes_every_apps_history():
+    work = history({"other": [[1.0, 100.0], [1.0, 100.0]]})
+    assert rule(PRIOR, work, "new") == pytest.approx(work.estimate("new", 0)) == pytest.approx(100.0)
+    assert rule(PRIOR, RemainingWork(), "new") == 0.0  # no history at all
+
+
+def test_the_prediction_is_computed_only_where_it_is_used():
+    def never() -> float:
+        raise AssertionError("the prediction was read where the history answers")
+
+    work = history({"new": [[1.0, 2.0], [1.0, 4.0]]})
+    assert remaining_after_s(POSITION, never, work, "new", 0) == pytest.approx(3.0)
