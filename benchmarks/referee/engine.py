@@ -18,15 +18,19 @@ each rate and its attainment in the JSON's `rate_search`). What each arm is told
     vllm-priority             vLLM's priority fed the gateway's rank (interactive first, then the model's tokens)
     vllm-priority-deadline    vLLM's priority fed the workflow's deadline (earliest first)
     maestro[SOURCE]           MaestroScheduler fed SOURCE at readiness: model, prior, none, oracle, noiseσ
-    maestro[SOURCE/preempt]   ... with Maestro's order preemptive (`preemptive`: vLLM's admission, the victim the
-                              running request last in Maestro's order; serving/vllm_plugin/victims.py)
-    maestro[SOURCE/admit]     ... preempt's admission with the default victim: what the admission alone buys
+    maestro[SOURCE/VARIANT]   ... with `MaestroSchedulerConfig` fields of a variant (benchmarks/engine/arms.py):
+                              hold (the predicted-footprint hold-back), adaptive, preempt (admission `vllm`, the
+                              default), admit (vLLM's admission with the hold-back's victim)
+    gateway+vllm-priority-deadline   the gateway's triage (turning workflows away) in front of vLLM's priority fed
+                              the deadline as the gateway encodes it (benchmarks/engine/gateway_arm.py)
+    gateway+maestro[SOURCE]   the gateway's triage in front of MaestroScheduler fed SOURCE
 
-The default grid (the arms below, `--rates auto`, 3 seeds, `--clock fitted`) is sized to end within an hour on two
-cores shared with a few other jobs (about 47 minutes estimated at a load average of 8; serving/EXPERIMENTS.md,
-2026-12-05): the engine stays the small one of the options below (an 800-token KV pool, on which fcfs preempts at the
-two highest found rates), and the workflows arrive over 1,000 steps, enough to measure about 40 workflows at the knee
-(over 400, about 15: too few to tell the search's targets apart); the search costs at most 8 engine runs of one arm.
+The default grid (the default arms, `--rates auto`, 3 seeds, `--clock fitted`) is sized to end within an hour on two
+cores shared with a few other jobs (estimated 47 minutes at a load average of 8 for 7 arms; the locked grid of 7 arms
+took 19 minutes; serving/EXPERIMENTS.md, 2026-12-05): the engine stays the small one of the options below (an
+800-token KV pool, on which fcfs preempts at the two highest found rates), and the workflows arrive over 1,000 steps,
+enough to measure about 40 workflows at the knee (over 400, about 15: too few to tell the search's targets apart); the
+search costs at most 8 engine runs of one arm.
 
 Figures are taken on the steady part of each run (the workflows arriving between 25 % and 60 % of the arrivals; the
 arrivals after them keep the load up until they have ended, when the run stops) and summarised with the referee's
