@@ -14,7 +14,11 @@
                                (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate),
                                no-reject (shed workflows served behind the rest, not turned away), slack (the order
                                before triage: least predicted slack first), parametric (a running stage re-predicted
-                               by the parametric bounds, not its model's progressive table)
+                               by the parametric bounds, not its model's progressive table); the parts stock
+                               vLLM lacks: no-route (least-loaded node, not the fitness S(N,T)), no-toolkv (a
+                               session's KV evicted at every tool call, not MARS's keep/evict rule), no-headroom
+                               (no admission headroom), on-demand (vLLM's on-demand paging, not the predicted
+                               reserve)
 
 Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
 which none of them reads for its order or its reservation.
@@ -25,8 +29,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from serving.core.admission.sizing import ReservationMode
+from serving.core.dispatch import Router
 from serving.core.scheduler import Policy
 from serving.core.systems import SYSTEMS, System, get_system
+from serving.core.tool_kv import ToolKVPolicy
 
 BASELINES = ("fcfs", "edf", "srtf")
 STOCK = ("vllm", "vllm-edf")  # stock vLLM, FCFS and deadline order
@@ -44,7 +51,26 @@ DEFAULT_ARMS = (
     "maestro[oracle]",
     "maestro[model/slack]",
 )
-ABLATIONS = ("no-gate", "no-order", "no-reserve", "no-remaining", "no-reject", "slack", "parametric")
+ABLATIONS = (
+    "no-gate",
+    "no-order",
+    "no-reserve",
+    "no-remaining",
+    "no-reject",
+    "slack",
+    "parametric",
+    "no-route",
+    "no-toolkv",
+    "no-headroom",
+    "on-demand",
+)
+# the ablations that switch one part of the system to stock vLLM's (`vllm-edf`)
+PART_OFF = {
+    "no-route": {"router": Router.LEAST_LOADED},
+    "no-toolkv": {"tool_kv": ToolKVPolicy.EVICT_ALWAYS},
+    "no-headroom": {"admission_headroom_frac": 0.0},
+    "on-demand": {"reservation": ReservationMode.ON_DEMAND},
+}
 ORDERS = {"no-order": Policy.EDF, "slack": Policy.LEAST_SLACK}
 _MAESTRO = re.compile(r"^maestro\[(model(?:@compare)?|prior|none|oracle|noise[0-9.]+)(?:/([a-z,-]+))?\]$")
 COMPARE = "@compare"  # a source read from the --compare-model predictor
@@ -91,6 +117,8 @@ def parse_arm(name: str) -> Arm:
         system = system.with_overrides(scheduler=ORDERS[order])
     if "no-reject" in ablations:
         system = system.with_overrides(triage_rejects=False)
+    for part in (a for a in ablations if a in PART_OFF):
+        system = system.with_overrides(**PART_OFF[part])
     return Arm(
         name,
         system,
@@ -102,4 +130,6 @@ def parse_arm(name: str) -> Arm:
 
 
 def parse_arms(text: str) -> list[Arm]:
-    return [parse_arm(name.strip()) for name in text.split(",") if name.strip()]
+    """Arms separated by commas; a comma inside brackets separates ablations (`maestro[model/no-gate,no-route]`)."""
+    names = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
+    return [parse_arm(name.strip()) for name in names if name.strip()]
