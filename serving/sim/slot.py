@@ -88,10 +88,12 @@ class SimSlot:
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the work on the node (running stages, each a mean stage, and the queued
         stages' predicted work, over the batch width, after the model's load); the KV shortfall and the node's queue
-        (the engine's waiting stages)."""
+        (the engine's waiting stages). Free KV counts the sessions' kept tool-call KV: idle, it is the stage's to
+        reuse or reclaim (`SimDispatcher.kv_plan`), as vLLM's free blocks count its evictable cached ones, so a node
+        holding it is not ranked below a node already running a stage."""
         node, stage, batch = self.node, request.payload, self.dispatcher.max_batch_seqs
         need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
-        free = node.alloc.num_free_pages
+        free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
         work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
         ready = node.residency.ready_cost_s(stage.model) + work_s / batch
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch

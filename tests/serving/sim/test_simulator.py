@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from serving.core.dispatch import choose
 from serving.core.systems import SYSTEMS, get_system
 from serving.sim.costmodel import MODEL_PROFILES, CostModel, CostModelConfig
 from serving.sim.engine import Simulator
@@ -11,6 +12,7 @@ from serving.sim.predictions import PredictionConfig
 from serving.sim.runner import RunConfig, build_workload, run_scenario, write_outputs
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import unloaded_latency_s
+from serving.sim.stage_request import ready_request
 from serving.sim.workload import reset
 
 
@@ -134,3 +136,27 @@ def test_continuum_sees_which_programs_have_pinned_kv():
     Simulator(scenario.cluster, get_system("continuum"), workflows).run()
     flags = [s.request.is_kv_pinned for w in workflows for s in w.stages if s.session_parent >= 0]
     assert any(flags) and not all(flags)  # pinned within the 2 s TTL for fast tools, not for slow ones
+
+
+def test_a_node_holding_kept_tool_kv_ranks_as_free_as_an_idle_one_and_above_a_busy_one():
+    scenario = small("mars-swe", nodes=4)
+    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=4), scenario.regimes[0])
+    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
+    kept_node, idle_node, busy_node, busier_node = sim.nodes
+    first, stage = workflows[0].stages[0], workflows[3].stages[0]
+    bytes_per_token = sim.dispatch.bytes_per_token(first)
+
+    def hold(node, tokens):
+        return node.alloc.reserve(tokens, tokens, bytes_per_token)
+
+    kept = hold(kept_node, 8000)
+    kept_node.pinned[first] = kept  # another session's context, kept during its tool call
+    busy_node.running[workflows[1].stages[0]] = hold(busy_node, 1000)  # one running stage, less KV
+    for s in workflows[2].stages[:2]:
+        busier_node.running[s] = hold(busier_node, 2000)
+    request = ready_request(stage, 0.0, sim.cost, sim.remaining_work)
+    slots = [sim.dispatch.slots[n] for n in sim.nodes]
+    terms = [slot.fitness_terms(request) for slot in slots]
+    assert kept.mapped_pages > 0 and terms[0][0] == terms[1][0] == 1.0 > terms[2][0]
+    # the idle node holding kept KV, not the node that would share its batch
+    assert choose(request, [slots[0], slots[2], slots[3]], sim.dispatch.config) is slots[0]
