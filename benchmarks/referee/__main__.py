@@ -69,7 +69,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # endanger (left off: interactive queueing p95 back to 1.1-2.9 s, SLO within 0.4 pp).
 # 25: 2026-12-05, a triage capacity window stays open until it spans the longest stage it credits (adopted; dev
 # side, serving/EXPERIMENTS.md).
-VARIANTS_TRIED = 25
+# 32: 2026-12-05, why Maestro lost to vllm-edf at light load (dev side, serving/EXPERIMENTS.md): the ablations
+# no-route, no-toolkv, no-headroom, on-demand and all four together; the fitness router's free KV read on its own
+# [0, 1] scale (left off) and counting the sessions' kept tool-call KV as free (adopted).
+VARIANTS_TRIED = 32
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

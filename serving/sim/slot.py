@@ -88,9 +88,9 @@ class SimSlot:
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the work on the node (running stages, each a mean stage, and the queued
         stages' predicted work, over the batch width, after the model's load); the KV shortfall and the node's queue
-        (the engine's waiting stages). Free KV counts the sessions' kept tool-call KV: idle, it is the stage's to
-        reuse or reclaim (`SimDispatcher.kv_plan`), as vLLM's free blocks count its evictable cached ones, so a node
-        holding it is not ranked below a node already running a stage."""
+        (the engine's waiting stages). Free KV is what the stage could map here: free pages plus the sessions' kept
+        tool-call KV, which `SimDispatcher.kv_plan` reuses or reclaims for it; counted as taken, an idle node holding
+        some ranked below a node already running a stage."""
         node, stage, batch = self.node, request.payload, self.dispatcher.max_batch_seqs
         need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())

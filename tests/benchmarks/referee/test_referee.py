@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.referee.__main__ import main, pairs
-from benchmarks.referee.arms import parse_arm
+from benchmarks.referee.arms import parse_arm, parse_arms
 from benchmarks.referee.stats import Outcomes, summarize
 
 
@@ -83,6 +83,23 @@ def test_arms_are_parsed_and_a_wrong_one_is_named():
         parse_arm("maestro[modle]")
     with pytest.raises(ValueError, match="no-gaet"):
         parse_arm("maestro[model/no-gaet]")
+
+
+def test_the_parts_stock_vllm_lacks_switch_off_one_at_a_time_and_together():
+    maestro, stock = parse_arm("maestro[model]").system, parse_arm("vllm-edf").system
+    parts = {"no-route": "router", "no-toolkv": "tool_kv", "no-headroom": "admission_headroom_frac"}
+    parts["on-demand"] = "reservation"
+    for ablation, part in parts.items():
+        system = parse_arm(f"maestro[model/{ablation}]").system
+        assert getattr(maestro, part) != getattr(stock, part) == getattr(system, part)
+        assert {p: getattr(system, p) for p in parts.values() if p != part} == {
+            p: getattr(maestro, p) for p in parts.values() if p != part
+        }
+    arms = parse_arms("vllm-edf,maestro[model/no-route,no-toolkv,no-headroom,on-demand],maestro[none]")
+    assert [a.name for a in arms][::2] == ["vllm-edf", "maestro[none]"]
+    together = arms[1].system
+    assert all(getattr(together, p) == getattr(stock, p) for p in parts.values())
+    assert together.scheduler is maestro.scheduler and together.batch_cost
 
 
 def test_a_second_predictor_is_an_arm_of_its_own_and_needs_its_directory(capsys):
