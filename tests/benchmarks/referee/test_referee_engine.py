@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +24,9 @@ from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.report import context_tokens, run_figures
 from benchmarks.referee.engine import pairs, summarize_rate
-from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace
-from pipelines.features import FeaturizerConfig
-from pipelines.model import ModelConfig
-from pipelines.predictor import Predictor
-from pipelines.synth import generate
+
+from .engine_cuts import chains, trained_sides, truncate
 
 RATE, SEED, WORKFLOWS = 20.0, 0, 40
 ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "maestro[model/preempt]", "maestro[model/admit]")]
@@ -38,30 +34,7 @@ ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "maestro[model/preempt]", "
 
 @pytest.fixture(scope="module")
 def sides():
-    if not DEFAULT_TRACES[0].exists():
-        pytest.skip(f"{DEFAULT_TRACES[0]} is missing (../shared/data)")
-    split = side_split(read_all(DEFAULT_TRACES), "dev")
-    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
-    model_dir = tempfile.mkdtemp()
-    Predictor.train(
-        stages,
-        FeaturizerConfig(use_embedding=False),
-        ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40)),
-    ).save(model_dir)
-    return split, model_dir
-
-
-def chains(test: list[StageTrace], limit: int = 2) -> list[tuple[str, int]]:
-    """(workflow id, cut) for chain workflows of at least 4 stages (each stage's one parent the one before)."""
-    by_workflow: dict[str, list[StageTrace]] = {}
-    for stage in test:
-        by_workflow.setdefault(stage.workflow_id, []).append(stage)
-    out = []
-    for workflow_id, stages in by_workflow.items():
-        ids = [s.stage_id for s in stages]
-        if len(stages) >= 4 and all(s.parent_ids == [ids[i - 1]] for i, s in enumerate(stages) if i):
-            out.append((workflow_id, len(stages) // 2))
-    return out[:limit]
+    return trained_sides()
 
 
 def lengthen(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
@@ -71,18 +44,6 @@ def lengthen(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTr
             if position >= cut:
                 stage = stage.model_copy(update={"output_tokens": stage.output_tokens * 3})
             position += 1
-        out.append(stage)
-    return out
-
-
-def truncate(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
-    """Drop the workflow's stages after the `cut`-th."""
-    out, position = [], 0
-    for stage in test:
-        if stage.workflow_id == workflow_id:
-            position += 1
-            if position > cut + 1:
-                continue
         out.append(stage)
     return out
 

@@ -13,19 +13,14 @@ future, because the plugin reads it only as the request leaves the engine, when 
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 
 from benchmarks.engine.arms import DEFAULT_ARMS, engine_arm
 from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.replay import EngineWorkload
-from benchmarks.referee.sides import DEFAULT_TRACES, read_all, side_split
 from maestro.contract import StageTrace
-from pipelines.features import FeaturizerConfig
-from pipelines.model import ModelConfig
-from pipelines.predictor import Predictor
-from pipelines.synth import generate
+
+from .engine_cuts import chains, trained_sides, truncate
 
 RATE, SEED, WORKFLOWS = 20.0, 0, 40
 ARMS = [engine_arm(name) for name in DEFAULT_ARMS]
@@ -34,26 +29,7 @@ ORACLE_TRUTHS = ("tokens_pred", "tokens_reserve", "workflow_remaining_s")
 
 @pytest.fixture(scope="module")
 def sides():
-    if not DEFAULT_TRACES[0].exists():
-        pytest.skip(f"{DEFAULT_TRACES[0]} is missing (../shared/data)")
-    split = side_split(read_all(DEFAULT_TRACES), "dev")
-    stages = [StageTrace.model_validate(r) for r in generate(300, seed=11)]
-    model_dir = tempfile.mkdtemp()
-    fast = ModelConfig(folds=3, classifier=dict(n_estimators=30), regressor=dict(n_estimators=40))
-    Predictor.train(stages, FeaturizerConfig(use_embedding=False), fast).save(model_dir)
-    return split, model_dir
-
-
-def chains(test: list[StageTrace], limit: int = 2) -> list[tuple[str, int]]:
-    by_workflow: dict[str, list[StageTrace]] = {}
-    for stage in test:
-        by_workflow.setdefault(stage.workflow_id, []).append(stage)
-    out = []
-    for workflow_id, stages in by_workflow.items():
-        ids = [s.stage_id for s in stages]
-        if len(stages) >= 4 and all(s.parent_ids == [ids[i - 1]] for i, s in enumerate(stages) if i):
-            out.append((workflow_id, len(stages) // 2))
-    return out[:limit]
+    return trained_sides()
 
 
 def relabel_from(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
@@ -64,17 +40,6 @@ def relabel_from(test: list[StageTrace], workflow_id: str, cut: int) -> list[Sta
                 tokens = stage.output_tokens * 3 if stage.output_tokens < 1000 else stage.output_tokens // 3
                 stage = stage.model_copy(update={"output_tokens": tokens, "is_tool_call": not stage.is_tool_call})
             position += 1
-        out.append(stage)
-    return out
-
-
-def truncate(test: list[StageTrace], workflow_id: str, cut: int) -> list[StageTrace]:
-    out, position = [], 0
-    for stage in test:
-        if stage.workflow_id == workflow_id:
-            position += 1
-            if position > cut + 1:
-                continue
         out.append(stage)
     return out
 
