@@ -28,7 +28,7 @@ MAX_RANK = 9999  # a stage without a deadline is ranked by its predicted tokens,
 
 
 class GatewayArm:
-    """The gateway's triage and priority for one replay; `rejected_workflows` holds the workflows it turned away."""
+    """The gateway's triage and priority for one replay; the triage keeps the workflows it turned away."""
 
     def __init__(self, step_s: float, scheduler):
         if step_s <= 0:
@@ -36,7 +36,6 @@ class GatewayArm:
         self.step_s, self.scheduler = step_s, scheduler
         self.now, self.is_engine_backlogged = 0.0, False
         self.triage = GatewayTriage(get_system(DEFAULT_SYSTEM).triage_rejects, self)
-        self.rejected_workflows: list[str] = []
         self.log: list[dict] = []  # each triage call's inputs and answer
 
     def clock(self) -> float:
@@ -80,6 +79,7 @@ class GatewayArm:
         """Triage the ready stage at `step`; True where its workflow is turned away (it ends here)."""
         self.now = step
         is_backlogged = self.is_backlogged()
+        was_turned_away = self.triage.has_rejected(request.workflow_id)
         is_turned_away = self.triage.turns_away(request)
         self.log.append(
             {
@@ -92,8 +92,7 @@ class GatewayArm:
                 "is_turned_away": is_turned_away,
             }
         )
-        if is_turned_away and request.workflow_id not in self.rejected_workflows:
-            self.rejected_workflows.append(request.workflow_id)
+        if is_turned_away and not was_turned_away:
             self.triage.end(request.workflow_id)
         return is_turned_away
 
@@ -113,7 +112,7 @@ class GatewayArm:
     def snapshot(self) -> dict:
         return {
             **self.triage.snapshot(),
-            "num_rejected": len(self.rejected_workflows),
-            "rejected": self.rejected_workflows,
+            "num_rejected": self.triage.num_rejected_workflows,
+            "rejected": list(self.triage.rejected),
             "triaged": self.log,
         }
