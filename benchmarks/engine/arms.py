@@ -35,8 +35,10 @@ MAESTRO_VARIANTS = {
     "adaptive": {"admission": "adaptive"},
 }
 SOURCES = r"model|prior|none|oracle|noise[0-9.]*"
-# gateway+ARM: the gateway's triage and deadline priority in front of ARM, one of these engine sides
+# gateway+ARM: the gateway's triage and deadline priority in front of ARM, one of these engine sides; gateway+gate+ARM
+# with the gateway's batch-cost gate and dispatch queue too (benchmarks/engine/gateway_arm.py)
 GATEWAY_PREFIX = "gateway+"
+GATE_PREFIX = "gate+"
 GATEWAY_ENGINES = ("vllm-priority-deadline", "maestro[")
 GATEWAY_SOURCE = "model"  # what the gateway predicts with in front of stock vLLM: its trained predictor
 MAESTRO_ARM = re.compile(rf"maestro\[({SOURCES})(?:/({'|'.join(MAESTRO_VARIANTS)}))?\]")
@@ -46,7 +48,8 @@ MAESTRO_ARM = re.compile(rf"maestro\[({SOURCES})(?:/({'|'.join(MAESTRO_VARIANTS)
 class EngineArm:
     """vLLM's scheduler under `policy`, its priority from `priority` (None, `rank`, `deadline`), or MaestroScheduler
     (`maestro`) fed `source`, in its `variant` (a key of `MAESTRO_VARIANTS`) if named; with `is_gateway`, behind the
-    gateway's triage, which is fed `source` too and sends the deadline as vLLM's priority."""
+    gateway's triage, which is fed `source` too and sends the deadline as vLLM's priority; with `is_gated`, behind its
+    batch-cost gate too."""
 
     name: str
     scheduler: str
@@ -55,6 +58,7 @@ class EngineArm:
     priority: str | None = None
     variant: str | None = None
     is_gateway: bool = False
+    is_gated: bool = False
 
     @property
     def maestro_options(self) -> dict:
@@ -69,13 +73,18 @@ class EngineArm:
 def engine_arm(name: str) -> EngineArm:
     if name.startswith(GATEWAY_PREFIX):
         engine = name.removeprefix(GATEWAY_PREFIX)
+        is_gated = engine.startswith(GATE_PREFIX)
+        engine = engine.removeprefix(GATE_PREFIX)
         if not engine.startswith(GATEWAY_ENGINES):
             raise ValueError(
                 f"unknown engine arm '{name}': the gateway goes in front of vllm-priority-deadline or "
-                "maestro[SOURCE] (gateway+vllm-priority-deadline, gateway+maestro[model])"
+                "maestro[SOURCE] (gateway+vllm-priority-deadline, gateway+maestro[model]), with its batch-cost gate as "
+                "gateway+gate+ARM"
             )
         arm = engine_arm(engine)
-        return replace(arm, name=name, source=arm.source or GATEWAY_SOURCE, priority=None, is_gateway=True)
+        return replace(
+            arm, name=name, source=arm.source or GATEWAY_SOURCE, priority=None, is_gateway=True, is_gated=is_gated
+        )
     if name in VLLM_ARMS:
         policy, priority = VLLM_ARMS[name]
         return EngineArm(name, "vllm", policy, "model" if priority == "rank" else None, priority)
@@ -84,6 +93,6 @@ def engine_arm(name: str) -> EngineArm:
         raise ValueError(
             f"unknown engine arm '{name}'; known: {', '.join(VLLM_ARMS)}, maestro[model|prior|none|oracle|noiseσ], "
             f"optionally /VARIANT with VARIANT one of {', '.join(MAESTRO_VARIANTS)} (maestro[model/preempt]), and "
-            f"{GATEWAY_PREFIX}ARM for ARM vllm-priority-deadline or a maestro arm"
+            f"{GATEWAY_PREFIX}[{GATE_PREFIX}]ARM for ARM vllm-priority-deadline or a maestro arm"
         )
     return EngineArm(name, "maestro", "priority", match.group(1), variant=match.group(2))

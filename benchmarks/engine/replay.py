@@ -193,7 +193,7 @@ class EngineWorkload:
                     "scheduler": arm.scheduler,
                     "policy": arm.policy,
                     "maestro_config": {**self.config.maestro(), **arm.maestro_options},
-                    "gateway": {"step_s": self.config.step_s} if arm.is_gateway else None,
+                    "gateway": {"step_s": self.config.step_s, "batch_cost": arm.is_gated} if arm.is_gateway else None,
                 },
                 "workflows": self.told(arm, base, raw),
             }

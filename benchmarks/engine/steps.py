@@ -64,7 +64,9 @@ class Replay:
         self.scheduler = self.engine.engine_core.engine_core.scheduler
         self.load_tap, self.price = LoadTap(self.scheduler), step_price(plan.get("clock"))
         gateway = self.arm.get("gateway")
-        self.gateway = GatewayArm(gateway["step_s"], self.scheduler) if gateway else None
+        self.gateway = (
+            GatewayArm(gateway["step_s"], self.scheduler, gateway.get("batch_cost", False)) if gateway else None
+        )
         self.stages = [
             [Stage(w, s["index"], s, len(s["parents"])) for s in wf["stages"]] for w, wf in enumerate(plan["workflows"])
         ]
@@ -88,10 +90,8 @@ class Replay:
                     self._make_ready(stage, wf["arrival_step"])
 
     def _end_turns_at_recorded_length(self) -> None:
-        """While vLLM appends a request's sampled tokens and checks them for a stop (`_update_request_with_output`,
-        inside `update_from_output`), that request's `max_tokens` is its recorded length, so that vLLM finishes it by
-        length in the step that samples its last token; at any other moment, and for every other request then, the
-        declared cap: the plugin's code (its `_free_request` included) never sees a recorded length."""
+        """A request's `max_tokens` is its recorded length only inside `_update_request_with_output` (module
+        docstring): vLLM ends it in the step that samples its last token; the plugin never sees a recorded length."""
         update = self.scheduler._update_request_with_output
 
         def update_request_with_output(request, *args, **kwargs):
@@ -123,49 +123,51 @@ class Replay:
         return SessionHint(session["id"], stage.tool_pred_steps).to_xargs()
 
     def _inject(self) -> None:
-        from vllm import SamplingParams
-
         while self.tool_returns and self.tool_returns[0][0] <= self.step:
             _, _, tool, steps = heapq.heappop(self.tool_returns)
             self.tool_times.observe(tool, steps)
         while self.ready and self.ready[0][0] <= self.step:
             _, _, w, i = heapq.heappop(self.ready)
-            stage, spec, wf = self.stages[w][i], self.stages[w][i].spec, self.plan["workflows"][w]
-            if stage.is_rejected or not self._admitted(stage, wf):
-                continue
-            parent = self.stages[w][spec["session_parent"]] if spec["session_parent"] >= 0 else None
-            stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
-            extra = {}
-            if spec.get("hints") is not None:
-                extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
-            if spec.get("session") is not None:
-                extra.update(self._session_xargs(stage))
-            params = SamplingParams(
-                max_tokens=spec["max_tokens"],
-                ignore_eos=True,
-                detokenize=False,
-                temperature=0.0,
-                extra_args=extra or None,
-            )
-            name = f"{wf['id']}/{spec['id']}"
-            stage.request_id = self.engine.add_request(
-                name,
-                {"prompt_token_ids": stage.prompt_ids},
-                params,
-                arrival_time=float(len(self.steps)),  # the scheduler's step count, the plugin's clock
-                priority=self.gateway.priority(stage.triaged) if self.gateway else spec.get("priority", 0),
-            )
-            stage.request = self.scheduler.requests[stage.request_id]
-            self.live[stage.request_id] = self.by_name[name] = stage
+            if not self.stages[w][i].is_rejected and self._admitted(self.stages[w][i], self.plan["workflows"][w]):
+                self._send(self.stages[w][i])
+        for stage in self.gateway.releases(self.step) if self.gateway else ():
+            self._send(stage)
+
+    def _send(self, stage: Stage) -> None:
+        from vllm import SamplingParams
+
+        w, spec, wf = stage.workflow, stage.spec, self.plan["workflows"][stage.workflow]
+        parent = self.stages[w][spec["session_parent"]] if spec["session_parent"] >= 0 else None
+        stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
+        extra = {}
+        if spec.get("hints") is not None:
+            extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
+        if spec.get("session") is not None:
+            extra.update(self._session_xargs(stage))
+        params = SamplingParams(
+            max_tokens=spec["max_tokens"], ignore_eos=True, detokenize=False, temperature=0.0, extra_args=extra or None
+        )
+        name = f"{wf['id']}/{spec['id']}"
+        stage.request_id = self.engine.add_request(
+            name,
+            {"prompt_token_ids": stage.prompt_ids},
+            params,
+            arrival_time=float(len(self.steps)),  # the scheduler's step count, the plugin's clock
+            priority=self.gateway.priority(stage.triaged) if self.gateway else spec.get("priority", 0),
+        )
+        stage.request = self.scheduler.requests[stage.request_id]
+        self.live[stage.request_id] = self.by_name[name] = stage
+        if self.gateway is not None:
+            self.gateway.sent(stage.triaged, self.step)
 
     def _admitted(self, stage: Stage, wf: dict) -> bool:
-        """Whether the gateway (where the arm has one) lets the ready stage through; a workflow it turns away ends
-        there: its stages that have not started never run."""
+        """Whether the gateway (where the arm has one) sends the ready stage now (its gate may hold it: `releases`
+        sends it later); a workflow it turns away ends there: its stages that have not started never run."""
         if self.gateway is None:
             return True
         stage.triaged = self.gateway.request(wf, stage.spec, self.stages[stage.workflow], self.step)
         if not self.gateway.turns_away(stage.triaged, self.step):
-            return True
+            return self.gateway.passes(stage.triaged, stage, self.step)
         first, last = self.plan["measured"]
         for other in self.stages[stage.workflow]:
             if other.request is None and not other.is_rejected:
@@ -198,7 +200,7 @@ class Replay:
                 stage.output_ids = list(request.output_token_ids)
                 done.append(stage)
         if self.gateway is not None:
-            self.gateway.after_step()
+            self.gateway.after_step(self.live.values(), self.price, self.load_tap.last.load, self.step)
         pool = self.scheduler.kv_cache_manager.block_pool
         self.steps.append(
             (self.step, pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), len(self.scheduler.running), produced)
@@ -218,16 +220,10 @@ class Replay:
                 file=sys.stderr,
                 flush=True,
             )
-        if stage.spec["is_tool_call"] and stage.spec.get("session") is not None:
-            heapq.heappush(
-                self.tool_returns,
-                (
-                    self.step + stage.spec["tool_gap_steps"],
-                    next(self._seq),
-                    stage.spec["session"]["tool"],
-                    stage.spec["tool_gap_steps"],
-                ),
-            )
+        spec = stage.spec
+        if spec["is_tool_call"] and spec.get("session") is not None:
+            tool_return = (self.step + spec["tool_gap_steps"], next(self._seq), spec["session"]["tool"])
+            heapq.heappush(self.tool_returns, (*tool_return, spec["tool_gap_steps"]))
         siblings = self.stages[stage.workflow]
         if self.gateway is not None:
             self.gateway.served(stage.triaged, stage.spec["prompt_tokens"], stage.num_output_tokens, self.step)

@@ -24,6 +24,7 @@ each rate and its attainment in the JSON's `rate_search`). What each arm is told
     gateway+vllm-priority-deadline   the gateway's triage (turning workflows away) in front of vLLM's priority fed
                               the deadline as the gateway encodes it (benchmarks/engine/gateway_arm.py)
     gateway+maestro[SOURCE]   the gateway's triage in front of MaestroScheduler fed SOURCE
+    gateway+gate+ARM          the same with the gateway's batch-cost gate and dispatch queue in front of the engine
 
 The default grid (the default arms, `--rates auto`, 3 seeds, `--clock fitted`) is sized to end within an hour on two
 cores shared with a few other jobs (estimated 47 minutes at a load average of 8 for 7 arms; the locked grid of 7 arms
@@ -82,6 +83,8 @@ def pairs(names: list[str]) -> list[tuple[str, str]]:
     out = [(a, b) for a in names if a.startswith(("maestro[", "gateway+")) for b in baselines]
     # The gateway in front of an engine side against that side alone (gateway+maestro[model] - maestro[model])
     out += [(a, a.removeprefix("gateway+")) for a in names if a.startswith("gateway+maestro[")]
+    # The gateway's batch-cost gate against the same gateway without it (gateway+gate+X - gateway+X)
+    out += [(a, "gateway+" + a.removeprefix("gateway+gate+")) for a in names if a.startswith("gateway+gate+")]
     # Variants against their source's arm (maestro[model/preempt] - maestro[model]) and against each other
     variants = [a for a in names if a.startswith("maestro[") and "/" in a]
     out += [(a, a.split("/")[0] + "]") for a in variants]
