@@ -22,9 +22,20 @@ MEASURES = {
     ),
     "e2e_p95_s": (lambda f, step_s: Outcomes(f["met"], f["latency_steps"] * step_s, f["clusters"], {}), "e2e_p95_s"),
     "workflow_p95_steps": (lambda f, _: Outcomes(f["met"], f["latency_steps"], f["clusters"], {}), "e2e_p95_s"),
+    "served_workflow_p95_steps": (
+        lambda f, _: Outcomes(f["met"], f["latency_steps"], f["clusters"], {}),
+        "served_p95_s",
+    ),
+    "share_turned_away": (lambda f, _: mean_of(f["rejected"], f["clusters"]), "slo_attainment"),
     "preemptions": (lambda f, _: mean_of(f["preemptions"], f["clusters"]), "slo_attainment"),
     "tokens_per_step": (
         lambda f, _: mean_of(f["window_tokens"] * len(f["window_tokens"]) / f["window_steps"], f["all_clusters"]),
+        "slo_attainment",
+    ),
+    "goodput_tokens_per_step": (
+        lambda f, _: mean_of(
+            f["window_good_tokens"] * len(f["window_good_tokens"]) / f["window_steps"], f["all_clusters"]
+        ),
         "slo_attainment",
     ),
     "recomputed_prompt_tokens": (lambda f, _: mean_of(f["recomputed"], f["clusters"]), "slo_attainment"),
@@ -34,8 +45,14 @@ UNITS = {
     "slo_attainment": "share of measured workflows",
     "e2e_p95_s": "seconds at step_s a step",
     "workflow_p95_steps": "replay clock units (--clock step: engine steps)",
+    "served_workflow_p95_steps": "replay clock units, over the measured workflows that finished (one turned away "
+    "has no finish; workflow_p95_steps counts it as unfinished)",
+    "share_turned_away": "share of measured workflows the gateway turned away (0 without a gateway)",
     "preemptions": "per measured workflow",
     "tokens_per_step": "output tokens per replay step in the steady window",
+    "goodput_tokens_per_step": "output tokens per replay step in the steady window, of the workflows that met "
+    "their SLO (finished by their deadline; one still running when the run stopped, and not past its deadline then, "
+    "counts)",
     "recomputed_prompt_tokens": "per measured workflow: prompt tokens of its next turns (stages that continue "
     "a session) that the previous turn had computed (its prompt and output) and "
     "vLLM's prefix cache did not serve",

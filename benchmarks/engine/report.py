@@ -6,8 +6,10 @@ time in steps from arrival to its last stage's end, its stages' preemptions, whe
 (`gateway+` arms: it missed), and its next turns' prompt tokens not served from vLLM's prefix cache (a stage that
 continues its session: of its prompt, the previous turn's prompt and output that it starts with, `context_tokens`, less
 what the cache served). Per replayed workflow: the output tokens it produced inside the steady window, so that their
-mean × workflows ÷ window steps is the engine's tokens per step there. Step figures depend only on the plan; `wall_s` is
-this machine's wall clock.
+mean × workflows ÷ window steps is the engine's tokens per step there, and those of the workflows that met their SLO
+(`met_slo`), the goodput. `workflow_p95_steps` counts a workflow turned away or unfinished as +∞;
+`served_workflow_p95_steps` is the p95 over those that finished, beside `share_turned_away`. Step figures depend only
+on the plan; `wall_s` is this machine's wall clock.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ COLUMNS = (
     ("slo_attainment", "SLO attainment", 3),
     ("workflow_p95_steps", "p95 workflow (steps)", 0),
     ("preemptions", "preemptions / workflow", 2),
+    ("served_workflow_p95_steps", "p95 served workflow (steps)", 0),
+    ("share_turned_away", "turned away", 3),
     ("tokens_per_step", "tokens / step", 2),
+    ("goodput_tokens_per_step", "goodput tokens / step", 2),
     ("recomputed_prompt_tokens", "next-turn prompt tokens recomputed / workflow", 0),
 )
 COUNTER_COLUMNS = (("num_rejected", "turned away / run", 1),)  # the gateway's: measured workflows turned away
@@ -52,6 +57,8 @@ def run_figures(plan: dict, steps: dict) -> dict:
         contexts.append(sum(context for context, _ in turns))
         clusters.append(workflow["cluster"])
     window_steps = max(1, plan["window"][1] - plan["window"][0])
+    measured = steps["stages"][first:last]
+    good = met_slo(plan, steps)
     return {
         "met": np.array(met),
         "latency_steps": np.array(latency, dtype=float),
@@ -62,6 +69,11 @@ def run_figures(plan: dict, steps: dict) -> dict:
         "window_tokens": np.array(
             [sum(r["window_tokens"] for r in records) for records in steps["stages"]], dtype=float
         ),
+        "window_good_tokens": np.array(
+            [sum(r["window_tokens"] for r in records) * is_good for records, is_good in zip(steps["stages"], good)],
+            dtype=float,
+        ),
+        "rejected": np.array([any(r.get("is_rejected") for r in records) for records in measured], dtype=float),
         "all_clusters": np.array([w["cluster"] for w in plan["workflows"]]),
         "window_steps": window_steps,
         "counters": {
@@ -75,6 +87,23 @@ def run_figures(plan: dict, steps: dict) -> dict:
             "num_rejected": num_rejected(plan, steps),
         },
     }
+
+
+def met_slo(plan: dict, steps: dict) -> list[bool]:
+    """Per replayed workflow: whether it met its SLO, finished by its deadline; one still running when the run
+    stopped (at its last stage's end) counts where its deadline had not passed then; a turned-away one never."""
+    end_step = max(r["finish_step"] for records in steps["stages"] for r in records)
+    out = []
+    for workflow, records in zip(plan["workflows"], steps["stages"]):
+        deadline = workflow["arrival_step"] + workflow["slo_steps"]
+        finish = max(r["finish_step"] for r in records)
+        if any(r.get("is_rejected") for r in records):
+            out.append(False)
+        elif all(r["finish_step"] >= 0 for r in records):
+            out.append(finish - workflow["arrival_step"] + 1 <= workflow["slo_steps"])
+        else:
+            out.append(deadline > end_step)
+    return out
 
 
 def num_rejected(plan: dict, steps: dict) -> int:

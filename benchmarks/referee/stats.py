@@ -43,7 +43,12 @@ def weighted_p95(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return sorted_values[np.minimum(index, len(values) - 1)]
 
 
-STATS = {"slo_attainment": attainment, "e2e_p95_s": lambda o, w: weighted_p95(o.e2e_s, w)}
+STATS = {
+    "slo_attainment": attainment,
+    "e2e_p95_s": lambda o, w: weighted_p95(o.e2e_s, w),
+    # over the workflows that finished only (an unfinished one weighs nothing; null if none finished)
+    "served_p95_s": lambda o, w: weighted_p95(o.e2e_s, w * np.isfinite(o.e2e_s)),
+}
 
 
 def interval(point: float, draws: np.ndarray) -> dict:
