@@ -69,8 +69,9 @@ REPO = Path(__file__).resolve().parents[2]
 # and 200 for the next-turn recomputation. The grid at 100 and 150 before them was run with 0. 5, maestro[model/preempt]
 # on the grid at 300 and 450; 2026-12-04, all at 450: 6, maestro[model/admit]; 7-8, --policy triage, edf; 9, margin 1.
 # 2026-12-05, fitted clock at 100-300 and step clock at 450: 10, maestro[model/adaptive]; 11, the same with the
-# re-prefill priced × the running batch it stalls (not kept).
-VARIANTS_TRIED = 11
+# re-prefill priced × the running batch it stalls (not kept). 2026-12-05, fitted clock at 122.7, 215.3, 391.5: 12,
+# gateway+gate+vllm-priority-deadline (the gateway's batch-cost gate in front; kept as an arm, not the default).
+VARIANTS_TRIED = 12
 DEFAULT_RATES = "auto"
 
 
