@@ -194,4 +194,4 @@ def test_the_gateway_feeds_the_history_as_the_simulator_does_service_as_attained
     job = asyncio.run(run_app(tmp_path, {"a": True}, calls))
     # the service after the first stage is the second call's, as attained: no tool time in it
     assert job.request.workflow_remaining_s == pytest.approx(SERVICE_PACE.service_s(0, 20))
-    assert 0.2 <= job.request.remaining_tool_s < 1.0  # the tool phase's wall time, apart
+    assert 0.1 < job.request.remaining_tool_s < 1.0  # the tool phase's wall time (0.2 s of sleep), apart
