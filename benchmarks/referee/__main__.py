@@ -72,7 +72,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 32: 2026-12-05, why Maestro lost to vllm-edf at light load (dev side, serving/EXPERIMENTS.md): the ablations
 # no-route, no-toolkv, no-headroom, on-demand and all four together; the fitness router's free KV read on its own
 # [0, 1] scale (left off) and counting the sessions' kept tool-call KV as free (adopted).
-VARIANTS_TRIED = 32
+# 35: 2026-12-05, tool time in triage (dev side, serving/EXPERIMENTS.md): the history fed service without tool time
+# and the tool's wall time apart (alone), the tool time ahead moving the end a workflow's pool work must meet, and
+# the ready stage's alone test with that tool time after it (adopted, with both before it).
+VARIANTS_TRIED = 35
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

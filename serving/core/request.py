@@ -24,7 +24,8 @@ class StageRequest:
     predictor's bound; `tokens_pred` and `tokens_reserve` read it. `pred_service_s` is the predicted time of
     this stage alone (`ServicePace.service_s` of its prompt and predicted output); `workflow_remaining_s` adds what
     the workflow is predicted to need after it. `attained_service_s` is what the workflow has already received, in
-    the same unit.
+    the same unit. `remaining_tool_s` is the tool time its workflow is predicted to wait from this stage on (its own
+    tool included): no node's service, but its workflow cannot end before it.
     """
 
     workflow_id: str
@@ -40,6 +41,7 @@ class StageRequest:
     pred_service_s: float = 0.0
     workflow_remaining_s: float = 0.0
     attained_service_s: float = 0.0
+    remaining_tool_s: float = 0.0
     is_preempted: bool = False
     is_shed: bool = False  # its workflow was triaged out: it cannot make its deadline beside the rest (triage.py)
     is_kv_pinned: bool = False  # the workflow's context is kept on a node for this stage (Continuum ranks it first)
@@ -97,6 +99,7 @@ class WorkflowInfo:
     interactive: bool = False
     attained_service_s: float = 0.0  # Σ `ServicePace.service_s` of its finished stages
     remaining_s: float = 0.0  # predicted service after this stage (serving/core/scheduler/remaining.py)
+    remaining_tool_s: float = 0.0  # predicted tool time from this stage on (`RemainingWork.tool_ahead_s`)
 
 
 def stage_request(
@@ -131,6 +134,7 @@ def stage_request(
         pace.service_s(prompt_tokens, tokens_pred),
         workflow.remaining_s,
         workflow.attained_service_s,
+        workflow.remaining_tool_s,
         is_kv_pinned=is_kv_pinned,
         home_node=home_node,
         payload=payload,

@@ -64,7 +64,6 @@ class Gateway:
         ]
         self.scheduler_config = config.system.scheduler_config()
         cap = self._make_cap(config)
-        self.sessions = Sessions(self.system.tool_kv, config.sessions.idle_s, config.sessions.prefill_s_per_token, cap)
         self.dispatcher = Dispatcher(
             create_scheduler(self.scheduler_config),
             self.nodes,
@@ -77,8 +76,16 @@ class Gateway:
             router=self.system.router,
         )
         # What each app's workflows needed after each of their stages: a stage's `workflow_remaining_s` where its
-        # prediction has no workflow answer (fed here by prepare and record, as the simulator feeds its own).
+        # prediction has no workflow answer, and the tool time ahead of it (fed by record and the sessions' tool
+        # phases, as the simulator feeds its own).
         self.remaining_work = RemainingWork()
+        self.sessions = Sessions(
+            self.system.tool_kv,
+            config.sessions.idle_s,
+            config.sessions.prefill_s_per_token,
+            cap,
+            on_tool_s=self.remaining_work.observe_tool,  # a tool phase's wall time, as the simulator feeds it
+        )
         self.pace: ServicePace = SERVICE_PACE  # the unit of a stage's predicted, attained and remaining service
         self.triage = (
             GatewayTriage(self.system.triage_rejects, self.dispatcher)

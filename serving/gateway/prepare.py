@@ -67,7 +67,8 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
     is_kv_pinned = any(meta.workflow_key in n.kv.held for n in gateway.nodes)
     home_node = gateway.sessions.arrive(meta.workflow_key, now)
     slo_s = meta.slo_s or gateway.config.system.slo_s
-    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", workflow.next_position())
+    position = workflow.next_position()
+    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", position)
     info = WorkflowInfo(
         meta.workflow_key,
         workflow.start_s,
@@ -75,6 +76,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
         meta.interactive,
         workflow.attained_s,
         remaining_s,
+        gateway.remaining_work.tool_ahead_s(meta.app or "", position),
     )
     request = stage_request(
         info,

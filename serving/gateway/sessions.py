@@ -23,6 +23,7 @@ A session is one workflow between and during its calls. The gateway sees each ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from serving.core.admission.cap import SessionCap
@@ -52,8 +53,10 @@ class Sessions:
         idle_s: float = 30.0,
         prefill_s_per_token: float = 1e-4,
         cap: SessionCap | None = None,
+        on_tool_s: Callable[[str, float], None] | None = None,  # (workflow, seconds) where a tool phase ends
     ):
         self.tool_kv = create_tool_kv(tool_kv)
+        self.on_tool_s = on_tool_s
         self.idle_s, self.prefill_s_per_token, self.cap = idle_s, prefill_s_per_token, cap
         self.sessions: dict[str, Session] = {}
         self.tool_times = ToolTimes()  # by (app, role) of the stage that called the tool
@@ -70,6 +73,8 @@ class Sessions:
         if session.tool_since_s is not None:
             self.tool_times.observe(session.tool_key, now - session.tool_since_s)
             self.tool_kv.observe(session.tool_key, now - session.tool_since_s)
+            if self.on_tool_s is not None:
+                self.on_tool_s(workflow_key, now - session.tool_since_s)
             session.tool_since_s = None
         self._unhold(workflow_key, session)
         session.last_seen_s = now

@@ -31,8 +31,7 @@ from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, GROW, SimNode
 from serving.sim.sessions import leave
-from serving.sim.slo import stage_unloaded_s
-from serving.sim.stage_request import ready_request
+from serving.sim.stage_request import observe_stage, ready_request
 from serving.sim.workload import SimStage, SimWorkflow
 
 ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
@@ -235,7 +234,7 @@ class Simulator:
 
     def children_ready(self, stage: SimStage) -> None:
         workflow = stage.workflow
-        self.remaining_work.observe(workflow.workflow_id, workflow.app, stage_unloaded_s(stage, self.cost))
+        observe_stage(self.remaining_work, stage, self.cost, self.now)
         workflow.num_stages_left -= 1
         for child_index in stage.children:
             child = workflow.stages[child_index]

@@ -2,7 +2,8 @@
 (`serving.core.request.stage_request`) at the cost model's pace (`ModelPace`).
 
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work (from the
-workflow prediction made at readiness, else the app's ended workflows) and whether its context is kept for it.
+workflow prediction made at readiness, else the app's ended workflows), the tool time the app's ended workflows waited
+from this position on, and whether its context is kept for it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from serving.sim.workload import SimStage
 def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: RemainingWork) -> StageRequest:
     """The ready stage as the scheduler sees it, built as the gateway builds it (`serving.core.request`)."""
     w = stage.workflow
+    position = w.num_ready
+    remaining_s = predicted_remaining_s(stage, cost, remaining_work)
     info = WorkflowInfo(
         w.workflow_id,
         w.arrival_s,
         w.arrival_s + w.slo_s,
         w.interactive,
         w.attained_service_s,
-        predicted_remaining_s(stage, cost, remaining_work),
+        remaining_s,
+        0.0 if stage.remaining is NOTHING_LEFT else remaining_work.tool_ahead_s(w.app, position),
     )
     # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
     # is on the node its stage ran on, where routing sends the session's next stage.
@@ -64,3 +68,15 @@ def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: Rema
         return predicted_s()
     level = WorkflowFallbackLevel.PRIOR if answer is None else answer.wf_fallback_level
     return remaining_after_s(level, predicted_s, remaining_work, workflow.app, position)
+
+
+def observe_stage(remaining_work: RemainingWork, stage: SimStage, cost: CostModel, now: float) -> None:
+    """A stage's call (and its tool, if any) ended at `now`: the history fed as the gateway feeds it
+    (serving/gateway/record.py) — the call's service at the pace its workflow's attained service is counted in, and
+    apart from it the tool's wall time, from the call's end to the tool's return."""
+    w = stage.workflow
+    remaining_work.observe(
+        w.workflow_id, w.app, ModelPace.of(cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
+    )
+    if stage.is_tool_call:
+        remaining_work.observe_tool(w.workflow_id, now - stage.finished_s)

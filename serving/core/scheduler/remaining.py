@@ -5,13 +5,18 @@ the history. For every app, each ended workflow of n stages adds, at every posit
 the k-th took; the estimate at position k is the mean of those sums over the ended workflows that reached k (those
 that stopped at k add 0). Positions no ended workflow of the app reached fall back to all apps' table, and with no
 history at all the estimate is 0 (the stage's own prediction is then the whole of what is known); `own_estimate`
-answers from the app's table alone (None where it has none). Service is counted in
-unloaded seconds (prefill, lone decode, tool time), the unit of `StageRequest.pred_service_s`, so that queueing in the
+answers from the app's table alone (None where it has none). Service is counted in unloaded seconds of the LLM calls
+(prefill, lone decode), the unit of `StageRequest.pred_service_s` and of a pool's capacity, so that queueing in the
 history does not inflate it.
 
-The gateway and the simulator feed it the same way: `observe` when a stage of a workflow ends, `end` when the workflow
-does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a stage
-becomes ready. `remaining_after_s` is the one rule, for both, of which estimate a ready stage gets: the workflow
+Tool time is kept apart: it takes none of a pool's capacity, but the workflow waits for it. `tool_ahead_s` is the mean
+tool time of the stages from position k on (the k-th's own tool included), over the same workflows: what a ready
+stage's workflow still has to wait outside the pool (`StageRequest.remaining_tool_s`).
+
+The gateway and the simulator feed it the same way: `observe` when a stage's call ends (its service), `observe_tool`
+when its tool returns (the gateway: the session's next call ends the tool phase, `Sessions.arrive`), `end` when the
+workflow does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a
+stage becomes ready. `remaining_after_s` is the one rule, for both, of which estimate a ready stage gets: the workflow
 prediction's or this history's.
 """
 
@@ -29,20 +34,30 @@ ALL_APPS = ""
 class _Table:
     sum_after_s: list[float] = field(default_factory=list)  # position k → Σ over ended workflows of work after k
     count: list[int] = field(default_factory=list)  # position k → ended workflows that reached k
+    sum_tool_from_s: list[float] = field(default_factory=list)  # position k → Σ tool time of stages k, k+1, …
 
-    def add(self, services_s: list[float]) -> None:
-        after = 0.0
+    def add(self, services_s: list[float], tools_s: list[float]) -> None:
+        after = tool_from = 0.0
         for k in range(len(services_s) - 1, -1, -1):
             if k >= len(self.count):
-                self.sum_after_s.extend([0.0] * (k + 1 - len(self.count)))
-                self.count.extend([0] * (k + 1 - len(self.count)))
+                grow = k + 1 - len(self.count)
+                self.sum_after_s.extend([0.0] * grow)
+                self.sum_tool_from_s.extend([0.0] * grow)
+                self.count.extend([0] * grow)
+            tool_from += tools_s[k]
             self.sum_after_s[k] += after
+            self.sum_tool_from_s[k] += tool_from
             self.count[k] += 1
             after += services_s[k]
 
     def mean(self, k: int, min_count: int) -> float | None:
         if k < len(self.count) and self.count[k] >= min_count:
             return self.sum_after_s[k] / self.count[k]
+        return None
+
+    def mean_tool(self, k: int, min_count: int) -> float | None:
+        if k < len(self.count) and self.count[k] >= min_count:
+            return self.sum_tool_from_s[k] / self.count[k]
         return None
 
 
@@ -52,25 +67,35 @@ class RemainingWork:
     def __init__(self, min_count: int = 3, max_open: int = 100_000):
         self.min_count, self.max_open = min_count, max_open
         self._tables: dict[str, _Table] = {}
-        self._open: dict[str, tuple[str, list[float]]] = {}  # workflow → (app, its stages' service so far)
+        # workflow → (app, its stages' service so far, their tool times)
+        self._open: dict[str, tuple[str, list[float], list[float]]] = {}
 
     def observe(self, workflow_id: str, app: str, service_s: float) -> None:
-        """A stage of the workflow ended after `service_s` unloaded seconds of work."""
+        """A stage's call of the workflow ended after `service_s` unloaded seconds of service (no tool time)."""
         entry = self._open.get(workflow_id)
         if entry is None:
             if len(self._open) >= self.max_open:  # the oldest open workflow is forgotten, not the history
                 self._open.pop(next(iter(self._open)))
-            entry = self._open[workflow_id] = (app, [])
+            entry = self._open[workflow_id] = (app, [], [])
         entry[1].append(service_s)
+        entry[2].append(0.0)
+
+    def observe_tool(self, workflow_id: str, tool_s: float) -> None:
+        """The tool called by the workflow's last observed stage returned after `tool_s` seconds."""
+        if tool_s < 0:
+            raise ValueError(f"RemainingWork.observe_tool: tool_s must be >= 0, got {tool_s}")
+        entry = self._open.get(workflow_id)
+        if entry is not None and entry[2]:
+            entry[2][-1] += tool_s
 
     def end(self, workflow_id: str, completed: bool = True) -> None:
         """The workflow ended; only a completed one joins its app's history."""
         entry = self._open.pop(workflow_id, None)
         if entry is None or not completed:
             return
-        app, services = entry
+        app, services, tools = entry
         for key in {app, ALL_APPS}:
-            self._tables.setdefault(key, _Table()).add(services)
+            self._tables.setdefault(key, _Table()).add(services, tools)
 
     def own_estimate(self, app: str, position: int) -> float | None:
         """Seconds of work expected after `position` from `app`'s own ended workflows; None where fewer than
@@ -83,6 +108,16 @@ class RemainingWork:
         for key in (app, ALL_APPS):
             table = self._tables.get(key)
             mean = table.mean(position, self.min_count) if table is not None else None
+            if mean is not None:
+                return mean
+        return 0.0
+
+    def tool_ahead_s(self, app: str, position: int) -> float:
+        """Seconds of tool time expected from the stage at `position` on (its own tool included), by the fallback of
+        `estimate`; 0 with no history."""
+        for key in (app, ALL_APPS):
+            table = self._tables.get(key)
+            mean = table.mean_tool(position, self.min_count) if table is not None else None
             if mean is not None:
                 return mean
         return 0.0

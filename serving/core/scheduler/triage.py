@@ -3,23 +3,26 @@ the workflow with the most predicted work left goes behind — decided when its 
 
 This is Moore–Hodgson's rule (which maximises the number of jobs on time on one machine: keep deadline order, and
 whenever the job just added would be late, drop the longest job so far) made online, for a pool of nodes that serves
-one model. Each open workflow w has a deadline D_w and a predicted remaining work W_w, in unloaded seconds (the unit
-of `StageRequest.pred_service_s`: the ready stage's own service plus `workflow_remaining_s`). The pool completes
-about `c` such seconds per wall second while work is waiting (its measured capacity, see below). Sorted by deadline,
-the admitted set is feasible when, for every w,
+one model. Each open workflow w has a deadline D_w and a predicted remaining pool work W_w, in unloaded seconds of
+service (the unit of `StageRequest.pred_service_s`: the ready stage's own service plus `workflow_remaining_s`; no tool
+time, which takes none of the pool). The pool completes about `c` such seconds per wall second while work is waiting
+(its measured capacity, see below). The workflow also waits T_w of tool time from its ready stage on
+(`remaining_tool_s`), outside the pool, so its pool work must end by D'_w = D_w − T_w (`pool_deadline_s`). Sorted by
+D', the admitted set is feasible when, for every w,
 
-    Σ_{v: D_v ≤ D_w} W_v  ≤  c · (D_w − now)
+    Σ_{v: D'_v ≤ D'_w} W_v  ≤  c · (D'_w − now)
 
-and while it is not, the workflow with the largest W among those up to the first violation is shed, and so is one
-whose ready stage alone cannot end before its deadline (only the stage: the workflow's remaining work is a median, and
-a single workflow may well need less). A workflow whose deadline has passed when a stage of it becomes ready can no
-longer be met: it is shed while the pool is saturated (it takes the pool from work that can), and whatever the pool's
-state where its predicted work, at the pool's pace, would end after its callers give it up (`patience_slo_x` × its
-SLO after it arrived, where the caller knows it): the alternative is abandonment, after the work. Shedding is final,
-and it withdraws the workflow's claim to its deadline (`apply`): its stages carry no deadline from then on, so they
-queue behind every on-time stage (`TriageScheduler`) and the batch-cost gate admits one only where it endangers no
-running stage that can still make its deadline. The capacity goes to the workflows that can still be met; the rest
-end when there is room (or by the starvation bound, `late_max_wait_s`).
+and while it is not, the workflow with the largest W among those up to the first violation is shed, and so is one whose
+ready stage alone, with its tool time after it, cannot end before its deadline (`is_late_alone`; only the stage's
+service: the workflow's remaining service is a median, and a single workflow may well need less). A workflow whose
+deadline has passed when a stage of it becomes ready can no longer be met: it is shed while the pool is saturated (it
+takes the pool from work that can), and whatever the pool's state where its predicted work, at the pool's pace, would
+end after its callers give it up (`patience_slo_x` × its SLO after it arrived, where the caller knows it): the
+alternative is abandonment, after the work. Shedding is final, and it withdraws the workflow's claim to its deadline
+(`apply`): its stages carry no deadline from then on, so they queue behind every on-time stage (`TriageScheduler`) and
+the batch-cost gate admits one only where it endangers no running stage that can still make its deadline. The capacity
+goes to the workflows that can still be met; the rest end when there is room (or by the starvation bound,
+`late_max_wait_s`).
 
 The feasibility test runs only while the pool is saturated: work waits for its nodes (`backlogged`), or, where
 `saturated_stretch` is set, its stages run that many × slower than alone (a pool whose batches take every stage never
@@ -92,6 +95,19 @@ class TriageConfig:
             raise ValueError("TriageConfig: patience_slo_x must be >= 1 (callers wait at least the SLO) or None")
 
 
+def pool_deadline_s(request: StageRequest) -> float:
+    """When the workflow's pool work must end for the workflow to make its deadline: the deadline less the tool time
+    predicted ahead of it (`remaining_tool_s`), which it waits outside the pool."""
+    return request.deadline_s - request.remaining_tool_s
+
+
+def is_late_alone(request: StageRequest, now: float) -> bool:
+    """Whether the ready stage cannot end by its deadline even alone on a node, with its workflow's predicted tool time
+    still to wait (only the stage's service: the workflow's remaining service is a median, and a single workflow may
+    well need less)."""
+    return request.pred_service_s + request.remaining_tool_s > request.deadline_s - now
+
+
 class WorkflowTriage:
     """Which workflows are shed (see the module docstring); one per cluster, pools keyed by model."""
 
@@ -111,13 +127,13 @@ class WorkflowTriage:
         if workflow in self.shed:
             return True
         pool = self.pools.setdefault(request.model, _Pool())
-        pool.open[workflow] = (request.deadline_s, request.pred_service_s + request.workflow_remaining_s)
+        pool.open[workflow] = (pool_deadline_s(request), request.pred_service_s + request.workflow_remaining_s)
         is_saturated = self.is_saturated(pool, backlogged)
         if request.deadline_s < now and (is_saturated or self.is_given_up(request, pool, now)):
             self._shed(workflow)
         elif is_saturated:
             capacity = self.capacity_s(pool)
-            if request.pred_service_s > request.deadline_s - now:
+            if is_late_alone(request, now):
                 self._shed(workflow)
             elif capacity is not None and math.isfinite(request.deadline_s):
                 self._moore_hodgson(pool, capacity, now)

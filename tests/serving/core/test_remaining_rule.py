@@ -56,3 +56,21 @@ def test_the_prediction_is_computed_only_where_it_is_used():
 
     work = history({"new": [[1.0, 2.0], [1.0, 4.0]]})
     assert remaining_after_s(POSITION, never, work, "new", 0) == pytest.approx(3.0)
+
+
+def test_tool_time_is_kept_apart_from_service_and_counted_from_the_stage_on():
+    work = RemainingWork(min_count=2)
+    for i, tools in enumerate([[3.0, 0.0, 1.0], [5.0, 2.0, 0.0]]):
+        for tool_s in tools:
+            work.observe(f"w{i}", "app", 1.0)
+            work.observe_tool(f"w{i}", tool_s)
+        work.end(f"w{i}")
+    assert [work.estimate("app", k) for k in range(3)] == [2.0, 1.0, 0.0]  # service only: no tool time in it
+    assert [work.tool_ahead_s("app", k) for k in range(3)] == [5.5, 1.5, 0.5]  # the k-th stage's own tool included
+    assert work.tool_ahead_s("other", 0) == 5.5  # all apps' table where the app has none
+    assert RemainingWork().tool_ahead_s("app", 0) == 0.0
+
+
+def test_a_negative_tool_time_is_refused():
+    with pytest.raises(ValueError, match="tool_s"):
+        RemainingWork().observe_tool("w", -1.0)

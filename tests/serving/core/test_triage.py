@@ -175,3 +175,34 @@ def test_the_seed_comes_from_the_history_the_triage_saw():
     # long stages still run)
     triage.served("m", 0.1, 11.0, backlogged=False, wall_s=1.0)
     assert math.isclose(pool.capacity, max(5.1 / 10.0, 1 / (16.0 / 4.1)))
+
+
+def test_the_tool_time_ahead_of_a_workflow_moves_the_end_its_pool_work_must_meet():
+    # 20 s of pool work by t=40 with capacity 1 from t=10 fits (30 s), but 15 s of its tools are still ahead of it:
+    # its pool work must end by 25, and with another's 10 s before it, it cannot
+    triage = measured(capacity=1.0)
+    assert not triage.assess(request("short", 20.0, 10.0), now=10.0)
+    toolish = request("toolish", 40.0, 20.0)
+    toolish.remaining_tool_s = 15.0
+    triage.assess(toolish, now=10.0)
+    assert triage.shed == {"toolish"}
+
+
+def test_tool_time_takes_no_pool_capacity():
+    # the same two workflows with the tool time counted as work would be 10 + 35 = 45 s by t=40: it is not work
+    triage = measured(capacity=1.0)
+    assert not triage.assess(request("short", 20.0, 10.0), now=10.0)
+    toolish = request("toolish", 60.0, 20.0)
+    toolish.remaining_tool_s = 15.0  # its pool work must end by 45: 30 s of work in 35 s
+    assert not triage.assess(toolish, now=10.0)
+    assert triage.shed == set()
+
+
+def test_a_stage_that_cannot_end_alone_before_its_deadline_with_its_tools_ahead_is_shed():
+    triage = measured(capacity=100.0)
+    late = request("late", 15.0, 1.0)  # its 1 s stage fits in the 5 s left, its 4.5 s of tools after it do not
+    late.remaining_tool_s = 4.5
+    assert triage.assess(late, now=10.0)
+    ok = request("ok", 15.0, 1.0)
+    ok.remaining_tool_s = 3.5
+    assert not triage.assess(ok, now=10.0)

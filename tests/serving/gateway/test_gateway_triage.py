@@ -174,3 +174,24 @@ def test_a_workflow_shed_for_another_is_counted_when_shed_and_turned_away_at_its
     assert triage.turns_away(stage("long", 35.0, 17.0))  # its next stage is refused
     assert triage.turns_away(stage("long", 35.0, 16.0))
     assert (triage.num_shed_workflows, triage.num_rejected_workflows) == (1, 1)
+
+
+def test_the_gateway_feeds_the_history_as_the_simulator_does_service_as_attained_and_tool_wall_time_apart(tmp_path):
+    # the simulator's side: tests/serving/sim/test_remaining_source.py
+    from serving.gateway.metadata import StageMeta
+
+    async def calls(client, gateway):
+        for w in ("w1", "w2", "w3"):  # three workflows of app x: a call ending in a tool call, 0.2 s of tool, a call
+            for stage, final, tokens in (("s1", "false", 10), ("s2", "true", 20)):
+                headers = {"X-Maestro-Workflow": w, "X-Maestro-Stage": stage, "X-Maestro-App": "x"}
+                headers |= {"X-Maestro-Final": final, "X-Maestro-Tool-Call": "true" if stage == "s1" else "false"}
+                body = {"messages": USER, "max_tokens": tokens}
+                assert (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code == 200
+                if stage == "s1":
+                    await asyncio.sleep(0.2)
+        return await gateway.prepare(StageMeta("w4", "s1", app="x"), {"messages": USER, "max_tokens": 10})
+
+    job = asyncio.run(run_app(tmp_path, {"a": True}, calls))
+    # the service after the first stage is the second call's, as attained: no tool time in it
+    assert job.request.workflow_remaining_s == pytest.approx(SERVICE_PACE.service_s(0, 20))
+    assert 0.1 < job.request.remaining_tool_s < 1.0  # the tool phase's wall time (0.2 s of sleep), apart

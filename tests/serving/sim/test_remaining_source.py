@@ -63,3 +63,27 @@ def test_the_prior_source_labels_a_cell_training_saw_as_the_apps_and_the_rest_as
     assert (seen.wf_remaining_calls, seen.wf_remaining_tokens, seen.wf_fallback_level) == (2.0, 300.0, "app")
     unseen = prior.lookup(ready_stage("new", None))
     assert (unseen.wf_remaining_calls, unseen.wf_remaining_tokens, unseen.wf_fallback_level) == (0.0, 0.0, "position")
+
+
+def test_the_simulator_feeds_the_history_as_the_gateway_does_service_as_attained_and_tool_wall_time_apart():
+    # the gateway's side: tests/serving/gateway/test_gateway_triage.py
+    from serving.core.systems import get_system
+    from serving.sim.engine import ClusterConfig, Simulator
+
+    workflow = SimWorkflow("w", "app", False, 1e6)
+    first = SimStage(workflow, 0, "s0", "agent", MODEL, [], 20, True, tool_exec_s=2.5, prompt_tokens=300)
+    second = SimStage(workflow, 1, "s1", "agent", MODEL, [0], 30, False, prompt_tokens=400, session_parent=0)
+    first.children = [1]
+    workflow.stages, workflow.num_stages_left = [first, second], 2
+    work = RemainingWork(min_count=1)
+    cluster = ClusterConfig(num_nodes=1, show_progress=False)
+    sim = Simulator(cluster, get_system("fcfs"), [workflow], remaining_work=work)
+    sim.run()
+    assert workflow.done_s > 0
+    second_service_s = ModelPace.of(sim.cost, MODEL).service_s(400, 30)
+    assert work.estimate("app", 0) == pytest.approx(second_service_s)  # the call's service, no tool time in it
+    assert workflow.attained_service_s == pytest.approx(
+        ModelPace.of(sim.cost, MODEL).service_s(300, 20) + second_service_s
+    )
+    assert work.tool_ahead_s("app", 0) == pytest.approx(2.5)  # the tool's wall time, alone on the host
+    assert work.tool_ahead_s("app", 1) == 0.0
