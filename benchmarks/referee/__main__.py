@@ -78,7 +78,8 @@ DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
     """The differences reported: Maestro's arms and edf+admission against max-len EDF and stock vLLM (deadline order,
-    FCFS), the prediction sources against each other, and the model against a scenario's extra baselines."""
+    FCFS), the prediction sources against each other, each source against its variants (`maestro[S]` − its
+    `maestro[S/...]`), and the model against a scenario's extra baselines."""
     challengers = [a for a in arms if a.startswith("maestro[") or a == "edf+admission"]
     out = [(a, base) for base in ("edf", "vllm-edf", "vllm") for a in challengers]
     out += [
@@ -89,6 +90,11 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
         ("maestro[oracle]", "maestro[model]"),
     ]
     out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/") or a.startswith("maestro[model@")]
+    out += [  # another source's variants against that source's own arm
+        (base, a)
+        for a in arms
+        if "/" in a and not a.startswith("maestro[model/") and (base := a.split("/")[0] + "]") in arms
+    ]
     out += [("maestro[model]", a) for a in arms if a in SYSTEM_ARMS]
     return out
 
