@@ -72,7 +72,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 32: 2026-12-05, why Maestro lost to vllm-edf at light load (dev side, serving/EXPERIMENTS.md): the ablations
 # no-route, no-toolkv, no-headroom, on-demand and all four together; the fitness router's free KV read on its own
 # [0, 1] scale (left off) and counting the sessions' kept tool-call KV as free (adopted).
-VARIANTS_TRIED = 32
+# 33: 2026-12-05, the batch-cost gate judging a running stage on its predicted rest, not on the low bound mirrored
+# from its reserve (adopted; dev side, mars-swe and maestro-paper, serving/EXPERIMENTS.md). The per-use arms
+# (maestro[S/OTHER-USE]) and the scratch splits of the reserve's readers are measurement, not counted.
+VARIANTS_TRIED = 33
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
