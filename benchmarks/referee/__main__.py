@@ -75,13 +75,17 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 35: 2026-12-05, tool time in triage (dev side, serving/EXPERIMENTS.md): the history fed service without tool time
 # and the tool's wall time apart (alone), the tool time ahead moving the end a workflow's pool work must meet, and
 # the ready stage's alone test with that tool time after it (adopted, with both before it).
-VARIANTS_TRIED = 35
+# 36 (+1): 2026-12-05, the batch-cost gate judging a running stage on its predicted rest, not on the low bound mirrored
+# from its reserve (adopted; dev side, mars-swe and maestro-paper, serving/EXPERIMENTS.md). The per-use arms
+# (maestro[S/OTHER-USE]) and the scratch splits of the reserve's readers are measurement, not counted.
+VARIANTS_TRIED = 36
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
     """The differences reported: Maestro's arms and edf+admission against max-len EDF and stock vLLM (deadline order,
-    FCFS), the prediction sources against each other, and the model against a scenario's extra baselines."""
+    FCFS), the prediction sources against each other, each source against its variants (`maestro[S]` − its
+    `maestro[S/...]`), and the model against a scenario's extra baselines."""
     challengers = [a for a in arms if a.startswith("maestro[") or a == "edf+admission"]
     out = [(a, base) for base in ("edf", "vllm-edf", "vllm") for a in challengers]
     out += [
@@ -92,6 +96,11 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
         ("maestro[oracle]", "maestro[model]"),
     ]
     out += [("maestro[model]", a) for a in arms if a.startswith("maestro[model/") or a.startswith("maestro[model@")]
+    out += [  # another source's variants against that source's own arm
+        (base, a)
+        for a in arms
+        if "/" in a and not a.startswith("maestro[model/") and (base := a.split("/")[0] + "]") in arms
+    ]
     out += [("maestro[model]", a) for a in arms if a in SYSTEM_ARMS]
     return out
 

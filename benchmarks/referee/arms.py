@@ -11,14 +11,20 @@
     maestro[model@compare]     Maestro fed the predictor of --compare-model instead of --model's (same arms, same
                                workloads: two predictors paired)
     maestro[SOURCE/ABL,...]    ... with parts off: no-gate (no batch-cost gate), no-order (EDF order), no-reserve
-                               (the reserve from `none`, the point from SOURCE), no-remaining (no workflow estimate),
-                               no-reject (shed workflows served behind the rest, not turned away), slack (the order
+                               (= none-reserve), no-remaining (= none-remaining: no workflow estimate), no-reject
+                               (shed workflows served behind the rest, not turned away), slack (the order
                                before triage: least predicted slack first), parametric (a running stage re-predicted
                                by the parametric bounds, not its model's progressive table); the parts stock
                                vLLM lacks: no-route (least-loaded node, not the fitness S(N,T)), no-toolkv (a
                                session's KV evicted at every tool call, not MARS's keep/evict rule), no-headroom
                                (no admission headroom), on-demand (vLLM's on-demand paging, not the predicted
                                reserve)
+    maestro[SOURCE/OTHER-USE]  one use of the prediction fed from OTHER (model, prior, none, oracle), the rest from
+                               SOURCE (`USES`): `service` (the point tokens_pred and the running stage's re-prediction
+                               table: service estimates, order, triage's queued work, the batch-cost gate's point),
+                               `reserve` (tokens_reserve: the KV reserve, the router's KV need, the gate's upper
+                               bound), `remaining` (the workflow's remaining work: triage). Keep-or-evict at a tool
+                               call reads no length prediction (the tool's measured time against the re-prefill).
 
 Every arm gets the same deadlines (the referee's per-app SLOs) and the same tool times; baselines are fed `none`,
 which none of them reads for its order or its reservation.
@@ -27,13 +33,15 @@ which none of them reads for its order or its reservation.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from serving.core.admission.sizing import ReservationMode
 from serving.core.dispatch import Router
 from serving.core.scheduler import Policy
 from serving.core.systems import SYSTEMS, System, get_system
 from serving.core.tool_kv import ToolKVPolicy
+from serving.sim.workload import SimStage
 
 BASELINES = ("fcfs", "edf", "srtf")
 STOCK = ("vllm", "vllm-edf")  # stock vLLM, FCFS and deadline order
@@ -64,6 +72,10 @@ ABLATIONS = (
     "no-headroom",
     "on-demand",
 )
+USES = ("service", "reserve", "remaining")  # the prediction's uses an arm can feed from another source
+FED_FROM = ("model", "prior", "none", "oracle")
+ALIASES = {"no-reserve": "none-reserve", "no-remaining": "none-remaining"}
+FEEDS = tuple(f"{source}-{use}" for source in FED_FROM for use in USES)
 # the ablations that switch one part of the system to stock vLLM's (`vllm-edf`)
 PART_OFF = {
     "no-route": {"router": Router.LEAST_LOADED},
@@ -81,13 +93,17 @@ class Arm:
     name: str
     system: System
     source: str
-    reserve_source: str | None = None  # the reserve from another source (ablation no-reserve)
-    remaining: bool = True  # the workflow's remaining-work estimate read (ablation no-remaining: 0)
+    fed: tuple[tuple[str, str], ...] = ()  # (use, source): the uses fed from another source than `source`
     progressive: bool = True  # the model's progressive table read, where it has one (ablation parametric: not)
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        """Every source the arm reads, its own first."""
+        return tuple(dict.fromkeys((self.source, *(name for _, name in self.fed))))
+
+    @property
     def needs_model(self) -> bool:
-        return self.source in ("model", "prior")
+        return any(name in ("model", "prior") for name in self.sources)
 
     @property
     def needs_compare_model(self) -> bool:
@@ -105,11 +121,19 @@ def parse_arm(name: str) -> Arm:
         raise ValueError(
             f"unknown arm '{name}'; known: {', '.join(BASELINES + STOCK + SYSTEM_ARMS)}, edf+admission, "
             f"maestro[model|model@compare|prior|none|oracle|noiseσ] with optional "
-            f"/{','.join(ABLATIONS)}"
+            f"/{','.join(ABLATIONS)} or SOURCE-USE ({'|'.join(FED_FROM)}-{'|'.join(USES)})"
         )
     source, ablations = match.group(1), [a for a in (match.group(2) or "").split(",") if a]
-    if unknown := [a for a in ablations if a not in ABLATIONS]:
-        raise ValueError(f"arm '{name}': unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}")
+    if unknown := [a for a in ablations if a not in ABLATIONS + FEEDS]:
+        raise ValueError(
+            f"arm '{name}': unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}, or SOURCE-USE with SOURCE "
+            f"one of {', '.join(FED_FROM)} and USE one of {', '.join(USES)}"
+        )
+    fed = {}
+    for feed in (ALIASES.get(a, a) for a in ablations if ALIASES.get(a, a) in FEEDS):
+        other, use = feed.split("-", 1)
+        if fed.setdefault(use, other) != other:
+            raise ValueError(f"arm '{name}': the use '{use}' is fed from two sources; name one")
     system = maestro
     if "no-gate" in ablations:
         system = system.with_overrides(batch_cost=False)
@@ -119,14 +143,44 @@ def parse_arm(name: str) -> Arm:
         system = system.with_overrides(triage_rejects=False)
     for part in (a for a in ablations if a in PART_OFF):
         system = system.with_overrides(**PART_OFF[part])
-    return Arm(
-        name,
-        system,
-        source,
-        "none" if "no-reserve" in ablations else None,
-        "no-remaining" not in ablations,
-        "parametric" not in ablations,
-    )
+    fed = tuple((use, other) for use, other in fed.items() if other != source)
+    return Arm(name, system, source, fed, "parametric" not in ablations)
+
+
+def predict_ready(arm: Arm, sources: dict[str, Callable[[SimStage], None]]) -> Callable[[SimStage], None]:
+    """The arm's prediction at readiness: every use from the arm's source but those it feeds from another (`fed`)."""
+
+    def predict(stage: SimStage) -> None:
+        taken = []
+        for use, name in arm.fed:
+            sources[name](stage)
+            taken.append((use, read_use(stage, use)))
+        sources[arm.source](stage)
+        for use, value in taken:
+            write_use(stage, use, value)
+        if not arm.progressive:
+            stage.progressive = None
+
+    return predict
+
+
+def read_use(stage: SimStage, use: str) -> object:
+    """What one use of the prediction reads off a predicted stage (`USES`)."""
+    if use == "service":
+        return stage.size.tokens_pred, stage.progressive
+    if use == "reserve":
+        return stage.size.tokens_reserve
+    return stage.remaining
+
+
+def write_use(stage: SimStage, use: str, value) -> None:
+    if use == "service":
+        tokens_pred, stage.progressive = value
+        stage.size = replace(stage.size, tokens_pred=tokens_pred)
+    elif use == "reserve":
+        stage.size = replace(stage.size, tokens_reserve=value)
+    else:
+        stage.remaining = value
 
 
 def parse_arms(text: str) -> list[Arm]:

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.referee.arms import COMPARE, Arm
+from benchmarks.referee.arms import COMPARE, Arm, predict_ready
 from benchmarks.referee.stats import Outcomes
 from maestro.contract import StageTrace
 from serving.sim.arrivals import arrival_times
 from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
-from serving.sim.ready import NOTHING_LEFT, ReadyPredictions, WorkflowPrior, base_id, reserve_margin
+from serving.sim.ready import ReadyPredictions, WorkflowPrior, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
@@ -148,26 +148,15 @@ class Replay:
     ) -> Outcomes:
         """One arm on `workflows`; with `fresh`, its sources built from these workflows (`build_source`), not cached."""
         reset(workflows)
-        sources = {}
-        for name in filter(None, (arm.source, arm.reserve_source)):
-            sources[name] = self.build_source(name, seed, workflows) if fresh else self.source(name, seed)
-        point = sources[arm.source]
-        reserve = sources[arm.reserve_source] if arm.reserve_source else None
-
-        def predict_ready(stage):
-            if reserve is not None:
-                reserve(stage)
-                kept = stage.tokens_reserve
-            point(stage)
-            if reserve is not None:
-                stage.size = replace(stage.size, tokens_reserve=kept)
-            if not arm.remaining:
-                stage.remaining = NOTHING_LEFT
-            if not arm.progressive:
-                stage.progressive = None
-
+        sources = {
+            name: self.build_source(name, seed, workflows) if fresh else self.source(name, seed) for name in arm.sources
+        }
         sim = Simulator(
-            self.scenario.cluster, arm.system, workflows, predict_ready=predict_ready, log_decisions=log_decisions
+            self.scenario.cluster,
+            arm.system,
+            workflows,
+            predict_ready=predict_ready(arm, sources),
+            log_decisions=log_decisions,
         )
         summary = sim.run().summary
         done = np.array([w.done_s >= 0 and not w.is_dropped for w in workflows])

@@ -26,7 +26,7 @@ from maestro.progressive import (
     prefix_class,
 )
 from pipelines.progressive import ProgressiveConfig, checkpoint_rows, fit_table
-from serving.core.admission.batch_cost import fewest_remaining_tokens
+from serving.core.admission.batch_cost import remaining_tokens
 from serving.sim.slot import output_prefix, running_stage
 from serving.sim.workload import SimStage
 from serving.vllm_plugin.engine_pace import EnginePace
@@ -194,11 +194,11 @@ def test_the_simulator_and_the_plugin_give_the_gate_the_same_re_prediction(table
     ).running[0]
     assert (simulated.prefix, live.prefix) == ("tool", "tool")
     assert simulated == live
-    learned = fewest_remaining_tokens(100, 300, 16, table=table, prefix="tool")
-    assert learned != fewest_remaining_tokens(100, 300, 16)  # the table is what answers, not the parametric bound
+    learned = remaining_tokens(100, 300, 16, table=table, prefix="tool")
+    assert learned != remaining_tokens(100, 300, 16)  # the table is what answers, not the parametric bound
     for running in (simulated, live):
         assert (
-            fewest_remaining_tokens(
+            remaining_tokens(
                 running.tokens_pred,
                 running.tokens_reserve,
                 running.produced,

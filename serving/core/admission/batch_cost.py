@@ -12,6 +12,9 @@ the prefill stalls of recent admissions included: on a node busy prefilling, dec
 refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
 admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
 batch back, and a candidate that would itself miss by waiting for the next running stage to end goes in anyway.
+A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
+candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
+its reserve, and let in the stalls its own prediction says endanger it.
 Holding back stops the stalls, so the pace recovers and the gate opens again; meanwhile a queue forms and its order
 (least slack first) decides who goes next. The gate acts only on a congested node (pace ≥ `min_stretch` × step).
 
@@ -56,23 +59,6 @@ def remaining_tokens(
     return step_tokens
 
 
-def fewest_remaining_tokens(
-    tokens_pred: float,
-    tokens_reserve: float,
-    produced: float,
-    step_tokens: float = 16.0,
-    table: ProgressiveTable | None = None,
-    prefix: str = UNKNOWN,
-) -> float:
-    """The decode tokens a stage still has at the least: the low bound of `maestro.progressive.length_bounds` (without
-    a `table`, the bound that mirrors its reserve around the point prediction in log space, pred² ÷ reserve: length
-    errors are about symmetric there; with one, the re-predicted low quantile given its output so far), less what it
-    produced, then `step_tokens`. The gate judges endangerment on it, so a wrong prediction makes it admit, not hold
-    back; a prediction with a tight reserve (the true length) keeps its full weight."""
-    low = length_bounds(produced, tokens_pred, tokens_reserve, table=table, prefix=prefix).low
-    return low - produced if produced < low else step_tokens
-
-
 @dataclass
 class BatchCostConfig:
     slack_share: float = 1.0  # the share of a running stage's slack that one admission may use up
@@ -91,7 +77,7 @@ class BatchCostConfig:
 class RunningBatch:
     """The running stages of one node as the gate reads them (arrays, one entry a stage)."""
 
-    remaining_tokens: np.ndarray  # at the least (`fewest_remaining_tokens`)
+    remaining_tokens: np.ndarray  # predicted (`remaining_tokens`), as the candidate's own tokens are read
     slack_s: np.ndarray  # at the node's measured pace (prefill stalls included)
     is_savable: np.ndarray  # could still make its deadline at the bare step time, if nothing more were admitted
     pace_s_per_token: float
@@ -176,7 +162,7 @@ class NodeState:
         if backlog_s is None:
             backlog_s = max([first - self.now for first, n in zip(first_tokens_s, produced) if n <= 0], default=0.0)
         remaining = [
-            fewest_remaining_tokens(s.tokens_pred, s.tokens_reserve, n, table=s.progressive, prefix=s.prefix)
+            remaining_tokens(s.tokens_pred, s.tokens_reserve, n, table=s.progressive, prefix=s.prefix)
             for s, n in zip(self.running, produced)
         ]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]

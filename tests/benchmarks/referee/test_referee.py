@@ -78,7 +78,7 @@ def test_a_clear_difference_has_an_interval_that_excludes_zero():
 def test_arms_are_parsed_and_a_wrong_one_is_named():
     assert parse_arm("edf+admission").system.batch_cost and parse_arm("edf+admission").source == "model"
     ablated = parse_arm("maestro[prior/no-gate,no-remaining]")
-    assert not ablated.system.batch_cost and not ablated.remaining and ablated.source == "prior"
+    assert not ablated.system.batch_cost and ablated.fed == (("remaining", "none"),) and ablated.source == "prior"
     with pytest.raises(ValueError, match="maestro\\[modle\\]"):
         parse_arm("maestro[modle]")
     with pytest.raises(ValueError, match="no-gaet"):

@@ -10,7 +10,6 @@ from serving.core.admission.batch_cost import (
     NodeState,
     RunningBatch,
     RunningStage,
-    fewest_remaining_tokens,
     gate_inputs,
     remaining_tokens,
 )
@@ -29,10 +28,16 @@ def test_remaining_tokens_follow_the_prediction_then_the_reserve():
     assert remaining_tokens(100, 400, produced=500, step_tokens=16) == 16
 
 
-def test_the_fewest_remaining_tokens_mirror_the_reserve_around_the_prediction():
-    assert fewest_remaining_tokens(100, 400, produced=0) == 25  # 100² / 400: as far below as the reserve is above
-    assert fewest_remaining_tokens(100, 100, produced=30) == 70  # a tight reserve (true lengths): the prediction's rest
-    assert fewest_remaining_tokens(100, 400, produced=40, step_tokens=16) == 16
+def test_a_running_stage_is_judged_on_its_predicted_rest_however_wide_its_reserve():
+    # 100 tokens predicted, at 60 ms a token 6 s of decode; 7 s to its deadline: 1 s of slack. A 2 s stall endangers
+    # it whatever its reserve: a wide reserve (400) must not rate it shorter (a bound mirrored around the point would
+    # read 100² / 400 = 25 tokens, 5.5 s of slack, and let the stall in).
+    gate, candidate = BatchCostGate(), Candidate(deadline_s=600.0, stall_s=2.0, tokens_pred=50, tokens_reserve=50)
+    for reserve in (100, 400):
+        running = (RunningStage(7.0, 0.0, produced=0, tokens_pred=100, tokens_reserve=reserve),)
+        node = NodeState(0.0, running, STEP_S * 3, STEP_S)
+        assert node.batch.remaining_tokens == pytest.approx([100])
+        assert not gate.admits_candidate(node, candidate)
 
 
 def test_a_stage_that_would_miss_by_the_admission_holds_it_back():
