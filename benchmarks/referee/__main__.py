@@ -72,11 +72,11 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 32: 2026-12-05, why Maestro lost to vllm-edf at light load (dev side, serving/EXPERIMENTS.md): the ablations
 # no-route, no-toolkv, no-headroom, on-demand and all four together; the fitness router's free KV read on its own
 # [0, 1] scale (left off) and counting the sessions' kept tool-call KV as free (adopted).
-# 45: 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch, the
-# stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, late stages behind
-# on-time ones of both classes (adopted); the ablations no-reject, no-gate, no-order, on-demand, no-toolkv, no-route,
-# no-headroom.
-VARIANTS_TRIED = 45
+# 46: 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch, the
+# stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage demoted
+# once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the ablations
+# no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom.
+VARIANTS_TRIED = 46
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
