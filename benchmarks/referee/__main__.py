@@ -75,8 +75,9 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 46: 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch, the
 # stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage demoted
 # once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the ablations
-# no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom.
-VARIANTS_TRIED = 46
+# no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom; 47: multi-model, the capacity floored at
+# the best rate a window showed.
+VARIANTS_TRIED = 47
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
