@@ -52,12 +52,13 @@ when one finishes, `end` when a workflow does.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from serving.core.request import StageRequest
-from serving.core.scheduler.base import SchedulerConfig
+from serving.core.scheduler.base import SchedulerConfig, merge_by_wait
 from serving.core.scheduler.slack import LeastSlackScheduler, SlackQueue
 
 
@@ -262,11 +263,29 @@ class TriageQueue(SlackQueue):
 
 class TriageScheduler(LeastSlackScheduler):
     """Earliest deadline first; the stages of workflows that `WorkflowTriage` shed, and stages that can no longer end
-    by their deadline, behind every on-time stage; interactive before batch.
+    by their deadline, behind every on-time stage of either class; interactive before batch among on-time stages and
+    among late ones. A late interactive stage never goes before an on-time batch stage: its own deadline is lost
+    already, the batch stage's is not (the class order spends the pool on work that can still be met).
 
-    Late work goes as in `LeastSlackScheduler`; which workflows are shed: the module docstring.
+    The starvation bounds are `LeastSlackScheduler`'s: a batch head that waited `batch_max_wait_s` beats the
+    interactive one, a late head that waited `late_max_wait_s` beats on-time work. Which workflows are shed: the
+    module docstring.
     """
 
     def __init__(self, config: SchedulerConfig):
         super().__init__(config)
         self._interactive, self._batch = TriageQueue(config), TriageQueue(config)
+
+    def peek(self, now: float) -> StageRequest | None:
+        return next(self.in_order(now), None)
+
+    def in_order(self, now: float) -> Iterator[StageRequest]:
+        inter, batch, config = self._interactive, self._batch, self.config
+        inter.demote(now)
+        batch.demote(now)
+
+        def by_class(side: str) -> Iterator[StageRequest]:
+            walks = ((e[2] for e in getattr(queue, side).in_order()) for queue in (inter, batch))
+            return merge_by_wait(*walks, config.batch_max_wait_s, now)
+
+        return merge_by_wait(by_class("on_time"), by_class("late"), config.late_max_wait_s, now)

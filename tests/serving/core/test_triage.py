@@ -114,6 +114,23 @@ def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
     assert "b" not in triage.shed
 
 
+def test_a_late_interactive_stage_goes_behind_on_time_batch_work():
+    # interactive before batch among on-time stages; but a stage that can no longer end by its deadline goes behind
+    # every on-time stage of either class, or the class order spends the pool on work that is lost already
+    scheduler = create_scheduler(SchedulerConfig(policy=Policy.TRIAGE, late_max_wait_s=100.0, batch_max_wait_s=100.0))
+    late_turn, turn = request("chat-late", 10.5, 1.0, ready_s=9.0), request("chat", 300.0, 1.0, ready_s=9.0)
+    late_turn.interactive = turn.interactive = True
+    batch = request("job", 200.0, 1.0, ready_s=9.0)
+    for r in (late_turn, batch, turn):
+        scheduler.add(r, now=10.0)
+    assert [r.workflow_id for r in scheduler.in_order(10.0)] == ["chat", "job", "chat-late"]
+    assert scheduler.pop(10.0).workflow_id == "chat"
+    assert scheduler.pop(10.0).workflow_id == "job"  # before: the late interactive stage went first
+    # the starvation bounds hold: a late head that waited late_max_wait_s goes before on-time work
+    scheduler.add(request("job2", 500.0, 1.0, ready_s=110.0), now=110.0)
+    assert scheduler.pop(110.0).workflow_id == "chat-late"
+
+
 def burst(triage: WorkflowTriage, num_workflows: int, deadline_s: float, work_s: float) -> None:
     """`num_workflows` workflows arrive at t=0 into an empty fleet that takes every stage into its batches."""
     for i in range(num_workflows):
