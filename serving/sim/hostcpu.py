@@ -66,6 +66,13 @@ class HostCPU:
             return 1.0
         return max(1.0, (len(self._heap) + 1) / self.num_cores)
 
+    def backlog_s(self, now: float) -> float:
+        """CPU-seconds of tool work in service or queued here, per core, at `now`: about how long a call handed
+        over now waits for a core (workers), or is slowed by the calls ahead of it (time-sliced, shared)."""
+        w = self.w + (max(0.0, now - self.last_s) * self.rate() if self._heap else 0.0)
+        in_service = sum(max(0.0, end_w - w) for end_w, _tie, _job in self._heap)
+        return (in_service + sum(work_s for _job, work_s, _submit_s in self.queue)) / self.num_cores
+
     # --- the clock --------------------------------------------------------------------------------
     def advance(self, now: float) -> None:
         if now > self.last_s:
