@@ -11,13 +11,15 @@ from serving.sim.scenarios import get_scenario
 from serving.sim.stage_request import ready_request
 
 
-def test_backlog_is_the_tool_work_left_per_core():
+def test_a_call_waits_for_the_first_core_free_after_the_calls_queued_ahead():
     host = HostCPU("workers", 2)
-    for job, work_s in enumerate((4.0, 2.0, 6.0)):
+    host.submit("a", 4.0, 0.0)
+    assert host.wait_s(0.0) == 0.0  # a core is free
+    for job, work_s in (("b", 2.0), ("c", 6.0)):
         host.submit(job, work_s, 0.0)
-    assert host.backlog_s(0.0) == pytest.approx((4 + 2 + 6) / 2)
-    assert host.backlog_s(1.0) == pytest.approx((3 + 1 + 6) / 2)  # two in service, one queued
-    assert HostCPU("time-sliced", 1).backlog_s(5.0) == 0.0
+    assert host.wait_s(0.0) == pytest.approx(4.0)  # c takes b's core at 2; a's frees at 4
+    assert host.wait_s(1.0) == pytest.approx(3.0)
+    assert HostCPU("time-sliced", 1).wait_s(5.0) == 0.0
 
 
 def test_a_stage_goes_to_the_node_whose_host_is_not_busy_with_tools():
