@@ -75,7 +75,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 35: 2026-12-05, tool time in triage (dev side, serving/EXPERIMENTS.md): the history fed service without tool time
 # and the tool's wall time apart (alone), the tool time ahead moving the end a workflow's pool work must meet, and
 # the ready stage's alone test with that tool time after it (adopted, with both before it).
-VARIANTS_TRIED = 35
+# 38: 2026-12-05, the router and the tool calls' host CPU (dev side, docs/routing.md): T_ready plus the tool work
+# per core queued or in service on the node's host (left off: moved mars-swe), plus the wait a tool call handed over
+# now would see (adopted), and a session leaving a home whose host queue is 5 s longer than another's (left off).
+VARIANTS_TRIED = 38
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
