@@ -78,12 +78,15 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 36 (+1): 2026-12-05, the batch-cost gate judging a running stage on its predicted rest, not on the low bound mirrored
 # from its reserve (adopted; dev side, mars-swe and maestro-paper, serving/EXPERIMENTS.md). The per-use arms
 # (maestro[S/OTHER-USE]) and the scratch splits of the reserve's readers are measurement, not counted.
-# 50 (+14): 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch, the
-# stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage demoted
-# once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the ablations
-# no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom; 51 (+1): multi-model, the capacity floored at
+# 50 (+14): 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch,
+# the stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage demoted
+# once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the ablations no-
+# reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom; 51 (+1): multi-model, the capacity floored at
 # the best rate a window showed.
-VARIANTS_TRIED = 51
+# 54 (+3): 2026-12-05, the router and the tool calls' host CPU (dev side, docs/routing.md): T_ready plus the tool work
+# per core queued or in service on the node's host (left off: moved mars-swe), plus the wait a tool call handed over
+# now would see (adopted), and a session leaving a home whose host queue is 5 s longer than another's (left off).
+VARIANTS_TRIED = 54
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

@@ -1,7 +1,9 @@
 """Node selection: S(N,T) = A(N,T) − λ·T_ready − μ·C_deg over robust min-max normalised terms.
 
 A is availability (higher is better), T_ready the seconds until the node could start the stage
-(model transition + queued work), C_deg the degradation the node would suffer (KV shortfall,
+(model transition + queued work) and serve its session's tool calls (where tools run on the node's host
+CPU, as in the simulator, the wait for a core there: a routed session stays on its node; the gateway's
+tools run at the client, so none adds there), C_deg the degradation the node would suffer (KV shortfall,
 models it would have to push out). Each term is min-max normalised after clipping at its
 5th/95th percentiles, so one outlier node cannot dominate (the seed's choice); λ = μ = 1.
 """

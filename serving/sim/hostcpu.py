@@ -66,6 +66,18 @@ class HostCPU:
             return 1.0
         return max(1.0, (len(self._heap) + 1) / self.num_cores)
 
+    def wait_s(self, now: float) -> float:
+        """Seconds a call handed over at `now` would queue for a core (workers: the calls in service run out, then
+        those queued ahead take the cores first freed, FIFO); 0 while a core is free, and in the time-sliced and
+        shared modes, which never queue (there a call slows with the calls beside it instead)."""
+        if self.mode is not HostCPUMode.WORKERS or len(self._heap) < self.num_cores:
+            return 0.0
+        w = self.w + max(0.0, now - self.last_s) * self.rate()
+        free_at = sorted(max(0.0, end_w - w) for end_w, _tie, _job in self._heap)  # rate 1 in workers mode
+        for _job, work_s, _submit_s in self.queue:
+            heapq.heappush(free_at, heapq.heappop(free_at) + work_s)
+        return free_at[0]
+
     # --- the clock --------------------------------------------------------------------------------
     def advance(self, now: float) -> None:
         if now > self.last_s:
