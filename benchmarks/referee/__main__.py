@@ -78,12 +78,15 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 36 (+1): 2026-12-05, the batch-cost gate judging a running stage on its predicted rest, not on the low bound mirrored
 # from its reserve (adopted; dev side, mars-swe and maestro-paper, serving/EXPERIMENTS.md). The per-use arms
 # (maestro[S/OTHER-USE]) and the scratch splits of the reserve's readers are measurement, not counted.
-# 50 (+14): 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the stretch, the
-# stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage demoted
-# once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the ablations
-# no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom; 51 (+1): multi-model, the capacity floored at
-# the best rate a window showed.
-VARIANTS_TRIED = 51
+# 50 (+14): 2026-12-05, heavy mixed overload (dev side, serving/EXPERIMENTS.md): the capacity seeded from the
+# stretch, the stage rule and the workflow at the pool's pace (two ways), one deadline order for both classes, a stage
+# demoted once its workflow's latest start passed, late stages behind on-time ones of both classes (adopted); the
+# ablations no-reject, no-gate, no-order, on-demand, no-toolkv, no-route, no-headroom; 51 (+1): multi-model, the
+# capacity floored at the best rate a window showed.
+# 56 (+5): 2026-12-05, the class order in heavy mixed overload (dev side, docs/triage.md): least slack across classes,
+# batch first when its head would otherwise miss (with and without "can still make it"), interactive first within its
+# share of the queued work, batch first by an earlier deadline while it can still make it; none adopted.
+VARIANTS_TRIED = 56
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
