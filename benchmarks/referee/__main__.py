@@ -86,7 +86,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 54 (+3): 2026-12-05, the router and the tool calls' host CPU (dev side, docs/routing.md): T_ready plus the tool work
 # per core queued or in service on the node's host (left off: moved mars-swe), plus the wait a tool call handed over
 # now would see (adopted), and a session leaving a home whose host queue is 5 s longer than another's (left off).
-VARIANTS_TRIED = 54
+# 59 (+5): 2026-12-05, the class order in heavy mixed overload (dev side, docs/triage.md): least slack across classes,
+# batch first when its head would otherwise miss (with and without "can still make it"), interactive first within its
+# share of the queued work, batch first by an earlier deadline while it can still make it; none adopted.
+VARIANTS_TRIED = 59
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
