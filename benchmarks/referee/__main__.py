@@ -89,7 +89,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 59 (+5): 2026-12-05, the class order in heavy mixed overload (dev side, docs/triage.md): least slack across classes,
 # batch first when its head would otherwise miss (with and without "can still make it"), interactive first within its
 # share of the queued work, batch first by an earlier deadline while it can still make it; none adopted.
-VARIANTS_TRIED = 59
+# 60 (+1): 2026-12-05, mars-swe long, where the model's reserve may cost (dev side, docs/scenarios.md): a released
+# stage's prefix-cache entry sized by its written context, not its unused reserve; not adopted. The splits of the
+# reserve's readers (KV map, router) are measurement, not counted.
+VARIANTS_TRIED = 60
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

@@ -148,6 +148,7 @@ class SimDispatcher:
             self._index_models()
         for victim in victims:
             node.release(victim, node.pinned.pop(victim))  # idle KV of a tool call is reclaimable
+        self.sim.recorder.num_kept_reclaimed += len(victims)
         reservation, cached = self._reserve(node, stage)
         self._begin(node, stage, reservation, cached)
 
@@ -182,6 +183,9 @@ class SimDispatcher:
         sim, model = self.sim, self.sim.cost.model(stage.model)
         if stage.session_parent >= 0 and cached_tokens == 0:
             sim.evicted_wait_ema_s = 0.8 * sim.evicted_wait_ema_s + 0.2 * (sim.now - stage.ready_s)
+            parent = parent_of(stage)
+            sim.recorder.num_cold_session_starts += 1
+            sim.recorder.num_reprefilled_tokens += parent.prompt_tokens + parent.output_tokens
         stage.queue_wait_s += sim.now - stage.request.ready_s
         if stage.first_start_s < 0:
             stage.first_start_s = sim.now
@@ -214,6 +218,7 @@ class SimDispatcher:
         while not node.alloc.grow(stage.reservation, target):
             if node.pinned:  # idle KV of a tool call goes before any running stage
                 node.release(*node.pinned.popitem(last=False))
+                self.sim.recorder.num_kept_reclaimed += 1
                 continue
             stage.is_oom = True
             victim = next(reversed(node.running))  # the latest started goes first, as vLLM does

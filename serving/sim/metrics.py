@@ -24,6 +24,9 @@ class Recorder:
         self.rejected = 0  # workflows turned away by triage (serving/core/scheduler/triage.py)
         self.never_fit = 0
         self.kv_refused: set[int] = set()  # stages a node could not start for want of KV pages, at least once
+        self.num_kept_reclaimed = 0  # kept tool-call contexts reclaimed for another stage's start or decode growth
+        self.num_cold_session_starts = 0  # a session's next stage started with neither its kept KV nor a prefix hit
+        self.num_reprefilled_tokens = 0  # ... and the parent context it prefilled again
         self.num_ready = 0  # stages that became ready
         self.num_ready_behind_queue = 0  # ... and found their node's queue non-empty (the order had work to act on)
         self.summary: dict = {}
@@ -80,6 +83,9 @@ class Recorder:
             "num_refused_by_batch_cost": sim.dispatch.batch_gate.num_refused if sim.dispatch.batch_gate else 0,
             "makespan_s": last - first,
             "num_kv_refused": len(self.kv_refused),
+            "num_kept_reclaimed": self.num_kept_reclaimed,
+            "num_cold_session_starts": self.num_cold_session_starts,
+            "num_reprefilled_tokens": self.num_reprefilled_tokens,
             "num_model_loads": sum(node.residency.num_loads for node in sim.nodes),
             "model_load_s": sum(node.residency.load_s for node in sim.nodes),
         }

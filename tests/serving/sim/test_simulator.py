@@ -130,6 +130,29 @@ def test_prefix_caching_spares_re_prefill_when_memory_is_free():
     assert e2e[True] < e2e[False]
 
 
+def test_the_recorder_counts_cold_session_starts_their_reprefilled_context_and_reclaimed_kept_kv():
+    scenario = small("mars-swe", nodes=1)
+    run = RunConfig(policies=("evict-always",), num_workflows=10, rate_per_s=0.05)
+    workflows = build_workload(scenario, run, scenario.regimes[1])
+    children = [s for w in workflows for s in w.stages if s.session_parent >= 0]
+    counts = {}
+    for caching in (False, True):
+        scenario.cluster.prefix_caching = caching
+        reset(workflows)
+        counts[caching] = Simulator(scenario.cluster, get_system("evict-always"), workflows).run().summary
+    # nothing kept, nothing cached: every next stage of a session prefills its parent's whole context again
+    assert counts[False]["num_cold_session_starts"] == len(children) > 0
+    parents = [w.stages[s.session_parent] for w in workflows for s in w.stages if s.session_parent >= 0]
+    assert counts[False]["num_reprefilled_tokens"] == sum(p.prompt_tokens + p.output_tokens for p in parents)
+    assert counts[True]["num_cold_session_starts"] < len(children)  # memory is free: the prefix cache holds them
+    assert counts[False]["num_kept_reclaimed"] == counts[True]["num_kept_reclaimed"] == 0
+    scenario.cluster.kv_pool_bytes //= 8  # keep every context where memory binds: starts reclaim kept KV
+    burst = build_workload(
+        scenario, RunConfig(policies=("keep-always",), num_workflows=10, rate_per_s=5.0), scenario.regimes[1]
+    )
+    assert Simulator(scenario.cluster, get_system("keep-always"), burst).run().summary["num_kept_reclaimed"] > 0
+
+
 def test_continuum_sees_which_programs_have_pinned_kv():
     scenario = small("mars-swe", nodes=1)
     workflows = build_workload(scenario, RunConfig(policies=("continuum",), num_workflows=10), scenario.regimes[0])
