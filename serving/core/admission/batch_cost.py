@@ -11,7 +11,8 @@ and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* p
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
 refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
 admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
-batch back, and a candidate that would itself miss by waiting for the next running stage to end goes in anyway.
+batch back, and a candidate that would itself miss by waiting until the last stage it endangers ends (at the measured
+pace) goes in anyway: holding it back would trade their misses for its own.
 A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
 candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
 its reserve, and let in the stalls its own prediction says endanger it.
@@ -99,9 +100,10 @@ class RunningBatch:
             step_s,
         )
 
-    def next_end_s(self) -> float:
-        """Seconds until the running stage predicted to end first ends, at the measured pace."""
-        return float(self.remaining_tokens.min()) * self.pace_s_per_token
+    def end_s(self, among: np.ndarray) -> float:
+        """Seconds until the last of the running stages marked in `among` is predicted to end, at the measured pace
+        (0 when none is marked)."""
+        return float(self.remaining_tokens[among].max(initial=0.0)) * self.pace_s_per_token
 
 
 # A candidate's added step time where the runtime does not measure it apart from the pace (the gateway, the plugin):
@@ -228,13 +230,13 @@ class BatchCostGate:
         candidate_slack_s: float,
     ) -> bool:
         """`candidate_slack_s`: the candidate's own slack if it started now (at the node's measured pace). A
-        candidate that would miss its deadline by waiting for the next running stage to end is admitted anyway:
-        holding it back would trade one miss for another."""
+        candidate that would miss its deadline by waiting until the last stage it endangers ends is admitted anyway:
+        holding it back would trade their misses for its own."""
         if len(batch.remaining_tokens) == 0 or not self.is_congested(batch.pace_s_per_token, batch.step_s):
             return True
         delays = stall_s + np.minimum(batch.remaining_tokens, candidate_tokens) * added_step_s
         endangered = batch.is_savable & (delays > self.config.slack_share * batch.slack_s)
-        is_ok = not endangered.any() or candidate_slack_s < batch.next_end_s()
+        is_ok = not endangered.any() or candidate_slack_s < batch.end_s(endangered)
         self.num_refused += not is_ok
         return is_ok
 
