@@ -91,7 +91,8 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # share of the queued work, batch first by an earlier deadline while it can still make it; none adopted.
 # 62 (+3): 2026-12-05, the batch-cost gate's reading of a running stage (dev side, serving/EXPERIMENTS.md): a running
 # stage blocks only while it meets its deadline at the measured pace; its slack at the low bound mirrored from its
-# reserve; a candidate held only if its slack covers waiting until the last stage it endangers ends (kept as an option, BatchCostConfig.hold_while).
+# reserve; a candidate held only if its slack covers waiting until the last stage it endangers ends (kept as an option,
+# BatchCostConfig.hold_while).
 VARIANTS_TRIED = 62
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
