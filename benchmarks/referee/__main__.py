@@ -92,7 +92,11 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 60 (+1): 2026-12-05, mars-swe long, where the model's reserve may cost (dev side, docs/scenarios.md): a released
 # stage's prefix-cache entry sized by its written context, not its unused reserve; not adopted. The splits of the
 # reserve's readers (KV map, router) are measurement, not counted.
-VARIANTS_TRIED = 60
+# 63 (+3): 2026-12-05, the batch-cost gate's reading of a running stage (dev side, serving/EXPERIMENTS.md): a running
+# stage blocks only while it meets its deadline at the measured pace; its slack at the low bound mirrored from its
+# reserve; a candidate held only if its slack covers waiting until the last stage it endangers ends (kept as an option,
+# BatchCostConfig.hold_while).
+VARIANTS_TRIED = 63
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

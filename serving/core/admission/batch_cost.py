@@ -11,7 +11,9 @@ and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* p
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
 refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
 admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
-batch back, and a candidate that would itself miss by waiting for the next running stage to end goes in anyway.
+batch back, and a candidate that would itself miss by waiting goes in anyway: by default, waiting for the next running
+stage to end; with `hold_while="endangered"`, until the last stage it endangers ends (at the measured pace), since
+holding it back longer only trades their misses for its own.
 A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
 candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
 its reserve, and let in the stalls its own prediction says endanger it.
@@ -65,12 +67,17 @@ class BatchCostConfig:
     # The gate acts only while prefill stalls stretch the node's pace this many times or more: below it the node is
     # not congested enough for holding a stage back to pay (serving/EXPERIMENTS.md).
     min_stretch: float = 2.0
+    # How long a held candidate must be able to wait: until the next running stage ends ("next") or until the last
+    # stage it endangers ends ("endangered"); the two measured side by side in serving/EXPERIMENTS.md.
+    hold_while: str = "next"
 
     def __post_init__(self):
         if not 0 < self.slack_share <= 1:
             raise ValueError(f"batch cost: slack_share must be in (0, 1], got {self.slack_share}")
         if self.min_stretch < 1:
             raise ValueError(f"batch cost: min_stretch must be >= 1, got {self.min_stretch}")
+        if self.hold_while not in ("next", "endangered"):
+            raise ValueError(f"batch cost: hold_while must be 'next' or 'endangered', got {self.hold_while!r}")
 
 
 @dataclass
@@ -102,6 +109,11 @@ class RunningBatch:
     def next_end_s(self) -> float:
         """Seconds until the running stage predicted to end first ends, at the measured pace."""
         return float(self.remaining_tokens.min()) * self.pace_s_per_token
+
+    def end_s(self, among: np.ndarray) -> float:
+        """Seconds until the last of the running stages marked in `among` is predicted to end, at the measured pace
+        (0 when none is marked)."""
+        return float(self.remaining_tokens[among].max(initial=0.0)) * self.pace_s_per_token
 
 
 # A candidate's added step time where the runtime does not measure it apart from the pace (the gateway, the plugin):
@@ -228,13 +240,14 @@ class BatchCostGate:
         candidate_slack_s: float,
     ) -> bool:
         """`candidate_slack_s`: the candidate's own slack if it started now (at the node's measured pace). A
-        candidate that would miss its deadline by waiting for the next running stage to end is admitted anyway:
-        holding it back would trade one miss for another."""
+        candidate that would miss its deadline by waiting (`BatchCostConfig.hold_while`) is admitted anyway: holding it
+        back would trade one miss for another."""
         if len(batch.remaining_tokens) == 0 or not self.is_congested(batch.pace_s_per_token, batch.step_s):
             return True
         delays = stall_s + np.minimum(batch.remaining_tokens, candidate_tokens) * added_step_s
         endangered = batch.is_savable & (delays > self.config.slack_share * batch.slack_s)
-        is_ok = not endangered.any() or candidate_slack_s < batch.next_end_s()
+        wait_s = batch.end_s(endangered) if self.config.hold_while == "endangered" else batch.next_end_s()
+        is_ok = not endangered.any() or candidate_slack_s < wait_s
         self.num_refused += not is_ok
         return is_ok
 

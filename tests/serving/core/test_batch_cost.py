@@ -60,6 +60,19 @@ def test_lost_stages_do_not_hold_the_batch_back_and_an_urgent_candidate_goes_in(
     assert gate.admits(tight, stall_s=1.0, added_step_s=0.0, candidate_tokens=50, candidate_slack_s=0.3)
 
 
+def test_with_hold_while_endangered_a_candidate_is_held_only_if_it_can_wait_until_the_stages_it_endangers_end():
+    # The endangered stage ends in 6 s, an unendangered one in 0.6 s: a candidate with 5 s of slack could wait for the
+    # short one but not for the one it endangers, so holding it back would only trade that stage's miss for its own.
+    gate = BatchCostGate(BatchCostConfig(hold_while="endangered"))
+    tight = batch([100, 10], [6.5, 100.0])
+    assert gate.admits(tight, stall_s=1.0, added_step_s=0.0, candidate_tokens=50, candidate_slack_s=5.0)
+    assert tight.end_s(tight.is_savable & (tight.slack_s < 1.0)) == pytest.approx(6.0)
+    assert tight.end_s(tight.slack_s < -100) == 0.0
+    assert not gate.admits(tight, stall_s=1.0, added_step_s=0.0, candidate_tokens=50, candidate_slack_s=7.0)
+    with pytest.raises(ValueError, match="hold_while"):
+        BatchCostConfig(hold_while="forever")
+
+
 def test_the_gate_acts_only_on_a_congested_node():
     gate = BatchCostGate(BatchCostConfig(min_stretch=2.0))
     calm = batch([100], [2.5], pace=STEP_S * 1.5)
