@@ -23,7 +23,8 @@ from maestro.contract import StageTrace
 from .engine_cuts import chains, trained_sides, truncate
 
 RATE, SEED, WORKFLOWS = 20.0, 0, 40
-ARMS = [engine_arm(name) for name in DEFAULT_ARMS]
+# the default arms, and the gated gateway arm (the batch-cost gate in front of the engine reads the same plan entries)
+ARMS = [engine_arm(name) for name in (*DEFAULT_ARMS, "gateway+gate+vllm-priority-deadline")]
 ORACLE_TRUTHS = ("tokens_pred", "tokens_reserve", "workflow_remaining_s")
 
 
