@@ -32,12 +32,16 @@ class MaestroHints(OutputSize):
     `deadline_s` counts seconds from the request's arrival at the engine (vLLM's `arrival_time`), so the sender's and
     the engine's clocks need not agree. `pred_service_s` and `workflow_remaining_s` (the workflow's predicted work
     after this stage) are in the unit of `StageRequest.pred_service_s` (the gateway's predicted seconds); without
-    `pred_service_s` the scheduler derives it from `tokens_pred`. `is_shed`: workflow triage shed the stage's workflow
-    (serving/core/scheduler/triage.py), so it has no deadline and queues behind; `final`: the workflow's last stage.
+    `pred_service_s` the scheduler derives it from `tokens_pred`. `remaining_tool_s`: the tool time the workflow is
+    predicted to wait from this stage on (its own tool included), outside the engine, in the unit of `deadline_s`
+    (`StageRequest.remaining_tool_s`, the sender's `RemainingWork.tool_ahead_s`); a sender that leaves it out means 0.
+    `is_shed`: workflow triage shed the stage's workflow (serving/core/scheduler/triage.py), so it has no deadline and
+    queues behind; `final`: the workflow's last stage.
     """
 
     pred_service_s: float | None = None
     workflow_remaining_s: float = 0.0
+    remaining_tool_s: float = 0.0
     deadline_s: float = math.inf
     interactive: bool = False
     workflow: str = ""
@@ -50,6 +54,12 @@ class MaestroHints(OutputSize):
             raise ValueError(f"maestro hints: tokens_pred and tokens_reserve must be >= 0, got {self}")
         if not 0.5 < self.reserve_level < 1:
             raise ValueError(f"maestro hints: reserve_level must be in (0.5, 1), got {self.reserve_level}")
+        tool_s = self.remaining_tool_s
+        if isinstance(tool_s, bool) or not isinstance(tool_s, int | float) or not 0 <= tool_s < math.inf:
+            raise ValueError(
+                f"maestro hints: remaining_tool_s must be a finite number of seconds >= 0 (0 where no tool time is "
+                f"predicted ahead), got {self.remaining_tool_s!r}"
+            )
         if self.tokens_reserve == 0:
             object.__setattr__(self, "tokens_reserve", self.tokens_pred)
 
@@ -95,6 +105,7 @@ def request_from_hints(
         max_tokens=max_tokens,
         pred_service_s=pred_service_s,
         workflow_remaining_s=hints.workflow_remaining_s,
+        remaining_tool_s=hints.remaining_tool_s,
         is_shed=hints.is_shed,
     )
 
@@ -107,6 +118,7 @@ def hints_for_stage(stage: StageRequest, now_s: float, final: bool = False) -> M
         tokens_reserve=stage.tokens_reserve,
         pred_service_s=stage.pred_service_s,
         workflow_remaining_s=stage.workflow_remaining_s,
+        remaining_tool_s=stage.remaining_tool_s,
         deadline_s=stage.deadline_s - now_s,
         interactive=stage.interactive,
         workflow=stage.workflow_id,
