@@ -7,7 +7,9 @@ loop (`benchmarks/engine/steps.py`) through the gateway's own objects, fed as th
   on this object as its dispatcher: `clock()` the replay's step, `is_backlogged()` whether vLLM has requests waiting;
 - a stage is triaged when it becomes ready (`turns_away`), as `stage_request` builds it from what the plan tells the
   gateway at readiness (the arm's source: predicted tokens and reserve, the workflow's predicted remaining work, both
-  on a one-step-a-token pace, the plugin's) and the workflow's arrival and deadline in steps;
+  on a one-step-a-token pace, the plugin's), the workflow's arrival and deadline in steps, and the tool steps it is
+  predicted to wait from the stage on, as the gateway predicts them (`RemainingWork.tool_ahead_s` over the run's ended
+  workflows, fed by the replay loop as the gateway feeds it: benchmarks/engine/tool_ahead.py);
 - `served` when a stage ends, its work the same pace over the tokens it produced, with whether work waited then, and its
   wall time (replay steps since the gateway sent it, the arm's clock); `end` when the workflow's stages have all ended
   or it was turned away;
@@ -161,9 +163,10 @@ class GatewayArm:
         if self.node is not None:
             self.node.running_requests[request] = step
 
-    def request(self, workflow: dict, spec: dict, stages: list, step: float) -> StageRequest:
+    def request(self, workflow: dict, spec: dict, stages: list, step: float, remaining_tool_s: float) -> StageRequest:
         """The ready stage as the gateway's `prepare` builds it, from what the plan tells the gateway; `stages`: its
-        workflow's (the replay's `Stage`s), whose ended ones make its attained service."""
+        workflow's (the replay's `Stage`s), whose ended ones make its attained service; `remaining_tool_s`: the tool
+        steps predicted from it on (`ToolAhead.arrived`)."""
         told = spec["gateway"]
         attained_s = sum(PACE.service_s(0, s.num_output_tokens) for s in stages if s.finish_step >= 0)
         info = WorkflowInfo(
@@ -173,6 +176,7 @@ class GatewayArm:
             workflow["interactive"],
             attained_s,
             told["workflow_remaining_s"],
+            remaining_tool_s,
         )
         return stage_request(
             info,
@@ -199,6 +203,7 @@ class GatewayArm:
                 "step": step,
                 "pred_service_s": request.pred_service_s,
                 "workflow_remaining_s": request.workflow_remaining_s,
+                "remaining_tool_s": request.remaining_tool_s,
                 "is_backlogged": is_backlogged,
                 "is_turned_away": is_turned_away,
             }

@@ -20,7 +20,10 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   the same moment (`gateway` in each stage); it triages on them and sends the deadline
   (`benchmarks/engine/gateway_arm.py`).
 - **Tool time**: drawn from `ToolTimeDistribution` (seconds, then steps at `step_s`), the same draws for every arm of a
-  seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it.
+  seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it. What the
+  gateway and Maestro's arms are told is the tool time a ready stage's workflow is predicted to wait from it on
+  (`remaining_tool_s`, in steps), which the replay loop learns as the gateway does, from the run's ended workflows
+  (`benchmarks/engine/tool_ahead.py`): not in the plan, and never the replayed workflow's own draws.
 - **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
   carries its session (`maestro_session`: the workflow and the first turn of its chain of same-role tool turns, from
   its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it

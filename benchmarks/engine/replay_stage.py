@@ -31,6 +31,20 @@ class Stage:
     tool_pred_steps: float = 0.0  # the tool time it was sent with (maestro_tool_s), where it ends in a tool call
     triaged: object = None  # the StageRequest the gateway triaged it as (gateway arms only)
     is_rejected: bool = False  # never ran: the gateway turned its workflow away
+    tool_ahead_steps: float = 0.0  # the tool steps predicted from it on as it became ready (`ToolAhead.arrived`)
+
+    def record(self) -> dict:
+        """What the replay's report keeps of the stage."""
+        return {
+            "ready_step": self.ready_step,
+            "finish_step": self.finish_step,
+            "num_preemptions": self.num_preemptions,
+            "cached_tokens": self.cached_tokens,
+            "window_tokens": self.window_tokens,
+            "tool_pred_steps": self.tool_pred_steps,
+            "tool_ahead_steps": round(self.tool_ahead_steps, 4),
+            "is_rejected": self.is_rejected,
+        }
 
 
 def prompt_ids(plan_seed: int, workflow: int, stage: dict, parent: Stage | None) -> list[int]:

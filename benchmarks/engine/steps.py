@@ -25,9 +25,10 @@ parent's prompt and output, so the prefix cache can hold them; the prompt tokens
 per stage (`cached_tokens`, the request's first output) and checked against what the project's stat-logger plugin
 (`maestro_vllm_stats`, attached to the engine) logs for each finished request. A Maestro arm's turn carries its session
 and predicted tool time (`benchmarks/engine/replay.py`); the prediction is `ToolTimes` over the tool calls that have
-returned by then. The run ends once every measured workflow (the plan's `measured` range) has ended and the steady
-window (`window`, in replay steps) is over; the output tokens each stage produced inside the window are recorded
-(`window_tokens`)."""
+returned by then. A ready stage is told the tool steps its workflow is predicted to wait from it on (the gateway's
+request, Maestro's hint `remaining_tool_s`), as the gateway predicts them (`benchmarks/engine/tool_ahead.py`). The
+run ends once every measured workflow (the plan's `measured` range) has ended and the steady window (`window`, in
+replay steps) is over; the output tokens each stage produced inside the window are recorded (`window_tokens`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from benchmarks.engine.config import step_price
 from benchmarks.engine.gateway_arm import GatewayArm
 from benchmarks.engine.replay_stage import Stage, cached_tokens_check, prompt_ids
 from benchmarks.engine.step_load import LoadTap
+from benchmarks.engine.tool_ahead import ToolAhead
 from benchmarks.engine.vllm_engine import build_engine
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its scheduler is ours
@@ -73,6 +75,7 @@ class Replay:
         self.ready: list[tuple[int, int, int, int]] = []  # (ready step, seq, workflow, stage)
         self.tool_returns: list[tuple[int, int, str, int]] = []  # (return step, seq, tool, steps it ran)
         self.tool_times = ToolTimes()
+        self.tool_ahead = ToolAhead()
         self.live: dict[str, Stage] = {}
         self.by_name: dict[str, Stage] = {}  # the request id this loop gave, as vLLM's outputs name it
         first, last = plan["measured"]
@@ -128,8 +131,12 @@ class Replay:
             self.tool_times.observe(tool, steps)
         while self.ready and self.ready[0][0] <= self.step:
             _, _, w, i = heapq.heappop(self.ready)
-            if not self.stages[w][i].is_rejected and self._admitted(self.stages[w][i], self.plan["workflows"][w]):
-                self._send(self.stages[w][i])
+            stage, wf = self.stages[w][i], self.plan["workflows"][w]
+            if stage.is_rejected:
+                continue
+            stage.tool_ahead_steps = self.tool_ahead.arrived(wf["id"], wf["app"], self.step)
+            if self._admitted(stage, wf):
+                self._send(stage)
         for stage in self.gateway.releases(self.step) if self.gateway else ():
             self._send(stage)
 
@@ -141,7 +148,8 @@ class Replay:
         stage.prompt_ids = prompt_ids(self.plan["engine"]["seed"], w, spec, parent)
         extra = {}
         if spec.get("hints") is not None:
-            extra["maestro"] = {**spec["hints"], "deadline_s": wf["arrival_step"] + wf["slo_steps"] - self.step}
+            deadline_s = wf["arrival_step"] + wf["slo_steps"] - self.step
+            extra["maestro"] = {**spec["hints"], "deadline_s": deadline_s, "remaining_tool_s": stage.tool_ahead_steps}
         if spec.get("session") is not None:
             extra.update(self._session_xargs(stage))
         params = SamplingParams(
@@ -165,9 +173,12 @@ class Replay:
         sends it later); a workflow it turns away ends there: its stages that have not started never run."""
         if self.gateway is None:
             return True
-        stage.triaged = self.gateway.request(wf, stage.spec, self.stages[stage.workflow], self.step)
+        stage.triaged = self.gateway.request(
+            wf, stage.spec, self.stages[stage.workflow], self.step, stage.tool_ahead_steps
+        )
         if not self.gateway.turns_away(stage.triaged, self.step):
             return self.gateway.passes(stage.triaged, stage, self.step)
+        self.tool_ahead.end(wf["id"], completed=False)
         first, last = self.plan["measured"]
         for other in self.stages[stage.workflow]:
             if other.request is None and not other.is_rejected:
@@ -224,10 +235,16 @@ class Replay:
         if spec["is_tool_call"] and spec.get("session") is not None:
             tool_return = (self.step + spec["tool_gap_steps"], next(self._seq), spec["session"]["tool"])
             heapq.heappush(self.tool_returns, (*tool_return, spec["tool_gap_steps"]))
-        siblings = self.stages[stage.workflow]
+        siblings, wf = self.stages[stage.workflow], self.plan["workflows"][stage.workflow]
+        self.tool_ahead.ended(
+            wf["id"], wf["app"], spec["prompt_tokens"], stage.num_output_tokens, spec["is_tool_call"], self.step
+        )
+        is_over = all(s.finish_step >= 0 or s.is_rejected for s in siblings)
+        if is_over:
+            self.tool_ahead.end(wf["id"])  # a no-op where the gateway turned it away (ended then)
         if self.gateway is not None:
             self.gateway.served(stage.triaged, stage.spec["prompt_tokens"], stage.num_output_tokens, self.step)
-            if all(s.finish_step >= 0 or s.is_rejected for s in siblings):
+            if is_over:
                 self.gateway.end(stage.triaged.workflow_id)
         for child in stage.spec["children"]:
             siblings[child].num_parents_left -= 1
@@ -258,21 +275,7 @@ class Replay:
             "recomputed_tokens": self.recomputed_tokens,
             "num_gpu_blocks": self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             "steps": self.steps,
-            "stages": [
-                [
-                    {
-                        "ready_step": s.ready_step,
-                        "finish_step": s.finish_step,
-                        "num_preemptions": s.num_preemptions,
-                        "cached_tokens": s.cached_tokens,
-                        "window_tokens": s.window_tokens,
-                        "tool_pred_steps": s.tool_pred_steps,
-                        "is_rejected": s.is_rejected,
-                    }
-                    for s in wf
-                ]
-                for wf in self.stages
-            ],
+            "stages": [[s.record() for s in wf] for wf in self.stages],
             "cached_tokens_check": cached_tokens_check(self.stats_dir, self.by_name),
             "decisions": decisions.snapshot() if decisions is not None else None,
             "gateway": self.gateway.snapshot() if self.gateway is not None else None,

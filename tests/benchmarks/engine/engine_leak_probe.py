@@ -142,11 +142,11 @@ def watch_gateway(gateway, plant: str | None) -> set:
     reads: set = set()
     request = gateway.request
 
-    def watched_request(workflow, spec, stages, step):
+    def watched_request(workflow, spec, stages, step, remaining_tool_s):
         spec = Watched(spec, "spec", reads)
         if plant == "gateway-reads-length":
             spec["output_tokens"]  # noqa: B018 - the planted gateway's read
-        return request(Watched(workflow, "workflow", reads), spec, stages, step)
+        return request(Watched(workflow, "workflow", reads), spec, stages, step, remaining_tool_s)
 
     gateway.request = watched_request
     return reads

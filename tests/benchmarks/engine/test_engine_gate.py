@@ -47,7 +47,7 @@ def ready(arm: GatewayArm, name: str, step: float, slo_steps: int, tokens: int, 
     workflow = {"id": name, "arrival_step": step, "slo_steps": slo_steps, "interactive": interactive}
     told = {"tokens_pred": tokens, "tokens_reserve": tokens, "workflow_remaining_s": 0.0}
     spec = {"id": "0", "gateway": told, "prompt_tokens": 16, "max_tokens": 64}
-    request = arm.request(workflow, spec, [], step)
+    request = arm.request(workflow, spec, [], step, 0.0)
     assert not arm.turns_away(request, step)
     return request
 
