@@ -270,4 +270,6 @@ class EngineWorkload:
             "steady": list(STEADY),
             "workflow_remaining_s": "the source's workflow answer at readiness through "
             "serving.core.request.workflow_remaining_s, in steps; maestro arms only",
+            "remaining_tool_s": "RemainingWork.tool_ahead_s over the run's ended workflows, fed as the gateway "
+            "feeds it (benchmarks/engine/tool_ahead.py), in steps; the gateway's request and maestro arms' hints",
         }

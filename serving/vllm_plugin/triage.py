@@ -5,7 +5,9 @@ the simulator also run, fed by Maestro's vLLM scheduler (plain Python, no vLLM).
 predicted requests wait), `finished` when one leaves it, with its unloaded service: its tokens at the scheduler's
 `decode_s_per_token`, the gateway's unit. The engine serves one model: one pool. A workflow ends at the triage when its
 final request (the `final` hint) leaves, or with the request itself where the hints name no workflow (the request is
-its own workflow); a workflow that never says so stays open until its deadline passes, when the triage sheds it.
+its own workflow); a workflow that never says so stays open until its deadline passes, when the triage sheds it. The
+tool time a workflow waits outside the engine comes with its hints (`remaining_tool_s`, the sender's
+`RemainingWork.tool_ahead_s`): its pool work is due by its deadline less that, as at the gateway and in the simulator.
 
 vLLM has no refusal inside the engine: a request of a shed workflow is served, behind every on-time one and with no
 deadline left (its hints marked `is_shed`, so that a preempted one goes back there too, and the batch-cost gate

@@ -5,7 +5,9 @@ a 49-block pool): the gateway turns some away, they miss their SLO and never rea
 every stage it sends carries `deadline_priority` of its deadline. Light load: six workflows far apart on a 512-token
 chunk: nothing waits, nothing is turned away. The gateway reads nothing of a stage but what the plan tells it (the
 source's answer at readiness, the stage's prompt and cap, the workflow's arrival, SLO and class); a planted read of the
-recorded length is caught. The source is the oracle (no trained model in the tests): the arm's source, not its logic.
+recorded length is caught; the tool steps a stage is told are learnt from the run's ended workflows, as the gateway
+learns them (benchmarks/engine/tool_ahead.py). The source is the oracle (no trained model in the tests): the arm's
+source, not its logic.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from benchmarks.engine.report import run_figures
 from benchmarks.referee.engine import ensure_llm, pairs
 from driver.testbed.engines import has_vllm
 from maestro.contract import read_traces
+from serving.core.scheduler.remaining import RemainingWork
 from serving.gateway.vllm_priority import BATCH_PRIORITY, deadline_priority
 from tests.benchmarks.engine.test_engine_leaks import check_final, check_max_tokens, check_reads, probe
 
@@ -126,3 +129,12 @@ def test_at_light_load_nothing_is_turned_away(tmp_path):
     assert out["gateway"]["num_rejected"] == 0 and len(out["gateway"]["triaged"]) > len(light["workflows"])
     assert not any(r["is_rejected"] for records in out["stages"] for r in records)
     assert all(r["finish_step"] >= 0 for records in out["stages"] for r in records)
+    # the tool steps ahead, as the gateway predicts them: from the run's ended workflows only, once enough had ended
+    ended = [max(r["finish_step"] for r in records) for records in out["stages"]]
+    told = [t for t in out["gateway"]["triaged"] if t["remaining_tool_s"] > 0]
+    assert told, "no stage was told the tool time its workflow waits ahead"
+    assert all(sum(e <= t["step"] for e in ended) >= RemainingWork().min_count for t in told)
+    by_stage = {
+        (w["id"], s["id"]): r for w, rs in zip(light["workflows"], out["stages"]) for s, r in zip(w["stages"], rs)
+    }
+    assert all(by_stage[t["workflow"], t["stage"]]["tool_ahead_steps"] == round(t["remaining_tool_s"], 4) for t in told)
