@@ -23,7 +23,8 @@ What every arm is told, and from where (nothing of a stage that has not run, not
   seed; it is the gap between a tool call's end and its session's next turn, and no arm is told it. What the
   gateway and Maestro's arms are told is the tool time a ready stage's workflow is predicted to wait from it on
   (`remaining_tool_s`, in steps), which the replay loop learns as the gateway does, from the run's ended workflows
-  (`benchmarks/engine/tool_ahead.py`): not in the plan, and never the replayed workflow's own draws.
+  (`benchmarks/engine/tool_ahead.py`): not in the plan, and never the replayed workflow's own draws; the plan says only
+  whether a stage is told it (`is_told_tool_ahead`: not under the `none` source, as in the simulator).
 - **A session's KV across its tool call** (Maestro's arms only; vLLM's arms have the prefix cache alone): every turn
   carries its session (`maestro_session`: the workflow and the first turn of its chain of same-role tool turns, from
   its ancestors) and `maestro_tool_s`, the tool time predicted for its tool call when the turn ends in one (0 when it
@@ -46,7 +47,7 @@ from maestro.contract import StageTrace
 from serving.core.request import TokenPace, workflow_remaining_s
 from serving.gateway.core import vllm_priority_value
 from serving.sim.arrivals import arrival_times
-from serving.sim.ready import ReadyPredictions, WorkflowPrior, reserve_margin
+from serving.sim.ready import NOTHING_LEFT, ReadyPredictions, WorkflowPrior, reserve_margin
 from serving.sim.slo import SLOTable
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, trace_workflows
@@ -229,6 +230,9 @@ class EngineWorkload:
                         "tokens_reserve": reserve,
                         "workflow_remaining_s": round(remaining_s, 2),
                     }
+                    # the simulator's rule (`ready_request`): a source that reads no workflow estimate (`none`) is
+                    # told no tool time ahead either
+                    spec["is_told_tool_ahead"] = stage.remaining is not NOTHING_LEFT
                     if arm.priority == "rank":
                         spec["priority"] = vllm_priority_value(wf["interactive"], min(9999, pred))
                     if arm.is_gateway:

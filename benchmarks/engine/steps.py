@@ -134,7 +134,8 @@ class Replay:
             stage, wf = self.stages[w][i], self.plan["workflows"][w]
             if stage.is_rejected:
                 continue
-            stage.tool_ahead_steps = self.tool_ahead.arrived(wf["id"], wf["app"], self.step)
+            tool_steps = self.tool_ahead.arrived(wf["id"], wf["app"], self.step)  # fed whatever the arm is told
+            stage.tool_ahead_steps = tool_steps if stage.spec.get("is_told_tool_ahead") else 0.0
             if self._admitted(stage, wf):
                 self._send(stage)
         for stage in self.gateway.releases(self.step) if self.gateway else ():

