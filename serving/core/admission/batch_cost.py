@@ -14,10 +14,8 @@ admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages al
 batch back, and a candidate that would itself miss by waiting goes in anyway: with `hold_while="next"`, waiting for
 the next running stage to end; with "endangered", until the last stage it endangers ends (at the measured pace), since
 holding it back longer only trades their misses for its own; with "by_class" (the default), the second on a node that
-runs an interactive stage and the first elsewhere. Interactive prefills are never held (below), so there holding batch
-back does not stop the stalls that stretch the pace, and a candidate that cannot outwait the stages it endangers would
-wait behind them and miss too; where every stall is batch work, holding it lets the pace recover, so the next stage's
-end is the wait.
+runs an interactive stage and the first elsewhere: on the dev side the second served mixed classes and cost heavy
+batch-only overload, whose held work is mostly of workflows that miss anyway (serving/EXPERIMENTS.md).
 A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
 candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
 its reserve, and let in the stalls its own prediction says endanger it.
