@@ -96,7 +96,10 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # stage blocks only while it meets its deadline at the measured pace; its slack at the low bound mirrored from its
 # reserve; a candidate held only if its slack covers waiting until the last stage it endangers ends (kept as an option,
 # BatchCostConfig.hold_while).
-VARIANTS_TRIED = 63
+# 66 (+3): 2026-12-05, which candidate that cannot outwait the stages it endangers goes in (dev side,
+# serving/EXPERIMENTS.md): only where every stage it endangers is behind at the measured pace; only where its workflow
+# could still make its deadline after it; only on a node running interactive work (adopted, hold_while="by_class").
+VARIANTS_TRIED = 66
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

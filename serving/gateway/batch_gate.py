@@ -17,11 +17,18 @@ from serving.gateway.nodes import Node
 
 
 def node_state(node: Node, now: float) -> NodeState:
-    """The node as the gate reads it: its running stages (each since its dispatch), its measured pace."""
+    """The node as the gate reads it: its running stages (each since its dispatch, with its workflow's class), its
+    measured pace."""
     pace = node.pace
     is_measured = pace.mean_pace > 0 and bool(pace.recent_paces)
     running = tuple(
-        RunningStage(r.deadline_s, started_s, tokens_pred=r.tokens_pred, tokens_reserve=r.tokens_reserve)
+        RunningStage(
+            r.deadline_s,
+            started_s,
+            is_interactive=r.interactive,
+            tokens_pred=r.tokens_pred,
+            tokens_reserve=r.tokens_reserve,
+        )
         for r, started_s in node.running_requests.items()
     )
     return NodeState(

@@ -112,13 +112,14 @@ class SimSlot:
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:
     """A running stage as the gate reads it: its prediction, deadline, start, tokens so far, the class of its output
-    so far and its predictor's re-prediction table."""
+    so far, its predictor's re-prediction table and its workflow's class."""
     return RunningStage(
         stage.request.deadline_s,
         stage.start_s,
         produced,
         output_prefix(stage, produced),
         stage.progressive,
+        stage.request.interactive,
         tokens_pred=stage.tokens_pred,
         tokens_reserve=stage.tokens_reserve,
     )

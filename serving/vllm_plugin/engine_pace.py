@@ -84,6 +84,7 @@ class EnginePace:
                 num_output_tokens,
                 prefix,
                 table,
+                hints.interactive,
                 tokens_pred=hints.tokens_pred,
                 tokens_reserve=hints.tokens_reserve,
             )

@@ -11,9 +11,11 @@ and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* p
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
 refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
 admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
-batch back, and a candidate that would itself miss by waiting goes in anyway: by default, waiting for the next running
-stage to end; with `hold_while="endangered"`, until the last stage it endangers ends (at the measured pace), since
-holding it back longer only trades their misses for its own.
+batch back, and a candidate that would itself miss by waiting goes in anyway: with `hold_while="next"`, waiting for
+the next running stage to end; with "endangered", until the last stage it endangers ends (at the measured pace), since
+holding it back longer only trades their misses for its own; with "by_class" (the default), the second on a node that
+runs an interactive stage and the first elsewhere: on the dev side the second served mixed classes and cost heavy
+batch-only overload, whose held work is mostly of workflows that miss anyway (serving/EXPERIMENTS.md).
 A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
 candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
 its reserve, and let in the stalls its own prediction says endanger it.
@@ -61,23 +63,27 @@ def remaining_tokens(
     return step_tokens
 
 
+HOLD_WHILE = ("next", "endangered", "by_class")
+
+
 @dataclass
 class BatchCostConfig:
     slack_share: float = 1.0  # the share of a running stage's slack that one admission may use up
     # The gate acts only while prefill stalls stretch the node's pace this many times or more: below it the node is
     # not congested enough for holding a stage back to pay (serving/EXPERIMENTS.md).
     min_stretch: float = 2.0
-    # How long a held candidate must be able to wait: until the next running stage ends ("next") or until the last
-    # stage it endangers ends ("endangered"); the two measured side by side in serving/EXPERIMENTS.md.
-    hold_while: str = "next"
+    # How long a held candidate must be able to wait: until the next running stage ends ("next"), until the last
+    # stage it endangers ends ("endangered"), or the second on a node running interactive work and the first elsewhere
+    # ("by_class"); the three measured side by side in serving/EXPERIMENTS.md.
+    hold_while: str = "by_class"
 
     def __post_init__(self):
         if not 0 < self.slack_share <= 1:
             raise ValueError(f"batch cost: slack_share must be in (0, 1], got {self.slack_share}")
         if self.min_stretch < 1:
             raise ValueError(f"batch cost: min_stretch must be >= 1, got {self.min_stretch}")
-        if self.hold_while not in ("next", "endangered"):
-            raise ValueError(f"batch cost: hold_while must be 'next' or 'endangered', got {self.hold_while!r}")
+        if self.hold_while not in HOLD_WHILE:
+            raise ValueError(f"batch cost: hold_while must be one of {', '.join(HOLD_WHILE)}, got {self.hold_while!r}")
 
 
 @dataclass
@@ -89,10 +95,17 @@ class RunningBatch:
     is_savable: np.ndarray  # could still make its deadline at the bare step time, if nothing more were admitted
     pace_s_per_token: float
     step_s: float
+    is_running_interactive: bool = False  # some running stage is of an interactive workflow
 
     @classmethod
     def of(
-        cls, remaining: list[float], deadlines_s: list[float], pace_s_per_token: float, step_s: float, now: float
+        cls,
+        remaining: list[float],
+        deadlines_s: list[float],
+        pace_s_per_token: float,
+        step_s: float,
+        now: float,
+        is_running_interactive: bool = False,
     ) -> RunningBatch:
         """`deadlines_s`: each stage's deadline less the prefills already under way (they stall it too); `step_s`:
         the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now."""
@@ -104,6 +117,7 @@ class RunningBatch:
             time_left_s - tokens * step_s >= 0,
             pace_s_per_token,
             step_s,
+            is_running_interactive,
         )
 
     def next_end_s(self) -> float:
@@ -131,6 +145,7 @@ class RunningStage(OutputSize):
     produced: float | None = None  # output tokens so far; None: not counted (`NodeState` estimates them)
     prefix: str = UNKNOWN  # the class of its first output tokens (`maestro.progressive.prefix_class`)
     progressive: ProgressiveTable | None = None  # its predictor's re-prediction table; None: parametric
+    is_interactive: bool = False  # a stage of an interactive workflow (a turn a person waits on)
 
 
 @dataclass(frozen=True)
@@ -178,7 +193,8 @@ class NodeState:
             for s, n in zip(self.running, produced)
         ]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
-        return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now)
+        is_running_interactive = any(s.is_interactive for s in self.running)
+        return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now, is_running_interactive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +262,10 @@ class BatchCostGate:
             return True
         delays = stall_s + np.minimum(batch.remaining_tokens, candidate_tokens) * added_step_s
         endangered = batch.is_savable & (delays > self.config.slack_share * batch.slack_s)
-        wait_s = batch.end_s(endangered) if self.config.hold_while == "endangered" else batch.next_end_s()
+        hold_while = self.config.hold_while
+        if hold_while == "by_class":
+            hold_while = "endangered" if batch.is_running_interactive else "next"
+        wait_s = batch.end_s(endangered) if hold_while == "endangered" else batch.next_end_s()
         is_ok = not endangered.any() or candidate_slack_s < wait_s
         self.num_refused += not is_ok
         return is_ok

@@ -1,5 +1,7 @@
 """The batch-cost gate (what one more stage costs the running ones) and the workflows' remaining-work history."""
 
+from dataclasses import replace
+
 import pytest
 
 from serving.core.admission.batch_cost import (
@@ -71,6 +73,25 @@ def test_with_hold_while_endangered_a_candidate_is_held_only_if_it_can_wait_unti
     assert not gate.admits(tight, stall_s=1.0, added_step_s=0.0, candidate_tokens=50, candidate_slack_s=7.0)
     with pytest.raises(ValueError, match="hold_while"):
         BatchCostConfig(hold_while="forever")
+
+
+def test_by_default_a_candidate_outwaits_the_stages_it_endangers_only_where_interactive_work_runs():
+    # Two running stages at 3 steps a token: the first (100 tokens to go, 0.5 s of slack) is endangered by a 1 s
+    # stall; the second ends in 10 × 60 ms. A candidate with 5 s of slack could outwait the second, not the first.
+    endangered = RunningStage(6.5, 0.0, produced=1, tokens_pred=101, tokens_reserve=101)
+    short = RunningStage(100.0, 0.0, produced=1, tokens_pred=11, tokens_reserve=11)
+    all_batch = NodeState(0.0, (endangered, short), STEP_S * 3, STEP_S)
+    with_turn = NodeState(0.0, (endangered, replace(short, is_interactive=True)), STEP_S * 3, STEP_S)
+    urgent = Candidate(9.0, stall_s=1.0, added_step_s=0.0, tokens_pred=50, tokens_reserve=50)
+    patient = Candidate(20.0, stall_s=1.0, added_step_s=0.0, tokens_pred=50, tokens_reserve=50)
+    assert gate_inputs(with_turn, urgent).candidate_slack_s == pytest.approx(5.0)
+    gate = BatchCostGate()
+    assert gate.config.hold_while == "by_class"
+    assert gate.admits_candidate(with_turn, urgent)  # held, it would wait behind the stage it endangers and miss
+    assert not gate.admits_candidate(all_batch, urgent)  # every stall is held batch work: the pace recovers
+    assert not gate.admits_candidate(with_turn, patient)  # it can outwait the stage it endangers
+    assert not BatchCostGate(BatchCostConfig(hold_while="next")).admits_candidate(with_turn, urgent)
+    assert BatchCostGate(BatchCostConfig(hold_while="endangered")).admits_candidate(all_batch, urgent)
 
 
 def test_the_gate_acts_only_on_a_congested_node():
