@@ -96,7 +96,11 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # stage blocks only while it meets its deadline at the measured pace; its slack at the low bound mirrored from its
 # reserve; a candidate held only if its slack covers waiting until the last stage it endangers ends (kept as an option,
 # BatchCostConfig.hold_while).
-VARIANTS_TRIED = 63
+# 70 (+7): 2026-12-05, triage turning away workflows stock vLLM meets (dev side and the tau2-retail / chatdev folds,
+# serving/EXPERIMENTS.md): Moore–Hodgson leaving out workflows that cannot end alone / past their pool deadline, the
+# alone test without the tool time ahead, the pool charged its model's share of the remaining work, no Moore–Hodgson,
+# the capacity × 1.5, and a pool backlogged only while a stage of its own model waits (adopted).
+VARIANTS_TRIED = 70
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
