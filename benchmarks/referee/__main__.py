@@ -99,7 +99,11 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 66 (+3): 2026-12-05, which candidate that cannot outwait the stages it endangers goes in (dev side,
 # serving/EXPERIMENTS.md): only where every stage it endangers is behind at the measured pace; only where its workflow
 # could still make its deadline after it; only on a node running interactive work (adopted, hold_while="by_class").
-VARIANTS_TRIED = 66
+# 73 (+7): 2026-12-05, triage turning away workflows stock vLLM meets (dev side and the tau2-retail / chatdev folds,
+# serving/EXPERIMENTS.md): Moore–Hodgson leaving out workflows that cannot end alone / past their pool deadline, the
+# alone test without the tool time ahead, the pool charged its model's share of the remaining work, no Moore–Hodgson,
+# the capacity × 1.5, and a pool backlogged only while a stage of its own model waits (adopted).
+VARIANTS_TRIED = 73
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

@@ -17,6 +17,7 @@ No clock, no I/O: the gateway's async shell and the simulator's event loop both 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -101,6 +102,7 @@ class DispatchCore:
     ):
         self.scheduler, self.config, self.cap, self.is_live = scheduler, config or DispatchConfig(), cap, is_live
         self.overtaken: dict[StageRequest, int] = {}  # times backfill passed a queued stage
+        self.num_queued_by_model: Counter[str] = Counter()  # queued stages per model (a pool's backlog)
         self.num_started = 0
         self.num_backfilled = 0
 
@@ -109,11 +111,17 @@ class DispatchCore:
 
     def add(self, request: StageRequest, now: float) -> None:
         self.scheduler.add(request, now)
+        self.num_queued_by_model[request.model] += 1
 
     def remove(self, request: StageRequest) -> None:
         if request.queue_seq >= 0:
+            self.num_queued_by_model[request.model] -= 1
             self.scheduler.remove(request)
         self.overtaken.pop(request, None)
+
+    def is_waiting(self, model: str) -> bool:
+        """Whether a stage of `model` is queued here (a node serving several models may queue others' stages)."""
+        return self.num_queued_by_model[model] > 0
 
     def num_overtaken(self, request: StageRequest) -> int:
         return self.overtaken.get(request, 0)

@@ -50,8 +50,9 @@ class SimDispatcher:
         return not (w.is_dropped or (x is not None and now - w.arrival_s > x * w.slo_s))
 
     def is_backlogged(self, model: str) -> bool:
-        """Whether a stage waits on some node that serves `model`."""
-        return any(len(node.core) > 0 for node in self.running_on.get(model, ()))
+        """Whether a stage of `model` waits on some node that serves it (triage's pool of `model` is short; stages of
+        the node's other models waiting say nothing of it)."""
+        return any(node.core.is_waiting(model) for node in self.running_on.get(model, ()))
 
     # --- placement and routing -----------------------------------------------------------------
     def place_models(self) -> None:

@@ -24,7 +24,8 @@ the batch-cost gate admits one only where it endangers no running stage that can
 goes to the workflows that can still be met; the rest end when there is room (or by the starvation bound,
 `late_max_wait_s`).
 
-The feasibility test runs only while the pool is saturated: work waits for its nodes (`backlogged`), or, where
+The feasibility test runs only while the pool is saturated: work of its model waits for its nodes (`backlogged`; a
+node holding several models may queue another's, which says nothing of this pool), or, where
 `saturated_stretch` is set, its stages run that many × slower than alone (a pool whose batches take every stage never
 queues; it slows everyone instead). With room for every stage at near its own pace, shedding one helps nobody. The
 stretch is wall over unloaded seconds of the stages the pool finished (where the caller reports their wall time), per

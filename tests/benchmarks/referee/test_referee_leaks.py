@@ -32,7 +32,7 @@ from serving.sim.ready import ReadyPredictions, all_ancestors, base_id
 from serving.sim.slo import SLOConfig, apply_slo
 from serving.sim.workload import SimStage, SimWorkflow
 
-NODES, RATE, WORKFLOWS = 1, 1.0, 160  # past the knee on one node: queues form, so the order decides who starts
+NODES, RATE, WORKFLOWS = 1, 1.0, 200  # past the knee on one node: queues form, so the order decides who starts
 CUTS = 3  # cut workflows tried per arm and change
 # maestro[oracle] is told its workflows' remaining work (the truth of later stages, by definition of that arm): it is
 # checked without that part; its own stage's true length is read at readiness. `vllm` and `vllm-edf` where the referee

@@ -137,3 +137,22 @@ def test_multi_model_cold_stage_waits_for_its_load_and_the_load_is_counted(split
     assert all(s.finished_s - s.first_start_s >= from_disk[m] for m, s in first.items())  # each first stage waited
     states = {state for node in sim.nodes for state in node.residency.state.values()}
     assert ModelState.SLEEPING in states or ModelState.CPU in states  # models were pushed out to make room
+
+
+def test_multi_model_a_pool_is_backlogged_only_while_a_stage_of_its_model_waits(split):
+    # nodes hold two models each: a stage of one waiting on the node says nothing of the other's pool, whose
+    # finishes then would read its own light load as its capacity (triage's feasibility test sheds on it)
+    scenario = get_scenario("multi-model", 2)
+    workflows, _, _ = replay(scenario, split, 120, rate=8.0)
+    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
+    flags = []
+
+    def observed(model, work_s, now, backlogged, wall_s=None):
+        waiting = {r.model for n in sim.dispatch.running_on.get(model, ()) for r in n.sched.in_order(now)}
+        flags.append((backlogged, model in waiting, bool(waiting - {model})))
+        served(model, work_s, now, backlogged, wall_s)
+
+    served, sim.triage.served = sim.triage.served, observed
+    sim.run()
+    assert any(others and not mine for _, mine, others in flags)  # others' stages waited while none of its own did
+    assert all(backlogged == mine for backlogged, mine, _ in flags)
