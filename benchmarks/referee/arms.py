@@ -169,7 +169,7 @@ def read_use(stage: SimStage, use: str) -> object:
     if use == "service":
         return stage.size.tokens_pred, stage.progressive
     if use == "reserve":
-        return stage.size.tokens_reserve
+        return stage.size.tokens_reserve, stage.unseen_reserve
     return stage.remaining
 
 
@@ -178,7 +178,8 @@ def write_use(stage: SimStage, use: str, value) -> None:
         tokens_pred, stage.progressive = value
         stage.size = replace(stage.size, tokens_pred=tokens_pred)
     elif use == "reserve":
-        stage.size = replace(stage.size, tokens_reserve=value)
+        tokens_reserve, stage.unseen_reserve = value
+        stage.size = replace(stage.size, tokens_reserve=tokens_reserve)
     else:
         stage.remaining = value
 

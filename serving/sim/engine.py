@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from serving.core.admission import AIMDConfig, CapSignals
+from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import StageRequest
 from serving.core.residency import ResidencyConfig
 from serving.core.routing import FitnessConfig
@@ -31,7 +32,7 @@ from serving.sim.hostcpu import HostCPUMode
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, GROW, SimNode
 from serving.sim.sessions import leave
-from serving.sim.stage_request import observe_stage, ready_request
+from serving.sim.stage_request import observe_stage, own_reserve, ready_request
 from serving.sim.workload import SimStage, SimWorkflow
 
 ARRIVAL, NODE, TOOL_DONE, TTL, CONTROL = range(5)
@@ -105,6 +106,7 @@ class Simulator:
         self._tie = itertools.count()
         self.tool_times = ToolTimes()
         self.remaining_work = remaining_work or RemainingWork()
+        self.own_reserves = OwnReserveLevels()  # an unseen app's reserve level from its finished stages
         self.stage_ema_s = 1.0
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
@@ -211,6 +213,7 @@ class Simulator:
         stage.ready_s = self.now
         if self.predict_ready is not None:
             self.predict_ready(stage)
+            own_reserve(self.own_reserves, stage)
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
         if (
             self.triage is not None
@@ -234,7 +237,7 @@ class Simulator:
 
     def children_ready(self, stage: SimStage) -> None:
         workflow = stage.workflow
-        observe_stage(self.remaining_work, stage, self.cost, self.now)
+        observe_stage(self.remaining_work, stage, self.cost, self.now, self.own_reserves)
         workflow.num_stages_left -= 1
         for child_index in stage.children:
             child = workflow.stages[child_index]

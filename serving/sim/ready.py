@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from maestro.prediction import OutputSize, WorkflowFallbackLevel, WorkflowRemaining
-from serving.core.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
+from maestro.prediction import FallbackLevel, OutputSize, WorkflowFallbackLevel, WorkflowRemaining
+from serving.core.admission.sizing import DEFAULT_RHO, UnseenReserve, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 SOURCES = ("model", "prior", "none", "oracle", "noise")
@@ -70,7 +70,7 @@ class ReadyPredictions:
             raise ValueError(f"prediction source '{source}' needs a trained predictor (model_dir)")
         self.source, self.name, self.seed, self.margin, self.rho = source, name, seed, margin, rho
         self.sigma = float(source[len("noise") :] or 0.5) if name == "noise" else 0.0
-        self.cache: dict[tuple, tuple[int, int, WorkflowRemaining]] = {}
+        self.cache: dict[tuple, tuple[int, int, WorkflowRemaining, UnseenReserve | None]] = {}
         self.workflow_prior = workflow_prior
         if name == "prior" and workflow_prior is None:
             raise ValueError("prediction source 'prior' needs the training side's WorkflowPrior")
@@ -96,7 +96,7 @@ class ReadyPredictions:
         answer = self.cache.get(key)
         if answer is None:
             answer = self.cache[key] = self._answer([stage], [key[2]])[0]
-        tokens_pred, tokens_reserve, stage.remaining = answer
+        tokens_pred, tokens_reserve, stage.remaining, stage.unseen_reserve = answer
         stage.size = OutputSize(tokens_pred=tokens_pred, tokens_reserve=tokens_reserve)
         stage.progressive = self.progressive
 
@@ -118,7 +118,7 @@ class ReadyPredictions:
         self.num_calls += len(stages)
         if self.name == "model":
             return self._from_model(stages, known)
-        return [(*pair, self._workflow_answer(stage)) for pair, stage in zip(self._stage_answers(stages), stages)]
+        return [(*pair, self._workflow_answer(stage), None) for pair, stage in zip(self._stage_answers(stages), stages)]
 
     def _workflow_answer(self, stage: SimStage) -> WorkflowRemaining:
         if self.name == "none":
@@ -148,9 +148,10 @@ class ReadyPredictions:
             tokens_pred, math.ceil(reserve), stage.max_tokens, is_calibrated=calibrated, rho=self.rho
         )
 
-    def _from_model(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int]]:
+    def _from_model(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple]:
         """One predictor call for the batch: each stage in a workflow of its own (`@` its index in the batch) that
-        holds its finished ancestors as history (`StageHistory`), as the gateway's history holds them live."""
+        holds its finished ancestors as history (`StageHistory`), as the gateway's history holds them live. A NEW_APP
+        answer also carries its `UnseenReserve` (rescaled at readiness by the app's own level, `OwnReserveLevels`)."""
         from pipelines.stage_features import StageHistory
 
         history, rows = StageHistory(max_workflows=len(stages) + 1), []
@@ -160,13 +161,13 @@ class ReadyPredictions:
             history.add([labelled(s, alias) for s in finished])
             rows.append(to_contract(stage).model_copy(update={"workflow_id": alias}))
         answers = self._predictor.predict(rows, history)
-        return [
-            (
-                *self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a)),
-                WorkflowRemaining(**a.remaining_fields()),
-            )
-            for s, a in zip(stages, answers)
-        ]
+        alpha = self._predictor.model.config.alpha if self._predictor.model is not None else None
+        out = []
+        for s, a in zip(stages, answers):
+            tokens_pred, reserve = self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a))
+            unseen = UnseenReserve(reserve, alpha) if a.fallback_level is FallbackLevel.NEW_APP and alpha else None
+            out.append((tokens_pred, reserve, WorkflowRemaining(**a.remaining_fields()), unseen))
+        return out
 
 
 def known_remaining(calls: float, tokens: float, level: WorkflowFallbackLevel) -> WorkflowRemaining:

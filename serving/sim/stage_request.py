@@ -8,7 +8,10 @@ from this position on, and whether its context is kept for it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from maestro.prediction import WorkflowFallbackLevel
+from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
 from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
 from serving.sim.costmodel import CostModel
@@ -70,11 +73,24 @@ def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: Rema
     return remaining_after_s(level, predicted_s, remaining_work, workflow.app, position)
 
 
-def observe_stage(remaining_work: RemainingWork, stage: SimStage, cost: CostModel, now: float) -> None:
+def own_reserve(levels: OwnReserveLevels, stage: SimStage) -> None:
+    """A ready stage answered for an unseen app: its reserve rescaled by the app's own level (`OwnReserveLevels`)."""
+    answer = stage.unseen_reserve
+    if answer is not None:
+        tokens = levels.reserve_tokens(stage.workflow.app, answer, stage.tokens_pred, stage.max_tokens)
+        stage.size = replace(stage.size, tokens_reserve=tokens)
+
+
+def observe_stage(
+    remaining_work: RemainingWork, stage: SimStage, cost: CostModel, now: float, levels: OwnReserveLevels | None = None
+) -> None:
     """A stage's call (and its tool, if any) ended at `now`: the history fed as the gateway feeds it
     (serving/gateway/record.py) — the call's service at the pace its workflow's attained service is counted in, and
-    apart from it the tool's wall time, from the call's end to the tool's return."""
+    apart from it the tool's wall time, from the call's end to the tool's return; a stage answered for an unseen app
+    also scores its answered reserve (`levels`)."""
     w = stage.workflow
+    if levels is not None and stage.unseen_reserve is not None:
+        levels.observe(w.app, stage.unseen_reserve, stage.output_tokens)
     remaining_work.observe(
         w.workflow_id, w.app, ModelPace.of(cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
     )

@@ -48,6 +48,7 @@ class SimStage:
     size: OutputSize = NO_SIZE
     remaining: WorkflowRemaining | None = None  # its workflow's remaining work, predicted at readiness
     progressive: object = None  # its predictor's `maestro.progressive.ProgressiveTable`, set at readiness
+    unseen_reserve: object = None  # its reserve's `UnseenReserve` where answered for an unseen app, set at readiness
     children: list[int] = field(default_factory=list)
     # Runtime state, owned by the engine.
     num_parents_left: int = 0
