@@ -122,5 +122,5 @@ class OwnReserveLevels:
         level = self.level(app, answer.alpha)
         if level is None:
             return answer.reserve_tokens
-        rescaled = math.ceil(math.expm1(math.log1p(answer.reserve_tokens) + level))
+        rescaled = math.ceil(round(math.expm1(math.log1p(answer.reserve_tokens) + level), 6))  # no float residue
         return max(1, min(max_tokens, max(tokens_pred, rescaled)))
