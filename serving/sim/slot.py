@@ -87,11 +87,9 @@ class SimSlot:
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
-        and the queued stages' predicted work, over the batch width, after the model's load) plus the wait the
-        stage's tool call would still see on this node's host CPU, since a session routed here stays here (its kept
-        context) and its tool calls run on this host: the call reaches the host no sooner than the stage's own
-        service ends (`pred_service_s`), and the host's queue drains meanwhile, so what a call handed over now
-        would wait (`HostCPU.wait_s`) less that service, at least 0; the KV shortfall and the node's queue (the
+        and the queued stages' predicted work, over the batch width, after the model's load) plus the wait a tool
+        call handed to this node's host CPU now would see (`HostCPU.wait_s`), since a session routed here stays
+        here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
         engine's waiting stages). Free KV is what the stage could map here: free pages plus the sessions' kept
         tool-call KV, which `SimDispatcher.kv_plan` reuses or reclaims for it; counted as taken, an idle node
         holding some ranked below a node already running a stage."""
@@ -100,8 +98,7 @@ class SimSlot:
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
         work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
         now = self.dispatcher.sim.now
-        host_s = max(0.0, node.host.wait_s(now) - request.pred_service_s)  # what is left when its tool call comes
-        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + host_s
+        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + node.host.wait_s(now)
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
 
