@@ -93,8 +93,9 @@ class OwnReserveLevels:
     tokens) − log(1 + the reserve it was answered); once the app's last `max_scores` scores give a finite
     split-conformal (1 − α) quantile (⌈(n + 1)(1 − α)⌉ ≤ n: 22 stages at α = 0.045), that quantile is the app's own
     level and rescales every later reserve answered for it: reserve' = exp(log(1 + reserve) + level) − 1, within
-    [tokens_pred, max_tokens]. Before that, the answered reserve stands. The gateway's and the simulator's remaining
-    work follow the same rule for an unseen app (serving/core/scheduler/remaining.py).
+    [tokens_pred, max_tokens]. Before that, the answered reserve stands. The app's remaining work follows the same
+    rule (serving/core/scheduler/remaining.py). The simulator applies it (`serving.sim.stage_request.own_reserve`,
+    `observe_stage`); the gateway's `prepare` does not read it yet.
     """
 
     def __init__(self, max_scores: int = MAX_OWN_SCORES):
