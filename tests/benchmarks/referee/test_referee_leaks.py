@@ -198,7 +198,7 @@ class ReadsTheNextLength(ReadyPredictions):
             if stage.children:
                 key = (base_id(stage.workflow), stage.stage_id, all_ancestors(stage))
                 tokens = stage.workflow.stages[stage.children[0]].output_tokens
-                self.cache[key] = (tokens, tokens, self.cache[key][2])
+                self.cache[key] = (tokens, tokens, *self.cache[key][2:])
 
 
 @pytest.mark.parametrize("arm", ["maestro[model/no-reject]", "maestro[none]"])
