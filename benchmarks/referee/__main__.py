@@ -103,10 +103,8 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # serving/EXPERIMENTS.md): Moore–Hodgson leaving out workflows that cannot end alone / past their pool deadline, the
 # alone test without the tool time ahead, the pool charged its model's share of the remaining work, no Moore–Hodgson,
 # the capacity × 1.5, and a pool backlogged only while a stage of its own model waits (adopted).
-# 81 (+8): 2026-12-05, an unseen app's reserve and the retail fold's router (docs/folds.md, serving/EXPERIMENTS.md):
-# a NEW_APP reserve rescaled by the app's own conformal level once its finished stages give one (adopted); the router's
-# host wait less the stage's predicted service (passed the dev bar, cost the tool-heavy apps: reverted), less the GPU
-# wait too; five fitness terms held at 0 one at a time on the tau2-retail fold (diagnostics).
+# 81 (+8): 2026-12-05, docs/folds.md: a NEW_APP reserve at the app's own conformal level (adopted); the router's host
+# wait less the stage's service (reverted), less the GPU wait too; five fitness terms zeroed on tau2-retail (diagnostics).
 VARIANTS_TRIED = 81
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
