@@ -181,7 +181,7 @@ def test_the_simulator_and_the_plugin_give_the_gate_the_same_re_prediction(table
         source={"output_text": TOOL_TEXT},
         size=OutputSize(tokens_pred=100, tokens_reserve=300),
         progressive=table,
-        request=SimpleNamespace(deadline_s=50.0),
+        request=SimpleNamespace(deadline_s=50.0, interactive=False),
         start_s=1.0,
     )
     simulated = running_stage(stage, 16)
