@@ -45,11 +45,19 @@ class AnswersByApp(LocalPredictor):
         ]
 
 
-def gateway_of(tmp_path) -> Gateway:
+class ServiceAnswers(AnswersByApp):
+    """The same answers from a predictor that rescales an unseen app's reserve itself (predictor_service)."""
+
+    def __init__(self):
+        super().__init__()
+        self.new_app_alpha = None
+
+
+def gateway_of(tmp_path, predictor: LocalPredictor | None = None) -> Gateway:
     config = GatewayConfig(
         nodes=[{"name": "a", "url": "http://a"}], traces={"dir": str(tmp_path)}, system={"name": "maestro"}
     )
-    return Gateway(config, predictor=AnswersByApp())
+    return Gateway(config, predictor=predictor or AnswersByApp())
 
 
 async def finish(gateway: Gateway, app: str, i: int, output_tokens: int | None = OUTPUT_TOKENS) -> int:
@@ -108,3 +116,11 @@ def test_a_stage_that_failed_scores_nothing(tmp_path):
     reserve, gateway = asyncio.run(scenario())
     assert reserve == ANSWERED_RESERVE_TOKENS
     assert gateway.own_reserves.level("new", ALPHA) is None
+
+
+def test_answers_a_predictor_rescales_itself_are_left_as_they_are(tmp_path):
+    async def scenario():
+        gateway = gateway_of(tmp_path, ServiceAnswers())
+        return [await finish(gateway, "new", i) for i in range(30)]
+
+    assert asyncio.run(scenario()) == [ANSWERED_RESERVE_TOKENS] * 30
