@@ -72,6 +72,9 @@ class AnswerCounts:
 class StagePredictor(Protocol):
     counts: AnswerCounts
     is_ready: bool
+    # the miss rate α an unseen app's (`NEW_APP`) reserve level was calibrated for, where the gateway rescales that
+    # reserve by the app's own level (`sizing.OwnReserveLevels`); None where the predictor rescales it itself
+    new_app_alpha: float | None
 
     async def start(self) -> None: ...
 

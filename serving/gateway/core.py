@@ -17,6 +17,7 @@ from maestro.prediction import Prediction
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapKind, CapSignals, SessionCap
+from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
@@ -79,6 +80,7 @@ class Gateway:
         # prediction has no workflow answer, and the tool time ahead of it (fed by record and the sessions' tool
         # phases, as the simulator feeds its own).
         self.remaining_work = RemainingWork()
+        self.own_reserves = OwnReserveLevels()  # an unseen app's reserve level from its finished stages (record)
         self.sessions = Sessions(
             self.system.tool_kv,
             config.sessions.idle_s,

@@ -4,8 +4,7 @@ A `Job` is one stage's call. `submit` queues it (bounded) in the core, whose pol
 backfill and node choice by fitness decide which stage starts where; `pump` applies the core's decisions: a start
 reserves the stage's KV blocks on its node, with the admission the node gave the core, and wakes its handler. Each
 gateway `Node` is shown to the core through a `NodeSlot` (may this stage start here now, and the node's fitness terms).
-Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit).
-"""
+Failures are explicit: `Full` (queue bound), `NoNode` (nothing healthy / the stage can never fit)."""
 
 from __future__ import annotations
 
@@ -77,6 +76,7 @@ class Job:
     span: object = None  # the stage's OpenTelemetry span from its dispatch on, with otel_spans (spans.StageSpans)
     was_backlogged: bool = False  # a stage waited in the queue when this one gave its node back (triage's capacity)
     started_s: float | None = None  # the dispatcher's clock when its last attempt started on a node
+    unseen_reserve: object = None  # its reserve's `sizing.UnseenReserve` where answered for an unseen app
 
     def remaining_s(self) -> float | None:
         """Seconds left before the stage's deadline (0 once past it); None without a deadline."""

@@ -22,7 +22,6 @@ from pipelines.features import StageHistory
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor
 from predictor_service.client import LocalFallback
 from predictor_service.engine import WARMUP_STAGE, promised_miss_rate
-from predictor_service.new_app import NewAppReserves
 from serving.gateway.answers import AnswerCounts, Source, StageAnswer, StagePredictor, observed_row
 from serving.gateway.config import PredictorConfig
 from serving.gateway.http_predictor import HttpPredictor
@@ -50,8 +49,9 @@ class LocalPredictor:
         self.history = StageHistory()  # finished stages: the ancestors of the stages predicted next
         self.counts = AnswerCounts(what)
         self.has_model = self.predictor.model is not None
-        # an app training never saw: its reserve learnt from its own finished stages (predictor_service.new_app)
-        self.new_apps = NewAppReserves(promised_miss_rate(self.predictor))
+        # an app training never saw: the model's answer as is, rescaled by the gateway from the app's own finished
+        # stages (`Gateway.own_reserves`), as the simulator rescales the same answer
+        self.new_app_alpha = promised_miss_rate(self.predictor) if self.has_model else None
         self.worker = ModelWorker(self._parse, self._predict_batch) if self.has_model else None
         self.is_ready = not self.has_model  # a model is ready once start() has warmed it
         self.warmup_s: float | None = None
@@ -111,7 +111,7 @@ class LocalPredictor:
         return derive_structure(stages, self.history.known(stages))
 
     def _predict_batch(self, stages: list[StageTrace]) -> list[Prediction]:
-        return self.new_apps.serve(stages, self.predictor.predict(stages, self.history))
+        return self.predictor.predict(stages, self.history)
 
     def _prior(
         self, stages: list[StageRow], source: Source, cause: str = "", answered_s: float | None = None
@@ -125,7 +125,6 @@ class LocalPredictor:
             try:
                 finished = StageTrace.model_validate(observed_row(stage))
                 self.history.add([finished])
-                self.new_apps.observe(finished)
             except ValueError as error:  # a trace line the contract refuses: its successors lose history only
                 log.warning(
                     "finished stage %s/%s not kept for history: %s",

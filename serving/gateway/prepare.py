@@ -1,5 +1,6 @@
 """A call made a `Job` (`Gateway.prepare`): the stage predicted, its prompt and output sized, its KV reserve chosen,
-and its `StageRequest` built through `serving.core.request.stage_request`, as the simulator builds it.
+and its `StageRequest` built through `serving.core.request.stage_request`, as the simulator builds it. An unseen app's
+reserve is rescaled by its own level (`Gateway.own_reserves`, `sizing.OwnReserveLevels`), as the simulator does.
 
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work
 (`Gateway.workflow_remaining_s`) and whether its context is held for it on a node.
@@ -12,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from maestro.contract import prompt_text
-from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
+from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens, unseen_reserve
 from serving.core.request import WorkflowInfo, stage_request
 from serving.gateway.jobs import Arrival, Job
 from serving.gateway.metadata import StageMeta
@@ -49,17 +50,18 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
     num_chars, num_messages = len(prompt_text(prompt)), len(prompt) if isinstance(prompt, list) else 0
     prompt_tokens = gateway.sizer.estimate(num_chars, num_messages)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or gateway.output_cap(prompt_tokens))
-    reserve = output_tokens_to_map(
-        gateway.system.reservation,
-        reserve_output_tokens(
-            prediction.tokens_pred,
-            prediction.tokens_reserve,
-            max_tokens,
-            is_calibrated=is_calibrated(prediction),
-            rho=gateway.config.kv.rho,
-        ),
+    sized = reserve_output_tokens(
+        prediction.tokens_pred,
+        prediction.tokens_reserve,
         max_tokens,
+        is_calibrated=is_calibrated(prediction),
+        rho=gateway.config.kv.rho,
     )
+    # an unseen app's answer: rescaled by the app's own level once its finished stages give one, as in the simulator
+    unseen = unseen_reserve(prediction.fallback_level, sized, gateway.predictor.new_app_alpha)
+    if unseen is not None:
+        sized = gateway.own_reserves.reserve_tokens(meta.app or "", unseen, prediction.tokens_pred, max_tokens)
+    reserve = output_tokens_to_map(gateway.system.reservation, sized, max_tokens)
     now = time.monotonic()
     workflow = gateway.workflow(meta.workflow_key, arrival.monotonic_s)
     # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
@@ -100,6 +102,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
         arrival=arrival,
         prompt_chars=num_chars,
         num_messages=num_messages,
+        unseen_reserve=unseen,
     )
     request.payload = job
     return job

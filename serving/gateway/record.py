@@ -1,9 +1,9 @@
 """A stage's call ended (`Gateway.record`): its one trace line written (and its span, and /metrics), and what the
 gateway learns from it fed where it is kept.
 
-Its session's tool phase and held context, its workflow's attained service and remaining-work history, the
-triage's measure of the pool, the predictor, the prompt sizer and its node's decode pace; the workflow ends at its
-final call.
+Its session's tool phase and held context, its workflow's attained service and remaining-work history, an unseen app's
+own reserve level (`Gateway.own_reserves`), the triage's measure of the pool, the predictor, the prompt sizer and its
+node's decode pace; the workflow ends at its final call.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def record_call(
     if (workflow := gateway.workflows.get(key)) is not None:
         workflow.attained_s += service_s
     gateway.remaining_work.observe(key, job.meta.app or "", service_s)
+    if job.unseen_reserve is not None:  # an unseen app's finished stage scores the reserve it was answered
+        gateway.own_reserves.observe(job.meta.app or "", job.unseen_reserve, result.output_tokens)
     gateway.served(job, service_s)
     if job.meta.final:
         gateway.end_workflow(key, completed=True)

@@ -28,8 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from maestro.prediction import FallbackLevel, OutputSize, WorkflowFallbackLevel, WorkflowRemaining
-from serving.core.admission.sizing import DEFAULT_RHO, UnseenReserve, is_calibrated, reserve_output_tokens
+from maestro.prediction import OutputSize, WorkflowFallbackLevel, WorkflowRemaining
+from serving.core.admission.sizing import (
+    DEFAULT_RHO,
+    UnseenReserve,
+    is_calibrated,
+    reserve_output_tokens,
+    unseen_reserve,
+)
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 SOURCES = ("model", "prior", "none", "oracle", "noise")
@@ -165,7 +171,7 @@ class ReadyPredictions:
         out = []
         for s, a in zip(stages, answers):
             tokens_pred, reserve = self._sized(s, a.tokens_pred, a.tokens_reserve, is_calibrated(a))
-            unseen = UnseenReserve(reserve, alpha) if a.fallback_level is FallbackLevel.NEW_APP and alpha else None
+            unseen = unseen_reserve(a.fallback_level, reserve, alpha)
             out.append((tokens_pred, reserve, WorkflowRemaining(**a.remaining_fields()), unseen))
         return out
 

@@ -85,6 +85,16 @@ class UnseenReserve:
     alpha: float
 
 
+def unseen_reserve(
+    fallback_level: FallbackLevel | str, reserve_tokens: int, alpha: float | None
+) -> UnseenReserve | None:
+    """The `UnseenReserve` of a reserve sized (`reserve_output_tokens`) from an answer at `fallback_level`: one where
+    the app is unseen (`FallbackLevel.NEW_APP`) and the model's miss rate `alpha` is known, else None (the reserve
+    stands as sized). The gateway's `prepare` and the simulator's readiness tag answers through it."""
+    is_unseen = FallbackLevel(fallback_level) is FallbackLevel.NEW_APP
+    return UnseenReserve(reserve_tokens, alpha) if is_unseen and alpha else None
+
+
 class OwnReserveLevels:
     """An unseen app's reserve level from its own finished stages, once they can stand behind one.
 
@@ -94,8 +104,9 @@ class OwnReserveLevels:
     split-conformal (1 − α) quantile (⌈(n + 1)(1 − α)⌉ ≤ n: 22 stages at α = 0.045), that quantile is the app's own
     level and rescales every later reserve answered for it: reserve' = exp(log(1 + reserve) + level) − 1, within
     [tokens_pred, max_tokens]. Before that, the answered reserve stands. The app's remaining work follows the same
-    rule (serving/core/scheduler/remaining.py). The simulator applies it (`serving.sim.stage_request.own_reserve`,
-    `observe_stage`); the gateway's `prepare` does not read it yet.
+    rule (serving/core/scheduler/remaining.py). The simulator (`serving.sim.stage_request.own_reserve`,
+    `observe_stage`) and the gateway (`gateway/prepare.py`, `gateway/record.py`) each hold one and apply it alike:
+    `reserve_tokens` at readiness, `observe` once the stage has finished, with the reserve it was answered.
     """
 
     def __init__(self, max_scores: int = MAX_OWN_SCORES):
