@@ -16,12 +16,10 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from maestro.contract import StageTrace
-from maestro.prediction import FallbackLevel, Prediction
 from pipelines.calibration import conformal_quantile
 
 
@@ -97,34 +95,3 @@ class NewAppCoverage:
                 }
                 for key, scores in self._scores.items()
             }
-
-
-class NewAppReserves:
-    """The new-app correction around a Predictor's answers where no predictor service runs it (the gateway's
-    in-process model): serve() lifts or lowers a new app's reserves and remembers what the model served;
-    observe() learns from a finished stage that was served so."""
-
-    def __init__(self, alpha: float, config: NewAppConfig | None = None, capacity: int = 100_000):
-        self.coverage, self.capacity = NewAppCoverage(config, alpha), capacity
-        self._served: OrderedDict[tuple[str, str], tuple[str, str, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def serve(self, stages: list[StageTrace], answers: list[Prediction]) -> list[Prediction]:
-        return [self._serve(s, a) if a.fallback_level is FallbackLevel.NEW_APP else a for s, a in zip(stages, answers)]
-
-    def _serve(self, stage: StageTrace, answer: Prediction) -> Prediction:
-        app = stage.app or "unknown"
-        with self._lock:
-            self._served[(stage.workflow_id, stage.stage_id)] = (app, stage.role, answer.tokens_reserve)
-            while len(self._served) > self.capacity:
-                self._served.popitem(last=False)
-        reserve = math.ceil(answer.tokens_reserve * self.coverage.factor(app, stage.role))
-        return replace(answer, tokens_reserve=max(answer.tokens_pred, reserve))
-
-    def observe(self, stage: StageTrace) -> None:
-        if stage.output_tokens is None:
-            return
-        with self._lock:
-            served = self._served.pop((stage.workflow_id, stage.stage_id), None)
-        if served is not None:
-            self.coverage.update(served[0], served[1], served[2], stage.output_tokens)

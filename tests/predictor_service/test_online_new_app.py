@@ -7,8 +7,7 @@ import pytest
 
 from maestro.contract import StageTrace
 from pipelines.new_app import NEW_APP
-from pipelines.predictor import Prediction
-from predictor_service.new_app import NewAppConfig, NewAppCoverage, NewAppReserves, min_scores
+from predictor_service.new_app import NewAppConfig, NewAppCoverage, min_scores
 from predictor_service.online import OnlineCorrection, coverage_group
 
 ALPHA = 0.05
@@ -61,19 +60,6 @@ def test_a_new_apps_outcomes_never_move_a_seen_apps_correction():
 def test_a_new_apps_observation_needs_its_reserve_and_group():
     with pytest.raises(ValueError, match="reserve it was served and its coverage group"):
         OnlineCorrection(alpha=ALPHA).update("agent", 100, 20, None, None, is_new_app=True)
-
-
-def test_the_in_process_predictor_serves_and_learns_a_new_apps_reserve():
-    reserves = NewAppReserves(ALPHA)
-    for i in range(40):
-        stage = StageTrace(workflow_id=f"w{i}", stage_id="0", role="agent", prompt="p", app="new")
-        seen = Prediction(f"w{i}", "0", 0.1, "role", tokens_pred=50, tokens_reserve=400)
-        new = Prediction(f"w{i}", "0", 0.1, NEW_APP, tokens_pred=50, tokens_reserve=400)
-        assert reserves.serve([stage], [seen]) == [seen]
-        (served,) = reserves.serve([stage], [new])
-        reserves.observe(stage.model_copy(update={"output_tokens": 60, "is_tool_call": False}))
-    assert 50 <= served.tokens_reserve < 400
-    assert reserves.coverage.snapshot()["new/agent"]["num_observations"] == 40
 
 
 def test_the_service_engine_serves_a_new_app_at_its_level_then_at_its_own(tmp_path):
