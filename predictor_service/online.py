@@ -17,9 +17,10 @@ Two corrections per role, learnt from the stages the service observes (served an
   stands above α by more than `drift_sd` standard errors of that EWMA is drifting (logged as a warning
   when it starts; exported by the service).
 
-- new apps: a stage answered for an app training never saw (`fallback_level: new_app`) is corrected by
-  `predictor_service.new_app.NewAppCoverage` alone, per (app, role), from that app's own observed stages; its
-  outcome enters the coverage watch but never a role's tokens state, which the apps training saw share.
+- new apps: a stage answered for an app training never saw (`fallback_level: new_app`) gets its reserve from
+  `maestro.own_reserve.OwnReserveLevels` alone, per app, from that app's own observed stages: the rule the gateway's
+  in-process predictor and the simulator apply, from the same inputs; its outcome enters the coverage watch but
+  never a role's tokens state, which the apps training saw share.
 
 Both are bounded (|log| ≤ bound) and decay towards 0 with a half-life when a role goes quiet; the
 tokens factor only acts once a role has `min_observations`. A reload starts from zero: the
@@ -34,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from predictor_service.new_app import NewAppConfig, NewAppCoverage
+from maestro.own_reserve import MAX_OWN_SCORES, OwnReserveLevels, UnseenReserve
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class CorrectionConfig:
     max_roles: int = 10_000  # roles are client-supplied: past this, the longest-quiet role is forgotten
     coverage_weight: float = 0.02  # EWMA weight of one stage in a group's share above the reserve
     drift_sd: float = 4.0  # a group drifts when its share exceeds α by this many standard errors
-    new_app: NewAppConfig = NewAppConfig()  # the reserve of apps training never saw (predictor_service.new_app)
+    new_app_max_scores: int = MAX_OWN_SCORES  # a new app's latest observed stages its own level is taken over
 
     def __post_init__(self) -> None:
         if not 0 < self.weight <= 1 or not 0 < self.coverage_weight <= 1:
@@ -64,10 +65,11 @@ class CorrectionConfig:
             or self.max_roles < 1
             or self.significance < 0
             or self.reserve_step < 0
+            or self.new_app_max_scores < 1
         ):
             raise ValueError(
                 f"invalid CorrectionConfig {self}: bound ≥ 0, half_life_s > 0, min_observations ≥ 1, "
-                "max_roles ≥ 1, significance ≥ 0, reserve_step ≥ 0"
+                "max_roles ≥ 1, significance ≥ 0, reserve_step ≥ 0, new_app_max_scores ≥ 1"
             )
 
 
@@ -111,7 +113,7 @@ class OnlineCorrection:
         self.role_baselines = role_baselines or {}
         self._roles: dict[str, _RoleState] = {}
         self._groups: dict[tuple[str, str, str] | str, _GroupState] = {}  # a role when no group was given
-        self.new_apps = NewAppCoverage(self.config.new_app, alpha)
+        self.new_apps = OwnReserveLevels(self.config.new_app_max_scores, self.config.max_roles)
         self._lock = threading.Lock()
 
     def _clip(self, value: float) -> float:
@@ -151,7 +153,7 @@ class OnlineCorrection:
         coverage group (coverage_group(); the role when None); `is_new_app`: it was answered for an app
         training never saw (then `reserve_tokens` and `group` are required)."""
         if is_new_app:
-            self._update_new_app(role, actual_tokens, reserve_tokens, group)
+            self._update_new_app(predicted_tokens, actual_tokens, reserve_tokens, group)
             return
         residual = math.log((actual_tokens + 1) / (max(predicted_tokens, 0) + 1)) - self.role_baselines.get(
             role, self.baseline
@@ -175,17 +177,27 @@ class OnlineCorrection:
             state.updated_at = now
 
     def _update_new_app(
-        self, role: str, actual_tokens: float, reserve_tokens: float | None, group: tuple[str, str, str] | None
+        self,
+        predicted_tokens: float,
+        actual_tokens: float,
+        reserve_tokens: float | None,
+        group: tuple[str, str, str] | None,
     ) -> None:
         if reserve_tokens is None or group is None:
             raise ValueError("a new app's observation needs the reserve it was served and its coverage group")
-        app = group[0]
+        tokens_pred = round(predicted_tokens)
+        app, answer = group[0], self._unseen(tokens_pred, reserve_tokens)
+        served = self.new_apps.reserve_tokens(app, answer, tokens_pred, None)
         with self._lock:
             now = self._clock()
             shift = self._state(self._groups, group, now, self.config.max_roles, _GroupState)
-            missed = actual_tokens > reserve_tokens * self.new_apps.factor(app, role)
-            self._cover(group, shift, missed, now, step=0.0)  # watched only: NewAppCoverage sets its reserve
-        self.new_apps.update(app, role, reserve_tokens, actual_tokens)
+            self._cover(group, shift, actual_tokens > served, now, step=0.0)  # watched only: new_apps sets it
+        self.new_apps.observe(app, answer, int(actual_tokens))
+
+    def _unseen(self, tokens_pred: int, tokens_reserve: float) -> UnseenReserve:
+        """A new app's answer as the gateway sizes a calibrated reserve (`sizing.reserve_output_tokens`: at least the
+        prediction and 1 token), short of the stage's max_tokens, which only the gateway knows and caps at."""
+        return UnseenReserve(max(1, tokens_pred, math.ceil(tokens_reserve)), self.alpha)
 
     def _cover(self, key, group: _GroupState, missed: bool, now: float, step: float | None = None) -> None:
         """The group's adaptive-conformal shift (`step`: the config's unless given) and its share above the
@@ -228,9 +240,10 @@ class OnlineCorrection:
         """The served answer for the model's (tokens_pred, tokens_reserve): both corrected, the reserve never below
         the prediction; and the two factors used. A new app's answer: its reserve by the app's own level only."""
         if is_new_app and group is not None:
-            factor, reserve_factor = 1.0, self.new_apps.factor(group[0], role)
-        else:
-            factor, reserve_factor = self.factor(role), self.reserve_factor(role, group)
+            point = round(tokens_pred)
+            reserve = self.new_apps.reserve_tokens(group[0], self._unseen(point, tokens_reserve), point, None)
+            return point, reserve, 1.0, reserve / max(tokens_reserve, 1)
+        factor, reserve_factor = self.factor(role), self.reserve_factor(role, group)
         corrected = int(round(tokens_pred * factor))
         return corrected, max(corrected, int(math.ceil(tokens_reserve * reserve_factor))), factor, reserve_factor
 

@@ -13,11 +13,11 @@ import logging
 import time
 from collections import OrderedDict
 
+from maestro.own_reserve import OwnReserveLevels
 from maestro.prediction import Prediction
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapKind, CapSignals, SessionCap
-from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork, remaining_after_s

@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from maestro.contract import prompt_text
-from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens, unseen_reserve
+from maestro.own_reserve import unseen_reserve
+from serving.core.admission.sizing import is_calibrated, output_tokens_to_map, reserve_output_tokens
 from serving.core.request import WorkflowInfo, stage_request
 from serving.gateway.jobs import Arrival, Job
 from serving.gateway.metadata import StageMeta

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from maestro.own_reserve import OwnReserveLevels
 from serving.core.admission import AIMDConfig, CapSignals
-from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import StageRequest
 from serving.core.residency import ResidencyConfig
 from serving.core.routing import FitnessConfig

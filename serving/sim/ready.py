@@ -28,14 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from maestro.own_reserve import UnseenReserve, unseen_reserve
 from maestro.prediction import OutputSize, WorkflowFallbackLevel, WorkflowRemaining
-from serving.core.admission.sizing import (
-    DEFAULT_RHO,
-    UnseenReserve,
-    is_calibrated,
-    reserve_output_tokens,
-    unseen_reserve,
-)
+from serving.core.admission.sizing import DEFAULT_RHO, is_calibrated, reserve_output_tokens
 from serving.sim.workload import SimStage, SimWorkflow, to_contract
 
 SOURCES = ("model", "prior", "none", "oracle", "noise")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from maestro.own_reserve import OwnReserveLevels
 from maestro.prediction import WorkflowFallbackLevel
-from serving.core.admission.sizing import OwnReserveLevels
 from serving.core.request import StageRequest, WorkflowInfo, stage_request, workflow_remaining_s
 from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
 from serving.sim.costmodel import CostModel

@@ -1,20 +1,18 @@
 """How much KV a stage reserves: the reservation modes and the one prediction → reserve rule.
 
 The gateway (`gateway/core.py` `prepare`) and the simulator (`sim/predictions.py`, `sim/dispatch.py`) both size
-reserves here, so a policy name reserves the same tokens in both places.
+reserves here, so a policy name reserves the same tokens in both places. An unseen app's reserve, once sized here, is
+rescaled by the app's own level (`maestro.own_reserve`, the rule the predictor service applies too).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections import deque
-from dataclasses import dataclass
 
 from maestro.prediction import FallbackLevel, Prediction
 
 DEFAULT_RHO = 0.2  # margin on a reserve that no calibration stands behind: reserve × (1 + rho)
-MAX_OWN_SCORES = 1000  # an unseen app's most recent finished stages its own reserve level is taken over
 
 
 class ReservationMode(enum.Enum):
@@ -74,65 +72,3 @@ def headroom_pages(admission_headroom_frac: float, num_pages: int) -> int:
     """Pages of a node's pool of `num_pages` that admission keeps free (`System.admission_headroom_frac`): a stage
     starts only if what it maps now, and these, fit in the free pages."""
     return int(admission_headroom_frac * num_pages)
-
-
-@dataclass(frozen=True)
-class UnseenReserve:
-    """A reserve answered for an app the predictor never saw (`FallbackLevel.NEW_APP`): the reserve as sized from the
-    answer (`reserve_output_tokens`), and the miss rate `alpha` its level was calibrated for, on the other apps."""
-
-    reserve_tokens: int
-    alpha: float
-
-
-def unseen_reserve(
-    fallback_level: FallbackLevel | str, reserve_tokens: int, alpha: float | None
-) -> UnseenReserve | None:
-    """The `UnseenReserve` of a reserve sized (`reserve_output_tokens`) from an answer at `fallback_level`: one where
-    the app is unseen (`FallbackLevel.NEW_APP`) and the model's miss rate `alpha` is known, else None (the reserve
-    stands as sized). The gateway's `prepare` and the simulator's readiness tag answers through it."""
-    is_unseen = FallbackLevel(fallback_level) is FallbackLevel.NEW_APP
-    return UnseenReserve(reserve_tokens, alpha) if is_unseen and alpha else None
-
-
-class OwnReserveLevels:
-    """An unseen app's reserve level from its own finished stages, once they can stand behind one.
-
-    A NEW_APP reserve is the app's bound model lifted to the level that held for the worst training app left out: a
-    level calibrated on other apps, none on this one. Each finished stage answered so scores log(1 + its output
-    tokens) − log(1 + the reserve it was answered); once the app's last `max_scores` scores give a finite
-    split-conformal (1 − α) quantile (⌈(n + 1)(1 − α)⌉ ≤ n: 22 stages at α = 0.045), that quantile is the app's own
-    level and rescales every later reserve answered for it: reserve' = exp(log(1 + reserve) + level) − 1, within
-    [tokens_pred, max_tokens]. Before that, the answered reserve stands. The app's remaining work follows the same
-    rule (serving/core/scheduler/remaining.py). The simulator (`serving.sim.stage_request.own_reserve`,
-    `observe_stage`) and the gateway (`gateway/prepare.py`, `gateway/record.py`) each hold one and apply it alike:
-    `reserve_tokens` at readiness, `observe` once the stage has finished, with the reserve it was answered.
-    """
-
-    def __init__(self, max_scores: int = MAX_OWN_SCORES):
-        if max_scores < 1:
-            raise ValueError(f"OwnReserveLevels: max_scores must be >= 1, got {max_scores}")
-        self.max_scores = max_scores
-        self._scores: dict[str, deque[float]] = {}
-
-    def observe(self, app: str, answer: UnseenReserve, output_tokens: int) -> None:
-        """A stage of `app` answered `answer` ended with `output_tokens` output tokens."""
-        if output_tokens < 0:
-            raise ValueError(f"OwnReserveLevels.observe: output_tokens must be >= 0, got {output_tokens}")
-        scores = self._scores.setdefault(app, deque(maxlen=self.max_scores))
-        scores.append(math.log1p(output_tokens) - math.log1p(answer.reserve_tokens))
-
-    def level(self, app: str, alpha: float) -> float | None:
-        """The app's own split-conformal (1 − alpha) level in log space; None while its scores are too few."""
-        scores = sorted(self._scores.get(app, ()))
-        rank = math.ceil((len(scores) + 1) * (1 - alpha))
-        return scores[rank - 1] if 0 < rank <= len(scores) else None
-
-    def reserve_tokens(self, app: str, answer: UnseenReserve, tokens_pred: int, max_tokens: int) -> int:
-        """The output tokens to reserve for a stage of `app` answered `answer`: rescaled by the app's own level
-        where it has one, else the answer's."""
-        level = self.level(app, answer.alpha)
-        if level is None:
-            return answer.reserve_tokens
-        rescaled = math.ceil(round(math.expm1(math.log1p(answer.reserve_tokens) + level), 6))  # no float residue
-        return max(1, min(max_tokens, max(tokens_pred, rescaled)))

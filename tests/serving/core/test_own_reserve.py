@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks.referee.arms import read_use, write_use
+from maestro.own_reserve import OwnReserveLevels, UnseenReserve
 from maestro.prediction import FallbackLevel, OutputSize, Prediction
-from serving.core.admission.sizing import OwnReserveLevels, UnseenReserve
 from serving.core.systems import get_system
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.ready import ReadyPredictions

@@ -1,19 +1,26 @@
-"""The gateway sizes an unseen app's reserve from its own finished stages (`sizing.OwnReserveLevels`), as the
-simulator does: a `NEW_APP` answer's reserve stands until the app's finished stages give a level, then shrinks to
-it; an app the model was calibrated on keeps its reserve; a stage that has not finished (or failed) scores nothing."""
+"""The gateway sizes an unseen app's reserve from its own finished stages (`maestro.own_reserve.OwnReserveLevels`),
+as the simulator and predictor_service do: a `NEW_APP` answer's reserve stands until the app's finished stages give a
+level, then shrinks to it; an app the model was calibrated on keeps its reserve; a stage that has not finished (or
+failed) scores nothing."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
-from maestro.prediction import FallbackLevel, Prediction
-from serving.core.admission.sizing import OwnReserveLevels, UnseenReserve, reserve_output_tokens
+from maestro.own_reserve import unseen_reserve
+from maestro.prediction import FallbackLevel, OutputSize, Prediction
+from predictor_service.online import OnlineCorrection, coverage_group
+from serving.core.admission.sizing import reserve_output_tokens
+from serving.core.systems import get_system
 from serving.gateway.answers import Source, StageAnswer
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
 from serving.gateway.metadata import StageMeta
 from serving.gateway.outcome import CallResult
 from serving.gateway.predict import LocalPredictor
+from serving.sim.engine import ClusterConfig, Simulator
+from tests.serving.core.test_own_reserve import chain
 
 ALPHA = 0.045  # 22 finished stages give a finite (1 − α) rank
 ANSWERED_RESERVE_TOKENS, OUTPUT_TOKENS, MAX_TOKENS = 800, 40, 2000
@@ -87,23 +94,67 @@ def test_an_unseen_apps_reserve_shrinks_to_its_own_level_and_a_calibrated_apps_n
     assert reserves["new"][22:] == [OUTPUT_TOKENS] * 8
 
 
-def test_the_gateway_and_the_simulator_rescale_alike(tmp_path):
-    """The same answers and outputs fed to the gateway and to an `OwnReserveLevels` as the simulator feeds its own
-    (`serving.sim.stage_request`) give the same reserves; outputs spread so the level is not just the one value."""
+class ServiceRule(ServiceAnswers):
+    """The answers as predictor_service serves them: its `OnlineCorrection` rescales a NEW_APP reserve and learns from
+    the stages the gateway reports (`observe`), as the service's engine does behind HTTP."""
+
+    def __init__(self):
+        super().__init__()
+        self.corrections = OnlineCorrection(alpha=ALPHA, clock=lambda: 0.0)
+
+    async def predict(self, stages: list[dict]) -> list[StageAnswer]:
+        served = []
+        for s, a in zip(stages, await super().predict(stages)):
+            p, group = a.prediction, coverage_group(s["app"], s["role"], a.prediction.history)
+            is_new = p.fallback_level is FallbackLevel.NEW_APP
+            tokens_pred, tokens_reserve, *_ = self.corrections.apply(s["role"], 10, p.tokens_reserve, group, is_new)
+            served.append(replace(a, prediction=replace(p, tokens_pred=tokens_pred, tokens_reserve=tokens_reserve)))
+        return served
+
+    def observe(self, stage: dict) -> None:
+        group, is_new = coverage_group(stage["app"], stage["role"], "full"), stage["app"] == "new"
+        self.corrections.update(stage["role"], 10, stage["output_tokens"], ANSWERED_RESERVE_TOKENS, group, is_new)
+
+
+def simulated_reserves(outputs: list[int]) -> list[int]:
+    """The simulator's path: a chain of "new" stages answered the same NEW_APP reserve, each ready once the one before
+    has finished with its output; each stage's reserve at readiness (`own_reserve`, fed by `observe_stage`)."""
+    workflow = chain("new", len(outputs), 1)
+    for stage, out in zip(workflow.stages, outputs):
+        stage.output_tokens = out
+
+    def predict(stage) -> None:
+        stage.size = OutputSize(tokens_pred=10, tokens_reserve=ANSWERED_RESERVE_TOKENS)
+        stage.unseen_reserve = unseen_reserve(FallbackLevel.NEW_APP, ANSWERED_RESERVE_TOKENS, ALPHA)
+
+    sim = Simulator(
+        ClusterConfig(num_nodes=1, show_progress=False), get_system("maestro"), [workflow], predict_ready=predict
+    )
+    seen, make_ready = {}, sim.make_ready
+
+    def recording(stage) -> None:
+        make_ready(stage)
+        seen[stage.index] = stage.tokens_reserve
+
+    sim.make_ready = recording
+    sim.run()
+    return [seen[i] for i in range(len(outputs))]
+
+
+def test_the_service_the_gateway_and_the_simulator_size_an_unseen_app_alike(tmp_path):
+    """The same answers and outputs give the same reserves, stage by stage, from the gateway with its in-process
+    model, from the gateway on predictor_service's rule (which the gateway leaves as it is) and from the simulator;
+    outputs spread so the level is not just the one value."""
     outputs = [30 + 7 * i for i in range(40)]
 
-    async def scenario():
-        gateway = gateway_of(tmp_path)
+    async def scenario(predictor):
+        gateway = gateway_of(tmp_path, predictor)
         return [await finish(gateway, "new", i, out) for i, out in enumerate(outputs)]
 
-    gateway_reserves = asyncio.run(scenario())
-    levels, answer = OwnReserveLevels(), UnseenReserve(ANSWERED_RESERVE_TOKENS, ALPHA)
-    expected = []
-    for out in outputs:
-        expected.append(levels.reserve_tokens("new", answer, 10, MAX_TOKENS))
-        levels.observe("new", answer, out)
-    assert gateway_reserves == expected and expected[-1] != ANSWERED_RESERVE_TOKENS
-    assert reserve_output_tokens(10, ANSWERED_RESERVE_TOKENS, MAX_TOKENS, is_calibrated=True) == answer.reserve_tokens
+    in_process, service = asyncio.run(scenario(AnswersByApp())), asyncio.run(scenario(ServiceRule()))
+    assert in_process == service == simulated_reserves(outputs)
+    assert in_process[:22] == [ANSWERED_RESERVE_TOKENS] * 22 and len(set(in_process[22:])) > 1
+    assert reserve_output_tokens(10, ANSWERED_RESERVE_TOKENS, MAX_TOKENS, is_calibrated=True) == ANSWERED_RESERVE_TOKENS
 
 
 def test_a_stage_that_failed_scores_nothing(tmp_path):
