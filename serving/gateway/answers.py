@@ -73,7 +73,7 @@ class StagePredictor(Protocol):
     counts: AnswerCounts
     is_ready: bool
     # the miss rate α an unseen app's (`NEW_APP`) reserve level was calibrated for, where the gateway rescales that
-    # reserve by the app's own level (`sizing.OwnReserveLevels`); None where the predictor rescales it itself
+    # reserve by the app's own level (`maestro.own_reserve`); None where the predictor rescales it itself by that rule
     new_app_alpha: float | None
 
     async def start(self) -> None: ...

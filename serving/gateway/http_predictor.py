@@ -44,7 +44,7 @@ class HttpPredictor:
         self.num_observe_dropped = 0
         self.counts = AnswerCounts(f"service {client.config.url}")
         self.is_ready = False
-        self.new_app_alpha = None  # the service rescales an unseen app's reserve itself (predictor_service/new_app.py)
+        self.new_app_alpha = None  # the service rescales an unseen app's reserve itself, by maestro/own_reserve.py
         self.startup_error = ""
         self._flusher: asyncio.Task | None = None
         self._is_sending = False  # the flusher's batch is on the wire (cancelling it then could lose the batch)

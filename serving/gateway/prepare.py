@@ -1,6 +1,7 @@
 """A call made a `Job` (`Gateway.prepare`): the stage predicted, its prompt and output sized, its KV reserve chosen,
 and its `StageRequest` built through `serving.core.request.stage_request`, as the simulator builds it. An unseen app's
-reserve is rescaled by its own level (`Gateway.own_reserves`, `sizing.OwnReserveLevels`), as the simulator does.
+reserve is rescaled by its own level (`Gateway.own_reserves`, `maestro.own_reserve.OwnReserveLevels`), as the simulator
+and predictor_service do.
 
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work
 (`Gateway.workflow_remaining_s`) and whether its context is held for it on a node.
