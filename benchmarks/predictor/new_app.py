@@ -192,5 +192,6 @@ def plot(result: dict, path) -> None:
     above.legend(fontsize=7)
     fig.suptitle("An app training never saw, corrected online (dotted: a model trained with the app)")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
