@@ -56,6 +56,7 @@ class OwnReserveLevels:
             raise ValueError(f"OwnReserveLevels: max_scores and max_apps must be >= 1, got {max_scores} and {max_apps}")
         self.max_scores, self.max_apps = max_scores, max_apps
         self._scores: OrderedDict[str, deque[float]] = OrderedDict()
+        self._levels: dict[str, dict[float, float | None]] = {}  # app → alpha → level, until the app's next score
         self._lock = threading.Lock()
 
     def observe(self, app: str, answer: UnseenReserve, output_tokens: int) -> None:
@@ -68,9 +69,11 @@ class OwnReserveLevels:
             if scores is None:
                 scores = self._scores[app] = deque(maxlen=self.max_scores)
                 while len(self._scores) > self.max_apps:
-                    self._scores.popitem(last=False)
+                    forgotten, _ = self._scores.popitem(last=False)
+                    self._levels.pop(forgotten, None)
             self._scores.move_to_end(app)
             scores.append(score)
+            self._levels.pop(app, None)
 
     def num_scores(self, app: str) -> int:
         """How many of `app`'s finished stages its level is taken over now."""
@@ -80,9 +83,14 @@ class OwnReserveLevels:
     def level(self, app: str, alpha: float) -> float | None:
         """The app's own split-conformal (1 − alpha) level in log space; None while its scores are too few."""
         with self._lock:
-            scores = sorted(self._scores.get(app, ()))
-        rank = math.ceil((len(scores) + 1) * (1 - alpha))
-        return scores[rank - 1] if 0 < rank <= len(scores) else None
+            if app not in self._scores:  # no finished stage yet (and nothing kept for a name never observed)
+                return None
+            levels = self._levels.setdefault(app, {})
+            if alpha not in levels:  # sorted once per new score, not once per answer
+                scores = sorted(self._scores.get(app, ()))
+                rank = math.ceil((len(scores) + 1) * (1 - alpha))
+                levels[alpha] = scores[rank - 1] if 0 < rank <= len(scores) else None
+            return levels[alpha]
 
     def reserve_tokens(self, app: str, answer: UnseenReserve, tokens_pred: int, max_tokens: int | None) -> int:
         """The output tokens to reserve for a stage of `app` answered `answer`: rescaled by the app's own level
