@@ -20,6 +20,7 @@ from serving.core.dispatch import Outcome, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
+from serving.core.routing import HostWaitFits
 from serving.core.tool_kv import ToolCallContext
 from serving.sim.context import SimContext
 from serving.sim.gpu_pace import ModelPace
@@ -39,6 +40,9 @@ class SimDispatcher:
         self.config = node_dispatch_config(sim.system.router, sim.cluster.fitness)
         self.batch_gate = BatchCostGate() if sim.system.batch_cost else None
         self.slots = {node: SimSlot(node, self) for node in sim.nodes}
+        self.host_fits = HostWaitFits()  # one for the fleet: every node's host wait is charged alike
+        for node in sim.nodes:
+            node.host.fits = self.host_fits
         self.running_on: dict[str, list[SimNode]] = {}
 
     def bytes_per_token(self, stage: SimStage) -> int:
@@ -79,7 +83,9 @@ class SimDispatcher:
             return home
         slots = [self.slots[n] for n in self.running_on.get(stage.model) or self.sim.nodes]
         now = [s for s in slots if s.can_start_now(stage.request)]
-        return choose(stage.request, now or slots, self.config).node
+        node = choose(stage.request, now or slots, self.config).node
+        node.host.routed(stage, stage.workflow.app, self.sim.now)  # scored against what its tool call meets
+        return node
 
     # --- admission and start -------------------------------------------------------------------
     def fill(self, node: SimNode) -> None:
@@ -263,6 +269,7 @@ class SimDispatcher:
             stage.tool_submit_s = sim.now
             sim.submit_tool(node, stage)
         else:
+            node.host.ended_without_call(stage)
             node.release(stage, stage.reservation)
             sim.children_ready(stage)
         stage.reservation = None

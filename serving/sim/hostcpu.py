@@ -23,6 +23,8 @@ import heapq
 import itertools
 from collections import deque
 
+from serving.core.routing import HostWaitFits
+
 _TIE = itertools.count()
 
 
@@ -43,6 +45,8 @@ class HostCPU:
         self.w = 0.0
         self.last_s = 0.0
         self.version = 0  # bumped on every change, so stale completion events are skipped
+        self.fits = HostWaitFits()  # how much of the wait shown at routing the call met (a fleet's hosts share one)
+        self.shown: dict[int, tuple[str, float]] = {}  # id(stage routed here) → (app, wait shown) until its call
 
     # --- state ----------------------------------------------------------------------------------
     @property
@@ -78,6 +82,29 @@ class HostCPU:
             heapq.heappush(free_at, heapq.heappop(free_at) + work_s)
         return free_at[0]
 
+    def routed(self, job, app: str, now: float) -> None:
+        """A stage was routed to this node at `now`: the wait shown then is scored against what its tool call (a
+        call handed over with `job` as the stage) meets when it starts (`HostWaitFit`); a stage that calls no tool
+        is never scored."""
+        self.shown[id(job)] = (app, self.wait_s(now))
+
+    def ended_without_call(self, job) -> None:
+        """A stage routed here ended without a tool call: nothing of it is scored."""
+        self.shown.pop(id(job), None)
+
+    def charged_wait_s(self, now: float, app: str) -> float:
+        """The wait the router charges a stage of `app`: `wait_s` times the share of it the app's routed stages' calls
+        have met."""
+        wait_s = self.wait_s(now)
+        return wait_s * self.fits.share(app) if wait_s > 0 else 0.0
+
+    def _started(self, started: list[tuple[object, float]]) -> list[tuple[object, float]]:
+        for job, wait_s in started:
+            shown = self.shown.pop(id(job), None)
+            if shown is not None:
+                self.fits.observe(*shown, wait_s)
+        return started
+
     # --- the clock --------------------------------------------------------------------------------
     def advance(self, now: float) -> None:
         if now > self.last_s:
@@ -99,7 +126,7 @@ class HostCPU:
             self.queue.append((job, work_s, now))
             return []
         self._start(job, work_s)
-        return [(job, 0.0)]
+        return self._started([(job, 0.0)])
 
     def pop_done(self, now: float) -> tuple[list, list[tuple[object, float]]]:
         """Calls finished by `now`, and [(job, queue wait)] of queued calls that started in their place."""
@@ -114,7 +141,7 @@ class HostCPU:
             started.append((job, now - submit_s))
         if done or started:
             self.version += 1
-        return done, started
+        return done, self._started(started)
 
     def _start(self, job, work_s: float) -> None:
         heapq.heappush(self._heap, (self.w + max(0.0, work_s), next(_TIE), job))

@@ -88,8 +88,9 @@ class SimSlot:
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
         and the queued stages' predicted work, over the batch width, after the model's load) plus the wait a tool
-        call handed to this node's host CPU now would see (`HostCPU.wait_s`), since a session routed here stays
-        here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
+        call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that routed
+        stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed here
+        stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
         engine's waiting stages). Free KV is what the stage could map here: free pages plus the sessions' kept
         tool-call KV, which `SimDispatcher.kv_plan` reuses or reclaims for it; counted as taken, an idle node
         holding some ranked below a node already running a stage."""
@@ -98,7 +99,8 @@ class SimSlot:
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
         work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
         now = self.dispatcher.sim.now
-        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + node.host.wait_s(now)
+        host_s = node.host.charged_wait_s(now, stage.workflow.app)
+        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + host_s
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
 
