@@ -3,6 +3,7 @@
 import pytest
 
 from serving.core.dispatch import choose
+from serving.core.routing import HostWaitFit
 from serving.core.systems import get_system
 from serving.sim.engine import Simulator
 from serving.sim.hostcpu import HostCPU
@@ -35,3 +36,63 @@ def test_a_stage_goes_to_the_node_whose_host_is_not_busy_with_tools():
     terms = [slot.fitness_terms(request) for slot in slots]
     assert terms[0][1] == pytest.approx(terms[1][1] + 30.0)
     assert choose(request, slots, sim.dispatch.config) is slots[1]
+
+
+def _two_nodes():
+    scenario = get_scenario("mars-swe", 2)
+    scenario.cluster.show_progress = False
+    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=2), scenario.regimes[0])
+    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
+    busy_host, busy_gpu = sim.nodes
+    for job in range(3 * busy_host.host.num_cores):  # a backlog of 30 s on the first node's host
+        busy_host.host.submit(job, 10.0, 0.0)
+    busy_gpu.queued_work_s = 50.0  # queued GPU work on the second
+    request = ready_request(workflows[1].stages[0], 0.0, sim.cost, sim.remaining_work)
+    return sim, request, [sim.dispatch.slots[n] for n in sim.nodes]
+
+
+def test_a_host_wait_the_routed_stages_calls_did_not_meet_is_not_charged():
+    sim, request, slots = _two_nodes()
+    app = request.payload.workflow.app
+    assert choose(request, slots, sim.dispatch.config) is slots[1]  # no scores yet: the wait is charged in full
+    for shown_s in (0.0, 2.0, 4.0, 8.0, 16.0, 30.0) * 20:  # what the calls met did not follow what was shown
+        sim.dispatch.host_fits.observe(app, shown_s, 0.5)
+    assert sim.dispatch.host_fits.share(app) == pytest.approx(0.0, abs=0.05)
+    assert choose(request, slots, sim.dispatch.config) is slots[0]
+    assert sim.dispatch.host_fits.share("another app") == 1.0  # each app's own stages decide for it
+
+
+def test_a_host_wait_the_calls_met_is_charged_in_full():
+    sim, request, slots = _two_nodes()
+    app = request.payload.workflow.app
+    for shown_s in (0.0, 2.0, 4.0, 8.0, 16.0, 30.0) * 20:
+        sim.dispatch.host_fits.observe(app, shown_s, shown_s + 1.0)  # a persistent queue: met as shown
+    assert sim.dispatch.host_fits.share(app) == 1.0
+    assert choose(request, slots, sim.dispatch.config) is slots[1]
+
+
+def test_the_fit_is_one_until_the_scores_show_the_wait_is_not_met():
+    fit = HostWaitFit()
+    assert fit.share() == 1.0
+    fit.observe(5.0, 0.0)
+    fit.observe(1.0, 0.0)
+    assert fit.share() == 1.0  # two scores
+    for _ in range(3):
+        fit.observe(3.0, 3.0)  # five scores, too few and too scattered to say
+    assert fit.share() == 1.0
+    with pytest.raises(ValueError, match="waits must be >= 0"):
+        fit.observe(-1.0, 0.0)
+
+
+def test_a_routed_stage_is_scored_with_the_wait_its_call_met_on_the_host():
+    host = HostCPU("workers", 1)
+    fits = host.fits
+    host.submit("running", 4.0, 0.0)
+    host.routed("stage", "app", 0.0)  # shown: 4 s
+    host.routed("other", "app", 0.0)
+    host.ended_without_call("other")  # no call: never scored
+    host.submit("stage", 1.0, 1.0)  # handed over at 1 s, starts at 4 s
+    host.pop_done(4.0)
+    fit = fits.by_app["app"]
+    assert (fit.num_scored, fit.shown_s, fit.met_s) == (1, pytest.approx(4.0), pytest.approx(3.0))
+    assert not host.shown
