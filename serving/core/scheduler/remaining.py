@@ -80,31 +80,35 @@ class _Open:
 
 
 @dataclass
-class _Fit:
-    """The least-squares line of the work needed after a stage on the work predicted after it, over the predicted
-    stages of an app's ended workflows."""
+class _Scale:
+    """Σ over the predicted stages of an app's ended workflows: the work they needed after them and the work predicted
+    after them, per position and in all."""
 
-    num_stages: int = 0
-    num_workflows: int = 0
-    sum_x: float = 0.0
-    sum_y: float = 0.0
-    sum_xx: float = 0.0
-    sum_xy: float = 0.0
+    needed_s: list[float] = field(default_factory=list)
+    predicted_s: list[float] = field(default_factory=list)
+    count: list[int] = field(default_factory=list)  # ended workflows with a predicted stage at the position
+    all_needed_s: float = 0.0
+    all_predicted_s: float = 0.0
+    all_count: int = 0  # ended workflows with a predicted stage
 
-    def add(self, predicted_s: float, needed_s: float) -> None:
-        self.num_stages += 1
-        self.sum_x += predicted_s
-        self.sum_y += needed_s
-        self.sum_xx += predicted_s * predicted_s
-        self.sum_xy += predicted_s * needed_s
+    def add(self, position: int, needed_s: float, predicted_s: float) -> None:
+        if position >= len(self.count):
+            grow = position + 1 - len(self.count)
+            self.needed_s.extend([0.0] * grow)
+            self.predicted_s.extend([0.0] * grow)
+            self.count.extend([0] * grow)
+        self.needed_s[position] += needed_s
+        self.predicted_s[position] += predicted_s
+        self.count[position] += 1
+        self.all_needed_s += needed_s
+        self.all_predicted_s += predicted_s
 
-    def expected_s(self, predicted_s: float) -> float:
-        n = self.num_stages
-        var = self.sum_xx - self.sum_x * self.sum_x / n
-        if var <= 0:
-            return predicted_s * self.sum_y / self.sum_x if self.sum_x > 0 else predicted_s
-        slope = (self.sum_xy - self.sum_x * self.sum_y / n) / var
-        return max(0.0, (self.sum_y - slope * self.sum_x) / n + slope * predicted_s)
+    def ratio(self, position: int, min_count: int) -> float:
+        if position < len(self.count) and self.count[position] >= min_count and self.predicted_s[position] > 0:
+            return self.needed_s[position] / self.predicted_s[position]
+        if self.all_count >= min_count and self.all_predicted_s > 0:
+            return self.all_needed_s / self.all_predicted_s
+        return 1.0
 
 
 class RemainingWork:
@@ -115,7 +119,7 @@ class RemainingWork:
             raise ValueError("RemainingWork: min_count, max_open and min_scale_count must be >= 1")
         self.min_count, self.max_open, self.min_scale_count = min_count, max_open, min_scale_count
         self._tables: dict[str, _Table] = {}
-        self._fits: dict[str, _Fit] = {}
+        self._scales: dict[str, _Scale] = {}
         self._open: dict[str, _Open] = {}  # workflow → what it has shown so far
 
     def _entry(self, workflow_id: str, app: str) -> _Open:
@@ -154,19 +158,17 @@ class RemainingWork:
         for key in {entry.app, ALL_APPS}:
             self._tables.setdefault(key, _Table()).add(entry.services_s, entry.tools_s)
         if entry.predicted_s:
-            fit = self._fits.setdefault(entry.app, _Fit())
-            fit.num_workflows += 1
+            scale = self._scales.setdefault(entry.app, _Scale())
+            scale.all_count += 1
             for position, predicted_s in entry.predicted_s.items():
-                fit.add(predicted_s, sum(entry.services_s[position + 1 :]))
+                scale.add(position, sum(entry.services_s[position + 1 :]), predicted_s)
 
-    def expected_s(self, app: str, predicted_s: float) -> float:
-        """The work expected after a stage of `app` whose prediction said `predicted_s`: the least-squares line of
-        the work needed on the work predicted over the predicted stages of its ended workflows, once
-        `min_scale_count` of them ended (at least 0); the prediction itself before."""
-        fit = self._fits.get(app)
-        if fit is None or fit.num_workflows < self.min_scale_count:
-            return predicted_s
-        return fit.expected_s(predicted_s)
+    def prediction_scale(self, app: str, position: int) -> float:
+        """Work needed over work predicted after the stages at `position` of `app`'s ended workflows that the
+        prediction answered, once `min_scale_count` of them reached it; else the same over all its positions, once
+        `min_scale_count` such workflows ended; else 1 (and where the prediction said no work)."""
+        scale = self._scales.get(app)
+        return 1.0 if scale is None else scale.ratio(position, self.min_scale_count)
 
     def own_estimate(self, app: str, position: int) -> float | None:
         """Seconds of work expected after `position` from `app`'s own ended workflows; None where fewer than
@@ -219,4 +221,4 @@ def remaining_after_s(
     raw_s = predicted_s()
     if workflow_id is not None:
         history.observe_prediction(workflow_id, app, position, raw_s)
-    return history.expected_s(app, raw_s)
+    return raw_s * history.prediction_scale(app, position)
