@@ -16,11 +16,9 @@ stage's workflow still has to wait outside the pool (`StageRequest.remaining_too
 The workflow prediction is a median (its model fits the median of log(1 + remaining)), but triage sums the remaining
 work of every open workflow against the pool's capacity: the sum wants each workflow's expected work, and on a task
 the model never saw its medians also miss by the app (on the referee's dev side: an app's stages predicted at 0.6 to
-1.7× the work they then needed). So the prediction is rescaled by its app's ratio at the stage's position: over the stages
-at that position of the app's ended workflows that were answered by the prediction, the work they needed after them
-over the work predicted (`prediction_scale`), once `min_scale_count` such workflows reached it; before, the same ratio
-over all the app's positions; 1 before `min_scale_count` of its workflows ended (the error depends on the position:
-a long workflow's early stages are predicted far short, its last ones nearly right). The ranking among an app's workflows is
+1.7× the work they then needed). So the prediction is rescaled by its app's ratio: over the stages of the app's ended
+workflows that were answered by the prediction, the work they needed after them over the work predicted
+(`prediction_scale`), once `min_scale_count` such workflows ended; 1 before. The ranking among an app's workflows is
 the model's; only its level is the app's own.
 
 The gateway and the simulator feed it the same way: `observe` when a stage's call ends (its service), `observe_tool`
@@ -81,34 +79,9 @@ class _Open:
 
 @dataclass
 class _Scale:
-    """Σ over the predicted stages of an app's ended workflows: the work they needed after them and the work predicted
-    after them, per position and in all."""
-
-    needed_s: list[float] = field(default_factory=list)
-    predicted_s: list[float] = field(default_factory=list)
-    count: list[int] = field(default_factory=list)  # ended workflows with a predicted stage at the position
-    all_needed_s: float = 0.0
-    all_predicted_s: float = 0.0
-    all_count: int = 0  # ended workflows with a predicted stage
-
-    def add(self, position: int, needed_s: float, predicted_s: float) -> None:
-        if position >= len(self.count):
-            grow = position + 1 - len(self.count)
-            self.needed_s.extend([0.0] * grow)
-            self.predicted_s.extend([0.0] * grow)
-            self.count.extend([0] * grow)
-        self.needed_s[position] += needed_s
-        self.predicted_s[position] += predicted_s
-        self.count[position] += 1
-        self.all_needed_s += needed_s
-        self.all_predicted_s += predicted_s
-
-    def ratio(self, position: int, min_count: int) -> float:
-        if position < len(self.count) and self.count[position] >= min_count and self.predicted_s[position] > 0:
-            return self.needed_s[position] / self.predicted_s[position]
-        if self.all_count >= min_count and self.all_predicted_s > 0:
-            return self.all_needed_s / self.all_predicted_s
-        return 1.0
+    sum_needed_s: float = 0.0  # Σ over predicted stages of ended workflows: the work needed after them
+    sum_predicted_s: float = 0.0  # … and the work predicted after them
+    count: int = 0  # ended workflows with a predicted stage
 
 
 class RemainingWork:
@@ -159,16 +132,18 @@ class RemainingWork:
             self._tables.setdefault(key, _Table()).add(entry.services_s, entry.tools_s)
         if entry.predicted_s:
             scale = self._scales.setdefault(entry.app, _Scale())
-            scale.all_count += 1
+            scale.count += 1
             for position, predicted_s in entry.predicted_s.items():
-                scale.add(position, sum(entry.services_s[position + 1 :]), predicted_s)
+                scale.sum_needed_s += sum(entry.services_s[position + 1 :])
+                scale.sum_predicted_s += predicted_s
 
-    def prediction_scale(self, app: str, position: int) -> float:
-        """Work needed over work predicted after the stages at `position` of `app`'s ended workflows that the
-        prediction answered, once `min_scale_count` of them reached it; else the same over all its positions, once
-        `min_scale_count` such workflows ended; else 1 (and where the prediction said no work)."""
+    def prediction_scale(self, app: str) -> float:
+        """Work needed over work predicted after the predicted stages of `app`'s ended workflows, once
+        `min_scale_count` of them ended (and the prediction said any work); else 1."""
         scale = self._scales.get(app)
-        return 1.0 if scale is None else scale.ratio(position, self.min_scale_count)
+        if scale is None or scale.count < self.min_scale_count or scale.sum_predicted_s <= 0:
+            return 1.0
+        return scale.sum_needed_s / scale.sum_predicted_s
 
     def own_estimate(self, app: str, position: int) -> float | None:
         """Seconds of work expected after `position` from `app`'s own ended workflows; None where fewer than
@@ -221,4 +196,4 @@ def remaining_after_s(
     raw_s = predicted_s()
     if workflow_id is not None:
         history.observe_prediction(workflow_id, app, position, raw_s)
-    return raw_s * history.prediction_scale(app, position)
+    return raw_s * history.prediction_scale(app)

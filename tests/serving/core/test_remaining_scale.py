@@ -19,13 +19,12 @@ def run(work: RemainingWork, workflow_id: str, app: str, services_s: list[float]
     return out
 
 
-def test_the_prediction_is_rescaled_by_its_ratio_at_the_position_once_enough_workflows_reached_it():
+def test_a_prediction_that_says_half_the_work_is_doubled_once_enough_workflows_ended():
     work = RemainingWork(min_scale_count=3)
     for i in range(3):  # work after positions 0, 1, 2: 20, 10, 0 (Σ 30); predicted 5 each (Σ 15)
         assert run(work, f"w{i}", "app", [10.0, 10.0, 10.0], predicted_s=5.0) == [5.0, 5.0, 5.0]  # not yet
-    assert [work.prediction_scale("app", k) for k in range(3)] == pytest.approx([4.0, 2.0, 0.0])
-    assert work.prediction_scale("app", 7) == pytest.approx(2.0)  # no workflow reached 7: the app's ratio, 30 / 15
-    assert remaining_after_s(APP, lambda: 7.0, work, "app", 1) == pytest.approx(14.0)
+    assert work.prediction_scale("app") == pytest.approx(2.0)
+    assert remaining_after_s(APP, lambda: 7.0, work, "app", 0) == pytest.approx(14.0)
 
 
 def test_the_scale_is_the_apps_own_and_a_dropped_or_unpredicted_workflow_adds_nothing():
@@ -39,15 +38,14 @@ def test_the_scale_is_the_apps_own_and_a_dropped_or_unpredicted_workflow_adds_no
     work.observe("dropped", "under", 1.0)
     work.observe("dropped", "under", 99.0)
     work.end("dropped", completed=False)
-    assert work.prediction_scale("over", 0) == pytest.approx(1 / 4)  # needed 1 against 4
-    assert work.prediction_scale("over", 3) == pytest.approx(1 / 8)  # all its positions: 1 against 8
-    assert work.prediction_scale("under", 0) == 1.0
-    assert work.prediction_scale("never", 0) == 1.0
+    assert work.prediction_scale("over") == pytest.approx(1 / 8)
+    assert work.prediction_scale("under") == 1.0
+    assert work.prediction_scale("never") == 1.0
 
 
 def test_a_history_answer_is_not_rescaled_nor_recorded():
     work = RemainingWork(min_count=1, min_scale_count=1)
-    run(work, "w0", "app", [1.0, 3.0], predicted_s=1.0)  # needed 3 + 0 against 2: scale 1.5 over its positions
+    run(work, "w0", "app", [1.0, 3.0], predicted_s=1.0)  # needed 3 + 0 against 2: scale 1.5
     assert remaining_after_s(POSITION, lambda: 1.0, work, "app", 0, "w1") == pytest.approx(3.0)  # its own history
     assert remaining_after_s(POSITION, lambda: 1.0, work, "app", 5, "w1") == pytest.approx(1.5)  # the prediction
     assert remaining_after_s(APP, lambda: 0.0, work, "app", 0) == 0.0
