@@ -182,12 +182,9 @@ class Gateway:
         """Predict the stage and size its KV reserve (prepare.py); the Job is ready for `dispatcher.submit`."""
         return await prepare_job(self, meta, body, arrival)
 
-    def workflow_remaining_s(
-        self, prediction: Prediction, prompt_tokens: int, app: str, position: int, workflow_key: str | None = None
-    ) -> float:
+    def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
         """A stage's predicted work after it: its workflow prediction or what the app's ended workflows needed after
-        this position, by the rule the simulator follows too (`remaining_after_s`; `workflow_key` records the
-        prediction against what the workflow then needs)."""
+        this position, by the rule the simulator follows too (`remaining_after_s`)."""
         return remaining_after_s(
             prediction.wf_fallback_level,
             lambda: workflow_remaining_s(
@@ -196,7 +193,6 @@ class Gateway:
             self.remaining_work,
             app,
             position,
-            workflow_key,
         )
 
     def turns_away(self, job: Job) -> bool:

@@ -72,7 +72,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
     home_node = gateway.sessions.arrive(meta.workflow_key, now)
     slo_s = meta.slo_s or gateway.config.system.slo_s
     position = workflow.next_position()
-    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", position, meta.workflow_key)
+    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", position)
     info = WorkflowInfo(
         meta.workflow_key,
         workflow.start_s,
