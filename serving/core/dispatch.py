@@ -7,9 +7,10 @@ nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits
 `backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
 `backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
 head-of-line again until it goes. A stage that every refusing node has room for but Maestro's batch-cost gate holds
-back (`NodeView.admit` answers `HELD_BACK`) is no waiting head: the stages behind it are considered as if it were not
-queued (the gate never holds an interactive stage, so a held batch stage never stalls a turn a person waits on; what
-the gate holds back it holds for the running stages' sake, not for want of room that the stages behind would take).
+back (`NodeView.admit` answers `HELD_BACK`) waits as a head for the batch work behind it as any other does, but not for
+interactive work: while every waiting head is so held, an interactive stage behind them starts where it fits, without
+counting as backfill against them (the gate never holds a turn a person waits on, and it holds a batch stage for the
+running stages' sake, not for want of room the turn would take).
 
 The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
 node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
@@ -162,9 +163,12 @@ class DispatchCore:
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
         """Starts (and failures) in policy order until the head must wait, then backfill; apply each before taking
-        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk."""
+        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk. While every waiting
+        head is held back by the batch-cost gate alone, an interactive stage behind them passes them uncounted."""
         waiting: list[StageRequest] = []  # admitted stages that could not start, the head first
+        num_held = 0  # of them, held back by the gate alone (room for them)
         num_behind = 0  # admitted stages examined behind the waiting head
+        is_strict = False  # nothing but an interactive stage passing held heads goes any more
         for request in self.scheduler.in_order(now):
             if not self.is_live(request, now):
                 if not waiting:
@@ -172,23 +176,31 @@ class DispatchCore:
                 continue  # behind a waiting head: dropped when it reaches the head
             if not self.may_go(request, now):
                 continue
-            if waiting:
+            passes_held = request.interactive and num_held == len(waiting)
+            if waiting and not passes_held:
                 num_behind += 1
-                if num_behind > self.config.backfill_depth:
-                    return
+                if is_strict or num_behind > self.config.backfill_depth:
+                    if num_held < len(waiting):
+                        return
+                    is_strict = True
+                    continue
             chosen = self.choose_node(request, views)
             if chosen is not None:
-                for ahead in waiting:
-                    self.overtaken[ahead] = self.num_overtaken(ahead) + 1
+                if not passes_held:
+                    for ahead in waiting:
+                        self.overtaken[ahead] = self.num_overtaken(ahead) + 1
                 yield self._take(Outcome.START, request, *chosen, is_backfill=bool(waiting))
-            elif self.is_held_back:
-                continue  # room for it, but the gate holds it: the stages behind are considered as if it were not here
-            elif not waiting and not any(v.may_fit_later(request) for v in views):
+            elif not waiting and not self.is_held_back and not any(v.may_fit_later(request) for v in views):
                 yield self._take(Outcome.NEVER_FITS, request)
             elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
-                return  # nothing further back may pass this one
+                if not self.is_held_back:
+                    return  # nothing further back may pass this one
+                waiting.append(request)  # nothing further back but a turn may pass this one
+                num_held += 1
+                is_strict = True
             else:
                 waiting.append(request)
+                num_held += self.is_held_back
 
     def _take(
         self,

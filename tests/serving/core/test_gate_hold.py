@@ -51,3 +51,18 @@ def test_a_stage_without_room_is_still_a_waiting_head():
     core = queued(job, turn)
     assert list(core.decisions([GatedNode(is_full=True)], now=0.0)) == []
     assert len(core) == 2
+
+
+def test_batch_work_behind_a_held_batch_stage_still_waits_for_it():
+    # the gate holds batch work for the running stages' sake: a batch stage behind a held one is no turn, and in a
+    # strict queue it does not pass (batch-only runs are dispatched as before)
+    first, second = StageRequest("job", "s", "m", deadline_s=10.0), StageRequest("job2", "s", "m", deadline_s=20.0)
+    admitted = []
+
+    class SecondFits(GatedNode):
+        def admit(self, request: StageRequest) -> object | None:
+            admitted.append(request.workflow_id)
+            return "admitted" if request is second else HELD_BACK
+
+    core = queued(first, second)
+    assert list(core.decisions([SecondFits()], now=0.0)) == [] and admitted == ["job"]
