@@ -6,7 +6,11 @@ may take it now (`NodeView.admit` answers; fitness S(N,T) or least-loaded, `Disp
 nowhere, it fails if no node could ever take it (`may_fit_later`), else it waits and the core backfills: of the next
 `backfill_depth` admitted stages, those that fit now go ahead of it, but no stage is overtaken this way more than
 `backfill_max_overtaken` times, so a big stage waits a bounded number of small ones, then the queue is strict
-head-of-line again until it goes.
+head-of-line again until it goes. A stage that every refusing node has room for but Maestro's batch-cost gate holds
+back (`NodeView.admit` answers `HELD_BACK`) waits as a head for the batch work behind it as any other does, but not for
+interactive work: while every waiting head is so held, an interactive stage behind them starts where it fits, without
+counting as backfill against them (the gate never holds a turn a person waits on, and it holds a batch stage for the
+running stages' sake, not for want of room the turn would take).
 
 The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
 node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
@@ -28,6 +32,16 @@ from serving.core.routing import FitnessConfig, select_node
 from serving.core.scheduler import Scheduler
 
 
+class HeldBack:
+    """`NodeView.admit`'s answer where the node has room for the stage but the batch-cost gate holds it back now."""
+
+    def __repr__(self) -> str:
+        return "HELD_BACK"
+
+
+HELD_BACK = HeldBack()
+
+
 class NodeView(Protocol):
     """What the core needs to know of a node (a gateway `Node`, a simulated node)."""
 
@@ -35,7 +49,7 @@ class NodeView(Protocol):
 
     def admit(self, request: StageRequest) -> object | None:
         """What the node computed to let the stage start here now, for the caller to start it with (None: it may
-        not)."""
+        not; `HELD_BACK`: it has room, but the batch-cost gate holds the stage back)."""
 
     def may_fit_later(self, request: StageRequest) -> bool:
         """Whether waiting could let the stage start here (False: it never will, as things are)."""
@@ -105,6 +119,7 @@ class DispatchCore:
         self.num_queued_by_model: Counter[str] = Counter()  # queued stages per model (a pool's backlog)
         self.num_started = 0
         self.num_backfilled = 0
+        self.is_held_back = False  # the last stage `fitting` looked at was held back by the gate alone
 
     def __len__(self) -> int:
         return len(self.scheduler)
@@ -130,9 +145,12 @@ class DispatchCore:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
     def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> dict[NodeView, object]:
-        """The nodes that may take the stage now, each with its admission."""
+        """The nodes that may take the stage now, each with its admission; a stage that every node refusing it holds
+        back by the batch-cost gate alone (`HELD_BACK`) sets `is_held_back`."""
         admissions = {v: v.admit(request) for v in views}
-        return {v: admission for v, admission in admissions.items() if admission is not None}
+        refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
+        self.is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
+        return {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
 
     def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
         """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
@@ -145,9 +163,12 @@ class DispatchCore:
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
         """Starts (and failures) in policy order until the head must wait, then backfill; apply each before taking
-        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk."""
+        the next. One walk of the queue: taking a stage off it (lazily) does not disturb the walk. While every waiting
+        head is held back by the batch-cost gate alone, an interactive stage behind them passes them uncounted."""
         waiting: list[StageRequest] = []  # admitted stages that could not start, the head first
+        num_held = 0  # of them, held back by the gate alone (room for them)
         num_behind = 0  # admitted stages examined behind the waiting head
+        is_strict = False  # nothing but an interactive stage passing held heads goes any more
         for request in self.scheduler.in_order(now):
             if not self.is_live(request, now):
                 if not waiting:
@@ -155,21 +176,31 @@ class DispatchCore:
                 continue  # behind a waiting head: dropped when it reaches the head
             if not self.may_go(request, now):
                 continue
-            if waiting:
+            passes_held = request.interactive and num_held == len(waiting)
+            if waiting and not passes_held:
                 num_behind += 1
-                if num_behind > self.config.backfill_depth:
-                    return
+                if is_strict or num_behind > self.config.backfill_depth:
+                    if num_held < len(waiting):
+                        return
+                    is_strict = True
+                    continue
             chosen = self.choose_node(request, views)
             if chosen is not None:
-                for ahead in waiting:
-                    self.overtaken[ahead] = self.num_overtaken(ahead) + 1
+                if not passes_held:
+                    for ahead in waiting:
+                        self.overtaken[ahead] = self.num_overtaken(ahead) + 1
                 yield self._take(Outcome.START, request, *chosen, is_backfill=bool(waiting))
-            elif not waiting and not any(v.may_fit_later(request) for v in views):
+            elif not waiting and not self.is_held_back and not any(v.may_fit_later(request) for v in views):
                 yield self._take(Outcome.NEVER_FITS, request)
             elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
-                return  # nothing further back may pass this one
+                if not self.is_held_back:
+                    return  # nothing further back may pass this one
+                waiting.append(request)  # nothing further back but a turn may pass this one
+                num_held += 1
+                is_strict = True
             else:
                 waiting.append(request)
+                num_held += self.is_held_back
 
     def _take(
         self,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from maestro.prediction import Prediction
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.cap import CapSignals, SessionCap
-from serving.core.dispatch import DispatchConfig, DispatchCore, Outcome, Router
+from serving.core.dispatch import HELD_BACK, DispatchConfig, DispatchCore, Outcome, Router
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.routing import FitnessConfig
@@ -97,7 +97,7 @@ class NodeSlot:
 
     def admit(self, request: StageRequest) -> Admission | None:
         """The node's admission of the stage now; None where it may not start here (failed here before, refused by
-        the node, or by Maestro's batch-cost gate)."""
+        the node), `HELD_BACK` where Maestro's batch-cost gate holds it back."""
         job: Job = request.payload
         if self.node.name in job.excluded:
             return None
@@ -108,7 +108,7 @@ class NodeSlot:
         if not admission.is_admitted:
             return None
         if self.gate is not None and batch_gate.refusal(self.gate, self.node, request, now) is not None:
-            return None
+            return HELD_BACK
         return admission
 
     def may_fit_later(self, request: StageRequest) -> bool:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from maestro.progressive import UNKNOWN, prefix_chars, prefix_class
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
+from serving.core.dispatch import HELD_BACK
 from serving.core.request import StageRequest
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
@@ -24,8 +25,8 @@ class SimSlot:
     def admit(self, request: StageRequest) -> list[SimStage] | None:
         """The kept tool-call KV to reclaim so that the stage starts here now (`SimDispatcher.kv_plan`): the
         node's admission, applied when the stage starts; None where it may not start (no batch slot, a step that
-        preempted, the model cannot be made resident, no room for its reserve, or Maestro's batch-cost gate holds it
-        back)."""
+        preempted, the model cannot be made resident, no room for its reserve); `HELD_BACK` where it has room but
+        Maestro's batch-cost gate holds it back."""
         node, stage = self.node, request.payload
         if len(node.running) >= self.dispatcher.max_batch_seqs or not node.may_start(self.dispatcher.sim.now):
             return None
@@ -34,7 +35,8 @@ class SimSlot:
         victims = self.dispatcher.kv_plan(node, stage)
         if victims is None:
             self.dispatcher.sim.recorder.kv_refused.add(id(stage))
-        return victims if victims is not None and self.batch_gate_admits(stage) else None
+            return None
+        return victims if self.batch_gate_admits(stage) else HELD_BACK
 
     def batch_gate_admits(self, stage: SimStage) -> bool:
         """Whether Maestro's batch-cost gate (when on) lets the stage join the running batch now."""
@@ -109,7 +111,9 @@ class SimSlot:
 
     def can_start_now(self, request: StageRequest) -> bool:
         """Nothing queued ahead of it here, and the core would start it."""
-        return not len(self.node.sched) and self.admit(request) is not None
+        return (
+            not len(self.node.sched) and (admission := self.admit(request)) is not None and admission is not HELD_BACK
+        )
 
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:

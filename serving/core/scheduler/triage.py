@@ -52,6 +52,7 @@ when one finishes, `end` when a workflow does.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -263,14 +264,18 @@ class TriageQueue(SlackQueue):
 
 
 class TriageScheduler(LeastSlackScheduler):
-    """Earliest deadline first; the stages of workflows that `WorkflowTriage` shed, and stages that can no longer end
-    by their deadline, behind every on-time stage of either class; interactive before batch among on-time stages and
-    among late ones. A late interactive stage never goes before an on-time batch stage: its own deadline is lost
-    already, the batch stage's is not (the class order spends the pool on work that can still be met).
+    """Earliest deadline first across both classes among on-time stages; the stages of workflows that `WorkflowTriage`
+    shed, and stages that can no longer end by their deadline, behind every on-time stage of either class, interactive
+    before batch among them. A late interactive stage never goes before an on-time batch stage: its own deadline is lost
+    already, the batch stage's is not.
 
-    The starvation bounds are `LeastSlackScheduler`'s: a batch head that waited `batch_max_wait_s` beats the
-    interactive one, a late head that waited `late_max_wait_s` beats on-time work. Which workflows are shed: the
-    module docstring.
+    On-time interactive stages are not put first by class: in heavy overload that gave a turn on time the pool that a
+    batch workflow with an earlier deadline needed (serving/EXPERIMENTS.md). What keeps a turn's queueing short is
+    that the batch-cost gate never holds one back, and that a batch stage the gate holds does not hold up the stages
+    behind it (`serving.core.dispatch.HELD_BACK`).
+
+    The starvation bounds: a late head that waited `late_max_wait_s` beats on-time work, and among late stages a batch
+    head that waited `batch_max_wait_s` beats the interactive one. Which workflows are shed: the module docstring.
     """
 
     def __init__(self, config: SchedulerConfig):
@@ -285,8 +290,8 @@ class TriageScheduler(LeastSlackScheduler):
         inter.demote(now)
         batch.demote(now)
 
-        def by_class(side: str) -> Iterator[StageRequest]:
-            walks = ((e[2] for e in getattr(queue, side).in_order()) for queue in (inter, batch))
-            return merge_by_wait(*walks, config.batch_max_wait_s, now)
-
-        return merge_by_wait(by_class("on_time"), by_class("late"), config.late_max_wait_s, now)
+        on_time = (e[2] for e in heapq.merge(inter.on_time.in_order(), batch.on_time.in_order(), key=lambda e: e[0]))
+        late = merge_by_wait(
+            (e[2] for e in inter.late.in_order()), (e[2] for e in batch.late.in_order()), config.batch_max_wait_s, now
+        )
+        return merge_by_wait(on_time, late, config.late_max_wait_s, now)

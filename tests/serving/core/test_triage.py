@@ -114,11 +114,22 @@ def test_a_shed_stage_has_no_deadline_left_and_queues_behind_on_time_work():
     assert "b" not in triage.shed
 
 
+def test_on_time_stages_of_both_classes_go_by_deadline():
+    # a batch stage with the earlier deadline goes before an on-time turn (before: every on-time turn went first)
+    scheduler = create_scheduler(SchedulerConfig(policy=Policy.TRIAGE, batch_max_wait_s=100.0))
+    turn, job = request("chat", 300.0, 1.0, ready_s=9.0), request("job", 200.0, 1.0, ready_s=9.5)
+    turn.interactive = True
+    for r in (turn, job):
+        scheduler.add(r, now=10.0)
+    assert [r.workflow_id for r in scheduler.in_order(10.0)] == ["job", "chat"]
+    assert scheduler.pop(10.0).workflow_id == "job"
+
+
 def test_a_late_interactive_stage_goes_behind_on_time_batch_work():
-    # interactive before batch among on-time stages; but a stage that can no longer end by its deadline goes behind
-    # every on-time stage of either class, or the class order spends the pool on work that is lost already
+    # a stage that can no longer end by its deadline goes behind every on-time stage of either class, or the pool goes
+    # to work that is lost already; among late stages, interactive first
     scheduler = create_scheduler(SchedulerConfig(policy=Policy.TRIAGE, late_max_wait_s=100.0, batch_max_wait_s=100.0))
-    late_turn, turn = request("chat-late", 10.5, 1.0, ready_s=9.0), request("chat", 300.0, 1.0, ready_s=9.0)
+    late_turn, turn = request("chat-late", 10.5, 1.0, ready_s=9.0), request("chat", 150.0, 1.0, ready_s=9.0)
     late_turn.interactive = turn.interactive = True
     batch = request("job", 200.0, 1.0, ready_s=9.0)
     for r in (late_turn, batch, turn):
