@@ -261,8 +261,7 @@ class SimDispatcher:
         work_s = ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
         stage.workflow.attained_service_s += work_s
         if sim.triage is not None:
-            num_nodes = len(self.running_on.get(stage.model, ()))
-            sim.triage.served(stage.model, work_s, sim.now, self.is_backlogged(stage.model), service_s, num_nodes)
+            sim.triage.served(stage.model, work_s, sim.now, self.is_backlogged(stage.model), service_s)
         sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:

@@ -215,10 +215,9 @@ class Simulator:
             self.predict_ready(stage)
             own_reserve(self.own_reserves, stage)
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
-        num_nodes = len(self.dispatch.running_on.get(stage.model, ()))
         if (
             self.triage is not None
-            and self.triage.apply(request, self.now, self.dispatch.is_backlogged(stage.model), num_nodes)
+            and self.triage.apply(request, self.now, self.dispatch.is_backlogged(stage.model))
             and self.system.triage_rejects
         ):
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline

@@ -1,14 +1,14 @@
-"""Workflow triage: deadline order while the admitted workflows can all make their deadlines, and when they cannot, the
-workflow with the most predicted work left goes behind — decided when its stages become ready, not in its middle.
+"""Workflow triage: deadline order while the admitted workflows can all make their deadlines, and when they cannot,
+the workflow with the most predicted work left goes behind — decided when its stages become ready, not in its middle.
 
 This is Moore–Hodgson's rule (which maximises the number of jobs on time on one machine: keep deadline order, and
-whenever the job just added would be late, drop the longest job so far) made online, for a pool of nodes that serves one
-model. Each open workflow w has a deadline D_w and a predicted remaining pool work W_w, in unloaded seconds of service
-(the unit of `StageRequest.pred_service_s`: the ready stage's own service plus `workflow_remaining_s`; no tool time,
-which takes none of the pool). The pool completes about `c` such seconds per wall second while work is waiting (its
-measured capacity, see below). The workflow also waits T_w of tool time from its ready stage on (`remaining_tool_s`),
-outside the pool, so its pool work must end by D'_w = D_w − T_w (`pool_deadline_s`). Sorted by D', the admitted set is
-feasible when, for every w,
+whenever the job just added would be late, drop the longest job so far) made online, for a pool of nodes that serves
+one model. Each open workflow w has a deadline D_w and a predicted remaining pool work W_w, in unloaded seconds of
+service (the unit of `StageRequest.pred_service_s`: the ready stage's own service plus `workflow_remaining_s`; no tool
+time, which takes none of the pool). The pool completes about `c` such seconds per wall second while work is waiting
+(its measured capacity, see below). The workflow also waits T_w of tool time from its ready stage on
+(`remaining_tool_s`), outside the pool, so its pool work must end by D'_w = D_w − T_w (`pool_deadline_s`). Sorted by
+D', the admitted set is feasible when, for every w,
 
     Σ_{v: D'_v ≤ D'_w} W_v  ≤  c · (D'_w − now)
 
@@ -24,28 +24,30 @@ the batch-cost gate admits one only where it endangers no running stage that can
 goes to the workflows that can still be met; the rest end when there is room (or by the starvation bound,
 `late_max_wait_s`).
 
-The feasibility test runs only while the pool is saturated: work of its model waits for its nodes (`backlogged`; a node
-holding several models may queue another's, which says nothing of this pool), or, where `saturated_stretch` is set, its
-stages run that many × slower than alone (a pool whose batches take every stage never queues; it slows everyone
-instead). With room for every stage at near its own pace, shedding one helps nobody. The stretch is wall over unloaded
-seconds of the stages the pool finished (where the caller reports their wall time), per window.
+The feasibility test runs only while the pool is saturated: work of its model waits for its nodes (`backlogged`; a
+node holding several models may queue another's, which says nothing of this pool), or, where
+`saturated_stretch` is set, its stages run that many × slower than alone (a pool whose batches take every stage never
+queues; it slows everyone instead). With room for every stage at near its own pace, shedding one helps nobody. The
+stretch is wall over unloaded seconds of the stages the pool finished (where the caller reports their wall time), per
+window.
 
-Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window per node-second
-it held (the nodes running its model, where the caller says: residency changes them), times the nodes it runs on now;
-kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch reached
-`saturated_stretch`; a pool with room shows its load), as a moving average. A stage's work counts when it ends, so a
-window stays open until it is as long as the longest stage it counts (where the caller reports wall times; shorter,
-pools of long stages read several times low while they filled: docs/triage.md). With `saturated_stretch` set, the
-capacity before the first such window — a burst into an empty fleet — is seeded from the pool's stages in flight
-(assessed, not yet served) at the pace its finished stages ran, `num_in_flight / stretch`, once `min_seed_stages`
-finishes were timed; it errs high, and the first window's rate (low: it counts a stage's work only when it ends) is
-raised to it. Both are off by default: on the referee's dev-side burst they shed three times as many workflows and lost
-4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
+Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window, divided by the
+window, kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch
+reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. A stage's work
+is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages started before
+it end, not the pool's: where the caller reports wall times, a window stays open until it is at least as long as the
+longest stage it counts (docs/triage.md: pools of long stages read several times low while they filled). With
+`saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from what
+the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
+`num_in_flight / stretch`, once `min_seed_stages` finishes were timed. The seed errs high (queued and never-served
+stages count as in flight), and the first window's rate — low, since it counts a stage's work only when it ends — is
+raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
+as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
-With no workflow prediction (`workflow_remaining_s` = 0) W is the ready stage's own service, and triage sheds by stage
-size alone; fed the predicted remaining work it sheds the workflows that would use the most of the pool. The gateway,
-the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served` when one finishes,
-`end` when a workflow does.
+With no workflow prediction (`workflow_remaining_s` = 0) W is the ready stage's own service, and triage sheds by
+stage size alone; fed the predicted remaining work it sheds the workflows that would use the most of the pool.
+The gateway, the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served`
+when one finishes, `end` when a workflow does.
 """
 
 from __future__ import annotations
@@ -64,14 +66,11 @@ from serving.core.scheduler.slack import LeastSlackScheduler, SlackQueue
 
 @dataclass
 class _Pool:
-    capacity: float | None = None  # unloaded seconds served per wall second and node while the pool is saturated
-    num_nodes: int = 1  # nodes running the pool's model, as the caller last said (at least 1)
+    capacity: float | None = None  # unloaded seconds served per wall second while the pool is saturated
     stretch: float | None = None  # wall seconds per unloaded second of the stages it finished (last window)
     num_in_flight: int = 0  # stages assessed and not yet served (over-counts those never served: the seed's side)
     window_start_s: float | None = None
     window_work_s: float = 0.0
-    window_node_s: float = 0.0  # Σ nodes × seconds over the window since it opened, at the counts finishes reported
-    last_served_s: float = 0.0  # the last finish (where the window's node-seconds reach)
     window_backlogged: bool = True
     window_timed_work_s: float = 0.0  # the window's work whose wall time was reported
     window_wall_s: float = 0.0
@@ -100,13 +99,15 @@ class TriageConfig:
 
 
 def pool_deadline_s(request: StageRequest) -> float:
-    """When the workflow's pool work must end for it to make its deadline: less the tool time ahead, outside it."""
+    """When the workflow's pool work must end for the workflow to make its deadline: the deadline less the tool time
+    predicted ahead of it (`remaining_tool_s`), which it waits outside the pool."""
     return request.deadline_s - request.remaining_tool_s
 
 
 def is_late_alone(request: StageRequest, now: float) -> bool:
     """Whether the ready stage cannot end by its deadline even alone on a node, with its workflow's predicted tool time
-    still to wait (only the stage's service: the workflow's remaining one is a median; a single one may need less)."""
+    still to wait (only the stage's service: the workflow's remaining service is a median, and a single workflow may
+    well need less)."""
     return request.pred_service_s + request.remaining_tool_s > request.deadline_s - now
 
 
@@ -120,17 +121,15 @@ class WorkflowTriage:
         self.num_assessed = 0
         self.num_shed = 0  # workflows shed so far, whichever workflow's stage the test that shed them ran for
 
-    def assess(self, request: StageRequest, now: float, backlogged: bool = True, num_nodes: int = 1) -> bool:
+    def assess(self, request: StageRequest, now: float, backlogged: bool = True) -> bool:
         """A stage of `request.workflow_id` became ready: update its workflow's predicted work, re-check the pool's
         admitted set (only while the pool is saturated: work waits for its nodes, `backlogged`, or its stages run
-        `saturated_stretch` × slower than alone), and say whether the workflow is shed. `num_nodes`: the nodes
-        running its model now (at least 1: a model running nowhere gets one when its stage is routed)."""
+        `saturated_stretch` × slower than alone), and say whether the workflow is shed."""
         workflow = request.workflow_id
         self.num_assessed += 1
         if workflow in self.shed:
             return True
         pool = self.pools.setdefault(request.model, _Pool())
-        pool.num_nodes = max(1, num_nodes)
         pool.open[workflow] = (pool_deadline_s(request), request.pred_service_s + request.workflow_remaining_s)
         is_saturated = self.is_saturated(pool, backlogged)
         if request.deadline_s < now and (is_saturated or self.is_given_up(request, pool, now)):
@@ -146,7 +145,8 @@ class WorkflowTriage:
         return is_shed
 
     def stretch(self, pool: _Pool) -> float | None:
-        """Wall per unloaded second of the pool's stages: the last window's, else the open one's once timed enough."""
+        """Wall seconds per unloaded second of the pool's stages: the last closed window's, else the open window's
+        once `min_seed_stages` of its finishes were timed; None before."""
         if pool.stretch is not None:
             return pool.stretch
         if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
@@ -158,8 +158,9 @@ class WorkflowTriage:
         (`patience_slo_x` × its SLO after it arrived); False where the patience is not known."""
         if self.config.patience_slo_x is None:
             return False
-        arrival_s = request.workflow_arrival_s
-        give_up_s = arrival_s + self.config.patience_slo_x * (request.deadline_s - arrival_s)
+        give_up_s = request.workflow_arrival_s + self.config.patience_slo_x * (
+            request.deadline_s - request.workflow_arrival_s
+        )
         work_s = request.pred_service_s + request.workflow_remaining_s
         return now + work_s * max(1.0, self.stretch(pool) or 1.0) > give_up_s
 
@@ -171,16 +172,17 @@ class WorkflowTriage:
         return backlogged or self.is_stretched(self.stretch(pool))
 
     def capacity_s(self, pool: _Pool) -> float | None:
-        """Unloaded seconds the pool serves per wall second on the nodes it runs on now: measured per node over
-        saturated windows; before the first, the seed (the module docstring)."""
+        """Unloaded seconds the pool serves per wall second: measured over saturated windows; before the first, seeded
+        from what the pool has shown so far — its stages in flight at the pace its finished stages ran
+        (`num_in_flight` / stretch), which over-counts rather than under-counts (queued stages are in flight too)."""
         if pool.capacity is not None or self.config.saturated_stretch is None:
-            return None if pool.capacity is None else pool.capacity * pool.num_nodes
+            return pool.capacity
         stretch = self.stretch(pool)
         return pool.num_in_flight / stretch if stretch is not None and pool.num_in_flight > 0 else None
 
-    def apply(self, request: StageRequest, now: float, backlogged: bool = True, num_nodes: int = 1) -> bool:
+    def apply(self, request: StageRequest, now: float, backlogged: bool = True) -> bool:
         """`assess`, and a shed workflow's stage marked shed with no deadline left to meet."""
-        if self.assess(request, now, backlogged, num_nodes):
+        if self.assess(request, now, backlogged):
             request.is_shed, request.deadline_s = True, math.inf
         return request.is_shed
 
@@ -207,42 +209,37 @@ class WorkflowTriage:
         for pool in self.pools.values():
             pool.open.pop(workflow, None)
 
-    def served(self, model: str, work_s: float, now: float, backlogged: bool, wall_s: float | None = None, num_nodes=1):
+    def served(self, model: str, work_s: float, now: float, backlogged: bool, wall_s: float | None = None) -> None:
         """A stage of `model` finished after `work_s` unloaded seconds of service (`wall_s` on the clock, where the
-        caller knows it); `backlogged`: work was waiting for the pool's nodes; `num_nodes`: the nodes running it."""
+        caller knows it); `backlogged`: work was waiting for the pool's nodes."""
         pool = self.pools.setdefault(model, _Pool())
         pool.num_in_flight = max(0, pool.num_in_flight - 1)
-        pool.num_nodes = max(1, num_nodes)
         if pool.window_start_s is None:
-            pool.window_start_s = pool.last_served_s = now
-        pool.window_node_s += pool.num_nodes * (now - pool.last_served_s)
-        pool.last_served_s = now
+            pool.window_start_s = now
         pool.window_work_s += work_s
         pool.window_backlogged &= backlogged
         if wall_s is not None:
-            pool.window_timed_work_s, pool.window_wall_s = (
-                pool.window_timed_work_s + work_s,
-                pool.window_wall_s + wall_s,
-            )
-            pool.window_num_timed, pool.window_max_wall_s = (
-                pool.window_num_timed + 1,
-                max(pool.window_max_wall_s, wall_s),
-            )
+            pool.window_timed_work_s += work_s
+            pool.window_wall_s += wall_s
+            pool.window_num_timed += 1
+            pool.window_max_wall_s = max(pool.window_max_wall_s, wall_s)
         elapsed = now - pool.window_start_s
         if elapsed >= max(self.config.window_s, pool.window_max_wall_s):
-            self._close_window(pool, pool.window_work_s / pool.window_node_s)
-            pool.window_start_s, pool.window_work_s, pool.window_backlogged, pool.window_node_s = now, 0.0, True, 0.0
-            pool.window_timed_work_s, pool.window_wall_s, pool.window_num_timed, pool.window_max_wall_s = 0, 0, 0, 0
+            self._close_window(pool, pool.window_work_s / elapsed)
+            pool.window_start_s, pool.window_work_s, pool.window_backlogged = now, 0.0, True
+            pool.window_timed_work_s, pool.window_wall_s, pool.window_num_timed = 0.0, 0.0, 0
+            pool.window_max_wall_s = 0.0
 
     def _close_window(self, pool: _Pool, rate: float) -> None:
-        """A window closed having served `rate` unloaded seconds a second per node: the pool's capacity where it was
-        saturated all through it; the first such window's rate (low: stages run on at its end) is raised to the seed."""
-        seed = (self.capacity_s(pool) or 0.0) / pool.num_nodes
+        """A window of the pool closed having served `rate` unloaded seconds a second: that is its capacity where it
+        was saturated all through it (work waited at every finish, or its stages ran `saturated_stretch` × slower);
+        the first such window's rate, biased low by the stages still running at its end, is raised to the seed."""
+        seed = self.capacity_s(pool)
         if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
             pool.stretch = pool.window_wall_s / pool.window_timed_work_s
         if pool.window_backlogged or self.is_stretched(pool.stretch):
             a = self.config.smoothing
-            pool.capacity = max(rate, seed) if pool.capacity is None else a * rate + (1 - a) * pool.capacity
+            pool.capacity = max(rate, seed or 0.0) if pool.capacity is None else a * rate + (1 - a) * pool.capacity
 
     def end(self, workflow: str) -> None:
         """The workflow ended (completed or dropped)."""

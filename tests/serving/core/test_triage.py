@@ -234,26 +234,3 @@ def test_a_stage_that_cannot_end_alone_before_its_deadline_with_its_tools_ahead_
     ok = request("ok", 15.0, 1.0)
     ok.remaining_tool_s = 3.5
     assert not triage.assess(ok, now=10.0)
-
-
-def test_capacity_is_measured_per_node_and_follows_the_nodes_the_model_runs_on():
-    # residency changes the pool: a window served on 2 nodes reads its pace per node, and the capacity the
-    # feasibility test uses is that pace times the nodes the model runs on now
-    triage = WorkflowTriage(TriageConfig(window_s=10.0))
-    triage.served("m", 0.0, 0.0, backlogged=True, num_nodes=2)
-    triage.served("m", 20.0, 5.0, backlogged=True, num_nodes=2)
-    triage.served("m", 20.0, 10.0, backlogged=True, num_nodes=2)
-    pool = triage.pools["m"]
-    assert math.isclose(pool.capacity, 2.0) and math.isclose(triage.capacity_s(pool), 4.0)
-    triage.assess(request("a", 30.0, 1.0), now=10.0, num_nodes=1)  # the model was put to sleep on one node
-    assert math.isclose(triage.capacity_s(pool), 2.0)
-
-
-def test_a_pool_that_gained_nodes_keeps_a_set_one_node_could_not_serve():
-    # measured on one node at 1 unloaded s/s; the model was loaded on a second node since
-    work = [("a", 38.0, 15.0), ("b", 39.0, 15.0), ("c", 40.0, 15.0)]  # 45 s of work by t=40: 30 s on one node
-    one, two = measured(capacity=1.0), measured(capacity=1.0)
-    for w, d, s in work:
-        one.assess(request(w, d, s), now=10.0, num_nodes=1)
-        two.assess(request(w, d, s), now=10.0, num_nodes=2)
-    assert len(one.shed) == 1 and two.shed == set()
