@@ -119,7 +119,6 @@ class DispatchCore:
         self.num_queued_by_model: Counter[str] = Counter()  # queued stages per model (a pool's backlog)
         self.num_started = 0
         self.num_backfilled = 0
-        self.is_held_back = False  # the last stage `fitting` looked at was held back by the gate alone
 
     def __len__(self) -> int:
         return len(self.scheduler)
@@ -144,21 +143,23 @@ class DispatchCore:
     def may_go(self, request: StageRequest, now: float) -> bool:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
-    def fitting(self, request: StageRequest, views: Sequence[NodeView]) -> dict[NodeView, object]:
-        """The nodes that may take the stage now, each with its admission; a stage that every node refusing it holds
-        back by the batch-cost gate alone (`HELD_BACK`) sets `is_held_back`."""
-        admissions = {v: v.admit(request) for v in views}
-        refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
-        self.is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
-        return {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
-
     def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
         """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
         that may, with its admission; None if none may."""
-        fitting = self.fitting(request, views)
+        return self.placement(request, views)[0]
+
+    def placement(
+        self, request: StageRequest, views: Sequence[NodeView]
+    ) -> tuple[tuple[NodeView, object] | None, bool]:
+        """`choose_node`'s answer, and whether every node refusing the stage holds it back by the batch-cost gate
+        alone (`HELD_BACK`: room for it there)."""
+        admissions = {v: v.admit(request) for v in views}
+        refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
+        is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
+        fitting = {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
         home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
         node = home or choose(request, list(fitting), self.config)
-        return (node, fitting[node]) if node is not None else None
+        return ((node, fitting[node]) if node is not None else None), is_held_back
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
@@ -184,23 +185,23 @@ class DispatchCore:
                         return
                     is_strict = True
                     continue
-            chosen = self.choose_node(request, views)
+            chosen, is_held_back = self.placement(request, views)
             if chosen is not None:
                 if not passes_held:
                     for ahead in waiting:
                         self.overtaken[ahead] = self.num_overtaken(ahead) + 1
                 yield self._take(Outcome.START, request, *chosen, is_backfill=bool(waiting))
-            elif not waiting and not self.is_held_back and not any(v.may_fit_later(request) for v in views):
+            elif not waiting and not is_held_back and not any(v.may_fit_later(request) for v in views):
                 yield self._take(Outcome.NEVER_FITS, request)
             elif self.num_overtaken(request) >= self.config.backfill_max_overtaken or self.config.backfill_depth == 0:
-                if not self.is_held_back:
+                if not is_held_back:
                     return  # nothing further back may pass this one
                 waiting.append(request)  # nothing further back but a turn may pass this one
                 num_held += 1
                 is_strict = True
             else:
                 waiting.append(request)
-                num_held += self.is_held_back
+                num_held += is_held_back
 
     def _take(
         self,

@@ -12,6 +12,21 @@ from serving.sim.scenarios import get_scenario
 from serving.sim.stage_request import ready_request
 
 
+def _two_nodes(gpu_queued_s: float = 50.0):
+    """Two mars-swe nodes: 30 s of tool calls queued on the first node's host (the calls of the sessions living
+    there), `gpu_queued_s` of GPU work queued on the second; a ready stage and the nodes' slots."""
+    scenario = get_scenario("mars-swe", 2)
+    scenario.cluster.show_progress = False
+    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=2), scenario.regimes[0])
+    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
+    busy_host, busy_gpu = sim.nodes
+    for job in range(3 * busy_host.host.num_cores):
+        busy_host.host.submit(job, 10.0, 0.0)
+    busy_gpu.queued_work_s = gpu_queued_s
+    request = ready_request(workflows[1].stages[0], 0.0, sim.cost, sim.remaining_work)
+    return sim, request, [sim.dispatch.slots[n] for n in sim.nodes]
+
+
 def test_a_call_waits_for_the_first_core_free_after_the_calls_queued_ahead():
     host = HostCPU("workers", 2)
     host.submit("a", 4.0, 0.0)
@@ -24,31 +39,10 @@ def test_a_call_waits_for_the_first_core_free_after_the_calls_queued_ahead():
 
 
 def test_a_stage_goes_to_the_node_whose_host_is_not_busy_with_tools():
-    scenario = get_scenario("mars-swe", 2)
-    scenario.cluster.show_progress = False
-    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=2), scenario.regimes[0])
-    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
-    busy_host, free_host = sim.nodes
-    for job in range(3 * busy_host.host.num_cores):  # tool calls of the sessions living there
-        busy_host.host.submit(job, 10.0, 0.0)
-    request = ready_request(workflows[1].stages[0], 0.0, sim.cost, sim.remaining_work)
-    slots = [sim.dispatch.slots[n] for n in sim.nodes]
+    sim, request, slots = _two_nodes(gpu_queued_s=0.0)
     terms = [slot.fitness_terms(request) for slot in slots]
     assert terms[0][1] == pytest.approx(terms[1][1] + 30.0)
     assert choose(request, slots, sim.dispatch.config) is slots[1]
-
-
-def _two_nodes():
-    scenario = get_scenario("mars-swe", 2)
-    scenario.cluster.show_progress = False
-    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=2), scenario.regimes[0])
-    sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
-    busy_host, busy_gpu = sim.nodes
-    for job in range(3 * busy_host.host.num_cores):  # a backlog of 30 s on the first node's host
-        busy_host.host.submit(job, 10.0, 0.0)
-    busy_gpu.queued_work_s = 50.0  # queued GPU work on the second
-    request = ready_request(workflows[1].stages[0], 0.0, sim.cost, sim.remaining_work)
-    return sim, request, [sim.dispatch.slots[n] for n in sim.nodes]
 
 
 def test_a_host_wait_the_routed_stages_calls_did_not_meet_is_not_charged():
