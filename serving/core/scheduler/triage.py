@@ -44,12 +44,15 @@ stages count as in flight), and the first window's rate — low, since it counts
 raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
 as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
-Where models move between nodes (the caller gives the nodes the router would load the model on, `ModelNodes`: where
-it runs and where the weight budget could take it), a pool's capacity is what the model can get there: each node at
-its own measured rate (its unloaded seconds of every model over its saturated windows, the fleet's mean node rate
-where one has none yet), and never below the pool's own figure. A pool whose nodes are the ones it was measured on
-keeps its own figure (one model on every node: unchanged). With no workflow prediction W is the ready stage's own
-service (triage sheds by stage size); fed the predicted remaining work it sheds the workflows that would use the most.
+Where models move between nodes or share one, the pool's own figure measured other nodes than the model can use now,
+or only its share of a node. There (the caller gives the nodes the router would load the model on, `ModelNodes.names`:
+those running it, else those whose weight budget could take it) the capacity is what the model can get on them: each
+node at its own measured rate (its unloaded seconds of every model over its saturated windows, `pool_window.Pool`;
+the fleet's mean node rate where one has none yet), never below the pool's own figure. A pool alone on the nodes it was
+measured on keeps its own figure (one model on every node: unchanged).
+
+With no workflow prediction W is the ready stage's own service (triage sheds by stage size); fed the predicted
+remaining work it sheds the workflows that would use the most of the pool.
 The gateway, the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served`
 when one finishes, `end` when a workflow does.
 """
@@ -138,7 +141,7 @@ class WorkflowTriage:
         """Unloaded seconds the pool serves per wall second: measured over saturated windows; before the first, seeded
         from what the pool has shown so far — its stages in flight at the pace its finished stages ran
         (`num_in_flight` / stretch), which over-counts rather than under-counts (queued stages are in flight too);
-        raised to the nodes' rates where the router would load the model on others than it was measured on."""
+        raised to its nodes' rates where its own figure did not measure them (`is_own_measure`)."""
         own = pool.seeded_capacity_s(self.config)
         nodes = pool.nodes
         if own is None or nodes is None or self.is_own_measure(pool):
