@@ -146,3 +146,28 @@ class NodeResidency:
                 if model not in pinned:
                     return model
         return None
+
+
+@dataclass(frozen=True)
+class ModelNodes:
+    """Where a model runs (node names), and where its weights could be loaded now beside the models with stages in
+    flight there (`NodeResidency.can_activate`). The router sends a stage to the nodes running its model, and loads the
+    model elsewhere only where none runs it (`names`)."""
+
+    running: frozenset[str]
+    loadable: frozenset[str]
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The nodes the router would load the model on: those running it, else those that could take it."""
+        return self.running or self.loadable
+
+    @classmethod
+    def of(cls, model: str, nodes) -> ModelNodes:
+        """From the fleet's nodes, each with a `name`, its `residency` (`NodeResidency`) and `busy_models()`."""
+        residencies = {node.name: (node.residency, node.busy_models()) for node in nodes}
+        running = frozenset(n for n, (r, _) in residencies.items() if r.state.get(model) is ModelState.RUNNING)
+        loadable = frozenset(
+            n for n, (r, busy) in residencies.items() if model in r.weight_bytes and r.can_activate(model, busy)
+        )
+        return cls(running, loadable - running)

@@ -261,7 +261,8 @@ class SimDispatcher:
         work_s = ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
         stage.workflow.attained_service_s += work_s
         if sim.triage is not None:
-            sim.triage.served(stage.model, work_s, sim.now, self.is_backlogged(stage.model), service_s)
+            backlogged, is_node_backlogged = self.is_backlogged(stage.model), len(node.core) > 0
+            sim.triage.served(stage.model, work_s, sim.now, backlogged, service_s, node.name, is_node_backlogged)
         sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from maestro.own_reserve import OwnReserveLevels
 from serving.core.admission import AIMDConfig, CapSignals
 from serving.core.request import StageRequest
-from serving.core.residency import ResidencyConfig
+from serving.core.residency import ModelNodes, ResidencyConfig
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
@@ -217,7 +217,9 @@ class Simulator:
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
         if (
             self.triage is not None
-            and self.triage.apply(request, self.now, self.dispatch.is_backlogged(stage.model))
+            and self.triage.apply(
+                request, self.now, self.dispatch.is_backlogged(stage.model), ModelNodes.of(stage.model, self.nodes)
+            )
             and self.system.triage_rejects
         ):
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline

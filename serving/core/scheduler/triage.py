@@ -44,8 +44,15 @@ stages count as in flight), and the first window's rate — low, since it counts
 raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
 as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
-With no workflow prediction (`workflow_remaining_s` = 0) W is the ready stage's own service, and triage sheds by
-stage size alone; fed the predicted remaining work it sheds the workflows that would use the most of the pool.
+Where models move between nodes or share one, the pool's own figure measured other nodes than the model can use now,
+or only its share of a node. There (the caller gives the nodes the router would load the model on, `ModelNodes.names`:
+those running it, else those whose weight budget could take it) the capacity is what the model can get on them: each
+node at its own measured rate (its unloaded seconds of every model over its saturated windows, `pool_window.Pool`;
+the fleet's mean node rate where one has none yet), never below the pool's own figure. A pool alone on the nodes it was
+measured on keeps its own figure (one model on every node: unchanged).
+
+With no workflow prediction W is the ready stage's own service (triage sheds by stage size); fed the predicted
+remaining work it sheds the workflows that would use the most of the pool.
 The gateway, the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served`
 when one finishes, `end` when a workflow does.
 """
@@ -55,47 +62,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from serving.core.request import StageRequest
+from serving.core.residency import ModelNodes
 from serving.core.scheduler.base import SchedulerConfig, merge_by_wait
+from serving.core.scheduler.pool_window import Pool, TriageConfig
 from serving.core.scheduler.slack import LeastSlackScheduler, SlackQueue
-
-
-@dataclass
-class _Pool:
-    capacity: float | None = None  # unloaded seconds served per wall second while the pool is saturated
-    stretch: float | None = None  # wall seconds per unloaded second of the stages it finished (last window)
-    num_in_flight: int = 0  # stages assessed and not yet served (over-counts those never served: the seed's side)
-    window_start_s: float | None = None
-    window_work_s: float = 0.0
-    window_backlogged: bool = True
-    window_timed_work_s: float = 0.0  # the window's work whose wall time was reported
-    window_wall_s: float = 0.0
-    window_max_wall_s: float = 0.0  # the longest wall time of a stage the window credits
-    window_num_timed: int = 0
-    open: dict[str, tuple[float, float]] = field(default_factory=dict)  # workflow → (deadline, predicted work)
-
-
-@dataclass
-class TriageConfig:
-    window_s: float = 10.0  # the capacity measurement's window
-    smoothing: float = 0.5  # weight of the newest saturated window in the capacity's moving average
-    # stages slowed this much (wall / unloaded) mean the pool is saturated, and its capacity is seeded before the first
-    # saturated window; None: saturated only while work waits for it (the default: see serving/EXPERIMENTS.md)
-    saturated_stretch: float | None = None
-    min_seed_stages: int = 8  # timed finishes before the stretch (and the seeded capacity) is read
-    patience_slo_x: float | None = None  # callers give a workflow up this many × its SLO after it arrived, if known
-
-    def __post_init__(self):
-        if self.window_s <= 0 or not 0 < self.smoothing <= 1:
-            raise ValueError("TriageConfig: window_s must be > 0 and smoothing in (0, 1]")
-        if (self.saturated_stretch is not None and self.saturated_stretch < 1) or self.min_seed_stages < 1:
-            raise ValueError("TriageConfig: saturated_stretch must be >= 1 and min_seed_stages >= 1")
-        if self.patience_slo_x is not None and self.patience_slo_x < 1:
-            raise ValueError("TriageConfig: patience_slo_x must be >= 1 (callers wait at least the SLO) or None")
 
 
 def pool_deadline_s(request: StageRequest) -> float:
@@ -116,20 +90,25 @@ class WorkflowTriage:
 
     def __init__(self, config: TriageConfig | None = None):
         self.config = config or TriageConfig()
-        self.pools: dict[str, _Pool] = {}
+        self.pools: dict[str, Pool] = {}
+        self.node_pools: dict[str, Pool] = {}  # each node's windows over every model it serves (`capacity_s`)
         self.shed: set[str] = set()
         self.num_assessed = 0
         self.num_shed = 0  # workflows shed so far, whichever workflow's stage the test that shed them ran for
 
-    def assess(self, request: StageRequest, now: float, backlogged: bool = True) -> bool:
+    def assess(
+        self, request: StageRequest, now: float, backlogged: bool = True, nodes: ModelNodes | None = None
+    ) -> bool:
         """A stage of `request.workflow_id` became ready: update its workflow's predicted work, re-check the pool's
         admitted set (only while the pool is saturated: work waits for its nodes, `backlogged`, or its stages run
-        `saturated_stretch` × slower than alone), and say whether the workflow is shed."""
+        `saturated_stretch` × slower than alone), and say whether the workflow is shed. `nodes`: where the router
+        would load the model now (None: the pool's own capacity)."""
         workflow = request.workflow_id
         self.num_assessed += 1
         if workflow in self.shed:
             return True
-        pool = self.pools.setdefault(request.model, _Pool())
+        pool = self.pools.setdefault(request.model, Pool())
+        pool.nodes = nodes or pool.nodes
         pool.open[workflow] = (pool_deadline_s(request), request.pred_service_s + request.workflow_remaining_s)
         is_saturated = self.is_saturated(pool, backlogged)
         if request.deadline_s < now and (is_saturated or self.is_given_up(request, pool, now)):
@@ -144,16 +123,7 @@ class WorkflowTriage:
         pool.num_in_flight += not is_shed
         return is_shed
 
-    def stretch(self, pool: _Pool) -> float | None:
-        """Wall seconds per unloaded second of the pool's stages: the last closed window's, else the open window's
-        once `min_seed_stages` of its finishes were timed; None before."""
-        if pool.stretch is not None:
-            return pool.stretch
-        if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
-            return pool.window_wall_s / pool.window_timed_work_s
-        return None
-
-    def is_given_up(self, request: StageRequest, pool: _Pool, now: float) -> bool:
+    def is_given_up(self, request: StageRequest, pool: Pool, now: float) -> bool:
         """Whether the workflow's predicted work, at the pool's pace, ends after its callers give it up
         (`patience_slo_x` × its SLO after it arrived); False where the patience is not known."""
         if self.config.patience_slo_x is None:
@@ -162,31 +132,44 @@ class WorkflowTriage:
             request.deadline_s - request.workflow_arrival_s
         )
         work_s = request.pred_service_s + request.workflow_remaining_s
-        return now + work_s * max(1.0, self.stretch(pool) or 1.0) > give_up_s
+        return now + work_s * max(1.0, pool.stretch_now(self.config) or 1.0) > give_up_s
 
-    def is_stretched(self, stretch: float | None) -> bool:
-        threshold = self.config.saturated_stretch
-        return threshold is not None and stretch is not None and stretch >= threshold
+    def is_saturated(self, pool: Pool, backlogged: bool) -> bool:
+        return backlogged or self.config.is_stretched(pool.stretch_now(self.config))
 
-    def is_saturated(self, pool: _Pool, backlogged: bool) -> bool:
-        return backlogged or self.is_stretched(self.stretch(pool))
-
-    def capacity_s(self, pool: _Pool) -> float | None:
+    def capacity_s(self, pool: Pool) -> float | None:
         """Unloaded seconds the pool serves per wall second: measured over saturated windows; before the first, seeded
         from what the pool has shown so far — its stages in flight at the pace its finished stages ran
-        (`num_in_flight` / stretch), which over-counts rather than under-counts (queued stages are in flight too)."""
-        if pool.capacity is not None or self.config.saturated_stretch is None:
-            return pool.capacity
-        stretch = self.stretch(pool)
-        return pool.num_in_flight / stretch if stretch is not None and pool.num_in_flight > 0 else None
+        (`num_in_flight` / stretch), which over-counts rather than under-counts (queued stages are in flight too);
+        raised to its nodes' rates where its own figure did not measure them (`is_own_measure`)."""
+        own = pool.seeded_capacity_s(self.config)
+        nodes = pool.nodes
+        if own is None or nodes is None or self.is_own_measure(pool):
+            return own
+        rates = [p.capacity for p in self.node_pools.values() if p.capacity is not None]
+        if not rates:
+            return own
+        mean = sum(rates) / len(rates)
+        node_rates = (self.node_pools.get(n, Pool()).capacity for n in sorted(nodes.names))
+        return max(own, sum(mean if rate is None else rate for rate in node_rates))
 
-    def apply(self, request: StageRequest, now: float, backlogged: bool = True) -> bool:
+    def is_own_measure(self, pool: Pool) -> bool:
+        """Whether the pool's own figure measured its nodes: they are the nodes it ran on when it was measured, and
+        they served no other model (a node's other models take its time, so the pool reads only its share)."""
+        names = pool.nodes.names if pool.nodes is not None else frozenset()
+        return names == pool.measured_on and all(
+            len(self.node_pools[n].models) <= 1 for n in names if n in self.node_pools
+        )
+
+    def apply(
+        self, request: StageRequest, now: float, backlogged: bool = True, nodes: ModelNodes | None = None
+    ) -> bool:
         """`assess`, and a shed workflow's stage marked shed with no deadline left to meet."""
-        if self.assess(request, now, backlogged):
+        if self.assess(request, now, backlogged, nodes):
             request.is_shed, request.deadline_s = True, math.inf
         return request.is_shed
 
-    def _moore_hodgson(self, pool: _Pool, capacity: float, now: float) -> None:
+    def _moore_hodgson(self, pool: Pool, capacity: float, now: float) -> None:
         names = [w for w, (deadline, _) in pool.open.items() if math.isfinite(deadline)]
         deadlines = np.array([pool.open[w][0] for w in names])
         work = np.array([pool.open[w][1] for w in names])
@@ -209,37 +192,26 @@ class WorkflowTriage:
         for pool in self.pools.values():
             pool.open.pop(workflow, None)
 
-    def served(self, model: str, work_s: float, now: float, backlogged: bool, wall_s: float | None = None) -> None:
+    def served(
+        self,
+        model: str,
+        work_s: float,
+        now: float,
+        backlogged: bool,
+        wall_s: float | None = None,
+        node: str | None = None,
+        is_node_backlogged: bool = False,
+    ) -> None:
         """A stage of `model` finished after `work_s` unloaded seconds of service (`wall_s` on the clock, where the
-        caller knows it); `backlogged`: work was waiting for the pool's nodes."""
-        pool = self.pools.setdefault(model, _Pool())
+        caller knows it); `backlogged`: work was waiting for the pool's nodes. `node`: where it ran (its node's rate is
+        measured too; `is_node_backlogged`: work of any model was waiting there)."""
+        pool = self.pools.setdefault(model, Pool())
         pool.num_in_flight = max(0, pool.num_in_flight - 1)
-        if pool.window_start_s is None:
-            pool.window_start_s = now
-        pool.window_work_s += work_s
-        pool.window_backlogged &= backlogged
-        if wall_s is not None:
-            pool.window_timed_work_s += work_s
-            pool.window_wall_s += wall_s
-            pool.window_num_timed += 1
-            pool.window_max_wall_s = max(pool.window_max_wall_s, wall_s)
-        elapsed = now - pool.window_start_s
-        if elapsed >= max(self.config.window_s, pool.window_max_wall_s):
-            self._close_window(pool, pool.window_work_s / elapsed)
-            pool.window_start_s, pool.window_work_s, pool.window_backlogged = now, 0.0, True
-            pool.window_timed_work_s, pool.window_wall_s, pool.window_num_timed = 0.0, 0.0, 0
-            pool.window_max_wall_s = 0.0
-
-    def _close_window(self, pool: _Pool, rate: float) -> None:
-        """A window of the pool closed having served `rate` unloaded seconds a second: that is its capacity where it
-        was saturated all through it (work waited at every finish, or its stages ran `saturated_stretch` × slower);
-        the first such window's rate, biased low by the stages still running at its end, is raised to the seed."""
-        seed = self.capacity_s(pool)
-        if pool.window_num_timed >= self.config.min_seed_stages and pool.window_timed_work_s > 0:
-            pool.stretch = pool.window_wall_s / pool.window_timed_work_s
-        if pool.window_backlogged or self.is_stretched(pool.stretch):
-            a = self.config.smoothing
-            pool.capacity = max(rate, seed or 0.0) if pool.capacity is None else a * rate + (1 - a) * pool.capacity
+        pool.count(work_s, now, backlogged, wall_s, self.config)
+        if node is not None:
+            node_pool = self.node_pools.setdefault(node, Pool())
+            node_pool.models.add(model)
+            node_pool.count(work_s, now, is_node_backlogged, wall_s, self.config)
 
     def end(self, workflow: str) -> None:
         """The workflow ended (completed or dropped)."""

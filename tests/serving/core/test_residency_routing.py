@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from serving.core.residency import GiB, ModelState, NodeResidency, ResidencyConfig
+from serving.core.residency import GiB, ModelNodes, ModelState, NodeResidency, ResidencyConfig
 from serving.core.routing import FitnessConfig, robust_minmax, select_node
 
 
@@ -70,3 +70,22 @@ def test_select_node_trades_availability_against_readiness_and_degradation():
     assert select_node([0.9, 0.5, 0.5], [0, 0, 0], [0, 0, 0], config) == 0
     assert select_node([0.9, 0.8, 0.1], [30, 0, 0], [0, 0, 0], config) == 1  # cold model costs more than free KV gains
     assert select_node([0.5, 0.5, 0.5], [0, 0, 0], [1, 0, 1], config) == 1
+
+
+class _Node:
+    def __init__(self, name: str, running: str | None, busy: set[str]):
+        self.name, self.residency, self.busy = name, node(), busy
+        if running is not None:
+            self.residency.activate(running)
+
+    def busy_models(self) -> set[str]:
+        return self.busy
+
+
+def test_the_router_loads_a_model_where_it_runs_else_where_the_weight_budget_takes_it():
+    fleet = [_Node("n0", "a", {"a"}), _Node("n1", "c", {"c"}), _Node("n2", "c", set()), _Node("n3", None, set())]
+    nodes = ModelNodes.of("a", fleet)
+    assert nodes.running == {"n0"} and nodes.names == {"n0"}
+    assert nodes.loadable == {"n2", "n3"}  # n1's busy 30 GiB model leaves no room for 16 GiB; n2's is idle
+    cold = ModelNodes.of("b", fleet)  # runs nowhere: wherever it fits beside the busy models
+    assert cold.running == frozenset() and cold.names == {"n0", "n2", "n3"}

@@ -147,10 +147,10 @@ def test_multi_model_a_pool_is_backlogged_only_while_a_stage_of_its_model_waits(
     sim = Simulator(scenario.cluster, get_system("maestro"), workflows)
     flags = []
 
-    def observed(model, work_s, now, backlogged, wall_s=None):
+    def observed(model, work_s, now, backlogged, wall_s=None, *node):
         waiting = {r.model for n in sim.dispatch.running_on.get(model, ()) for r in n.sched.in_order(now)}
         flags.append((backlogged, model in waiting, bool(waiting - {model})))
-        served(model, work_s, now, backlogged, wall_s)
+        served(model, work_s, now, backlogged, wall_s, *node)
 
     served, sim.triage.served = sim.triage.served, observed
     sim.run()
