@@ -12,6 +12,10 @@ interactive work: while every waiting head is so held, an interactive stage behi
 counting as backfill against them (the gate never holds a turn a person waits on, and it holds a batch stage for the
 running stages' sake, not for want of room the turn would take).
 
+A session's next stage names its home node, the node holding its context (`StageRequest.home_node`): while the
+context is held there (`is_home_held`) the stage waits for home, else it starts at home where home may start it now
+(`goes_home`, the simulator's routing rule too).
+
 The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
 node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
 admission, wakes the handler, advances its clock) before asking for the next, since a start changes what fits.
@@ -94,6 +98,15 @@ class DispatchConfig:
         self.router = Router(self.router)
 
 
+def goes_home(is_home_held: bool, may_start_home: Callable[[], bool]) -> bool:
+    """Session affinity, the one rule of the gateway and the simulator: whether a session's next stage goes to its home
+    node (where its last stage ran). Always while its context is held there (each runtime says what holds it: the
+    simulator's kept tool-call KV or its prefix-cache model, the gateway's tool-call hold), so it waits for home rather
+    than re-prefill the context elsewhere; once not held, only if home may start it now (`may_start_home`, asked only
+    then)."""
+    return is_home_held or may_start_home()
+
+
 def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
     """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
     if len(views) <= 1:
@@ -144,21 +157,26 @@ class DispatchCore:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
     def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
-        """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
-        that may, with its admission; None if none may."""
+        """Where the stage starts now, with the node's admission (`placement`); None if nowhere."""
         return self.placement(request, views)[0]
 
     def placement(
         self, request: StageRequest, views: Sequence[NodeView]
     ) -> tuple[tuple[NodeView, object] | None, bool]:
-        """`choose_node`'s answer, and whether every node refusing the stage holds it back by the batch-cost gate
-        alone (`HELD_BACK`: room for it there)."""
-        admissions = {v: v.admit(request) for v in views}
+        """Where the stage starts now, with the node's admission (None: nowhere), and whether every node refusing it
+        holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). Its home node (`home_node`, by
+        `goes_home`): the only candidate while its context is held there (`is_home_held`) and home could ever take
+        it; else home where it may start now, else the fittest node that may."""
+        home = next((v for v in views if v.name == request.home_node), None) if request.home_node else None
+        is_held = home is not None and request.is_home_held and home.may_fit_later(request)
+        admissions = {v: v.admit(request) for v in ([home] if is_held else views)}
         refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
         is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
         fitting = {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
-        home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
-        node = home or choose(request, list(fitting), self.config)
+        if home is not None and goes_home(is_held, lambda: home in fitting):
+            node = home if home in fitting else None
+        else:
+            node = choose(request, list(fitting), self.config)
         return ((node, fitting[node]) if node is not None else None), is_held_back
 
     # ---- the decisions ------------------------------------------------------------------------
@@ -231,5 +249,5 @@ class DispatchCore:
                 waiting_since = min(waiting_since or since(request), since(request))
             elif held is None:
                 held = request
-        fits = held is not None and waiting_since is None and bool(self.fitting(held, views))
+        fits = held is not None and waiting_since is None and self.choose_node(held, views) is not None
         return fits, waiting_since
