@@ -10,7 +10,9 @@ head-of-line again until it goes. A stage that every refusing node has room for 
 back (`NodeView.admit` answers `HELD_BACK`) waits as a head for the batch work behind it as any other does, but not for
 interactive work: while every waiting head is so held, an interactive stage behind them starts where it fits, without
 counting as backfill against them (the gate never holds a turn a person waits on, and it holds a batch stage for the
-running stages' sake, not for want of room the turn would take).
+running stages' sake, not for want of room the turn would take). A stage waiting for its held home (below) is no
+waiting head for the other nodes: it claims its home, where nothing behind it starts, and the walk goes on elsewhere
+(the simulator queues it at its home; one node's queue there).
 
 A session's next stage names its home node, the node holding its context (`StageRequest.home_node`): while the
 context is held there (`is_home_held`) the stage waits for home, else it starts at home where home may start it now
@@ -164,20 +166,28 @@ class DispatchCore:
         self, request: StageRequest, views: Sequence[NodeView]
     ) -> tuple[tuple[NodeView, object] | None, bool]:
         """Where the stage starts now, with the node's admission (None: nowhere), and whether every node refusing it
-        holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). Its home node (`home_node`, by
-        `goes_home`): the only candidate while its context is held there (`is_home_held`) and home could ever take
-        it; else home where it may start now, else the fittest node that may."""
+        holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). By `goes_home`: its held home
+        (`held_home`) is its only candidate; else its home node (`home_node`) where it may start now, else the fittest
+        node that may."""
         home = next((v for v in views if v.name == request.home_node), None) if request.home_node else None
-        is_held = home is not None and request.is_home_held and home.may_fit_later(request)
-        admissions = {v: v.admit(request) for v in ([home] if is_held else views)}
+        held = self.held_home(request, views)
+        admissions = {v: v.admit(request) for v in ([held] if held is not None else views)}
         refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
         is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
         fitting = {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
-        if home is not None and goes_home(is_held, lambda: home in fitting):
+        if home is not None and goes_home(held is not None, lambda: home in fitting):
             node = home if home in fitting else None
         else:
             node = choose(request, list(fitting), self.config)
         return ((node, fitting[node]) if node is not None else None), is_held_back
+
+    def held_home(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+        """The stage's home node while its context is held there (`is_home_held`) and the node could ever take it:
+        the one node it waits for; None otherwise."""
+        if not (request.is_home_held and request.home_node):
+            return None
+        home = next((v for v in views if v.name == request.home_node), None)
+        return home if home is not None and home.may_fit_later(request) else None
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
@@ -188,6 +198,7 @@ class DispatchCore:
         num_held = 0  # of them, held back by the gate alone (room for them)
         num_behind = 0  # admitted stages examined behind the waiting head
         is_strict = False  # nothing but an interactive stage passing held heads goes any more
+        claimed: set[str] = set()  # held homes a stage waits for (`held_home`): nothing behind it starts there
         for request in self.scheduler.in_order(now):
             if not self.is_live(request, now):
                 if not waiting:
@@ -203,8 +214,13 @@ class DispatchCore:
                         return
                     is_strict = True
                     continue
-            chosen, is_held_back = self.placement(request, views)
-            if chosen is not None:
+            held = self.held_home(request, views)
+            if held is not None and held.name in claimed:
+                continue  # it waits for its home, behind another stage waiting there
+            chosen, is_held_back = self.placement(request, [v for v in views if v.name not in claimed])
+            if chosen is None and held is not None:
+                claimed.add(held.name)  # it waits for its home alone: the other nodes go on
+            elif chosen is not None:
                 if not passes_held:
                     for ahead in waiting:
                         self.overtaken[ahead] = self.num_overtaken(ahead) + 1

@@ -12,10 +12,11 @@ class Node:
     def __init__(self, name: str, is_free: bool, may_ever: bool = True, free_share: float = 0.5):
         self.name, self.is_free, self.may_ever, self.free_share = name, is_free, may_ever, free_share
         self.num_asked = 0
+        self.small_ids: set[str] = set()  # workflows with a stage small enough to start here while it is not free
 
     def admit(self, request: StageRequest) -> object | None:
         self.num_asked += 1
-        return f"admitted by {self.name}" if self.is_free else None
+        return f"admitted by {self.name}" if self.is_free or request.workflow_id in self.small_ids else None
 
     def may_fit_later(self, request: StageRequest) -> bool:
         return self.may_ever
@@ -47,6 +48,20 @@ def test_a_held_home_that_cannot_start_the_stage_now_keeps_it_waiting():
     home.is_free = True
     [decision] = core.decisions([home, other], now=1.0)
     assert decision.outcome is Outcome.START and decision.node is home
+
+
+def test_a_stage_waiting_for_its_held_home_claims_that_node_alone():
+    home, other = Node("home", is_free=False), Node("other", is_free=True)
+    held = next_stage(is_home_held=True)
+    behind = [StageRequest(f"v{i}", "s", "m") for i in range(6)]  # more than backfill_max_overtaken (4)
+    core = core_with(held, *behind)
+    started = [(d.request.workflow_id, d.node.name) for d in core.decisions([home, other], now=0.0)]
+    assert started == [(f"v{i}", "other") for i in range(6)]  # the other node goes on; none counts as backfill
+    assert core.num_backfilled == 0 and len(core) == 1
+    home.small_ids, other.is_free = {"small"}, False  # home has room for a small stage only; the other node for none
+    core = core_with(next_stage(is_home_held=True), StageRequest("small", "s", "m"))
+    assert list(core.decisions([home, other], now=1.0)) == []  # home is claimed: the small stage does not take it
+    assert len(core) == 2
 
 
 def test_a_home_that_no_longer_holds_the_context_takes_the_stage_only_if_it_may_start_it_now():
