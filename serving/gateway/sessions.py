@@ -9,8 +9,9 @@ A session is one workflow between and during its calls. The gateway sees each ca
   Held, here, means the session's tool-call hold (below) was still on when its next call arrived (`Home.is_held`):
   the hold keeps the blocks out of other stages' reach, so vLLM's prefix cache still has them. Once a hold ends (its
   TTL, or the tool-KV policy chose to evict, or the node had no room to hold), the gateway cannot know what vLLM's
-  prefix cache still holds of the context (vLLM reports no per-prompt cache contents), so the stage is not held
-  and goes home only if home may start it now.
+  prefix cache still holds of the context (vLLM reports no per-prompt cache contents), nor whether a node running
+  Maestro's vLLM scheduler kept it in its own pool (the engine's hold, below), so the stage is not held and goes
+  home only if home may start it now.
 - **Tool phases.** A stage that ended in a tool call (its answer holds tool_calls, or its caller said
   `x-maestro-tool-call: true`) starts one; the session's next call ends it, and the gap is the
   tool's time, learnt as a moving average per (app, role) of the stage that called it. While the phase lasts, the
