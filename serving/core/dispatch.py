@@ -109,6 +109,11 @@ def goes_home(is_home_held: bool, may_start_home: Callable[[], bool]) -> bool:
     return is_home_held or may_start_home()
 
 
+def home_of(request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+    """The view named the stage's home node (`home_node`), if it is among `views`."""
+    return next((v for v in views if v.name == request.home_node), None) if request.home_node else None
+
+
 def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
     """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
     if len(views) <= 1:
@@ -169,7 +174,7 @@ class DispatchCore:
         holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). By `goes_home`: its held home
         (`held_home`) is its only candidate; else its home node (`home_node`) where it may start now, else the fittest
         node that may."""
-        home = next((v for v in views if v.name == request.home_node), None) if request.home_node else None
+        home = home_of(request, views)
         held = self.held_home(request, views)
         admissions = {v: v.admit(request) for v in ([held] if held is not None else views)}
         refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
@@ -184,9 +189,7 @@ class DispatchCore:
     def held_home(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
         """The stage's home node while its context is held there (`is_home_held`) and the node could ever take it:
         the one node it waits for; None otherwise."""
-        if not (request.is_home_held and request.home_node):
-            return None
-        home = next((v for v in views if v.name == request.home_node), None)
+        home = home_of(request, views) if request.is_home_held else None
         return home if home is not None and home.may_fit_later(request) else None
 
     # ---- the decisions ------------------------------------------------------------------------
