@@ -10,7 +10,13 @@ head-of-line again until it goes. A stage that every refusing node has room for 
 back (`NodeView.admit` answers `HELD_BACK`) waits as a head for the batch work behind it as any other does, but not for
 interactive work: while every waiting head is so held, an interactive stage behind them starts where it fits, without
 counting as backfill against them (the gate never holds a turn a person waits on, and it holds a batch stage for the
-running stages' sake, not for want of room the turn would take).
+running stages' sake, not for want of room the turn would take). A stage waiting for its held home (below) is no
+waiting head for the other nodes: it claims its home, where nothing behind it starts but a turn where the gate alone
+holds it, and the walk goes on elsewhere (the simulator queues it at its home; one node's queue there).
+
+A session's next stage names its home node, the node holding its context (`StageRequest.home_node`): while the
+context is held there (`is_home_held`) the stage waits for home, else it starts at home where home may start it now
+(`goes_home`, the simulator's routing rule too).
 
 The core only decides: it takes a started or failed stage off the queue and yields a `Decision`, a start carrying the
 node's admission (opaque here: what the node computed to say yes); the caller applies it (reserves the KV with that
@@ -94,6 +100,20 @@ class DispatchConfig:
         self.router = Router(self.router)
 
 
+def goes_home(is_home_held: bool, may_start_home: Callable[[], bool]) -> bool:
+    """Session affinity, the one rule of the gateway and the simulator: whether a session's next stage goes to its home
+    node (where its last stage ran). Always while its context is held there (each runtime says what holds it: the
+    simulator's kept tool-call KV or its prefix-cache model, the gateway's tool-call hold), so it waits for home rather
+    than re-prefill the context elsewhere; once not held, only if home may start it now (`may_start_home`, asked only
+    then)."""
+    return is_home_held or may_start_home()
+
+
+def home_of(request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+    """The view named the stage's home node (`home_node`), if it is among `views`."""
+    return next((v for v in views if v.name == request.home_node), None) if request.home_node else None
+
+
 def choose(request: StageRequest, views: Sequence[NodeView], config: DispatchConfig) -> NodeView | None:
     """The node among `views` the stage should go to (no admission check: callers pass the candidates)."""
     if len(views) <= 1:
@@ -144,22 +164,33 @@ class DispatchCore:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
     def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
-        """The node holding the stage's session context (`home_node`) if it may take the stage now, else the fittest
-        that may, with its admission; None if none may."""
+        """Where the stage starts now, with the node's admission (`placement`); None if nowhere."""
         return self.placement(request, views)[0]
 
     def placement(
         self, request: StageRequest, views: Sequence[NodeView]
     ) -> tuple[tuple[NodeView, object] | None, bool]:
-        """`choose_node`'s answer, and whether every node refusing the stage holds it back by the batch-cost gate
-        alone (`HELD_BACK`: room for it there)."""
-        admissions = {v: v.admit(request) for v in views}
+        """Where the stage starts now, with the node's admission (None: nowhere), and whether every node refusing it
+        holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). By `goes_home`: its held home
+        (`held_home`) is its only candidate; else its home node (`home_node`) where it may start now, else the fittest
+        node that may."""
+        home = home_of(request, views)
+        held = self.held_home(request, views)
+        admissions = {v: v.admit(request) for v in ([held] if held is not None else views)}
         refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
         is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
         fitting = {v: a for v, a in admissions.items() if a is not None and a is not HELD_BACK}
-        home = next((v for v in fitting if v.name == request.home_node), None) if request.home_node else None
-        node = home or choose(request, list(fitting), self.config)
+        if home is not None and goes_home(held is not None, lambda: home in fitting):
+            node = home if home in fitting else None
+        else:
+            node = choose(request, list(fitting), self.config)
         return ((node, fitting[node]) if node is not None else None), is_held_back
+
+    def held_home(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
+        """The stage's home node while its context is held there (`is_home_held`) and the node could ever take it:
+        the one node it waits for; None otherwise."""
+        home = home_of(request, views) if request.is_home_held else None
+        return home if home is not None and home.may_fit_later(request) else None
 
     # ---- the decisions ------------------------------------------------------------------------
     def decisions(self, views: Sequence[NodeView], now: float) -> Iterator[Decision]:
@@ -170,6 +201,9 @@ class DispatchCore:
         num_held = 0  # of them, held back by the gate alone (room for them)
         num_behind = 0  # admitted stages examined behind the waiting head
         is_strict = False  # nothing but an interactive stage passing held heads goes any more
+        # held homes a stage waits for (`held_home`) → whether the batch-cost gate alone holds it there: nothing behind
+        # it starts there but, where the gate holds it, a turn (as a turn passes gate-held heads)
+        claimed: dict[str, bool] = {}
         for request in self.scheduler.in_order(now):
             if not self.is_live(request, now):
                 if not waiting:
@@ -185,8 +219,14 @@ class DispatchCore:
                         return
                     is_strict = True
                     continue
-            chosen, is_held_back = self.placement(request, views)
-            if chosen is not None:
+            open_views = [v for v in views if v.name not in claimed or (request.interactive and claimed[v.name])]
+            held = self.held_home(request, views)
+            if held is not None and held not in open_views:
+                continue  # it waits for its home, behind another stage waiting there
+            chosen, is_held_back = self.placement(request, open_views)
+            if chosen is None and held is not None:
+                claimed[held.name] = is_held_back  # it waits for its home alone: the other nodes go on
+            elif chosen is not None:
                 if not passes_held:
                     for ahead in waiting:
                         self.overtaken[ahead] = self.num_overtaken(ahead) + 1
@@ -231,5 +271,5 @@ class DispatchCore:
                 waiting_since = min(waiting_since or since(request), since(request))
             elif held is None:
                 held = request
-        fits = held is not None and waiting_since is None and bool(self.fitting(held, views))
+        fits = held is not None and waiting_since is None and self.choose_node(held, views) is not None
         return fits, waiting_since

@@ -46,6 +46,7 @@ class StageRequest:
     is_shed: bool = False  # its workflow was triaged out: it cannot make its deadline beside the rest (triage.py)
     is_kv_pinned: bool = False  # the workflow's context is kept on a node for this stage (Continuum ranks it first)
     home_node: str = ""  # the node holding the session's context (prefix cache): the first choice where it may start
+    is_home_held: bool = False  # the context is held on `home_node` for this stage: it waits there (dispatch.goes_home)
     payload: object = field(default=None, repr=False)  # the caller's own object (the simulator's stage)
     # Scheduler bookkeeping (lazy deletion): the heap entry that is live for this request, -1 if none.
     queue_seq: int = -1
@@ -115,6 +116,7 @@ def stage_request(
     model: str = "",
     is_kv_pinned: bool = False,
     home_node: str = "",
+    is_home_held: bool = False,
     payload: object = None,
 ) -> StageRequest:
     """A ready stage as the scheduler sees it; its predicted output is capped at `max_tokens`, and its predicted
@@ -137,5 +139,6 @@ def stage_request(
         workflow.remaining_tool_s,
         is_kv_pinned=is_kv_pinned,
         home_node=home_node,
+        is_home_held=is_home_held,
         payload=payload,
     )

@@ -4,7 +4,8 @@ reserve is rescaled by its own level (`Gateway.own_reserves`, `maestro.own_reser
 and predictor_service do.
 
 The request carries the workflow's arrival, deadline and attained service, its predicted remaining work
-(`Gateway.workflow_remaining_s`) and whether its context is held for it on a node.
+(`Gateway.workflow_remaining_s`), the node holding its session's context and whether it is held for it there
+(`Sessions.arrive`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
     # Continuum ranks a stage whose context is kept for it first: held on a node during its tool call (sessions.py),
     # until this call's arrival lets the hold go.
     is_kv_pinned = any(meta.workflow_key in n.kv.held for n in gateway.nodes)
-    home_node = gateway.sessions.arrive(meta.workflow_key, now)
+    home = gateway.sessions.arrive(meta.workflow_key, now)
     slo_s = meta.slo_s or gateway.config.system.slo_s
     position = workflow.next_position()
     remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", position)
@@ -92,7 +93,8 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
         pace=gateway.pace,
         ready_s=arrival.monotonic_s,
         is_kv_pinned=is_kv_pinned,
-        home_node=home_node,
+        home_node=home.node,
+        is_home_held=home.is_held,
     )
     job = Job(
         meta=meta,

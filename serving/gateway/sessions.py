@@ -3,8 +3,15 @@
 A session is one workflow between and during its calls. The gateway sees each call arrive and end, and from that:
 
 - **Affinity.** A session's context lives where its last stage ran: vLLM's prefix cache holds the prompt's blocks
-  there. Its next stage names that node (`StageRequest.home_node`) and the dispatch core takes it first when it may
-  start the stage now.
+  there. Its next stage names that node (`StageRequest.home_node`) and goes by the dispatch core's rule
+  (`serving.core.dispatch.goes_home`, the simulator's too): while the context is held there it waits for that node
+  rather than re-prefill the context elsewhere; else it goes there when it may start now, else to the fittest node.
+  Held, here, means the session's tool-call hold (below) was still on when its next call arrived (`Home.is_held`):
+  the hold keeps the blocks out of other stages' reach, so vLLM's prefix cache still has them. Once a hold ends (its
+  TTL, or the tool-KV policy chose to evict, or the node had no room to hold), the gateway cannot know what vLLM's
+  prefix cache still holds of the context (vLLM reports no per-prompt cache contents), nor whether a node running
+  Maestro's vLLM scheduler kept it in its own pool (the engine's hold, below), so the stage is not held and goes
+  home only if home may start it now.
 - **Tool phases.** A stage that ended in a tool call (its answer holds tool_calls, or its caller said
   `x-maestro-tool-call: true`) starts one; the session's next call ends it, and the gap is the
   tool's time, learnt as a moving average per (app, role) of the stage that called it. While the phase lasts, the
@@ -37,6 +44,15 @@ DEFAULT_TOOL_S = 1.0  # the predicted tool time of a (app, role) whose tool call
 TOOL_CALL_P = 0.5
 
 
+@dataclass(frozen=True, slots=True)
+class Home:
+    """Where an arriving call's session context lives: the node its last stage ran on ('' if none or down), and whether
+    the context was held there for this call (a tool-call hold still on when the call arrived)."""
+
+    node: str = ""
+    is_held: bool = False
+
+
 @dataclass(slots=True)
 class Session:
     node: Node | None = None  # where its last stage ran (its context)
@@ -63,22 +79,25 @@ class Sessions:
         self.num_kept = self.num_evicted = self.num_hold_refused = self.num_ended = self.num_expired = 0
 
     # ---- a call's life ------------------------------------------------------------------------
-    def arrive(self, workflow_key: str, now: float) -> str:
-        """A call of the session arrived: its tool phase (if any) is over and its hold goes. Returns the node holding
-        the session's context ('' if none)."""
+    def arrive(self, workflow_key: str, now: float) -> Home:
+        """A call of the session arrived: its tool phase (if any) is over and its hold goes. Returns where its
+        context lives, and whether it was held there until now."""
         session = self.sessions.get(workflow_key)
         if session is None:
             self.sessions[workflow_key] = Session(last_seen_s=now)
-            return ""
+            return Home()
         if session.tool_since_s is not None:
             self.tool_times.observe(session.tool_key, now - session.tool_since_s)
             self.tool_kv.observe(session.tool_key, now - session.tool_since_s)
             if self.on_tool_s is not None:
                 self.on_tool_s(workflow_key, now - session.tool_since_s)
             session.tool_since_s = None
+        is_held = bool(session.hold_until_s)
         self._unhold(workflow_key, session)
         session.last_seen_s = now
-        return session.node.name if session.node is not None and session.node.is_healthy else ""
+        if session.node is None or not session.node.is_healthy:
+            return Home()
+        return Home(session.node.name, is_held)
 
     def stage_ended(
         self,

@@ -63,10 +63,10 @@ def test_mars_keeps_a_context_while_reprefill_outlasts_the_predicted_tool_and_le
     node = make_node("a", blocks=64)
     # re-prefilling 2,000 tokens at 1 ms a token (2 s) outlasts the 1 s a never-timed tool is predicted to take: kept
     sessions = Sessions("mars", idle_s=60.0, prefill_s_per_token=1e-3)
-    assert sessions.arrive("w", 0.0) == ""
+    assert sessions.arrive("w", 0.0).node == ""
     sessions.stage_ended("w", node, 2000, is_tool_call=True, tool_key="app/agent", is_final=False, now=1.0)
     assert DEFAULT_TOOL_S < 2.0 and node.kv.held == {"w": 16} and sessions.num_in_tool == 1
-    assert sessions.arrive("w", 4.0) == "a"  # the next call: its context's node, the hold gone, the tool timed
+    assert sessions.arrive("w", 4.0).node == "a"  # the next call: its context's node, the hold gone, the tool timed
     assert node.kv.held == {} and sessions.num_in_tool == 0 and sessions.tool_s["app/agent"] == pytest.approx(3.0)
     # the same tool is now predicted to take 3 s, longer than the 2 s re-prefill: evicted
     sessions.stage_ended("w", node, 2000, is_tool_call=True, tool_key="app/agent", is_final=False, now=5.0)
