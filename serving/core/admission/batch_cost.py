@@ -92,7 +92,7 @@ class RunningBatch:
 
     remaining_tokens: np.ndarray  # predicted (`remaining_tokens`), as the candidate's own tokens are read
     slack_s: np.ndarray  # at the node's measured pace (prefill stalls included)
-    is_savable: np.ndarray  # could still make its deadline at the bare step time, if nothing more were admitted
+    is_savable: np.ndarray  # could still make its deadline at the pace the node recovers to (`NodeState`)
     pace_s_per_token: float
     step_s: float
     is_running_interactive: bool = False  # some running stage is of an interactive workflow
@@ -106,15 +106,18 @@ class RunningBatch:
         step_s: float,
         now: float,
         is_running_interactive: bool = False,
+        recover_s_per_token: float | None = None,
     ) -> RunningBatch:
         """`deadlines_s`: each stage's deadline less the prefills already under way (they stall it too); `step_s`:
-        the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now."""
+        the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now;
+        `recover_s_per_token`: the pace the node recovers to while batch work is held (None: the bare step)."""
         tokens = np.asarray(remaining, dtype=float)
         time_left_s = np.asarray(deadlines_s, dtype=float) - now
+        recover_s = step_s if recover_s_per_token is None else recover_s_per_token
         return cls(
             tokens,
             time_left_s - tokens * pace_s_per_token,
-            time_left_s - tokens * step_s >= 0,
+            time_left_s - tokens * recover_s >= 0,
             pace_s_per_token,
             step_s,
             is_running_interactive,
@@ -155,12 +158,15 @@ class NodeState:
     `pace_s_per_token`: seconds per output token of a running stage lately, prefill stalls included (0: not measured
     yet; the gate then admits: it holds work back only on evidence). `step_s`: the bare decode step (never taken
     above the pace). `prefill_s`: what a prefill stalls the running stages for (live: dispatch → first token).
-    `backlog_s`: what the prefills already under way still stall every running stage for.
+    `backlog_s`: what the prefills already under way still stall every running stage for. `turn_prefill_s_per_token`:
+    what interactive stages' prefills (which the gate never holds) added to each output token over the pace's window;
+    a running stage is savable if it makes its deadline at `recover_s_per_token`, the bare step plus that.
 
     Defaults, the same for every runtime that lacks the measurement:
     - a stage's `produced` not counted: its first token comes `prefill_s` after its start, then one every
       `pace_s_per_token`;
-    - `backlog_s` None: until the last first token still to come, among the stages that have produced none.
+    - `backlog_s` None: until the last first token still to come, among the stages that have produced none;
+    - `turn_prefill_s_per_token` 0: no turn's prefill measured apart, a stage is savable at the bare step.
     """
 
     now: float
@@ -169,10 +175,17 @@ class NodeState:
     step_s: float
     prefill_s: float = 0.0
     backlog_s: float | None = None
+    turn_prefill_s_per_token: float = 0.0
 
     @property
     def bare_step_s(self) -> float:
         return min(self.step_s, self.pace_s_per_token)
+
+    @property
+    def recover_s_per_token(self) -> float:
+        """The pace the node recovers to while the gate holds batch work: the bare step stretched by the turns'
+        prefills (never above the measured pace)."""
+        return min(self.pace_s_per_token, self.bare_step_s + max(0.0, self.turn_prefill_s_per_token))
 
     @cached_property
     def batch(self) -> RunningBatch | None:
@@ -194,7 +207,9 @@ class NodeState:
         ]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
         is_running_interactive = any(s.is_interactive for s in self.running)
-        return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now, is_running_interactive)
+        return RunningBatch.of(
+            remaining, deadlines_s, pace_s, self.bare_step_s, self.now, is_running_interactive, self.recover_s_per_token
+        )
 
 
 @dataclass(frozen=True, slots=True)
