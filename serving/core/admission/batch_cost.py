@@ -9,18 +9,20 @@ step they share. For a running stage r with m_r predicted decode tokens still to
 
 and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* pace (seconds per token of a running stage,
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
-refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
-admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
-batch back, and a candidate that would itself miss by waiting goes in anyway: with `hold_while="next"`, waiting for
-the next running stage to end; with "endangered", until the last stage it endangers ends (at the measured pace), since
-holding it back longer only trades their misses for its own; with "by_class" (the default), the second on a node that
-runs an interactive stage and the first elsewhere: on the dev side the second served mixed classes and cost heavy
-batch-only overload, whose held work is mostly of workflows that miss anyway (serving/EXPERIMENTS.md).
-A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
-candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
-its reserve, and let in the stalls its own prediction says endanger it.
-Holding back stops the stalls, so the pace recovers and the gate opens again; meanwhile a queue forms and its order
-(least slack first) decides who goes next. The gate acts only on a congested node (pace ≥ `min_stretch` × step).
+refuses x while some running stage that could still make its deadline would be pushed past it: delay_r > `slack_share` ·
+slack_r. A stage could make it if it does at the pace the node recovers to while the gate holds batch work back
+(`NodeState.recover_s_per_token`): the bare step stretched by what the gate cannot hold, the prefills under way (taken
+off its deadline) and the interactive turns' prefills (their share of the recent pace); with no turns, the bare step.
+Stages past saving do not hold the batch back, and a candidate that would itself miss by waiting goes in anyway: with
+`hold_while="next"`, waiting for the next running stage to end; with "endangered", until the last stage it endangers
+ends (at the measured pace), since holding it back longer only trades their misses for its own; with "by_class" (the
+default), the second on a node that runs an interactive stage and the first elsewhere: on the dev side the second served
+mixed classes and cost heavy batch-only overload, whose held work is mostly of workflows that miss anyway
+(serving/EXPERIMENTS.md). A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve),
+read as the candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter
+the wider its reserve, and let in the stalls its own prediction says endanger it. Holding back stops the stalls, so the
+pace recovers and the gate opens again; meanwhile a queue forms and its order (least slack first) decides who goes next.
+The gate acts only on a congested node (pace ≥ `min_stretch` × step).
 
 The gate holds batch work only: an interactive candidate (a turn a person waits on) always goes in. Its stall still
 counts — it shows in the node's measured pace, so batch candidates are held the longer — and a running interactive
@@ -159,14 +161,13 @@ class NodeState:
     yet; the gate then admits: it holds work back only on evidence). `step_s`: the bare decode step (never taken
     above the pace). `prefill_s`: what a prefill stalls the running stages for (live: dispatch → first token).
     `backlog_s`: what the prefills already under way still stall every running stage for. `turn_prefill_s_per_token`:
-    what interactive stages' prefills (which the gate never holds) added to each output token over the pace's window;
-    a running stage is savable if it makes its deadline at `recover_s_per_token`, the bare step plus that.
+    what interactive stages' prefills (the gate never holds them) added to each output token over the pace's window.
 
     Defaults, the same for every runtime that lacks the measurement:
     - a stage's `produced` not counted: its first token comes `prefill_s` after its start, then one every
       `pace_s_per_token`;
     - `backlog_s` None: until the last first token still to come, among the stages that have produced none;
-    - `turn_prefill_s_per_token` 0: no turn's prefill measured apart, a stage is savable at the bare step.
+    - `turn_prefill_s_per_token` 0: not measured apart, a stage is savable at the bare step.
     """
 
     now: float
