@@ -4,10 +4,8 @@ measured.
 The simulator reads its clock and cost model; here the node's own measurements stand in: the pace of its finished
 calls (output tokens ÷ call time, prefill and queueing in vLLM included) is what a running stage gets now, the fastest
 of its recent calls is the bare step, and dispatch → first token is what a new stage's prefill stalls the others for.
-The gateway does not count a running stage's tokens, nor time a step or the turns' prefills apart from the pace:
-`NodeState`'s defaults estimate the first from the stage's dispatch, take no added step time for the second, and no
-turn's share of the pace for the third (a running stage is savable at the bare step: the fastest recent call's pace
-already holds the turns' first-token delays it met). Without deadlines (no SLO
+The gateway does not count a running stage's tokens, nor time a step apart from the pace: `NodeState`'s defaults
+estimate the first from the stage's dispatch, and take no added step time for the second. Without deadlines (no SLO
 given) no stage is ever endangered, and without measurements the gate admits: it only holds back work on evidence.
 """
 

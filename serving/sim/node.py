@@ -24,7 +24,7 @@ from serving.core.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
 from serving.sim.hostcpu import HostCPU
 from serving.sim.prefixcache import PrefixCache
-from serving.sim.steps import StepBuilder, step_loads
+from serving.sim.steps import StepBuilder
 
 if TYPE_CHECKING:
     from serving.core.systems import System
@@ -60,15 +60,13 @@ class SimNode:
         self.version = 0
         self.is_control_armed = False
         self._vheap: list = []
-        self._pace_marks: deque[tuple[float, float, float]] = deque()  # (time, V, turn_prefill_s) while stages run
-        self.turn_prefill_s = 0.0  # seconds the interactive stages' prefill chunks have added to steps, all told
+        self._pace_marks: deque[tuple[float, float]] = deque()  # (time, V) while stages run
         self.v = 0.0
         self.last_s = 0.0
         self.stall_end_s = 0.0
         self.steps = StepBuilder(cluster.token_budget)
         self.starts_held_until_v = float("-inf")  # vLLM schedules no waiting request in a step that preempted
         self._step_s: dict[bool, tuple[tuple[int, float], float]] = {}  # is bare -> ((batch changes, slowdown), price)
-        self._turn_step_s: tuple[tuple[int, float], float] = ((-1, 0.0), 0.0)  # (key, `turn_prefill_step_s`)
         self._models = Counter()
 
     def _make_cap(self, kind: CapKind, aimd: AIMDConfig, num_tool_workers: int) -> SessionCap | None:
@@ -96,35 +94,18 @@ class SimNode:
             cached = self._step_s[is_bare] = (key, self.price_s(loads))
         return cached[1]
 
-    def turn_prefill_step_s(self) -> float:
-        """What the chunks of the interactive stages' prefills under way add to the step the node runs now (its
-        price less that of the same step without them): the part of the pace the batch-cost gate cannot hold back."""
-        key = (self.num_batch_changes, self.host.engine_slowdown())
-        if self._turn_step_s[0] != key:
-            turns = [
-                p for stage, p in self.steps.prefills.items() if stage.request is not None and stage.request.interactive
-            ]
-            added_s = 0.0
-            if turns:
-                others = [p for p in self.steps.prefills.values() if p not in turns]
-                added_s = self.step_s() - self.price_s(step_loads(self.steps.decodes, others))
-            self._turn_step_s = (key, max(0.0, added_s))
-        return self._turn_step_s[1]
-
     def advance(self, now: float) -> None:
         if now > self.last_s:
             if self.running:
                 active = now - max(self.last_s, self.stall_end_s)
                 if active > 0:
-                    num_steps = active / self.step_s()
-                    self.v += num_steps
-                    self.turn_prefill_s += num_steps * self.turn_prefill_step_s()
+                    self.v += active / self.step_s()
                 self._mark_pace(now)
             self.last_s = now
 
     def _mark_pace(self, now: float) -> None:
         marks = self._pace_marks
-        marks.append((now, self.v, self.turn_prefill_s))
+        marks.append((now, self.v))
         while len(marks) > 2 and marks[1][0] <= now - PACE_WINDOW_S:
             marks.popleft()
 
@@ -133,23 +114,11 @@ class SimNode:
         (the bare decode step if too little has run to tell): what the engine's token stream would show."""
         step_s = self.decode_step_s()
         if self._pace_marks:
-            t0, v0, _ = self._pace_marks[0]
+            t0, v0 = self._pace_marks[0]
             dv = self.v_at(now) - v0
             if dv >= 1.0:
                 return max(step_s, (now - t0) / dv)
         return step_s
-
-    def turn_prefill_s_per_token(self, now: float) -> float:
-        """What the interactive stages' prefills added to each output token of a running stage over the measured
-        pace's window (`pace_s_per_token`; 0 if too little has run to tell): the part of the pace the batch-cost
-        gate cannot hold back, since it never holds a turn."""
-        if self._pace_marks:
-            _, v0, turn0_s = self._pace_marks[0]
-            v = self.v_at(now)
-            if v - v0 >= 1.0:
-                turn_s = self.turn_prefill_s + (v - self.v) * self.turn_prefill_step_s()
-                return (turn_s - turn0_s) / (v - v0)
-        return 0.0
 
     def v_at(self, now: float) -> float:
         """The step clock at `now` (without advancing it)."""

@@ -50,19 +50,14 @@ class SimSlot:
     def node_state(self) -> NodeState:
         """The node as the gate reads it now, from its clock: each running stage's tokens so far on the step clock,
         the step clock's measured pace, the bare decode step, what the prefills under way still add to the decodes'
-        steps, what the turns' prefills added to each token over the pace's window (built once per batch change and
-        time)."""
+        steps (built once per batch change and time)."""
         node, now = self.node, self.dispatcher.sim.now
         version = (now, node.num_batch_changes)
         if self._state is None or self._state[0] != version:
             v = node.v_at(now)
             running = tuple(running_stage(s, s.generated_tokens + node.produced_tokens(s, v)) for s in node.running)
-            pace_s, step_s, backlog_s = node.pace_s_per_token(now), node.decode_step_s(), node.prefill_backlog_s(now)
-            turn_s = node.turn_prefill_s_per_token(now)
-            self._state = (
-                version,
-                NodeState(now, running, pace_s, step_s, backlog_s=backlog_s, turn_prefill_s_per_token=turn_s),
-            )
+            pace_s, step_s = node.pace_s_per_token(now), node.decode_step_s()
+            self._state = (version, NodeState(now, running, pace_s, step_s, backlog_s=node.prefill_backlog_s(now)))
         return self._state[1]
 
     def candidate(self, stage: SimStage) -> Candidate:

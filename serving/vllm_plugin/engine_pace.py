@@ -6,9 +6,8 @@ that one ran anything). A decoding request gets one token a step, so a running s
 recent ones (steps that carried prefill chunks included: on an engine busy prefilling, decoding gets what is left)
 and the bare step the fastest of them. A prefill stalls the running requests for about a request's delay from its
 start to its first token (the median of the recent ones). The running requests' tokens are counted; the gate's other
-inputs take `serving.core.admission.batch_cost.NodeState`'s defaults, as the gateway's do (the steps are timed
-whole, so the turns' prefills are not measured apart: a running stage is savable at the bare step). On the step clock
-every step lasts one step: the pace is never stretched and the gate never acts.
+inputs take `serving.core.admission.batch_cost.NodeState`'s defaults, as the gateway's do. On the step clock every step
+lasts one step: the pace is never stretched and the gate never acts.
 """
 
 from __future__ import annotations

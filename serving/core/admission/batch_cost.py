@@ -9,20 +9,18 @@ step they share. For a running stage r with m_r predicted decode tokens still to
 
 and r's slack is  deadline_r − now − m_r · pace  at the node's *measured* pace (seconds per token of a running stage,
 the prefill stalls of recent admissions included: on a node busy prefilling, decoding gets only what is left). The gate
-refuses x while some running stage that could still make its deadline would be pushed past it: delay_r > `slack_share` ·
-slack_r. A stage could make it if it does at the pace the node recovers to while the gate holds batch work back
-(`NodeState.recover_s_per_token`): the bare step stretched by what the gate cannot hold, the prefills under way (taken
-off its deadline) and the interactive turns' prefills (their share of the recent pace); with no turns, the bare step.
-Stages past saving do not hold the batch back, and a candidate that would itself miss by waiting goes in anyway: with
-`hold_while="next"`, waiting for the next running stage to end; with "endangered", until the last stage it endangers
-ends (at the measured pace), since holding it back longer only trades their misses for its own; with "by_class" (the
-default), the second on a node that runs an interactive stage and the first elsewhere: on the dev side the second served
-mixed classes and cost heavy batch-only overload, whose held work is mostly of workflows that miss anyway
-(serving/EXPERIMENTS.md). A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve),
-read as the candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter
-the wider its reserve, and let in the stalls its own prediction says endanger it. Holding back stops the stalls, so the
-pace recovers and the gate opens again; meanwhile a queue forms and its order (least slack first) decides who goes next.
-The gate acts only on a congested node (pace ≥ `min_stretch` × step).
+refuses x while some running stage that could still make its deadline (at the bare step time, were nothing more
+admitted) would be pushed past it: delay_r > `slack_share` · slack_r. Stages already past saving do not hold the
+batch back, and a candidate that would itself miss by waiting goes in anyway: with `hold_while="next"`, waiting for
+the next running stage to end; with "endangered", until the last stage it endangers ends (at the measured pace), since
+holding it back longer only trades their misses for its own; with "by_class" (the default), the second on a node that
+runs an interactive stage and the first elsewhere: on the dev side the second served mixed classes and cost heavy
+batch-only overload, whose held work is mostly of workflows that miss anyway (serving/EXPERIMENTS.md).
+A running stage's m_r is its predicted rest (`remaining_tokens`: the point, then the reserve), read as the
+candidate's n_x is: a bound below the point (the reserve mirrored around it) would rate a stage the shorter the wider
+its reserve, and let in the stalls its own prediction says endanger it.
+Holding back stops the stalls, so the pace recovers and the gate opens again; meanwhile a queue forms and its order
+(least slack first) decides who goes next. The gate acts only on a congested node (pace ≥ `min_stretch` × step).
 
 The gate holds batch work only: an interactive candidate (a turn a person waits on) always goes in. Its stall still
 counts — it shows in the node's measured pace, so batch candidates are held the longer — and a running interactive
@@ -94,7 +92,7 @@ class RunningBatch:
 
     remaining_tokens: np.ndarray  # predicted (`remaining_tokens`), as the candidate's own tokens are read
     slack_s: np.ndarray  # at the node's measured pace (prefill stalls included)
-    is_savable: np.ndarray  # could still make its deadline at the pace the node recovers to (`NodeState`)
+    is_savable: np.ndarray  # could still make its deadline at the bare step time, if nothing more were admitted
     pace_s_per_token: float
     step_s: float
     is_running_interactive: bool = False  # some running stage is of an interactive workflow
@@ -108,18 +106,15 @@ class RunningBatch:
         step_s: float,
         now: float,
         is_running_interactive: bool = False,
-        recover_s_per_token: float | None = None,
     ) -> RunningBatch:
         """`deadlines_s`: each stage's deadline less the prefills already under way (they stall it too); `step_s`:
-        the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now;
-        `recover_s_per_token`: the pace the node recovers to while batch work is held (None: the bare step)."""
+        the batch's bare decode step; `pace_s_per_token`: what a running stage's token stream shows now."""
         tokens = np.asarray(remaining, dtype=float)
         time_left_s = np.asarray(deadlines_s, dtype=float) - now
-        recover_s = step_s if recover_s_per_token is None else recover_s_per_token
         return cls(
             tokens,
             time_left_s - tokens * pace_s_per_token,
-            time_left_s - tokens * recover_s >= 0,
+            time_left_s - tokens * step_s >= 0,
             pace_s_per_token,
             step_s,
             is_running_interactive,
@@ -160,14 +155,12 @@ class NodeState:
     `pace_s_per_token`: seconds per output token of a running stage lately, prefill stalls included (0: not measured
     yet; the gate then admits: it holds work back only on evidence). `step_s`: the bare decode step (never taken
     above the pace). `prefill_s`: what a prefill stalls the running stages for (live: dispatch → first token).
-    `backlog_s`: what the prefills already under way still stall every running stage for. `turn_prefill_s_per_token`:
-    what interactive stages' prefills (the gate never holds them) added to each output token over the pace's window.
+    `backlog_s`: what the prefills already under way still stall every running stage for.
 
     Defaults, the same for every runtime that lacks the measurement:
     - a stage's `produced` not counted: its first token comes `prefill_s` after its start, then one every
       `pace_s_per_token`;
-    - `backlog_s` None: until the last first token still to come, among the stages that have produced none;
-    - `turn_prefill_s_per_token` 0: not measured apart, a stage is savable at the bare step.
+    - `backlog_s` None: until the last first token still to come, among the stages that have produced none.
     """
 
     now: float
@@ -176,17 +169,10 @@ class NodeState:
     step_s: float
     prefill_s: float = 0.0
     backlog_s: float | None = None
-    turn_prefill_s_per_token: float = 0.0
 
     @property
     def bare_step_s(self) -> float:
         return min(self.step_s, self.pace_s_per_token)
-
-    @property
-    def recover_s_per_token(self) -> float:
-        """The pace the node recovers to while the gate holds batch work: the bare step stretched by the turns'
-        prefills (never above the measured pace)."""
-        return min(self.pace_s_per_token, self.bare_step_s + max(0.0, self.turn_prefill_s_per_token))
 
     @cached_property
     def batch(self) -> RunningBatch | None:
@@ -208,9 +194,7 @@ class NodeState:
         ]
         deadlines_s = [s.deadline_s - max(0.0, backlog_s) for s in self.running]
         is_running_interactive = any(s.is_interactive for s in self.running)
-        return RunningBatch.of(
-            remaining, deadlines_s, pace_s, self.bare_step_s, self.now, is_running_interactive, self.recover_s_per_token
-        )
+        return RunningBatch.of(remaining, deadlines_s, pace_s, self.bare_step_s, self.now, is_running_interactive)
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,24 +176,3 @@ def test_the_gate_holds_batch_work_only_an_interactive_candidate_always_goes_in(
     turn = Candidate(600.0, stall_s=100.0, is_interactive=True, tokens_pred=50, tokens_reserve=50)
     assert gate.admits_candidate(busy, turn)  # the same stage, a turn someone waits on: never held
     assert gate.num_refused == 1
-
-
-def test_a_running_stage_is_savable_at_the_pace_the_node_recovers_to_with_the_turns_prefills_it_cannot_hold():
-    # 90 tokens to go, 5 s left: on time at the bare step (1.8 s), late at the measured pace (5.4 s)
-    running = (RunningStage(5.0, 0.0, produced=10, tokens_pred=100, tokens_reserve=100),)
-    held = Candidate(600.0, stall_s=1.0, tokens_pred=50, tokens_reserve=50)
-    gate = BatchCostGate()
-
-    def node(turn_s_per_token=None):
-        extra = {} if turn_s_per_token is None else {"turn_prefill_s_per_token": turn_s_per_token}
-        return NodeState(0.0, running, STEP_S * 3, STEP_S, **extra)
-
-    assert node().recover_s_per_token == STEP_S  # no turn measured: the bare step, as before
-    assert not gate.admits_candidate(node(), held)
-    assert not gate.admits_candidate(node(0.01), held)  # recovers to 0.03 s a token: 2.7 s, still savable
-    assert node(0.04).recover_s_per_token == pytest.approx(STEP_S * 3)  # turns' prefills keep it at the pace
-    assert gate.admits_candidate(node(0.04), held)  # holding batch work back cannot save it: not protected
-    assert node(1.0).recover_s_per_token == STEP_S * 3  # never above the measured pace
-    assert RunningBatch.of([90], [5.0], STEP_S * 3, STEP_S, 0.0, recover_s_per_token=0.06).is_savable.tolist() == [
-        False
-    ]

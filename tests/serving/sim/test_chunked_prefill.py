@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from serving.core.request import StageRequest
 from serving.core.systems import get_system
 from serving.sim.costmodel import CostModel, CostModelConfig, StepLoad
 from serving.sim.engine import ClusterConfig, Simulator
@@ -209,24 +208,3 @@ def test_a_hold_that_has_all_but_passed_schedules_no_event_at_the_same_instant(m
     node.starts_held_until_v = node.v + 1e-9
     assert node.may_start(node.last_s)
     assert node.next_event_s() - node.last_s >= 0.5 * node.step_s()  # the prefill's end, a step away
-
-
-@pytest.mark.parametrize("is_interactive", [False, True])
-def test_the_node_measures_what_a_turns_prefill_adds_to_each_token_apart_from_batch_prefills(is_interactive):
-    node, decoding, long = bare_node(), make_stage("decoding", 100, 5000), make_stage("long", 16_000, 10)
-    long.request = StageRequest("long", "long", MODEL, interactive=is_interactive)
-    node.add_running(decoding, 100)
-    run_until_prefilled(node, decoding)
-    v0 = node.v  # the pace window's first mark (well under `PACE_WINDOW_S` runs here)
-    node.advance(node.last_s + 1.0)
-    assert node.turn_prefill_s_per_token(node.last_s) == 0.0  # decoding alone
-    node.add_running(long, 16_000)
-    added_step_s = node.step_s() - node.cost.step_time_s(node.steps.loads() | {MODEL: node.steps.decodes[MODEL]})
-    run_until_prefilled(node, long)
-    turn_s = node.turn_prefill_s_per_token(node.last_s)
-    if not is_interactive:
-        assert turn_s == 0.0  # a batch prefill is work the gate could have held
-        return
-    num_steps = math.ceil(16_000 / 2047)
-    assert turn_s == pytest.approx(num_steps * added_step_s / (node.v - v0))
-    assert 0 < turn_s < node.pace_s_per_token(node.last_s)
