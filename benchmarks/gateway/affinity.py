@@ -18,7 +18,8 @@ results so far. The context is held through each tool call by `--tool-kv` (keep-
 held, so the rule decides every next stage; the deployed MARS policy holds only contexts whose re-prefill would take
 longer than the tool, which the tiny model's short contexts never do). `--max-inflight-per-node` bounds what a node
 may start, so a home node is sometimes busy when the next call arrives. Runs alternate the arms' order per repeat;
-the text carries the run's id, so no run hits another's prefix cache.
+the text carries the run's id, so no run hits another's prefix cache; a round's arms replay the same sessions (tool
+waits included).
 
 Per run: stages started away from home (the gateway's traces: a stage on another node than its session's previous
 stage), vLLM's prefix-cache hit share and the prompt tokens it computed (queries − hits, both engines), the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -123,7 +125,7 @@ def gateway_fields(engines: list[Engine], trace_dir: Path, args) -> dict:
 
 def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict:
     run_id = f"{run:02d}{arm[0]}{args.seed}"
-    rng = np.random.default_rng([args.seed, run])
+    rng = np.random.default_rng([args.seed, run // len(args.arm_list)])  # a round's arms replay the same sessions
     sessions = [session_plan(run_id, i, args, rng) for i in range(args.sessions)]
     trace_dir = work / f"traces-{run_id}"
     repo = REPO if arm == "merged" else Path(args.old_repo)
@@ -149,6 +151,7 @@ def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict
         engine_steps(work / "vllm-stats", since, until),
     )
     out["http_not_200"] = sum(s != 200 for s in statuses)
+    out["load_average_1m"] = round(os.getloadavg()[0], 2)  # the shared box's other work, at the run's end
     out["gateway_repo"] = str(repo)
     return out
 
