@@ -48,8 +48,8 @@ from benchmarks.gateway.affinity_report import (
     read_traces,
     summarize,
 )
-from benchmarks.gateway.processes import schedstat, start_engines, tree
-from driver.testbed.engines import Engine
+from benchmarks.gateway.processes import schedstat, tree
+from driver.testbed.engines import Engine, EngineConfig
 from driver.testbed.gateway_process import GatewayProcess
 from driver.testbed.tiny_model import build_tiny_model
 
@@ -156,6 +156,25 @@ def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict
     return out
 
 
+def start_engines(model: Path, work: Path, args) -> list[Engine]:
+    """The two engines, each with its OpenMP threads bound to its own cores (`--bind-cores`; vLLM's 'auto' binds both to
+    the same core here, so one "node" ran 2-5x slower than the other), its stats under work/vllm-stats."""
+    binds = args.bind_cores.split("|") if args.bind_cores else ["auto", "auto"]
+    engines = [
+        Engine(
+            EngineConfig(
+                str(model),
+                kv_cache_bytes=args.kv_bytes,
+                max_model_len=args.max_model_len,
+                log_path=str(work / f"vllm-{i}.log"),
+                env={"MAESTRO_VLLM_STATS_DIR": str(work / "vllm-stats"), "VLLM_CPU_OMP_THREADS_BIND": bind},
+            )
+        ).start()
+        for i, bind in enumerate(binds)
+    ]
+    return [e.wait_ready() for e in engines]
+
+
 def warm_up(engines: list[Engine], num_calls: int = 4) -> None:
     """A few calls straight to each engine before the first run, so no arm pays for the engines' first requests."""
     for engine in engines:
@@ -182,6 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-bytes", type=int, default=64 * 2**20)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
+    parser.add_argument(
+        "--bind-cores",
+        default="0|1",
+        help="each engine's VLLM_CPU_OMP_THREADS_BIND, separated by '|' (one per engine; empty: vLLM's auto for both)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args(argv)
@@ -192,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"--old-repo: {args.old_repo!r} is no checkout of this project (git worktree add --detach DIR REV)"
         )
+    if args.bind_cores and len(args.bind_cores.split("|")) != 2:
+        parser.error(f"--bind-cores: one core list per engine (2), separated by '|', got {args.bind_cores!r}")
     args.arm_list = arms
     return args
 
@@ -205,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build_tiny_model(work / "tiny")
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "args": {k: v for k, v in vars(args).items()}, "runs": []}
     result["workdir"], out = str(work), Path(args.out)
-    engines = start_engines(model, work, args.kv_bytes, 2, max_model_len=args.max_model_len)
+    engines = start_engines(model, work, args)
     try:
         warm_up(engines)
         order = [args.arm_list if r % 2 == 0 else args.arm_list[::-1] for r in range(args.repeats)]

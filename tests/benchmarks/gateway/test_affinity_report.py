@@ -92,3 +92,5 @@ def test_the_sessions_calls_grow_their_context_and_the_arguments_are_checked(tmp
         affinity.parse_args(["--arms", "merged,newest"])
     with pytest.raises(SystemExit):
         affinity.parse_args(["--arms", "previous", "--old-repo", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        affinity.parse_args(["--arms", "merged", "--bind-cores", "0-1"])  # one engine's cores only
