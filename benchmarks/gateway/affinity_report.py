@@ -67,6 +67,22 @@ def placements(traces: list[dict]) -> dict:
     return {"away_from_home": away, "num_with_home": with_home, "stages_by_node": dict(sorted(nodes.items()))}
 
 
+def by_node(traces: list[dict]) -> dict:
+    """Per node: the mean of its stages' gateway queue time and its own time (`upstream_s`): a slow node and the
+    stages that waited for it."""
+    nodes: dict[str, list[dict]] = defaultdict(list)
+    for t in traces:
+        if t.get("outcome") == "completed":
+            nodes[t["node"]].append(t)
+    return {
+        name: {
+            "queue_s_mean": round(float(np.mean([t["queue_s"] for t in stages])), 4),
+            "upstream_s_mean": round(float(np.mean([t.get("upstream_s", 0.0) for t in stages])), 4),
+        }
+        for name, stages in sorted(nodes.items())
+    }
+
+
 def quantiles(values: list[float]) -> dict:
     if not values:
         return {}
@@ -109,6 +125,7 @@ def summarize(arm: str, run: int, traces: list[dict], counters: dict, wall_s: fl
         "ttft_s": quantiles([t["ttft_s"] for t in done if "ttft_s" in t]),
         "e2e_s": quantiles([t["e2e_s"] for t in done]),
         "queue_s": quantiles([t["queue_s"] for t in done]),
+        "by_node": by_node(traces),
         "wall_s": round(wall_s, 3),
         "engine_cpu_s": round(engine_cpu_s, 2),
         "engine_steps": steps,

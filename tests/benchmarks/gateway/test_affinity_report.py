@@ -54,13 +54,17 @@ def test_a_stage_is_away_from_home_when_its_sessions_previous_stage_ran_on_anoth
 
 
 def test_summary_reports_the_hit_share_the_tokens_vllm_computed_and_the_gateways_times(tmp_path):
-    traces = [stage("w1", float(i), f"node{i % 2}", ttft_s=0.1 * (i + 1), e2e_s=0.2 * (i + 1)) for i in range(4)]
+    traces = [
+        stage("w1", float(i), f"node{i % 2}", ttft_s=0.1 * (i + 1), e2e_s=0.2 * (i + 1), upstream_s=0.1 * (i % 2 + 1))
+        for i in range(4)
+    ]
     (tmp_path / "gateway-0.jsonl").write_text("\n".join(json.dumps(t) for t in traces))
     counters = {"prefix_cache_queries_total": 1000.0, "prefix_cache_hits_total": 750.0, "num_preemptions_total": 0.0}
     out = affinity_report.summarize("merged", 0, affinity_report.read_traces(tmp_path), counters, 12.5, 20.0, 300)
     assert out["num_stages"] == 4 and out["away_from_home"] == 3 and out["num_with_home"] == 3
     assert out["prefix_hit_share"] == 0.75 and out["tokens_reprefilled"] == 250
     assert out["ttft_s"]["p50"] == pytest.approx(0.25) and out["e2e_s"]["mean"] == pytest.approx(0.5)
+    assert out["by_node"]["node1"] == {"queue_s_mean": 0.0, "upstream_s_mean": 0.2}
     assert (out["wall_s"], out["engine_cpu_s"], out["engine_steps"]) == (12.5, 20.0, 300)
     table = affinity_report.markdown_table([out]).splitlines()
     assert table[0].startswith("| arm | run | num_stages | away_from_home") and table[2].startswith(
