@@ -143,8 +143,24 @@ def table_row(summary: dict) -> dict:
     return {k: flat[k] for k in TABLE_COLUMNS}
 
 
-def markdown_table(summaries: list[dict]) -> str:
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+def arm_means(summaries: list[dict]) -> list[dict]:
+    """Per arm, in first-run order: the mean of each table column over its runs (`run`: how many)."""
+    rows: dict[str, list[dict]] = defaultdict(list)
     for s in summaries:
-        lines.append("| " + " | ".join("" if v is None else str(v) for v in table_row(s).values()) + " |")
+        rows[s["arm"]].append(table_row(s))
+    out = []
+    for arm, runs in rows.items():
+        mean = {"arm": arm, "run": f"mean of {len(runs)}"}
+        for column in TABLE_COLUMNS[2:]:
+            values = [r[column] for r in runs if r[column] is not None]
+            mean[column] = round(float(np.mean(values)), 4) if values else None
+        out.append(mean)
+    return out
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    """Each run's row, then each arm's means."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    for row in [table_row(s) for s in summaries] + arm_means(summaries):
+        lines.append("| " + " | ".join("" if v is None else str(v) for v in row.values()) + " |")
     return "\n".join(lines)

@@ -70,6 +70,9 @@ def test_summary_reports_the_hit_share_the_tokens_vllm_computed_and_the_gateways
     assert table[0].startswith("| arm | run | num_stages | away_from_home") and table[2].startswith(
         "| merged | 0 | 4 | 3 |"
     )
+    twice = affinity_report.arm_means([out, {**out, "run": 1, "away_from_home": 1, "prefix_hit_share": None}])
+    assert twice == [{**affinity_report.table_row(out), "run": "mean of 2", "away_from_home": 2.0}]
+    assert table[-1].startswith("| merged | mean of 1 | 4.0 | 3.0 |")
     empty = affinity_report.summarize("previous", 1, [], {}, 1.0, 0.0, 0)
     assert empty["prefix_hit_share"] is None and empty["ttft_s"] == {}
 
