@@ -139,6 +139,7 @@ def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict
         wall_s, until = time.perf_counter() - started, time.time()
         cpu_after = schedstat(pids)
         after = [prefix_counters(httpx.get(f"{e.url}/metrics", timeout=10).text) for e in engines]
+        status = httpx.get(f"{gateway.url}/maestro/status", timeout=10).json()
     finally:
         gateway.stop()
     out = summarize(
@@ -153,6 +154,8 @@ def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict
     out["http_not_200"] = sum(s != 200 for s in statuses)
     out["load_average_1m"] = round(os.getloadavg()[0], 2)  # the shared box's other work, at the run's end
     out["gateway_repo"] = str(repo)
+    # the tool-call holds: kept (held until the next call), evicted (the tool-KV policy let the context go), refused
+    out["holds"] = {k: status["sessions"].get(k) for k in ("kept", "evicted", "hold_refused")}
     return out
 
 
