@@ -11,15 +11,15 @@ run starts its own gateway over them:
 - previous — the gateway of `--old-repo` (a checkout from before that rule: home only if it may start the stage now,
              else the fittest node that may); the gateway has no setting for the old rule, so its code runs from there
 
-Each run replays `--sessions` sessions, `--concurrency` at a time: a long context of its own (`--context-chars`), then
-`--stages` calls of `--output-tokens` each, every call but the last declared a tool call (`X-Maestro-Tool-Call`) and
-followed by a tool wait drawn from `--tool-wait-s`; the next call sends the context, the answers and short tool
+Each run replays `--num-sessions` sessions, `--concurrency` at a time: a long context of its own (`--context-chars`),
+then `--stages` calls of `--output-tokens` each, every call but the last declared a tool call (`X-Maestro-Tool-Call`)
+and followed by a tool wait drawn from `--tool-wait-s`; the next call sends the context, the answers and short tool
 results so far. The context is held through each tool call by `--tool-kv` (keep-always: every session's context is
 held, so the rule decides every next stage; the deployed MARS policy holds only contexts whose re-prefill would take
-longer than the tool, which the tiny model's short contexts never do). `--max-inflight-per-node` bounds what a node
-may start, so a home node is sometimes busy when the next call arrives. Runs alternate the arms' order per repeat;
-the text carries the run's id, so no run hits another's prefix cache; a round's arms replay the same sessions (tool
-waits included).
+longer than the tool, which these ≈2,500-token contexts at the default 1e-4 s a token do not). `--max-inflight-per-node`
+bounds what a node may start, so a home node is sometimes busy when the next call arrives. Runs alternate the arms'
+order per repeat; the text carries the run's id, so no run hits another's prefix cache; a round's arms replay the
+same sessions (tool waits included).
 
 Per run: stages started away from home (the gateway's traces: a stage on another node than its session's previous
 stage), vLLM's prefix-cache hit share and the prompt tokens it computed (queries − hits, both engines), the
@@ -126,7 +126,7 @@ def gateway_fields(engines: list[Engine], trace_dir: Path, args) -> dict:
 def run_arm(arm: str, run: int, engines: list[Engine], work: Path, args) -> dict:
     run_id = f"{run:02d}{arm[0]}{args.seed}"
     rng = np.random.default_rng([args.seed, run // len(args.arm_list)])  # a round's arms replay the same sessions
-    sessions = [session_plan(run_id, i, args, rng) for i in range(args.sessions)]
+    sessions = [session_plan(run_id, i, args, rng) for i in range(args.num_sessions)]
     trace_dir = work / f"traces-{run_id}"
     repo = REPO if arm == "merged" else Path(args.old_repo)
     gateway = GatewayProcess(gateway_fields(engines, trace_dir, args), work, repo=repo).start().wait_ready()
@@ -192,9 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--old-repo", default="", help="checkout of the previous rule's gateway (arm 'previous')")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--repeats", type=int, default=2, help="runs per arm, the arms' order alternating")
-    parser.add_argument("--sessions", type=int, default=24)
-    parser.add_argument("--stages", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=8, help="sessions in flight at once")
+    parser.add_argument("--num-sessions", type=int, default=36)
+    parser.add_argument("--stages", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=12, help="sessions in flight at once")
     parser.add_argument("--context-chars", type=int, default=3600, help="each session's own opening context")
     parser.add_argument("--output-tokens", type=int, default=12)
     parser.add_argument("--tool-wait-s", type=float, nargs=2, default=(0.2, 0.8), metavar=("LOW", "HIGH"))
