@@ -163,19 +163,21 @@ class DispatchCore:
     def may_go(self, request: StageRequest, now: float) -> bool:
         return self.cap is None or self.cap.admits(request.workflow_id, request.interactive, now)
 
-    def choose_node(self, request: StageRequest, views: Sequence[NodeView]) -> tuple[NodeView, object] | None:
+    def choose_node(
+        self, request: StageRequest, views: Sequence[NodeView], now: float
+    ) -> tuple[NodeView, object] | None:
         """Where the stage starts now, with the node's admission (`placement`); None if nowhere."""
-        return self.placement(request, views)[0]
+        return self.placement(request, views, now)[0]
 
     def placement(
-        self, request: StageRequest, views: Sequence[NodeView]
+        self, request: StageRequest, views: Sequence[NodeView], now: float
     ) -> tuple[tuple[NodeView, object] | None, bool]:
         """Where the stage starts now, with the node's admission (None: nowhere), and whether every node refusing it
         holds it back by the batch-cost gate alone (`HELD_BACK`: room for it there). By `goes_home`: its held home
         (`held_home`) is its only candidate; else its home node (`home_node`) where it may start now, else the fittest
         node that may."""
         home = home_of(request, views)
-        held = self.held_home(request, views)
+        held = self.held_home(request, views, now)
         admissions = {v: v.admit(request) for v in ([held] if held is not None else views)}
         refusals = [a for a in admissions.values() if a is None or a is HELD_BACK]
         is_held_back = bool(refusals) and all(a is HELD_BACK for a in refusals)
@@ -186,10 +188,11 @@ class DispatchCore:
             node = choose(request, list(fitting), self.config)
         return ((node, fitting[node]) if node is not None else None), is_held_back
 
-    def held_home(self, request: StageRequest, views: Sequence[NodeView]) -> NodeView | None:
-        """The stage's home node while its context is held there (`is_home_held`) and the node could ever take it:
-        the one node it waits for; None otherwise."""
-        home = home_of(request, views) if request.is_home_held else None
+    def held_home(self, request: StageRequest, views: Sequence[NodeView], now: float) -> NodeView | None:
+        """The stage's home node while its context is held there (`is_home_held`), it has waited less than its
+        `home_wait_s` since it was ready, and the node could ever take it: the one node it waits for; None otherwise."""
+        is_waiting = request.is_home_held and now - request.ready_s < request.home_wait_s
+        home = home_of(request, views) if is_waiting else None
         return home if home is not None and home.may_fit_later(request) else None
 
     # ---- the decisions ------------------------------------------------------------------------
@@ -220,10 +223,10 @@ class DispatchCore:
                     is_strict = True
                     continue
             open_views = [v for v in views if v.name not in claimed or (request.interactive and claimed[v.name])]
-            held = self.held_home(request, views)
+            held = self.held_home(request, views, now)
             if held is not None and held not in open_views:
                 continue  # it waits for its home, behind another stage waiting there
-            chosen, is_held_back = self.placement(request, open_views)
+            chosen, is_held_back = self.placement(request, open_views, now)
             if chosen is None and held is not None:
                 claimed[held.name] = is_held_back  # it waits for its home alone: the other nodes go on
             elif chosen is not None:
@@ -271,5 +274,5 @@ class DispatchCore:
                 waiting_since = min(waiting_since or since(request), since(request))
             elif held is None:
                 held = request
-        fits = held is not None and waiting_since is None and self.choose_node(held, views) is not None
+        fits = held is not None and waiting_since is None and self.choose_node(held, views, now) is not None
         return fits, waiting_since

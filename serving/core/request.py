@@ -47,6 +47,7 @@ class StageRequest:
     is_kv_pinned: bool = False  # the workflow's context is kept on a node for this stage (Continuum ranks it first)
     home_node: str = ""  # the node holding the session's context (prefix cache): the first choice where it may start
     is_home_held: bool = False  # the context is held on `home_node` for this stage: it waits there (dispatch.goes_home)
+    home_wait_s: float = float("inf")  # how long after `ready_s` it waits for its held home, then any node may take it
     payload: object = field(default=None, repr=False)  # the caller's own object (the simulator's stage)
     # Scheduler bookkeeping (lazy deletion): the heap entry that is live for this request, -1 if none.
     queue_seq: int = -1
@@ -117,6 +118,7 @@ def stage_request(
     is_kv_pinned: bool = False,
     home_node: str = "",
     is_home_held: bool = False,
+    home_wait_s: float = float("inf"),
     payload: object = None,
 ) -> StageRequest:
     """A ready stage as the scheduler sees it; its predicted output is capped at `max_tokens`, and its predicted
@@ -140,5 +142,6 @@ def stage_request(
         is_kv_pinned=is_kv_pinned,
         home_node=home_node,
         is_home_held=is_home_held,
+        home_wait_s=home_wait_s,
         payload=payload,
     )

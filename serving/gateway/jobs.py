@@ -211,7 +211,7 @@ class Dispatcher:
             self._schedule_recheck()  # projected admission changes with time alone; a cap's place may expire (idle_s)
 
     def choose_node(self, job: Job) -> Node | None:
-        chosen = self.core.choose_node(job.request, self.slots())
+        chosen = self.core.choose_node(job.request, self.slots(), self.clock())
         return chosen[0].node if chosen is not None else None
 
     def cap_state(self, now: float) -> tuple[bool, float | None]:

@@ -95,6 +95,8 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
         is_kv_pinned=is_kv_pinned,
         home_node=home.node,
         is_home_held=home.is_held,
+        # it waits for its home at most what re-prefilling its context elsewhere would take (then any node may)
+        home_wait_s=prompt_tokens * gateway.sessions.prefill_s_per_token,
     )
     job = Job(
         meta=meta,

@@ -5,7 +5,10 @@ A session is one workflow between and during its calls. The gateway sees each ca
 - **Affinity.** A session's context lives where its last stage ran: vLLM's prefix cache holds the prompt's blocks
   there. Its next stage names that node (`StageRequest.home_node`) and goes by the dispatch core's rule
   (`serving.core.dispatch.goes_home`, the simulator's too): while the context is held there it waits for that node
-  rather than re-prefill the context elsewhere; else it goes there when it may start now, else to the fittest node.
+  rather than re-prefill the context elsewhere, but no longer than that re-prefill would take (`home_wait_s`: its
+  prompt × `prefill_s_per_token`; waiting longer than the cost it avoids would be the worse bet, and a slow or
+  overloaded home would hold its sessions without end); else it goes there when it may start now, else to the fittest
+  node. (The simulator routes a stage once, when it is ready: there it waits at a home holding its context.)
   Held, here, means the session's tool-call hold (below) was still on when its next call arrived (`Home.is_held`):
   the hold keeps the blocks out of other stages' reach, so vLLM's prefix cache still has them. Once a hold ends (its
   TTL, or the tool-KV policy chose to evict, or the node had no room to hold), the gateway cannot know what vLLM's

@@ -42,7 +42,7 @@ def next_stage(is_home_held: bool) -> StageRequest:
 def test_a_held_home_that_cannot_start_the_stage_now_keeps_it_waiting():
     home, other = Node("home", is_free=False), Node("other", is_free=True)
     core = core_with(next_stage(is_home_held=True))
-    assert core.choose_node(next_stage(is_home_held=True), [home, other]) is None
+    assert core.choose_node(next_stage(is_home_held=True), [home, other], now=0.0) is None
     assert list(core.decisions([home, other], now=0.0)) == [] and len(core) == 1
     assert other.num_asked == 0  # only home is considered while it holds the context
     home.is_free = True
@@ -70,7 +70,7 @@ def test_a_home_that_no_longer_holds_the_context_takes_the_stage_only_if_it_may_
     assert decision.outcome is Outcome.START and decision.node is other
     home.is_free = True  # home may start it: home, though the other node is fitter
     other.free_share = 0.9
-    assert core_with().choose_node(next_stage(is_home_held=False), [home, other])[0] is home
+    assert core_with().choose_node(next_stage(is_home_held=False), [home, other], now=0.0)[0] is home
 
 
 def test_a_held_home_that_could_never_take_the_stage_does_not_keep_it():
@@ -121,3 +121,12 @@ def test_a_turn_passes_a_stage_the_gate_holds_at_its_held_home_and_batch_work_do
         for d in core_with(next_stage(True), batch, turn).decisions([home, other], now=0.0)
     ]
     assert started == [("t", "home")]  # the turn starts where the held stage waits; the batch stage behind it does not
+
+
+def test_a_held_stage_waits_for_its_home_no_longer_than_its_home_wait():
+    home, other = Node("home", is_free=False), Node("other", is_free=True)
+    request = StageRequest("w", "s2", "m", ready_s=10.0, home_node="home", is_home_held=True, home_wait_s=0.5)
+    core = core_with(request)
+    assert list(core.decisions([home, other], now=10.4)) == []  # within its wait: home only
+    [decision] = core.decisions([home, other], now=10.5)  # waited as long as a re-prefill elsewhere takes: any node
+    assert decision.outcome is Outcome.START and decision.node is other

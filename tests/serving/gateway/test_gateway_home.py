@@ -45,6 +45,9 @@ def test_a_prepared_stage_carries_its_held_home():
     gateway.sessions.stage_ended("w", gateway.nodes[1], 500, is_tool_call=True, tool_key="t", is_final=False, now=0.0)
     second = asyncio.run(gateway.prepare(StageMeta("w", "s2", app="x"), BODY))
     assert (second.request.home_node, second.request.is_home_held) == ("b", True)
+    # it waits for home at most what re-prefilling its prompt elsewhere would take
+    prefill_s = second.request.prompt_tokens * gateway.sessions.prefill_s_per_token
+    assert second.request.home_wait_s == prefill_s > 0
     assert not gateway.nodes[1].kv.held  # its arrival let the hold go: the stage may take those blocks at home
 
 
