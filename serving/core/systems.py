@@ -36,6 +36,8 @@ class System:
     batch_cost: bool = False  # admit only what the running stages' slack can afford (admission/batch_cost.py)
     # with the triage order: a workflow the triage sheds is turned away then, rather than served behind the rest
     triage_rejects: bool = False
+    # a predicted reserve maps only the point for a turn and beside turns (admission/sizing.py `reserve_beside_turns`)
+    maps_point_beside_turns: bool = False
 
     def __post_init__(self):
         if self.reservation is ReservationMode.PROJECTED:
@@ -70,6 +72,7 @@ SYSTEMS: dict[str, System] = {
             admission_headroom_frac=0.05,
             batch_cost=True,
             triage_rejects=True,
+            maps_point_beside_turns=True,
         ),
         # Maestro before workflow triage: least predicted slack first, late work demoted, nothing turned away.
         System(

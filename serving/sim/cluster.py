@@ -15,7 +15,7 @@ a tool submitted, a kept context's TTL armed).
 from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate
-from serving.core.admission.sizing import ReservationMode, headroom_pages, output_tokens_to_map
+from serving.core.admission.sizing import ReservationMode, headroom_pages, output_tokens_to_map, reserve_beside_turns
 from serving.core.dispatch import Outcome, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
@@ -36,6 +36,7 @@ class SimDispatcher:
     def __init__(self, sim: SimContext):
         self.sim = sim
         self.reservation = ReservationMode(sim.system.reservation)
+        self.point_beside_turns = sim.system.maps_point_beside_turns and self.reservation is ReservationMode.PREDICTED
         self.max_batch_seqs = sim.cluster.max_batch_seqs
         self.config = node_dispatch_config(sim.system.router, sim.cluster.fitness)
         self.batch_gate = BatchCostGate() if sim.system.batch_cost else None
@@ -105,16 +106,15 @@ class SimDispatcher:
                 sim.recorder.never_fit += 1
             sim.drop(stage.workflow)
 
-    def _reserve_tokens(self, stage: SimStage) -> int:
-        """Tokens to map at start: context plus what the reservation mode adds (admission/sizing.py), capped at
-        prompt + max_tokens."""
-        extra = output_tokens_to_map(
-            self.reservation,
-            stage.tokens_reserve,
-            stage.max_tokens,
-            stage.generated_tokens,
-            self.sim.cluster.grow_chunk_tokens,
+    def _reserve_tokens(self, stage: SimStage, node: SimNode | None = None) -> int:
+        """Tokens to map at start on `node`: context plus what the reservation mode adds (admission/sizing.py; a turn,
+        or a stage on a node running turns, maps its point only where the system says so), capped at the range."""
+        is_beside = self.point_beside_turns and (
+            stage.workflow.interactive or (node is not None and any(s.workflow.interactive for s in node.running))
         )
+        reserve = reserve_beside_turns(stage.tokens_pred, stage.tokens_reserve, is_beside_turns=is_beside)
+        chunk = self.sim.cluster.grow_chunk_tokens
+        extra = output_tokens_to_map(self.reservation, reserve, stage.max_tokens, stage.generated_tokens, chunk)
         return min(stage.prompt_tokens + stage.generated_tokens + extra, stage.prompt_tokens + stage.max_tokens)
 
     def kv_plan(self, node: SimNode, stage: SimStage) -> list[SimStage] | None:
@@ -122,7 +122,7 @@ class SimDispatcher:
         fits in free pages and its range in the virtual space; None if it cannot start now. The session's own kept
         context is reused (grown in place when its range is long enough), never reclaimed."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
-        need = alloc.pages_for(self._reserve_tokens(stage), bpt) + headroom_pages(
+        need = alloc.pages_for(self._reserve_tokens(stage, node), bpt) + headroom_pages(
             self.sim.system.admission_headroom_frac, alloc.num_physical_pages
         )
         parent = parent_of(stage)
@@ -162,7 +162,7 @@ class SimDispatcher:
     def _reserve(self, node: SimNode, stage: SimStage) -> tuple[Reservation, int]:
         """Map the stage's reserve (growing its session's kept context in place when its range is long enough)."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
-        tokens, parent = self._reserve_tokens(stage), parent_of(stage)
+        tokens, parent = self._reserve_tokens(stage, node), parent_of(stage)
         kept = node.pinned.pop(parent, None) if parent is not None else None
         if kept is not None:
             if alloc.pages_for(stage.prompt_tokens + stage.max_tokens, bpt) <= kept.virtual_pages:

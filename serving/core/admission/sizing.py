@@ -68,6 +68,14 @@ def output_tokens_to_map(
     return max(1, min(left, extra))
 
 
+def reserve_beside_turns(tokens_pred: int, tokens_reserve: int, *, is_beside_turns: bool) -> int:
+    """The reserve a predicted stage maps at start (`output_tokens_to_map`'s `reserve_tokens`): its sized reserve, or,
+    for an interactive turn or a stage starting on a node that runs turns, only its point estimate `tokens_pred`; the
+    reserve above the point is grown on use, a chunk at a time, so that the node's free pages (vLLM's prefix cache,
+    holding the sessions' contexts between turns) are not held by reserves few stages reach."""
+    return min(tokens_pred, tokens_reserve) if is_beside_turns else tokens_reserve
+
+
 def headroom_pages(admission_headroom_frac: float, num_pages: int) -> int:
     """Pages of a node's pool of `num_pages` that admission keeps free (`System.admission_headroom_frac`): a stage
     starts only if what it maps now, and these, fit in the free pages."""

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from maestro.contract import StageTrace
+from maestro.prediction import OutputSize
 from pipelines.features import FeaturizerConfig
 from pipelines.model import ModelConfig
 from pipelines.predictor import NO_MODEL_PRIOR, Predictor
 from pipelines.synth import generate
-from serving.core.admission.sizing import ReservationMode, is_calibrated, output_tokens_to_map, reserve_output_tokens
+from serving.core.admission.sizing import (
+    ReservationMode,
+    is_calibrated,
+    output_tokens_to_map,
+    reserve_beside_turns,
+    reserve_output_tokens,
+)
 from serving.core.systems import get_system
 from serving.gateway.config import GatewayConfig, NodeConfig
 from serving.gateway.core import Gateway
@@ -115,3 +123,31 @@ def test_the_sizing_rule_and_the_reservation_modes():
     assert output_tokens_to_map(ReservationMode.PROJECTED, 500, 4096) == 500
     assert output_tokens_to_map(ReservationMode.PREDICTED, 500, 4096, generated_tokens=700) == 1  # outran it
     assert output_tokens_to_map(ReservationMode.ON_DEMAND, 500, 4096, chunk_tokens=16) == 16
+
+
+def test_a_predicted_reserve_maps_its_point_for_a_turn_and_beside_turns():
+    assert reserve_beside_turns(100, 500, is_beside_turns=True) == 100
+    assert reserve_beside_turns(100, 500, is_beside_turns=False) == 500
+    assert reserve_beside_turns(600, 500, is_beside_turns=True) == 500  # never above the reserve
+    scenario = get_scenario("maestro-paper", 1)
+    scenario.cluster.show_progress = False
+    workflows = build_workload(scenario, RunConfig(policies=("maestro",), num_workflows=3), scenario.regimes[0])
+    batch, turn = workflows[0].stages[0], workflows[1].stages[0]
+    batch.workflow.interactive, turn.workflow.interactive = False, True
+    for stage in (batch, turn):
+        stage.prompt_tokens, stage.max_tokens, stage.generated_tokens = 1000, 4096, 0
+        stage.size = OutputSize(tokens_pred=100, tokens_reserve=500)
+    with_turn, batch_only = SimpleNamespace(running=[turn]), SimpleNamespace(running=[batch])
+    maestro = get_system("maestro")
+    dispatch = SimDispatcher(Simulator(scenario.cluster, maestro, workflows))
+    assert dispatch._reserve_tokens(batch, batch_only) == 1500  # no turn to act on: the sized reserve
+    assert dispatch._reserve_tokens(batch, with_turn) == 1100  # batch work on a node running turns: its point
+    assert dispatch._reserve_tokens(turn, batch_only) == 1100  # a turn: its point
+    for system in (maestro.with_overrides(maps_point_beside_turns=False), get_system("maestro-slack")):
+        assert SimDispatcher(Simulator(scenario.cluster, system, workflows))._reserve_tokens(turn, with_turn) == 1500
+    on_demand = maestro.with_overrides(reservation=ReservationMode.ON_DEMAND)
+    chunk = scenario.cluster.grow_chunk_tokens
+    assert (
+        SimDispatcher(Simulator(scenario.cluster, on_demand, workflows))._reserve_tokens(batch, with_turn)
+        == 1000 + chunk
+    )
