@@ -7,6 +7,12 @@ started before it end: where the caller reports wall times, a window stays open 
 longest stage it counts. The stretch (wall over unloaded seconds of the stages a window finished) says how much slower
 than alone they ran; with `TriageConfig.saturated_stretch` set, it marks a window saturated and seeds the capacity
 before the first such window (`Pool.seeded_capacity_s`).
+
+A window reads the capacity only where the pool was saturated through the window before it too (`Pool.is_filled`):
+one that opened while the pool was still filling its batches ends with a full batch's progress uncounted (its stages
+still run) where it began with little, so it reads low — the first saturated window of a burst read 3.2 s/s on a pool
+whose next ones read 6.7 and 7.0 (docs/multi_model.md). Its rate is dropped; the next window, which opens on the full
+batch, has as much work in progress at its start as at its end.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class Pool:
     nodes: ModelNodes | None = None  # where the router would load the model, as its caller last said
     measured_on: frozenset[str] | None = None  # the nodes the model ran on when its capacity was last measured
     models: set[str] = field(default_factory=set)  # a node's: the models whose stages it finished
+    is_filled: bool = False  # the last window closed saturated: the open one began on a full batch
 
     def stretch_now(self, config: TriageConfig) -> float | None:
         """Wall seconds per unloaded second of the pool's stages: the last closed window's, else the open window's
@@ -97,13 +104,16 @@ class Pool:
 
     def close_window(self, rate: float, config: TriageConfig) -> None:
         """A window closed having served `rate` unloaded seconds a second: that is the capacity where the pool was
-        saturated all through it (work waited at every finish, or its stages ran `saturated_stretch` × slower); the
-        first such window's rate, biased low by the stages still running at its end, is raised to the seed. The nodes
-        the model ran on then are the ones the figure measured."""
+        saturated all through it (work waited at every finish, or its stages ran `saturated_stretch` × slower) and
+        through the window before it (`is_filled`: else it read the batch filling); the first such window's rate,
+        biased low by the stages still running at its end, is raised to the seed. The nodes the model ran on then are
+        the ones the figure measured."""
         seed = self.seeded_capacity_s(config)
         if self.window_num_timed >= config.min_seed_stages and self.window_timed_work_s > 0:
             self.stretch = self.window_wall_s / self.window_timed_work_s
-        if self.window_backlogged or config.is_stretched(self.stretch):
+        is_saturated = self.window_backlogged or config.is_stretched(self.stretch)
+        is_filled, self.is_filled = self.is_filled, is_saturated
+        if is_saturated and is_filled:
             a = config.smoothing
             self.capacity = max(rate, seed or 0.0) if self.capacity is None else a * rate + (1 - a) * self.capacity
             self.measured_on = self.nodes.running if self.nodes is not None else None

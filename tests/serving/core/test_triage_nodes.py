@@ -4,7 +4,7 @@ import math
 
 from serving.core.residency import ModelNodes
 from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
-from tests.serving.core.test_triage import request
+from tests.serving.core.test_triage import filled, request
 
 
 def on(*names: str) -> ModelNodes:
@@ -12,7 +12,8 @@ def on(*names: str) -> ModelNodes:
 
 
 def window(triage: WorkflowTriage, model: str, node: str, rate: float, start_s: float, is_node_backlogged=True):
-    """One saturated 10 s window of `model` on `node` at `rate` unloaded seconds a second."""
+    """One saturated 10 s window of `model` on `node` at `rate` unloaded seconds a second (after one more)."""
+    filled(triage, model, start_s, node=node, is_node_backlogged=is_node_backlogged)
     triage.served(model, 0.0, start_s, True, node=node, is_node_backlogged=is_node_backlogged)
     triage.served(model, rate * 10.0, start_s + 10.0, True, node=node, is_node_backlogged=is_node_backlogged)
 
@@ -40,6 +41,7 @@ def test_a_pool_on_more_nodes_than_it_was_measured_on_reads_each_nodes_rate():
 def test_a_pool_that_shares_its_node_reads_the_node_not_its_share():
     triage = WorkflowTriage(TriageConfig(window_s=10.0))
     triage.assess(request("w", 1000.0, 1.0), 0.0, backlogged=False, nodes=on("a"))
+    filled(triage, "m", 0.0, node="a", is_node_backlogged=True)
     triage.served("m", 0.0, 0.0, True, node="a", is_node_backlogged=True)
     triage.served("k", 25.0, 5.0, True, node="a", is_node_backlogged=True)  # the other model's work on node a
     triage.served("m", 5.0, 10.0, True, node="a", is_node_backlogged=True)
