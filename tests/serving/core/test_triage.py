@@ -21,7 +21,7 @@ def request(workflow: str, deadline_s: float, work_s: float, ready_s: float = 0.
 
 
 def filled(triage: WorkflowTriage, model: str, end_s: float, **node) -> None:
-    """One backlogged 10 s window of `model` ending at `end_s`, read as its batch filling (the window after it reads)."""
+    """A backlogged 10 s window of `model` ending at `end_s`, read as its batch filling (the window after it reads)."""
     triage.served(model, 0.0, end_s - 10.0, True, **node)
     triage.served(model, 1.0, end_s, True, **node)
 
