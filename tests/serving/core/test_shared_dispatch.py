@@ -495,13 +495,14 @@ def test_the_simulators_gate_never_holds_an_interactive_stage_back():
 # (step, name, SLO, the workflow prediction's remaining calls and tokens)
 TRIAGE_STEPS = (
     [("submit", f"w{i}", SLO_S, (0.0, 0.0)) for i in range(1, 5)]
-    + [("submit", f"q{i}", SLO_S, (1.0, 100.0)) for i in range(1, 7)]
+    + [("submit", f"q{i}", SLO_S, (1.0, 100.0)) for i in range(1, 11)]
     + [
         ("finish", "w1", 0, None),
         ("finish", "w2", 0, None),
         ("finish", "w3", 0, None),
         ("finish", "w4", 0, None),
         ("finish", "q1", 0, None),
+        *[("finish", f"q{i}", 0, None) for i in range(2, 7)],  # a second window: the first read the batch filling
         ("submit", "fits", 20.0, (2.0, 400.0)),
         ("submit", "long", 20.0, (3.0, 700.0)),
         ("submit", "more", 25.0, (1.0, 300.0)),
@@ -510,7 +511,8 @@ TRIAGE_STEPS = (
         ("submit", "no-wf", SLO_S, None),
     ]
 )
-TRIAGE_TIMES = [float(i + 1) for i in range(10)] + [11.0, 14.0, 17.0, 20.0, 27.0, 28.0, 28.5, 29.0, 29.5, 30.0, 30.5]
+TRIAGE_TIMES = [float(i + 1) for i in range(14)] + [15.0, 18.0, 21.0, 24.0, 31.0, 35.0, 39.0, 43.0, 48.0, 55.0]
+TRIAGE_TIMES += [56.0, 56.5, 57.0, 57.5, 58.0, 58.5]
 
 
 def run_triage(path_cls, system: System) -> tuple[object, list]:

@@ -158,7 +158,8 @@ def test_a_workflow_shed_for_another_is_counted_when_shed_and_turned_away_at_its
     dispatcher.clock = lambda: clock["now"]
     dispatcher.is_backlogged = lambda: True
     triage = GatewayTriage(True, dispatcher)
-    triage.triage.served("m", 0.0, 0.0, backlogged=True)
+    triage.triage.served("m", 0.0, -10.0, backlogged=True)
+    triage.triage.served("m", 5.0, 0.0, backlogged=True)  # the window its batch filled in: not read
     triage.triage.served("m", 10.0, 10.0, backlogged=True)  # capacity 1 unloaded second a second
 
     def stage(workflow: str, deadline_s: float, work_s: float) -> StageRequest:
