@@ -33,16 +33,17 @@ window.
 
 Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window, divided by the
 window, kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch
-reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. A stage's work
-is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages started before
-it end, not the pool's: where the caller reports wall times, a window stays open until it is at least as long as the
-longest stage it counts (docs/triage.md: pools of long stages read several times low while they filled). With
-`saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from what
-the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
+reached `saturated_stretch`; a pool with room shows its load, not its capacity) and through the window before them (one
+that opened while the pool's batch filled ends with its progress uncounted: `Pool.is_filled`), as a moving average. A
+stage's work is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages
+started before it end, not the pool's: where the caller reports wall times, a window stays open until it is at least as
+long as the longest stage it counts (docs/triage.md: pools of long stages read several times low while they filled).
+With `saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from
+what the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
 `num_in_flight / stretch`, once `min_seed_stages` finishes were timed. The seed errs high (queued and never-served
 stages count as in flight), and the first window's rate — low, since it counts a stage's work only when it ends — is
-raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
-as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
+raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times as
+many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
 Where models move between nodes or share one, the pool's own figure measured other nodes than the model can use now,
 or only its share of a node. There (the caller gives the nodes the router would load the model on, `ModelNodes.names`:
