@@ -7,9 +7,11 @@ Needs .venv-vllm (scripts/setup-vllm.sh). Two engines (the tests' tiny model) st
 run starts its own gateway over them:
 
 - merged   — the gateway of this checkout: a session's next stage waits for its home node while the gateway held its
-             context through the tool call (`serving.core.dispatch.goes_home`, `StageRequest.is_home_held`)
-- previous — the gateway of `--old-repo` (a checkout from before that rule: home only if it may start the stage now,
-             else the fittest node that may); the gateway has no setting for the old rule, so its code runs from there
+             context through the tool call, at most as long as re-prefilling it elsewhere would take
+             (`serving.core.dispatch.goes_home`, `StageRequest.is_home_held`, `StageRequest.home_wait_s`)
+- previous — the gateway of `--old-repo` (any other checkout, e.g. one from before that rule: home only if it may start
+             the stage now, else the fittest node that may); the gateway has no setting for an older rule, so its code
+             runs from there
 
 Each run replays `--num-sessions` sessions, `--concurrency` at a time: a long context of its own (`--context-chars`),
 then `--stages` calls of `--output-tokens` each, every call but the last declared a tool call (`X-Maestro-Tool-Call`)
