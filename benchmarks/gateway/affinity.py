@@ -63,7 +63,7 @@ def session_plan(run_id: str, index: int, args, rng: np.random.Generator) -> dic
     """One session: its opening messages and the tool wait after each of its calls but the last."""
     text = (REPO / "README.md").read_text()
     start = (index * 997) % max(1, len(text) - args.context_chars)
-    context = f"Run {run_id}, session {index}. " + text[start : start + args.context_chars]
+    context = f"Run {run_id}, conversation {index}. " + text[start : start + args.context_chars]
     low, high = args.tool_wait_s
     return {
         "workflow_id": f"aff-{run_id}-{index}",

@@ -94,7 +94,7 @@ def test_the_sessions_calls_grow_their_context_and_the_arguments_are_checked(tmp
     plan = affinity.session_plan("00m0", 3, args, np.random.default_rng(0))
     assert plan["workflow_id"] == "aff-00m0-3" and len(plan["tool_waits_s"]) == 3
     assert all(0.2 <= w <= 0.8 for w in plan["tool_waits_s"])
-    assert plan["messages"][0]["content"].startswith("Run 00m0, session 3.")
+    assert plan["messages"][0]["content"].startswith("Run 00m0, conversation 3.")
     with pytest.raises(SystemExit):
         affinity.parse_args(["--arms", "merged,newest"])
     with pytest.raises(SystemExit):
