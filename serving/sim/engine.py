@@ -44,7 +44,7 @@ class ClusterConfig:
     cost: CostModelConfig | CostModel = field(default_factory=CostModelConfig)  # a config, or a built cost model
     kv_pool_bytes: int = 32 * 1024**3
     page_bytes: int = 2 * 1024**2
-    overcommit: float = 3.0
+    overcommit: float = 3.0  # virtual space × pages for systems that reserve a range (on demand: none, as vLLM)
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     placement: list[tuple[str, ...]] = field(default_factory=lambda: [("llama-3-8b",)])  # cycled over nodes
     max_batch_seqs: int = 256

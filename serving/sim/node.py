@@ -45,7 +45,8 @@ class SimNode:
         self.index = index
         self.name = f"node{index}"
         self.cost = cost
-        self.alloc = KVAllocator(KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, cluster.overcommit))
+        overcommit = system.reservation.virtual_overcommit(cluster.overcommit)
+        self.alloc = KVAllocator(KVAllocatorConfig(cluster.kv_pool_bytes, cluster.page_bytes, overcommit))
         self.sched = create_scheduler(SchedulerConfig(policy=system.scheduler))
         self.residency = NodeResidency(cluster.residency, {m: p.weight_bytes for m, p in cost.config.models.items()})
         self.num_tool_workers = cluster.num_tool_workers

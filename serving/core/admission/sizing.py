@@ -23,6 +23,12 @@ class ReservationMode(enum.Enum):
     PROJECTED = "projected"  # sized as predicted; admission projects every running stage's growth over time
     ON_DEMAND = "on-demand"  # prompt + one chunk, grown during decode (vLLM paging)
 
+    def virtual_overcommit(self, overcommit: float) -> float:
+        """How far a node's virtual space may exceed its pages for stages reserved this way: `overcommit`, except
+        on demand, where a stage holds blocks for the tokens it has and no range for its max_tokens (vLLM 0.32's
+        `KVCacheManager.allocate_slots` maps only the step's tokens), so nothing limits how many start but pages."""
+        return math.inf if self is ReservationMode.ON_DEMAND else overcommit
+
 
 LengthPrediction = Prediction  # the simulator's name for the type sizing reads
 

@@ -1,13 +1,14 @@
 """The KV allocator: virtual reservations sized for the worst case, physical pages mapped on demand.
 
 A stage gets a virtual range big enough for prompt + max_tokens (virtual space is overcommitted
-up to `overcommit` × physical), and physical pages only for prompt + the predictor's
-`tokens_reserve`. Decode grows the mapping page by page; the end of the stage releases it.
+up to `overcommit` × physical; `math.inf`: no limit, as vLLM's paging), and physical pages only
+for prompt + the predictor's `tokens_reserve`. Decode grows the mapping page by page; the end of the stage releases it.
 "Does not fit" is a return value (`reserve` → None, `grow` → False); a broken invariant raises.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from serving.core.kv.backend import PageBackend, create_backend
@@ -55,7 +56,8 @@ class KVAllocator:
         )
         self.page_bytes = self.backend.page_bytes
         self.num_physical_pages = self.backend.num_physical_pages
-        self.num_virtual_pages_limit = int(self.num_physical_pages * config.overcommit)
+        limit = self.num_physical_pages * config.overcommit
+        self.num_virtual_pages_limit = limit if math.isinf(limit) else int(limit)
         self.num_virtual_pages = 0
 
     @property
