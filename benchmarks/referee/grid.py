@@ -26,7 +26,7 @@ from serving.sim.costmodel import CostModel
 from serving.sim.engine import Simulator
 from serving.sim.ready import ReadyPredictions, WorkflowPrior, base_id, reserve_margin
 from serving.sim.scenarios import get_scenario
-from serving.sim.slo import SLOTable
+from serving.sim.slo import SLOTable, TurnSLO
 from serving.sim.tooltime import ToolTimeDistribution
 from serving.sim.workload import SimWorkflow, map_models, reset, trace_workflows
 
@@ -87,6 +87,9 @@ class Replay:
         self.default_model = self.scenario.cluster.placement[0][0]
         self.train_workflows = self._workflows(self.train, None, seed=0)
         self.slo = SLOTable.fit(self.train_workflows, self.cost, self.slo_scale)
+        # interactive workflows' turns, each judged on its own latency (mixed-class): scored, read by no arm
+        is_interactive = any(w.interactive for w in self.train_workflows)
+        self.turn_slo = TurnSLO.fit(self.train_workflows, self.cost, self.slo_scale) if is_interactive else None
         if self.calibration:
             self.slo = self.slo.declared(self._workflows(self.calibration, None, seed=0), self.cost)
         self.margin: float | None = None
@@ -164,6 +167,10 @@ class Replay:
         met = done & (e2e <= np.array([w.slo_s for w in workflows]))
         clusters = np.array([self.clusters[base_id(w)] for w in workflows])
         extra = {k: summary[k] for k in COUNTERS}
+        if self.turn_slo is not None:
+            turns = self.turn_slo.report(workflows, self.cost)
+            extra["turn_attainment"] = turns["turn_attainment"]  # a turn never finished misses
+            extra["interactive_turn_p95_s"] = turns["turn_p95_s"]  # the turns that finished, ready to end
         if log_decisions:
             extra["decisions"] = sim.recorder.decisions
         return Outcomes(met, e2e, clusters, extra)

@@ -14,7 +14,11 @@ COUNTER_COLUMNS = (
     ("num_rejected", "turned away", 0),
     ("num_abandoned", "abandoned", 0),
     ("interactive_queue_p95_s", "interactive queueing p95 (s)", 2),
+    ("turn_attainment", "turns on time", 3),  # where the scenario has interactive turns (mixed-class)
+    ("interactive_turn_p95_s", "finished turns' p95 (s)", 2),
 )
+
+OPTIONAL = {"turn_attainment", "interactive_turn_p95_s"}  # columns shown only where some arm counted them
 
 
 def cell(stat: dict, digits: int = 3, scale: float = 1.0, signed: bool = False) -> str:
@@ -42,13 +46,15 @@ def rate_tables(
     lines = []
     for rate, row in report["results"].items():
         arms = [a for a in row if a != "ceiling"]
-        titles = [t for _, t, _ in columns] + [t for _, t, _ in counter_columns]
+        counted = report["counters"][rate]
+        shown = [c for c in counter_columns if c[0] not in OPTIONAL or any(c[0] in counted[a] for a in arms)]
+        titles = [t for _, t, _ in columns] + [t for _, t, _ in shown]
         lines += [heading(rate, row), "", "| arm | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
         lines += [
             f"| {arm} | "
             + " | ".join(
                 [cell(row[arm][k], d) for k, _, d in columns]
-                + [counter_cell(report["counters"][rate][arm].get(k), d) for k, _, d in counter_columns]
+                + [counter_cell(counted[arm].get(k), d) for k, _, d in shown]
             )
             + " |"
             for arm in arms

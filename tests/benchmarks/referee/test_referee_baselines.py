@@ -161,6 +161,23 @@ def test_a_scenarios_extra_baselines_join_the_default_arms_and_its_regime_defaul
     assert args.arms == "vllm" and args.regime == "medium"
 
 
+def test_mixed_class_reports_its_interactive_turns_and_maestro_paper_has_none(tmp_path):
+    out = tmp_path / "mixed.json"
+    main(["--scenario", "mixed-class", "--rates", "0.5,8", "--seeds", "1", "--workflows", "60", "--nodes", "2"]
+         + ["--arms", "vllm-edf,maestro[none]", "--json", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    for rate in ("0.5", "8.0"):
+        for counters in report["counters"][rate].values():
+            assert 0 <= counters["turn_attainment"] <= 1 and counters["interactive_turn_p95_s"] > 0
+    light, heavy = (report["counters"][r]["vllm-edf"]["interactive_turn_p95_s"] for r in ("0.5", "8.0"))
+    assert heavy > light  # turns wait behind more work
+    assert "| turns on time | finished turns' p95 (s) |" in out.with_suffix(".md").read_text()
+    paper = tmp_path / "paper.json"
+    main(["--rates", "1", "--seeds", "1", "--workflows", "20", "--nodes", "2", "--arms", "edf", "--json", str(paper)])
+    assert "turn_attainment" not in json.loads(paper.read_text())["counters"]["1.0"]["edf"]
+    assert "turns on time" not in paper.with_suffix(".md").read_text()
+
+
 def test_the_cost_option_names_the_step_model():
     parser = referee.parser_of()
     args = parser.parse_args(["--cost", "datasheet"])

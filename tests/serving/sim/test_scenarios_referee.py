@@ -114,6 +114,8 @@ def test_mixed_class_tau2_interactive_chatdev_batch_on_shared_nodes(split):
     report = turns.report(workflows, cost)
     assert 0 < report["turn_attainment"] <= report["turn_ceiling"] <= 1
     assert report["interactive_all_turns"] <= report["turn_attainment"]
+    finished = [s.finished_s - s.ready_s for w in workflows if w.interactive for s in w.stages if s.finished_s >= 0]
+    assert report["turn_p95_s"] == pytest.approx(np.percentile(finished, 95))
 
 
 def test_multi_model_cold_stage_waits_for_its_load_and_the_load_is_counted(split):
