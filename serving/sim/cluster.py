@@ -253,16 +253,6 @@ class SimDispatcher:
         node.queued_work_s += stage.request.pred_service_s
 
     # --- the end of a stage ---------------------------------------------------------------------
-    def progress_s(self, node: SimNode, model: str | None = None) -> float:
-        """The unloaded seconds of service the node's running stages (of `model`; None: every model) have done: each
-        one's prompt and its output so far, once its prefill ran (nothing while it prefills), at `ModelPace`."""
-        v, cost = node.v_at(self.sim.now), self.sim.cost
-        return sum(
-            ModelPace.of(cost, s.model).service_s(s.prompt_tokens, s.generated_tokens + node.produced_tokens(s, v))
-            for s in node.running
-            if (model is None or s.model == model) and not node.is_prefilling(s)
-        )
-
     def finish(self, node: SimNode, stage: SimStage) -> None:
         sim = self.sim
         node.remove_running(stage)
@@ -272,17 +262,7 @@ class SimDispatcher:
         stage.workflow.attained_service_s += work_s
         if sim.triage is not None:
             backlogged, is_node_backlogged = self.is_backlogged(stage.model), len(node.core) > 0
-            sim.triage.served(
-                stage.model,
-                work_s,
-                sim.now,
-                backlogged,
-                service_s,
-                node.name,
-                is_node_backlogged,
-                in_progress=lambda: sum(self.progress_s(n, stage.model) for n in sim.nodes),
-                node_in_progress=lambda: self.progress_s(node),
-            )
+            sim.triage.served(stage.model, work_s, sim.now, backlogged, service_s, node.name, is_node_backlogged)
         sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:

@@ -161,7 +161,6 @@ class MaestroMixin(PredictedAdmission):
                 request.num_output_tokens,
                 self._clock(),
                 bool(self.waiting.stages),
-                sum(r.num_output_tokens for r in self.running if r.request_id in self.hints),
             )
         self.engine_pace.forget(request.request_id)
         self.progress.forget(request.request_id)

@@ -58,12 +58,8 @@ class EngineTriage:
         num_output_tokens: int,
         now: float,
         is_backlogged: bool,
-        running_output_tokens: int | None = None,
     ) -> None:
-        """A predicted request left the engine after producing `num_output_tokens`; `running_output_tokens`: what the
-        predicted requests still running have produced so far (the pool's window reads their progress too)."""
-        work_s = self.pace.service_s(num_prompt_tokens, num_output_tokens)
-        in_progress = None if running_output_tokens is None else lambda: self.pace.service_s(0, running_output_tokens)
-        self.triage.served(POOL, work_s, now, is_backlogged, in_progress=in_progress)
+        """A predicted request left the engine after producing `num_output_tokens`."""
+        self.triage.served(POOL, self.pace.service_s(num_prompt_tokens, num_output_tokens), now, is_backlogged)
         if hints.final or not hints.workflow:
             self.triage.end(hints.workflow or request_id)

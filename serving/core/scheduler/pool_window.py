@@ -1,19 +1,16 @@
-"""A pool's measured capacity (serving/core/scheduler/triage.py): the unloaded seconds of service it does per wall
+"""A pool's measured capacity (serving/core/scheduler/triage.py): the unloaded seconds of service it finishes per wall
 second over windows through which it was saturated, a moving average; the same windows measure one node's rate over
 every model it serves.
 
-A window reads the work done in it: where the caller reports the progress of the stages still running (`in_progress`:
-the unloaded seconds of their prompt and output so far, asked for only as a window opens or closes), the pool's finished
-work plus that progress at its close, less the same at its open; where it does not, the work of the stages that ended in
-it, which reads a filling batch low (its stages started in the window end after it). Where the caller reports wall
-times, a window stays open until it is at least as long as the longest stage it counts. The stretch (wall over unloaded
-seconds of the stages a window finished) says how much slower than alone they ran; with `TriageConfig.saturated_stretch`
-set, it marks a window saturated and seeds the capacity before the first such window (`Pool.seeded_capacity_s`).
+A stage's work is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages
+started before it end: where the caller reports wall times, a window stays open until it is at least as long as the
+longest stage it counts. The stretch (wall over unloaded seconds of the stages a window finished) says how much slower
+than alone they ran; with `TriageConfig.saturated_stretch` set, it marks a window saturated and seeds the capacity
+before the first such window (`Pool.seeded_capacity_s`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serving.core.residency import ModelNodes
@@ -56,8 +53,6 @@ class Pool:
     window_wall_s: float = 0.0
     window_max_wall_s: float = 0.0  # the longest wall time of a stage the window credits
     window_num_timed: int = 0
-    finished_s: float = 0.0  # unloaded seconds of every stage it finished
-    done_at_open_s: float | None = None  # finished work plus the running stages' progress at the window's open
     open: dict[str, tuple[float, float]] = field(default_factory=dict)  # workflow → (deadline, predicted work)
     nodes: ModelNodes | None = None  # where the router would load the model, as its caller last said
     measured_on: frozenset[str] | None = None  # the nodes the model ran on when its capacity was last measured
@@ -81,21 +76,11 @@ class Pool:
         stretch = self.stretch_now(config)
         return self.num_in_flight / stretch if stretch is not None and self.num_in_flight > 0 else None
 
-    def count(
-        self,
-        work_s: float,
-        now: float,
-        backlogged: bool,
-        wall_s: float | None,
-        config: TriageConfig,
-        in_progress: Callable[[], float] | None = None,
-    ) -> None:
+    def count(self, work_s: float, now: float, backlogged: bool, wall_s: float | None, config: TriageConfig) -> None:
         """A stage finished here after `work_s` unloaded seconds (`wall_s` on the clock, where known); `backlogged`:
-        work was waiting for the pool; `in_progress`: the progress of its stages still running, where the caller
-        knows it. Closes the window once it is `window_s` and its longest stage long."""
-        self.finished_s += work_s
+        work was waiting for the pool. Closes the window once it is `window_s` and its longest stage long."""
         if self.window_start_s is None:
-            self.window_start_s, self.done_at_open_s = now, self.done_s(in_progress)
+            self.window_start_s = now
         self.window_work_s += work_s
         self.window_backlogged &= backlogged
         if wall_s is not None:
@@ -105,18 +90,10 @@ class Pool:
             self.window_max_wall_s = max(self.window_max_wall_s, wall_s)
         elapsed = now - self.window_start_s
         if elapsed >= max(config.window_s, self.window_max_wall_s):
-            done_s = self.done_s(in_progress)
-            is_progress = done_s is not None and self.done_at_open_s is not None
-            done_in_window_s = max(0.0, done_s - self.done_at_open_s) if is_progress else self.window_work_s
-            self.close_window(done_in_window_s / elapsed, config)
+            self.close_window(self.window_work_s / elapsed, config)
             self.window_start_s, self.window_work_s, self.window_backlogged = now, 0.0, True
-            self.done_at_open_s = done_s
             self.window_timed_work_s, self.window_wall_s, self.window_num_timed = 0.0, 0.0, 0
             self.window_max_wall_s = 0.0
-
-    def done_s(self, in_progress: Callable[[], float] | None) -> float | None:
-        """The unloaded seconds the pool has served so far, its running stages' progress included (None: unknown)."""
-        return None if in_progress is None else self.finished_s + in_progress()
 
     def close_window(self, rate: float, config: TriageConfig) -> None:
         """A window closed having served `rate` unloaded seconds a second: that is the capacity where the pool was

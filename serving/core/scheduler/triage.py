@@ -31,20 +31,18 @@ queues; it slows everyone instead). With room for every stage at near its own pa
 stretch is wall over unloaded seconds of the stages the pool finished (where the caller reports their wall time), per
 window.
 
-Capacity is measured, not configured: the unloaded seconds of service a pool did over a window, divided by the window,
-kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch reached
-`saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. The service done in a
-window is its finished stages' work plus the progress of those still running, where the caller reports it (`served`'s
-`in_progress`; the simulator and the vLLM plugin do). Counted only when stages end, a window reads the pace at which
-stages that started before it end, not the pool's: a batch filling at a burst's start read 0.49 s/s where the next
-window read 6.4 (serving/EXPERIMENTS.md, 2026-12-05, late night), and Moore–Hodgson shed on it. Where wall times are
-reported, a window also stays open until it is at least as long as the longest stage it counts (docs/triage.md). With
+Capacity is measured, not configured: the unloaded seconds of the stages a pool finished over a window, divided by the
+window, kept for windows through which the pool was saturated (work waited at every finish, or the window's stretch
+reached `saturated_stretch`; a pool with room shows its load, not its capacity), as a moving average. A stage's work
+is counted when it ends, so a window shorter than the stages it counts reads the pace at which stages started before
+it end, not the pool's: where the caller reports wall times, a window stays open until it is at least as long as the
+longest stage it counts (docs/triage.md: pools of long stages read several times low while they filled). With
 `saturated_stretch` set, the capacity before the first such window — a burst into an empty fleet — is seeded from what
 the pool has shown so far: its stages in flight (assessed, not yet served) at the pace its finished stages ran,
 `num_in_flight / stretch`, once `min_seed_stages` finishes were timed. The seed errs high (queued and never-served
-stages count as in flight), and the first window's rate is raised to it. Both are off by default: on the referee's
-dev-side burst, fed the trained model, they shed three times as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md,
-2026-12-04).
+stages count as in flight), and the first window's rate — low, since it counts a stage's work only when it ends — is
+raised to it. Both are off by default: on the referee's dev-side burst, fed the trained model, they shed three times
+as many workflows and lost 4.6 pp (serving/EXPERIMENTS.md, 2026-12-04).
 
 Where models move between nodes or share one, the pool's own figure measured other nodes than the model can use now,
 or only its share of a node. There (the caller gives the nodes the router would load the model on, `ModelNodes.names`:
@@ -63,7 +61,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -203,21 +201,17 @@ class WorkflowTriage:
         wall_s: float | None = None,
         node: str | None = None,
         is_node_backlogged: bool = False,
-        in_progress: Callable[[], float] | None = None,
-        node_in_progress: Callable[[], float] | None = None,
     ) -> None:
         """A stage of `model` finished after `work_s` unloaded seconds of service (`wall_s` on the clock, where the
         caller knows it); `backlogged`: work was waiting for the pool's nodes. `node`: where it ran (its node's rate is
-        measured too; `is_node_backlogged`: work of any model was waiting there). `in_progress` and `node_in_progress`:
-        the unloaded seconds the model's stages still running, and the node's, have done so far, where the caller can
-        say (asked only as a window opens or closes; `pool_window`: a window reads the work done in it)."""
+        measured too; `is_node_backlogged`: work of any model was waiting there)."""
         pool = self.pools.setdefault(model, Pool())
         pool.num_in_flight = max(0, pool.num_in_flight - 1)
-        pool.count(work_s, now, backlogged, wall_s, self.config, in_progress)
+        pool.count(work_s, now, backlogged, wall_s, self.config)
         if node is not None:
             node_pool = self.node_pools.setdefault(node, Pool())
             node_pool.models.add(model)
-            node_pool.count(work_s, now, is_node_backlogged, wall_s, self.config, node_in_progress)
+            node_pool.count(work_s, now, is_node_backlogged, wall_s, self.config)
 
     def end(self, workflow: str) -> None:
         """The workflow ended (completed or dropped)."""

@@ -54,22 +54,6 @@ def test_a_window_spans_the_wall_time_of_the_stages_it_credits():
     assert math.isclose(triage.pools["m"].capacity, 0.5 * 40.0 / 10.0 + 0.5 * 2.0)
 
 
-def test_a_window_reads_the_work_done_in_it_where_the_running_stages_progress_is_reported():
-    # a batch filling: at the window's open nothing has run; 10 s later one 10 s stage ended and the three still
-    # running have done 30 s between them. Counted at their ends the window reads 1 s/s; with their progress, 4
-    def window(in_progress: tuple[float | None, float | None]) -> float:
-        triage = WorkflowTriage(TriageConfig(window_s=10.0))
-        opened, closed = in_progress
-        triage.served("m", 0.0, 0.0, backlogged=True, in_progress=None if opened is None else lambda: opened)
-        triage.served("m", 10.0, 10.0, backlogged=True, in_progress=None if closed is None else lambda: closed)
-        return triage.pools["m"].capacity
-
-    assert math.isclose(window((None, None)), 1.0)
-    assert math.isclose(window((0.0, 30.0)), 4.0)
-    # progress counted at the open is not counted again: 20 s done before it, 10 s of it ended in the window
-    assert math.isclose(window((20.0, 30.0)), (10.0 + 30.0 - 20.0) / 10.0)
-
-
 def test_a_feasible_set_keeps_everyone():
     triage = measured(capacity=2.0)
     # by deadline: 10 s of work by t=20 (capacity 40), 30 by t=30 (60), 50 by t=40 (80)

@@ -9,7 +9,6 @@ import pytest
 
 from serving.core.admission.batch_cost import Candidate
 from serving.core.scheduler import Policy, SchedulerConfig, create_scheduler
-from serving.core.scheduler.triage import TriageConfig
 from serving.core.systems import DEFAULT_SYSTEM, get_system
 from serving.gateway.config import SessionsConfig
 from serving.gateway.workflows import DECODE_S_PER_TOKEN
@@ -331,15 +330,6 @@ def test_the_engine_triage_counts_a_finished_requests_tokens_and_ends_its_workfl
     assert "r3" in pool.open  # no workflow named: the request is its own, and ends with it
     triage.finished("r3", MaestroHints(tokens_pred=10, tokens_reserve=10), 5, 1, 3.0, True)
     assert "r3" not in pool.open
-
-
-def test_the_engine_triage_reads_the_running_requests_progress_into_its_window():
-    # 10 s apart, one request of 8 tokens ended while the running ones produced 40 more: 48 tokens of work, not 8
-    triage = EngineTriage(0.5, TriageConfig(window_s=10.0))
-    hints = MaestroHints(tokens_pred=10, tokens_reserve=10, workflow="w")
-    triage.finished("r1", hints, 5, 0, 0.0, True, running_output_tokens=0)
-    triage.finished("r2", hints, 5, 8, 10.0, True, running_output_tokens=40)
-    assert math.isclose(triage.triage.pools[POOL].capacity, 48 * 0.5 / 10.0)
 
 
 def running_view(rid: str, arrival_s: float, deadline_s: float, remaining: int) -> RunningView:
