@@ -75,7 +75,12 @@ def prefix_chars(text: str, produced: float) -> str:
     `PREFIX_TOKENS`): its first `CHARS_PER_TOKEN` × produced characters. The simulator and the training rows cut a
     trace's text this way; the cut reads neither the output's length nor, in nearly every stage, text it had not
     produced yet."""
-    return text[: int(CHARS_PER_TOKEN * max(0.0, min(produced, PREFIX_TOKENS)))]
+    return text[: prefix_num_chars(produced)]
+
+
+def prefix_num_chars(produced: float) -> int:
+    """How many characters of an output `prefix_chars` reads after `produced` tokens."""
+    return int(CHARS_PER_TOKEN * max(0.0, min(produced, PREFIX_TOKENS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,3 +227,19 @@ def length_bounds(
     z = _NORMAL.inv_cdf(reserve_level)  # the low bound's score is −z, the median's 0
     low, median, upper = (anchor * math.exp(table.at_score(quantiles, score)) for score in (-z, 0.0, z))
     return LengthBounds(max(low, produced + 1), max(median, produced + 1), max(upper, produced + 1))
+
+
+def length_median(
+    produced: float,
+    tokens_pred: float,
+    tokens_reserve: float,
+    reserve_level: float = DEFAULT_RESERVE_LEVEL,
+    table: ProgressiveTable | None = None,
+    prefix: str = UNKNOWN,
+) -> float:
+    """`length_bounds(...).median` alone, for a caller that reads only the median of every running stage at every
+    batch change (the batch-cost gate): the same arithmetic, without the two other quantiles."""
+    if table is None or produced < max(table.min_produced, 1):
+        return parametric_bounds(produced, tokens_pred, tokens_reserve, reserve_level)[0]
+    quantiles = table.quantiles(prefix, table_features(produced, tokens_pred, tokens_reserve))
+    return max(max(tokens_pred, produced) * math.exp(table.at_score(quantiles, 0.0)), produced + 1)

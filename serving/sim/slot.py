@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
-from maestro.progressive import UNKNOWN, prefix_chars, prefix_class
+from maestro.progressive import UNKNOWN, prefix_class, prefix_num_chars
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
 from serving.core.dispatch import HELD_BACK
 from serving.core.request import StageRequest
@@ -43,7 +44,9 @@ class SimSlot:
         node, gate = self.node, self.dispatcher.batch_gate
         if gate is None or not node.running:
             return True
-        if not gate.is_congested(node.pace_s_per_token(self.dispatcher.sim.now), node.decode_step_s()):
+        if not gate.may_hold(
+            node.pace_s_per_token(self.dispatcher.sim.now), node.decode_step_s(), stage.request.interactive
+        ):
             return True  # (the gate's own first test, before the node is described)
         return gate.admits_candidate(self.node_state(), self.candidate(stage))
 
@@ -135,7 +138,14 @@ def output_prefix(stage: SimStage, produced: float) -> str:
     """The class of a running stage's first output tokens (`maestro.progressive.prefix_class`), read off its trace's
     output_text as the training rows read it; unknown where the stage has no re-prediction table to read it."""
     text = (stage.source or {}).get("output_text") if stage.progressive is not None else None
-    return prefix_class(prefix_chars(text, produced)) if text else UNKNOWN
+    return _prefix_class(text, prefix_num_chars(produced)) if text else UNKNOWN
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _prefix_class(text: str, num_chars: int) -> str:
+    """`prefix_class` of an output's first `num_chars` characters, remembered: the gate reads every running stage's
+    at every batch change, and a stage's class changes only over its first `PREFIX_TOKENS`."""
+    return prefix_class(text[:num_chars])
 
 
 def parent_of(stage: SimStage) -> SimStage | None:

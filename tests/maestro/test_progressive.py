@@ -20,6 +20,7 @@ from maestro.progressive import (
     TABLE_FILE,
     ProgressiveTable,
     length_bounds,
+    length_median,
     load_table,
     parametric_bounds,
     prefix_chars,
@@ -219,3 +220,13 @@ def test_the_plugin_reads_the_class_at_powers_of_two_and_forgets_it(table):
     assert "r" not in progress.prefixes
     assert OutputProgress(table).prefix("r", [1, 2, 3, 4]) == "unknown"  # no tokenizer: the class is not read
     assert set(PREFIX_CLASSES) >= {progress.prefix("q", [1] * 8)}
+
+
+def test_the_median_alone_is_the_bounds_median(table):
+    # the batch-cost gate reads only the median of every running stage (`length_median`): the same number
+    for source in (table, None):
+        for produced in (0.0, 3.0, 17.5, 64.0, 300.0, 5000.0):
+            for pred, reserve in ((1, 1), (40, 40), (40, 400), (900, 2000)):
+                for prefix in PREFIX_CLASSES:
+                    bounds = length_bounds(produced, pred, reserve, table=source, prefix=prefix)
+                    assert length_median(produced, pred, reserve, table=source, prefix=prefix) == bounds.median

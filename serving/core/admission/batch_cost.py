@@ -40,7 +40,7 @@ from functools import cached_property
 import numpy as np
 
 from maestro.prediction import OutputSize
-from maestro.progressive import UNKNOWN, ProgressiveTable, length_bounds
+from maestro.progressive import UNKNOWN, ProgressiveTable, length_median
 
 
 def remaining_tokens(
@@ -56,7 +56,7 @@ def remaining_tokens(
     without, its prediction's rest while it is under it, then the rest of its reserve (the calibrated upper bound),
     then `step_tokens` at a time."""
     if table is not None and produced >= table.min_produced:
-        return length_bounds(produced, tokens_pred, tokens_reserve, table=table, prefix=prefix).median - produced
+        return length_median(produced, tokens_pred, tokens_reserve, table=table, prefix=prefix) - produced
     for bound in (tokens_pred, tokens_reserve):
         if produced < bound:
             return bound - produced
@@ -270,13 +270,21 @@ class BatchCostGate:
         self.num_refused += not is_ok
         return is_ok
 
+    def may_hold(self, pace_s_per_token: float, step_s: float, is_interactive: bool = False) -> bool:
+        """Whether the gate could hold a candidate back on a running node at this pace and bare decode step: only a
+        batch candidate, only where the pace is measured and the node congested. Where it could not, the gate admits
+        without describing the node (a runtime may ask this first, before it builds the `NodeState`)."""
+        return (
+            not is_interactive
+            and pace_s_per_token > 0
+            and self.is_congested(pace_s_per_token, min(step_s, pace_s_per_token))
+        )
+
     def admits_candidate(self, node: NodeState, candidate: Candidate) -> bool:
         """Whether `candidate` may join `node`'s running batch now: the one entry of the simulator, the gateway and
         the vLLM plugin (`gate_inputs`, then `admits`). An interactive candidate always may: the gate holds batch
         work only."""
-        if candidate.is_interactive:
-            return True
-        if not node.running or not self.is_congested(node.pace_s_per_token, node.bare_step_s):
+        if not node.running or not self.may_hold(node.pace_s_per_token, node.step_s, candidate.is_interactive):
             return True
         inputs = gate_inputs(node, candidate)
         return inputs is None or self.admits(

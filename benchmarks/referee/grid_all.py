@@ -1,0 +1,169 @@
+"""The referee's whole grid on one side: every scenario (mars-swe in its medium and long regimes), one referee process
+each, `--jobs` at a time, the longest first; each writes its own report (JSON, table, plot) and `index.md` puts
+Maestro against the scenario's best baseline at every load beside each run's wall time.
+
+    python -m benchmarks.referee.grid_all --side locked --seeds 3 --model DIR --work DIR --out DIR [--jobs 2]
+
+Each scenario runs the baselines as users run them (max-len `fcfs`, `edf`, `srtf`; stock vLLM in FCFS and deadline
+order), the scenario's own extra baselines and Maestro fed each of the four prediction sources, at the rates the
+referee finds (`--rates auto`), on the number of workflows its runs have used (`GRID`: what a run's intervals need
+and the two cores allow; mars-swe's long contexts make each workflow dear). `--arms`, `--workflows`, `--rates` and
+`--nodes` override every scenario's (a quick look, or a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.referee.arms import BASELINES, STOCK
+from serving.sim.scenarios import get_scenario
+
+SOURCES = tuple(f"maestro[{source}]" for source in ("model", "prior", "none", "oracle"))
+
+
+@dataclass(frozen=True)
+class GridRun:
+    scenario: str
+    regime: str | None
+    workflows: int
+
+    @property
+    def name(self) -> str:
+        return self.scenario + (f"-{self.regime}" if self.regime else "")
+
+    def arms(self) -> str:
+        extra = get_scenario(self.scenario, 8, regime=self.regime).referee_arms
+        return ",".join(dict.fromkeys(BASELINES + STOCK + tuple(extra) + SOURCES))
+
+
+# the longest first (on two cores the last to start should be short); workflows as the locked runs have used
+GRID = (
+    GridRun("mixed-class", None, 1600),
+    GridRun("maestro-paper", None, 1600),
+    GridRun("mars-swe", "long", 400),
+    GridRun("mars-swe", "medium", 400),
+    GridRun("multi-model", None, 800),
+)
+
+
+def command(run: GridRun, args: argparse.Namespace, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "benchmarks.referee", "--scenario", run.scenario, "--side", args.side]
+    cmd += ["--seeds", str(args.seeds), "--rates", args.rates, "--nodes", str(args.nodes), "--work", args.work]
+    cmd += ["--workflows", str(args.workflows or run.workflows), "--arms", args.arms or run.arms()]
+    cmd += ["--regime", run.regime] if run.regime else []
+    cmd += ["--model", args.model] if args.model else []
+    return cmd + ["--json", str(out / f"{run.name}.json")]
+
+
+def run_one(run: GridRun, args: argparse.Namespace, out: Path) -> float:
+    """One scenario's referee process; its output goes to `<name>.log`. Returns its wall seconds."""
+    started = time.perf_counter()
+    print(f"[grid] {run.name}: started", flush=True)
+    with open(out / f"{run.name}.log", "w") as log:
+        done = subprocess.run(command(run, args, out), stdout=log, stderr=subprocess.STDOUT, check=False)
+    wall_s = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{run.name}: the referee failed (exit {done.returncode}); see {out / run.name}.log")
+    print(f"[grid] {run.name}: done in {wall_s / 60:.1f} min", flush=True)
+    return wall_s
+
+
+def best_baseline(results: dict, differences: dict, challenger: str = "maestro[model]") -> tuple[str, dict | None]:
+    """The arm with the highest attainment among the baselines at one rate, and the challenger's paired difference
+    from it where the referee reports one (mean only where it does not)."""
+    baselines = [a for a in results if a != "ceiling" and not a.startswith("maestro[") and a != "edf+admission"]
+    best = max(baselines, key=lambda a: results[a]["slo_attainment"]["mean"])
+    paired = differences.get(f"{challenger} - {best}")
+    if paired is not None:
+        return best, paired["slo_attainment"]
+    mean = results[challenger]["slo_attainment"]["mean"] - results[best]["slo_attainment"]["mean"]
+    return best, {"mean": mean, "lo": None, "hi": None}
+
+
+def pp(stat: dict | None) -> str:
+    if stat is None:
+        return "–"
+    text = f"{100 * stat['mean']:+.1f}"
+    return text + (f" [{100 * stat['lo']:+.1f}, {100 * stat['hi']:+.1f}]" if stat["lo"] is not None else "")
+
+
+def index(out: Path, walls: dict[str, float], total_s: float, side: str) -> str:
+    """The grid's summary: per scenario and load, the best baseline, Maestro (model) − it, model − none."""
+    lines = [
+        f"# The referee's grid, {side} side",
+        "",
+        f"Whole grid: {total_s / 60:.1f} min wall. Maestro fed the model (else the first source run) against the best"
+        " baseline at each load (pp, 95 % interval over seeds and workflows where the referee pairs the two), and the"
+        " model against no prediction. Each scenario's own report: `<scenario>.md`.",
+        "",
+        "| scenario | rate (/s) | best baseline | its SLO | Maestro − best (pp) | model − none (pp) | wall (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in GRID:
+        path = out / f"{run.name}.json"
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        for rate, results in report["results"].items():
+            differences = report["differences"][rate]
+            challenger = next((a for a in SOURCES if a in results), None)
+            if challenger is None:
+                continue
+            best, diff = best_baseline(results, differences, challenger)
+            none = differences.get("maestro[model] - maestro[none]")
+            slo = results[best]["slo_attainment"]["mean"]
+            wall = f"{walls[run.name] / 60:.1f}" if rate == next(iter(report["results"])) else ""
+            lines.append(
+                f"| {run.name} | {float(rate):g} | {best} | {slo:.3f} | {pp(diff)} | "
+                f"{pp(none['slo_attainment'] if none else None)} | {wall} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def parser_of() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--side", default="dev", choices=("dev", "locked"))
+    add("--seeds", type=int, default=3)
+    add("--jobs", type=int, default=2, help="referee processes at a time (one core each)")
+    add("--model", help="a trained predictor directory (default: each process trains or reuses one in --work)")
+    add("--work", default="benchmarks/results/referee", help="splits and models, shared by the processes")
+    add("--out", default="benchmarks/results/referee_grid", help="each scenario's report, the logs, index.md")
+    add("--rates", default="auto")
+    add("--arms", help="every scenario's arms (default: the baselines, its extra ones, the four sources)")
+    add("--workflows", type=int, help="every scenario's workflows (default: `GRID`'s)")
+    add("--nodes", type=int, default=8)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser_of().parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit("--jobs must be at least 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.model and any(a.startswith(SOURCES[:2]) for a in (args.arms or SOURCES[0]).split(",")):
+        # the processes would each train the same predictor at once: train it here first, they reuse it
+        warm = [sys.executable, "-m", "benchmarks.referee", "--side", args.side, "--seeds", "1", "--rates", "1"]
+        warm += ["--workflows", "4", "--arms", "maestro[model]", "--work", args.work, "--json", str(out / "warm.json")]
+        subprocess.run(warm, check=True, stdout=subprocess.DEVNULL)
+        for suffix in (".json", ".md", ".png"):
+            (out / "warm").with_suffix(suffix).unlink(missing_ok=True)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        walls = dict(zip((r.name for r in GRID), pool.map(lambda run: run_one(run, args, out), GRID)))
+    total_s = time.perf_counter() - started
+    (out / "index.md").write_text(index(out, walls, total_s, args.side))
+    (out / "grid.json").write_text(json.dumps({"side": args.side, "wall_s": round(total_s, 1), "runs": walls}))
+    print(f"[grid] whole grid in {total_s / 60:.1f} min; wrote {out / 'index.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The whole grid: every scenario's referee run, side by side, and the index that puts Maestro against each best
+baseline."""
+
+import json
+
+from benchmarks.referee import grid_all
+
+
+def test_the_grid_runs_every_scenario_and_regime_and_indexes_them(tmp_path):
+    grid_all.main(["--arms", "edf,vllm-edf,maestro[none]", "--workflows", "20", "--nodes", "2", "--rates", "1"]
+                  + ["--seeds", "1", "--jobs", "2", "--out", str(tmp_path)])  # fmt: skip
+    names = {"mixed-class", "maestro-paper", "mars-swe-long", "mars-swe-medium", "multi-model"}
+    assert {run.name for run in grid_all.GRID} == names
+    for run in grid_all.GRID:
+        report = json.loads((tmp_path / f"{run.name}.json").read_text())
+        assert (report["scenario"], report["regime"]) == (run.scenario, run.regime)
+        assert set(report["results"]["1.0"]) == {"edf", "vllm-edf", "maestro[none]", "ceiling"}
+        assert (tmp_path / f"{run.name}.md").exists()
+    rows = [line for line in (tmp_path / "index.md").read_text().splitlines() if line.startswith("| ")][
+        1:
+    ]  # less the header
+    assert sorted(row.split(" | ")[0][2:] for row in rows) == sorted(names)
+    assert set(json.loads((tmp_path / "grid.json").read_text())["runs"]) == names
+
+
+def test_a_scenarios_default_arms_are_the_baselines_its_extras_and_the_four_sources():
+    mars = grid_all.GridRun("mars-swe", "long", 400).arms().split(",")
+    assert mars[:5] == ["fcfs", "edf", "srtf", "vllm", "vllm-edf"] and "mars" in mars and "continuum" in mars
+    assert mars[-4:] == ["maestro[model]", "maestro[prior]", "maestro[none]", "maestro[oracle]"]
+    assert "mars" not in grid_all.GridRun("mixed-class", None, 1600).arms().split(",")
+
+
+def test_the_best_baseline_is_the_highest_and_its_paired_difference_is_read_where_the_referee_pairs_it():
+    def arm(mean):
+        return {"slo_attainment": {"mean": mean, "lo": mean - 0.01, "hi": mean + 0.01}}
+
+    results = {"edf": arm(0.5), "fcfs": arm(0.7), "vllm-edf": arm(0.6), "maestro[model]": arm(0.8), "ceiling": 0.9}
+    best, diff = grid_all.best_baseline(results, {"maestro[model] - vllm-edf": arm(0.2)})
+    assert best == "fcfs" and abs(diff["mean"] - 0.1) < 1e-12 and diff["lo"] is None  # not paired: the mean alone
+    results["fcfs"] = arm(0.55)
+    best, diff = grid_all.best_baseline(results, {"maestro[model] - vllm-edf": arm(0.2)})
+    assert best == "vllm-edf" and diff == arm(0.2)["slo_attainment"]
