@@ -6,23 +6,22 @@ r"""The referee: replay held-out workflows under SLOs a live system can know, ev
         [--compare-model DIR2 --arms ...,maestro[model],maestro[model@compare]]
 
 Without --train/--test it splits ../shared/data's real traces by task: 70 % train, the rest halved into `dev` (choose
-policies here) and `locked` (report once per change). It trains the predictor on the train side with `maestro
-train` (or reads --model), fixes one SLO per (app, class) = --slo-scale × the median unloaded latency of that app's
-training workflows, and replays the test side's workflows on --nodes simulated nodes (the scenario's) at each rate
-for seeds 0..N−1 (arrivals, workflow order, tool times); --scenario names the cluster and prepares every workflow
-(`serving.sim.scenarios`; its extra baselines join the default arms). Predictions are made when a stage becomes
-ready, from its finished ancestors only; nothing reads a future stage or a true length outside the oracle arm
-(tests/benchmarks/test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.7 / 0.5 of the ceiling
-(seed 0): light, knee, past, heavy. `--folds family` replays each app family with the predictor trained on the others
+policies here) and `locked` (report once per change). It trains the predictor on the train side with `maestro train` (or
+reads --model), fixes one SLO per (app, class) = --slo-scale × the median unloaded latency of that app's training
+workflows, and replays the test side's workflows on --nodes simulated nodes (the scenario's) at each rate for seeds
+0..N−1 (arrivals, workflow order, tool times); --scenario names the cluster and prepares every workflow
+(`serving.sim.scenarios`; its extra baselines join the default arms). Predictions are made when a stage becomes ready,
+from its finished ancestors only; nothing reads a future stage or a true length outside the oracle arm
+(tests/benchmarks/test_referee_leaks.py). Rates `auto`: where EDF attains ≈ 0.99 / 0.9 / 0.7 / 0.5 of the ceiling (seed
+0): light, knee, past, heavy. `--folds family` replays each app family with the predictor trained on the others
 (`sides.FAMILIES`) and its apps' SLOs declared from a calibration pilot of its own tasks, never replayed (`folds`);
-every fold goes in `folds`, and the top-level figures pool the folds by rate index (each fold finds its own rates),
-over every fold's workflows.
-With --compare-model, the arm maestro[model@compare] is Maestro fed that second predictor, and
-`maestro[model] - maestro[model@compare]` is reported: two predictors (recipes) paired on the same workloads and seeds.
+every fold goes in `folds`, and the top-level figures pool the folds by rate index (each fold finds its own rates), over
+every fold's workflows.
+With --compare-model, maestro[model@compare] is Maestro fed that second predictor, paired with maestro[model].
 
 Writes OUT (JSON: scenario, regime, cost, slo, rates, rates_found_by, variants_tried, tool_times,
-results.<rate>.{ceiling, <arm>}, differences.<rate>, counters.<rate>.<arm>, folds[*] with split, sides,
-slo_source and model, pooled), OUT.md and OUT.png.
+results.<rate>.{ceiling, <arm>}, differences.<rate>, counters.<rate>.<arm>, folds[*] with split, sides, slo_source and
+model, model_answers_sha256, pooled), OUT.md and OUT.png.
 """
 
 from __future__ import annotations
@@ -177,6 +176,7 @@ def judge(split: Split, args: argparse.Namespace, work: Path) -> tuple[dict, dic
         "tool_times": replay.tool_times.to_json(),
         "num_test_workflows": len(replay.base),
         "model": str(model_dir) if model_dir else None,
+        "model_answers_sha256": replay.source("model", 0).answers_sha256() if model_dir else None,  # which answered
         "compare_model": str(compare_dir) if compare_dir else None,
     }
     return run, grid

@@ -114,6 +114,11 @@ class ReadyPredictions:
             answers = self._answer([todo[k] for k in chunk], [k[2] for k in chunk])
             self.cache.update(zip(chunk, answers))
 
+    def answers_sha256(self) -> str:
+        """A digest of the answers held (`answers_digest`): after `prewarm` on a replayed side, which predictor
+        answered, whatever directory it was loaded from."""
+        return answers_digest(self.cache)
+
     # --- the sources ---------------------------------------------------------------------------
     def _answer(self, stages: list[SimStage], known: list[frozenset[str]]) -> list[tuple[int, int, WorkflowRemaining]]:
         self.num_calls += len(stages)
@@ -169,6 +174,21 @@ class ReadyPredictions:
             unseen = unseen_reserve(a.fallback_level, reserve, alpha)
             out.append((tokens_pred, reserve, WorkflowRemaining(**a.remaining_fields()), unseen))
         return out
+
+
+def answers_digest(cache: dict) -> str:
+    """sha256 of a source's answers — each key (workflow, stage, its finished ancestors) with the stage's point, its
+    reserve and its workflow's remaining calls and tokens — in key order: two predictors that answer alike digest
+    alike, wherever they were trained or loaded from."""
+    digest = hashlib.sha256()
+    for (workflow, stage, known), (pred, reserve, remaining, _) in sorted(
+        cache.items(), key=lambda item: (item[0][0], item[0][1], sorted(item[0][2]))
+    ):
+        calls = getattr(remaining, "wf_remaining_calls", None)
+        tokens = getattr(remaining, "wf_remaining_tokens", None)
+        row = [workflow, stage, sorted(known), int(pred), int(reserve), calls, tokens]
+        digest.update(json.dumps(row).encode())
+    return digest.hexdigest()
 
 
 def known_remaining(calls: float, tokens: float, level: WorkflowFallbackLevel) -> WorkflowRemaining:

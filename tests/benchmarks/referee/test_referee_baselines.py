@@ -111,6 +111,7 @@ def test_family_folds_put_every_fold_in_folds_and_pool_them(tmp_path):
         assert fold["slo_source"]["by_apps"]["calibration"] == fold["sides"]["calibration"]["apps"] == left_out
         assert set(left_out) <= set(fold["slo"]["by_app"]) and not set(left_out) & set(fold["sides"]["train"]["apps"])
         assert fold["num_test_workflows"] == fold["sides"]["test"]["num_workflows"] and fold["model"] is None
+        assert fold["model_answers_sha256"] is None
     for figures in (report, *report["folds"]):
         for rate, row in figures["results"].items():
             assert 0 < row["ceiling"] <= 1

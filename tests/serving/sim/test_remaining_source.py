@@ -10,7 +10,7 @@ from serving.core.request import workflow_remaining_s
 from serving.core.scheduler.remaining import RemainingWork
 from serving.sim.costmodel import CostModel, CostModelConfig
 from serving.sim.gpu_pace import ModelPace
-from serving.sim.ready import NOTHING_LEFT, WorkflowPrior, known_remaining
+from serving.sim.ready import NOTHING_LEFT, WorkflowPrior, answers_digest, known_remaining
 from serving.sim.stage_request import predicted_remaining_s
 from serving.sim.workload import SimStage, SimWorkflow
 
@@ -87,3 +87,17 @@ def test_the_simulator_feeds_the_history_as_the_gateway_does_service_as_attained
     )
     assert work.tool_ahead_s("app", 0) == pytest.approx(2.5)  # the tool's wall time, alone on the host
     assert work.tool_ahead_s("app", 1) == 0.0
+
+
+def test_a_sources_answers_digest_alike_whatever_their_order_and_differ_with_any_answer():
+    # which predictor answered, whatever directory it was loaded from (the referee's `model_answers_sha256`)
+    first = known_remaining(2.0, 120.0, WorkflowFallbackLevel.APP)
+    cache = {
+        ("w1", "s0", frozenset()): (40, 90, first, None),
+        ("w1", "s1", frozenset({"s0", "a"})): (12, 30, NOTHING_LEFT, None),
+    }
+    again = dict(reversed(list(cache.items())))
+    again[("w1", "s1", frozenset({"a", "s0"}))] = again.pop(("w1", "s1", frozenset({"s0", "a"})))
+    assert answers_digest(cache) == answers_digest(again)
+    for changed in ((40, 91, first, None), (40, 90, known_remaining(3.0, 120.0, WorkflowFallbackLevel.APP), None)):
+        assert answers_digest({**cache, ("w1", "s0", frozenset()): changed}) != answers_digest(cache)
