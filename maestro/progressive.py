@@ -219,14 +219,12 @@ def length_bounds(
     """A running stage's total output length from what it has produced: learned where `table` is given and the
     stage has produced at least its `min_produced`, else parametric (module docstring). `prefix`: the class of its
     first tokens (`prefix_class`); the low quantile is at 1 − `reserve_level`."""
-    if table is None or produced < max(table.min_produced, 1):
+    z = _NORMAL.inv_cdf(reserve_level)  # the low bound's score is −z, the median's 0
+    learned = _learned_lengths(produced, tokens_pred, tokens_reserve, table, prefix, (-z, 0.0, z))
+    if learned is None:
         median, upper = parametric_bounds(produced, tokens_pred, tokens_reserve, reserve_level)
         return LengthBounds(tokens_pred * tokens_pred / max(tokens_reserve, tokens_pred, 1), median, upper)
-    quantiles = table.quantiles(prefix, table_features(produced, tokens_pred, tokens_reserve))
-    anchor = max(tokens_pred, produced)
-    z = _NORMAL.inv_cdf(reserve_level)  # the low bound's score is −z, the median's 0
-    low, median, upper = (anchor * math.exp(table.at_score(quantiles, score)) for score in (-z, 0.0, z))
-    return LengthBounds(max(low, produced + 1), max(median, produced + 1), max(upper, produced + 1))
+    return LengthBounds(*learned)
 
 
 def length_median(
@@ -239,7 +237,22 @@ def length_median(
 ) -> float:
     """`length_bounds(...).median` alone, for a caller that reads only the median of every running stage at every
     batch change (the batch-cost gate): the same arithmetic, without the two other quantiles."""
+    learned = _learned_lengths(produced, tokens_pred, tokens_reserve, table, prefix, (0.0,))
+    return parametric_bounds(produced, tokens_pred, tokens_reserve, reserve_level)[0] if learned is None else learned[0]
+
+
+def _learned_lengths(
+    produced: float,
+    tokens_pred: float,
+    tokens_reserve: float,
+    table: ProgressiveTable | None,
+    prefix: str,
+    scores: tuple[float, ...],
+) -> list[float] | None:
+    """The table's total lengths at these scores of its quantile curve, each at least produced + 1; None where the
+    parametric bounds answer (no table, or fewer than its `min_produced` tokens produced)."""
     if table is None or produced < max(table.min_produced, 1):
-        return parametric_bounds(produced, tokens_pred, tokens_reserve, reserve_level)[0]
+        return None
     quantiles = table.quantiles(prefix, table_features(produced, tokens_pred, tokens_reserve))
-    return max(max(tokens_pred, produced) * math.exp(table.at_score(quantiles, 0.0)), produced + 1)
+    anchor = max(tokens_pred, produced)
+    return [max(anchor * math.exp(table.at_score(quantiles, score)), produced + 1) for score in scores]
