@@ -28,6 +28,9 @@ def test_a_scenarios_default_arms_are_the_baselines_its_extras_and_the_four_sour
     assert mars[:5] == ["fcfs", "edf", "srtf", "vllm", "vllm-edf"] and "mars" in mars and "continuum" in mars
     assert mars[-4:] == ["maestro[model]", "maestro[prior]", "maestro[none]", "maestro[oracle]"]
     assert "mars" not in grid_all.GridRun("mixed-class", None, 1600).arms().split(",")
+    lean = grid_all.GridRun("mars-swe", "long", 400).arms(lean=True).split(",")
+    assert lean[:3] == ["edf", "vllm", "vllm-edf"] and "mars" in lean and "fcfs" not in lean
+    assert lean[-2:] == ["maestro[model]", "maestro[none]"]
 
 
 def test_the_best_baseline_is_the_highest_and_its_paired_difference_is_read_where_the_referee_pairs_it():
@@ -40,3 +43,34 @@ def test_the_best_baseline_is_the_highest_and_its_paired_difference_is_read_wher
     results["fcfs"] = arm(0.55)
     best, diff = grid_all.best_baseline(results, {"maestro[model] - vllm-edf": arm(0.2)})
     assert best == "vllm-edf" and diff == arm(0.2)["slo_attainment"]
+
+
+def test_with_family_folds_every_scenario_leaves_a_family_out_and_no_shared_model_is_taken(tmp_path, capsys):
+    args = grid_all.parser_of().parse_args(["--folds", "family", "--work", "w"])
+    cmd = grid_all.command(grid_all.GRID[0], args, tmp_path)
+    assert cmd[cmd.index("--folds") + 1] == "family" and "--side" not in cmd and "--model" not in cmd
+    try:
+        grid_all.main(["--folds", "family", "--model", "m", "--out", str(tmp_path)])
+    except SystemExit as refused:
+        assert refused.code == 2
+    assert "saw every family" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything ran
+
+
+def test_a_folds_index_has_the_pooled_loads_and_each_familys_rates(tmp_path):
+    def figures(rate: str, maestro: float) -> dict:
+        stat = {"slo_attainment": {"mean": maestro, "lo": maestro - 0.01, "hi": maestro + 0.01}}
+        edf = {"slo_attainment": {"mean": 0.5, "lo": 0.49, "hi": 0.51}}
+        diff = {"slo_attainment": {"mean": maestro - 0.5, "lo": maestro - 0.52, "hi": maestro - 0.48}}
+        return {"results": {rate: {"edf": edf, "maestro[model]": stat, "ceiling": 0.9}},
+                "differences": {rate: {"maestro[model] - edf": diff}}}  # fmt: skip
+
+    report = {**figures("knee", 0.6), "folds": [{"split": "chatdev", **figures("2.5", 0.7)}]}
+    (tmp_path / "multi-model.json").write_text(json.dumps(report))
+    text = grid_all.index(tmp_path, {"multi-model": 60.0}, 60.0, "family folds")
+    rows = [row.split(" | ") for row in text.splitlines() if row.startswith("| multi-model")]
+    assert [(row[1], row[2], row[3], row[5]) for row in rows] == [
+        ("pooled", "knee", "edf", "+10.0 [+8.0, +12.0]"),
+        ("chatdev", "2.5", "edf", "+20.0 [+18.0, +22.0]"),
+    ]
+    assert text.startswith("# The referee's grid, family folds")
