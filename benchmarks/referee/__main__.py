@@ -46,7 +46,7 @@ from benchmarks.referee.sides import (
     side_split,
     split_model,
 )
-from benchmarks.referee.stats import summarize
+from benchmarks.referee.stats import mean_counters, summarize
 from maestro.contract import read_traces
 from serving.sim.costmodel import STEP_MODELS
 from serving.sim.scenarios import SCENARIOS, get_scenario
@@ -137,9 +137,7 @@ def figures(grid: dict[str, dict[str, list]], names: list[str], ceiling: float) 
     for rate, by_arm in grid.items():
         results[rate], differences[rate] = summarize(by_arm, pairs(names))
         results[rate]["ceiling"] = ceiling
-        counters[rate] = {
-            arm: {k: float(np.mean([o.extra[k] for o in runs])) for k in runs[0].extra} for arm, runs in by_arm.items()
-        }
+        counters[rate] = {arm: mean_counters(runs) for arm, runs in by_arm.items()}
     return {"results": results, "differences": differences, "counters": counters}
 
 

@@ -79,15 +79,17 @@ def command(run: GridRun, args: argparse.Namespace, out: Path) -> list[str]:
     return cmd + ["--json", str(out / f"{run.name}.json")]
 
 
-def run_one(run: GridRun, args: argparse.Namespace, out: Path) -> float:
-    """One scenario's referee process; its output goes to `<name>.log`. Returns its wall seconds."""
+def run_one(run: GridRun, args: argparse.Namespace, out: Path) -> float | None:
+    """One scenario's referee process; its output goes to `<name>.log`. Returns its wall seconds, None where it failed
+    (the other scenarios go on)."""
     started = time.perf_counter()
     print(f"[grid] {run.name}: started", flush=True)
     with open(out / f"{run.name}.log", "w") as log:
         done = subprocess.run(command(run, args, out), stdout=log, stderr=subprocess.STDOUT, check=False)
     wall_s = time.perf_counter() - started
     if done.returncode != 0:
-        raise RuntimeError(f"{run.name}: the referee failed (exit {done.returncode}); see {out / run.name}.log")
+        print(f"[grid] {run.name}: the referee failed (exit {done.returncode}); see {out / run.name}.log", flush=True)
+        return None
     print(f"[grid] {run.name}: done in {wall_s / 60:.1f} min", flush=True)
     return wall_s
 
@@ -126,9 +128,10 @@ def sections(report: dict) -> list[tuple[str, dict]]:
     return [("pooled", report)] + [(fold["split"], fold) for fold in report["folds"]]
 
 
-def index(out: Path, walls: dict[str, float], total_s: float, side: str) -> str:
+def index(out: Path, walls: dict[str, float | None], total_s: float, side: str) -> str:
     """The grid's summary: per scenario (and left-out family) and load, the best baseline, Maestro (model) − it,
-    model − none."""
+    model − none; a scenario's report left in `out` by an earlier invocation is indexed too (no wall), a failed one
+    named."""
     lines = [
         f"# The referee's grid, {side}",
         "",
@@ -142,9 +145,9 @@ def index(out: Path, walls: dict[str, float], total_s: float, side: str) -> str:
     ]
     for run in GRID:
         path = out / f"{run.name}.json"
-        if not path.exists():
+        if walls.get(run.name, 0.0) is None or not path.exists():
             continue
-        wall = f"{walls[run.name] / 60:.1f}"
+        wall = f"{walls[run.name] / 60:.1f}" if run.name in walls else "–"
         for fold, figures in sections(json.loads(path.read_text())):
             for rate, results in figures["results"].items():
                 differences = figures["differences"][rate]
@@ -159,6 +162,8 @@ def index(out: Path, walls: dict[str, float], total_s: float, side: str) -> str:
                     f"{pp(none['slo_attainment'] if none else None)} | {wall} |"
                 )
                 wall = ""
+    failed = [name for name, wall_s in walls.items() if wall_s is None]
+    lines += ["", f"Failed (see `<scenario>.log`): {', '.join(failed)}."] if failed else []
     return "\n".join(lines) + "\n"
 
 
@@ -177,6 +182,7 @@ def parser_of() -> argparse.ArgumentParser:
     add("--lean", action="store_true", help="default arms: EDF, stock vLLM, the scenario's own, Maestro[model|none]")
     add("--workflows", type=int, help="every scenario's workflows (default: `GRID`'s)")
     add("--nodes", type=int, default=8)
+    add("--scenarios", help=f"comma-separated, of {', '.join(r.name for r in GRID)} (default: all)")
     return parser
 
 
@@ -188,6 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.folds and args.model:
         parser.error("--model with --folds: that predictor saw every family; leave --model out to train one per fold")
     label = f"{args.folds} folds" if args.folds else f"{args.side} side"
+    names = args.scenarios.split(",") if args.scenarios else [r.name for r in GRID]
+    if unknown := sorted(set(names) - {r.name for r in GRID}):
+        parser.error(f"--scenarios: unknown {', '.join(unknown)}; known: {', '.join(r.name for r in GRID)}")
+    runs = [r for r in GRID if r.name in names]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.model and any(a.startswith(SOURCES[:2]) for a in (args.arms or SOURCES[0]).split(",")):
@@ -199,13 +209,15 @@ def main(argv: list[str] | None = None) -> None:
             (out / "warm").with_suffix(suffix).unlink(missing_ok=True)
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        walls = dict(zip((r.name for r in GRID), pool.map(lambda run: run_one(run, args, out), GRID)))
+        walls = dict(zip((r.name for r in runs), pool.map(lambda run: run_one(run, args, out), runs)))
     total_s = time.perf_counter() - started
     (out / "index.md").write_text(index(out, walls, total_s, label))
     side = None if args.folds else args.side
     grid = {"side": side, "folds": args.folds, "wall_s": round(total_s, 1), "runs": walls}
     (out / "grid.json").write_text(json.dumps(grid))
     print(f"[grid] whole grid in {total_s / 60:.1f} min; wrote {out / 'index.md'}")
+    if failed := [name for name, wall_s in walls.items() if wall_s is None]:
+        raise SystemExit(f"[grid] failed: {', '.join(failed)} (see their logs in {out})")
 
 
 if __name__ == "__main__":

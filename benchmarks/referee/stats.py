@@ -25,6 +25,16 @@ class Outcomes:
     extra: dict  # per-run counters (preemptions, demotions, ...)
 
 
+def mean_counters(runs: list[Outcomes]) -> dict[str, float | None]:
+    """An arm's counters, each the mean over the runs that counted it; None where none did (a fold whose family has
+    no interactive turn counts no turns)."""
+    means = {}
+    for key in runs[0].extra:
+        values = [o.extra[key] for o in runs if o.extra[key] is not None]
+        means[key] = float(np.mean(values)) if values else None
+    return means
+
+
 def draw_weights(clusters: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
     """(draws, rows) weights: each row's cluster drawn that many times."""
     n = int(clusters.max()) + 1

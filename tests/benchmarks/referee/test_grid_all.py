@@ -2,6 +2,9 @@
 baseline."""
 
 import json
+import sys
+
+import pytest
 
 from benchmarks.referee import grid_all
 
@@ -74,3 +77,28 @@ def test_a_folds_index_has_the_pooled_loads_and_each_familys_rates(tmp_path):
         ("chatdev", "2.5", "edf", "+20.0 [+18.0, +22.0]"),
     ]
     assert text.startswith("# The referee's grid, family folds")
+
+
+def test_a_scenario_that_fails_is_named_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    real = grid_all.command
+
+    def command(run, args, out):
+        if run.name == "mixed-class":  # a referee that dies, as mixed-class's folds did on a family with no turns
+            return [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
+        return real(run, args, out)
+
+    monkeypatch.setattr(grid_all, "command", command)
+    argv = ["--scenarios", "mixed-class,multi-model", "--arms", "edf,maestro[none]", "--workflows", "20"]
+    argv += ["--nodes", "2", "--rates", "1", "--seeds", "1", "--jobs", "1", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="failed: mixed-class"):
+        grid_all.main(argv)
+    assert (tmp_path / "mixed-class.log").read_text().strip() == "boom"
+    text = (tmp_path / "index.md").read_text()
+    assert "| multi-model | – | 1 | edf |" in text and "Failed (see `<scenario>.log`): mixed-class." in text
+    assert not (tmp_path / "maestro-paper.log").exists()  # not among --scenarios
+
+
+def test_an_unknown_scenario_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        grid_all.main(["--scenarios", "multi-model,mars-swe"])
+    assert "unknown mars-swe; known: mixed-class" in capsys.readouterr().err

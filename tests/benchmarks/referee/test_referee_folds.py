@@ -119,3 +119,22 @@ def test_a_folds_predictor_is_trained_on_its_train_side_only_and_reused_until_th
     assert len(trained) == 2  # another train side: trained again
     split_model(Split(split.name, split.train[1:], split.test), tmp_path, retrain=True)
     assert len(trained) == 3
+
+
+def test_a_fold_without_interactive_turns_reports_none_for_them_and_the_rest_as_means():
+    """mixed-class's ChatDev fold has no interactive workflow: its turn counters are None in every run (the referee
+    crashed on them after the fold's whole run); a counter some runs lack is the mean of those that have it."""
+    import numpy as np
+
+    from benchmarks.referee.__main__ import figures
+    from benchmarks.referee.stats import Outcomes
+
+    def run(preemptions: float, turns: float | None) -> Outcomes:
+        met = np.array([True, False, True])
+        extra = {"num_preemptions": preemptions, "turn_attainment": None, "interactive_turn_p95_s": turns}
+        return Outcomes(met, np.array([1.0, np.inf, 2.0]), np.array([0, 1, 2]), extra)
+
+    grid = {"1.0": {"edf": [run(2.0, None), run(4.0, 3.0)], "maestro[model]": [run(0.0, None), run(0.0, None)]}}
+    counters = figures(grid, ["edf", "maestro[model]"], 0.9)["counters"]["1.0"]
+    assert counters["edf"] == {"num_preemptions": 3.0, "turn_attainment": None, "interactive_turn_p95_s": 3.0}
+    assert counters["maestro[model]"]["interactive_turn_p95_s"] is None
