@@ -26,12 +26,15 @@ class Outcomes:
 
 
 def mean_counters(runs: list[Outcomes]) -> dict[str, float | None]:
-    """An arm's counters, each the mean over the runs that counted it; None where none did (a fold whose family has
-    no interactive turn counts no turns)."""
+    """Counters over several runs (an arm's seeds, or one seed's folds): each the mean over the runs that counted it,
+    None where none did (a fold whose family has no interactive turn counts no turns); what is no number (a run's
+    decision log) is left out."""
     means = {}
-    for key in runs[0].extra:
-        values = [o.extra[key] for o in runs if o.extra[key] is not None]
-        means[key] = float(np.mean(values)) if values else None
+    for key in dict.fromkeys(k for o in runs for k in o.extra):
+        values = [o.extra.get(key) for o in runs]
+        numbers = [v for v in values if isinstance(v, int | float | np.number)]
+        if numbers or all(v is None for v in values):
+            means[key] = float(np.mean(numbers)) if numbers else None
     return means
 
 
@@ -97,14 +100,14 @@ def summarize(
 
 def pool(runs: list[Outcomes]) -> Outcomes:
     """Several replays (one per fold, same seed) as one: their workflows side by side, each fold's held-out
-    workflows clusters of their own, each counter the mean over the runs (a run's count, as for one fold)."""
+    workflows clusters of their own, each counter the mean over the runs that counted it (`mean_counters`: a run's
+    count, as for one fold)."""
     offsets = np.cumsum([0] + [int(o.clusters.max()) + 1 for o in runs[:-1]])
-    counters = [k for k, v in runs[0].extra.items() if isinstance(v, int | float | np.number)]
     return Outcomes(
         np.concatenate([o.met for o in runs]),
         np.concatenate([o.e2e_s for o in runs]),
         np.concatenate([o.clusters + offset for o, offset in zip(runs, offsets)]),
-        {k: float(np.mean([o.extra[k] for o in runs])) for k in counters},
+        mean_counters(runs),
     )
 
 

@@ -138,3 +138,18 @@ def test_a_fold_without_interactive_turns_reports_none_for_them_and_the_rest_as_
     counters = figures(grid, ["edf", "maestro[model]"], 0.9)["counters"]["1.0"]
     assert counters["edf"] == {"num_preemptions": 3.0, "turn_attainment": None, "interactive_turn_p95_s": 3.0}
     assert counters["maestro[model]"]["interactive_turn_p95_s"] is None
+
+
+def test_pooled_folds_keep_a_counter_the_first_fold_did_not_count():
+    """The pooled figures took their counters from the first fold's; mixed-class's first fold (ChatDev) counts no
+    turn, so the pooled report had none: each counter is the mean over the folds that counted it."""
+    import numpy as np
+
+    from benchmarks.referee.stats import Outcomes, pool
+
+    def fold(turns: float | None, preemptions: int) -> Outcomes:
+        extra = {"num_preemptions": preemptions, "turn_attainment": turns, "decisions": [("s0", "n0")]}
+        return Outcomes(np.array([True]), np.array([1.0]), np.array([0]), extra)
+
+    pooled = pool([fold(None, 2), fold(0.5, 4), fold(0.7, 0)]).extra
+    assert pooled == {"num_preemptions": 2.0, "turn_attainment": pytest.approx(0.6)}
