@@ -263,6 +263,7 @@ class SimDispatcher:
         if sim.triage is not None:
             backlogged, is_node_backlogged = self.is_backlogged(stage.model), len(node.core) > 0
             sim.triage.served(stage.model, work_s, sim.now, backlogged, service_s, node.name, is_node_backlogged)
+        sim.stage_ema_s = 0.99 * sim.stage_ema_s + 0.01 * service_s
         sim.recorder.stage_done(stage)
         if stage.is_tool_call:
             self._keep_or_evict(node, stage)

@@ -26,6 +26,7 @@ class SimContext(Protocol):
     cost: CostModel
     recorder: Recorder
     tool_kv: ToolKV
+    stage_ema_s: float  # moving average of a stage's service time
     evicted_wait_ema_s: float  # moving average of an evicted context's wait (Continuum-Dy's T)
 
     def children_ready(self, stage: SimStage) -> None:

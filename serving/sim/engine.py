@@ -107,6 +107,7 @@ class Simulator:
         self.tool_times = ToolTimes()
         self.remaining_work = remaining_work or RemainingWork()
         self.own_reserves = OwnReserveLevels()  # an unseen app's reserve level from its finished stages
+        self.stage_ema_s = 1.0
         self.evicted_wait_ema_s = 0.0
         self.num_open = len(workflows)
         self.dispatch.place_models()

@@ -91,21 +91,21 @@ class SimSlot:
         return bool(self.node.running) or any(kept is not parent for kept in self.node.pinned)
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
-        """As the gateway's: free KV share; the ready time: the model's load, the queued stages' predicted work over
-        the batch width, the stage's own predicted decode at the node's step price now (`SimNode.step_s`: a node whose
-        every step is slowed by long contexts or many decodes prices it high, an idle one at the bare step), and the
-        wait a tool call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that
-        routed stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed
-        here stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue
-        (the engine's waiting stages). Free KV is what the stage could map here: free pages plus the sessions' kept
+        """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
+        and the queued stages' predicted work, over the batch width, after the model's load) plus the wait a tool
+        call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that routed
+        stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed here
+        stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
+        engine's waiting stages). Free KV is what the stage could map here: free pages plus the sessions' kept
         tool-call KV, which `SimDispatcher.kv_plan` reuses or reclaims for it; counted as taken, an idle node
         holding some ranked below a node already running a stage."""
         node, stage, batch = self.node, request.payload, self.dispatcher.max_batch_seqs
         need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
-        own_s = stage.tokens_pred * node.step_s()
-        host_s = node.host.charged_wait_s(self.dispatcher.sim.now, stage.workflow.app)
-        ready = node.residency.ready_cost_s(stage.model) + node.queued_work_s / batch + own_s + host_s
+        work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
+        now = self.dispatcher.sim.now
+        host_s = node.host.charged_wait_s(now, stage.workflow.app)
+        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + host_s
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
 
