@@ -182,7 +182,9 @@ class Gateway:
         """Predict the stage and size its KV reserve (prepare.py); the Job is ready for `dispatcher.submit`."""
         return await prepare_job(self, meta, body, arrival)
 
-    def workflow_remaining_s(self, prediction: Prediction, prompt_tokens: int, app: str, position: int) -> float:
+    def workflow_remaining_s(
+        self, prediction: Prediction, prompt_tokens: int, workflow_key: str, app: str, position: int
+    ) -> float:
         """A stage's predicted work after it: its workflow prediction or what the app's ended workflows needed after
         this position, by the rule the simulator follows too (`remaining_after_s`)."""
         return remaining_after_s(
@@ -191,6 +193,7 @@ class Gateway:
                 self.pace, prompt_tokens, prediction.wf_remaining_calls, prediction.wf_remaining_tokens
             ),
             self.remaining_work,
+            workflow_key,
             app,
             position,
         )

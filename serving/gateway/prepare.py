@@ -73,7 +73,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
     home = gateway.sessions.arrive(meta.workflow_key, now)
     slo_s = meta.slo_s or gateway.config.system.slo_s
     position = workflow.next_position()
-    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.app or "", position)
+    remaining_s = gateway.workflow_remaining_s(prediction, prompt_tokens, meta.workflow_key, meta.app or "", position)
     info = WorkflowInfo(
         meta.workflow_key,
         workflow.start_s,

@@ -70,7 +70,7 @@ def predicted_remaining_s(stage: SimStage, cost: CostModel, remaining_work: Rema
     if answer is NOTHING_LEFT:
         return predicted_s()
     level = WorkflowFallbackLevel.PRIOR if answer is None else answer.wf_fallback_level
-    return remaining_after_s(level, predicted_s, remaining_work, workflow.app, position)
+    return remaining_after_s(level, predicted_s, remaining_work, workflow.workflow_id, workflow.app, position)
 
 
 def own_reserve(levels: OwnReserveLevels, stage: SimStage) -> None:

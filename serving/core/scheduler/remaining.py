@@ -18,6 +18,14 @@ when its tool returns (the gateway: the session's next call ends the tool phase,
 workflow does (dropped workflows are forgotten: they did not show how much work their app takes), `estimate` when a
 stage becomes ready. `remaining_after_s` is the one rule, for both, of which estimate a ready stage gets: the workflow
 prediction's or this history's.
+
+The workflow prediction is also scored here. A model trained on other tasks of an app can be biased on the app's tasks
+of today by a factor (measured on the referee's dev side: AutoGen's remaining work read ~3× the truth, ChatDev's
+~0.6×), and Moore–Hodgson then sheds the wrong app's workflows. So each prediction the rule used is kept
+(`said`) and, when its workflow ends completed, set against the work that followed; `scale` is the app's Σ realised
+over Σ predicted once `min_scale_workflows` ended workflows scored it (1 before; one predicted and found to need
+nothing after its stages does not count), and the rule answers the prediction
+times that scale: an online correction from what a live system has seen end, never from a workflow still running.
 """
 
 from __future__ import annotations
@@ -64,11 +72,13 @@ class _Table:
 class RemainingWork:
     """Predicted service a workflow still needs after its k-th stage (see the module docstring)."""
 
-    def __init__(self, min_count: int = 3, max_open: int = 100_000):
-        self.min_count, self.max_open = min_count, max_open
+    def __init__(self, min_count: int = 3, max_open: int = 100_000, min_scale_workflows: int = 5):
+        self.min_count, self.max_open, self.min_scale_workflows = min_count, max_open, min_scale_workflows
         self._tables: dict[str, _Table] = {}
         # workflow → (app, its stages' service so far, their tool times)
         self._open: dict[str, tuple[str, list[float], list[float]]] = {}
+        self._said: dict[str, list[tuple[int, float]]] = {}  # workflow → (position, the prediction used there)
+        self._scored: dict[str, list[float]] = {}  # app → [Σ predicted, Σ realised, workflows scored]
 
     def observe(self, workflow_id: str, app: str, service_s: float) -> None:
         """A stage's call of the workflow ended after `service_s` unloaded seconds of service (no tool time)."""
@@ -88,14 +98,36 @@ class RemainingWork:
         if entry is not None and entry[2]:
             entry[2][-1] += tool_s
 
+    def said(self, workflow_id: str, position: int, predicted_s: float) -> None:
+        """The workflow prediction answered `predicted_s` seconds after the stage at `position`, and was used."""
+        said = self._said.get(workflow_id)
+        if said is None:
+            if len(self._said) >= self.max_open:
+                self._said.pop(next(iter(self._said)))
+            said = self._said[workflow_id] = []
+        said.append((position, predicted_s))
+
     def end(self, workflow_id: str, completed: bool = True) -> None:
-        """The workflow ended; only a completed one joins its app's history."""
-        entry = self._open.pop(workflow_id, None)
+        """The workflow ended; only a completed one joins its app's history and scores its predictions."""
+        entry, said = self._open.pop(workflow_id, None), self._said.pop(workflow_id, None)
         if entry is None or not completed:
             return
         app, services, tools = entry
         for key in {app, ALL_APPS}:
             self._tables.setdefault(key, _Table()).add(services, tools)
+        predicted_s = sum(answer_s for _, answer_s in said or ())
+        realised_s = sum(sum(services[position + 1 :]) for position, _ in said or ())
+        if predicted_s > 0 or realised_s > 0:  # a workflow predicted and found to need nothing more tells no ratio
+            scored = self._scored.setdefault(app, [0.0, 0.0, 0])
+            scored[0], scored[1], scored[2] = scored[0] + predicted_s, scored[1] + realised_s, scored[2] + 1
+
+    def scale(self, app: str) -> float:
+        """The app's realised work over its predicted work, over its ended workflows' predictions; 1 until
+        `min_scale_workflows` of them scored some (or where nothing was predicted)."""
+        predicted_s, realised_s, workflows = self._scored.get(app, (0.0, 0.0, 0))
+        if workflows < self.min_scale_workflows or predicted_s <= 0:
+            return 1.0
+        return realised_s / predicted_s
 
     def own_estimate(self, app: str, position: int) -> float | None:
         """Seconds of work expected after `position` from `app`'s own ended workflows; None where fewer than
@@ -127,20 +159,22 @@ def remaining_after_s(
     level: WorkflowFallbackLevel,
     predicted_s: Callable[[], float],
     history: RemainingWork,
+    workflow_id: str,
     app: str,
     position: int,
 ) -> float:
     """The work a ready stage's workflow is expected to need after it, from the workflow prediction's `level` and its
     answer in seconds (`predicted_s`, called only where it is used) or the ended workflows' `history`.
 
-    APP (the model, for an app it was trained on): the prediction. POSITION (only the per-position table over the
-    training apps) and PRIOR (no workflow model): the app's own ended workflows once `min_count` of them reached this
-    position, else the prediction (POSITION) or every app's history (PRIOR)."""
-    if level is WorkflowFallbackLevel.APP:
-        return predicted_s()
-    own_s = history.own_estimate(app, position)
+    APP (the model, for an app it was trained on): the prediction, times the app's online scale (`RemainingWork.scale`).
+    POSITION (only the per-position table over the training apps) and PRIOR (no workflow model): the app's own ended
+    workflows once `min_count` of them reached this position, else the scaled prediction (POSITION) or every app's
+    history (PRIOR). A prediction used is kept for scoring (`RemainingWork.said`)."""
+    own_s = None if level is WorkflowFallbackLevel.APP else history.own_estimate(app, position)
     if own_s is not None:
         return own_s
-    if level is WorkflowFallbackLevel.POSITION:
-        return predicted_s()
-    return history.estimate(app, position)
+    if level is WorkflowFallbackLevel.PRIOR:
+        return history.estimate(app, position)
+    answer_s = predicted_s()
+    history.said(workflow_id, position, answer_s)
+    return answer_s * history.scale(app)

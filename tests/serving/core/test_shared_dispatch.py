@@ -144,7 +144,7 @@ class Live:
             wf_remaining_tokens=tokens,
             wf_fallback_level=level,
         )
-        remaining_s = self.gateway.workflow_remaining_s(prediction, prompt_tokens, "shared", 0)
+        remaining_s = self.gateway.workflow_remaining_s(prediction, prompt_tokens, name, "shared", 0)
         request = stage_request(
             WorkflowInfo(name, now, now + slo_s, remaining_s=remaining_s),
             "s0",
@@ -170,7 +170,9 @@ class Live:
         self.now = now
         job = self.jobs.pop(name)
         self.dispatcher.finish(job)
-        self.gateway.served(job, self.gateway.pace.service_s(job.request.prompt_tokens, job.request.tokens_pred))
+        service_s = self.gateway.pace.service_s(job.request.prompt_tokens, job.request.tokens_pred)
+        self.gateway.remaining_work.observe(name, "shared", service_s)  # as `Gateway.record` feeds the history
+        self.gateway.served(job, service_s)
         self.gateway.end_workflow(name, completed=True)
 
     def shed(self) -> set[str]:

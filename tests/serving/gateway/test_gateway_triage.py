@@ -122,13 +122,13 @@ def prediction(level: WorkflowFallbackLevel) -> Prediction:
 
 def test_a_stages_remaining_work_comes_from_its_workflow_prediction_else_the_history():
     gateway = Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}]))
-    answer = gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.APP), 300, "app", 0)
+    answer = gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.APP), 300, "live", "app", 0)
     assert answer == workflow_remaining_s(SERVICE_PACE, 300, 3.0, 420.0) == pytest.approx(420 * 0.02)
     for services in ([1.0, 2.0, 4.0], [1.0, 3.0, 5.0], [1.0, 4.0, 6.0]):  # three ended workflows of "app"
         for service_s in services:
             gateway.remaining_work.observe(f"w{services[1]}", "app", service_s)
         gateway.remaining_work.end(f"w{services[1]}")
-    assert gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.PRIOR), 300, "app", 0) == pytest.approx(
+    assert gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.PRIOR), 300, "live", "app", 0) == pytest.approx(
         (6.0 + 8.0 + 10.0) / 3
     )  # the prior's guess is not used: what the app's workflows needed after position 0
 
