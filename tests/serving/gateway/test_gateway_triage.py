@@ -128,7 +128,9 @@ def test_a_stages_remaining_work_comes_from_its_workflow_prediction_else_the_his
         for service_s in services:
             gateway.remaining_work.observe(f"w{services[1]}", "app", service_s)
         gateway.remaining_work.end(f"w{services[1]}")
-    assert gateway.workflow_remaining_s(prediction(WorkflowFallbackLevel.PRIOR), 300, "live", "app", 0) == pytest.approx(
+    assert gateway.workflow_remaining_s(
+        prediction(WorkflowFallbackLevel.PRIOR), 300, "live", "app", 0
+    ) == pytest.approx(
         (6.0 + 8.0 + 10.0) / 3
     )  # the prior's guess is not used: what the app's workflows needed after position 0
 
