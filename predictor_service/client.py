@@ -168,11 +168,9 @@ class PredictorClient:
 
     def _failed(self, error: BaseException) -> None:
         with self._lock:
-            self.breaker.trip(
-                error
-                if not isinstance(error, concurrent.futures.TimeoutError)
-                else f"no answer within {self.config.timeout_s} s"
-            )
+            # the caller's wait and httpx's own timeout are both `timeout_s`: whichever fires first, it is the deadline
+            is_deadline = isinstance(error, (concurrent.futures.TimeoutError, httpx.TimeoutException))
+            self.breaker.trip(f"no answer within {self.config.timeout_s} s" if is_deadline else error)
         logger.warning("predictor %s: %s; answering from the local prior", self.config.url, self.breaker.last_error)
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -275,3 +276,14 @@ def test_online_benchmark_replays_in_workflow_order_and_scores_after_the_drift()
     assert drifted["above_reserve"] == 1.0 and drifted["mae"] == pytest.approx(50)
     corrected = replay(stages, answers, 1.5, OnlineCorrection(CorrectionConfig(), alpha=0.05, clock=FakeClock()))
     assert corrected["above_reserve"] < 0.5 and corrected["mae"] < 50
+
+
+def test_an_http_timeout_inside_the_call_is_reported_as_the_deadline():
+    """httpx's own timeout is the caller's deadline too: a loaded box may let it fire before the caller's wait does."""
+
+    def hang(request):
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with PredictorClient(ClientConfig(url="http://x", timeout_s=0.15), FALLBACK, httpx.MockTransport(hang)) as client:
+        check_fallback(client.predict(STAGES))
+        assert client.breaker.last_error == "no answer within 0.15 s"
