@@ -109,17 +109,19 @@ class RemainingWork:
 
     def end(self, workflow_id: str, completed: bool = True) -> None:
         """The workflow ended; only a completed one joins its app's history and scores its predictions."""
-        entry, said = self._open.pop(workflow_id, None), self._said.pop(workflow_id, None)
+        entry, said = self._open.pop(workflow_id, None), self._said.pop(workflow_id, [])
         if entry is None or not completed:
             return
         app, services, tools = entry
         for key in {app, ALL_APPS}:
             self._tables.setdefault(key, _Table()).add(services, tools)
-        predicted_s = sum(answer_s for _, answer_s in said or ())
-        realised_s = sum(sum(services[position + 1 :]) for position, _ in said or ())
+        predicted_s = sum(answer_s for _, answer_s in said)
+        realised_s = sum(sum(services[position + 1 :]) for position, _ in said)
         if predicted_s > 0 or realised_s > 0:  # a workflow predicted and found to need nothing more tells no ratio
             scored = self._scored.setdefault(app, [0.0, 0.0, 0])
-            scored[0], scored[1], scored[2] = scored[0] + predicted_s, scored[1] + realised_s, scored[2] + 1
+            scored[0] += predicted_s
+            scored[1] += realised_s
+            scored[2] += 1
 
     def scale(self, app: str) -> float:
         """The app's realised work over its predicted work, over its ended workflows' predictions; 1 until
