@@ -1,11 +1,15 @@
-"""Node selection: S(N,T) = A(N,T) − λ·T_ready − μ·C_deg over robust min-max normalised terms.
+"""Node selection: S(N,T) = A(N,T) − λ·T_ready − μ·C_deg over robustly scaled terms.
 
 A is availability (higher is better), T_ready the seconds until the node could start the stage (model transition +
 queued work) and serve its session's tool calls (where tools run on the node's host CPU, as in the simulator, the
 wait for a core there times the share of it routed stages' calls have been seen to meet, `HostWaitFit`: a routed
 session stays on its node; the gateway's tools run at the client, so none adds there), C_deg the degradation the node
-would suffer (KV shortfall, models it would have to push out). Each term is min-max normalised after clipping at its
-5th/95th percentiles, so one outlier node cannot dominate (the seed's choice); λ = μ = 1.
+would suffer (KV shortfall, models it would have to push out). Each term is clipped at its 5th/95th percentiles, so one
+outlier node cannot dominate (the seed's choice), and scaled by its spread over the candidates; λ = μ = 1. A and C_deg
+are shares (of the node's KV, of the stage's need), so their spread is taken as at least `FitnessConfig.share_span`
+(1): nodes whose free KV differs by 2 % differ by 0.02 in A, not by a whole unit against seconds of T_ready. (The
+seed min-max scales every term; `share_span=0` is that: on a KV-bound long-context workload it sent sessions to
+nodes with a sliver more free KV but more work queued — docs/routing.md.)
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ class FitnessConfig:
     ready_weight: float = 1.0  # λ
     degradation_weight: float = 1.0  # μ
     clip_quantiles: tuple[float, float] = (5.0, 95.0)
+    share_span: float = 1.0  # the least spread A and C_deg are scaled over (0: min-max, as T_ready)
 
     def __post_init__(self):
         lo, hi = self.clip_quantiles
-        if self.ready_weight < 0 or self.degradation_weight < 0 or not 0 <= lo < hi <= 100:
-            raise ValueError("weights must be >= 0 and clip_quantiles 0 <= lo < hi <= 100")
+        if self.ready_weight < 0 or self.degradation_weight < 0 or self.share_span < 0 or not 0 <= lo < hi <= 100:
+            raise ValueError("weights and share_span must be >= 0 and clip_quantiles 0 <= lo < hi <= 100")
 
 
 def _percentile(ordered: list[float], q: float) -> float:
@@ -36,13 +41,15 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _scaled(values, clip_quantiles: tuple[float, float]) -> list[float]:
+def _scaled(values, clip_quantiles: tuple[float, float], min_span: float = 0.0) -> list[float]:
+    """Clipped to the percentiles, less the low one, over the spread between them or `min_span`, the larger."""
     values = [float(v) for v in values]
     ordered = sorted(values)
     lo, hi = (_percentile(ordered, q) for q in clip_quantiles)
-    if hi - lo <= 1e-12:
+    span = max(hi - lo, min_span)
+    if span <= 1e-12:
         return [0.0] * len(values)
-    return [(min(max(v, lo), hi) - lo) / (hi - lo) for v in values]
+    return [(min(max(v, lo), hi) - lo) / span for v in values]
 
 
 def robust_minmax(values, clip_quantiles: tuple[float, float] = (5.0, 95.0)) -> np.ndarray:
@@ -51,8 +58,8 @@ def robust_minmax(values, clip_quantiles: tuple[float, float] = (5.0, 95.0)) -> 
 
 
 def _scores(availability, ready_s, degradation, config: FitnessConfig) -> list[float]:
-    q = config.clip_quantiles
-    terms = zip(_scaled(availability, q), _scaled(ready_s, q), _scaled(degradation, q))
+    q, span = config.clip_quantiles, config.share_span
+    terms = zip(_scaled(availability, q, span), _scaled(ready_s, q), _scaled(degradation, q, span))
     return [a - config.ready_weight * r - config.degradation_weight * d for a, r, d in terms]
 
 

@@ -72,6 +72,15 @@ def test_select_node_trades_availability_against_readiness_and_degradation():
     assert select_node([0.5, 0.5, 0.5], [0, 0, 0], [1, 0, 1], config) == 1
 
 
+def test_a_sliver_more_free_kv_does_not_outweigh_seconds_of_ready_time():
+    # node 0: 3 % more free KV, a second more work ahead, 2 % less of a shortfall
+    terms = [0.53, 0.50], [2.0, 1.0], [0.0, 0.02]
+    assert select_node(*terms, FitnessConfig()) == 1  # the shares count as shares
+    assert select_node(*terms, FitnessConfig(share_span=0.0)) == 0  # the seed's min-max: each sliver is a whole unit
+    with pytest.raises(ValueError, match="share_span"):
+        FitnessConfig(share_span=-1.0)
+
+
 class _Node:
     def __init__(self, name: str, running: str | None, busy: set[str]):
         self.name, self.residency, self.busy = name, node(), busy
