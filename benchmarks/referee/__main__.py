@@ -104,7 +104,7 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # the capacity × 1.5, and a pool backlogged only while a stage of its own model waits (adopted).
 # 81 (+8): 2026-12-05, docs/folds.md: a NEW_APP reserve at the app's own conformal level (adopted); the router's host
 # wait less the stage's service (reverted), less the GPU wait too; five router terms zeroed on retail (diagnostics).
-VARIANTS_TRIED = 188  # to 2026-12-06 (serving/EXPERIMENTS.md): +29 router, +5 remaining, +47 mixed, +19 capacity
+VARIANTS_TRIED = 190  # to 2026-12-06 (serving/EXPERIMENTS.md): +31 router, +5 remaining, +47 mixed, +19 capacity
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

@@ -20,7 +20,7 @@ from serving.core.dispatch import Outcome, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
-from serving.core.routing import HostWaitFits
+from serving.core.routing import GpuDelayFits, HostWaitFits
 from serving.core.tool_kv import ToolCallContext
 from serving.sim.context import SimContext
 from serving.sim.gpu_pace import ModelPace
@@ -41,6 +41,7 @@ class SimDispatcher:
         self.batch_gate = BatchCostGate() if sim.system.batch_cost else None
         self.slots = {node: SimSlot(node, self) for node in sim.nodes}
         self.host_fits = HostWaitFits()  # one for the fleet: every node's host wait is charged alike
+        self.gpu_fits = GpuDelayFits()  # and every node's GPU work
         for node in sim.nodes:
             node.host.fits = self.host_fits
         self.running_on: dict[str, list[SimNode]] = {}
@@ -84,7 +85,7 @@ class SimDispatcher:
         slots = [self.slots[n] for n in self.running_on.get(stage.model) or self.sim.nodes]
         now = [s for s in slots if s.can_start_now(stage.request)]
         node = choose(stage.request, now or slots, self.config).node
-        node.host.routed(stage, stage.workflow.app, self.sim.now)  # scored against what its tool call meets
+        self.slots[node].routed(stage)  # scored against what its LLM and tool calls meet
         return node
 
     # --- admission and start -------------------------------------------------------------------
@@ -119,8 +120,7 @@ class SimDispatcher:
 
     def kv_plan(self, node: SimNode, stage: SimStage) -> list[SimStage] | None:
         """The kept tool-call KV to reclaim (oldest first) so that the stage's reserve, plus the admission headroom,
-        fits in free pages and its range in the virtual space; None if it cannot start now. The session's own kept
-        context is reused (grown in place when its range is long enough), never reclaimed."""
+        fits in free pages and its range in the virtual space, else None; the session's own is reused, not reclaimed."""
         alloc, bpt = node.alloc, self.bytes_per_token(stage)
         need = alloc.pages_for(self._reserve_tokens(stage), bpt) + headroom_pages(
             self.sim.system.admission_headroom_frac, alloc.num_physical_pages
@@ -260,6 +260,7 @@ class SimDispatcher:
         service_s = sim.now - stage.start_s
         work_s = ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
         stage.workflow.attained_service_s += work_s
+        self.gpu_fits.ended(stage, sim.now, work_s)
         if sim.triage is not None:
             backlogged, is_node_backlogged = self.is_backlogged(stage.model), len(node.core) > 0
             sim.triage.served(stage.model, work_s, sim.now, backlogged, service_s, node.name, is_node_backlogged)

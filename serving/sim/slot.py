@@ -92,7 +92,8 @@ class SimSlot:
 
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
-        and the queued stages' predicted work, over the batch width, after the model's load) plus the wait a tool
+        and the queued stages' predicted work, over the batch width: `gpu_work_s`, times the delay the app's routed
+        stages met per second of it, `routing.GpuDelayFit`; after the model's load) plus the wait a tool
         call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that routed
         stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed here
         stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
@@ -100,14 +101,27 @@ class SimSlot:
         tool-call KV, which `SimDispatcher.kv_plan` reuses or reclaims for it; counted as taken, an idle node
         holding some ranked below a node already running a stage."""
         node, stage, batch = self.node, request.payload, self.dispatcher.max_batch_seqs
+        app = stage.workflow.app
         need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
-        work_s = len(node.running) * self.dispatcher.sim.stage_ema_s + node.queued_work_s
-        now = self.dispatcher.sim.now
-        host_s = node.host.charged_wait_s(now, stage.workflow.app)
-        ready = node.residency.ready_cost_s(stage.model) + work_s / batch + host_s
+        gpu_s = self.gpu_work_s() * self.dispatcher.gpu_fits.scale(app)
+        host_s = node.host.charged_wait_s(self.dispatcher.sim.now, app)
+        ready = node.residency.ready_cost_s(stage.model) + gpu_s + host_s
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
+
+    def gpu_work_s(self) -> float:
+        """The node's work ahead over the batch width: its running stages, each a mean stage, and the queued stages'
+        predicted service (at least 0: the queued work's sum drifts by rounding)."""
+        node, dispatcher = self.node, self.dispatcher
+        return max(0.0, len(node.running) * dispatcher.sim.stage_ema_s + node.queued_work_s) / dispatcher.max_batch_seqs
+
+    def routed(self, stage: SimStage) -> None:
+        """The stage was routed here: what its tool call meets on this host and what its LLM call meets on this GPU
+        are scored against what the node shows now (`HostCPU.routed`, `GpuDelayFits.routed`)."""
+        app, now = stage.workflow.app, self.dispatcher.sim.now
+        self.node.host.routed(stage, app, now)
+        self.dispatcher.gpu_fits.routed(stage, app, self.gpu_work_s(), now)
 
     def load(self) -> float:
         return len(self.node.sched) + len(self.node.running)

@@ -3,7 +3,7 @@
 import pytest
 
 from serving.core.dispatch import choose
-from serving.core.routing import HostWaitFit
+from serving.core.routing import GpuDelayFit, GpuDelayFits, HostWaitFit
 from serving.core.systems import get_system
 from serving.sim.engine import Simulator
 from serving.sim.hostcpu import HostCPU
@@ -90,3 +90,36 @@ def test_a_routed_stage_is_scored_with_the_wait_its_call_met_on_the_host():
     fit = fits.by_app["app"]
     assert (fit.num_scored, fit.shown_s, fit.met_s) == (1, pytest.approx(4.0), pytest.approx(3.0))
     assert not host.shown
+
+
+def test_gpu_work_that_routed_stages_met_many_times_over_outweighs_a_host_wait():
+    sim, request, slots = _two_nodes()  # 30 s of tool calls on the first host, 50 s of GPU work on the second
+    app = request.payload.workflow.app
+    assert choose(request, slots, sim.dispatch.config) is slots[1]  # no scores: the GPU part as computed, 50/256 s
+    for shown_s in (0.0, 0.1, 0.2, 0.4, 0.8) * 10:  # each second of work shown cost a stage routed there 200 s
+        sim.dispatch.gpu_fits.observe(app, shown_s, 200.0 * shown_s + 1.0)
+    assert sim.dispatch.gpu_fits.scale(app) == pytest.approx(200.0)
+    assert choose(request, slots, sim.dispatch.config) is slots[0]
+    assert sim.dispatch.gpu_fits.scale("another app") == 1.0
+
+
+def test_a_routed_stage_is_scored_when_its_llm_call_ends_by_the_delay_beyond_its_idle_service():
+    fits = GpuDelayFits()
+    for i, shown_s in enumerate((0.0, 1.0, 2.0, 3.0)):
+        stage = f"stage {i}"
+        fits.routed(stage, "app", shown_s, now=10.0)
+        fits.ended(stage, now=10.0 + 5.0 + 3.0 * shown_s, idle_service_s=5.0)  # met 3 s a second shown
+    fits.routed("never ends", "app", 100.0, now=0.0)
+    fits.ended("never routed", now=50.0, idle_service_s=1.0)
+    assert fits.by_app["app"].num_scored == 4
+    assert fits.scale("app") == pytest.approx(3.0)
+
+
+def test_the_gpu_scale_is_one_until_the_scores_say_and_never_below_zero():
+    fit = GpuDelayFit()
+    fit.observe(1.0, 5.0)
+    fit.observe(2.0, 9.0)
+    assert fit.scale() == 1.0  # two scores
+    for shown_s in (1.0, 2.0, 3.0, 4.0):
+        fit.observe(shown_s, 10.0 - shown_s)  # a busier node met less: no reason to charge its work less than 0
+    assert fit.scale() == 0.0
