@@ -103,9 +103,14 @@ def test_json_and_stream_match_vllm_usage_and_trace_once(vllm_engine, tmp_path):
     assert stages["b"].ttft_s is not None and stages["b"].node == "node0"
 
 
+WIRE_S = 0.2  # the most the gateway's overhead and the wire may add to what the trace says, on a loaded box
+
+
 def test_a_streamed_calls_trace_times_are_what_its_client_measured(vllm_engine, tmp_path):
     """A client streams 300 tokens through the gateway: the trace line's ttft_s (arrival → first content event) and
-    e2e_s (arrival → end) are the client's, less the gateway's own overhead and the wire (≤ 50 ms here)."""
+    e2e_s (arrival → end) are the client's, less the gateway's own overhead and the wire: never more (the gateway
+    sees each event before the client does), and less by at most `WIRE_S` (on a shared 2-core box the client's thread
+    was seen to get the first event 52 ms after the gateway sent it)."""
     with gateway_for([vllm_engine], tmp_path) as gw:
         chat(gw.url, "warm", 4)
         sent = time.monotonic()
@@ -125,8 +130,8 @@ def test_a_streamed_calls_trace_times_are_what_its_client_measured(vllm_engine, 
         client_e2e_s = time.monotonic() - sent
     [stage] = [s for s in collect(tmp_path)[0] if s.workflow_id == "wf-timed"]
     assert stage.output_tokens == 300 and first_s is not None
-    assert client_e2e_s - 0.05 <= stage.e2e_s <= client_e2e_s, (stage.e2e_s, client_e2e_s)
-    assert first_s - 0.05 <= stage.ttft_s <= first_s, (stage.ttft_s, first_s)
+    assert client_e2e_s - WIRE_S <= stage.e2e_s <= client_e2e_s, (stage.e2e_s, client_e2e_s)
+    assert first_s - WIRE_S <= stage.ttft_s <= first_s, (stage.ttft_s, first_s)
     extra = stage.model_extra
     assert extra["predict_s"] + stage.queue_s <= stage.ttft_s < stage.e2e_s and extra["upstream_s"] <= stage.e2e_s
 
