@@ -65,7 +65,7 @@ SYSTEMS: dict[str, System] = {
             "maestro",
             _P.TRIAGE,
             _R.PREDICTED,
-            _T.MARS,
+            _T.MARS_BATCH,
             Router.FITNESS,
             admission_headroom_frac=0.05,
             batch_cost=True,

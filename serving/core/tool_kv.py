@@ -2,6 +2,13 @@
 
 Every policy answers `ttl_s(...)`: 0 evicts at once, math.inf keeps until the tool returns,
 anything between pins for that long and then evicts. Definitions follow PAPERS.md.
+
+Maestro's rule (`mars-batch`) is MARS's with the re-prefill priced at the batch it joins: an evicted context is
+prefilled again in the steps the node's running stages share, so each of them waits for its chunks too. MARS weighs
+the session's own re-prefill time against the tool's; Maestro adds what those chunks add to the stages running beside
+it (`ToolCallContext.others_stall_s`, each caller's estimate of it). A kept context is not lost memory: it is idle
+KV that goes back before any running stage is preempted or a stage is refused (the simulator's `kv_plan` and `grow`,
+the vLLM plugin's hold release), so keeping costs little until memory binds.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from dataclasses import dataclass
 
 
 class ToolKVPolicy(enum.Enum):
-    MARS = "mars"  # keep iff re-prefill time > predicted tool time (Maestro uses it too)
+    MARS = "mars"  # keep iff re-prefill time > predicted tool time
+    MARS_BATCH = "mars-batch"  # Maestro: keep iff the re-prefill, with what it adds to the running stages, > tool time
     KEEP_ALWAYS = "keep-always"
     EVICT_ALWAYS = "evict-always"
     CONTINUUM = "continuum"  # public code: fixed TTL unless the tool's moving average exceeds it
@@ -52,6 +60,7 @@ class ToolCallContext:
     predicted_tool_s: float
     other_context_tokens: int = 0  # KV of the other running sequences (InferCept)
     mean_evicted_wait_s: float = 0.0  # Continuum-Dy's T
+    others_stall_s: float = 0.0  # what re-prefilling the context adds to the stages running beside it, summed
 
 
 class ToolTimes:
@@ -83,6 +92,14 @@ class ToolKV(ABC):
 class MarsToolKV(ToolKV):
     def ttl_s(self, call: ToolCallContext) -> float:
         return math.inf if call.reprefill_s > call.predicted_tool_s else 0.0
+
+
+class BatchPricedToolKV(ToolKV):
+    """Keep iff re-prefilling the context, its own time plus what it adds to the running stages, would take longer
+    than the tool is predicted to run (MARS's rule at the batch's price; the module docstring)."""
+
+    def ttl_s(self, call: ToolCallContext) -> float:
+        return math.inf if call.reprefill_s + call.others_stall_s > call.predicted_tool_s else 0.0
 
 
 class KeepAlways(ToolKV):
@@ -153,6 +170,7 @@ def create_tool_kv(config: ToolKVConfig | ToolKVPolicy | str) -> ToolKV:
     config = config if isinstance(config, ToolKVConfig) else ToolKVConfig(policy=config)
     classes = {
         ToolKVPolicy.MARS: MarsToolKV,
+        ToolKVPolicy.MARS_BATCH: BatchPricedToolKV,
         ToolKVPolicy.KEEP_ALWAYS: KeepAlways,
         ToolKVPolicy.EVICT_ALWAYS: EvictAlways,
         ToolKVPolicy.CONTINUUM: ContinuumToolKV,

@@ -121,12 +121,15 @@ class Sessions:
         if not is_tool_call or node is None:
             return
         session.tool_key, session.tool_since_s = tool_key, now
+        # re-prefilled later, the context would hold up each call then running on the node about as long as itself
+        reprefill_s = context_tokens * self.prefill_s_per_token
         ttl = self.tool_kv.ttl_s(
             ToolCallContext(
                 tool_key,
                 context_tokens,
-                context_tokens * self.prefill_s_per_token,
+                reprefill_s,
                 self.tool_times.get(tool_key, DEFAULT_TOOL_S),
+                others_stall_s=reprefill_s * node.num_inflight,
             )
         )
         if ttl <= 0:

@@ -279,18 +279,13 @@ class SimDispatcher:
     def _keep_or_evict(self, node: SimNode, stage: SimStage) -> None:
         sim, model = self.sim, self.sim.cost.model(stage.model)
         context = stage.prompt_tokens + stage.output_tokens
-        # A tool call means its session continues with the tool's result: that is all a live system knows here (not
-        # whether the replayed workflow has a next turn of this session).
-        ttl = sim.tool_kv.ttl_s(
-            ToolCallContext(
-                stage.tool_name,
-                context,
-                sim.cost.prefill_s(model, context),
-                sim.predicted_tool_s(stage.tool_name),
-                node.other_context_tokens(),
-                sim.evicted_wait_ema_s,
-            )
-        )
+        # A tool call means its session continues with the tool's result: all a live system knows here (not whether
+        # the replayed workflow has a next turn of it). Re-prefilled later, the context's chunks would slow each stage
+        # running here by what they add to its steps (the node's step builder): `mars-batch` weighs that too.
+        stall_s = node.added_prefill_s(stage.model, context, 0, sim.now) * len(node.running)
+        reprefill_s, tool_s = sim.cost.prefill_s(model, context), sim.predicted_tool_s(stage.tool_name)
+        args = (node.other_context_tokens(), sim.evicted_wait_ema_s, stall_s)
+        ttl = sim.tool_kv.ttl_s(ToolCallContext(stage.tool_name, context, reprefill_s, tool_s, *args))
         sim.recorder.decision("keep" if ttl > 0 else "evict", sim.now, stage, node.index)
         if ttl <= 0:
             node.release(stage, stage.reservation)

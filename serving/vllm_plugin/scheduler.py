@@ -171,7 +171,8 @@ class MaestroMixin(PredictedAdmission):
             self.session_holds.forget(hint.session, request.request_id)
             if turn_ended(request, hint.tool_s):
                 blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
-                self.session_holds.keep(hint, list(blocks[0]) if blocks else [], request.num_tokens, self._clock())
+                blocks = list(blocks[0]) if blocks else []
+                self.session_holds.keep(hint, blocks, request.num_tokens, self._clock(), len(self.running))
         return super()._free_request(request, *args, **kwargs)
 
     def _allocate_slots_or_release_holds(self, request: Request, *args, **kwargs):

@@ -67,14 +67,17 @@ class SessionHolds:
         self.prefill_s_per_token, self.hold_factor = prefill_s_per_token, hold_factor
         self.holds: dict[str, Hold] = {}
 
-    def keep(self, hint: SessionHint, blocks: list, num_tokens: int, now: float) -> None:
-        """A turn of `hint.session` finished with `blocks` (its KV, first block first) over `num_tokens` tokens."""
+    def keep(self, hint: SessionHint, blocks: list, num_tokens: int, now: float, num_running: int = 0) -> None:
+        """A turn of `hint.session` finished with `blocks` (its KV, first block first) over `num_tokens` tokens;
+        `num_running` requests run beside it, each of which a later re-prefill of this context would hold up."""
         if hint.tool_s <= 0:
             return
         self._release(hint.session)
-        ttl_s = self.tool_kv.ttl_s(
-            ToolCallContext(hint.session, num_tokens, num_tokens * self.prefill_s_per_token, hint.tool_s)
+        reprefill_s = num_tokens * self.prefill_s_per_token
+        call = ToolCallContext(
+            hint.session, num_tokens, reprefill_s, hint.tool_s, others_stall_s=reprefill_s * num_running
         )
+        ttl_s = self.tool_kv.ttl_s(call)
         cached = [block for block in blocks if block.block_hash is not None and not block.is_null]
         if ttl_s <= 0 or not cached:
             self.decisions.num_kv_not_kept += 1

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from serving.core.admission import AIMDConfig, AIMDWindow
-from serving.core.tool_kv import ToolCallContext, ToolKVConfig, create_tool_kv
+from serving.core.systems import get_system
+from serving.core.tool_kv import ToolCallContext, ToolKVConfig, ToolKVPolicy, create_tool_kv
 
 
 def test_aimd_grows_additively_and_shrinks_multiplicatively():
@@ -49,6 +50,17 @@ def test_mars_keeps_iff_reprefill_exceeds_tool_time():
     assert policy.ttl_s(call(reprefill_s=3.0, tool_s=1.0)) == math.inf
     assert policy.ttl_s(call(reprefill_s=1.0, tool_s=3.0)) == 0.0
     assert policy.ttl_s(call(reprefill_s=1.0, tool_s=1.0)) == 0.0  # strictly greater to keep
+
+
+def test_maestros_rule_prices_the_reprefill_at_the_batch_it_would_stall():
+    mars, maestro = create_tool_kv("mars"), create_tool_kv("mars-batch")
+    evicted_by_mars = ToolCallContext("bash", 1000, 1.0, 3.0, others_stall_s=2.5)
+    assert mars.ttl_s(evicted_by_mars) == 0.0  # the session's own re-prefill (1 s) is shorter than the tool (3 s)
+    assert maestro.ttl_s(evicted_by_mars) == math.inf  # with the 2.5 s it adds to the running stages, longer: kept
+    assert maestro.ttl_s(ToolCallContext("bash", 1000, 1.0, 3.0, others_stall_s=2.0)) == 0.0  # strictly greater
+    assert maestro.ttl_s(call(reprefill_s=3.0, tool_s=1.0)) == math.inf  # nothing running beside it: MARS's rule
+    assert get_system("maestro").tool_kv is ToolKVPolicy.MARS_BATCH
+    assert get_system("mars").tool_kv is ToolKVPolicy.MARS  # the baseline keeps the paper's rule
 
 
 def test_keep_and_evict_always():

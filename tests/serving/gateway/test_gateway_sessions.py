@@ -14,6 +14,7 @@ from pipelines.predictor import NO_MODEL_PRIOR, Predictor, Prior
 from serving.core.admission.aimd import SessionWindow
 from serving.core.admission.cap import CapSignals
 from serving.core.request import StageRequest
+from serving.core.tool_kv import ToolCallContext
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.core import Gateway
@@ -75,6 +76,22 @@ def test_mars_keeps_a_context_while_reprefill_outlasts_the_predicted_tool_and_le
     sessions.arrive("w", 6.0)
     sessions.stage_ended("w", node, 100, is_tool_call=False, tool_key="app/agent", is_final=False, now=7.0)
     assert sessions.num_in_tool == 0
+
+
+def test_maestros_rule_holds_a_context_whose_re_prefill_would_hold_up_the_calls_running_beside_it():
+    # re-prefilling 500 tokens at 1 ms a token (0.5 s) is shorter than the 1 s a never-timed tool is predicted to take
+    for running, held in ((0, False), (1, False), (2, True)):  # kept once 0.5 s × (1 + running) > 1 s
+        node = make_node("a", blocks=64)
+        node.num_inflight = running  # calls the gateway has on the node when the stage's end is recorded
+        sessions = Sessions("mars-batch", prefill_s_per_token=1e-3)
+        sessions.stage_ended("w", node, 500, is_tool_call=True, tool_key="t", is_final=False, now=0.0)
+        assert bool(node.kv.held) is held, running
+        assert (
+            Sessions("mars", prefill_s_per_token=1e-3).tool_kv.ttl_s(
+                ToolCallContext("t", 500, 0.5, DEFAULT_TOOL_S, others_stall_s=0.5 * running)
+            )
+            == 0.0
+        )  # MARS's rule reads only the session's own re-prefill
 
 
 @pytest.mark.parametrize("policy,held", [("keep-always", True), ("evict-always", False)])

@@ -6,6 +6,7 @@ import pytest
 
 from serving.core.dispatch import choose
 from serving.core.systems import SYSTEMS, get_system
+from serving.core.tool_kv import ToolKVPolicy
 from serving.sim.costmodel import MODEL_PROFILES, CostModel, CostModelConfig
 from serving.sim.engine import Simulator
 from serving.sim.predictions import PredictionConfig
@@ -183,3 +184,20 @@ def test_a_node_holding_kept_tool_kv_ranks_as_free_as_an_idle_one_and_above_a_bu
     assert kept.mapped_pages > 0 and terms[0][0] == terms[1][0] == 1.0 > terms[2][0]
     # the idle node holding kept KV, not the node that would share its batch
     assert choose(request, [slots[0], slots[2], slots[3]], sim.dispatch.config) is slots[0]
+
+
+def test_maestros_keep_rule_keeps_the_contexts_marss_evicts_where_stages_run_beside_them():
+    scenario = small("mars-swe", nodes=1)
+    run = RunConfig(policies=("mars",), num_workflows=12, rate_per_s=2.0)
+    workflows = build_workload(scenario, run, scenario.regimes[0])
+    kept = {}
+    for rule in (ToolKVPolicy.MARS, ToolKVPolicy.MARS_BATCH):
+        reset(workflows)
+        sim = Simulator(scenario.cluster, get_system("mars").with_overrides(tool_kv=rule), workflows)
+        sim.recorder.decisions = []
+        sim.run()
+        kinds = [d[1] for d in sim.recorder.decisions if d[1] in ("keep", "evict")]
+        kept[rule] = {d[2:4] for d in sim.recorder.decisions if d[1] == "keep"}
+        assert kinds and all(n.alloc.backend.num_mapped_pages == 0 for n in sim.nodes)
+    # the re-prefill priced with what it adds to the stages running beside it: more contexts are kept
+    assert len(kept[ToolKVPolicy.MARS_BATCH]) > len(kept[ToolKVPolicy.MARS])
