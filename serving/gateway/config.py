@@ -136,7 +136,9 @@ class KVConfig(Section):
 class SessionsConfig(Section):
     """Sessions (sessions.py): a session's context is held on its node during a tool call or released, by the
     system's tool-KV policy; MARS keeps it while re-prefilling it (context × prefill_s_per_token) would take longer
-    than its tool is predicted to run. A session silent for idle_s ends (its hold and its place in the cap go)."""
+    than its tool is predicted to run, Maestro (`mars-batch`) while that re-prefill, times one plus the calls in flight
+    on the node (each would wait for it), would. A session silent for idle_s ends (its hold and its place in the cap
+    go)."""
 
     tool_workers: int = Field(4, ge=1)  # the callers' tool workers: MARS's CPU pressure is sessions in a tool call
     prefill_s_per_token: float = Field(1e-4, ge=0)

@@ -78,7 +78,8 @@ def test_a_context_held_across_its_tool_call_is_its_next_turns_prefix_hit(tmp_pa
     # Nothing else changed: the same requests ran in the same steps, preempting nothing.
     assert [set(s["scheduled"]) for s in kept["steps"]] == [set(s["scheduled"]) for s in vllm["steps"]]
     assert not any(s["preempted"] for s in kept["steps"])
-    # MARS's rule: re-prefilling 120 tokens (120 steps) costs less than a 500-step tool: not kept.
+    # Re-prefilling 120 tokens (120 steps), with nothing running beside it to hold up, costs less than a 500-step tool:
+    # not kept (MARS's rule, and Maestro's at the batch's price).
     assert let_go["recomputed"] == vllm["recomputed"] and kv_counts(let_go)["not_kept"] == 1
     assert kv_counts(expired)["expired"] == 1 and kv_counts(expired)["hits"] == 0
     assert expired["recomputed"]["t2"] > kept["recomputed"]["t2"]
