@@ -90,16 +90,21 @@ class ToolKV(ABC):
 
 
 class MarsToolKV(ToolKV):
-    def ttl_s(self, call: ToolCallContext) -> float:
-        return math.inf if call.reprefill_s > call.predicted_tool_s else 0.0
-
-
-class BatchPricedToolKV(ToolKV):
-    """Keep iff re-prefilling the context, its own time plus what it adds to the running stages, would take longer
-    than the tool is predicted to run (MARS's rule at the batch's price; the module docstring)."""
+    """Keep iff re-prefilling the context would take longer than the tool is predicted to run."""
 
     def ttl_s(self, call: ToolCallContext) -> float:
-        return math.inf if call.reprefill_s + call.others_stall_s > call.predicted_tool_s else 0.0
+        return math.inf if self.reprefill_cost_s(call) > call.predicted_tool_s else 0.0
+
+    def reprefill_cost_s(self, call: ToolCallContext) -> float:
+        return call.reprefill_s
+
+
+class BatchPricedToolKV(MarsToolKV):
+    """MARS's rule at the batch's price: the re-prefill's own time plus what it adds to the running stages (the
+    module docstring)."""
+
+    def reprefill_cost_s(self, call: ToolCallContext) -> float:
+        return call.reprefill_s + call.others_stall_s
 
 
 class KeepAlways(ToolKV):
