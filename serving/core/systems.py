@@ -31,7 +31,7 @@ class System:
     reservation: ReservationMode
     tool_kv: ToolKVPolicy
     router: Router = Router.LEAST_LOADED
-    cap: CapKind = CapKind.NONE  # the session cap (admission/cap.py): none or aimd (MARS's window)
+    cap: CapKind = CapKind.NONE  # the session cap (admission/cap.py): none, aimd (MARS's window) or aimd-batch
     admission_headroom_frac: float = 0.0  # keep this share of the pool free when admitting
     batch_cost: bool = False  # admit only what the running stages' slack can afford (admission/batch_cost.py)
     # with the triage order: a workflow the triage sheds is turned away then, rather than served behind the rest
@@ -61,12 +61,16 @@ SYSTEMS: dict[str, System] = {
         System("fcfs", _P.FCFS, _R.MAX_LEN, _T.EVICT_ALWAYS),
         System("edf", _P.EDF, _R.MAX_LEN, _T.EVICT_ALWAYS),
         System("srtf", _P.SRTF, _R.MAX_LEN, _T.EVICT_ALWAYS),
+        # Maestro: the triage order and turn-away, the predicted reserve, the tool-KV rule at the batch's price, the
+        # fitness router, the batch-cost gate, and MARS's AIMD session window (no turn waits for it), which holds new
+        # batch sessions back while the node's tool workers or KV are overloaded: overload becomes a queue triage sees.
         System(
             "maestro",
             _P.TRIAGE,
             _R.PREDICTED,
             _T.MARS_BATCH,
             Router.FITNESS,
+            cap=CapKind.AIMD_BATCH,
             admission_headroom_frac=0.05,
             batch_cost=True,
             triage_rejects=True,

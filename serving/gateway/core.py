@@ -17,7 +17,7 @@ from maestro.own_reserve import OwnReserveLevels
 from maestro.prediction import Prediction
 from serving.core.admission.aimd import AIMDWindow, SessionWindow
 from serving.core.admission.batch_cost import BatchCostGate
-from serving.core.admission.cap import CapKind, CapSignals, SessionCap
+from serving.core.admission.cap import CapSignals, SessionCap
 from serving.core.request import ServicePace, workflow_remaining_s
 from serving.core.scheduler import Policy, create_scheduler
 from serving.core.scheduler.remaining import RemainingWork, remaining_after_s
@@ -118,9 +118,8 @@ class Gateway:
         self._poller: asyncio.Task | None = None
 
     def _make_cap(self, config: GatewayConfig) -> SessionCap | None:
-        if self.system.cap is CapKind.AIMD:
-            return SessionWindow(AIMDWindow(config.sessions.aimd_config(), config.sessions.tool_workers), self.kv_usage)
-        return None
+        aimd = AIMDWindow(config.sessions.aimd_config(), config.sessions.tool_workers)
+        return SessionWindow.of(self.system.cap, aimd, self.kv_usage)
 
     def kv_usage(self) -> float:
         """The healthy nodes' KV in use, held session contexts included, as a share of their blocks."""

@@ -71,9 +71,7 @@ class SimNode:
         self._models = Counter()
 
     def _make_cap(self, kind: CapKind, aimd: AIMDConfig, num_tool_workers: int) -> SessionCap | None:
-        if kind is CapKind.AIMD:
-            return SessionWindow(AIMDWindow(aimd, num_tool_workers), lambda: self.alloc.usage)
-        return None
+        return SessionWindow.of(kind, AIMDWindow(aimd, num_tool_workers), lambda: self.alloc.usage)
 
     # --- the step clock -------------------------------------------------------------------
     def price_s(self, loads) -> float:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving.core.admission.cap import CapSignals
+from serving.core.admission.cap import CapKind, CapSignals
 
 
 @dataclass
@@ -97,26 +97,40 @@ class AIMDWindow:
 class SessionWindow:
     """The AIMD window as a session cap: a session takes a slot when its first stage starts and holds it until it
     ends or moves away; a new session may start only while fewer than `aimd.limit(kv_usage())` hold one.
-    Interactive sessions are counted like any other (MARS has no such class)."""
+    Interactive sessions are counted like any other (MARS has no such class); with `holds_interactive` False (Maestro's
+    `aimd-batch`) the window is the batch sessions': an interactive session's turn is never held, nor takes a slot."""
 
-    def __init__(self, aimd: AIMDWindow, kv_usage: Callable[[], float]):
-        self.aimd, self.kv_usage = aimd, kv_usage
+    def __init__(self, aimd: AIMDWindow, kv_usage: Callable[[], float], holds_interactive: bool = True):
+        self.aimd, self.kv_usage, self.holds_interactive = aimd, kv_usage, holds_interactive
         self.session_ids: set[str] = set()
+        self.outside: set[str] = set()  # interactive sessions, where the window is the batch sessions'
+
+    @classmethod
+    def of(cls, kind: CapKind, aimd: AIMDWindow, kv_usage: Callable[[], float]) -> SessionWindow | None:
+        """The session cap a system names (`System.cap`), for the gateway and the simulator alike; None: no cap."""
+        if kind is CapKind.NONE:
+            return None
+        return cls(aimd, kv_usage, holds_interactive=kind is CapKind.AIMD)
 
     def admits(self, workflow_id: str, interactive: bool, now: float) -> bool:
+        if interactive and not self.holds_interactive:
+            self.outside.add(workflow_id)
+            return True
         return workflow_id in self.session_ids or len(self.session_ids) < self.aimd.limit(self.kv_usage())
 
     def enter(self, workflow_id: str, arrival_s: float) -> None:
         pass
 
     def started(self, workflow_id: str) -> None:
-        self.session_ids.add(workflow_id)
+        if workflow_id not in self.outside:
+            self.session_ids.add(workflow_id)
 
     def leave(self, workflow_id: str, now: float) -> None:
         pass
 
     def end(self, workflow_id: str) -> None:
         self.session_ids.discard(workflow_id)
+        self.outside.discard(workflow_id)
 
     def adapt(self, signals: CapSignals, now: float) -> None:
         self.aimd.update(signals.kv_usage, signals.num_tool_jobs)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from serving.core.admission import AIMDConfig, AIMDWindow
+from serving.core.admission import AIMDConfig, AIMDWindow, CapKind, SessionWindow
 from serving.core.systems import get_system
 from serving.core.tool_kv import ToolCallContext, ToolKVConfig, ToolKVPolicy, create_tool_kv
 
@@ -39,6 +39,26 @@ def test_aimd_config_validates():
         AIMDConfig(min_window=10, start_window=5)
     with pytest.raises(ValueError):
         AIMDConfig(decrease_factor=1.5)
+
+
+def test_maestros_window_never_holds_a_turn_and_mars_holds_every_session():
+    def full(kind):  # a window of 4 slots, all held by batch sessions
+        window = SessionWindow.of(kind, AIMDWindow(AIMDConfig(start_window=4, min_window=4), 8), lambda: 0.1)
+        for i in range(4):
+            window.started(f"batch{i}")
+        return window
+
+    mars, maestro = full(CapKind.AIMD), full(CapKind.AIMD_BATCH)
+    assert not mars.admits("turn", interactive=True, now=0.0)  # MARS has no interactive class
+    assert maestro.admits("turn", interactive=True, now=0.0)
+    assert not maestro.admits("batch4", interactive=False, now=0.0) and maestro.admits("batch0", False, 0.0)
+    maestro.started("turn")  # the window is the batch sessions': the turn's session takes no slot
+    maestro.end("batch0")
+    assert maestro.admits("batch4", interactive=False, now=0.0)
+    maestro.started("batch4")
+    assert not maestro.admits("batch5", interactive=False, now=0.0) and maestro.admits("turn2", True, 0.0)
+    assert SessionWindow.of(CapKind.NONE, AIMDWindow(AIMDConfig(), 8), lambda: 0.0) is None
+    assert get_system("maestro").cap is CapKind.AIMD_BATCH and get_system("mars").cap is CapKind.AIMD
 
 
 def call(reprefill_s, tool_s, tool="bash", context=1000, other=0, wait=0.0):

@@ -695,8 +695,11 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
     assert [gateway.vllm_priority(j) for j in order] == [no_deadline, no_deadline + 1]
     assert received[0]["priority"] < received[1]["priority"]  # sent as "old" then "new"
 
-    per_stage = core.Gateway(GatewayConfig(nodes=[{"name": "a", "url": "http://a"}], system={"name": "maestro"}))
+    nodes = [{"name": "a", "url": "http://a"}]
+    per_stage = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro-slack"}))  # no workflow cap
     assert per_stage.vllm_priority(old2) == no_deadline + old2.request.tokens_pred  # stage order: tokens
+    capped = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro"}))  # its AIMD window
+    assert capped.vllm_priority(old2) == no_deadline + 0  # by arrival rank: it has seen no workflow yet
 
     monkeypatch.setattr(core, "MAX_WORKFLOWS", 2)
     for i, workflow in enumerate(("a", "b", "a", "c")):  # "a" seen again: "b" is the least recently seen
