@@ -61,16 +61,12 @@ SYSTEMS: dict[str, System] = {
         System("fcfs", _P.FCFS, _R.MAX_LEN, _T.EVICT_ALWAYS),
         System("edf", _P.EDF, _R.MAX_LEN, _T.EVICT_ALWAYS),
         System("srtf", _P.SRTF, _R.MAX_LEN, _T.EVICT_ALWAYS),
-        # Maestro: the triage order and turn-away, the predicted reserve, the tool-KV rule at the batch's price, the
-        # fitness router, the batch-cost gate, and MARS's AIMD session window (no turn waits for it), which holds new
-        # batch sessions back while the node's tool workers or KV are overloaded: overload becomes a queue triage sees.
         System(
             "maestro",
             _P.TRIAGE,
             _R.PREDICTED,
             _T.MARS_BATCH,
             Router.FITNESS,
-            cap=CapKind.AIMD_BATCH,
             admission_headroom_frac=0.05,
             batch_cost=True,
             triage_rejects=True,

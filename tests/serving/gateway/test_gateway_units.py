@@ -696,9 +696,9 @@ def test_workflows_get_their_attained_service_and_vllm_priority_follows_the_poli
     assert received[0]["priority"] < received[1]["priority"]  # sent as "old" then "new"
 
     nodes = [{"name": "a", "url": "http://a"}]
-    per_stage = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro-slack"}))  # no workflow cap
+    per_stage = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro"}))
     assert per_stage.vllm_priority(old2) == no_deadline + old2.request.tokens_pred  # stage order: tokens
-    capped = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro"}))  # its AIMD window
+    capped = core.Gateway(GatewayConfig(nodes=nodes, system={"name": "maestro", "cap": "aimd-batch"}))
     assert capped.vllm_priority(old2) == no_deadline + 0  # by arrival rank: it has seen no workflow yet
 
     monkeypatch.setattr(core, "MAX_WORKFLOWS", 2)
