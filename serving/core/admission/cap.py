@@ -47,4 +47,4 @@ class SessionCap(Protocol):
 class CapKind(enum.Enum):
     NONE = "none"
     AIMD = "aimd"  # MARS: sessions holding a slot ≤ the AIMD window (serving/core/admission/aimd.py)
-    AIMD_BATCH = "aimd-batch"  # Maestro: the same window, which an interactive session's turn never waits for
+    AIMD_BATCH = "aimd-batch"  # the same window over batch sessions only: a turn never waits for it nor takes a slot
