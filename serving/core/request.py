@@ -42,6 +42,7 @@ class StageRequest:
     workflow_remaining_s: float = 0.0
     attained_service_s: float = 0.0
     remaining_tool_s: float = 0.0
+    remaining_tool_work_s: float = 0.0  # of `remaining_tool_s`, the seconds its tools run on a host CPU
     is_preempted: bool = False
     is_shed: bool = False  # its workflow was triaged out: it cannot make its deadline beside the rest (triage.py)
     is_kv_pinned: bool = False  # the workflow's context is kept on a node for this stage (Continuum ranks it first)
@@ -102,6 +103,7 @@ class WorkflowInfo:
     attained_service_s: float = 0.0  # Σ `ServicePace.service_s` of its finished stages
     remaining_s: float = 0.0  # predicted service after this stage (serving/core/scheduler/remaining.py)
     remaining_tool_s: float = 0.0  # predicted tool time from this stage on (`RemainingWork.tool_ahead_s`)
+    remaining_tool_work_s: float = 0.0  # of it, the tools' work on a host CPU (`tool_ahead_s(..., work=True)`)
 
 
 def stage_request(
@@ -139,6 +141,7 @@ def stage_request(
         workflow.remaining_s,
         workflow.attained_service_s,
         workflow.remaining_tool_s,
+        workflow.remaining_tool_work_s,
         is_kv_pinned=is_kv_pinned,
         home_node=home_node,
         is_home_held=is_home_held,

@@ -23,7 +23,11 @@ from serving.core.residency import ModelNodes, ResidencyConfig
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
+import os
+
 from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
+
+_TOOLPOOL = os.environ.get('TOOLPOOL') == '1'
 from serving.core.systems import System
 from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 from serving.sim.cluster import SimDispatcher
@@ -218,7 +222,11 @@ class Simulator:
         if (
             self.triage is not None
             and self.triage.apply(
-                request, self.now, self.dispatch.is_backlogged(stage.model), ModelNodes.of(stage.model, self.nodes)
+                request,
+                self.now,
+                self.dispatch.is_backlogged(stage.model),
+                ModelNodes.of(stage.model, self.nodes),
+                self.dispatch.tool_pool() if _TOOLPOOL else None,
             )
             and self.system.triage_rejects
         ):

@@ -33,6 +33,7 @@ def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: 
         w.attained_service_s,
         remaining_s,
         0.0 if stage.remaining is NOTHING_LEFT else remaining_work.tool_ahead_s(w.app, position),
+        0.0 if stage.remaining is NOTHING_LEFT else remaining_work.tool_ahead_s(w.app, position, work=True),
     )
     # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
     # is on the node its stage ran on, where routing sends the session's next stage.
@@ -95,4 +96,5 @@ def observe_stage(
         w.workflow_id, w.app, ModelPace.of(cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
     )
     if stage.is_tool_call:
-        remaining_work.observe_tool(w.workflow_id, now - stage.finished_s)
+        wall_s = now - stage.finished_s
+        remaining_work.observe_tool(w.workflow_id, wall_s, min(wall_s, stage.tool_exec_s))

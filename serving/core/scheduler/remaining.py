@@ -43,18 +43,22 @@ class _Table:
     sum_after_s: list[float] = field(default_factory=list)  # position k → Σ over ended workflows of work after k
     count: list[int] = field(default_factory=list)  # position k → ended workflows that reached k
     sum_tool_from_s: list[float] = field(default_factory=list)  # position k → Σ tool time of stages k, k+1, …
+    sum_tool_work_from_s: list[float] = field(default_factory=list)  # the same, of the tools' work on a host CPU
 
-    def add(self, services_s: list[float], tools_s: list[float]) -> None:
-        after = tool_from = 0.0
+    def add(self, services_s: list[float], tools_s: list[float], works_s: list[float]) -> None:
+        after = tool_from = work_from = 0.0
         for k in range(len(services_s) - 1, -1, -1):
             if k >= len(self.count):
                 grow = k + 1 - len(self.count)
                 self.sum_after_s.extend([0.0] * grow)
                 self.sum_tool_from_s.extend([0.0] * grow)
+                self.sum_tool_work_from_s.extend([0.0] * grow)
                 self.count.extend([0] * grow)
             tool_from += tools_s[k]
+            work_from += works_s[k]
             self.sum_after_s[k] += after
             self.sum_tool_from_s[k] += tool_from
+            self.sum_tool_work_from_s[k] += work_from
             self.count[k] += 1
             after += services_s[k]
 
@@ -63,9 +67,9 @@ class _Table:
             return self.sum_after_s[k] / self.count[k]
         return None
 
-    def mean_tool(self, k: int, min_count: int) -> float | None:
+    def mean_tool(self, k: int, min_count: int, work: bool = False) -> float | None:
         if k < len(self.count) and self.count[k] >= min_count:
-            return self.sum_tool_from_s[k] / self.count[k]
+            return (self.sum_tool_work_from_s if work else self.sum_tool_from_s)[k] / self.count[k]
         return None
 
 
@@ -75,8 +79,8 @@ class RemainingWork:
     def __init__(self, min_count: int = 3, max_open: int = 100_000, min_scale_workflows: int = 5):
         self.min_count, self.max_open, self.min_scale_workflows = min_count, max_open, min_scale_workflows
         self._tables: dict[str, _Table] = {}
-        # workflow → (app, its stages' service so far, their tool times)
-        self._open: dict[str, tuple[str, list[float], list[float]]] = {}
+        # workflow → (app, its stages' service so far, their tool times, their tools' work)
+        self._open: dict[str, tuple[str, list[float], list[float], list[float]]] = {}
         self._said: dict[str, list[tuple[int, float]]] = {}  # workflow → (position, the prediction used there)
         self._scored: dict[str, list[float]] = {}  # app → [Σ predicted, Σ realised, workflows scored]
 
@@ -86,17 +90,23 @@ class RemainingWork:
         if entry is None:
             if len(self._open) >= self.max_open:  # the oldest open workflow is forgotten, not the history
                 self._open.pop(next(iter(self._open)))
-            entry = self._open[workflow_id] = (app, [], [])
+            entry = self._open[workflow_id] = (app, [], [], [])
         entry[1].append(service_s)
         entry[2].append(0.0)
+        entry[3].append(0.0)
 
-    def observe_tool(self, workflow_id: str, tool_s: float) -> None:
-        """The tool called by the workflow's last observed stage returned after `tool_s` seconds."""
-        if tool_s < 0:
-            raise ValueError(f"RemainingWork.observe_tool: tool_s must be >= 0, got {tool_s}")
+    def observe_tool(self, workflow_id: str, tool_s: float, work_s: float | None = None) -> None:
+        """The tool called by the workflow's last observed stage returned after `tool_s` seconds, `work_s` of them
+        running on a host CPU (None: all of them; the rest it queued for one)."""
+        work_s = tool_s if work_s is None else work_s
+        if tool_s < 0 or not 0 <= work_s <= tool_s + 1e-9:
+            raise ValueError(
+                f"RemainingWork.observe_tool: need tool_s >= 0 and 0 <= work_s <= tool_s, got {tool_s}, {work_s}"
+            )
         entry = self._open.get(workflow_id)
         if entry is not None and entry[2]:
             entry[2][-1] += tool_s
+            entry[3][-1] += work_s
 
     def said(self, workflow_id: str, position: int, predicted_s: float) -> None:
         """The workflow prediction answered `predicted_s` seconds after the stage at `position`, and was used."""
@@ -112,9 +122,9 @@ class RemainingWork:
         entry, said = self._open.pop(workflow_id, None), self._said.pop(workflow_id, [])
         if entry is None or not completed:
             return
-        app, services, tools = entry
+        app, services, tools, works = entry
         for key in {app, ALL_APPS}:
-            self._tables.setdefault(key, _Table()).add(services, tools)
+            self._tables.setdefault(key, _Table()).add(services, tools, works)
         predicted_s = sum(answer_s for _, answer_s in said)
         realised_s = sum(sum(services[position + 1 :]) for position, _ in said)
         if predicted_s > 0 or realised_s > 0:  # a workflow predicted and found to need nothing more tells no ratio
@@ -146,12 +156,12 @@ class RemainingWork:
                 return mean
         return 0.0
 
-    def tool_ahead_s(self, app: str, position: int) -> float:
+    def tool_ahead_s(self, app: str, position: int, work: bool = False) -> float:
         """Seconds of tool time expected from the stage at `position` on (its own tool included), by the fallback of
-        `estimate`; 0 with no history."""
+        `estimate`; 0 with no history. `work`: only the seconds the tools run on a host CPU (no queueing for one)."""
         for key in (app, ALL_APPS):
             table = self._tables.get(key)
-            mean = table.mean_tool(position, self.min_count) if table is not None else None
+            mean = table.mean_tool(position, self.min_count, work) if table is not None else None
             if mean is not None:
                 return mean
         return 0.0

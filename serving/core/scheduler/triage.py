@@ -62,6 +62,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,6 +86,35 @@ def is_late_alone(request: StageRequest, now: float) -> bool:
     return request.pred_service_s + request.remaining_tool_s > request.deadline_s - now
 
 
+@dataclass(frozen=True)
+class ToolPool:
+    """The host CPUs that run the fleet's tool calls, as the caller reads them when a stage becomes ready."""
+
+    capacity_s: float  # CPU-seconds of tool work they run per wall second (their workers)
+    is_saturated: bool  # calls wait for a worker
+
+
+def moore_hodgson(open_work: dict[str, tuple[float, float]], capacity: float, now: float) -> list[str]:
+    """Whom to shed so that every kept workflow's work (deadline, work) ends by its deadline at `capacity`: in deadline
+    order, while some prefix is over budget, the one with the most work up to the first such prefix."""
+    names = [w for w, (deadline, _) in open_work.items() if math.isfinite(deadline)]
+    deadlines = np.array([open_work[w][0] for w in names])
+    work = np.array([open_work[w][1] for w in names])
+    order = np.argsort(deadlines, kind="stable")
+    names, deadlines, work = [names[i] for i in order], deadlines[order], work[order]
+    kept = np.ones(len(names), dtype=bool)
+    budget = capacity * (deadlines - now)
+    shed = []
+    while True:
+        late = np.flatnonzero(kept & (np.cumsum(np.where(kept, work, 0.0)) > budget))
+        if len(late) == 0:
+            return shed
+        prefix = np.flatnonzero(kept[: late[0] + 1])
+        longest = prefix[np.argmax(work[prefix])]
+        kept[longest] = False
+        shed.append(names[longest])
+
+
 class WorkflowTriage:
     """Which workflows are shed (see the module docstring); one per cluster, pools keyed by model."""
 
@@ -93,11 +123,17 @@ class WorkflowTriage:
         self.pools: dict[str, Pool] = {}
         self.node_pools: dict[str, Pool] = {}  # each node's windows over every model it serves (`capacity_s`)
         self.shed: set[str] = set()
+        self.tool_open: dict[str, tuple[float, float]] = {}  # workflow → (deadline of its tool work, that work)
         self.num_assessed = 0
         self.num_shed = 0  # workflows shed so far, whichever workflow's stage the test that shed them ran for
 
     def assess(
-        self, request: StageRequest, now: float, backlogged: bool = True, nodes: ModelNodes | None = None
+        self,
+        request: StageRequest,
+        now: float,
+        backlogged: bool = True,
+        nodes: ModelNodes | None = None,
+        tools: ToolPool | None = None,
     ) -> bool:
         """A stage of `request.workflow_id` became ready: update its workflow's predicted work, re-check the pool's
         admitted set (only while the pool is saturated: work waits for its nodes, `backlogged`, or its stages run
@@ -111,14 +147,23 @@ class WorkflowTriage:
         pool.nodes = nodes or pool.nodes
         pool.open[workflow] = (pool_deadline_s(request), request.pred_service_s + request.workflow_remaining_s)
         is_saturated = self.is_saturated(pool, backlogged)
-        if request.deadline_s < now and (is_saturated or self.is_given_up(request, pool, now)):
+        is_tools_saturated = tools is not None and tools.is_saturated
+        if tools is not None:
+            self.tool_open[workflow] = (request.deadline_s - request.pred_service_s, request.remaining_tool_work_s)
+        if request.deadline_s < now and (
+            is_saturated or is_tools_saturated or self.is_given_up(request, pool, now)
+        ):
             self._shed(workflow)
         elif is_saturated:
             capacity = self.capacity_s(pool)
             if is_late_alone(request, now):
                 self._shed(workflow)
             elif capacity is not None and math.isfinite(request.deadline_s):
-                self._moore_hodgson(pool, capacity, now)
+                for name in moore_hodgson(pool.open, capacity, now):
+                    self._shed(name)
+        if is_tools_saturated and workflow not in self.shed and math.isfinite(request.deadline_s):
+            for name in moore_hodgson(self.tool_open, tools.capacity_s, now):
+                self._shed(name)
         is_shed = workflow in self.shed
         pool.num_in_flight += not is_shed
         return is_shed
@@ -162,33 +207,22 @@ class WorkflowTriage:
         )
 
     def apply(
-        self, request: StageRequest, now: float, backlogged: bool = True, nodes: ModelNodes | None = None
+        self,
+        request: StageRequest,
+        now: float,
+        backlogged: bool = True,
+        nodes: ModelNodes | None = None,
+        tools: ToolPool | None = None,
     ) -> bool:
         """`assess`, and a shed workflow's stage marked shed with no deadline left to meet."""
-        if self.assess(request, now, backlogged, nodes):
+        if self.assess(request, now, backlogged, nodes, tools):
             request.is_shed, request.deadline_s = True, math.inf
         return request.is_shed
-
-    def _moore_hodgson(self, pool: Pool, capacity: float, now: float) -> None:
-        names = [w for w, (deadline, _) in pool.open.items() if math.isfinite(deadline)]
-        deadlines = np.array([pool.open[w][0] for w in names])
-        work = np.array([pool.open[w][1] for w in names])
-        order = np.argsort(deadlines, kind="stable")
-        names, deadlines, work = [names[i] for i in order], deadlines[order], work[order]
-        kept = np.ones(len(names), dtype=bool)
-        budget = capacity * (deadlines - now)
-        while True:
-            late = np.flatnonzero(kept & (np.cumsum(np.where(kept, work, 0.0)) > budget))
-            if len(late) == 0:
-                return
-            prefix = np.flatnonzero(kept[: late[0] + 1])
-            longest = prefix[np.argmax(work[prefix])]
-            kept[longest] = False
-            self._shed(names[longest])
 
     def _shed(self, workflow: str) -> None:
         self.num_shed += workflow not in self.shed
         self.shed.add(workflow)
+        self.tool_open.pop(workflow, None)
         for pool in self.pools.values():
             pool.open.pop(workflow, None)
 
@@ -216,6 +250,7 @@ class WorkflowTriage:
     def end(self, workflow: str) -> None:
         """The workflow ended (completed or dropped)."""
         self.shed.discard(workflow)
+        self.tool_open.pop(workflow, None)
         for pool in self.pools.values():
             pool.open.pop(workflow, None)
 
