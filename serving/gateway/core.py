@@ -87,10 +87,11 @@ class Gateway:
             config.sessions.prefill_s_per_token,
             cap,
             on_tool_s=self.remaining_work.observe_tool,  # a tool phase's wall time, as the simulator feeds it
+            tool_workers=config.sessions.tool_workers,
         )
         self.pace: ServicePace = SERVICE_PACE  # the unit of a stage's predicted, attained and remaining service
         self.triage = (
-            GatewayTriage(self.system.triage_rejects, self.dispatcher)
+            GatewayTriage(self.system.triage_rejects, self.dispatcher, self.sessions.tool_pool)
             if Policy(self.scheduler_config.policy) is Policy.TRIAGE
             else None
         )

@@ -82,6 +82,7 @@ async def prepare_job(gateway: Gateway, meta: StageMeta, body: dict, arrival: Ar
         workflow.attained_s,
         remaining_s,
         gateway.remaining_work.tool_ahead_s(meta.app or "", position),
+        gateway.remaining_work.tool_ahead_s(meta.app or "", position, work=True),  # the same: walls are all it sees
     )
     request = stage_request(
         info,

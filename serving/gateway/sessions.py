@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serving.core.admission.cap import SessionCap
+from serving.core.scheduler.pool_window import ToolPool
 from serving.core.tool_kv import ToolCallContext, ToolTimes, create_tool_kv
 from serving.gateway.nodes import Node
 from serving.vllm_plugin.session_kv import SessionHint
@@ -73,8 +74,9 @@ class Sessions:
         prefill_s_per_token: float = 1e-4,
         cap: SessionCap | None = None,
         on_tool_s: Callable[[str, float], None] | None = None,  # (workflow, seconds) where a tool phase ends
+        tool_workers: int = 4,  # the callers' tool workers
     ):
-        self.tool_kv = create_tool_kv(tool_kv)
+        self.tool_kv, self.tool_workers = create_tool_kv(tool_kv), tool_workers
         self.on_tool_s = on_tool_s
         self.idle_s, self.prefill_s_per_token, self.cap = idle_s, prefill_s_per_token, cap
         self.sessions: dict[str, Session] = {}
@@ -178,6 +180,11 @@ class Sessions:
     @property
     def num_in_tool(self) -> int:
         return sum(s.tool_since_s is not None for s in self.sessions.values())
+
+    def tool_pool(self) -> ToolPool:
+        """The callers' tool workers as triage reads them: `tool_workers` seconds of tool work a second, saturated
+        while more sessions are in a tool call than they have workers."""
+        return ToolPool(float(self.tool_workers), self.num_in_tool > self.tool_workers)
 
     def _unhold(self, workflow_key: str, session: Session) -> None:
         if session.hold_until_s and session.node is not None:

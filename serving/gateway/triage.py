@@ -15,8 +15,10 @@ drops it. Without, its stages queue behind every on-time stage with no deadline 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from serving.core.request import StageRequest
+from serving.core.scheduler.pool_window import ToolPool
 from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
 from serving.gateway.jobs import Dispatcher
 
@@ -30,10 +32,12 @@ class GatewayTriage:
         self,
         is_rejecting: bool,
         dispatcher: Dispatcher,
+        tool_pool: Callable[[], ToolPool] | None = None,
         config: TriageConfig | None = None,
         max_rejected: int = MAX_REJECTED,
     ):
         self.triage = WorkflowTriage(config)
+        self.tool_pool = tool_pool  # the callers' tool workers, as triage reads them (None: not triaged on them)
         self.is_rejecting, self.dispatcher = is_rejecting, dispatcher
         self.rejected: OrderedDict[str, None] = OrderedDict()  # workflow keys turned away, oldest first
         self.max_rejected = max_rejected
@@ -54,7 +58,8 @@ class GatewayTriage:
         workflow_id = request.workflow_id
         if workflow_id in self.rejected:
             return True
-        is_shed = self.triage.apply(request, self.dispatcher.clock(), self.dispatcher.is_backlogged())
+        tools = self.tool_pool() if self.tool_pool is not None else None
+        is_shed = self.triage.apply(request, self.dispatcher.clock(), self.dispatcher.is_backlogged(), None, tools)
         if not (is_shed and self.is_rejecting):
             return False
         self.rejected[workflow_id] = None

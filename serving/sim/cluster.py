@@ -20,7 +20,6 @@ from serving.core.dispatch import Outcome, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
-from serving.core.scheduler.triage import ToolPool
 from serving.core.routing import GpuDelayFits, HostWaitFits
 from serving.core.tool_kv import ToolCallContext
 from serving.sim.context import SimContext
@@ -59,11 +58,6 @@ class SimDispatcher:
         """Whether a stage of `model` waits on some node that serves it (triage's pool of `model` is short; stages of
         the node's other models waiting say nothing of it)."""
         return any(node.core.is_waiting(model) for node in self.running_on.get(model, ()))
-
-    def tool_pool(self) -> ToolPool:
-        """The fleet's host CPUs as triage reads them: their workers, and whether calls wait for one."""
-        hosts = [node.host for node in self.sim.nodes]
-        return ToolPool(float(sum(h.num_cores for h in hosts)), any(h.num_jobs() > h.num_cores for h in hosts))
 
     # --- placement and routing -----------------------------------------------------------------
     def place_models(self) -> None:

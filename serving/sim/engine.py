@@ -23,16 +23,12 @@ from serving.core.residency import ModelNodes, ResidencyConfig
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import Policy
 from serving.core.scheduler.remaining import RemainingWork
-import os
-
 from serving.core.scheduler.triage import TriageConfig, WorkflowTriage
-
-_TOOLPOOL = os.environ.get('TOOLPOOL') == '1'
 from serving.core.systems import System
 from serving.core.tool_kv import ToolKVConfig, ToolTimes, create_tool_kv
 from serving.sim.cluster import SimDispatcher
 from serving.sim.costmodel import CostModel, CostModelConfig
-from serving.sim.hostcpu import HostCPUMode
+from serving.sim.hostcpu import HostCPUMode, tool_pool
 from serving.sim.metrics import Recorder
 from serving.sim.node import FINISH, GROW, SimNode
 from serving.sim.sessions import leave
@@ -219,15 +215,10 @@ class Simulator:
             self.predict_ready(stage)
             own_reserve(self.own_reserves, stage)
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
+        pools = self.dispatch.is_backlogged(stage.model), ModelNodes.of(stage.model, self.nodes)  # as triage reads them
         if (
             self.triage is not None
-            and self.triage.apply(
-                request,
-                self.now,
-                self.dispatch.is_backlogged(stage.model),
-                ModelNodes.of(stage.model, self.nodes),
-                self.dispatch.tool_pool() if _TOOLPOOL else None,
-            )
+            and self.triage.apply(request, self.now, *pools, tool_pool(node.host for node in self.nodes))
             and self.system.triage_rejects
         ):
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline

@@ -22,8 +22,10 @@ import enum
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Iterable
 
 from serving.core.routing import HostWaitFits
+from serving.core.scheduler.pool_window import ToolPool
 
 _TIE = itertools.count()
 
@@ -145,3 +147,10 @@ class HostCPU:
 
     def _start(self, job, work_s: float) -> None:
         heapq.heappush(self._heap, (self.w + max(0.0, work_s), next(_TIE), job))
+
+
+def tool_pool(hosts: Iterable[HostCPU]) -> ToolPool:
+    """The fleet's hosts as triage reads them: the tool work their cores run a second, and whether a call waits for one
+    (workers mode) or shares one (the other modes) on some host."""
+    hosts = list(hosts)
+    return ToolPool(float(sum(h.num_cores for h in hosts)), any(h.num_jobs() > h.num_cores for h in hosts))

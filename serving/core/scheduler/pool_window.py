@@ -7,11 +7,16 @@ started before it end: where the caller reports wall times, a window stays open 
 longest stage it counts. The stretch (wall over unloaded seconds of the stages a window finished) says how much slower
 than alone they ran; with `TriageConfig.saturated_stretch` set, it marks a window saturated and seeds the capacity
 before the first such window (`Pool.seeded_capacity_s`).
+
+`moore_hodgson` is the shedding rule both of triage's pools use, the GPU pools and the hosts' tool workers (`ToolPool`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from serving.core.residency import ModelNodes
 
@@ -107,3 +112,32 @@ class Pool:
             a = config.smoothing
             self.capacity = max(rate, seed or 0.0) if self.capacity is None else a * rate + (1 - a) * self.capacity
             self.measured_on = self.nodes.running if self.nodes is not None else None
+
+
+@dataclass(frozen=True)
+class ToolPool:
+    """The host CPUs that run the fleet's tool calls, as the caller reads them when a stage becomes ready."""
+
+    capacity_s: float  # CPU-seconds of tool work they run per wall second (their workers)
+    is_saturated: bool  # calls wait for a worker
+
+
+def moore_hodgson(open_work: dict[str, tuple[float, float]], capacity: float, now: float) -> list[str]:
+    """Whom to shed so that every kept workflow's work (deadline, work) ends by its deadline at `capacity`: in deadline
+    order, while some prefix is over budget, the one with the most work up to the first such prefix."""
+    names = [w for w, (deadline, _) in open_work.items() if math.isfinite(deadline)]
+    deadlines = np.array([open_work[w][0] for w in names])
+    work = np.array([open_work[w][1] for w in names])
+    order = np.argsort(deadlines, kind="stable")
+    names, deadlines, work = [names[i] for i in order], deadlines[order], work[order]
+    kept = np.ones(len(names), dtype=bool)
+    budget = capacity * (deadlines - now)
+    shed = []
+    while True:
+        late = np.flatnonzero(kept & (np.cumsum(np.where(kept, work, 0.0)) > budget))
+        if len(late) == 0:
+            return shed
+        prefix = np.flatnonzero(kept[: late[0] + 1])[::-1]  # of equal work, the latest deadline goes
+        longest = prefix[np.argmax(work[prefix])]
+        kept[longest] = False
+        shed.append(names[longest])

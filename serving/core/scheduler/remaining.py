@@ -11,7 +11,9 @@ history does not inflate it.
 
 Tool time is kept apart: it takes none of a pool's capacity, but the workflow waits for it. `tool_ahead_s` is the mean
 tool time of the stages from position k on (the k-th's own tool included), over the same workflows: what a ready
-stage's workflow still has to wait outside the pool (`StageRequest.remaining_tool_s`).
+stage's workflow still has to wait outside the pool (`StageRequest.remaining_tool_s`). Of that time, the seconds the
+tools ran on a host CPU are kept too (`tool_ahead_s(..., work=True)`, `StageRequest.remaining_tool_work_s`: the work
+triage's tool pool counts) where the caller knows them (the simulator's hosts); the gateway sees only the wall.
 
 The gateway and the simulator feed it the same way: `observe` when a stage's call ends (its service), `observe_tool`
 when its tool returns (the gateway: the session's next call ends the tool phase, `Sessions.arrive`), `end` when the

@@ -51,6 +51,14 @@ node at its own measured rate (its unloaded seconds of every model over its satu
 the fleet's mean node rate where one has none yet), never below the pool's own figure. A pool alone on the nodes it was
 measured on keeps its own figure (one model on every node: unchanged).
 
+Tool calls have a pool of their own: the host CPUs that run them (`ToolPool`: the tool work they run a second, and
+whether a call waits for one). A fleet whose GPUs have room can still be overloaded there, and then no stage waits for
+a node, the test above never runs, and every workflow waits in the hosts' queue until most are late (measured:
+serving/EXPERIMENTS.md, 2026-12-06). So while calls wait for the hosts, the same test runs over them: each open
+workflow's tool work ahead (`remaining_tool_work_s`, the seconds its tools run on a CPU, not the time they wait for
+one) must end by its deadline less its ready stage's service, Moore–Hodgson sheds the workflows with the most tool work
+where the set cannot all end in time, and a workflow whose deadline has passed is shed, as while the pool is saturated.
+
 With no workflow prediction W is the ready stage's own service (triage sheds by stage size); fed the predicted
 remaining work it sheds the workflows that would use the most of the pool.
 The gateway, the simulator and the vLLM plugin call the same object: `assess` when a stage becomes ready, `served`
@@ -62,14 +70,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-
-import numpy as np
 
 from serving.core.request import StageRequest
 from serving.core.residency import ModelNodes
 from serving.core.scheduler.base import SchedulerConfig, merge_by_wait
-from serving.core.scheduler.pool_window import Pool, TriageConfig
+from serving.core.scheduler.pool_window import Pool, ToolPool, TriageConfig, moore_hodgson
 from serving.core.scheduler.slack import LeastSlackScheduler, SlackQueue
 
 
@@ -84,35 +89,6 @@ def is_late_alone(request: StageRequest, now: float) -> bool:
     still to wait (only the stage's service: the workflow's remaining service is a median, and a single workflow may
     well need less)."""
     return request.pred_service_s + request.remaining_tool_s > request.deadline_s - now
-
-
-@dataclass(frozen=True)
-class ToolPool:
-    """The host CPUs that run the fleet's tool calls, as the caller reads them when a stage becomes ready."""
-
-    capacity_s: float  # CPU-seconds of tool work they run per wall second (their workers)
-    is_saturated: bool  # calls wait for a worker
-
-
-def moore_hodgson(open_work: dict[str, tuple[float, float]], capacity: float, now: float) -> list[str]:
-    """Whom to shed so that every kept workflow's work (deadline, work) ends by its deadline at `capacity`: in deadline
-    order, while some prefix is over budget, the one with the most work up to the first such prefix."""
-    names = [w for w, (deadline, _) in open_work.items() if math.isfinite(deadline)]
-    deadlines = np.array([open_work[w][0] for w in names])
-    work = np.array([open_work[w][1] for w in names])
-    order = np.argsort(deadlines, kind="stable")
-    names, deadlines, work = [names[i] for i in order], deadlines[order], work[order]
-    kept = np.ones(len(names), dtype=bool)
-    budget = capacity * (deadlines - now)
-    shed = []
-    while True:
-        late = np.flatnonzero(kept & (np.cumsum(np.where(kept, work, 0.0)) > budget))
-        if len(late) == 0:
-            return shed
-        prefix = np.flatnonzero(kept[: late[0] + 1])
-        longest = prefix[np.argmax(work[prefix])]
-        kept[longest] = False
-        shed.append(names[longest])
 
 
 class WorkflowTriage:
@@ -150,9 +126,7 @@ class WorkflowTriage:
         is_tools_saturated = tools is not None and tools.is_saturated
         if tools is not None:
             self.tool_open[workflow] = (request.deadline_s - request.pred_service_s, request.remaining_tool_work_s)
-        if request.deadline_s < now and (
-            is_saturated or is_tools_saturated or self.is_given_up(request, pool, now)
-        ):
+        if request.deadline_s < now and (is_saturated or is_tools_saturated or self.is_given_up(request, pool, now)):
             self._shed(workflow)
         elif is_saturated:
             capacity = self.capacity_s(pool)
