@@ -27,7 +27,7 @@ def request(workflow: str, deadline_s: float, tool_work_s: float) -> StageReques
 
 def test_moore_hodgson_sheds_the_most_work_up_to_the_first_late_prefix():
     open_work = {"a": (10.0, 6.0), "b": (12.0, 3.0), "c": (14.0, 8.0), "never": (math.inf, 99.0)}
-    # by 10: 6 ≤ 10; by 12: 9 ≤ 12; by 14: 17 > 14 → the most work among a, b, c goes (c); infinite deadlines never count
+    # by 10: 6 ≤ 10; by 12: 9 ≤ 12; by 14: 17 > 14 → the most work of a, b, c goes (c); no deadline, never counted
     assert moore_hodgson(open_work, 1.0, 0.0) == ["c"]
     assert moore_hodgson(open_work, 2.0, 0.0) == []
 
