@@ -197,3 +197,28 @@ def test_the_gateway_feeds_the_history_as_the_simulator_does_service_as_attained
     # the service after the first stage is the second call's, as attained: no tool time in it
     assert job.request.workflow_remaining_s == pytest.approx(SERVICE_PACE.service_s(0, 20))
     assert 0.1 < job.request.remaining_tool_s < 1.0  # the tool phase's wall time (0.2 s of sleep), apart
+
+
+def test_the_gateway_turns_away_for_its_callers_tool_workers_while_no_stage_waits_for_a_node():
+    from serving.core.request import StageRequest
+    from serving.gateway.sessions import Sessions
+
+    dispatcher = Dispatcher(create_scheduler("triage"), [make_node("a", blocks=16)], max_queued=8, recheck_s=0)
+    dispatcher.clock = lambda: 0.0
+    dispatcher.is_backlogged = lambda: False  # the node has room: only the tool pool can shed
+    sessions = Sessions(tool_workers=1)
+    triage = GatewayTriage(True, dispatcher, sessions.tool_pool)
+
+    def stage(workflow: str, tool_s: float) -> StageRequest:
+        return StageRequest(
+            workflow, f"{workflow}-s", "m", deadline_s=20.0, pred_service_s=1.0, remaining_tool_work_s=tool_s
+        )
+
+    assert not triage.turns_away(stage("a", 12.0)) and not triage.turns_away(stage("b", 12.0))  # no call waits yet
+    for key in ("a", "b"):
+        sessions.arrive(key, 0.0)
+        sessions.sessions[key].tool_since_s = 0.0  # both in a tool call, one worker
+    # 36 s of tool work by 19 s on one worker: of equal work the latest deadline goes first (b: the stable sort puts it
+    # after a), then c; c is turned away now, b at its next stage
+    assert triage.turns_away(stage("c", 12.0))
+    assert triage.num_shed_workflows == 2 and triage.num_rejected_workflows == 1 and not triage.has_rejected("a")
