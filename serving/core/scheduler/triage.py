@@ -58,6 +58,8 @@ serving/EXPERIMENTS.md, 2026-12-06). So while calls wait for the hosts, the same
 workflow's tool work ahead (`remaining_tool_work_s`, the seconds its tools run on a CPU, not the time they wait for
 one) must end by its deadline less its ready stage's service, Moore–Hodgson sheds the workflows with the most tool work
 where the set cannot all end in time, and a workflow whose deadline has passed is shed, as while the pool is saturated.
+The simulator reads its hosts' workers; the gateway its callers' (`sessions.tool_workers`, saturated while more
+sessions are in a tool call); the vLLM plugin none (the engine never sees a tool).
 
 With no workflow prediction W is the ready stage's own service (triage sheds by stage size); fed the predicted
 remaining work it sheds the workflows that would use the most of the pool.
