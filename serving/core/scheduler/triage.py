@@ -116,7 +116,7 @@ class WorkflowTriage:
         """A stage of `request.workflow_id` became ready: update its workflow's predicted work, re-check the pool's
         admitted set (only while the pool is saturated: work waits for its nodes, `backlogged`, or its stages run
         `saturated_stretch` × slower than alone), and say whether the workflow is shed. `nodes`: where the router
-        would load the model now (None: the pool's own capacity)."""
+        would load the model now (None: the pool's own capacity); `tools`: the tool workers (None: not triaged on)."""
         workflow = request.workflow_id
         self.num_assessed += 1
         if workflow in self.shed:
