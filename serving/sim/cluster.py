@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from serving.core.admission.batch_cost import BatchCostGate
 from serving.core.admission.sizing import ReservationMode, headroom_pages, output_tokens_to_map
-from serving.core.dispatch import Outcome, choose
+from serving.core.dispatch import Outcome, Router, choose
 from serving.core.kv import Reservation
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
@@ -38,6 +38,7 @@ class SimDispatcher:
         self.reservation = ReservationMode(sim.system.reservation)
         self.max_batch_seqs = sim.cluster.max_batch_seqs
         self.config = node_dispatch_config(sim.system.router, sim.cluster.fitness)
+        self.scales_out = Router(sim.system.router) is Router.FITNESS  # a model may be loaded on another node (route)
         self.batch_gate = BatchCostGate() if sim.system.batch_cost else None
         self.slots = {node: SimSlot(node, self) for node in sim.nodes}
         self.host_fits = HostWaitFits()  # one for the fleet: every node's host wait is charged alike
@@ -78,12 +79,16 @@ class SimDispatcher:
 
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
-        that could start it at once, else among all that run its model."""
+        that could start it at once, else among all that run its model; with S(N,T), while its model's stages wait
+        there and none could start it now, also those that could load it (ready time: the load; `scales_out`)."""
         home = session_home(stage, self.slots)
         if home is not None:
             return home
-        slots = [self.slots[n] for n in self.running_on.get(stage.model) or self.sim.nodes]
+        running = self.running_on.get(stage.model)
+        slots = [self.slots[n] for n in running or self.sim.nodes]
         now = [s for s in slots if s.can_start_now(stage.request)]
+        if running and not now and self.scales_out and self.is_backlogged(stage.model):
+            slots += [self.slots[n] for n in self.sim.nodes if n not in running and self.slots[n].can_load(stage)]
         node = choose(stage.request, now or slots, self.config).node
         self.slots[node].routed(stage)  # scored against what its LLM and tool calls meet
         return node

@@ -31,13 +31,17 @@ class SimSlot:
         node, stage = self.node, request.payload
         if len(node.running) >= self.dispatcher.max_batch_seqs or not node.may_start(self.dispatcher.sim.now):
             return None
-        if not node.residency.can_activate(stage.model, node.busy_models()):
+        if not self.can_load(stage):
             return None
         victims = self.dispatcher.kv_plan(node, stage)
         if victims is None:
             self.dispatcher.sim.recorder.kv_refused.add(id(stage))
             return None
         return victims if self.batch_gate_admits(stage) else HELD_BACK
+
+    def can_load(self, stage: SimStage) -> bool:
+        """Whether the stage's model could be made resident here now (the busy models leave room for its weights)."""
+        return self.node.residency.can_activate(stage.model, self.node.busy_models())
 
     def batch_gate_admits(self, stage: SimStage) -> bool:
         """Whether Maestro's batch-cost gate (when on) lets the stage join the running batch now."""
