@@ -215,12 +215,7 @@ class Simulator:
             self.predict_ready(stage)
             own_reserve(self.own_reserves, stage)
         request = stage.request = ready_request(stage, self.now, self.cost, self.remaining_work)
-        pools = self.dispatch.is_backlogged(stage.model), ModelNodes.of(stage.model, self.nodes)  # as triage reads them
-        if (
-            self.triage is not None
-            and self.triage.apply(request, self.now, *pools, tool_pool(node.host for node in self.nodes))
-            and self.system.triage_rejects
-        ):
+        if self.triage is not None and self._triage_sheds(request) and self.system.triage_rejects:
             self.drop(workflow)  # turned away: its caller is told now, not at its deadline
             self.recorder.rejected += 1
             self.recorder.decision("reject", self.now, stage, -1)
@@ -232,6 +227,12 @@ class Simulator:
         stage.node = node
         self.dispatch.fill(node)
         self.reschedule(node)
+
+    def _triage_sheds(self, request: StageRequest) -> bool:
+        """Triage's verdict on a ready stage, fed the pools as they stand now (its model's nodes, the hosts)."""
+        model, hosts = request.model, (node.host for node in self.nodes)
+        backlogged, nodes = self.dispatch.is_backlogged(model), ModelNodes.of(model, self.nodes)
+        return self.triage.apply(request, self.now, backlogged, nodes, tool_pool(hosts))
 
     def _is_live(self, request: StageRequest, now: float) -> bool:
         return self.dispatch.is_live(request, now)

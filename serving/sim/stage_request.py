@@ -25,6 +25,7 @@ def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: 
     w = stage.workflow
     position = w.num_ready
     remaining_s = predicted_remaining_s(stage, cost, remaining_work)
+    is_last = stage.remaining is NOTHING_LEFT
     info = WorkflowInfo(
         w.workflow_id,
         w.arrival_s,
@@ -32,8 +33,8 @@ def ready_request(stage: SimStage, now: float, cost: CostModel, remaining_work: 
         w.interactive,
         w.attained_service_s,
         remaining_s,
-        0.0 if stage.remaining is NOTHING_LEFT else remaining_work.tool_ahead_s(w.app, position),
-        0.0 if stage.remaining is NOTHING_LEFT else remaining_work.tool_ahead_s(w.app, position, work=True),
+        0.0 if is_last else remaining_work.tool_ahead_s(w.app, position),
+        0.0 if is_last else remaining_work.tool_ahead_s(w.app, position, work=True),
     )
     # Continuum ranks programs whose KV is pinned ahead of the rest (PAPERS.md); fixed at enqueue. A kept context
     # is on the node its stage ran on, where routing sends the session's next stage.
