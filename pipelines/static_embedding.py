@@ -23,7 +23,7 @@ import numpy as np
 from pipelines.embedding import EMBEDDING_DIM, EmbedderConfig, model_path
 
 # What the distilled table depends on besides the teacher's weights: bump it when distill_table changes.
-DISTILL_RECIPE = "cls-token-sep mean-pooled v1"
+DISTILL_RECIPE = "cls-token-sep mean-pooled float64 v2"
 
 
 def _static_cache_dir() -> Path:
@@ -38,15 +38,21 @@ def teacher_digest() -> str:
     return digest.hexdigest()[:24]
 
 
-def distill_table(batch_size: int = 1024) -> np.ndarray:
+def distill_table(batch_size: int = 1024, tokens: int | None = None) -> np.ndarray:
     """model2vec's distillation, with the project's own transformers/torch: every vocabulary token through
-    MiniLM on its own ([CLS] token [SEP]), the last hidden states mean-pooled. (vocab, 384) float32."""
+    MiniLM on its own ([CLS] token [SEP]), the last hidden states mean-pooled. (vocab, 384) float32; `tokens`:
+    only the vocabulary's first that many rows.
+
+    MiniLM runs in float64 and the table is rounded to float32 once, at the end: in float32 the table's last
+    bits follow the CPU's BLAS kernels (MKL's AVX2 and AVX-512 paths differ), so `dvc repro` on another
+    machine would write other features; rounded from float64 it is the same bits on every kernel tried
+    (tests/pipelines/test_static_embedding.py). About 2x the float32 time (~22 s on two cores)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path())
-    model = AutoModel.from_pretrained(model_path()).eval()
-    ids = torch.arange(tokenizer.vocab_size)
+    model = AutoModel.from_pretrained(model_path()).eval().double()
+    ids = torch.arange(tokenizer.vocab_size if tokens is None else tokens)
     table = np.empty((len(ids), EMBEDDING_DIM), np.float32)
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):

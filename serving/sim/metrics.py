@@ -33,8 +33,8 @@ class Recorder:
         self.decisions: list[tuple] | None = None  # set to [] to log every decision (the referee's leak test)
 
     def decision(self, kind: str, now: float, stage, node: int) -> None:
-        """Log one decision — a stage started or dropped, a workflow rejected, a KV kept or evicted at a tool call —
-        where logging is on."""
+        """Log one decision — a stage routed to a node (where it had a choice), started or dropped, a workflow
+        rejected, a KV kept or evicted at a tool call — where logging is on."""
         if self.decisions is not None:
             self.decisions.append((now, kind, stage.workflow.workflow_id, stage.stage_id, node))
 

@@ -122,8 +122,10 @@ class SimSlot:
 
     def routed(self, stage: SimStage) -> None:
         """The stage was routed here: what its tool call meets on this host and what its LLM call meets on this GPU
-        are scored against what the node shows now (`HostCPU.routed`, `GpuDelayFits.routed`)."""
+        are scored against what the node shows now (`HostCPU.routed`, `GpuDelayFits.routed`); the choice is a
+        decision the leak test compares."""
         app, now = stage.workflow.app, self.dispatcher.sim.now
+        self.dispatcher.sim.recorder.decision("route", now, stage, self.node.index)
         self.node.host.routed(stage, app, now)
         self.dispatcher.gpu_fits.routed(stage, app, self.gpu_work_s(), now)
 

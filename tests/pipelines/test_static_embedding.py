@@ -180,6 +180,31 @@ def test_the_distilled_table_is_minilm_on_each_token_alone(tmp_path, monkeypatch
     assert re.fullmatch(r"[0-9a-f]{24}", embedding.teacher_digest())
 
 
+_DISTILL_ROWS = """
+import hashlib, sys
+from pipelines.static_embedding import distill_table
+sys.stdout.write(hashlib.sha256(distill_table(tokens=2048).tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_the_distilled_table_is_the_same_bits_whichever_blas_kernel_runs_it():
+    """`dvc repro` on another CPU writes the same features: MKL's AVX2 kernels give other float32 sums than its
+    AVX-512 ones (measured on an AMD EPYC), the float64 distillation rounds to the same table. On a CPU without
+    AVX-512 both runs take the AVX2 path and agree trivially."""
+    import os
+    import subprocess
+    import sys
+
+    def rows_digest(**env) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", _DISTILL_ROWS], env={**os.environ, **env}, capture_output=True, text=True, check=True
+        )
+        return run.stdout
+
+    assert rows_digest() == rows_digest(MKL_ENABLE_INSTRUCTIONS="AVX2", DNNL_MAX_CPU_ISA="AVX2")
+
+
 @pytest.mark.slow
 def test_a_static_predictor_carries_its_table_and_answers_the_same_after_load(tmp_path, monkeypatch, dev_traces):
     from pipelines import static_embedding

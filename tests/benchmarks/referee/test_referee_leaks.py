@@ -7,12 +7,13 @@ output length, three times longer within its cap or a third at the cap; `is_tool
 in the simulator's stages and in the trace rows a predictor reads alike; or the stages after the cut dropped. Both runs
 build every source the arm reads (`Replay.run(..., fresh=True)`: model, prior, none, oracle) from the workload they
 replay, so a source that read a changed truth — at readiness or while it is prewarmed — would answer differently. T
-is the moment the cut stage first became ready (over the copies, in either run): every decision (start, drop, keep or
-evict at a tool call, reject) of every workflow before T must be the same.
+is the moment the cut stage first became ready (over the copies, in either run): every decision (route to a node,
+start, drop, keep or evict at a tool call, reject) of every workflow before T must be the same. On maestro-paper's one
+node and on multi-model's three (models load, evict and scale out; triage weighs the tool workers too).
 
 Two planted leaks must make the same check fail: the per-workflow SLO from every stage's true length (the simulator's
 legacy `scaled` mode), and a prediction source that reads the next stage's true length while it is prewarmed (which
-the sources built once from the unchanged workload, as the grid caches them, do not see).
+the sources built once from the unchanged workload, as the grid caches them, do not see), in both scenarios.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from serving.sim.workload import SimStage, SimWorkflow
 
 NODES, RATE, WORKFLOWS = 1, 1.0, 200  # past the knee on one node: queues form, so the order decides who starts
 CUTS = 3  # cut workflows tried per arm and change
+MULTI_NODES, MULTI_RATE = 3, 2.0  # multi-model on three nodes, past its knee: models load, scale out and queue
+MULTI_ARMS = ["edf", "vllm-edf", "maestro[model]", "maestro[none]"]
 # maestro[oracle] is told its workflows' remaining work (the truth of later stages, by definition of that arm): it is
 # checked without that part; its own stage's true length is read at readiness. `vllm` and `vllm-edf` where the referee
 # has them. Maestro's triage turns workflows away here (asserted): the check covers its rejections too.
@@ -125,10 +128,12 @@ def truncate(workflow: SimWorkflow, cut: int) -> None:
     workflow.num_stages_left = len(workflow.stages)
 
 
-def run(replay: Replay, arm_name: str, change=None, target=None, legacy_slo: bool = False, fresh: bool = True):
-    """One run of the arm, `change` applied to every copy of the target's workflow from its cut on: its decisions and
-    its workflows."""
-    workflows = replay.workload(RATE, 0)
+def run(
+    replay: Replay, arm_name: str, change=None, target=None, legacy_slo: bool = False, fresh: bool = True, rate=RATE
+):
+    """One run of the arm at `rate`, `change` applied to every copy of the target's workflow from its cut on: its
+    decisions and its workflows."""
+    workflows = replay.workload(rate, 0)
     if change is not None:
         base, cut = target
         for workflow in workflows:
@@ -175,6 +180,41 @@ def test_no_decision_reads_the_future(replay, arm):
         assert any(d[1] == "reject" for d in original[0])
 
 
+@pytest.fixture(scope="module")
+def multi_replay(sides, model_dir) -> Replay:
+    return Replay(
+        sides.train, sides.test, model_dir, nodes=MULTI_NODES, workflows=WORKFLOWS, scenario_name="multi-model"
+    )
+
+
+def nodes_per_model(decisions: list[tuple], workflows: list[SimWorkflow]) -> dict[str, set[int]]:
+    """The nodes each model's stages started on."""
+    model = {(w.workflow_id, s.stage_id): s.model for w in workflows for s in w.stages}
+    out: dict[str, set[int]] = {}
+    for _, kind, workflow_id, stage_id, node in decisions:
+        if kind == "start":
+            out.setdefault(model[workflow_id, stage_id], set()).add(node)
+    return out
+
+
+@pytest.mark.parametrize("arm", MULTI_ARMS)
+def test_no_decision_reads_the_future_across_nodes_and_models(multi_replay, arm):
+    """More models than a node holds, on several nodes: which node a stage is routed to (Maestro's S(N,T), its
+    scale-out to a node that must load the model), which model a node loads and evicts, and triage over the
+    GPUs' and the tool workers' pools are decisions made before the cut too. The run must exercise them: models
+    that load on more than one node, and for Maestro workflows turned away."""
+    original = run(multi_replay, arm, rate=MULTI_RATE)
+    targets = candidates(original[1])
+    assert len(targets) == CUTS, f"{arm}: too few workflows to cut"
+    for target in targets:
+        for change in (relabel_from, truncate):
+            check_no_leak(multi_replay, arm, change, target, original, rate=MULTI_RATE)
+    spread = nodes_per_model(*original)
+    assert len(spread) > MULTI_NODES and any(len(nodes) > 1 for nodes in spread.values()), spread
+    if arm.startswith("maestro["):
+        assert any(d[1] == "reject" for d in original[0])
+
+
 def test_the_check_catches_deadlines_from_true_lengths(replay):
     """With the legacy per-workflow SLO, changing a workflow's later stages moves its deadline from its arrival on:
     EDF's earlier decisions change for at least one of the workflows tried."""
@@ -201,22 +241,30 @@ class ReadsTheNextLength(ReadyPredictions):
                 self.cache[key] = (tokens, tokens, *self.cache[key][2:])
 
 
-@pytest.mark.parametrize("arm", ["maestro[model/no-reject]", "maestro[none]"])
-def test_the_check_catches_a_source_that_reads_the_next_length(sides, model_dir, monkeypatch, arm):
+@pytest.mark.parametrize(
+    "arm, scenario",
+    [
+        ("maestro[model/no-reject]", "maestro-paper"),
+        ("maestro[none]", "maestro-paper"),
+        ("maestro[model]", "multi-model"),
+    ],
+)
+def test_the_check_catches_a_source_that_reads_the_next_length(sides, model_dir, monkeypatch, arm, scenario):
     """Sources rebuilt from the changed workload catch the planted source; built once from the unchanged workload (as
-    the grid caches them) they do not. The model's arm without rejections: with them its triage turns about four in
-    five workflows away here, leaving too few chains (4) to cut for the check to be sure to meet the leak.
-    Eight cuts, not `CUTS`: where the batch-cost gate holds a congested node until a running stage ends, fewer
-    decisions read a prediction."""
+    the grid caches them) they do not. The model's arm without rejections on maestro-paper's one node: with them its
+    triage turns about four in five workflows away there, leaving too few chains (4) to cut for the check to be sure
+    to meet the leak. Eight cuts, not `CUTS`: where the batch-cost gate holds a congested node until a running stage
+    ends, fewer decisions read a prediction."""
+    nodes, rate = (MULTI_NODES, MULTI_RATE) if scenario == "multi-model" else (NODES, RATE)
     monkeypatch.setattr(grid, "ReadyPredictions", ReadsTheNextLength)
-    leaky = Replay(sides.train, sides.test, model_dir, nodes=NODES, workflows=WORKFLOWS)
-    original, messages = run(leaky, arm), []
+    leaky = Replay(sides.train, sides.test, model_dir, nodes=nodes, workflows=WORKFLOWS, scenario_name=scenario)
+    original, messages = run(leaky, arm, rate=rate), []
     for target in candidates(original[1], limit=8):
         try:
-            check_no_leak(leaky, arm, relabel_from, target, original)
+            check_no_leak(leaky, arm, relabel_from, target, original, rate=rate)
         except AssertionError as error:
             messages.append(str(error).splitlines()[0])
-        check_no_leak(leaky, arm, relabel_from, target, run(leaky, arm, fresh=False), fresh=False)
+        check_no_leak(leaky, arm, relabel_from, target, run(leaky, arm, fresh=False, rate=rate), fresh=False, rate=rate)
     assert messages, f"{arm}: a source reading the next stage's true length passed the check"
     print("\n".join(messages))
 
