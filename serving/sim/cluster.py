@@ -1,15 +1,14 @@
 """The simulator's side of dispatch: its nodes shown to the dispatch core, and the clock parts of a stage's life.
 
 Which stage starts, where and when is the dispatch core's (serving/core/dispatch.py), with the gateway's rules: a
-stage is routed when it becomes ready — to the node holding its session's context (session affinity), else by the
-core's node choice among the nodes that could start it at once, else among all that run its model — and each node's
-core starts its queue in policy order, gated by the session cap (MARS: the AIMD window), with the gateway's bounded
-backfill. A `SimSlot` (slot.py) answers the core's questions for one node: may this stage start here now (a batch
-slot, the model, free pages for its reserve after reclaiming idle tool-call KV: `kv_plan`, the admission a start
-applies), could it ever, and the node's fitness terms. What stays here belongs to the clock: starting (reservation,
-chunked prefill), the prefill's end, decode growth and preemption, finishing, and the tool-KV keep/evict decision. It
-sees the simulation through `SimContext`: what it reads, and the events it raises (children ready, a workflow dropped,
-a tool submitted, a kept context's TTL armed).
+stage is routed when it becomes ready (`route`) and each node's core starts its queue in policy order, gated by the
+session cap (MARS: the AIMD window), with the gateway's bounded backfill. A `SimSlot` (slot.py) answers the core's
+questions for one node: may this stage start here now (a batch slot, the model, free pages for its reserve after
+reclaiming idle tool-call KV: `kv_plan`, the admission a start applies), could it ever, and the node's fitness
+terms. What stays here belongs to the clock: starting (reservation, chunked prefill), the prefill's end, decode
+growth and preemption, finishing, and the tool-KV keep/evict decision. It sees the simulation through `SimContext`:
+what it reads, and the events it raises (children ready, a workflow dropped, a tool submitted, a kept context's TTL
+armed).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from serving.sim.context import SimContext
 from serving.sim.gpu_pace import ModelPace
 from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.sessions import occupy, session_home
-from serving.sim.slot import SimSlot, parent_of
+from serving.sim.slot import SimSlot, parent_of, scaled_out
 from serving.sim.workload import SimStage
 
 
@@ -79,19 +78,18 @@ class SimDispatcher:
 
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
-        that could start it at once, else among all that run its model; with S(N,T), while its model's stages wait
-        there and none could start it now, also those that could load it (ready time: the load; `scales_out`)."""
+        that could start it at once, else among all that run its model; with S(N,T) (`scales_out`) a spare node
+        instead where the stage is predicted to end sooner, its model's load included (`slot.scaled_out`)."""
         home = session_home(stage, self.slots)
         if home is not None:
             return home
         running = self.running_on.get(stage.model)
         slots = [self.slots[n] for n in running or self.sim.nodes]
-        now = [s for s in slots if s.can_start_now(stage.request)]
-        if running and not now and self.scales_out and self.is_backlogged(stage.model):
-            slots += [self.slots[n] for n in self.sim.nodes if n not in running and self.slots[n].can_load(stage)]
-        node = choose(stage.request, now or slots, self.config).node
-        self.slots[node].routed(stage)  # scored against what its LLM and tool calls meet
-        return node
+        slot = choose(stage.request, [s for s in slots if s.can_start_now(stage.request)] or slots, self.config)
+        if running and self.scales_out:
+            slot = scaled_out(stage, slot, [self.slots[n] for n in self.sim.nodes if n not in running])
+        slot.routed(stage)  # scored against what its LLM and tool calls meet
+        return slot.node
 
     # --- admission and start -------------------------------------------------------------------
     def fill(self, node: SimNode) -> None:

@@ -59,6 +59,10 @@ class HostCPU:
         """Calls in flight or queued: MARS's CPU-pressure signal."""
         return len(self._heap) + len(self.queue)
 
+    def jobs(self) -> list:
+        """The calls in flight or queued."""
+        return [entry[2] for entry in self._heap] + [entry[0] for entry in self.queue]
+
     def rate(self) -> float:
         """CPU-seconds per second each call in service receives now."""
         if self.mode is HostCPUMode.WORKERS or not self._heap:

@@ -215,6 +215,11 @@ class SimNode:
     def busy_models(self) -> set[str]:
         return {m for m, n in self._models.items() if n > 0}
 
+    def models_in_use(self) -> set[str]:
+        """Models whose work is under way here: a stage running, a session's context kept over its tool call, or a
+        tool call on this host (its session's next stage comes back here)."""
+        return self.busy_models() | {stage.model for stage in self.pinned} | {job.model for job in self.host.jobs()}
+
     def other_context_tokens(self) -> int:
         return int(sum(self.running.values()))
 

@@ -9,6 +9,7 @@ from maestro.progressive import UNKNOWN, prefix_class, prefix_num_chars
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
 from serving.core.dispatch import HELD_BACK
 from serving.core.request import StageRequest
+from serving.core.residency import ModelState
 from serving.sim.node import SimNode
 from serving.sim.workload import SimStage
 
@@ -38,6 +39,22 @@ class SimSlot:
             self.dispatcher.sim.recorder.kv_refused.add(id(stage))
             return None
         return victims if self.batch_gate_admits(stage) else HELD_BACK
+
+    def is_spare_for(self, stage: SimStage) -> bool:
+        """Whether the stage's model could be loaded here now in the place of models with no work under way: no
+        stage of theirs running, no session's context kept over a tool call, no tool call on this host whose session
+        comes back to them (`SimNode.models_in_use`)."""
+        resident = {m for m, state in self.node.residency.state.items() if state is ModelState.RUNNING}
+        return self.can_load(stage) and self.node.models_in_use() & resident <= {stage.model}
+
+    def end_s(self, stage: SimStage) -> float:
+        """When the stage would end if routed here now, predicted: the router's ready time (a model's load
+        included: `fitness_terms`) plus its predicted output at this node's pace with it in the batch (the pace
+        its token stream shows now, plus what one more decode of its context adds to each step)."""
+        node, now = self.node, self.dispatcher.sim.now
+        context = stage.prompt_tokens + stage.generated_tokens + stage.tokens_pred / 2
+        per_token_s = node.pace_s_per_token(now) + node.added_decode_s(stage.model, context)
+        return self.fitness_terms(stage.request)[1] + stage.tokens_pred * per_token_s
 
     def can_load(self, stage: SimStage) -> bool:
         """Whether the stage's model could be made resident here now (the busy models leave room for its weights)."""
@@ -137,6 +154,14 @@ class SimSlot:
         return (
             not len(self.node.sched) and (admission := self.admit(request)) is not None and admission is not HELD_BACK
         )
+
+
+def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSlot:
+    """Where a stage of a model that runs on `chosen` (the router's choice among its nodes) goes with S(N,T): the
+    spare node among `others` where it is predicted to end first, if sooner than on `chosen` — a long stage is worth
+    its model's load on a node nothing else needs now, a short one is not."""
+    best = min((s for s in others if s.is_spare_for(stage)), key=lambda s: s.end_s(stage), default=None)
+    return best if best is not None and best.end_s(stage) < chosen.end_s(stage) else chosen
 
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:

@@ -1,36 +1,62 @@
-"""A model whose stages wait gets another node, loaded where S(N,T) finds the load shorter than the queue (Maestro's
-router); the least-loaded router keeps every stage on the nodes already running the model."""
+"""With S(N,T) a stage goes to a spare node, loading its model there, where it is predicted to end sooner than on the
+nodes already running the model (Maestro's router): a long stage is worth the load, a short one is not, and a node whose
+idle model has a session in a tool call is no spare. The least-loaded router keeps every stage on the nodes already
+running the model."""
 
+from maestro.prediction import OutputSize
 from serving.core.systems import get_system
 from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.workload import SimStage, SimWorkflow, reset
 
 
-def burst(num: int) -> list[SimWorkflow]:
-    """`num` one-stage workflows of llama-3-8b arriving at once, each decoding 2,000 tokens (SLO 600 s)."""
+def burst(num: int, tokens: int, predicted: int) -> list[SimWorkflow]:
+    """`num` one-stage workflows of llama-3-8b arriving at once, each decoding `tokens`, predicted `predicted`."""
     workflows = []
     for k in range(num):
         w = SimWorkflow(f"w{k}", "app", False, 600.0, arrival_s=0.0)
-        w.stages.append(SimStage(w, 0, "s0", "r", "llama-3-8b", [], 2000, False, prompt_tokens=500))
+        stage = SimStage(w, 0, "s0", "r", "llama-3-8b", [], tokens, False, prompt_tokens=500)
+        stage.size = OutputSize(tokens_pred=predicted, tokens_reserve=predicted)
+        w.stages.append(stage)
         workflows.append(w)
     reset(workflows)
     return workflows
 
 
-def run(system: str) -> Simulator:
-    # node 0 runs llama-3-8b, node 1 an idle mistral-7b; a batch holds 4 stages, so 40 stages queue on node 0
+def run(system: str, tokens: int = 2000, predicted: int = 2000, before=None) -> Simulator:
+    # node 0 runs llama-3-8b, node 1 an idle mistral-7b; a batch holds 4 stages, so 36 of 40 stages queue on node 0
     cluster = ClusterConfig(
         num_nodes=2, max_batch_seqs=4, placement=[("llama-3-8b",), ("mistral-7b",)], show_progress=False
     )
-    sim = Simulator(cluster, get_system(system), burst(40))
+    sim = Simulator(cluster, get_system(system), burst(40, tokens, predicted))
+    if before is not None:
+        before(sim)
     sim.run()
     return sim
 
 
-def test_a_waiting_model_is_loaded_on_an_idle_node_by_s_n_t_and_not_by_least_loaded():
+def test_a_long_stage_loads_its_model_on_a_spare_node_by_s_n_t_and_not_by_least_loaded():
     maestro, edf = run("maestro"), run("edf")
-    assert maestro.nodes[1].residency.num_loads >= 1  # llama-3-8b loaded beside (or instead of) the idle mistral
+    assert maestro.nodes[1].residency.num_loads >= 1  # llama-3-8b loaded in the place of the idle mistral
     assert edf.nodes[1].residency.num_loads == 0
     assert all(w.done_s >= 0 for w in maestro.workflows)
     done = {name: max(w.done_s for w in sim.workflows) for name, sim in (("maestro", maestro), ("edf", edf))}
     assert done["maestro"] < done["edf"]  # two nodes drain the burst sooner than one
+
+
+def test_a_stage_predicted_short_stays_where_its_model_runs():
+    """The same burst predicted at 5 tokens a stage: no stage is predicted to end sooner after a load."""
+    assert run("maestro", predicted=5).nodes[1].residency.num_loads == 0
+
+
+def test_a_node_whose_idle_model_has_a_session_in_a_tool_call_is_no_spare():
+    """A tool call of mistral's session under way on node 1's host: its next stage comes back to mistral there."""
+
+    class Call:
+        model = "mistral-7b"
+
+    def calling(sim):
+        sim.nodes[1].host.submit(Call(), 1e6, 0.0)
+
+    sim = run("maestro", before=calling)
+    assert sim.nodes[1].models_in_use() == {"mistral-7b"}
+    assert sim.nodes[1].residency.num_loads == 0
