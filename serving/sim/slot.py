@@ -114,7 +114,8 @@ class SimSlot:
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
         and the queued stages' predicted work, over the batch width: `gpu_work_s`, times the delay the app's routed
-        stages met per second of it, `routing.GpuDelayFit`; after the model's load) plus the wait a tool
+        stages met per second of it, `routing.GpuDelayFit`; after the model's load, and after the load under way on
+        the node, if one is: a node loading a model starts nothing until it is in) plus the wait a tool
         call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that routed
         stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed here
         stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
@@ -126,8 +127,9 @@ class SimSlot:
         need = node.alloc.pages_for(stage.prompt_tokens + stage.tokens_reserve, self.dispatcher.bytes_per_token(stage))
         free = node.alloc.num_free_pages + sum(kept.mapped_pages for kept in node.pinned.values())
         gpu_s = self.gpu_work_s() * self.dispatcher.gpu_fits.scale(app)
-        host_s = node.host.charged_wait_s(self.dispatcher.sim.now, app)
-        ready = node.residency.ready_cost_s(stage.model) + gpu_s + host_s
+        now = self.dispatcher.sim.now
+        host_s = node.host.charged_wait_s(now, app)
+        ready = node.residency.ready_cost_s(stage.model) + max(0.0, node.stall_end_s - now) + gpu_s + host_s
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
 

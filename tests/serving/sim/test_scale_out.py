@@ -60,3 +60,18 @@ def test_a_node_whose_idle_model_has_a_session_in_a_tool_call_is_no_spare():
     sim = run("maestro", before=calling)
     assert sim.nodes[1].models_in_use() == {"mistral-7b"}
     assert sim.nodes[1].residency.num_loads == 0
+
+
+def test_a_node_loading_a_model_shows_the_load_left_in_its_ready_time():
+    """A node that loads a model starts nothing until the weights are in: the router sees that wait, so stages do not
+    flock to a node that only looks idle."""
+    from serving.sim.stage_request import ready_request
+
+    cluster = ClusterConfig(num_nodes=2, placement=[("llama-3-8b",), ("mistral-7b",)], show_progress=False)
+    sim = Simulator(cluster, get_system("maestro"), burst(1, 100, 100))
+    stage = sim.workflows[0].stages[0]
+    stage.request = ready_request(stage, 0.0, sim.cost, sim.remaining_work)
+    slot = sim.dispatch.slots[sim.nodes[1]]
+    idle = slot.fitness_terms(stage.request)[1]
+    sim.nodes[1].stall(0.0, 12.0)  # a load under way, 12 s left
+    assert slot.fitness_terms(stage.request)[1] == idle + 12.0
