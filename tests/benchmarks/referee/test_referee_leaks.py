@@ -35,7 +35,7 @@ from serving.sim.workload import SimStage, SimWorkflow
 
 NODES, RATE, WORKFLOWS = 1, 1.0, 200  # past the knee on one node: queues form, so the order decides who starts
 CUTS = 3  # cut workflows tried per arm and change
-MULTI_NODES, MULTI_RATE = 3, 2.0  # multi-model on three nodes, past its knee: models load, scale out and queue
+MULTI_NODES, MULTI_RATE = 3, 3.0  # multi-model on three nodes, past its knee: models load, scale out and queue
 MULTI_ARMS = ["edf", "vllm-edf", "maestro[model]", "maestro[none]"]
 # maestro[oracle] is told its workflows' remaining work (the truth of later stages, by definition of that arm): it is
 # checked without that part; its own stage's true length is read at readiness. `vllm` and `vllm-edf` where the referee
