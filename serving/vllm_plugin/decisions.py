@@ -1,7 +1,8 @@
 """The decisions Maestro's vLLM scheduler made, counted, and the log line that reports them (plain Python, no vLLM).
 
 The scheduler logs `LOG_TAG {json}` through vLLM's logger (the engine's log) whenever a count changed, at most once per
-`log_period_s` and always once the engine has nothing left to do; `parse_decision_lines` reads them back.
+`log_period_s`, and always once the engine has nothing left to do (that line marked `"idle": true`: every count of
+the work before it is in); `parse_decision_lines` reads them back.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class Decisions:
         counts.pop("_held_ids")
         return counts
 
-    def log_line(self, step: int) -> str:
-        return f"{LOG_TAG} " + json.dumps({"step": step, **self.snapshot()}, separators=(",", ":"))
+    def log_line(self, step: int, is_idle: bool = False) -> str:
+        return f"{LOG_TAG} " + json.dumps({"step": step, "idle": is_idle, **self.snapshot()}, separators=(",", ":"))
 
 
 def parse_decision_lines(text: str) -> list[dict]:

@@ -101,6 +101,7 @@ class MaestroMixin(PredictedAdmission):
         self.engine_pace = EnginePace()
         self._logged: dict | None = None
         self._logged_at = 0.0
+        self._logged_idle = False  # whether the last line was logged with the engine idle
         self.waiting = MaestroRequestQueue(
             create_scheduler(config.scheduler), self.waiting, self.hints, config.decode_s_per_token, self._clock()
         )
@@ -265,9 +266,10 @@ class MaestroMixin(PredictedAdmission):
         counts = self.decisions.snapshot()
         now = time.monotonic()
         is_idle = not self.get_num_unfinished_requests()
-        if counts != self._logged and (is_idle or now - self._logged_at >= self.maestro_config.log_period_s):
-            logger.info(self.decisions.log_line(self.current_step))
-            self._logged, self._logged_at = counts, now
+        changed = counts != self._logged or (is_idle and not self._logged_idle)
+        if changed and (is_idle or now - self._logged_at >= self.maestro_config.log_period_s):
+            logger.info(self.decisions.log_line(self.current_step, is_idle))
+            self._logged, self._logged_at, self._logged_idle = counts, now, is_idle
 
 
 class MaestroScheduler(MaestroMixin, Scheduler):

@@ -130,11 +130,13 @@ async def long_then_others(url: str, long_id: str, others: dict[str, tuple[int, 
 
 
 def decisions_when(engine: Engine, ready, timeout_s: float = 120.0) -> dict:
-    """The scheduler's latest decisions line once `ready(line)` holds (it is logged when the engine goes idle)."""
+    """The scheduler's latest decisions line once it was logged with the engine idle and `ready(line)` holds (a
+    periodic line logged while the work ran may lack its last counts, and the answers can reach the test before the
+    idle line is written)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         lines = parse_decision_lines(Path(engine.config.log_path).read_text())
-        if lines and ready(lines[-1]):
+        if lines and lines[-1]["idle"] and ready(lines[-1]):
             return lines[-1]
         time.sleep(0.5)
     raise AssertionError(f"no decisions line satisfied the test; last: {lines[-1] if lines else None}")

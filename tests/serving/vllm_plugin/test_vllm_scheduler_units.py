@@ -218,7 +218,7 @@ def test_decisions_lines_parse_back_from_a_log():
     decisions.num_preempted = 1
     log = f"(EngineCore pid=1) INFO 12-02 [scheduler.py:9] {decisions.log_line(7)}\nother line\n"
     [line] = parse_decision_lines(log)
-    assert line["step"] == 7 and line["num_held_back"] == 3 and line["num_requests_held_back"] == 2
+    assert line["step"] == 7 and line["num_held_back"] == 3 and line["num_requests_held_back"] == 2 and not line["idle"]
     assert line["num_preempted"] == 1 and "_held_ids" not in line
 
 
