@@ -162,8 +162,11 @@ def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSl
     """Where a stage of a model that runs on `chosen` (the router's choice among its nodes) goes with S(N,T): the
     spare node among `others` where it is predicted to end first, if sooner than on `chosen` — a long stage is worth
     its model's load on a node nothing else needs now, a short one is not."""
-    best = min((s for s in others if s.is_spare_for(stage)), key=lambda s: s.end_s(stage), default=None)
-    return best if best is not None and best.end_s(stage) < chosen.end_s(stage) else chosen
+    ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage)]
+    if not ends:
+        return chosen
+    end, best = min(ends, key=lambda pair: pair[0])
+    return best if end < chosen.end_s(stage) else chosen
 
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:
