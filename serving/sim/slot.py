@@ -48,13 +48,15 @@ class SimSlot:
         return self.can_load(stage) and self.node.models_in_use() & resident <= {stage.model}
 
     def end_s(self, stage: SimStage) -> float:
-        """When the stage would end if routed here now, predicted: the router's ready time (a model's load
-        included: `fitness_terms`) plus its predicted output at this node's pace with it in the batch (the pace
-        its token stream shows now, plus what one more decode of its context adds to each step)."""
-        node, now = self.node, self.dispatcher.sim.now
-        context = stage.prompt_tokens + stage.generated_tokens + stage.tokens_pred / 2
+        """When the stage would end if routed here now, at the long end of its predicted length: the router's ready
+        time (a model's load included: `fitness_terms`) plus its reserve (the calibrated upper bound of its output)
+        at this node's pace with it in the batch (the pace its token stream shows now, plus what one more decode of
+        its context adds to each step). The bound, not the point: a stage kept on a wide batch that runs long costs
+        it and the batch, one moved that runs short costs a load."""
+        node, now, tokens = self.node, self.dispatcher.sim.now, stage.tokens_reserve
+        context = stage.prompt_tokens + stage.generated_tokens + tokens / 2
         per_token_s = node.pace_s_per_token(now) + node.added_decode_s(stage.model, context)
-        return self.fitness_terms(stage.request)[1] + stage.tokens_pred * per_token_s
+        return self.fitness_terms(stage.request)[1] + tokens * per_token_s
 
     def can_load(self, stage: SimStage) -> bool:
         """Whether the stage's model could be made resident here now (the busy models leave room for its weights)."""
@@ -160,8 +162,9 @@ class SimSlot:
 
 def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSlot:
     """Where a stage of a model that runs on `chosen` (the router's choice among its nodes) goes with S(N,T): the
-    spare node among `others` where it is predicted to end first, if sooner than on `chosen` — a long stage is worth
-    its model's load on a node nothing else needs now, a short one is not."""
+    spare node among `others` where it is predicted to end first (`SimSlot.end_s`, at its reserve), if sooner than on
+    `chosen` — a stage that may run long is worth its model's load on a node nothing else needs now, a short one is
+    not."""
     ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage)]
     if not ends:
         return chosen

@@ -1,5 +1,6 @@
 """With S(N,T) a stage goes to a spare node, loading its model there, where it is predicted to end sooner than on the
-nodes already running the model (Maestro's router): a long stage is worth the load, a short one is not, and a node whose
+nodes already running the model (Maestro's router), judged at the long end of its predicted length: a stage that may run
+long is worth the load, a short one is not, and a node whose
 idle model has a session in a tool call is no spare. The least-loaded router keeps every stage on the nodes already
 running the model."""
 
@@ -9,25 +10,27 @@ from serving.sim.engine import ClusterConfig, Simulator
 from serving.sim.workload import SimStage, SimWorkflow, reset
 
 
-def burst(num: int, tokens: int, predicted: int) -> list[SimWorkflow]:
-    """`num` one-stage workflows of llama-3-8b arriving at once, each decoding `tokens`, predicted `predicted`."""
+def burst(num, tokens, predicted, reserve=None, every=0.0, prompt=500) -> list[SimWorkflow]:
+    """`num` one-stage workflows of llama-3-8b arriving `every` seconds apart (at once by default), each a `prompt`
+    and decoding `tokens`, predicted `predicted` (its reserve, the prediction's upper bound: `reserve`, else the
+    point)."""
     workflows = []
     for k in range(num):
-        w = SimWorkflow(f"w{k}", "app", False, 600.0, arrival_s=0.0)
-        stage = SimStage(w, 0, "s0", "r", "llama-3-8b", [], tokens, False, prompt_tokens=500)
-        stage.size = OutputSize(tokens_pred=predicted, tokens_reserve=predicted)
+        w = SimWorkflow(f"w{k}", "app", False, 600.0, arrival_s=k * every)
+        stage = SimStage(w, 0, "s0", "r", "llama-3-8b", [], tokens, False, prompt_tokens=prompt)
+        stage.size = OutputSize(tokens_pred=predicted, tokens_reserve=reserve or predicted)
         w.stages.append(stage)
         workflows.append(w)
     reset(workflows)
     return workflows
 
 
-def run(system: str, tokens: int = 2000, predicted: int = 2000, before=None) -> Simulator:
+def run(system: str, tokens=2000, predicted=2000, before=None, batch=4, **arrivals) -> Simulator:
     # node 0 runs llama-3-8b, node 1 an idle mistral-7b; a batch holds 4 stages, so 36 of 40 stages queue on node 0
     cluster = ClusterConfig(
-        num_nodes=2, max_batch_seqs=4, placement=[("llama-3-8b",), ("mistral-7b",)], show_progress=False
+        num_nodes=2, max_batch_seqs=batch, placement=[("llama-3-8b",), ("mistral-7b",)], show_progress=False
     )
-    sim = Simulator(cluster, get_system(system), burst(40, tokens, predicted))
+    sim = Simulator(cluster, get_system(system), burst(40, tokens, predicted, **arrivals))
     if before is not None:
         before(sim)
     sim.run()
@@ -46,6 +49,18 @@ def test_a_long_stage_loads_its_model_on_a_spare_node_by_s_n_t_and_not_by_least_
 def test_a_stage_predicted_short_stays_where_its_model_runs():
     """The same burst predicted at 5 tokens a stage: no stage is predicted to end sooner after a load."""
     assert run("maestro", predicted=5).nodes[1].residency.num_loads == 0
+
+
+def test_a_stage_predicted_short_that_may_run_long_loads_its_model():
+    """A batch wide enough for the whole burst, arriving over 20 s, so nothing queues and only the pace the wide batch
+    shows tells the nodes apart; each stage predicted at 5 tokens, its upper bound 2,000. Judged at the bound (a stage
+    that runs long on the wide batch costs more than a load wasted on one that runs short), the model is loaded on
+    the spare node and the burst ends sooner; judged at the point (bound = point) it is not."""
+    at_bound, at_point = (
+        run("maestro", predicted=5, reserve=reserve, batch=64, every=0.5, prompt=4000) for reserve in (2000, 5)
+    )
+    assert at_bound.nodes[1].residency.num_loads >= 1 and at_point.nodes[1].residency.num_loads == 0
+    assert max(w.done_s for w in at_bound.workflows) < max(w.done_s for w in at_point.workflows)
 
 
 def test_a_node_whose_idle_model_has_a_session_in_a_tool_call_is_no_spare():
