@@ -8,6 +8,7 @@ come from bandwidths (PCIe, NVMe, network) plus the CUDA-graph/JIT warm-up that 
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,10 +53,10 @@ class NodeResidency:
         self.num_loads = 0  # counted activations of a model that was not Running (see `activate`)
         self.load_s = 0.0  # the seconds those activations cost
 
-    def ready_cost_s(self, model: str) -> float:
-        """Seconds until `model` can run here, from its current state."""
+    def ready_cost_s(self, model: str, state: ModelState | None = None) -> float:
+        """Seconds until `model` can run here, from its current state (or from `state`)."""
         c, size = self.config, self.weight_bytes[model]
-        state = self.state[model]
+        state = self.state[model] if state is None else state
         cost = 0.0
         if state >= ModelState.REMOTE:
             cost += size / c.network_bytes_per_s
@@ -91,6 +92,18 @@ class NodeResidency:
         return self.state[model] is ModelState.RUNNING or (
             self.weight_bytes[model] <= self.config.gpu_weight_budget_bytes - self._pinned_gpu_bytes(busy_models)
         )
+
+    def displaced_by(self, model: str, busy_models: set[str] = frozenset()) -> list[str]:
+        """The Running models that activating `model` now would put to sleep (`activate`'s own spill, tried on a
+        copy); none where it runs already or cannot be activated."""
+        if self.state[model] is ModelState.RUNNING or not self.can_activate(model, busy_models):
+            return []
+        trial = copy.copy(self)
+        trial.state, trial._lru = dict(self.state), {s: OrderedDict(d) for s, d in self._lru.items()}
+        trial._move(model, ModelState.RUNNING)
+        pinned = set(busy_models) | {model}
+        trial._spill(ModelState.RUNNING, self.config.gpu_weight_budget_bytes, ModelState.SLEEPING, pinned)
+        return [m for m in self._lru[ModelState.RUNNING] if trial.state[m] is not ModelState.RUNNING]
 
     def place(self, model: str, state: ModelState) -> None:
         """Put a model in a state without cost (initial placement)."""

@@ -116,8 +116,9 @@ class SimSlot:
     def fitness_terms(self, request: StageRequest) -> tuple[float, float, float]:
         """As the gateway's: free KV share; the ready time: the work on the node (running stages, each a mean stage,
         and the queued stages' predicted work, over the batch width: `gpu_work_s`, times the delay the app's routed
-        stages met per second of it, `routing.GpuDelayFit`; after the model's load, and after the load under way on
-        the node, if one is: a node loading a model starts nothing until it is in) plus the wait a tool
+        stages met per second of it, `routing.GpuDelayFit`; after the model's load — and what it costs the models it
+        puts to sleep, `displacement_s` — and after the load under way on the node, if one is: a node loading a model
+        starts nothing until it is in) plus the wait a tool
         call handed to this node's host CPU now would see (`HostCPU.wait_s`) times the share of it that routed
         stages' calls have met here (`HostCPU.charged_wait_s`, `routing.HostWaitFit`), since a session routed here
         stays here (its kept context) and its tool calls run on this host; the KV shortfall and the node's queue (the
@@ -131,9 +132,18 @@ class SimSlot:
         gpu_s = self.gpu_work_s() * self.dispatcher.gpu_fits.scale(app)
         now = self.dispatcher.sim.now
         host_s = node.host.charged_wait_s(now, app)
-        ready = node.residency.ready_cost_s(stage.model) + max(0.0, node.stall_end_s - now) + gpu_s + host_s
+        ready = node.residency.ready_cost_s(stage.model) + self.displacement_s(stage) + gpu_s + host_s
+        ready += max(0.0, node.stall_end_s - now)
         degradation = max(0, need - free) / max(1, need) + len(node.sched) / batch
         return free / node.alloc.num_physical_pages, ready, degradation
+
+    def displacement_s(self, stage: SimStage) -> float:
+        """What loading the stage's model here costs the models it puts to sleep (`NodeResidency.displaced_by`) that
+        run on no other node: each one's next stage reloads it, from the CPU tier (weights over PCIe and the warm-up:
+        a sleeping stub is the first thing the next load on the node drops)."""
+        residency, running_on = self.node.residency, self.dispatcher.running_on
+        displaced = residency.displaced_by(stage.model, self.node.busy_models())
+        return sum(residency.ready_cost_s(m, ModelState.CPU) for m in displaced if len(running_on.get(m, ())) <= 1)
 
     def gpu_work_s(self) -> float:
         """The node's work ahead over the batch width: its running stages, each a mean stage, and the queued stages'

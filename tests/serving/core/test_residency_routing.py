@@ -98,3 +98,17 @@ def test_the_router_loads_a_model_where_it_runs_else_where_the_weight_budget_tak
     assert nodes.loadable == {"n2", "n3"}  # n1's busy 30 GiB model leaves no room for 16 GiB; n2's is idle
     cold = ModelNodes.of("b", fleet)  # runs nowhere: wherever it fits beside the busy models
     assert cold.running == frozenset() and cold.names == {"n0", "n2", "n3"}
+
+
+def test_displaced_by_names_what_a_load_would_put_to_sleep_and_changes_nothing():
+    r = node()
+    r.activate("a")
+    r.activate("b")
+    r.touch("a")  # b is the least recently used
+    before = dict(r.state)
+    assert r.displaced_by("c") == ["b", "a"]  # 30 GiB needs both 16 GiB models gone
+    assert r.displaced_by("c", busy_models={"a"}) == []  # a is busy: c cannot be activated at all
+    assert r.displaced_by("a") == []  # runs already
+    assert r.state == before and r.num_loads == 2
+    r.activate("c")
+    assert {m for m, s in r.state.items() if s is ModelState.RUNNING} == {"c"}

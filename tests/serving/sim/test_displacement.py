@@ -1,0 +1,72 @@
+"""A load that puts to sleep a model that runs on no other node costs that model's next stage a reload: the router's
+ready time on such a node counts it (`SimSlot.displacement_s`), and a session whose model was put to sleep on its
+node does not go home for a context the sleeping model no longer holds (`sessions.session_home`)."""
+
+import pytest
+
+from maestro.prediction import OutputSize
+from serving.core.residency import ModelState
+from serving.core.systems import get_system
+from serving.sim.engine import ClusterConfig, Simulator
+from serving.sim.sessions import session_home
+from serving.sim.stage_request import ready_request
+from serving.sim.workload import SimStage, SimWorkflow, reset
+
+MISTRAL, QWEN = "mistral-7b", "qwen2-7b"
+
+
+def one_stage(model: str) -> SimWorkflow:
+    w = SimWorkflow("w", "app", False, 600.0, arrival_s=0.0)
+    stage = SimStage(w, 0, "s0", "r", model, [], 50, False, prompt_tokens=500)
+    stage.size = OutputSize(tokens_pred=50, tokens_reserve=50)
+    w.stages.append(stage)
+    reset([w])
+    return w
+
+
+def cluster(placement) -> Simulator:
+    config = ClusterConfig(num_nodes=len(placement), placement=placement, show_progress=False)
+    return Simulator(config, get_system("maestro"), [one_stage("llama-3-8b")])
+
+
+def ready_time(sim: Simulator, node: int, model: str) -> float:
+    stage = one_stage(model).stages[0]
+    stage.request = ready_request(stage, 0.0, sim.cost, sim.remaining_work)
+    return sim.dispatch.slots[sim.nodes[node]].fitness_terms(stage.request)[1]
+
+
+def test_a_load_that_puts_to_sleep_the_only_copy_of_a_model_shows_its_reload_in_the_ready_time():
+    """A 72B model needs the whole weight budget: loading it on node 0 puts mistral to sleep. Where mistral runs on no
+    other node, its next stage will reload it from the CPU tier, and node 0's ready time says so; where node 1 runs
+    mistral too, it costs nothing."""
+    alone = cluster([("mistral-7b",), ("llama-3-8b",)])
+    shared = cluster([("mistral-7b",), ("mistral-7b",)])
+    node0 = alone.nodes[0].residency
+    assert node0.displaced_by("qwen2-72b") == [MISTRAL]
+    reload_s = node0.ready_cost_s(MISTRAL, ModelState.CPU)
+    assert ready_time(alone, 0, "qwen2-72b") - ready_time(shared, 0, "qwen2-72b") == pytest.approx(reload_s)
+    assert reload_s > 5.0  # the CPU tier: weights over PCIe and the warm-up
+
+
+def test_a_session_does_not_go_home_for_a_context_its_sleeping_model_no_longer_holds():
+    """The session's first stage ran on node 0 and its context sits in the node's prefix cache; once its model is put
+    to sleep there, its next stage is routed like any other: node 0, with a stage queued, could not start it at once."""
+    sim = cluster([(QWEN,), (QWEN,)])
+    w = SimWorkflow("s", "app", False, 600.0, arrival_s=0.0)
+    first = SimStage(w, 0, "s0", "r", QWEN, [1], 50, False, prompt_tokens=500)
+    second = SimStage(w, 1, "s1", "r", QWEN, [], 50, False, prompt_tokens=700, session_parent=0)
+    w.stages += [first, second]
+    reset([w])
+    for stage in (first, second):
+        stage.size = OutputSize(tokens_pred=50, tokens_reserve=50)
+    node = sim.nodes[0]
+    first.node = node
+    node.cache.put(first, 4)
+    second.request = ready_request(second, 0.0, sim.cost, sim.remaining_work)
+    assert session_home(second, sim.dispatch.slots) is node  # held: its model runs there
+    queued = sim.workflows[0].stages[0]
+    node.core.add(ready_request(queued, 0.0, sim.cost, sim.remaining_work), 0.0)
+    assert session_home(second, sim.dispatch.slots) is node  # still held, though node 0 has a queue now
+    node.residency.activate("qwen2-72b")  # QWEN put to sleep, its KV cache with it
+    assert not node.runs(QWEN)
+    assert session_home(second, sim.dispatch.slots) is None
