@@ -164,8 +164,9 @@ class NodeResidency:
 @dataclass(frozen=True)
 class ModelNodes:
     """Where a model runs (node names), and where its weights could be loaded now beside the models with stages in
-    flight there (`NodeResidency.can_activate`). The router sends a stage to the nodes running its model, and loads the
-    model elsewhere only where none runs it (`names`)."""
+    flight there (`NodeResidency.can_activate`). The router sends a stage to the nodes running its model and loads it
+    elsewhere where none runs it (`names`); with S(N,T) it may also load it on a spare node where a stage is predicted
+    to end sooner (`serving.sim.slot.scaled_out`), which triage's capacity (`names`) does not count in advance."""
 
     running: frozenset[str]
     loadable: frozenset[str]
