@@ -68,6 +68,13 @@ class NodeResidency:
             cost += c.warmup_s
         return cost
 
+    def runs(self, model: str) -> bool:
+        """Whether the model's weights are on the GPU, awake."""
+        return self.state.get(model) is ModelState.RUNNING
+
+    def running_models(self) -> set[str]:
+        return set(self._lru[ModelState.RUNNING])
+
     def touch(self, model: str) -> None:
         self._lru[self.state[model]].move_to_end(model)
 
@@ -96,8 +103,11 @@ class NodeResidency:
     def displaced_by(self, model: str, busy_models: set[str] = frozenset()) -> list[str]:
         """The Running models that activating `model` now would put to sleep (`activate`'s own spill, tried on a
         copy); none where it runs already or cannot be activated."""
-        if self.state[model] is ModelState.RUNNING or not self.can_activate(model, busy_models):
+        if self.runs(model) or not self.can_activate(model, busy_models):
             return []
+        stub = self.config.sleeping_gpu_bytes if self.state[model] is ModelState.SLEEPING else 0
+        if self.tier_bytes(ModelState.RUNNING) - stub + self.weight_bytes[model] <= self.config.gpu_weight_budget_bytes:
+            return []  # its weights fit beside everything on the GPU: nothing to spill
         trial = copy.copy(self)
         trial.state, trial._lru = dict(self.state), {s: OrderedDict(d) for s, d in self._lru.items()}
         trial._move(model, ModelState.RUNNING)
@@ -180,7 +190,7 @@ class ModelNodes:
     def of(cls, model: str, nodes) -> ModelNodes:
         """From the fleet's nodes, each with a `name`, its `residency` (`NodeResidency`) and `busy_models()`."""
         residencies = {node.name: (node.residency, node.busy_models()) for node in nodes}
-        running = frozenset(n for n, (r, _) in residencies.items() if r.state.get(model) is ModelState.RUNNING)
+        running = frozenset(n for n, (r, _) in residencies.items() if r.runs(model))
         loadable = frozenset(
             n for n, (r, busy) in residencies.items() if model in r.weight_bytes and r.can_activate(model, busy)
         )

@@ -72,9 +72,8 @@ class SimDispatcher:
     def _index_models(self) -> None:
         self.running_on = {}
         for node in self.sim.nodes:
-            for model, state in node.residency.state.items():
-                if state is ModelState.RUNNING:
-                    self.running_on.setdefault(model, []).append(node)
+            for model in node.residency.running_models():
+                self.running_on.setdefault(model, []).append(node)
 
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from serving.core.admission import AIMDConfig, AIMDWindow, CapKind, SessionCap, SessionWindow
 from serving.core.dispatch import DispatchConfig, DispatchCore, Router
 from serving.core.kv import KVAllocator, KVAllocatorConfig
-from serving.core.residency import ModelState, NodeResidency
+from serving.core.residency import NodeResidency
 from serving.core.routing import FitnessConfig
 from serving.core.scheduler import SchedulerConfig, create_scheduler
 from serving.sim.costmodel import CostModel
@@ -211,10 +211,6 @@ class SimNode:
     def added_decode_s(self, model: str, context_tokens: float) -> float:
         """What one more decode of `context_tokens` adds to each decode step."""
         return self.steps.added_decode_s(self.price_s, model, context_tokens)
-
-    def runs(self, model: str) -> bool:
-        """Whether the model's weights are on the GPU, awake (`ModelState.RUNNING`)."""
-        return self.residency.state.get(model) is ModelState.RUNNING
 
     def busy_models(self) -> set[str]:
         return {m for m, n in self._models.items() if n > 0}

@@ -23,7 +23,7 @@ def session_home(stage: SimStage, slots: dict[SimNode, SimSlot]) -> SimNode | No
     node = parent.node if parent is not None else None
     if node is None:
         return None
-    is_held = parent in node.pinned or (parent in node.cache and node.runs(stage.model))
+    is_held = parent in node.pinned or (parent in node.cache and node.residency.runs(stage.model))
     return node if goes_home(is_held, lambda: slots[node].can_start_now(stage.request)) else None
 
 

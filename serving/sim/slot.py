@@ -44,7 +44,7 @@ class SimSlot:
         """Whether the stage's model could be loaded here now in the place of models with no work under way: no
         stage of theirs running, no session's context kept over a tool call, no tool call on this host whose session
         comes back to them (`SimNode.models_in_use`)."""
-        resident = {m for m, state in self.node.residency.state.items() if state is ModelState.RUNNING}
+        resident = self.node.residency.running_models()
         return self.can_load(stage) and self.node.models_in_use() & resident <= {stage.model}
 
     def end_s(self, stage: SimStage) -> float:

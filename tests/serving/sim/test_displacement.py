@@ -68,5 +68,5 @@ def test_a_session_does_not_go_home_for_a_context_its_sleeping_model_no_longer_h
     node.core.add(ready_request(queued, 0.0, sim.cost, sim.remaining_work), 0.0)
     assert session_home(second, sim.dispatch.slots) is node  # still held, though node 0 has a queue now
     node.residency.activate("qwen2-72b")  # QWEN put to sleep, its KV cache with it
-    assert not node.runs(QWEN)
+    assert not node.residency.runs(QWEN)
     assert session_home(second, sim.dispatch.slots) is None
