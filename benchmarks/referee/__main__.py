@@ -104,9 +104,9 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # the capacity × 1.5, and a pool backlogged only while a stage of its own model waits (adopted).
 # 81 (+8): 2026-12-05, docs/folds.md: a NEW_APP reserve at the app's own conformal level (adopted); the router's host
 # wait less the stage's service (reverted), less the GPU wait too; five router terms zeroed on retail (diagnostics).
-# 194 / 198 / 201: 2026-12-06, serving/EXPERIMENTS.md: 4 tool-KV rules (the batch's price adopted); 4 triage rules
-# (saturation…: none); AIMD ±slots, no cap; 204: tool pool, ties; 205: scale-out; 214: 9 rules; 232: length, loads.
-VARIANTS_TRIED = 232  # to 2026-12-06 (serving/EXPERIMENTS.md): +31 router, +5 remaining, +47 mixed, +19 capacity
+# 194–232: 2026-12-06 (serving/EXPERIMENTS.md): tool-KV rules, triage, AIMD, tool pool, scale-out, its length, loads;
+# 241: 2026-12-06 (midnight), a replica beside a full fleet's only copies: 9 rules, the hold and the cold route.
+VARIANTS_TRIED = 241  # to 2026-12-06 (serving/EXPERIMENTS.md): +31 router, +5 remaining, +47 mixed, +19 capacity
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 

@@ -25,7 +25,7 @@ from serving.sim.context import SimContext
 from serving.sim.gpu_pace import ModelPace
 from serving.sim.node import FINISH, GROW, SimNode, node_dispatch_config
 from serving.sim.sessions import occupy, session_home
-from serving.sim.slot import SimSlot, parent_of, scaled_out
+from serving.sim.slot import SimSlot, cold_slot, parent_of, scaled_out
 from serving.sim.workload import SimStage
 
 
@@ -45,6 +45,7 @@ class SimDispatcher:
         for node in sim.nodes:
             node.host.fits = self.host_fits
         self.running_on: dict[str, list[SimNode]] = {}
+        self.last_routed: dict[str, float] = {}  # when a stage of each model was last routed (its demand)
 
     def bytes_per_token(self, stage: SimStage) -> int:
         return self.sim.cost.model(stage.model).kv_bytes_per_token
@@ -55,8 +56,7 @@ class SimDispatcher:
         return not (w.is_dropped or (x is not None and now - w.arrival_s > x * w.slo_s))
 
     def is_backlogged(self, model: str) -> bool:
-        """Whether a stage of `model` waits on some node that serves it (triage's pool of `model` is short; stages of
-        the node's other models waiting say nothing of it)."""
+        """Whether a stage of `model` waits on a node running it (triage's pool of `model` is short)."""
         return any(node.core.is_waiting(model) for node in self.running_on.get(model, ()))
 
     # --- placement and routing -----------------------------------------------------------------
@@ -78,13 +78,17 @@ class SimDispatcher:
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
         that could start it at once, else among all that run its model; with S(N,T) (`scales_out`) a spare node
-        instead where the stage is predicted to end sooner, its model's load included (`slot.scaled_out`)."""
+        instead where the stage is predicted to end sooner, its load included (`slot.scaled_out`), `slot.cold_slot`."""
+        self.last_routed[stage.model] = self.sim.now
         home = session_home(stage, self.slots)
         if home is not None:
             return home
         running = self.running_on.get(stage.model)
         slots = [self.slots[n] for n in running or self.sim.nodes]
-        slot = choose(stage.request, [s for s in slots if s.can_start_now(stage.request)] or slots, self.config)
+        if not running and self.scales_out:
+            slot = cold_slot(stage, slots, self.config)  # one copy of every model in demand before a second
+        else:
+            slot = choose(stage.request, [s for s in slots if s.can_start_now(stage.request)] or slots, self.config)
         if running and self.scales_out:
             slot = scaled_out(stage, slot, [self.slots[n] for n in self.sim.nodes if n not in running])
         slot.routed(stage)  # scored against what its LLM and tool calls meet
@@ -258,8 +262,7 @@ class SimDispatcher:
     def finish(self, node: SimNode, stage: SimStage) -> None:
         sim = self.sim
         node.remove_running(stage)
-        stage.finished_s = sim.now
-        service_s = sim.now - stage.start_s
+        stage.finished_s, service_s = sim.now, sim.now - stage.start_s
         work_s = ModelPace.of(sim.cost, stage.model).service_s(stage.prompt_tokens, stage.output_tokens)
         stage.workflow.attained_service_s += work_s
         self.gpu_fits.ended(stage, sim.now, work_s)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING
 
 from maestro.progressive import UNKNOWN, prefix_class, prefix_num_chars
 from serving.core.admission.batch_cost import Candidate, NodeState, RunningStage
-from serving.core.dispatch import HELD_BACK
+from serving.core.dispatch import HELD_BACK, DispatchConfig, choose
 from serving.core.request import StageRequest
 from serving.core.residency import ModelState
 from serving.sim.node import SimNode
@@ -141,9 +142,28 @@ class SimSlot:
         """What loading the stage's model here costs the models it puts to sleep (`NodeResidency.displaced_by`) that
         run on no other node: each one's next stage reloads it, from the CPU tier (weights over PCIe and the warm-up:
         a sleeping stub is the first thing the next load on the node drops)."""
-        residency, running_on = self.node.residency, self.dispatcher.running_on
-        displaced = residency.displaced_by(stage.model, self.node.busy_models())
-        return sum(residency.ready_cost_s(m, ModelState.CPU) for m in displaced if len(running_on.get(m, ())) <= 1)
+        residency = self.node.residency
+        return sum(residency.ready_cost_s(m, ModelState.CPU) for m in self.sole_copies_displaced(stage))
+
+    def sole_copies_displaced(self, stage: SimStage) -> list[str]:
+        """The models that loading the stage's model here now would put to sleep and that run on no other node."""
+        running_on = self.dispatcher.running_on
+        displaced = self.node.residency.displaced_by(stage.model, self.node.busy_models())
+        return [m for m in displaced if len(running_on.get(m, ())) <= 1]
+
+    def displaces_in_demand(self, stage: SimStage) -> bool:
+        """Whether loading the stage's model here would put to sleep a model's only copy that was routed a stage more
+        recently than the stage would hold the node (its end here, `end_s`): that model is likely to be wanted while
+        the replica holds the node, and its next stage would then wait the replica out or reload it elsewhere, putting
+        another model to sleep there."""
+        last, now, hold_s = self.dispatcher.last_routed, self.dispatcher.sim.now, self.end_s(stage)
+        return any(now - last.get(m, -math.inf) < hold_s for m in self.sole_copies_displaced(stage))
+
+    def holds_only_replicas(self, stage: SimStage) -> bool:
+        """Whether every model running here runs on another node too, and the stage's model fits here once they go."""
+        resident, running_on = self.node.residency.running_models(), self.dispatcher.running_on
+        fits = self.node.residency.can_activate(stage.model)
+        return fits and bool(resident) and all(len(running_on.get(m, ())) > 1 for m in resident)
 
     def gpu_work_s(self) -> float:
         """The node's work ahead over the batch width: its running stages, each a mean stage, and the queued stages'
@@ -175,11 +195,22 @@ def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSl
     spare node among `others` where it is predicted to end first (`SimSlot.end_s`, at its reserve), if sooner than on
     `chosen` — a stage that may run long is worth its model's load on a node nothing else needs now, a short one is
     not."""
-    ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage)]
+    ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage) and not s.displaces_in_demand(stage)]
     if not ends:
         return chosen
     end, best = min(ends, key=lambda pair: pair[0])
     return best if end < chosen.end_s(stage) else chosen
+
+
+def cold_slot(stage: SimStage, slots: list[SimSlot], config: DispatchConfig) -> SimSlot:
+    """Where a router that scales models out loads a model running nowhere: one copy of every model in demand before
+    a second of any. Among the nodes that could start the stage now without putting a model's only copy to sleep;
+    else on a node holding only replicas (models running elsewhere too), where it waits for them to go idle; else
+    among the nodes that could start it now, else all (`dispatch.choose` with the router's `config`)."""
+    now = [s for s in slots if s.can_start_now(stage.request)]
+    free = [s for s in now if not s.sole_copies_displaced(stage)]
+    replicas = [s for s in slots if s.holds_only_replicas(stage)]
+    return choose(stage.request, free or replicas or now or slots, config)
 
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:

@@ -70,3 +70,53 @@ def test_a_session_does_not_go_home_for_a_context_its_sleeping_model_no_longer_h
     node.residency.activate("qwen2-72b")  # QWEN put to sleep, its KV cache with it
     assert not node.residency.runs(QWEN)
     assert session_home(second, sim.dispatch.slots) is None
+
+
+def test_a_cold_model_puts_a_replica_to_sleep_before_a_models_only_copy():
+    """qwen2-72b runs nowhere and needs a whole node. Node 0 runs mistral, its only copy, and could start the stage
+    now; nodes 1 and 2 run llama-3-8b (two copies) with a stage queued each. The router that scales out loads the 72B
+    in the place of a llama copy (the stage waits for it there), not of mistral, whose next stage would reload it."""
+    sim = cluster([(MISTRAL,), ("llama-3-8b",), ("llama-3-8b",)])
+    for node in sim.nodes[1:]:
+        queued = one_stage("llama-3-8b").stages[0]
+        node.core.add(ready_request(queued, 0.0, sim.cost, sim.remaining_work), 0.0)
+    stage = one_stage("qwen2-72b").stages[0]
+    stage.request = ready_request(stage, 0.0, sim.cost, sim.remaining_work)
+    assert sim.dispatch.slots[sim.nodes[0]].can_start_now(stage.request)
+    assert sim.dispatch.route(stage) in sim.nodes[1:]
+
+
+def burst_beside(burst_s: float, small_s: list[float]) -> list[SimWorkflow]:
+    """40 long qwen2-72b stages arriving at `burst_s`, and a one-stage mistral workflow at each of `small_s`."""
+    workflows = []
+    for k in range(40):
+        w = SimWorkflow(f"big{k}", "big", False, 6000.0, arrival_s=burst_s)
+        stage = SimStage(w, 0, "s0", "r", "qwen2-72b", [], 2000, False, prompt_tokens=500)
+        stage.size = OutputSize(tokens_pred=2000, tokens_reserve=2000)
+        w.stages.append(stage)
+        workflows.append(w)
+    for k, arrival_s in enumerate(small_s):
+        w = SimWorkflow(f"small{k}", "small", False, 600.0, arrival_s=arrival_s)
+        stage = SimStage(w, 0, "s0", "r", MISTRAL, [], 20, False, prompt_tokens=300)
+        stage.size = OutputSize(tokens_pred=20, tokens_reserve=20)
+        w.stages.append(stage)
+        workflows.append(w)
+    reset(workflows)
+    return workflows
+
+
+@pytest.mark.parametrize(
+    "burst_s, small_s, is_replicated",
+    [(10.0, [2.0 * k for k in range(750)], False), (600.0, [0.0], True)],
+    ids=["mistral-every-2s", "mistral-idle-600s"],
+)
+def test_a_replica_does_not_put_to_sleep_a_model_wanted_while_it_would_hold_the_node(burst_s, small_s, is_replicated):
+    """Node 0 runs the 72B, and a burst of 40 long stages comes for it (a batch holds 4); node 1 runs mistral, its only
+    copy. Where a mistral stage came 2 s before (and keeps coming), a 72B replica on node 1 would hold the node through
+    many of them: no scale-out. Where mistral has been idle for 600 s, longer than a replica's stage would hold the
+    node, the 72B is loaded on node 1."""
+    config = ClusterConfig(num_nodes=2, max_batch_seqs=4, placement=[("qwen2-72b",), (MISTRAL,)], show_progress=False)
+    sim = Simulator(config, get_system("maestro"), burst_beside(burst_s, small_s))
+    sim.run()
+    assert (sim.nodes[1].residency.num_loads > 0) is is_replicated
+    assert all(w.done_s >= 0 for w in sim.workflows)
