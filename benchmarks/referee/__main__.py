@@ -105,8 +105,8 @@ from serving.sim.scenarios import SCENARIOS, get_scenario
 # 81 (+8): 2026-12-05, docs/folds.md: a NEW_APP reserve at the app's own conformal level (adopted); the router's host
 # wait less the stage's service (reverted), less the GPU wait too; five router terms zeroed on retail (diagnostics).
 # 194–232: 2026-12-06 (serving/EXPERIMENTS.md): tool-KV rules, triage, AIMD, tool pool, scale-out, its length, loads;
-# 241: 2026-12-06 (midnight), a replica beside a full fleet's only copies: 9 rules, the hold and the cold route.
-VARIANTS_TRIED = 241  # to 2026-12-06 (serving/EXPERIMENTS.md): +31 router, +5 remaining, +47 mixed, +19 capacity
+# 243: 2026-12-06 (midnight), a replica beside a full fleet's only copies: 9 rules, the hold and the cold route; +2.
+VARIANTS_TRIED = 243  # to 2026-12-06 (serving/EXPERIMENTS.md): +31 router, +5 remaining, +47 mixed, +19 capacity
 DEFAULT_REGIME = "long"  # for a scenario with several context regimes (mars-swe: medium | long)
 
 
