@@ -78,7 +78,7 @@ class SimDispatcher:
     def route(self, stage: SimStage) -> SimNode:
         """The node whose queue a ready stage joins: its session's home, else the core's choice among the nodes
         that could start it at once, else among all that run its model; with S(N,T) (`scales_out`) a spare node
-        instead where the stage is predicted to end sooner, its load included (`slot.scaled_out`), `slot.cold_slot`."""
+        instead where it is predicted to end sooner (`slot.scaled_out`), and a cold model's node by `slot.cold_slot`."""
         self.last_routed[stage.model] = self.sim.now
         home = session_home(stage, self.slots)
         if home is not None:

@@ -194,7 +194,7 @@ def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSl
     """Where a stage of a model that runs on `chosen` (the router's choice among its nodes) goes with S(N,T): the
     spare node among `others` where it is predicted to end first (`SimSlot.end_s`, at its reserve), if sooner than on
     `chosen` — a stage that may run long is worth its model's load on a node nothing else needs now, a short one is
-    not."""
+    not; never by putting to sleep a model's only copy wanted within the stage's hold (`displaces_in_demand`)."""
     ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage) and not s.displaces_in_demand(stage)]
     if not ends:
         return chosen
