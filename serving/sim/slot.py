@@ -151,12 +151,12 @@ class SimSlot:
         displaced = self.node.residency.displaced_by(stage.model, self.node.busy_models())
         return [m for m in displaced if len(running_on.get(m, ())) <= 1]
 
-    def displaces_in_demand(self, stage: SimStage) -> bool:
+    def displaces_in_demand(self, stage: SimStage, hold_s: float) -> bool:
         """Whether loading the stage's model here would put to sleep a model's only copy that was routed a stage more
-        recently than the stage would hold the node (its end here, `end_s`): that model is likely to be wanted while
-        the replica holds the node, and its next stage would then wait the replica out or reload it elsewhere, putting
-        another model to sleep there."""
-        last, now, hold_s = self.dispatcher.last_routed, self.dispatcher.sim.now, self.end_s(stage)
+        recently than the stage would hold the node (`hold_s`: its end here, `end_s`): that model is likely to be
+        wanted while the replica holds the node, and its next stage would then wait the replica out or reload it
+        elsewhere, putting another model to sleep there."""
+        last, now = self.dispatcher.last_routed, self.dispatcher.sim.now
         return any(now - last.get(m, -math.inf) < hold_s for m in self.sole_copies_displaced(stage))
 
     def holds_only_replicas(self, stage: SimStage) -> bool:
@@ -195,7 +195,8 @@ def scaled_out(stage: SimStage, chosen: SimSlot, others: list[SimSlot]) -> SimSl
     spare node among `others` where it is predicted to end first (`SimSlot.end_s`, at its reserve), if sooner than on
     `chosen` — a stage that may run long is worth its model's load on a node nothing else needs now, a short one is
     not; never by putting to sleep a model's only copy wanted within the stage's hold (`displaces_in_demand`)."""
-    ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage) and not s.displaces_in_demand(stage)]
+    ends = [(s.end_s(stage), s) for s in others if s.is_spare_for(stage)]
+    ends = [(end, s) for end, s in ends if not s.displaces_in_demand(stage, end)]
     if not ends:
         return chosen
     end, best = min(ends, key=lambda pair: pair[0])
@@ -209,8 +210,7 @@ def cold_slot(stage: SimStage, slots: list[SimSlot], config: DispatchConfig) -> 
     among the nodes that could start it now, else all (`dispatch.choose` with the router's `config`)."""
     now = [s for s in slots if s.can_start_now(stage.request)]
     free = [s for s in now if not s.sole_copies_displaced(stage)]
-    replicas = [s for s in slots if s.holds_only_replicas(stage)]
-    return choose(stage.request, free or replicas or now or slots, config)
+    return choose(stage.request, free or [s for s in slots if s.holds_only_replicas(stage)] or now or slots, config)
 
 
 def running_stage(stage: SimStage, produced: float) -> RunningStage:

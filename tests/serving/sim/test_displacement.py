@@ -1,6 +1,8 @@
 """A load that puts to sleep a model that runs on no other node costs that model's next stage a reload: the router's
 ready time on such a node counts it (`SimSlot.displacement_s`), and a session whose model was put to sleep on its
-node does not go home for a context the sleeping model no longer holds (`sessions.session_home`)."""
+node does not go home for a context the sleeping model no longer holds (`sessions.session_home`). A router that scales
+out puts such a copy to sleep neither for a replica while the model is wanted (`SimSlot.displaces_in_demand`) nor for
+a cold model where a replica can make room (`slot.cold_slot`)."""
 
 import pytest
 
@@ -15,10 +17,11 @@ from serving.sim.workload import SimStage, SimWorkflow, reset
 MISTRAL, QWEN = "mistral-7b", "qwen2-7b"
 
 
-def one_stage(model: str) -> SimWorkflow:
-    w = SimWorkflow("w", "app", False, 600.0, arrival_s=0.0)
-    stage = SimStage(w, 0, "s0", "r", model, [], 50, False, prompt_tokens=500)
-    stage.size = OutputSize(tokens_pred=50, tokens_reserve=50)
+def one_stage(model: str, name="w", app="app", arrival_s=0.0, tokens=50, prompt=500, slo_s=600.0) -> SimWorkflow:
+    """A one-stage workflow of `model` decoding `tokens`, predicted exactly."""
+    w = SimWorkflow(name, app, False, slo_s, arrival_s=arrival_s)
+    stage = SimStage(w, 0, "s0", "r", model, [], tokens, False, prompt_tokens=prompt)
+    stage.size = OutputSize(tokens_pred=tokens, tokens_reserve=tokens)
     w.stages.append(stage)
     reset([w])
     return w
@@ -88,21 +91,9 @@ def test_a_cold_model_puts_a_replica_to_sleep_before_a_models_only_copy():
 
 def burst_beside(burst_s: float, small_s: list[float]) -> list[SimWorkflow]:
     """40 long qwen2-72b stages arriving at `burst_s`, and a one-stage mistral workflow at each of `small_s`."""
-    workflows = []
-    for k in range(40):
-        w = SimWorkflow(f"big{k}", "big", False, 6000.0, arrival_s=burst_s)
-        stage = SimStage(w, 0, "s0", "r", "qwen2-72b", [], 2000, False, prompt_tokens=500)
-        stage.size = OutputSize(tokens_pred=2000, tokens_reserve=2000)
-        w.stages.append(stage)
-        workflows.append(w)
-    for k, arrival_s in enumerate(small_s):
-        w = SimWorkflow(f"small{k}", "small", False, 600.0, arrival_s=arrival_s)
-        stage = SimStage(w, 0, "s0", "r", MISTRAL, [], 20, False, prompt_tokens=300)
-        stage.size = OutputSize(tokens_pred=20, tokens_reserve=20)
-        w.stages.append(stage)
-        workflows.append(w)
-    reset(workflows)
-    return workflows
+    big = [one_stage("qwen2-72b", f"big{k}", "big", burst_s, tokens=2000, slo_s=6000.0) for k in range(40)]
+    small = [one_stage(MISTRAL, f"small{k}", "small", t, tokens=20, prompt=300) for k, t in enumerate(small_s)]
+    return big + small
 
 
 @pytest.mark.parametrize(
